@@ -1,0 +1,56 @@
+// The device-side contract shared by kiln's attention kernels (decode, append/prefill, merge)
+// and the host planner that feeds them. Plain structs, no CUDA types: host code fills them.
+//
+// Tensors (all row-major, dtype T = bf16 or fp16 unless noted):
+//   q            [num_tokens, num_q_heads, head_dim]        new tokens of every sequence, packed
+//   o            [num_tokens, num_q_heads, head_dim]        output, same layout as q
+//   k_cache      [num_blocks, num_kv_heads, block_size, head_dim]
+//   v_cache      [num_blocks, num_kv_heads, block_size, head_dim]
+//   block_table  int32 [max_seqs, max_blocks_per_seq]       physical block of each logical block
+//   seq_q_start  int32 [max_seqs + 1]                       first token of each sequence in q/o
+//   seq_kv_len   int32 [max_seqs]                           cached tokens incl. the new ones
+//
+// Sequence s owns tokens [seq_q_start[s], seq_q_start[s+1]) of q; q_len = their count. Its new
+// tokens sit at the end of its KV: token j (0-based among the new ones) has position
+// kv_len - q_len + j and attends causally to KV positions [0, kv_len - q_len + j].
+//
+// Query rows: the G = num_q_heads / num_kv_heads query heads that share a KV head are packed with
+// the tokens into rows, row = j * G + g, so one tile of T rows reads each KV element once for all
+// of them. A work item is one (sequence, query tile, KV chunk) for every KV head (grid.y).
+#ifndef KILN_ATTENTION_ATTENTION_PARAMS_H_
+#define KILN_ATTENTION_ATTENTION_PARAMS_H_
+
+#include <cstdint>
+
+namespace kiln {
+
+// One CTA's job, for each KV head. Padding items (beyond the plan's count, up to the capacity
+// fixed by the capture key) have seq = -1 and exit at once.
+struct AttentionWorkItem {
+  int32_t seq;            // sequence index, or -1 for padding
+  int32_t row_begin;      // first packed query row of the tile (row = token * G + g)
+  int32_t row_end;        // one past the last row (<= q_len * G)
+  int32_t kv_begin;       // KV chunk [kv_begin, kv_end); the kernel also applies the causal mask
+  int32_t kv_end;
+  int32_t partial_slot;   // -1: the item covers all of the tile's KV, write o directly;
+                          // else its slot in the partial workspace, merged later
+};
+
+// One tile whose KV was split into chunks: the merge combines partial slots
+// [first_slot, first_slot + num_slots) row by row into o. Padding has seq = -1.
+struct AttentionMergeItem {
+  int32_t seq;
+  int32_t row_begin;
+  int32_t row_end;
+  int32_t first_slot;
+  int32_t num_slots;
+};
+
+// Partial results live in a float workspace sized by the capture key:
+//   partial_o    float [max_slots, num_kv_heads, tile_rows, head_dim]
+//   partial_lse  float [max_slots, num_kv_heads, tile_rows]   log2-sum-exp of the scaled scores;
+//                                                             -inf for an empty chunk (weight 0)
+
+}  // namespace kiln
+
+#endif  // KILN_ATTENTION_ATTENTION_PARAMS_H_
