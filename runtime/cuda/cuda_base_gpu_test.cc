@@ -97,6 +97,7 @@ TEST(CudaBaseGpuTest, IllegalOperationsDuringCaptureAreNamed) {
   ASSERT_TRUE(stream.ok() && a.ok());
   std::vector<uint32_t> host(1024, 1);
 
+  // A raw capture: the stream itself reports capturing.
   ASSERT_EQ(cudaStreamBeginCapture(stream->get(), cudaStreamCaptureModeGlobal), cudaSuccess);
   EXPECT_TRUE(IsCapturing(stream->get()));
   absl::Status sync = stream->Synchronize();
@@ -105,7 +106,10 @@ TEST(CudaBaseGpuTest, IllegalOperationsDuringCaptureAreNamed) {
   absl::Status copy = CopyHostToDevice(a->data(), host.data(), 4096, stream->get());
   EXPECT_EQ(copy.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(copy.message()), HasSubstr("pageable host memory"));
+  // An allocation names no stream; it sees the capture that CaptureGuard notes for the thread.
+  NoteCaptureBegin(stream->get());
   absl::StatusOr<DeviceBuffer> grow = DeviceBuffer::Allocate(4096, "late");
+  NoteCaptureEnd();
   EXPECT_EQ(grow.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(grow.status().message()), HasSubstr("cudaMalloc of 'late'"));
   cudaGraph_t graph = nullptr;
