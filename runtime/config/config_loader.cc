@@ -37,8 +37,8 @@ class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
   std::string message_;
 };
 
-constexpr absl::string_view kFastDeployGraphKeys[] = {
-    "use_cudagraph", "cudagraph_capture_sizes", "cudagraph_only_prefill", "max_capture_size"};
+constexpr absl::string_view kFastDeployGraphKeys[] = {"use_cudagraph", "cudagraph_capture_sizes",
+                                                      "cudagraph_only_prefill", "max_capture_size"};
 
 bool IsFastDeployGraphKey(absl::string_view key) {
   for (absl::string_view k : kFastDeployGraphKeys) {
@@ -56,16 +56,17 @@ absl::Status GatherGraphOptimizationConfig(const Value& value, absl::string_view
   } else if (value.kind_case() == Value::kStringValue) {
     // FastDeploy's command line takes the object as a JSON string; accept that spelling too.
     if (!google::protobuf::util::JsonStringToMessage(value.string_value(), &parsed).ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "graph_optimization_config in ", source,
-          " is a string that is not a JSON object; write it as an object, e.g. "
-          "{\"use_cudagraph\": true}"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("graph_optimization_config in ", source,
+                       " is a string that is not a JSON object; write it as an object, e.g. "
+                       "{\"use_cudagraph\": true}"));
     }
     object = &parsed;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "graph_optimization_config in ", source,
-        " must be an object, e.g. {\"use_cudagraph\": true, \"cudagraph_capture_sizes\": [1, 2, 4]}"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("graph_optimization_config in ", source,
+                     " must be an object, e.g. {\"use_cudagraph\": true, "
+                     "\"cudagraph_capture_sizes\": [1, 2, 4]}"));
   }
   for (const auto& [key, v] : object->fields()) {
     if (key == "graph_opt_level") continue;  // static-graph compilation: no memory of its own
@@ -77,8 +78,8 @@ absl::Status GatherGraphOptimizationConfig(const Value& value, absl::string_view
     }
     if (keys->count(key) > 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "\"", key, "\" is set both at the top level and in graph_optimization_config of ",
-          source, "; keep one"));
+          "\"", key, "\" is set both at the top level and in graph_optimization_config of ", source,
+          "; keep one"));
     }
     (*keys)[key] = v;
   }
@@ -95,8 +96,7 @@ absl::Status CheckBool(const std::map<std::string, Value>& keys, const std::stri
                        absl::string_view source) {
   auto it = keys.find(key);
   if (it != keys.end() && it->second.kind_case() != Value::kBoolValue) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(key, " in ", source, " must be true or false"));
+    return absl::InvalidArgumentError(absl::StrCat(key, " in ", source, " must be true or false"));
   }
   return absl::OkStatus();
 }
@@ -124,8 +124,8 @@ absl::Status TranslateFastDeployKeys(Struct* root, absl::string_view source) {
   if (graph_value.kind_case() == Value::KIND_NOT_SET) {
     graph_value.mutable_struct_value();
   } else if (graph_value.kind_case() != Value::kStructValue) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("\"graph\" in ", source, " must be an object, e.g. {\"mode\": \"GRAPH_MODE_DECODE\"}"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "\"graph\" in ", source, " must be an object, e.g. {\"mode\": \"GRAPH_MODE_DECODE\"}"));
   }
   Struct& graph = *graph_value.mutable_struct_value();
   auto conflict = [&](absl::string_view fd_key, absl::string_view kiln_field) {

@@ -37,10 +37,9 @@ constexpr ModelEntry kModels[] = {
      false},
     {"llama-3.1-8b", "Llama-3.1-8B", 4096, 32, 32, 8, 128, 14336, 128256, false, 500000.0, 1e-5,
      false},
-    {"llama-3.1-70b", "Llama-3.1-70B", 8192, 80, 64, 8, 128, 28672, 128256, false, 500000.0,
-     1e-5, false},
-    {"qwen2.5-7b", "Qwen2.5-7B", 3584, 28, 28, 4, 128, 18944, 152064, false, 1000000.0, 1e-6,
-     true},
+    {"llama-3.1-70b", "Llama-3.1-70B", 8192, 80, 64, 8, 128, 28672, 128256, false, 500000.0, 1e-5,
+     false},
+    {"qwen2.5-7b", "Qwen2.5-7B", 3584, 28, 28, 4, 128, 18944, 152064, false, 1000000.0, 1e-6, true},
 };
 
 struct GpuEntry {
@@ -81,10 +80,9 @@ absl::StatusOr<ModelShape> ModelPreset(absl::string_view name) {
     shape.set_attention_bias(m.attention_bias);
     return shape;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("Unknown model preset \"", name, "\"; use one of ",
-                   absl::StrJoin(ModelPresetNames(), ", "),
-                   " or give the shape field by field (hidden_size, num_layers, ...)"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "Unknown model preset \"", name, "\"; use one of ", absl::StrJoin(ModelPresetNames(), ", "),
+      " or give the shape field by field (hidden_size, num_layers, ...)"));
 }
 
 absl::StatusOr<GpuSpec> GpuPreset(absl::string_view name) {
@@ -97,10 +95,9 @@ absl::StatusOr<GpuSpec> GpuPreset(absl::string_view name) {
     gpu.set_sm_count(g.sm_count);
     return gpu;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("Unknown GPU preset \"", name, "\"; use one of ",
-                   absl::StrJoin(GpuPresetNames(), ", "),
-                   ", \"auto\" on a GPU machine, or give total_bytes and sm_count"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "Unknown GPU preset \"", name, "\"; use one of ", absl::StrJoin(GpuPresetNames(), ", "),
+      ", \"auto\" on a GPU machine, or give total_bytes and sm_count"));
 }
 
 std::vector<std::string> ModelPresetNames() {

@@ -16,9 +16,8 @@ TEST(PresetsTest, EveryModelPresetIsComplete) {
     ASSERT_TRUE(shape.ok()) << shape.status();
     EXPECT_TRUE(shape->has_name() && shape->has_hidden_size() && shape->has_num_layers() &&
                 shape->has_num_heads() && shape->has_num_kv_heads() && shape->has_head_dim() &&
-                shape->has_intermediate_size() && shape->has_vocab_size() &&
-                shape->has_dtype() && shape->has_tie_embeddings() && shape->has_rope_theta() &&
-                shape->has_rms_norm_eps())
+                shape->has_intermediate_size() && shape->has_vocab_size() && shape->has_dtype() &&
+                shape->has_tie_embeddings() && shape->has_rope_theta() && shape->has_rms_norm_eps())
         << name;
     EXPECT_EQ(shape->num_heads() % shape->num_kv_heads(), 0) << name;
   }

@@ -16,7 +16,6 @@ namespace {
 
 using config::DType;
 using config::GpuSpec;
-using config::GraphMode;
 using config::ModelShape;
 using config::PlannerConfig;
 
@@ -76,6 +75,20 @@ constexpr int64_t kSplitSlotsPerSm = 2;
 // Prefill-only graphs are captured up to this many tokens by default (DESIGN.md, graph/).
 constexpr int kDefaultPrefillCaptureLimit = 512;
 
+// Upper bounds on the inputs, far above any real model or GPU, so that no product in the formulas
+// can overflow 64 bits (the largest, the weights, stays below 2^61). Values above them are typos.
+constexpr int64_t kMaxWidth = int64_t{1} << 20;  // hidden_size, intermediate_size
+constexpr int64_t kMaxHeads = int64_t{1} << 12;  // num_heads, num_kv_heads, head_dim, layers
+constexpr int64_t kMaxVocab = int64_t{1} << 24;
+constexpr int64_t kMaxSeqs = int64_t{1} << 20;    // max_num_seqs
+constexpr int64_t kMaxTokens = int64_t{1} << 24;  // max_num_batched_tokens
+constexpr int64_t kMaxBlockSize = int64_t{1} << 16;
+constexpr int64_t kMaxSmCount = int64_t{1} << 16;
+constexpr uint64_t kMaxGpuBytes = uint64_t{1} << 50;      // 1 PiB
+constexpr uint64_t kMaxPerUnitBytes = uint64_t{1} << 30;  // calibrated bytes per token
+constexpr uint64_t kMaxPerNodeBytes = uint64_t{1} << 20;  // calibrated bytes per graph node
+constexpr uint64_t kMaxBufferBytes = uint64_t{1} << 40;   // calibrated buffers and margin
+
 // ---------------------------------------------------------------------------------------------
 
 std::string ModelFlagHint() {
@@ -83,11 +96,20 @@ std::string ModelFlagHint() {
                       ")");
 }
 
-absl::Status CheckPositive(bool has, int64_t value, absl::string_view field,
-                           absl::string_view flag, absl::string_view otherwise) {
+absl::Status CheckAtMost(int64_t value, int64_t limit, absl::string_view field) {
+  if (value > limit) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " ", value, " is above ", limit,
+                                                   ", beyond anything kiln plans for; check the "
+                                                   "value (a typo or the wrong unit?)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPositive(bool has, int64_t value, absl::string_view field, absl::string_view flag,
+                           absl::string_view otherwise) {
   if (!has) {
-    return absl::InvalidArgumentError(absl::StrCat(field, " is not set; set it (--", flag, ") ",
-                                                   otherwise));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " is not set; set it (--", flag, ") ", otherwise));
   }
   if (value <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(field, " must be positive, got ", value,
@@ -110,31 +132,35 @@ absl::StatusOr<ModelShape> ResolveModel(const PlannerConfig& in) {
     int64_t value;
     const char* name;
     const char* flag;
+    int64_t limit;
   };
   const Field fields[] = {
-      {model.has_hidden_size(), model.hidden_size(), "model.hidden_size", "hidden_size"},
-      {model.has_num_layers(), model.num_layers(), "model.num_layers", "num_layers"},
-      {model.has_num_heads(), model.num_heads(), "model.num_heads", "num_heads"},
-      {model.has_num_kv_heads(), model.num_kv_heads(), "model.num_kv_heads", "num_kv_heads"},
-      {model.has_head_dim(), model.head_dim(), "model.head_dim", "head_dim"},
+      {model.has_hidden_size(), model.hidden_size(), "model.hidden_size", "hidden_size", kMaxWidth},
+      {model.has_num_layers(), model.num_layers(), "model.num_layers", "num_layers", kMaxHeads},
+      {model.has_num_heads(), model.num_heads(), "model.num_heads", "num_heads", kMaxHeads},
+      {model.has_num_kv_heads(), model.num_kv_heads(), "model.num_kv_heads", "num_kv_heads",
+       kMaxHeads},
+      {model.has_head_dim(), model.head_dim(), "model.head_dim", "head_dim", kMaxHeads},
       {model.has_intermediate_size(), model.intermediate_size(), "model.intermediate_size",
-       "intermediate_size"},
-      {model.has_vocab_size(), model.vocab_size(), "model.vocab_size", "vocab_size"},
+       "intermediate_size", kMaxWidth},
+      {model.has_vocab_size(), model.vocab_size(), "model.vocab_size", "vocab_size", kMaxVocab},
   };
   for (const Field& f : fields) {
     absl::Status status = CheckPositive(f.has, f.value, f.name, f.flag, hint);
+    if (status.ok()) status = CheckAtMost(f.value, f.limit, f.name);
     if (!status.ok()) return status;
   }
   if (DTypeBytes(model.dtype()) == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.dtype is ", model.has_dtype() ? DTypeName(model.dtype()) : "not set",
-        "; set it (--dtype=bf16|fp16|fp32|fp8) ", hint));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.dtype is ", model.has_dtype() ? DTypeName(model.dtype()) : "not set",
+                     "; set it (--dtype=bf16|fp16|fp32|fp8) ", hint));
   }
   if (model.num_heads() % model.num_kv_heads() != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.num_heads ", model.num_heads(), " is not a multiple of model.num_kv_heads ",
-        model.num_kv_heads(), "; grouped-query attention shares each KV head among a whole "
-        "group of query heads: fix the shape"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.num_heads ", model.num_heads(),
+                     " is not a multiple of model.num_kv_heads ", model.num_kv_heads(),
+                     "; grouped-query attention shares each KV head among a whole "
+                     "group of query heads: fix the shape"));
   }
   if (!model.has_name()) model.set_name("custom model");
   if (!model.has_tie_embeddings()) model.set_tie_embeddings(false);
@@ -156,20 +182,22 @@ absl::StatusOr<GpuSpec> ResolveGpu(const PlannerConfig& in) {
     gpu = *std::move(preset);
   }
   gpu.MergeFrom(in.gpu());
-  const std::string hint = absl::StrCat("or pick a GPU preset (--gpu=",
-                                        absl::StrJoin(GpuPresetNames(), "|"), "|auto)");
+  const std::string hint =
+      absl::StrCat("or pick a GPU preset (--gpu=", absl::StrJoin(GpuPresetNames(), "|"), "|auto)");
   if (!gpu.has_total_bytes() || gpu.total_bytes() == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gpu.total_bytes is ", gpu.has_total_bytes() ? "0" : "not set",
-        "; set the GPU's memory in bytes (--gpu_total_bytes) ", hint));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpu.total_bytes is ", gpu.has_total_bytes() ? "0" : "not set",
+                     "; set the GPU's memory in bytes (--gpu_total_bytes) ", hint));
   }
-  if (gpu.total_bytes() > (uint64_t{1} << 50)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gpu.total_bytes ", gpu.total_bytes(), " is more than a PiB; give the GPU's memory in "
-        "bytes (--gpu_total_bytes), e.g. 85520809984 for an H100 80GB"));
+  if (gpu.total_bytes() > kMaxGpuBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpu.total_bytes ", gpu.total_bytes(),
+                     " is more than a PiB; give the GPU's memory in "
+                     "bytes (--gpu_total_bytes), e.g. 85520809984 for an H100 80GB"));
   }
-  absl::Status sm = CheckPositive(gpu.has_sm_count(), gpu.sm_count(), "gpu.sm_count",
-                                  "gpu_sm_count", hint);
+  absl::Status sm =
+      CheckPositive(gpu.has_sm_count(), gpu.sm_count(), "gpu.sm_count", "gpu_sm_count", hint);
+  if (sm.ok()) sm = CheckAtMost(gpu.sm_count(), kMaxSmCount, "gpu.sm_count");
   if (!sm.ok()) return sm;
   if (!gpu.has_name()) gpu.set_name("custom GPU");
   return gpu;
@@ -196,9 +224,9 @@ absl::Status ResolveGraphs(PlannerConfig* out) {
           "; set it to the largest size that gets a graph (--max_capture_size) or leave it unset"));
     }
     if (graph->max_capture_size() > hard_limit) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "graph.max_capture_size ", graph->max_capture_size(), " exceeds ", hard_name, " ",
-          hard_limit, "; lower it or raise ", hard_name));
+      return absl::InvalidArgumentError(
+          absl::StrCat("graph.max_capture_size ", graph->max_capture_size(), " exceeds ", hard_name,
+                       " ", hard_limit, "; lower it or raise ", hard_name));
     }
     limit = graph->max_capture_size();
     limit_name = "graph.max_capture_size";
@@ -233,9 +261,9 @@ absl::Status ResolveGraphs(PlannerConfig* out) {
 
 absl::Status CheckTensorParallel(const ModelShape& model, int tp) {
   auto split_error = [&](absl::string_view what, int64_t value) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " ", value, " does not split over tensor_parallel_size ", tp,
-        "; use a tensor_parallel_size that divides it"));
+    return absl::InvalidArgumentError(absl::StrCat(what, " ", value,
+                                                   " does not split over tensor_parallel_size ", tp,
+                                                   "; use a tensor_parallel_size that divides it"));
   };
   if (model.num_heads() % tp != 0) return split_error("model.num_heads", model.num_heads());
   if (model.intermediate_size() % tp != 0) {
@@ -246,7 +274,8 @@ absl::Status CheckTensorParallel(const ModelShape& model, int tp) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.num_kv_heads ", kv, " and tensor_parallel_size ", tp,
         " do not divide one another, so KV heads can be neither split nor replicated evenly; "
-        "use a tensor_parallel_size that divides or is a multiple of ", kv));
+        "use a tensor_parallel_size that divides or is a multiple of ",
+        kv));
   }
   return absl::OkStatus();
 }
@@ -315,12 +344,12 @@ int64_t WeightParamsPerRank(const ModelShape& model, int tp) {
   const int64_t vocab_rows = CeilDiv(model.vocab_size(), tp);  // vocabulary-parallel embedding
 
   const int64_t qkv_width = (heads + 2 * kv_heads) * d;
-  const int64_t per_layer = h * qkv_width                            // QKV projection
+  const int64_t per_layer = h * qkv_width                               // QKV projection
                             + (model.attention_bias() ? qkv_width : 0)  // QKV bias (Qwen2)
-                            + heads * d * h                           // O projection
-                            + h * 2 * ffn                             // gate and up
-                            + ffn * h                                 // down
-                            + 2 * h;                                  // two RMSNorm weights
+                            + heads * d * h                             // O projection
+                            + h * 2 * ffn                               // gate and up
+                            + ffn * h                                   // down
+                            + 2 * h;                                    // two RMSNorm weights
   const int64_t embedding = vocab_rows * h;
   const int64_t lm_head = model.tie_embeddings() ? 0 : vocab_rows * h;
   return embedding + model.num_layers() * per_layer + h /* final norm */ + lm_head;
@@ -377,9 +406,10 @@ absl::StatusOr<PlannerConfig> ResolvePlannerConfig(const PlannerConfig& in) {
   }
   const double u = out.gpu_memory_utilization();
   if (!(u > 0.0 && u <= 1.0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gpu_memory_utilization ", u, " is outside (0, 1]; give the fraction of the GPU's memory "
-        "kiln may use, e.g. --gpu_memory_utilization=0.9"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpu_memory_utilization ", u,
+                     " is outside (0, 1]; give the fraction of the GPU's memory "
+                     "kiln may use, e.g. --gpu_memory_utilization=0.9"));
   }
 
   absl::StatusOr<ModelShape> model = ResolveModel(in);
@@ -395,7 +425,8 @@ absl::StatusOr<PlannerConfig> ResolvePlannerConfig(const PlannerConfig& in) {
     out.set_max_num_batched_tokens(defaults.max_num_batched_tokens());
   }
   if (!out.has_block_size()) out.set_block_size(defaults.block_size());
-  if (!out.has_tensor_parallel_size()) out.set_tensor_parallel_size(defaults.tensor_parallel_size());
+  if (!out.has_tensor_parallel_size())
+    out.set_tensor_parallel_size(defaults.tensor_parallel_size());
   if (!out.has_kv_cache_dtype() || out.kv_cache_dtype() == config::DTYPE_UNSPECIFIED) {
     out.set_kv_cache_dtype(out.model().dtype());
   }
@@ -404,17 +435,45 @@ absl::StatusOr<PlannerConfig> ResolvePlannerConfig(const PlannerConfig& in) {
     int64_t value;
     const char* name;
     const char* what;
+    int64_t limit;
   } scalars[] = {
-      {out.max_num_seqs(), "max_num_seqs", "the most sequences in one step, e.g. 256"},
+      {out.max_num_seqs(), "max_num_seqs", "the most sequences in one step, e.g. 256", kMaxSeqs},
       {out.max_num_batched_tokens(), "max_num_batched_tokens",
-       "the most tokens in one step, e.g. 8192"},
-      {out.block_size(), "block_size", "tokens per KV block, e.g. 64"},
-      {out.tensor_parallel_size(), "tensor_parallel_size", "GPUs per model, e.g. 1"},
+       "the most tokens in one step, e.g. 8192", kMaxTokens},
+      {out.block_size(), "block_size", "tokens per KV block, e.g. 64", kMaxBlockSize},
+      {out.tensor_parallel_size(), "tensor_parallel_size", "GPUs per model, e.g. 1", kMaxHeads},
   };
   for (const auto& s : scalars) {
     if (s.value <= 0) {
       return absl::InvalidArgumentError(absl::StrCat(s.name, " must be positive, got ", s.value,
                                                      "; set --", s.name, " to ", s.what));
+    }
+    absl::Status bounded = CheckAtMost(s.value, s.limit, s.name);
+    if (!bounded.ok()) return bounded;
+  }
+  const config::Calibration& cal = out.calibration();
+  const struct {
+    bool has;
+    uint64_t value;
+    const char* name;
+    uint64_t limit;
+  } calibrated[] = {
+      {cal.has_activation_bytes_per_token(), cal.activation_bytes_per_token(),
+       "calibration.activation_bytes_per_token", kMaxPerUnitBytes},
+      {cal.has_graph_bytes_per_node(), cal.graph_bytes_per_node(),
+       "calibration.graph_bytes_per_node", kMaxPerNodeBytes},
+      {cal.has_cublaslt_workspace_bytes(), cal.cublaslt_workspace_bytes(),
+       "calibration.cublaslt_workspace_bytes", kMaxBufferBytes},
+      {cal.has_custom_allreduce_buffer_bytes(), cal.custom_allreduce_buffer_bytes(),
+       "calibration.custom_allreduce_buffer_bytes", kMaxBufferBytes},
+      {cal.has_nccl_bytes(), cal.nccl_bytes(), "calibration.nccl_bytes", kMaxBufferBytes},
+      {cal.has_margin_bytes(), cal.margin_bytes(), "calibration.margin_bytes", kMaxBufferBytes},
+  };
+  for (const auto& c : calibrated) {
+    if (c.has && c.value > c.limit) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          c.name, " ", c.value, " is above ", c.limit,
+          ", beyond anything a GPU measures; check the value (a typo or the wrong unit?)"));
     }
   }
   if (out.max_num_batched_tokens() < out.max_num_seqs()) {
@@ -564,11 +623,11 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlannerConfig& config) {
       if (t.bytes > largest->bytes) largest = &t;
     }
     return absl::ResourceExhaustedError(absl::StrCat(
-        "The budget leaves no room for a KV block: ", FormatBytes(plan.budget_bytes),
-        " budget (", FormatBytes(plan.total_bytes), " x ", c.gpu_memory_utilization(), ") - ",
+        "The budget leaves no room for a KV block: ", FormatBytes(plan.budget_bytes), " budget (",
+        FormatBytes(plan.total_bytes), " x ", c.gpu_memory_utilization(), ") - ",
         FormatBytes(plan.reserved_bytes), " reserved = ", FormatBytes(rest), ", but one block of ",
-        c.block_size(), " tokens needs ", FormatBytes(plan.kv_block_bytes), " (largest term: ",
-        largest->name, " ", FormatBytes(largest->bytes),
+        c.block_size(), " tokens needs ", FormatBytes(plan.kv_block_bytes),
+        " (largest term: ", largest->name, " ", FormatBytes(largest->bytes),
         "); raise gpu_memory_utilization, lower max_num_batched_tokens or max_num_seqs, raise "
         "tensor_parallel_size, or use a GPU with more memory"));
   }
@@ -578,9 +637,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlannerConfig& config) {
       absl::StrFormat("%s blocks x %d tokens x %s/token (2 x %d layers x %d KV heads x %d x %d B "
                       "%s)",
                       Thousands(plan.num_kv_blocks), c.block_size(),
-                      FormatBytes(plan.kv_bytes_per_token), m.num_layers(), kv_heads,
-                      m.head_dim(), DTypeBytes(c.kv_cache_dtype()),
-                      DTypeName(c.kv_cache_dtype())));
+                      FormatBytes(plan.kv_bytes_per_token), m.num_layers(), kv_heads, m.head_dim(),
+                      DTypeBytes(c.kv_cache_dtype()), DTypeName(c.kv_cache_dtype())));
   add("unused", rest - kv_bytes,
       absl::StrCat("rest of the budget, less than one ", FormatBytes(plan.kv_block_bytes),
                    " block"));

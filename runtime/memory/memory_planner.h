@@ -53,19 +53,19 @@ struct PlannerEstimates {
 
 // A budget split into terms, and the KV cache that fits.
 struct MemoryPlan {
-  config::PlannerConfig config;      // resolved (see ResolvePlannerConfig)
-  PlannerEstimates estimates;        // what the terms were computed with
-  int64_t total_bytes = 0;           // the GPU's memory
-  int64_t budget_bytes = 0;          // floor(total × gpu_memory_utilization)
+  config::PlannerConfig config;  // resolved (see ResolvePlannerConfig)
+  PlannerEstimates estimates;    // what the terms were computed with
+  int64_t total_bytes = 0;       // the GPU's memory
+  int64_t budget_bytes = 0;      // floor(total × gpu_memory_utilization)
   // Reserved terms in a fixed order, then "kv_cache" and "unused" (less than one block); the
   // terms sum to budget_bytes exactly. A term that does not apply (NCCL without tensor
   // parallelism) is present with 0 bytes and says why.
   std::vector<MemoryTerm> terms;
-  int64_t reserved_bytes = 0;        // the terms before "kv_cache"
+  int64_t reserved_bytes = 0;  // the terms before "kv_cache"
   int64_t kv_bytes_per_token = 0;
   int64_t kv_block_bytes = 0;
-  int64_t num_kv_blocks = 0;         // at least 1 (PlanMemory fails otherwise)
-  int block_size = 0;                // tokens per block
+  int64_t num_kv_blocks = 0;  // at least 1 (PlanMemory fails otherwise)
+  int block_size = 0;         // tokens per block
 
   // Returns the number of tokens the KV cache holds.
   int64_t KvTokens() const { return num_kv_blocks * block_size; }

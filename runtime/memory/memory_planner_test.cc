@@ -30,36 +30,35 @@ MemoryPlan PlanOrDie(const config::PlannerConfig& config) {
 // 8.03 B, 1.24 B, 70.6 B, 7.62 B).
 TEST(MemoryPlannerTest, WeightParamsMatchHandCounts) {
   // Llama-3.1-8B: embedding + 32 × (QKV + O + gate-up + down + norms) + final norm + lm head.
-  const int64_t l8 = 128256LL * 4096 +
-                     32 * (4096LL * 6144 + 4096LL * 4096 + 4096LL * 28672 + 14336LL * 4096 +
-                           2 * 4096) +
-                     4096 + 128256LL * 4096;
+  const int64_t l8 =
+      128256LL * 4096 +
+      32 * (4096LL * 6144 + 4096LL * 4096 + 4096LL * 28672 + 14336LL * 4096 + 2 * 4096) + 4096 +
+      128256LL * 4096;
   EXPECT_EQ(l8, 8030261248);
   EXPECT_EQ(WeightParamsPerRank(Preset("llama-3.1-8b"), 1), l8);
 
   // Llama-3.2-1B ties the lm head to the embedding.
-  const int64_t l1 = 128256LL * 2048 +
-                     16 * (2048LL * 3072 + 2048LL * 2048 + 2048LL * 16384 + 8192LL * 2048 +
-                           2 * 2048) +
-                     2048;
+  const int64_t l1 =
+      128256LL * 2048 +
+      16 * (2048LL * 3072 + 2048LL * 2048 + 2048LL * 16384 + 8192LL * 2048 + 2 * 2048) + 2048;
   EXPECT_EQ(l1, 1235814400);
   EXPECT_EQ(WeightParamsPerRank(Preset("llama-3.2-1b"), 1), l1);
 
   EXPECT_EQ(WeightParamsPerRank(Preset("llama-3.1-70b"), 1), 70553706496);
 
   // Qwen2.5-7B has a bias on QKV: (28 + 2 × 4) × 128 per layer.
-  const int64_t q7 = 152064LL * 3584 +
-                     28 * (3584LL * 4608 + 4608 + 3584LL * 3584 + 3584LL * 37888 +
-                           18944LL * 3584 + 2 * 3584) +
-                     3584 + 152064LL * 3584;
+  const int64_t q7 =
+      152064LL * 3584 +
+      28 * (3584LL * 4608 + 4608 + 3584LL * 3584 + 3584LL * 37888 + 18944LL * 3584 + 2 * 3584) +
+      3584 + 152064LL * 3584;
   EXPECT_EQ(q7, 7615616512);
   EXPECT_EQ(WeightParamsPerRank(Preset("qwen2.5-7b"), 1), q7);
 }
 
 TEST(MemoryPlannerTest, TensorParallelShardsWeights) {
   // Llama-3.1-70B over 4 ranks: 16 query heads and 2 KV heads, 7168 MLP, 32064 vocab rows each.
-  const int64_t per_layer = 8192LL * (16 + 4) * 128 + 16LL * 128 * 8192 + 8192LL * 2 * 7168 +
-                            7168LL * 8192 + 2 * 8192;
+  const int64_t per_layer =
+      8192LL * (16 + 4) * 128 + 16LL * 128 * 8192 + 8192LL * 2 * 7168 + 7168LL * 8192 + 2 * 8192;
   const int64_t rank = 32064LL * 8192 + 80 * per_layer + 8192 + 32064LL * 8192;
   EXPECT_EQ(rank, 17639415808);
   EXPECT_EQ(WeightParamsPerRank(Preset("llama-3.1-70b"), 4), rank);
@@ -96,7 +95,7 @@ TEST(MemoryPlannerTest, DefaultPlanByHand) {
   const int64_t weights = 8030261248LL * 2;
   const int64_t arena = 8192 * per_token;
   const int64_t attention = (256 + 2 * 132) * 8LL * 64 * 129 * 4;
-  const int64_t pool = 256 * per_token;                  // the largest graph only
+  const int64_t pool = 256 * per_token;  // the largest graph only
   const int64_t executables = 27LL * (32 * 11 + 4) * 16384;
   const int64_t workspace = 32 * kMiB;
   const int64_t logits = 256LL * 128256 * 4;
@@ -280,9 +279,7 @@ TEST(MemoryPlannerTest, ResolveIsIdempotent) {
   }
 }
 
-absl::Status PlanStatus(const config::PlannerConfig& config) {
-  return PlanMemory(config).status();
-}
+absl::Status PlanStatus(const config::PlannerConfig& config) { return PlanMemory(config).status(); }
 
 TEST(MemoryPlannerTest, BadInputsNameTheValueAndTheFix) {
   config::PlannerConfig c = DefaultPlannerConfig();
@@ -333,6 +330,20 @@ TEST(MemoryPlannerTest, BadInputsNameTheValueAndTheFix) {
   EXPECT_EQ(std::string(PlanStatus(c).message()),
             "Capture size 300 exceeds max_num_seqs 256; remove it or raise max_num_seqs");
 
+  // Absurd values are rejected before any product could overflow.
+  c = DefaultPlannerConfig();
+  c.mutable_model()->set_hidden_size(2000000000);
+  EXPECT_THAT(std::string(PlanStatus(c).message()),
+              HasSubstr("model.hidden_size 2000000000 is above 1048576"));
+  c = DefaultPlannerConfig();
+  c.mutable_calibration()->set_graph_bytes_per_node(uint64_t{1} << 62);
+  EXPECT_THAT(std::string(PlanStatus(c).message()),
+              HasSubstr("calibration.graph_bytes_per_node 4611686018427387904 is above"));
+  c = DefaultPlannerConfig();
+  c.set_max_num_seqs(2000000000);
+  c.set_max_num_batched_tokens(2000000000);
+  EXPECT_THAT(std::string(PlanStatus(c).message()), HasSubstr("max_num_seqs 2000000000 is above"));
+
   c = DefaultPlannerConfig();
   c.set_block_size(0);
   EXPECT_THAT(std::string(PlanStatus(c).message()), HasSubstr("block_size must be positive"));
@@ -343,8 +354,7 @@ TEST(MemoryPlannerTest, NoKvBlockIsResourceExhaustedWithTheFix) {
   c.set_model_preset("llama-3.1-70b");
   absl::Status status = PlanStatus(c);
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(status.message()),
-              HasSubstr("The budget leaves no room for a KV block"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("The budget leaves no room for a KV block"));
   EXPECT_THAT(std::string(status.message()), HasSubstr("largest term: weights 131.42 GiB"));
   EXPECT_THAT(std::string(status.message()), HasSubstr("raise tensor_parallel_size"));
 
@@ -360,6 +370,36 @@ TEST(MemoryPlannerTest, NoKvBlockIsResourceExhaustedWithTheFix) {
   EXPECT_EQ(one->num_kv_blocks, 1);
   c.mutable_gpu()->set_total_bytes(base.reserved_bytes + base.kv_block_bytes - 1);
   EXPECT_EQ(PlanStatus(c).code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(MemoryPlannerTest, LargestAcceptedInputsDoNotOverflow) {
+  config::PlannerConfig c;
+  config::ModelShape* m = c.mutable_model();
+  m->set_hidden_size(1 << 20);
+  m->set_intermediate_size(1 << 20);
+  m->set_num_layers(1 << 12);
+  m->set_num_heads(1 << 12);
+  m->set_num_kv_heads(1 << 12);
+  m->set_head_dim(1 << 12);
+  m->set_vocab_size(1 << 24);
+  m->set_dtype(config::DTYPE_FP32);
+  m->set_attention_bias(true);
+  c.mutable_gpu()->set_total_bytes(uint64_t{1} << 50);
+  c.mutable_gpu()->set_sm_count(1 << 16);
+  c.set_gpu_memory_utilization(1.0);
+  c.set_max_num_seqs(1 << 20);
+  c.set_max_num_batched_tokens(1 << 24);
+  c.set_block_size(1 << 16);
+  c.mutable_graph()->set_mode(config::GRAPH_MODE_PREFILL_ONLY);
+  c.mutable_calibration()->set_activation_bytes_per_token(uint64_t{1} << 30);
+  c.mutable_calibration()->set_graph_bytes_per_node(uint64_t{1} << 20);
+  c.mutable_calibration()->set_nccl_bytes(uint64_t{1} << 40);
+  c.mutable_calibration()->set_margin_bytes(uint64_t{1} << 40);
+  absl::Status status = PlanStatus(c);
+  // Weights alone are ~2^60 bytes: no block fits, and the shortfall is reported, not wrapped.
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("largest term: weights"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr(" reserved = -"));
 }
 
 TEST(MemoryPlannerTest, FormatBytes) {
