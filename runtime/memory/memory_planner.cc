@@ -126,6 +126,13 @@ absl::StatusOr<ModelShape> ResolveModel(const PlannerConfig& in) {
     model = *std::move(preset);
   }
   model.MergeFrom(in.model());
+  if (in.has_model_preset() && !in.model().has_name()) {
+    // A preset with fields changed is no longer the published model; say so wherever it is named.
+    config::ModelShape changed = in.model();
+    changed.clear_rope_theta();
+    changed.clear_rms_norm_eps();
+    if (changed.ByteSizeLong() > 0) model.set_name(absl::StrCat(model.name(), " (modified)"));
+  }
   const std::string hint = ModelFlagHint();
   struct Field {
     bool has;
@@ -182,6 +189,9 @@ absl::StatusOr<GpuSpec> ResolveGpu(const PlannerConfig& in) {
     gpu = *std::move(preset);
   }
   gpu.MergeFrom(in.gpu());
+  if (in.has_gpu_preset() && !in.gpu().has_name() && in.gpu().ByteSizeLong() > 0) {
+    gpu.set_name(absl::StrCat(gpu.name(), " (modified)"));
+  }
   const std::string hint =
       absl::StrCat("or pick a GPU preset (--gpu=", absl::StrJoin(GpuPresetNames(), "|"), "|auto)");
   if (!gpu.has_total_bytes() || gpu.total_bytes() == 0) {

@@ -402,6 +402,23 @@ TEST(MemoryPlannerTest, LargestAcceptedInputsDoNotOverflow) {
   EXPECT_THAT(std::string(status.message()), HasSubstr(" reserved = -"));
 }
 
+TEST(MemoryPlannerTest, ChangedPresetsSaySo) {
+  config::PlannerConfig c = DefaultPlannerConfig();
+  c.mutable_model()->set_rope_theta(10000.0);  // does not change memory: still the preset
+  auto same = ResolvePlannerConfig(c);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(same->model().name(), "Llama-3.1-8B");
+  c.mutable_model()->set_num_layers(16);
+  c.mutable_gpu()->set_sm_count(114);
+  auto changed = ResolvePlannerConfig(c);
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_EQ(changed->model().name(), "Llama-3.1-8B (modified)");
+  EXPECT_EQ(changed->model().num_layers(), 16);
+  EXPECT_EQ(changed->model().hidden_size(), 4096);
+  EXPECT_EQ(changed->gpu().name(), "NVIDIA H100 80GB HBM3 (modified)");
+  EXPECT_EQ(ResolvePlannerConfig(*changed)->model().name(), "Llama-3.1-8B (modified)");
+}
+
 TEST(MemoryPlannerTest, FormatBytes) {
   EXPECT_EQ(FormatBytes(512), "512 B");
   EXPECT_EQ(FormatBytes(128 * 1024), "128.0 KiB");
