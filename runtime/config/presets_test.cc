@@ -1,0 +1,90 @@
+#include "runtime/config/presets.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kiln {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(PresetsTest, EveryModelPresetIsComplete) {
+  for (const std::string& name : ModelPresetNames()) {
+    auto shape = ModelPreset(name);
+    ASSERT_TRUE(shape.ok()) << shape.status();
+    EXPECT_TRUE(shape->has_name() && shape->has_hidden_size() && shape->has_num_layers() &&
+                shape->has_num_heads() && shape->has_num_kv_heads() && shape->has_head_dim() &&
+                shape->has_intermediate_size() && shape->has_vocab_size() && shape->has_dtype() &&
+                shape->has_tie_embeddings() && shape->has_rope_theta() && shape->has_rms_norm_eps())
+        << name;
+    EXPECT_EQ(shape->num_heads() % shape->num_kv_heads(), 0) << name;
+  }
+}
+
+TEST(PresetsTest, PublishedShapes) {
+  auto l8 = ModelPreset("Llama-3.1-8B");  // any case
+  ASSERT_TRUE(l8.ok());
+  EXPECT_EQ(l8->hidden_size(), 4096);
+  EXPECT_EQ(l8->num_layers(), 32);
+  EXPECT_EQ(l8->num_kv_heads(), 8);
+  EXPECT_EQ(l8->intermediate_size(), 14336);
+  EXPECT_EQ(l8->vocab_size(), 128256);
+  EXPECT_FALSE(l8->tie_embeddings());
+  EXPECT_EQ(l8->rope_theta(), 500000.0);
+
+  auto l1 = ModelPreset("llama-3.2-1b");
+  ASSERT_TRUE(l1.ok());
+  EXPECT_EQ(l1->head_dim(), 64);
+  EXPECT_TRUE(l1->tie_embeddings());
+
+  auto l70 = ModelPreset("llama-3.1-70b");
+  ASSERT_TRUE(l70.ok());
+  EXPECT_EQ(l70->num_layers(), 80);
+  EXPECT_EQ(l70->num_heads(), 64);
+
+  auto q7 = ModelPreset("qwen2.5-7b");
+  ASSERT_TRUE(q7.ok());
+  EXPECT_EQ(q7->hidden_size(), 3584);
+  EXPECT_EQ(q7->num_kv_heads(), 4);
+  EXPECT_EQ(q7->vocab_size(), 152064);
+  EXPECT_TRUE(q7->attention_bias());
+  EXPECT_EQ(q7->rms_norm_eps(), 1e-6);
+}
+
+TEST(PresetsTest, GpuPresets) {
+  auto h100 = GpuPreset("h100-80gb");
+  ASSERT_TRUE(h100.ok());
+  EXPECT_EQ(h100->total_bytes(), 81559ull << 20);
+  EXPECT_EQ(h100->sm_count(), 132);
+  auto h200 = GpuPreset("H200");  // short name, any case
+  ASSERT_TRUE(h200.ok());
+  EXPECT_EQ(h200->total_bytes(), 143771ull << 20);
+  EXPECT_EQ(GpuPreset("a100")->sm_count(), 108);
+  EXPECT_EQ(GpuPreset("l40s-48gb")->sm_count(), 142);
+  EXPECT_EQ(GpuPresetNames().size(), 4u);
+}
+
+TEST(PresetsTest, UnknownNamesListTheKnownOnes) {
+  auto model = ModelPreset("gpt-5");
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(model.status().message()),
+              HasSubstr("Unknown model preset \"gpt-5\"; use one of llama-3.2-1b, llama-3.1-8b, "
+                        "llama-3.1-70b, qwen2.5-7b"));
+  auto gpu = GpuPreset("v100");
+  EXPECT_THAT(std::string(gpu.status().message()),
+              HasSubstr("Unknown GPU preset \"v100\"; use one of h100-80gb, h200-141gb"));
+}
+
+TEST(PresetsTest, DefaultConfig) {
+  config::PlannerConfig config = DefaultPlannerConfig();
+  EXPECT_EQ(config.model_preset(), "llama-3.1-8b");
+  EXPECT_EQ(config.gpu_preset(), "h100-80gb");
+  EXPECT_EQ(config.gpu_memory_utilization(), 0.9);
+  EXPECT_EQ(config.max_num_seqs(), 256);
+  EXPECT_EQ(config.graph().capture_sizes_size(), 0);  // the default list
+}
+
+}  // namespace
+}  // namespace kiln

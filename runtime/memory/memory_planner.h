@@ -1,0 +1,131 @@
+// Sizes the KV cache before any graph memory exists: everything else a serving process needs on
+// one GPU is reserved first, and what is left of the budget becomes whole KV blocks.
+//
+//   kiln::config::PlannerConfig config = kiln::DefaultPlannerConfig();   // runtime/config
+//   config.set_max_num_seqs(128);
+//   ASSIGN_OR_RETURN(kiln::MemoryPlan plan, kiln::PlanMemory(config));
+//   for (const kiln::MemoryTerm& t : plan.terms) printf("%-20s %s\n", t.name.c_str(), ...);
+//   int64_t blocks = plan.num_kv_blocks;                  // allocate exactly this many
+//   int64_t seqs = plan.MaxConcurrency(8192);             // sequences of 8K tokens that fit
+//
+// The budget, per GPU (every byte figure is per tensor-parallel rank):
+//   budget = floor(total × gpu_memory_utilization)
+//          − weights − activation arena − attention workspace − graph pool − graph executables
+//          − custom all-reduce − NCCL − cuBLASLt workspace − logits − margin
+//   KV blocks = floor(rest / block bytes), block bytes = 2 × layers × kv_heads_per_rank ×
+//               head_dim × dtype bytes × block_size
+// What only a GPU can tell (bytes per captured graph node, the arena per token, library
+// buffers, the margin) are estimates with their sources in memory_planner.cc; a Calibration in
+// the config replaces them (the runner's --measure mode measures them).
+//
+// Host-only (no CUDA); every function is thread-safe and may be called at any time.
+#ifndef KILN_RUNTIME_MEMORY_MEMORY_PLANNER_H_
+#define KILN_RUNTIME_MEMORY_MEMORY_PLANNER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "runtime/config/dtype.pb.h"
+#include "runtime/config/model_shape.pb.h"
+#include "runtime/config/planner_config.pb.h"
+
+namespace kiln {
+
+// One line of the budget: a named amount of device memory and where the number comes from.
+struct MemoryTerm {
+  std::string name;         // e.g. "weights"; stable, for programs
+  int64_t bytes = 0;        // per GPU
+  std::string explanation;  // one line, for people
+};
+
+// The estimates in use for what only a GPU can tell (the Calibration's values where given).
+struct PlannerEstimates {
+  int64_t activation_bytes_per_token = 0;  // eager arena and graph pool, per batched token
+  int64_t graph_bytes_per_node = 0;        // device memory of one node of an instantiated graph
+  int64_t cublaslt_workspace_bytes = 0;
+  int64_t custom_allreduce_buffer_bytes = 0;
+  int64_t nccl_bytes = 0;
+  int64_t margin_bytes = 0;
+};
+
+// A budget split into terms, and the KV cache that fits.
+struct MemoryPlan {
+  config::PlannerConfig config;  // resolved (see ResolvePlannerConfig)
+  PlannerEstimates estimates;    // what the terms were computed with
+  int64_t total_bytes = 0;       // the GPU's memory
+  int64_t budget_bytes = 0;      // floor(total × gpu_memory_utilization)
+  // Reserved terms in a fixed order, then "kv_cache" and "unused" (less than one block); the
+  // terms sum to budget_bytes exactly. A term that does not apply (NCCL without tensor
+  // parallelism) is present with 0 bytes and says why.
+  std::vector<MemoryTerm> terms;
+  int64_t reserved_bytes = 0;  // the terms before "kv_cache"
+  int64_t kv_bytes_per_token = 0;
+  int64_t kv_block_bytes = 0;
+  int64_t num_kv_blocks = 0;  // at least 1 (PlanMemory fails otherwise)
+  int block_size = 0;         // tokens per block
+
+  // Returns the number of tokens the KV cache holds.
+  int64_t KvTokens() const { return num_kv_blocks * block_size; }
+
+  // Returns how many sequences of `context_tokens` tokens each (ceil(context / block_size)
+  // blocks apiece) the cache holds at once; not capped at max_num_seqs. 0 if context_tokens < 1.
+  int64_t MaxConcurrency(int64_t context_tokens) const;
+
+  // Returns the term called `name`, or nullptr. The pointer lives as long as the plan.
+  const MemoryTerm* Find(absl::string_view name) const;
+};
+
+// Returns `config` with presets expanded (explicit model and GPU fields override the preset),
+// every unset field given its default (runtime/config/presets.h), kv_cache_dtype set, and
+// graph.capture_sizes the list that will be captured (empty for GRAPH_MODE_NONE) with
+// graph.max_capture_size its limit. Returns InvalidArgument naming the first bad or missing
+// value and the fix: utilization outside (0, 1], a non-positive dimension, heads that do not
+// divide, a tensor-parallel size that does not divide them, a bad capture size, an unknown
+// preset, or gpu_preset "auto" (only the CLI can query the device).
+absl::StatusOr<config::PlannerConfig> ResolvePlannerConfig(const config::PlannerConfig& config);
+
+// Returns the estimates for a resolved config: the documented defaults, replaced by the
+// config's calibration where it sets a value.
+PlannerEstimates EstimatesFor(const config::PlannerConfig& resolved);
+
+// Resolves `config` and splits its budget. Returns what ResolvePlannerConfig returns on bad
+// input, and ResourceExhausted (with the shortfall, the largest term and what to change) when
+// the budget leaves less than one KV block.
+absl::StatusOr<MemoryPlan> PlanMemory(const config::PlannerConfig& config);
+
+// The formulas, for a resolved model shape and tensor-parallel size `tp` (Megatron sharding:
+// heads, MLP width and vocabulary split over ranks; KV heads replicated when fewer than ranks).
+
+// Returns the size of one element: 2 for BF16 and FP16, 4 for FP32, 1 for FP8; 0 if unspecified.
+int64_t DTypeBytes(config::DType dtype);
+
+// Returns the KV heads one rank holds: num_kv_heads / tp, or 1 when tp > num_kv_heads.
+int KvHeadsPerRank(const config::ModelShape& model, int tp);
+
+// Returns the parameters one rank holds: embedding (vocab rows split), per layer QKV (+ bias),
+// O, gate-up, down and two norms, the final norm, and the lm head unless tied.
+int64_t WeightParamsPerRank(const config::ModelShape& model, int tp);
+
+// Returns the bytes of one token of KV cache on one rank:
+// 2 (K and V) × layers × KvHeadsPerRank × head_dim × DTypeBytes(kv_dtype).
+int64_t KvBytesPerToken(const config::ModelShape& model, config::DType kv_dtype, int tp);
+
+// Returns the estimated activation bytes per batched token on one rank (see the .cc for the
+// formula and its source).
+int64_t ActivationBytesPerToken(const config::ModelShape& model, int tp);
+
+// Returns the estimated number of kernel nodes in one captured decoder step.
+int64_t GraphNodesPerGraph(const config::ModelShape& model, int tp);
+
+// Returns `bytes` for people: "14.96 GiB", "128.0 KiB", "32.0 MiB", "512 B".
+std::string FormatBytes(int64_t bytes);
+
+// Returns "bf16", "fp16", "fp32", "fp8" or "unspecified".
+std::string DTypeName(config::DType dtype);
+
+}  // namespace kiln
+
+#endif  // KILN_RUNTIME_MEMORY_MEMORY_PLANNER_H_

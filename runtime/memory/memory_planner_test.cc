@@ -1,0 +1,431 @@
+#include "runtime/memory/memory_planner.h"
+
+#include <cstdint>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/config/presets.h"
+
+namespace kiln {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+config::ModelShape Preset(const char* name) {
+  auto shape = ModelPreset(name);
+  EXPECT_TRUE(shape.ok()) << shape.status();
+  return *shape;
+}
+
+MemoryPlan PlanOrDie(const config::PlannerConfig& config) {
+  auto plan = PlanMemory(config);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return plan.ok() ? *plan : MemoryPlan{};
+}
+
+// Parameter counts by hand from the published shapes (they match the models' published sizes:
+// 8.03 B, 1.24 B, 70.6 B, 7.62 B).
+TEST(MemoryPlannerTest, WeightParamsMatchHandCounts) {
+  // Llama-3.1-8B: embedding + 32 × (QKV + O + gate-up + down + norms) + final norm + lm head.
+  const int64_t l8 =
+      128256LL * 4096 +
+      32 * (4096LL * 6144 + 4096LL * 4096 + 4096LL * 28672 + 14336LL * 4096 + 2 * 4096) + 4096 +
+      128256LL * 4096;
+  EXPECT_EQ(l8, 8030261248);
+  EXPECT_EQ(WeightParamsPerRank(Preset("llama-3.1-8b"), 1), l8);
+
+  // Llama-3.2-1B ties the lm head to the embedding.
+  const int64_t l1 =
+      128256LL * 2048 +
+      16 * (2048LL * 3072 + 2048LL * 2048 + 2048LL * 16384 + 8192LL * 2048 + 2 * 2048) + 2048;
+  EXPECT_EQ(l1, 1235814400);
+  EXPECT_EQ(WeightParamsPerRank(Preset("llama-3.2-1b"), 1), l1);
+
+  EXPECT_EQ(WeightParamsPerRank(Preset("llama-3.1-70b"), 1), 70553706496);
+
+  // Qwen2.5-7B has a bias on QKV: (28 + 2 × 4) × 128 per layer.
+  const int64_t q7 =
+      152064LL * 3584 +
+      28 * (3584LL * 4608 + 4608 + 3584LL * 3584 + 3584LL * 37888 + 18944LL * 3584 + 2 * 3584) +
+      3584 + 152064LL * 3584;
+  EXPECT_EQ(q7, 7615616512);
+  EXPECT_EQ(WeightParamsPerRank(Preset("qwen2.5-7b"), 1), q7);
+}
+
+TEST(MemoryPlannerTest, TensorParallelShardsWeights) {
+  // Llama-3.1-70B over 4 ranks: 16 query heads and 2 KV heads, 7168 MLP, 32064 vocab rows each.
+  const int64_t per_layer =
+      8192LL * (16 + 4) * 128 + 16LL * 128 * 8192 + 8192LL * 2 * 7168 + 7168LL * 8192 + 2 * 8192;
+  const int64_t rank = 32064LL * 8192 + 80 * per_layer + 8192 + 32064LL * 8192;
+  EXPECT_EQ(rank, 17639415808);
+  EXPECT_EQ(WeightParamsPerRank(Preset("llama-3.1-70b"), 4), rank);
+}
+
+TEST(MemoryPlannerTest, KvBytesPerToken) {
+  // Llama-3.1-8B in bf16: 2 × 32 layers × 8 KV heads × 128 × 2 B = 128 KiB per token.
+  EXPECT_EQ(KvBytesPerToken(Preset("llama-3.1-8b"), config::DTYPE_BF16, 1), 128 * 1024);
+  EXPECT_EQ(KvBytesPerToken(Preset("llama-3.1-8b"), config::DTYPE_FP8_E4M3, 1), 64 * 1024);
+  EXPECT_EQ(KvBytesPerToken(Preset("llama-3.2-1b"), config::DTYPE_BF16, 1), 2 * 16 * 8 * 64 * 2);
+  // 70B over 4 ranks: 2 KV heads each. Over 16 ranks (more ranks than KV heads): replicated, 1.
+  EXPECT_EQ(KvHeadsPerRank(Preset("llama-3.1-70b"), 4), 2);
+  EXPECT_EQ(KvBytesPerToken(Preset("llama-3.1-70b"), config::DTYPE_BF16, 4), 2 * 80 * 2 * 128 * 2);
+  EXPECT_EQ(KvHeadsPerRank(Preset("llama-3.1-70b"), 16), 1);
+}
+
+TEST(MemoryPlannerTest, ActivationEstimateFollowsItsFormula) {
+  // 4 × hidden + QKV + attention output + 3 × ffn, in bf16.
+  EXPECT_EQ(ActivationBytesPerToken(Preset("llama-3.1-8b"), 1),
+            (4 * 4096 + 48 * 128 + 32 * 128 + 3 * 14336) * 2);
+  EXPECT_EQ(ActivationBytesPerToken(Preset("llama-3.1-8b"), 2),
+            (4 * 4096 + 24 * 128 + 16 * 128 + 3 * 7168) * 2);
+}
+
+// The default configuration, every term by hand.
+TEST(MemoryPlannerTest, DefaultPlanByHand) {
+  MemoryPlan plan = PlanOrDie(DefaultPlannerConfig());
+  const int64_t total = 81559 * kMiB;
+  const int64_t budget = 76968728985;  // floor(0.9 × 85520809984)
+  EXPECT_EQ(plan.total_bytes, total);
+  EXPECT_EQ(plan.budget_bytes, budget);
+
+  const int64_t per_token = (4 * 4096 + 48 * 128 + 32 * 128 + 3 * 14336) * 2;  // 139264
+  const int64_t weights = 8030261248LL * 2;
+  const int64_t arena = 8192 * per_token;
+  const int64_t attention = (256 + 2 * 132) * 8LL * 64 * 129 * 4;
+  const int64_t pool = 256 * per_token;  // the largest graph only
+  const int64_t executables = 27LL * (32 * 11 + 4) * 16384;
+  const int64_t workspace = 32 * kMiB;
+  const int64_t logits = 256LL * 128256 * 4;
+  const int64_t margin = 1024 * kMiB;
+  ASSERT_NE(plan.Find("weights"), nullptr);
+  EXPECT_EQ(plan.Find("weights")->bytes, weights);
+  EXPECT_EQ(plan.Find("activation_arena")->bytes, arena);
+  EXPECT_EQ(plan.Find("attention_workspace")->bytes, attention);
+  EXPECT_EQ(plan.Find("graph_pool")->bytes, pool);
+  EXPECT_EQ(plan.Find("graph_executables")->bytes, executables);
+  EXPECT_EQ(plan.Find("custom_allreduce")->bytes, 0);
+  EXPECT_EQ(plan.Find("nccl")->bytes, 0);
+  EXPECT_EQ(plan.Find("cublaslt_workspace")->bytes, workspace);
+  EXPECT_EQ(plan.Find("logits")->bytes, logits);
+  EXPECT_EQ(plan.Find("margin")->bytes, margin);
+
+  const int64_t reserved =
+      weights + arena + attention + pool + executables + workspace + logits + margin;
+  EXPECT_EQ(plan.reserved_bytes, reserved);
+  const int64_t block = 128 * 1024 * 64;
+  EXPECT_EQ(plan.kv_block_bytes, block);
+  EXPECT_EQ(plan.num_kv_blocks, (budget - reserved) / block);
+  EXPECT_EQ(plan.num_kv_blocks, 6937);
+  EXPECT_EQ(plan.KvTokens(), 6937 * 64);
+  EXPECT_EQ(plan.MaxConcurrency(8192), 6937 / 128);
+  EXPECT_EQ(plan.MaxConcurrency(8193), 6937 / 129);
+  EXPECT_EQ(plan.MaxConcurrency(1), 6937);
+  EXPECT_EQ(plan.MaxConcurrency(0), 0);
+  EXPECT_EQ(plan.Find("kv_cache")->bytes, 6937 * block);
+  EXPECT_EQ(plan.Find("unused")->bytes, budget - reserved - 6937 * block);
+  EXPECT_LT(plan.Find("unused")->bytes, block);
+}
+
+TEST(MemoryPlannerTest, TermsSumToTheBudgetAndEachIsExplained) {
+  for (int tp : {1, 2, 4, 8}) {
+    config::PlannerConfig config = DefaultPlannerConfig();
+    config.set_model_preset("llama-3.1-70b");
+    config.set_gpu_preset("h200-141gb");
+    config.set_tensor_parallel_size(tp);
+    auto plan = PlanMemory(config);
+    if (tp == 1) {
+      // 131 GiB of weights do not fit in 0.9 of one H200.
+      EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
+      continue;
+    }
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    int64_t sum = 0;
+    for (const MemoryTerm& t : plan->terms) {
+      sum += t.bytes;
+      EXPECT_FALSE(t.explanation.empty()) << t.name;
+      EXPECT_EQ(t.explanation.find('\n'), std::string::npos) << t.name;
+      EXPECT_GE(t.bytes, 0) << t.name;
+    }
+    EXPECT_EQ(sum, plan->budget_bytes) << "tp " << tp;
+    EXPECT_GT(plan->Find("nccl")->bytes, 0);
+    EXPECT_GT(plan->Find("custom_allreduce")->bytes, 0);
+  }
+}
+
+TEST(MemoryPlannerTest, GraphPoolIsCountedOnceHoweverManySizes) {
+  config::PlannerConfig one = DefaultPlannerConfig();
+  one.mutable_graph()->add_capture_sizes(256);
+  config::PlannerConfig many = DefaultPlannerConfig();  // 27 sizes up to 256
+  MemoryPlan a = PlanOrDie(one);
+  MemoryPlan b = PlanOrDie(many);
+  EXPECT_EQ(a.config.graph().capture_sizes_size(), 1);
+  EXPECT_EQ(b.config.graph().capture_sizes_size(), 27);
+  EXPECT_EQ(a.Find("graph_pool")->bytes, b.Find("graph_pool")->bytes);
+  EXPECT_EQ(b.Find("graph_pool")->bytes, 256 * b.estimates.activation_bytes_per_token);
+  // Only the executables scale with the number of graphs.
+  EXPECT_EQ(b.Find("graph_executables")->bytes, 27 * a.Find("graph_executables")->bytes);
+}
+
+TEST(MemoryPlannerTest, MoreUtilizationNeverFewerBlocks) {
+  for (const char* model : {"llama-3.2-1b", "llama-3.1-8b", "qwen2.5-7b"}) {
+    int64_t previous = 0;
+    for (int percent = 30; percent <= 100; ++percent) {
+      config::PlannerConfig config = DefaultPlannerConfig();
+      config.set_model_preset(model);
+      config.set_gpu_memory_utilization(percent / 100.0);
+      auto plan = PlanMemory(config);
+      const int64_t blocks = plan.ok() ? plan->num_kv_blocks : 0;
+      EXPECT_GE(blocks, previous) << model << " at " << percent << "%";
+      previous = blocks;
+    }
+    EXPECT_GT(previous, 0) << model;
+  }
+}
+
+TEST(MemoryPlannerTest, MoreCaptureSizesNeverMoreBlocks) {
+  const std::vector<int> all = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256};
+  // Growing the list one size at a time, smallest first and largest first.
+  for (bool largest_first : {false, true}) {
+    config::PlannerConfig none = DefaultPlannerConfig();
+    none.mutable_graph()->set_mode(config::GRAPH_MODE_NONE);
+    int64_t previous = PlanOrDie(none).num_kv_blocks;
+    config::PlannerConfig config = DefaultPlannerConfig();
+    for (size_t i = 0; i < all.size(); ++i) {
+      config.mutable_graph()->add_capture_sizes(largest_first ? all[all.size() - 1 - i] : all[i]);
+      const int64_t blocks = PlanOrDie(config).num_kv_blocks;
+      EXPECT_LE(blocks, previous) << "with " << i + 1 << " sizes";
+      previous = blocks;
+    }
+  }
+}
+
+TEST(MemoryPlannerTest, TensorParallelAddsCollectivesAndShrinksPerRankWeights) {
+  config::PlannerConfig config = DefaultPlannerConfig();
+  MemoryPlan one = PlanOrDie(config);
+  config.set_tensor_parallel_size(2);
+  MemoryPlan two = PlanOrDie(config);
+  EXPECT_EQ(one.Find("nccl")->bytes, 0);
+  EXPECT_EQ(two.Find("nccl")->bytes, 256 * kMiB);
+  EXPECT_EQ(two.Find("custom_allreduce")->bytes, 16 * kMiB);
+  EXPECT_LT(two.Find("weights")->bytes, one.Find("weights")->bytes);
+  EXPECT_EQ(two.kv_bytes_per_token * 2, one.kv_bytes_per_token);
+  // With TP each graph has two all-reduces per layer and an all-gather more.
+  EXPECT_EQ(GraphNodesPerGraph(Preset("llama-3.1-8b"), 2), 32 * 13 + 5);
+}
+
+TEST(MemoryPlannerTest, CalibrationReplacesEstimates) {
+  config::PlannerConfig config = DefaultPlannerConfig();
+  config.mutable_calibration()->set_activation_bytes_per_token(100000);
+  config.mutable_calibration()->set_graph_bytes_per_node(1000);
+  config.mutable_calibration()->set_margin_bytes(12345);
+  config.mutable_calibration()->set_cublaslt_workspace_bytes(4 * kMiB);
+  MemoryPlan plan = PlanOrDie(config);
+  EXPECT_EQ(plan.Find("activation_arena")->bytes, 8192 * 100000LL);
+  EXPECT_EQ(plan.Find("graph_pool")->bytes, 256 * 100000LL);
+  EXPECT_EQ(plan.Find("graph_executables")->bytes, 27 * 356 * 1000LL);
+  EXPECT_EQ(plan.Find("margin")->bytes, 12345);
+  EXPECT_EQ(plan.Find("cublaslt_workspace")->bytes, 4 * kMiB);
+  EXPECT_THAT(plan.Find("margin")->explanation, HasSubstr("(calibrated)"));
+}
+
+TEST(MemoryPlannerTest, GraphModes) {
+  config::PlannerConfig none = DefaultPlannerConfig();
+  none.mutable_graph()->set_mode(config::GRAPH_MODE_NONE);
+  none.mutable_graph()->add_capture_sizes(8);  // ignored without graphs
+  MemoryPlan plan = PlanOrDie(none);
+  EXPECT_EQ(plan.Find("graph_pool")->bytes, 0);
+  EXPECT_EQ(plan.Find("graph_executables")->bytes, 0);
+  EXPECT_EQ(plan.config.graph().capture_sizes_size(), 0);
+
+  config::PlannerConfig prefill = DefaultPlannerConfig();
+  prefill.mutable_graph()->set_mode(config::GRAPH_MODE_PREFILL_ONLY);
+  plan = PlanOrDie(prefill);
+  // Token counts up to 512 by default (not max_num_seqs).
+  EXPECT_EQ(plan.config.graph().max_capture_size(), 512);
+  EXPECT_EQ(plan.Find("graph_pool")->bytes, 512 * plan.estimates.activation_bytes_per_token);
+}
+
+TEST(MemoryPlannerTest, MaxCaptureSizeCropsLikeFastDeploy) {
+  config::PlannerConfig config = DefaultPlannerConfig();
+  config.mutable_graph()->set_max_capture_size(100);
+  MemoryPlan plan = PlanOrDie(config);
+  EXPECT_EQ(plan.config.graph().capture_sizes_size(), 3 + 12 + 1);  // 1, 2, 4, 8..96, 100
+  EXPECT_EQ(plan.config.graph().max_capture_size(), 100);
+
+  // A given list: sizes above max_capture_size are dropped, not reported.
+  for (int s : {1, 64, 128, 512}) config.mutable_graph()->add_capture_sizes(s);
+  plan = PlanOrDie(config);
+  EXPECT_EQ(plan.config.graph().capture_sizes_size(), 2);
+  EXPECT_EQ(plan.config.graph().max_capture_size(), 64);
+}
+
+TEST(MemoryPlannerTest, ResolveIsIdempotent) {
+  for (const char* mode : {"decode", "prefill", "none"}) {
+    config::PlannerConfig config = DefaultPlannerConfig();
+    config.set_tensor_parallel_size(2);
+    if (std::string(mode) == "prefill") {
+      config.mutable_graph()->set_mode(config::GRAPH_MODE_PREFILL_ONLY);
+    } else if (std::string(mode) == "none") {
+      config.mutable_graph()->set_mode(config::GRAPH_MODE_NONE);
+    }
+    auto once = ResolvePlannerConfig(config);
+    ASSERT_TRUE(once.ok()) << once.status();
+    auto twice = ResolvePlannerConfig(*once);
+    ASSERT_TRUE(twice.ok()) << twice.status();
+    EXPECT_EQ(once->SerializeAsString(), twice->SerializeAsString()) << mode;
+  }
+}
+
+absl::Status PlanStatus(const config::PlannerConfig& config) { return PlanMemory(config).status(); }
+
+TEST(MemoryPlannerTest, BadInputsNameTheValueAndTheFix) {
+  config::PlannerConfig c = DefaultPlannerConfig();
+  c.set_gpu_memory_utilization(0);
+  EXPECT_EQ(PlanStatus(c).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(PlanStatus(c).message()),
+              HasSubstr("gpu_memory_utilization 0 is outside (0, 1]"));
+  c.set_gpu_memory_utilization(1.01);
+  EXPECT_THAT(std::string(PlanStatus(c).message()), HasSubstr("1.01 is outside (0, 1]"));
+
+  c = DefaultPlannerConfig();
+  c.mutable_model()->set_num_layers(0);
+  EXPECT_THAT(std::string(PlanStatus(c).message()),
+              HasSubstr("model.num_layers must be positive, got 0; set it (--num_layers)"));
+
+  c = DefaultPlannerConfig();
+  c.clear_model_preset();
+  EXPECT_THAT(std::string(PlanStatus(c).message()),
+              HasSubstr("model.hidden_size is not set; set it (--hidden_size) or pick a model "
+                        "preset"));
+
+  c = DefaultPlannerConfig();
+  c.set_model_preset("llama-9");
+  EXPECT_THAT(std::string(PlanStatus(c).message()),
+              HasSubstr("Unknown model preset \"llama-9\"; use one of llama-3.2-1b"));
+
+  c = DefaultPlannerConfig();
+  c.set_gpu_preset("auto");
+  EXPECT_THAT(std::string(PlanStatus(c).message()), HasSubstr("needs a device query"));
+
+  c = DefaultPlannerConfig();
+  c.mutable_model()->set_num_kv_heads(5);
+  EXPECT_THAT(std::string(PlanStatus(c).message()),
+              HasSubstr("model.num_heads 32 is not a multiple of model.num_kv_heads 5"));
+
+  c = DefaultPlannerConfig();
+  c.set_tensor_parallel_size(3);
+  EXPECT_THAT(std::string(PlanStatus(c).message()),
+              HasSubstr("model.num_heads 32 does not split over tensor_parallel_size 3"));
+
+  c = DefaultPlannerConfig();
+  c.set_max_num_batched_tokens(128);
+  EXPECT_THAT(std::string(PlanStatus(c).message()),
+              HasSubstr("max_num_batched_tokens 128 is below max_num_seqs 256"));
+
+  c = DefaultPlannerConfig();
+  c.mutable_graph()->add_capture_sizes(300);
+  EXPECT_EQ(std::string(PlanStatus(c).message()),
+            "Capture size 300 exceeds max_num_seqs 256; remove it or raise max_num_seqs");
+
+  // Absurd values are rejected before any product could overflow.
+  c = DefaultPlannerConfig();
+  c.mutable_model()->set_hidden_size(2000000000);
+  EXPECT_THAT(std::string(PlanStatus(c).message()),
+              HasSubstr("model.hidden_size 2000000000 is above 1048576"));
+  c = DefaultPlannerConfig();
+  c.mutable_calibration()->set_graph_bytes_per_node(uint64_t{1} << 62);
+  EXPECT_THAT(std::string(PlanStatus(c).message()),
+              HasSubstr("calibration.graph_bytes_per_node 4611686018427387904 is above"));
+  c = DefaultPlannerConfig();
+  c.set_max_num_seqs(2000000000);
+  c.set_max_num_batched_tokens(2000000000);
+  EXPECT_THAT(std::string(PlanStatus(c).message()), HasSubstr("max_num_seqs 2000000000 is above"));
+
+  c = DefaultPlannerConfig();
+  c.set_block_size(0);
+  EXPECT_THAT(std::string(PlanStatus(c).message()), HasSubstr("block_size must be positive"));
+}
+
+TEST(MemoryPlannerTest, NoKvBlockIsResourceExhaustedWithTheFix) {
+  config::PlannerConfig c = DefaultPlannerConfig();
+  c.set_model_preset("llama-3.1-70b");
+  absl::Status status = PlanStatus(c);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("The budget leaves no room for a KV block"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("largest term: weights 131.42 GiB"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("raise tensor_parallel_size"));
+
+  // Exactly one block fits when the budget is the reserved bytes plus one block.
+  MemoryPlan base = PlanOrDie(DefaultPlannerConfig());
+  c = DefaultPlannerConfig();
+  c.clear_gpu_preset();
+  c.mutable_gpu()->set_total_bytes(base.reserved_bytes + base.kv_block_bytes);
+  c.mutable_gpu()->set_sm_count(132);
+  c.set_gpu_memory_utilization(1.0);
+  auto one = PlanMemory(c);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->num_kv_blocks, 1);
+  c.mutable_gpu()->set_total_bytes(base.reserved_bytes + base.kv_block_bytes - 1);
+  EXPECT_EQ(PlanStatus(c).code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(MemoryPlannerTest, LargestAcceptedInputsDoNotOverflow) {
+  config::PlannerConfig c;
+  config::ModelShape* m = c.mutable_model();
+  m->set_hidden_size(1 << 20);
+  m->set_intermediate_size(1 << 20);
+  m->set_num_layers(1 << 12);
+  m->set_num_heads(1 << 12);
+  m->set_num_kv_heads(1 << 12);
+  m->set_head_dim(1 << 12);
+  m->set_vocab_size(1 << 24);
+  m->set_dtype(config::DTYPE_FP32);
+  m->set_attention_bias(true);
+  c.mutable_gpu()->set_total_bytes(uint64_t{1} << 50);
+  c.mutable_gpu()->set_sm_count(1 << 16);
+  c.set_gpu_memory_utilization(1.0);
+  c.set_max_num_seqs(1 << 20);
+  c.set_max_num_batched_tokens(1 << 24);
+  c.set_block_size(1 << 16);
+  c.mutable_graph()->set_mode(config::GRAPH_MODE_PREFILL_ONLY);
+  c.mutable_calibration()->set_activation_bytes_per_token(uint64_t{1} << 30);
+  c.mutable_calibration()->set_graph_bytes_per_node(uint64_t{1} << 20);
+  c.mutable_calibration()->set_nccl_bytes(uint64_t{1} << 40);
+  c.mutable_calibration()->set_margin_bytes(uint64_t{1} << 40);
+  absl::Status status = PlanStatus(c);
+  // Weights alone are ~2^60 bytes: no block fits, and the shortfall is reported, not wrapped.
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("largest term: weights"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr(" reserved = -"));
+}
+
+TEST(MemoryPlannerTest, ChangedPresetsSaySo) {
+  config::PlannerConfig c = DefaultPlannerConfig();
+  c.mutable_model()->set_rope_theta(10000.0);  // does not change memory: still the preset
+  auto same = ResolvePlannerConfig(c);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(same->model().name(), "Llama-3.1-8B");
+  c.mutable_model()->set_num_layers(16);
+  c.mutable_gpu()->set_sm_count(114);
+  auto changed = ResolvePlannerConfig(c);
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_EQ(changed->model().name(), "Llama-3.1-8B (modified)");
+  EXPECT_EQ(changed->model().num_layers(), 16);
+  EXPECT_EQ(changed->model().hidden_size(), 4096);
+  EXPECT_EQ(changed->gpu().name(), "NVIDIA H100 80GB HBM3 (modified)");
+  EXPECT_EQ(ResolvePlannerConfig(*changed)->model().name(), "Llama-3.1-8B (modified)");
+}
+
+TEST(MemoryPlannerTest, FormatBytes) {
+  EXPECT_EQ(FormatBytes(512), "512 B");
+  EXPECT_EQ(FormatBytes(128 * 1024), "128.0 KiB");
+  EXPECT_EQ(FormatBytes(32 * kMiB), "32.0 MiB");
+  EXPECT_EQ(FormatBytes(16060522496), "14.96 GiB");
+  EXPECT_EQ(FormatBytes(-2 * kMiB), "-2.0 MiB");
+}
+
+}  // namespace
+}  // namespace kiln

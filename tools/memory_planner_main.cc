@@ -1,0 +1,369 @@
+// memory_planner: sizes the KV cache of a model on a GPU before any graph memory exists, and
+// explains every byte of the budget.
+//
+//   bazel run //tools:memory_planner                                   # Llama-3.1-8B on an H100
+//   bazel run //tools:memory_planner -- --preset=llama-3.1-70b --gpu=h200 --tensor_parallel_size=4
+//   bazel run //tools:memory_planner -- --config=$PWD/serve.json --format=json --svg=$PWD/plan.svg
+//
+// Exit codes: 0 with the plan on stdout; 2 with a message and its fix on stderr for any bad
+// input (a flag, a config file, a model that leaves no KV block); never a crash.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "runtime/config/config_loader.h"
+#include "runtime/config/presets.h"
+#include "runtime/cuda/device_info.h"
+#include "runtime/memory/memory_planner.h"
+#include "tools/memory_planner_output.h"
+
+// What to plan for (later sources override earlier ones): the built-in default, --config,
+// --preset and --gpu, then the single-field flags below.
+ABSL_FLAG(std::string, config, "",
+          "PlannerConfig file: a textproto, or JSON (which also accepts FastDeploy's "
+          "graph_optimization_config keys); fields it sets override the built-in default");
+ABSL_FLAG(std::string, preset, "",
+          "Model preset: llama-3.2-1b, llama-3.1-8b (default), llama-3.1-70b, qwen2.5-7b; replaces "
+          "the model");
+ABSL_FLAG(std::string, gpu, "",
+          "GPU preset: h100-80gb (default), h200-141gb, a100-80gb, l40s-48gb (or h100, h200, "
+          "a100, l40s), or auto to read GPU 0 of this machine");
+
+// Output.
+ABSL_FLAG(std::string, format, "table", "Output on stdout: table, json or textproto");
+ABSL_FLAG(int64_t, context, 8192, "Tokens per sequence for the maximum-concurrency line");
+ABSL_FLAG(std::string, svg, "", "Also write the budget as an SVG stacked bar to this file");
+ABSL_FLAG(bool, measure, false,
+          "Run the real allocations and captures on the GPU and print measured beside predicted "
+          "(needs the runner)");
+
+// Serving limits, graphs, KV cache, parallelism.
+ABSL_FLAG(std::optional<double>, gpu_memory_utilization, std::nullopt,
+          "Fraction of the GPU's memory kiln may use, in (0, 1] (default 0.9)");
+ABSL_FLAG(std::optional<int>, max_num_seqs, std::nullopt,
+          "Most sequences in one step (default 256)");
+ABSL_FLAG(std::optional<int>, max_num_batched_tokens, std::nullopt,
+          "Most tokens in one step (default 8192)");
+ABSL_FLAG(std::optional<std::string>, graph_mode, std::nullopt,
+          "CUDA graphs: decode, prefill_only or none (default decode)");
+ABSL_FLAG(std::optional<std::string>, capture_sizes, std::nullopt,
+          "Comma-separated sizes to capture (e.g. 1,2,4,8), or 'default'");
+ABSL_FLAG(std::optional<int>, max_capture_size, std::nullopt,
+          "Largest size that gets a graph; larger listed sizes are dropped");
+ABSL_FLAG(std::optional<std::string>, kv_cache_dtype, std::nullopt,
+          "KV cache element type: bf16, fp16, fp32, fp8 (default: the model's dtype)");
+ABSL_FLAG(std::optional<int>, block_size, std::nullopt, "Tokens per KV block (default 64)");
+ABSL_FLAG(std::optional<int>, tensor_parallel_size, std::nullopt,
+          "GPUs one model is split over (default 1)");
+
+// Model shape (override single fields of the preset).
+ABSL_FLAG(std::optional<std::string>, model_name, std::nullopt, "Model name for display");
+ABSL_FLAG(std::optional<int>, hidden_size, std::nullopt, "Model width");
+ABSL_FLAG(std::optional<int>, num_layers, std::nullopt, "Decoder layers");
+ABSL_FLAG(std::optional<int>, num_heads, std::nullopt, "Query heads");
+ABSL_FLAG(std::optional<int>, num_kv_heads, std::nullopt, "KV heads");
+ABSL_FLAG(std::optional<int>, head_dim, std::nullopt, "Dimension per head");
+ABSL_FLAG(std::optional<int>, intermediate_size, std::nullopt, "MLP width");
+ABSL_FLAG(std::optional<int>, vocab_size, std::nullopt, "Vocabulary size");
+ABSL_FLAG(std::optional<std::string>, dtype, std::nullopt,
+          "Weights and activations: bf16, fp16, fp32, fp8");
+ABSL_FLAG(std::optional<bool>, tie_embeddings, std::nullopt,
+          "The lm head shares the embedding (true or false)");
+ABSL_FLAG(std::optional<bool>, attention_bias, std::nullopt, "QKV projections have a bias");
+ABSL_FLAG(std::optional<double>, rope_theta, std::nullopt, "RoPE base (not used for memory)");
+ABSL_FLAG(std::optional<double>, rms_norm_eps, std::nullopt,
+          "RMSNorm epsilon (not used for memory)");
+
+// GPU (override single fields of the GPU preset).
+ABSL_FLAG(std::optional<std::string>, gpu_name, std::nullopt, "GPU name for display");
+ABSL_FLAG(std::optional<uint64_t>, gpu_total_bytes, std::nullopt, "GPU memory in bytes");
+ABSL_FLAG(std::optional<int>, gpu_sm_count, std::nullopt, "GPU streaming multiprocessors");
+
+// Calibration: replace the planner's estimates with measured values.
+ABSL_FLAG(std::optional<uint64_t>, activation_bytes_per_token, std::nullopt,
+          "Activation arena per batched token");
+ABSL_FLAG(std::optional<uint64_t>, graph_bytes_per_node, std::nullopt,
+          "Device memory per captured graph node");
+ABSL_FLAG(std::optional<uint64_t>, cublaslt_workspace_bytes, std::nullopt, "cuBLASLt workspace");
+ABSL_FLAG(std::optional<uint64_t>, custom_allreduce_buffer_bytes, std::nullopt,
+          "Custom all-reduce buffer (two are reserved)");
+ABSL_FLAG(std::optional<uint64_t>, nccl_bytes, std::nullopt, "NCCL's device buffers");
+ABSL_FLAG(std::optional<uint64_t>, margin_bytes, std::nullopt,
+          "Reserve for the CUDA context, kernel images and fragmentation");
+
+namespace kiln {
+namespace {
+
+constexpr int kBadInput = 2;
+
+int Fail(const std::string& message) {
+  std::cerr << "memory_planner: " << message << "\n";
+  return kBadInput;
+}
+
+int Fail(const absl::Status& status) { return Fail(std::string(status.message())); }
+
+// absl::ParseCommandLine exits with status 1 on an unknown flag or a bad value; the contract of
+// this tool is exit code 2 for bad input, so every flag is checked first with the same parser.
+absl::Status CheckFlags(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (!absl::StartsWith(arg, "-") || arg == "-") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Unexpected argument \"", arg, "\"; memory_planner takes only flags (see --help)"));
+    }
+    arg.remove_prefix(absl::StartsWith(arg, "--") ? 2 : 1);
+    std::string name(arg.substr(0, arg.find('=')));
+    const bool has_value = arg.find('=') != absl::string_view::npos;
+    std::string value = has_value ? std::string(arg.substr(arg.find('=') + 1)) : "";
+    if (absl::StartsWith(name, "help") || name == "flagfile" || name == "fromenv" ||
+        name == "tryfromenv" || name == "undefok" || name == "version" ||
+        name == "only_check_args") {
+      continue;  // absl's own flags, handled by ParseCommandLine
+    }
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && absl::StartsWith(name, "no")) {
+      absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
+      if (negated != nullptr && negated->IsOfType<bool>() && !has_value) continue;
+    }
+    if (flag == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Unknown flag --", name, "; run with --help to list the flags"));
+    }
+    if (!has_value) {
+      if (flag->IsOfType<bool>()) continue;
+      if (i + 1 >= argc) {
+        return absl::InvalidArgumentError(absl::StrCat("Flag --", name, " needs a value"));
+      }
+      value = argv[++i];
+    }
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Bad value \"", value, "\" for --", name, ": ", error, "; ", flag->Help()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<config::DType> ParseDType(const std::string& text, absl::string_view flag) {
+  const std::string t = absl::AsciiStrToLower(text);
+  if (t == "bf16" || t == "bfloat16") return config::DTYPE_BF16;
+  if (t == "fp16" || t == "float16" || t == "half") return config::DTYPE_FP16;
+  if (t == "fp32" || t == "float32" || t == "float") return config::DTYPE_FP32;
+  if (t == "fp8" || t == "fp8_e4m3") return config::DTYPE_FP8_E4M3;
+  return absl::InvalidArgumentError(
+      absl::StrCat("Unknown --", flag, " \"", text, "\"; use bf16, fp16, fp32 or fp8"));
+}
+
+absl::StatusOr<config::GraphMode> ParseGraphMode(const std::string& text) {
+  const std::string t = absl::AsciiStrToLower(text);
+  if (t == "decode") return config::GRAPH_MODE_DECODE;
+  if (t == "prefill_only" || t == "prefill") return config::GRAPH_MODE_PREFILL_ONLY;
+  if (t == "none" || t == "off") return config::GRAPH_MODE_NONE;
+  return absl::InvalidArgumentError(
+      absl::StrCat("Unknown --graph_mode \"", text, "\"; use decode, prefill_only or none"));
+}
+
+// A path given on `bazel run`'s command line is relative to where bazel was run, not to the
+// runfiles directory the binary starts in.
+std::string UserPath(const std::string& path) {
+  const char* dir = std::getenv("BUILD_WORKING_DIRECTORY");
+  if (path.empty() || path[0] == '/' || dir == nullptr) return path;
+  return absl::StrCat(dir, "/", path);
+}
+
+// Builds a config holding exactly the fields the command line sets.
+absl::StatusOr<config::PlannerConfig> FlagOverlay() {
+  config::PlannerConfig o;
+  if (!absl::GetFlag(FLAGS_preset).empty()) o.set_model_preset(absl::GetFlag(FLAGS_preset));
+  if (!absl::GetFlag(FLAGS_gpu).empty()) o.set_gpu_preset(absl::GetFlag(FLAGS_gpu));
+
+  if (auto v = absl::GetFlag(FLAGS_gpu_memory_utilization)) o.set_gpu_memory_utilization(*v);
+  if (auto v = absl::GetFlag(FLAGS_max_num_seqs)) o.set_max_num_seqs(*v);
+  if (auto v = absl::GetFlag(FLAGS_max_num_batched_tokens)) o.set_max_num_batched_tokens(*v);
+  if (auto v = absl::GetFlag(FLAGS_block_size)) o.set_block_size(*v);
+  if (auto v = absl::GetFlag(FLAGS_tensor_parallel_size)) o.set_tensor_parallel_size(*v);
+  if (auto v = absl::GetFlag(FLAGS_kv_cache_dtype)) {
+    absl::StatusOr<config::DType> dtype = ParseDType(*v, "kv_cache_dtype");
+    if (!dtype.ok()) return dtype.status();
+    o.set_kv_cache_dtype(*dtype);
+  }
+  if (auto v = absl::GetFlag(FLAGS_graph_mode)) {
+    absl::StatusOr<config::GraphMode> mode = ParseGraphMode(*v);
+    if (!mode.ok()) return mode.status();
+    o.mutable_graph()->set_mode(*mode);
+  }
+  if (auto v = absl::GetFlag(FLAGS_max_capture_size)) o.mutable_graph()->set_max_capture_size(*v);
+
+  config::ModelShape* m = o.mutable_model();
+  if (auto v = absl::GetFlag(FLAGS_model_name)) m->set_name(*v);
+  if (auto v = absl::GetFlag(FLAGS_hidden_size)) m->set_hidden_size(*v);
+  if (auto v = absl::GetFlag(FLAGS_num_layers)) m->set_num_layers(*v);
+  if (auto v = absl::GetFlag(FLAGS_num_heads)) m->set_num_heads(*v);
+  if (auto v = absl::GetFlag(FLAGS_num_kv_heads)) m->set_num_kv_heads(*v);
+  if (auto v = absl::GetFlag(FLAGS_head_dim)) m->set_head_dim(*v);
+  if (auto v = absl::GetFlag(FLAGS_intermediate_size)) m->set_intermediate_size(*v);
+  if (auto v = absl::GetFlag(FLAGS_vocab_size)) m->set_vocab_size(*v);
+  if (auto v = absl::GetFlag(FLAGS_dtype)) {
+    absl::StatusOr<config::DType> dtype = ParseDType(*v, "dtype");
+    if (!dtype.ok()) return dtype.status();
+    m->set_dtype(*dtype);
+  }
+  if (auto v = absl::GetFlag(FLAGS_tie_embeddings)) m->set_tie_embeddings(*v);
+  if (auto v = absl::GetFlag(FLAGS_attention_bias)) m->set_attention_bias(*v);
+  if (auto v = absl::GetFlag(FLAGS_rope_theta)) m->set_rope_theta(*v);
+  if (auto v = absl::GetFlag(FLAGS_rms_norm_eps)) m->set_rms_norm_eps(*v);
+
+  config::GpuSpec* g = o.mutable_gpu();
+  if (auto v = absl::GetFlag(FLAGS_gpu_name)) g->set_name(*v);
+  if (auto v = absl::GetFlag(FLAGS_gpu_total_bytes)) g->set_total_bytes(*v);
+  if (auto v = absl::GetFlag(FLAGS_gpu_sm_count)) g->set_sm_count(*v);
+
+  config::Calibration* c = o.mutable_calibration();
+  if (auto v = absl::GetFlag(FLAGS_activation_bytes_per_token))
+    c->set_activation_bytes_per_token(*v);
+  if (auto v = absl::GetFlag(FLAGS_graph_bytes_per_node)) c->set_graph_bytes_per_node(*v);
+  if (auto v = absl::GetFlag(FLAGS_cublaslt_workspace_bytes)) c->set_cublaslt_workspace_bytes(*v);
+  if (auto v = absl::GetFlag(FLAGS_custom_allreduce_buffer_bytes)) {
+    c->set_custom_allreduce_buffer_bytes(*v);
+  }
+  if (auto v = absl::GetFlag(FLAGS_nccl_bytes)) c->set_nccl_bytes(*v);
+  if (auto v = absl::GetFlag(FLAGS_margin_bytes)) c->set_margin_bytes(*v);
+  return o;
+}
+
+// Applies --capture_sizes ("default" clears the list; else a comma-separated list replaces it).
+absl::Status ApplyCaptureSizes(config::PlannerConfig* config) {
+  const std::optional<std::string> text = absl::GetFlag(FLAGS_capture_sizes);
+  if (!text) return absl::OkStatus();
+  config->mutable_graph()->clear_capture_sizes();
+  if (absl::AsciiStrToLower(*text) == "default") return absl::OkStatus();
+  for (absl::string_view piece : absl::StrSplit(*text, ',', absl::SkipWhitespace())) {
+    int size = 0;
+    if (!absl::SimpleAtoi(piece, &size)) {
+      return absl::InvalidArgumentError(absl::StrCat("--capture_sizes has \"", piece,
+                                                     "\", which is not an integer; give sizes like "
+                                                     "1,2,4,8 or 'default'"));
+    }
+    config->mutable_graph()->add_capture_sizes(size);
+  }
+  if (config->graph().capture_sizes_size() == 0) {
+    return absl::InvalidArgumentError(
+        "--capture_sizes is empty; give sizes like 1,2,4,8, 'default', or --graph_mode=none");
+  }
+  return absl::OkStatus();
+}
+
+// Replaces gpu_preset "auto" with GPU 0 of this machine; explicit GPU fields still win.
+absl::Status ResolveAutoGpu(config::PlannerConfig* config) {
+  if (absl::AsciiStrToLower(config->gpu_preset()) != "auto") return absl::OkStatus();
+  if (DeviceCount() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--gpu=auto found no GPU (no CUDA device is visible on this machine); pick a preset "
+        "(--gpu=",
+        absl::StrJoin(GpuPresetNames(), "|"), ") or give --gpu_total_bytes and --gpu_sm_count"));
+  }
+  absl::StatusOr<DeviceInfo> info = DeviceInfo::Query(0);
+  if (!info.ok()) return info.status();
+  config::GpuSpec gpu;
+  gpu.set_name(info->name);
+  gpu.set_total_bytes(info->total_memory_bytes);
+  gpu.set_sm_count(info->sm_count);
+  gpu.MergeFrom(config->gpu());
+  *config->mutable_gpu() = gpu;
+  config->clear_gpu_preset();
+  return absl::OkStatus();
+}
+
+int Run(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Sizes the KV cache of a model on a GPU and explains every byte of the budget.\n"
+      "  memory_planner                                 Llama-3.1-8B on an H100 80GB\n"
+      "  memory_planner --preset=llama-3.1-70b --gpu=h200 --tensor_parallel_size=4\n"
+      "  memory_planner --config=serve.json --format=json --svg=plan.svg");
+  absl::Status flags = CheckFlags(argc, argv);
+  if (!flags.ok()) return Fail(flags);
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) {
+    return Fail(absl::StrCat("Unexpected argument \"", rest[1],
+                             "\"; memory_planner takes only flags (see --help)"));
+  }
+
+  if (absl::GetFlag(FLAGS_measure)) {
+    return Fail(
+        "--measure runs the real allocations and graph captures through the runner "
+        "(//runtime/runner), which is not built yet; run without --measure for the estimate");
+  }
+  const std::string format = absl::GetFlag(FLAGS_format);
+  if (format != "table" && format != "json" && format != "textproto") {
+    return Fail(absl::StrCat("Unknown --format \"", format, "\"; use table, json or textproto"));
+  }
+  const int64_t context = absl::GetFlag(FLAGS_context);
+  if (context < 1) {
+    return Fail(absl::StrCat("--context ", context,
+                             " must be positive; give the tokens per sequence, e.g. 8192"));
+  }
+
+  config::PlannerConfig config = DefaultPlannerConfig();
+  if (!absl::GetFlag(FLAGS_config).empty()) {
+    absl::StatusOr<config::PlannerConfig> file =
+        LoadPlannerConfigFile(UserPath(absl::GetFlag(FLAGS_config)));
+    if (!file.ok()) return Fail(file.status());
+    MergePlannerConfig(*file, &config);
+  }
+  absl::StatusOr<config::PlannerConfig> overlay = FlagOverlay();
+  if (!overlay.ok()) return Fail(overlay.status());
+  MergePlannerConfig(*overlay, &config);
+  absl::Status sizes = ApplyCaptureSizes(&config);
+  if (!sizes.ok()) return Fail(sizes);
+  absl::Status gpu = ResolveAutoGpu(&config);
+  if (!gpu.ok()) return Fail(gpu);
+
+  absl::StatusOr<MemoryPlan> plan = PlanMemory(config);
+  if (!plan.ok()) return Fail(plan.status());
+
+  // The SVG is written first, so a bad --svg path fails before anything reaches stdout.
+  if (!absl::GetFlag(FLAGS_svg).empty()) {
+    const std::string path = UserPath(absl::GetFlag(FLAGS_svg));
+    std::ofstream svg(path, std::ios::binary | std::ios::trunc);
+    svg << RenderSvg(*plan);
+    svg.close();
+    if (!svg) {
+      return Fail(absl::StrCat("Cannot write --svg file \"", path,
+                               "\"; check that its directory exists and is writable"));
+    }
+  }
+  if (format == "json") {
+    std::cout << RenderJson(*plan, context) << "\n";
+  } else if (format == "textproto") {
+    std::cout << RenderTextProto(*plan, context);
+  } else {
+    std::cout << RenderTable(*plan, context);
+  }
+  std::cout.flush();
+  return std::cout ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace kiln
+
+int main(int argc, char** argv) { return kiln::Run(argc, argv); }

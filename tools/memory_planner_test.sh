@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Runs //tools:memory_planner as a user would: the default table against its golden file, the
+# other output formats, config files, and every bad input (exit code 2, a message with the fix
+# on stderr, nothing on stdout).
+set -uo pipefail
+
+bin=tools/memory_planner
+data=runtime/config/testdata
+tmp=${TEST_TMPDIR:-$(mktemp -d)}
+failures=0
+
+fail() {
+  echo "FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+
+# expect_ok NAME ARGS...: exit code 0; stdout in $tmp/out.
+expect_ok() {
+  local name=$1
+  shift
+  "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  if [ "$rc" -ne 0 ]; then
+    fail "$name: exit code $rc, want 0; stderr: $(cat "$tmp/err")"
+    return 1
+  fi
+  return 0
+}
+
+# expect_bad NAME MESSAGE ARGS...: exit code 2, MESSAGE (a fixed string) on stderr, empty stdout.
+expect_bad() {
+  local name=$1 message=$2
+  shift 2
+  "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  if [ "$rc" -ne 2 ]; then
+    fail "$name: exit code $rc, want 2; stderr: $(cat "$tmp/err")"
+  elif ! grep -qF -- "$message" "$tmp/err"; then
+    fail "$name: stderr lacks \"$message\": $(cat "$tmp/err")"
+  elif [ -s "$tmp/out" ]; then
+    fail "$name: printed to stdout on error: $(cat "$tmp/out")"
+  fi
+}
+
+# expect_out NAME TEXT: the last successful run printed TEXT (a fixed string).
+expect_out() {
+  grep -qF -- "$2" "$tmp/out" || fail "$1: stdout lacks \"$2\": $(cat "$tmp/out")"
+}
+
+# The default table, byte for byte.
+if expect_ok default; then
+  if ! diff -u tools/testdata/memory_planner_default.txt "$tmp/out" >"$tmp/diff"; then
+    fail "default table differs from tools/testdata/memory_planner_default.txt:"
+    cat "$tmp/diff" >&2
+  fi
+fi
+
+# Output formats.
+expect_ok json --format=json && expect_out json '"num_kv_blocks": "6937"' &&
+  expect_out json '"name": "graph_pool"' && expect_out json '"max_concurrency": "54"'
+expect_ok textproto --format=textproto && expect_out textproto 'num_kv_blocks: 6937' &&
+  expect_out textproto 'model_preset: "llama-3.1-8b"'
+expect_ok context --context=1024 &&
+  expect_out context 'Max concurrency at 1,024 tokens per sequence: 256 sequences (max_num_seqs is the limit'
+if expect_ok svg "--svg=$tmp/plan.svg"; then
+  head -c 4 "$tmp/plan.svg" | grep -qF '<svg' || fail "svg: $tmp/plan.svg does not start with <svg"
+  grep -qF 'kv_cache' "$tmp/plan.svg" || fail "svg: no kv_cache segment"
+  tail -n 1 "$tmp/plan.svg" | grep -qF '</svg>' || fail "svg: not closed"
+fi
+
+# Config files and presets.
+expect_ok textproto_config "--config=$data/llama70b_tp4.textproto" &&
+  expect_out textproto_config 'Llama-3.1-70B (bf16) on NVIDIA H200, tensor_parallel_size 4' &&
+  expect_out textproto_config '8 decode graphs, sizes 1..128'
+expect_ok fastdeploy_config "--config=$data/fastdeploy.json" &&
+  expect_out fastdeploy_config '9 decode graphs, sizes 1..128'
+expect_ok json_config "--config=$data/custom_model.json" && expect_out json_config 'tiny (fp16) on test GPU'
+expect_ok flags_override_config "--config=$data/llama70b_tp4.textproto" --tensor_parallel_size=8 &&
+  expect_out flags_override_config 'tensor_parallel_size 8'
+expect_ok preset --preset=qwen2.5-7b --gpu=l40s && expect_out preset 'Qwen2.5-7B (bf16) on NVIDIA L40S'
+expect_ok no_graphs --graph_mode=none && expect_out no_graphs 'no CUDA graphs'
+expect_ok capture_sizes --capture_sizes=1,2,4,8 && expect_out capture_sizes '4 decode graphs, sizes 1..8'
+
+# Bad input: exit code 2 and a message that names the value and the fix.
+expect_bad utilization_zero 'gpu_memory_utilization 0 is outside (0, 1]' --gpu_memory_utilization=0
+expect_bad utilization_high 'gpu_memory_utilization 1.5 is outside (0, 1]; give the fraction' \
+  --gpu_memory_utilization=1.5
+expect_bad zero_layers 'model.num_layers must be positive, got 0; set it (--num_layers)' --num_layers=0
+expect_bad unknown_preset 'Unknown model preset "llama-9"; use one of llama-3.2-1b' --preset=llama-9
+expect_bad unknown_gpu 'Unknown GPU preset "v100"; use one of h100-80gb' --gpu=v100
+printf 'max_num_seqs: 8\nmodel { num_layer: 3 }\n' >"$tmp/bad.textproto"
+expect_bad bad_textproto "Cannot parse $tmp/bad.textproto as a kiln.config.PlannerConfig textproto at line 2" \
+  "--config=$tmp/bad.textproto"
+printf '{"max_num_seqs": 8,,}' >"$tmp/bad.json"
+expect_bad bad_json "Cannot parse $tmp/bad.json as a JSON object" "--config=$tmp/bad.json"
+printf '{"max_model_len": 8192}' >"$tmp/unknown.json"
+expect_bad unknown_json_field 'max_model_len' "--config=$tmp/unknown.json"
+expect_bad missing_config 'Cannot open config file' "--config=$tmp/no_such_file.textproto"
+expect_bad no_kv_block 'The budget leaves no room for a KV block' --preset=llama-3.1-70b
+expect_bad no_kv_block_fix 'raise tensor_parallel_size' --preset=llama-3.1-70b
+expect_bad measure '--measure runs the real allocations and graph captures through the runner' --measure
+expect_bad unknown_flag 'Unknown flag --utilization; run with --help' --utilization=0.9
+expect_bad bad_number 'Bad value "lots" for --max_num_seqs' --max_num_seqs=lots
+expect_bad bad_bool 'Bad value "maybe" for --tie_embeddings' --tie_embeddings=maybe
+expect_bad missing_value 'Flag --preset needs a value' --preset
+expect_bad positional 'Unexpected argument "llama"' llama
+expect_bad format 'Unknown --format "xml"; use table, json or textproto' --format=xml
+expect_bad context_zero '--context 0 must be positive' --context=0
+expect_bad capture_not_int '--capture_sizes has "x", which is not an integer' --capture_sizes=1,x
+expect_bad capture_too_big 'Capture size 300 exceeds max_num_seqs 256; remove it or raise max_num_seqs' \
+  --capture_sizes=1,300
+expect_bad kv_dtype 'Unknown --kv_cache_dtype "int4"; use bf16, fp16, fp32 or fp8' --kv_cache_dtype=int4
+expect_bad tp_split 'does not split over tensor_parallel_size 3' --tensor_parallel_size=3
+expect_bad svg_dir 'Cannot write --svg file' "--svg=$tmp/no/such/dir/plan.svg"
+
+# --gpu=auto reads GPU 0; on a machine without one it must say so (exit 2), not crash.
+"$bin" --gpu=auto >"$tmp/out" 2>"$tmp/err"
+rc=$?
+if [ "$rc" -eq 0 ]; then
+  grep -qF 'kiln memory plan:' "$tmp/out" || fail "gpu_auto: exit 0 without a table"
+elif [ "$rc" -eq 2 ]; then
+  grep -qF -- '--gpu=auto found no GPU' "$tmp/err" ||
+    fail "gpu_auto: exit 2 without the no-GPU message: $(cat "$tmp/err")"
+  [ -e /dev/nvidia0 ] && fail "gpu_auto: a GPU device node exists but no GPU was found"
+else
+  fail "gpu_auto: exit code $rc, want 0 (GPU) or 2 (no GPU); stderr: $(cat "$tmp/err")"
+fi
+
+if [ "$failures" -ne 0 ]; then
+  echo "$failures check(s) failed" >&2
+  exit 1
+fi
+echo "PASS"
