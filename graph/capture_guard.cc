@@ -74,17 +74,19 @@ CaptureGuard::CaptureGuard(cudaStream_t stream, CaptureKey key, cudaStreamCaptur
   // Forget a stale record (an illegal call refused outside any guard).
   TakeFirstIllegalDuringCapture();
   if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) {
-    begin_status_ = absl::InvalidArgumentError(absl::StrCat(
-        "Capture of ", KeyName(key), " on the default stream; capture on a stream made by "
-        "kiln::Stream::Create"));
+    begin_status_ = absl::InvalidArgumentError(
+        absl::StrCat("Capture of ", KeyName(key),
+                     " on the default stream; capture on a stream made by "
+                     "kiln::Stream::Create"));
     return;
   }
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &status) == cudaSuccess &&
       status != cudaStreamCaptureStatusNone) {
-    begin_status_ = absl::FailedPreconditionError(absl::StrCat(
-        "Capture of ", KeyName(key), " began on a stream that is already capturing; nested "
-        "captures are not supported"));
+    begin_status_ = absl::FailedPreconditionError(
+        absl::StrCat("Capture of ", KeyName(key),
+                     " began on a stream that is already capturing; nested "
+                     "captures are not supported"));
     return;
   }
   cudaGetLastError();  // a stale error must not be blamed on this capture
@@ -152,6 +154,12 @@ absl::StatusOr<OwnedGraph> CaptureGuard::End(absl::Status body_status) {
                       CudaErrorText(pending), ")");
     }
     return absl::FailedPreconditionError(message);
+  }
+  if (pending == cudaErrorStreamCaptureUnsupported ||
+      pending == cudaErrorStreamCaptureInvalidated) {
+    // The capture survived, but without the refused call: the graph would not do what the
+    // function asked.
+    return absl::FailedPreconditionError(absl::StrCat(prefix, DescribeCaptureError(pending)));
   }
   if (pending != cudaSuccess) {
     return absl::InternalError(absl::StrCat(prefix, "a CUDA call inside the capture returned ",

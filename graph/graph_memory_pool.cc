@@ -10,17 +10,16 @@
 
 namespace kiln {
 
-absl::StatusOr<GraphMemoryPool> GraphMemoryPool::Create(size_t budget_bytes,
-                                                        size_t reserve_bytes) {
+absl::StatusOr<GraphMemoryPool> GraphMemoryPool::Create(size_t budget_bytes, size_t reserve_bytes) {
   GraphMemoryPool pool(budget_bytes);
   RETURN_IF_ERROR(pool.Reserve(std::min(reserve_bytes, budget_bytes)));
   return pool;
 }
 
 absl::Status GraphMemoryPool::Reserve(size_t bytes) {
-  RETURN_IF_ERROR(CheckNotCapturing(
-      nullptr, absl::StrCat("Graph memory pool growth from ", arena_.reserved_bytes(), " to ",
-                            bytes, " bytes")));
+  RETURN_IF_ERROR(
+      CheckNotCapturing(nullptr, absl::StrCat("Graph memory pool growth from ",
+                                              arena_.reserved_bytes(), " to ", bytes, " bytes")));
   if (bytes > arena_.budget_bytes()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Graph memory pool region of ", bytes, " bytes exceeds the budget of ",
@@ -47,8 +46,7 @@ absl::StatusOr<void*> GraphMemoryPool::Allocate(size_t bytes, absl::string_view 
     // under captured graphs); during capture it is also an allocation, which is illegal.
     RETURN_IF_ERROR(CheckNotCapturing(
         nullptr, absl::StrCat("Graph memory pool growth for '", name, "' (", bytes,
-                              " bytes) beyond the ", arena_.reserved_bytes(),
-                              " reserved bytes")));
+                              " bytes) beyond the ", arena_.reserved_bytes(), " reserved bytes")));
   }
   ASSIGN_OR_RETURN(uintptr_t address, arena_.Allocate(bytes, name));
   return reinterpret_cast<void*>(address);

@@ -38,8 +38,10 @@ constexpr int kPoison = 0xA5;
 }  // namespace
 
 std::string CaptureSummary::ToString() const {
-  return absl::StrFormat("Captured %d graph%s in %.2f s, pool %s", num_graphs,
-                         num_graphs == 1 ? "" : "s", seconds, FormatBytes(pool_bytes));
+  const std::string time = seconds >= 0.1 ? absl::StrFormat("%.2f s", seconds)
+                                          : absl::StrFormat("%.1f ms", seconds * 1000.0);
+  return absl::StrFormat("Captured %d graph%s in %s, pool %s", num_graphs,
+                         num_graphs == 1 ? "" : "s", time, FormatBytes(pool_bytes));
 }
 
 void GraphSet::ExecDeleter::operator()(cudaGraphExec_t exec) const {
@@ -75,8 +77,8 @@ absl::Status GraphSet::Capture(CaptureKey key, StepFn fn, cudaStream_t stream,
     }
   }
   if (options_.warmups > 0) {
-    RETURN_IF_ERROR(ToStatus(cudaStreamSynchronize(stream),
-                             absl::StrCat("Warm-up of ", KeyName(key))));
+    RETURN_IF_ERROR(
+        ToStatus(cudaStreamSynchronize(stream), absl::StrCat("Warm-up of ", KeyName(key))));
     RETURN_IF_ERROR(ToStatus(cudaGetLastError(),
                              absl::StrCat("A launch during the warm-up of ", KeyName(key))));
   }
@@ -103,10 +105,10 @@ absl::Status GraphSet::Capture(CaptureKey key, StepFn fn, cudaStream_t stream,
   captured.exec.reset(exec);
   captured.stats.instantiate_ms = MsSince(start);
   start = Clock::now();
-  RETURN_IF_ERROR(ToStatus(cudaGraphUpload(exec, stream),
-                           absl::StrCat("cudaGraphUpload of ", KeyName(key))));
-  RETURN_IF_ERROR(ToStatus(cudaStreamSynchronize(stream),
-                           absl::StrCat("cudaGraphUpload of ", KeyName(key))));
+  RETURN_IF_ERROR(
+      ToStatus(cudaGraphUpload(exec, stream), absl::StrCat("cudaGraphUpload of ", KeyName(key))));
+  RETURN_IF_ERROR(
+      ToStatus(cudaStreamSynchronize(stream), absl::StrCat("cudaGraphUpload of ", KeyName(key))));
   captured.stats.upload_ms = MsSince(start);
 
   captured.fn = std::move(fn);
@@ -147,9 +149,9 @@ absl::StatusOr<CaptureSummary> GraphSet::CaptureAll(GraphMode mode, const Captur
     if (style == CaptureProgress::kBar) {
       constexpr int kWidth = 30;
       const int filled = i * kWidth / n;
-      out << "\rCapturing " << GraphModeName(mode) << " graphs ["
-          << std::string(filled, '#') << std::string(kWidth - filled, '.') << "] " << i << "/"
-          << n << " " << KeyName(key) << "      " << std::flush;
+      out << "\rCapturing " << GraphModeName(mode) << " graphs [" << std::string(filled, '#')
+          << std::string(kWidth - filled, '.') << "] " << i << "/" << n << " " << KeyName(key)
+          << "      " << std::flush;
     }
     absl::Status status = Capture(
         key, [fn, key](cudaStream_t s) { return fn(key, s); }, stream, buffers);
@@ -159,8 +161,8 @@ absl::StatusOr<CaptureSummary> GraphSet::CaptureAll(GraphMode mode, const Captur
     }
     if (style == CaptureProgress::kLines) {
       const GraphStats& stats = graphs_[key].stats;
-      out << absl::StrFormat("Captured %s (%d/%d): %d nodes in %.1f ms, pool %s\n",
-                             KeyName(key), i + 1, n, stats.num_nodes, stats.total_ms(),
+      out << absl::StrFormat("Captured %s (%d/%d): %d nodes in %.1f ms, pool %s\n", KeyName(key),
+                             i + 1, n, stats.num_nodes, stats.total_ms(),
                              FormatBytes(stats.pool_bytes));
     }
   }
@@ -169,8 +171,8 @@ absl::StatusOr<CaptureSummary> GraphSet::CaptureAll(GraphMode mode, const Captur
   summary.seconds = MsSince(start) / 1000.0;
   summary.pool_bytes = pool_ != nullptr ? pool_->high_water_bytes() : 0;
   if (style == CaptureProgress::kBar) {
-    out << "\rCapturing " << GraphModeName(mode) << " graphs [" << std::string(30, '#') << "] "
-        << n << "/" << n << std::string(16, ' ') << "\n";
+    out << "\rCapturing " << GraphModeName(mode) << " graphs [" << std::string(30, '#') << "] " << n
+        << "/" << n << std::string(16, ' ') << "\n";
   }
   if (style != CaptureProgress::kQuiet) out << summary.ToString() << "\n" << std::flush;
   return summary;
@@ -191,8 +193,8 @@ absl::Status GraphSet::CheckReplayable(CaptureKey key, const Captured& captured)
 absl::Status GraphSet::Replay(CaptureKey key, cudaStream_t stream) const {
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "No graph for ", KeyName(key), "; capture it first, or run the step eagerly"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("No graph for ", KeyName(key), "; capture it first, or run the step eagerly"));
   }
   RETURN_IF_ERROR(CheckReplayable(key, it->second));
   return ToStatus(cudaGraphLaunch(it->second.exec.get(), stream),
@@ -271,8 +273,8 @@ absl::Status GraphSet::Verify(CaptureKey key, cudaStream_t stream) {
                            absl::StrCat("cudaGraphLaunch of ", KeyName(key), " (verify)")));
   RETURN_IF_ERROR(fetch_outputs(graph_out));
   RETURN_IF_ERROR(copy_all(/*save=*/false));
-  RETURN_IF_ERROR(ToStatus(cudaStreamSynchronize(stream),
-                           absl::StrCat("Verify of ", KeyName(key))));
+  RETURN_IF_ERROR(
+      ToStatus(cudaStreamSynchronize(stream), absl::StrCat("Verify of ", KeyName(key))));
 
   size_t offset = 0;
   for (size_t i = 0; i < n; ++i) {

@@ -107,7 +107,7 @@ struct CaptureSummary {
   int num_graphs = 0;
   double seconds = 0;
   size_t pool_bytes = 0;  // the pool's high-water mark (0 without a pool)
-  // Returns "Captured 35 graphs in 0.84 s, pool 12.0 MiB".
+  // Returns "Captured 35 graphs in 0.84 s, pool 12.0 MiB" (milliseconds under 0.1 s).
   std::string ToString() const;
 };
 

@@ -8,9 +8,9 @@ namespace kiln {
 
 absl::Status PoolArena::Rebase(uintptr_t base, size_t reserved_bytes) {
   if (open_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "Graph memory pool region changed while the sequence for ", KeyName(key_),
-        " is open; change it between captures"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("Graph memory pool region changed while the sequence for ", KeyName(key_),
+                     " is open; change it between captures"));
   }
   if (base % kAlignment != 0) {
     return absl::InvalidArgumentError(absl::StrCat("Graph memory pool base 0x", absl::Hex(base),
@@ -18,9 +18,9 @@ absl::Status PoolArena::Rebase(uintptr_t base, size_t reserved_bytes) {
                                                    "-byte aligned; use a cudaMalloc'd region"));
   }
   if (reserved_bytes > budget_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Graph memory pool region of ", reserved_bytes, " bytes exceeds the budget of ", budget_,
-        " bytes; reserve at most the budget"));
+    return absl::InvalidArgumentError(absl::StrCat("Graph memory pool region of ", reserved_bytes,
+                                                   " bytes exceeds the budget of ", budget_,
+                                                   " bytes; reserve at most the budget"));
   }
   base_ = base;
   reserved_ = reserved_bytes;
@@ -51,15 +51,15 @@ absl::StatusOr<uintptr_t> PoolArena::Allocate(size_t bytes, absl::string_view na
   const size_t aligned = bytes > budget_ ? budget_ + 1 : AlignUp(bytes);
   if (aligned > budget_ - offset_) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "Graph memory pool budget exceeded while capturing ", KeyName(key_), ": '", name,
-        "' asks ", bytes, " bytes with ", offset_, " in use, over the budget of ", budget_,
+        "Graph memory pool budget exceeded while capturing ", KeyName(key_), ": '", name, "' asks ",
+        bytes, " bytes with ", offset_, " in use, over the budget of ", budget_,
         " bytes; raise the graph pool budget or drop the sizes that need it"));
   }
   if (offset_ + aligned > reserved_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "Graph memory pool region of ", reserved_, " bytes is too small for ", KeyName(key_),
-        ": '", name, "' needs it to grow to ", offset_ + aligned,
-        " bytes; reserve that much before capturing"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("Graph memory pool region of ", reserved_, " bytes is too small for ",
+                     KeyName(key_), ": '", name, "' needs it to grow to ", offset_ + aligned,
+                     " bytes; reserve that much before capturing"));
   }
   const uintptr_t address = base_ + offset_;
   offset_ += aligned;

@@ -19,9 +19,9 @@ absl::Status StaticBuffers::Bind(absl::string_view name, void* address, size_t b
     return absl::InvalidArgumentError("Static buffer with an empty name; name every buffer");
   }
   if (address == nullptr || bytes == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Static buffer '", name, "' at ", Address(address), " of ", bytes,
-        " bytes; bind an allocated buffer (non-null, at least one byte)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Static buffer '", name, "' at ", Address(address), " of ", bytes,
+                     " bytes; bind an allocated buffer (non-null, at least one byte)"));
   }
   auto [it, inserted] = index_.try_emplace(std::string(name), entries_.size());
   if (inserted) {

@@ -5,11 +5,13 @@
 //
 //   kiln::StaticBuffers buffers;
 //   RETURN_IF_ERROR(buffers.Bind("input_ids", ids.data(), ids.size(), kiln::BufferRole::kInput));
-//   RETURN_IF_ERROR(buffers.Bind("logits", logits.data(), logits.size(), kiln::BufferRole::kOutput));
+//   RETURN_IF_ERROR(buffers.Bind("logits", logits.data(), logits.size(),
+//                                kiln::BufferRole::kOutput));
 //   RETURN_IF_ERROR(graphs.Capture(key, step, stream, &buffers));   // snapshots `buffers`
 //   ...
 //   logits = std::move(bigger_logits);                              // the owner moved it:
-//   RETURN_IF_ERROR(buffers.Bind("logits", logits.data(), logits.size(), kiln::BufferRole::kOutput));
+//   RETURN_IF_ERROR(buffers.Bind("logits", logits.data(), logits.size(),
+//                                kiln::BufferRole::kOutput));
 //   graphs.Replay(key, stream);   // FailedPrecondition naming 'logits': capture key again
 //
 // Entries keep their index for the registry's lifetime (re-declaring updates in place), so a
