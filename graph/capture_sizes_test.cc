@@ -1,0 +1,162 @@
+#include "graph/capture_sizes.h"
+
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kiln {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// The smallest size >= n by a linear scan: the reference the table must match.
+std::optional<int> ScanPadded(const std::vector<int>& ascending, int n) {
+  if (n < 1) return std::nullopt;
+  for (int s : ascending) {
+    if (s >= n) return s;
+  }
+  return std::nullopt;
+}
+
+void ExpectEveryNPadsCorrectly(const CaptureSizes& sizes) {
+  const int max = sizes.max_size();
+  for (int n = -2; n <= max + 3; ++n) {
+    ASSERT_EQ(sizes.PaddedSize(n), ScanPadded(sizes.sizes(), n)) << "n = " << n;
+  }
+  EXPECT_EQ(sizes.PaddedSize(max), max);
+  EXPECT_EQ(sizes.PaddedSize(max + 1), std::nullopt);
+  EXPECT_EQ(sizes.PaddedSize(0), std::nullopt);
+}
+
+TEST(CaptureSizesTest, DefaultDecodeListUpTo1024) {
+  std::vector<int> sizes = CaptureSizes::DefaultDecodeSizes(1024);
+  ASSERT_EQ(sizes.size(), 51u);
+  EXPECT_THAT(std::vector<int>(sizes.begin(), sizes.begin() + 5), ElementsAre(1, 2, 4, 8, 16));
+  EXPECT_EQ(sizes[18], 128);
+  EXPECT_EQ(sizes[19], 144);
+  EXPECT_EQ(sizes[26], 256);
+  EXPECT_EQ(sizes[27], 288);
+  EXPECT_EQ(sizes.back(), 1024);
+  EXPECT_TRUE(std::is_sorted(sizes.begin(), sizes.end()));
+  for (size_t i = 19; i <= 26; ++i) EXPECT_EQ(sizes[i] - sizes[i - 1], 16) << i;
+  for (size_t i = 27; i < sizes.size(); ++i) EXPECT_EQ(sizes[i] - sizes[i - 1], 32) << i;
+}
+
+TEST(CaptureSizesTest, DefaultDecodeIsCroppedAndClosedAtMaxNumSeqs) {
+  EXPECT_THAT(CaptureSizes::DefaultDecodeSizes(1), ElementsAre(1));
+  EXPECT_THAT(CaptureSizes::DefaultDecodeSizes(3), ElementsAre(1, 2, 3));
+  EXPECT_THAT(CaptureSizes::DefaultDecodeSizes(20), ElementsAre(1, 2, 4, 8, 16, 20));
+  std::vector<int> at256 = CaptureSizes::DefaultDecodeSizes(256);
+  EXPECT_EQ(at256.size(), 27u);
+  EXPECT_EQ(at256.back(), 256);
+  std::vector<int> at300 = CaptureSizes::DefaultDecodeSizes(300);
+  EXPECT_THAT(std::vector<int>(at300.end() - 3, at300.end()), ElementsAre(256, 288, 300));
+  std::vector<int> at2000 = CaptureSizes::DefaultDecodeSizes(2000);
+  EXPECT_THAT(std::vector<int>(at2000.end() - 2, at2000.end()), ElementsAre(1024, 2000));
+  EXPECT_TRUE(CaptureSizes::DefaultDecodeSizes(0).empty());
+  EXPECT_TRUE(CaptureSizes::DefaultDecodeSizes(CaptureSizes::kMaxLimit + 1).empty());
+}
+
+TEST(CaptureSizesTest, DefaultPrefillList) {
+  EXPECT_THAT(CaptureSizes::DefaultPrefillSizes(),
+              ElementsAre(16, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512));
+  EXPECT_THAT(CaptureSizes::DefaultPrefillSizes(100), ElementsAre(16, 32, 48, 64, 96, 100));
+  EXPECT_THAT(CaptureSizes::DefaultPrefillSizes(8), ElementsAre(8));
+  std::vector<int> at2048 = CaptureSizes::DefaultPrefillSizes(2048);
+  EXPECT_THAT(std::vector<int>(at2048.end() - 2, at2048.end()), ElementsAre(512, 2048));
+}
+
+TEST(CaptureSizesTest, EveryNPadsToTheSmallestSizeAtLeastN) {
+  for (int max_num_seqs : {1, 2, 3, 7, 8, 9, 100, 128, 129, 256, 257, 1000, 1024, 4096}) {
+    absl::StatusOr<CaptureSizes> decode = CaptureSizes::Decode(max_num_seqs);
+    ASSERT_TRUE(decode.ok()) << decode.status();
+    EXPECT_EQ(decode->max_size(), max_num_seqs);
+    ExpectEveryNPadsCorrectly(*decode);
+  }
+  for (int max_tokens : {1, 16, 17, 500, 512, 8192}) {
+    absl::StatusOr<CaptureSizes> prefill = CaptureSizes::Prefill(max_tokens);
+    ASSERT_TRUE(prefill.ok()) << prefill.status();
+    EXPECT_EQ(prefill->max_size(), max_tokens);
+    ExpectEveryNPadsCorrectly(*prefill);
+  }
+}
+
+TEST(CaptureSizesTest, SpotValues) {
+  absl::StatusOr<CaptureSizes> decode = CaptureSizes::Decode(256);
+  ASSERT_TRUE(decode.ok());
+  EXPECT_EQ(decode->PaddedSize(1), 1);
+  EXPECT_EQ(decode->PaddedSize(3), 4);
+  EXPECT_EQ(decode->PaddedSize(5), 8);
+  EXPECT_EQ(decode->PaddedSize(129), 144);
+  EXPECT_EQ(decode->PaddedSize(256), 256);
+  EXPECT_EQ(decode->PaddedSize(257), std::nullopt);
+}
+
+TEST(CaptureSizesTest, RandomUserListsPadCorrectly) {
+  std::mt19937 rng(std::random_device{}());
+  for (int trial = 0; trial < 50; ++trial) {
+    const int limit = std::uniform_int_distribution<int>(1, 3000)(rng);
+    std::vector<int> pool(limit);
+    for (int i = 0; i < limit; ++i) pool[i] = i + 1;
+    std::shuffle(pool.begin(), pool.end(), rng);
+    pool.resize(std::uniform_int_distribution<int>(1, std::min(limit, 60))(rng));
+    absl::StatusOr<CaptureSizes> sizes = CaptureSizes::FromList(pool, limit, "max_num_seqs");
+    ASSERT_TRUE(sizes.ok()) << sizes.status();
+    EXPECT_EQ(sizes->sizes().size(), pool.size());
+    EXPECT_TRUE(std::is_sorted(sizes->sizes().begin(), sizes->sizes().end()));
+    ExpectEveryNPadsCorrectly(*sizes);
+  }
+}
+
+TEST(CaptureSizesTest, UserListIsSortedAndNotExtended) {
+  absl::StatusOr<CaptureSizes> sizes = CaptureSizes::Decode(256, {64, 1, 16});
+  ASSERT_TRUE(sizes.ok()) << sizes.status();
+  EXPECT_THAT(sizes->sizes(), ElementsAre(1, 16, 64));
+  EXPECT_THAT(sizes->LargestFirst(), ElementsAre(64, 16, 1));
+  EXPECT_EQ(sizes->PaddedSize(65), std::nullopt);  // above the user's largest: eager
+}
+
+TEST(CaptureSizesTest, InvalidListsNameTheBadValue) {
+  absl::Status too_big = CaptureSizes::Decode(256, {8, 300}).status();
+  EXPECT_EQ(too_big.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(too_big.message(),
+            "Capture size 300 exceeds max_num_seqs 256; remove it or raise max_num_seqs");
+
+  absl::Status zero = CaptureSizes::Decode(256, {8, 0}).status();
+  EXPECT_EQ(zero.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(zero.message()), HasSubstr("Capture size 0 is not positive"));
+
+  absl::Status negative = CaptureSizes::Prefill(512, {-16}).status();
+  EXPECT_EQ(negative.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(negative.message()), HasSubstr("-16"));
+
+  absl::Status duplicate = CaptureSizes::Decode(256, {8, 16, 8}).status();
+  EXPECT_EQ(duplicate.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(duplicate.message()), HasSubstr("Capture size 8 appears more than once"));
+
+  absl::Status prefill = CaptureSizes::Prefill(512, {1024}).status();
+  EXPECT_THAT(std::string(prefill.message()), HasSubstr("exceeds max_num_tokens 512"));
+
+  absl::Status bad_limit = CaptureSizes::Decode(0).status();
+  EXPECT_EQ(bad_limit.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad_limit.message()), HasSubstr("max_num_seqs 0 is out of range"));
+
+  absl::Status empty = CaptureSizes::FromList({}, 16, "max_num_seqs").status();
+  EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CaptureSizesTest, ToStringShortensLongLists) {
+  absl::StatusOr<CaptureSizes> small = CaptureSizes::Decode(8);
+  ASSERT_TRUE(small.ok());
+  EXPECT_EQ(small->ToString(), "1, 2, 4, 8");
+  absl::StatusOr<CaptureSizes> large = CaptureSizes::Decode(1024);
+  ASSERT_TRUE(large.ok());
+  EXPECT_EQ(large->ToString(4), "1, 2, 4, ..., 1024 (51 sizes)");
+}
+
+}  // namespace
+}  // namespace kiln
