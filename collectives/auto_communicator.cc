@@ -38,6 +38,12 @@ absl::StatusOr<std::unique_ptr<AutoCommunicator>> AutoCommunicator::Create(
   return comm;
 }
 
+AutoCommunicator::~AutoCommunicator() {
+  const bool peer_lost = custom_ != nullptr && custom_->peer_lost();
+  custom_.reset();
+  if (peer_lost) nccl_->Abort();
+}
+
 absl::StatusOr<AllReducePlan> AutoCommunicator::Plan(const void* in, const void* out,
                                                      size_t count, DataType dtype,
                                                      cudaStream_t stream) const {

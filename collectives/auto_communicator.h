@@ -56,6 +56,10 @@ class AutoCommunicator : public Communicator {
                                                                   int device,
                                                                   const AllReduceConfig& config);
 
+  // Tears down the custom all-reduce, then NCCL; aborts NCCL instead of finalizing it when a
+  // custom barrier found a peer gone (finalizing would wait for that peer).
+  ~AutoCommunicator() override;
+
   int rank() const override { return nccl_->rank(); }
   int world_size() const override { return nccl_->world_size(); }
 

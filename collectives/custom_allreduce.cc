@@ -267,6 +267,11 @@ absl::Status CustomAllReduce::CheckAsyncErrors() {
   return absl::OkStatus();
 }
 
+bool CustomAllReduce::peer_lost() const {
+  const volatile DeviceErrorWords* e = errors_;
+  return !sticky_.ok() || e->timed_out != 0;
+}
+
 absl::Status CustomAllReduce::CheckReplayable() const {
   if (pending_.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrFormat(

@@ -110,6 +110,10 @@ class CustomAllReduce {
   // timed out, FailedPrecondition once per replay of an unregistered input, else OK.
   absl::Status CheckAsyncErrors();
 
+  // Returns true once a barrier timed out (a peer died or hung); reads device-written memory
+  // without waiting. Thread-compatible.
+  bool peer_lost() const;
+
   // Returns the number of captured inputs awaiting RegisterGraphBuffers, and of registered ones.
   int pending_graph_inputs() const { return static_cast<int>(pending_.size()); }
   int registered_graph_inputs() const { return next_slot_ - static_cast<int>(pending_.size()); }

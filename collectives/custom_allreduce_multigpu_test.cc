@@ -38,6 +38,13 @@ using testing::RunOnEveryGpu;
 
 constexpr size_t kBufferBytes = 4 << 20;  // the tests' custom buffer limit
 
+// Each body takes seconds; a hang is killed well before the binary's own timeout.
+testing::MultiProcessTestOptions Options() {
+  testing::MultiProcessTestOptions options;
+  options.timeout = absl::Seconds(60);
+  return options;
+}
+
 // Crossovers that exercise both kernels at every world size, and registered one-shot graphs.
 AllReduceConfig TestConfig() {
   AllReduceConfig config;
@@ -271,7 +278,7 @@ TEST(CustomAllReduceMultiGpuTest, EagerKernelsEqualNcclForEveryDtypeAndSize) {
           << "in place, " << AllReduceAlgorithmName(algo);
     }
     EXPECT_TRUE(rig.comm->CheckAsyncErrors().ok());
-  });
+  }, Options());
 }
 
 TEST(CustomAllReduceMultiGpuTest, RealValuedSumsAreBitwiseIdenticalOnEveryRank) {
@@ -320,7 +327,7 @@ TEST(CustomAllReduceMultiGpuTest, RealValuedSumsAreBitwiseIdenticalOnEveryRank) 
         EXPECT_FALSE(std::isnan(rel));
       }
     }
-  });
+  }, Options());
 }
 
 TEST(CustomAllReduceMultiGpuTest, GraphReplaysWithInputsChangedAfterCapture) {
@@ -454,7 +461,7 @@ TEST(CustomAllReduceMultiGpuTest, GraphReplaysWithInputsChangedAfterCapture) {
     EXPECT_TRUE(rig.comm->CheckAsyncErrors().ok());
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
-  });
+  }, Options());
 }
 
 TEST(CustomAllReduceMultiGpuTest, ReplayBeforeRegistrationIsFailedPrecondition) {
@@ -517,7 +524,7 @@ TEST(CustomAllReduceMultiGpuTest, ReplayBeforeRegistrationIsFailedPrecondition) 
     EXPECT_TRUE(rig.comm->CheckAsyncErrors().ok());
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
-  });
+  }, Options());
 }
 
 TEST(CustomAllReduceMultiGpuTest, UnalignedAndOversizeEagerCallsTakeNccl) {
@@ -560,12 +567,12 @@ TEST(CustomAllReduceMultiGpuTest, UnalignedAndOversizeEagerCallsTakeNccl) {
                 absl::StatusCode::kInvalidArgument)
           << c.name;
     }
-  });
+  }, Options());
 }
 
 TEST(CustomAllReduceMultiGpuTest, DeadPeerEndsInDeadlineExceeded) {
   KILN_REQUIRE_GPUS(2);
-  testing::MultiProcessTestOptions options;
+  testing::MultiProcessTestOptions options = Options();
   options.final_barrier = false;  // one rank exits on purpose
   RunOnEveryGpu(
       [](RankContext& ctx) {

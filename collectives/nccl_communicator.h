@@ -1,5 +1,6 @@
 // Communicator over NCCL for the processes of one host (one per GPU). The NCCL unique id travels
-// through the HostBootstrap; initialisation is non-blocking and bounded by a timeout.
+// through the HostBootstrap; initialisation is bounded by a timeout (it runs on a helper thread),
+// and the communicator itself is a blocking one, the fast kind for eager calls.
 //
 //   ASSIGN_OR_RETURN(std::unique_ptr<kiln::NcclCommunicator> nccl,
 //                    kiln::NcclCommunicator::Create(bootstrap, device, absl::Seconds(120)));
@@ -29,7 +30,8 @@ class NcclCommunicator : public Communicator {
  public:
   // Makes `device` current and joins the NCCL communicator of the bootstrap's ranks (rank 0
   // creates the unique id and broadcasts it). Collective. DeadlineExceeded if the ranks have not
-  // all joined within `timeout` (the half-made communicator is aborted). Not during capture.
+  // all joined within `timeout`; the helper thread then stays blocked in NCCL, so the process
+  // should exit. Not during capture.
   static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Create(HostBootstrap& bootstrap,
                                                                   int device,
                                                                   absl::Duration timeout);
@@ -41,13 +43,16 @@ class NcclCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
 
-  // Enqueues ncclAllReduce(sum). Legal during capture. Waits (bounded by the Create timeout) if
-  // NCCL reports the call as still in progress.
+  // Enqueues ncclAllReduce(sum). Legal during capture.
   absl::Status AllReduce(const void* in, void* out, size_t count, DataType dtype,
                          cudaStream_t stream) override;
 
   // Returns ncclCommGetAsyncError as a Status.
   absl::Status CheckAsyncErrors() override;
+
+  // Aborts the communicator now (ncclCommAbort) instead of finalizing it with its peers on
+  // destruction: for when a peer is known to be gone. Later calls fail.
+  void Abort();
 
   // Returns the raw communicator; this object keeps ownership.
   ncclComm_t comm() const { return comm_; }
