@@ -1,0 +1,135 @@
+#include "collectives/allreduce_policy.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+
+namespace kiln {
+
+const char* AllReduceAlgorithmName(AllReduceAlgorithm algorithm) {
+  switch (algorithm) {
+    case AllReduceAlgorithm::kNccl:
+      return "nccl";
+    case AllReduceAlgorithm::kOneShot:
+      return "one-shot";
+    case AllReduceAlgorithm::kTwoShot:
+      return "two-shot";
+  }
+  return "unknown";
+}
+
+const char* AllReduceInputName(AllReduceInput input) {
+  return input == AllReduceInput::kStaged ? "staged" : "registered";
+}
+
+bool IsCustomWorldSize(int world_size) {
+  return world_size == 2 || world_size == 4 || world_size == 6 || world_size == 8;
+}
+
+bool BuffersOverlap(const void* a, const void* b, size_t bytes) {
+  const uintptr_t x = reinterpret_cast<uintptr_t>(a);
+  const uintptr_t y = reinterpret_cast<uintptr_t>(b);
+  return bytes > 0 && x < y + bytes && y < x + bytes;
+}
+
+int64_t OneShotMaxBytes(const AllReduceConfig& config, int world_size) {
+  switch (world_size) {
+    case 2:
+      return config.one_shot_max_bytes_world2();
+    case 4:
+      return config.one_shot_max_bytes_world4();
+    case 6:
+      return config.one_shot_max_bytes_world6();
+    case 8:
+      return config.one_shot_max_bytes_world8();
+  }
+  return 0;
+}
+
+int64_t TwoShotMaxBytes(const AllReduceConfig& config, int world_size) {
+  switch (world_size) {
+    case 2:
+      return config.two_shot_max_bytes_world2();
+    case 4:
+      return config.two_shot_max_bytes_world4();
+    case 6:
+      return config.two_shot_max_bytes_world6();
+    case 8:
+      return config.two_shot_max_bytes_world8();
+  }
+  return 0;
+}
+
+absl::Status ValidateAllReduceConfig(const AllReduceConfig& config) {
+  if (config.buffer_bytes() <= 0 || config.buffer_bytes() % 16 != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "AllReduceConfig.buffer_bytes %d must be a positive multiple of 16",
+        config.buffer_bytes()));
+  }
+  const int threads = config.threads_per_block();
+  if (threads < 64 || threads > 1024 || threads % 32 != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "AllReduceConfig.threads_per_block %d must be a multiple of 32 in 64..1024", threads));
+  }
+  if (config.max_blocks() < 1 || config.max_blocks() > 128) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "AllReduceConfig.max_blocks %d must be in 1..128", config.max_blocks()));
+  }
+  if (config.barrier_timeout_ms() <= 0 || config.bootstrap_timeout_ms() <= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "AllReduceConfig timeouts must be positive (barrier_timeout_ms %d, "
+        "bootstrap_timeout_ms %d)",
+        config.barrier_timeout_ms(), config.bootstrap_timeout_ms()));
+  }
+  if (config.max_graph_inputs() <= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "AllReduceConfig.max_graph_inputs %d must be positive", config.max_graph_inputs()));
+  }
+  for (int world : {2, 4, 6, 8}) {
+    if (OneShotMaxBytes(config, world) < 0 || TwoShotMaxBytes(config, world) < 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "AllReduceConfig crossovers for world size %d must not be negative (one-shot %d, "
+          "two-shot %d)",
+          world, OneShotMaxBytes(config, world), TwoShotMaxBytes(config, world)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool CustomAllReduceEligible(const AllReduceConfig& config, const AllReduceRequest& request) {
+  const uintptr_t in = reinterpret_cast<uintptr_t>(request.in);
+  const uintptr_t out = reinterpret_cast<uintptr_t>(request.out);
+  return config.enable_custom() && request.custom_available &&
+         IsCustomWorldSize(request.world_size) && request.bytes > 0 && request.bytes % 16 == 0 &&
+         request.bytes <= request.custom_max_bytes && in % 16 == 0 && out % 16 == 0;
+}
+
+AllReduceInput ChooseAllReduceInput(const AllReduceConfig& config, AllReduceAlgorithm algorithm,
+                                    const AllReduceRequest& request) {
+  if (!request.capturing) return AllReduceInput::kStaged;
+  if (algorithm == AllReduceAlgorithm::kTwoShot) return AllReduceInput::kRegistered;
+  // One-shot writes its output while peers may still read its input: in place, that input must
+  // be a private copy.
+  if (config.graph_one_shot_registered() &&
+      !BuffersOverlap(request.in, request.out, request.bytes)) {
+    return AllReduceInput::kRegistered;
+  }
+  return AllReduceInput::kStaged;
+}
+
+AllReducePlan SelectAllReduce(const AllReduceConfig& config, const AllReduceRequest& request) {
+  AllReducePlan plan;
+  if (!CustomAllReduceEligible(config, request)) return plan;
+  const int64_t bytes = static_cast<int64_t>(request.bytes);
+  if (bytes <= OneShotMaxBytes(config, request.world_size)) {
+    plan.algorithm = AllReduceAlgorithm::kOneShot;
+  } else if (bytes <= TwoShotMaxBytes(config, request.world_size)) {
+    plan.algorithm = AllReduceAlgorithm::kTwoShot;
+  } else {
+    return plan;
+  }
+  plan.input = ChooseAllReduceInput(config, plan.algorithm, request);
+  return plan;
+}
+
+}  // namespace kiln

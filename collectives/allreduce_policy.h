@@ -1,0 +1,96 @@
+// Host-only choice between NCCL and the custom CUDA-IPC all-reduce (one-shot or two-shot), and
+// where the custom kernel's peers read this rank's input. No CUDA: the whole policy is tested on
+// machines without a GPU.
+//
+//   kiln::AllReduceRequest request;
+//   request.bytes = count * kiln::DataTypeSize(dtype);
+//   request.world_size = world;
+//   request.in = in;  request.out = out;
+//   request.capturing = capturing;                   // asked on every call, never cached
+//   request.custom_available = custom != nullptr;    // P2P proved by a real IPC write
+//   request.custom_max_bytes = custom->max_bytes();
+//   kiln::AllReducePlan plan = kiln::SelectAllReduce(config, request);
+//
+// Rules: the custom all-reduce only for world sizes 2, 4, 6 and 8, sizes that are a positive
+// multiple of 16 bytes and at most its buffer, and 16-byte-aligned in and out pointers; then
+// one-shot up to the config's one-shot crossover, two-shot up to the two-shot crossover, NCCL
+// beyond. Eager calls read from the staging buffer; under capture, two-shot reads registered
+// inputs and one-shot does too when the config says so and the call is not in place.
+// Every function here is pure and thread-safe.
+#ifndef KILN_COLLECTIVES_ALLREDUCE_POLICY_H_
+#define KILN_COLLECTIVES_ALLREDUCE_POLICY_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "collectives/allreduce_config.pb.h"
+
+namespace kiln {
+
+// Which implementation runs a call.
+enum class AllReduceAlgorithm {
+  kNccl,
+  kOneShot,  // every rank reads every peer's whole input and reduces it all
+  kTwoShot,  // reduce-scatter (each rank reduces its shard) + all-gather of the shards
+};
+
+// Where peers read this rank's input from.
+enum class AllReduceInput {
+  kStaged,      // the kernel first copies the input into this rank's registered staging buffer
+  kRegistered,  // peers read the caller's buffer itself, registered after capture (graphs only)
+};
+
+// Returns "nccl", "one-shot" or "two-shot".
+const char* AllReduceAlgorithmName(AllReduceAlgorithm algorithm);
+
+// Returns "staged" or "registered".
+const char* AllReduceInputName(AllReduceInput input);
+
+// The facts one call is decided on.
+struct AllReduceRequest {
+  size_t bytes = 0;
+  int world_size = 0;
+  const void* in = nullptr;
+  const void* out = nullptr;
+  bool capturing = false;         // the stream is being captured into a CUDA graph
+  bool custom_available = false;  // the custom all-reduce exists and P2P was proved
+  size_t custom_max_bytes = 0;    // its buffer limit
+};
+
+// The decision for one call.
+struct AllReducePlan {
+  AllReduceAlgorithm algorithm = AllReduceAlgorithm::kNccl;
+  AllReduceInput input = AllReduceInput::kStaged;  // meaningful for the custom algorithms
+};
+
+// Returns true for the world sizes the custom kernels are built for (2, 4, 6, 8).
+bool IsCustomWorldSize(int world_size);
+
+// Returns true if [a, a + bytes) and [b, b + bytes) overlap.
+bool BuffersOverlap(const void* a, const void* b, size_t bytes);
+
+// Returns the one-shot / two-shot crossovers of `config` for `world_size` (0 for world sizes
+// the custom kernels do not support).
+int64_t OneShotMaxBytes(const AllReduceConfig& config, int world_size);
+int64_t TwoShotMaxBytes(const AllReduceConfig& config, int world_size);
+
+// Returns InvalidArgument naming the first field out of range (buffer_bytes a positive multiple
+// of 16, threads_per_block a multiple of 32 in 64..1024, max_blocks in 1..128, positive
+// timeouts and max_graph_inputs, crossovers not negative).
+absl::Status ValidateAllReduceConfig(const AllReduceConfig& config);
+
+// Returns whether the custom all-reduce may take `request` at all (eligibility only: world size,
+// availability, size and alignment), regardless of the crossovers.
+bool CustomAllReduceEligible(const AllReduceConfig& config, const AllReduceRequest& request);
+
+// Returns where a custom call of `algorithm` reads its input from.
+AllReduceInput ChooseAllReduceInput(const AllReduceConfig& config, AllReduceAlgorithm algorithm,
+                                    const AllReduceRequest& request);
+
+// Returns the plan for `request` under `config`.
+AllReducePlan SelectAllReduce(const AllReduceConfig& config, const AllReduceRequest& request);
+
+}  // namespace kiln
+
+#endif  // KILN_COLLECTIVES_ALLREDUCE_POLICY_H_

@@ -1,0 +1,191 @@
+#include "collectives/allreduce_policy.h"
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "collectives/allreduce_config.pb.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+
+namespace kiln {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Addresses with chosen alignment; the policy never dereferences them.
+const void* Address(uintptr_t value) { return reinterpret_cast<const void*>(value); }
+
+AllReduceRequest Request(size_t bytes, int world = 2) {
+  AllReduceRequest r;
+  r.bytes = bytes;
+  r.world_size = world;
+  r.in = Address(0x10000000);
+  r.out = Address(0x20000000);
+  r.custom_available = true;
+  r.custom_max_bytes = AllReduceConfig().buffer_bytes();
+  return r;
+}
+
+TEST(AllReducePolicyTest, DefaultsAreValidAndOrdered) {
+  AllReduceConfig config;
+  EXPECT_TRUE(ValidateAllReduceConfig(config).ok());
+  EXPECT_TRUE(config.enable_custom());
+  EXPECT_EQ(config.buffer_bytes() % 16, 0);
+  for (int world : {2, 4, 6, 8}) {
+    EXPECT_GT(OneShotMaxBytes(config, world), 0) << world;
+    EXPECT_LE(OneShotMaxBytes(config, world), TwoShotMaxBytes(config, world)) << world;
+    EXPECT_LE(TwoShotMaxBytes(config, world), config.buffer_bytes()) << world;
+  }
+  EXPECT_EQ(OneShotMaxBytes(config, 3), 0);
+  EXPECT_EQ(TwoShotMaxBytes(config, 16), 0);
+}
+
+TEST(AllReducePolicyTest, CrossoversPickOneShotTwoShotThenNccl) {
+  AllReduceConfig config;
+  config.set_one_shot_max_bytes_world4(1024);
+  config.set_two_shot_max_bytes_world4(4096);
+  EXPECT_EQ(SelectAllReduce(config, Request(16, 4)).algorithm, AllReduceAlgorithm::kOneShot);
+  EXPECT_EQ(SelectAllReduce(config, Request(1024, 4)).algorithm, AllReduceAlgorithm::kOneShot);
+  EXPECT_EQ(SelectAllReduce(config, Request(1040, 4)).algorithm, AllReduceAlgorithm::kTwoShot);
+  EXPECT_EQ(SelectAllReduce(config, Request(4096, 4)).algorithm, AllReduceAlgorithm::kTwoShot);
+  EXPECT_EQ(SelectAllReduce(config, Request(4112, 4)).algorithm, AllReduceAlgorithm::kNccl);
+}
+
+TEST(AllReducePolicyTest, OnlyWorldSizesTwoFourSixEight) {
+  AllReduceConfig config;
+  for (int world : {1, 3, 5, 7, 9, 16}) {
+    EXPECT_FALSE(IsCustomWorldSize(world));
+    EXPECT_EQ(SelectAllReduce(config, Request(4096, world)).algorithm, AllReduceAlgorithm::kNccl)
+        << world;
+  }
+  for (int world : {2, 4, 6, 8}) {
+    EXPECT_TRUE(IsCustomWorldSize(world));
+    EXPECT_NE(SelectAllReduce(config, Request(4096, world)).algorithm, AllReduceAlgorithm::kNccl)
+        << world;
+  }
+}
+
+TEST(AllReducePolicyTest, UnalignedSizesAndPointersTakeNccl) {
+  AllReduceConfig config;
+  for (size_t bytes : {size_t{0}, size_t{2}, size_t{8}, size_t{24}, size_t{4098}}) {
+    EXPECT_EQ(SelectAllReduce(config, Request(bytes)).algorithm, AllReduceAlgorithm::kNccl)
+        << bytes;
+  }
+  AllReduceRequest r = Request(4096);
+  r.in = Address(0x10000002);
+  EXPECT_EQ(SelectAllReduce(config, r).algorithm, AllReduceAlgorithm::kNccl);
+  r = Request(4096);
+  r.out = Address(0x20000008);
+  EXPECT_EQ(SelectAllReduce(config, r).algorithm, AllReduceAlgorithm::kNccl);
+  r = Request(4096);
+  r.in = Address(0x10000010);  // 16-byte aligned, not 256: fine
+  EXPECT_EQ(SelectAllReduce(config, r).algorithm, AllReduceAlgorithm::kOneShot);
+}
+
+TEST(AllReducePolicyTest, OversizeTakesNcclAlsoWhileCapturing) {
+  AllReduceConfig config;
+  for (bool capturing : {false, true}) {
+    AllReduceRequest r = Request(config.buffer_bytes() + 16);
+    r.capturing = capturing;
+    EXPECT_EQ(SelectAllReduce(config, r).algorithm, AllReduceAlgorithm::kNccl) << capturing;
+    r = Request(config.buffer_bytes());
+    r.capturing = capturing;
+    EXPECT_NE(SelectAllReduce(config, r).algorithm, AllReduceAlgorithm::kNccl) << capturing;
+    // A smaller buffer than the config's (the object's actual limit) wins.
+    r = Request(4096);
+    r.custom_max_bytes = 2048;
+    r.capturing = capturing;
+    EXPECT_EQ(SelectAllReduce(config, r).algorithm, AllReduceAlgorithm::kNccl) << capturing;
+  }
+}
+
+TEST(AllReducePolicyTest, UnprovedP2pOrDisabledCustomTakesNccl) {
+  AllReduceConfig config;
+  AllReduceRequest r = Request(4096);
+  r.custom_available = false;
+  EXPECT_EQ(SelectAllReduce(config, r).algorithm, AllReduceAlgorithm::kNccl);
+  config.set_enable_custom(false);
+  EXPECT_EQ(SelectAllReduce(config, Request(4096)).algorithm, AllReduceAlgorithm::kNccl);
+}
+
+TEST(AllReducePolicyTest, InputModeFollowsCaptureAlgorithmAndAliasing) {
+  AllReduceConfig config;
+  config.set_one_shot_max_bytes_world4(4096);
+  config.set_two_shot_max_bytes_world4(1 << 20);
+  AllReduceRequest eager_one = Request(4096, 4);
+  AllReduceRequest eager_two = Request(8192, 4);
+  EXPECT_EQ(SelectAllReduce(config, eager_one).input, AllReduceInput::kStaged);
+  EXPECT_EQ(SelectAllReduce(config, eager_two).input, AllReduceInput::kStaged);
+
+  AllReduceRequest captured_two = eager_two;
+  captured_two.capturing = true;
+  EXPECT_EQ(SelectAllReduce(config, captured_two).algorithm, AllReduceAlgorithm::kTwoShot);
+  EXPECT_EQ(SelectAllReduce(config, captured_two).input, AllReduceInput::kRegistered);
+  captured_two.out = captured_two.in;  // two-shot in place is safe with registered inputs
+  EXPECT_EQ(SelectAllReduce(config, captured_two).input, AllReduceInput::kRegistered);
+
+  AllReduceRequest captured_one = eager_one;
+  captured_one.capturing = true;
+  EXPECT_EQ(SelectAllReduce(config, captured_one).input, AllReduceInput::kStaged);
+  config.set_graph_one_shot_registered(true);
+  EXPECT_EQ(SelectAllReduce(config, captured_one).input, AllReduceInput::kRegistered);
+  captured_one.out = Address(reinterpret_cast<uintptr_t>(captured_one.in) + 16);  // overlaps
+  EXPECT_EQ(SelectAllReduce(config, captured_one).input, AllReduceInput::kStaged);
+}
+
+TEST(AllReducePolicyTest, OverlapIsDetected) {
+  EXPECT_TRUE(BuffersOverlap(Address(100), Address(100), 16));
+  EXPECT_TRUE(BuffersOverlap(Address(100), Address(115), 16));
+  EXPECT_FALSE(BuffersOverlap(Address(100), Address(116), 16));
+  EXPECT_FALSE(BuffersOverlap(Address(116), Address(100), 16));
+  EXPECT_FALSE(BuffersOverlap(Address(100), Address(100), 0));
+}
+
+TEST(AllReducePolicyTest, ValidationNamesTheBadField) {
+  AllReduceConfig config;
+  config.set_buffer_bytes(1000);
+  EXPECT_THAT(std::string(ValidateAllReduceConfig(config).message()), HasSubstr("buffer_bytes 1000"));
+  config = AllReduceConfig();
+  config.set_threads_per_block(100);
+  EXPECT_THAT(std::string(ValidateAllReduceConfig(config).message()),
+              HasSubstr("threads_per_block 100"));
+  config = AllReduceConfig();
+  config.set_max_blocks(129);
+  EXPECT_THAT(std::string(ValidateAllReduceConfig(config).message()), HasSubstr("max_blocks 129"));
+  config = AllReduceConfig();
+  config.set_barrier_timeout_ms(0);
+  EXPECT_EQ(ValidateAllReduceConfig(config).code(), absl::StatusCode::kInvalidArgument);
+  config = AllReduceConfig();
+  config.set_two_shot_max_bytes_world6(-1);
+  EXPECT_THAT(std::string(ValidateAllReduceConfig(config).message()), HasSubstr("world size 6"));
+  config = AllReduceConfig();
+  config.set_max_graph_inputs(0);
+  EXPECT_EQ(ValidateAllReduceConfig(config).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(AllReducePolicyTest, ConfigParsesFromTextproto) {
+  AllReduceConfig config;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      "enable_custom: false buffer_bytes: 1048576 one_shot_max_bytes_world8: 32768 "
+      "graph_one_shot_registered: true",
+      &config));
+  EXPECT_FALSE(config.enable_custom());
+  EXPECT_EQ(config.buffer_bytes(), 1048576);
+  EXPECT_EQ(config.one_shot_max_bytes_world8(), 32768);
+  EXPECT_TRUE(config.graph_one_shot_registered());
+  EXPECT_EQ(config.threads_per_block(), AllReduceConfig().threads_per_block());  // default kept
+  EXPECT_TRUE(ValidateAllReduceConfig(config).ok());
+}
+
+TEST(AllReducePolicyTest, Names) {
+  EXPECT_STREQ(AllReduceAlgorithmName(AllReduceAlgorithm::kNccl), "nccl");
+  EXPECT_STREQ(AllReduceAlgorithmName(AllReduceAlgorithm::kOneShot), "one-shot");
+  EXPECT_STREQ(AllReduceAlgorithmName(AllReduceAlgorithm::kTwoShot), "two-shot");
+  EXPECT_STREQ(AllReduceInputName(AllReduceInput::kStaged), "staged");
+  EXPECT_STREQ(AllReduceInputName(AllReduceInput::kRegistered), "registered");
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,111 @@
+#include "collectives/auto_communicator.h"
+
+#include "absl/strings/str_format.h"
+#include "glog/logging.h"
+#include "graph/capture_context.h"
+#include "runtime/cuda/status.h"
+#include "runtime/cuda/status_macros.h"
+
+namespace kiln {
+
+absl::StatusOr<std::unique_ptr<AutoCommunicator>> AutoCommunicator::Create(
+    HostBootstrap& bootstrap, int device, const AllReduceConfig& config) {
+  RETURN_IF_ERROR(ValidateAllReduceConfig(config));
+  bootstrap.set_timeout(absl::Milliseconds(config.bootstrap_timeout_ms()));
+  ASSIGN_OR_RETURN(std::unique_ptr<NcclCommunicator> nccl,
+                   NcclCommunicator::Create(bootstrap, device,
+                                            absl::Milliseconds(config.bootstrap_timeout_ms())));
+  std::unique_ptr<AutoCommunicator> comm(new AutoCommunicator(config, std::move(nccl)));
+  if (!config.enable_custom()) {
+    comm->custom_reason_ = "disabled by AllReduceConfig.enable_custom";
+  } else if (!IsCustomWorldSize(bootstrap.world_size())) {
+    comm->custom_reason_ = absl::StrFormat("world size %d (custom needs 2, 4, 6 or 8)",
+                                           bootstrap.world_size());
+  } else {
+    absl::StatusOr<std::unique_ptr<CustomAllReduce>> custom =
+        CustomAllReduce::Create(bootstrap, device, config);
+    if (custom.ok()) {
+      comm->custom_ = std::move(custom).value();
+    } else if (absl::IsUnavailable(custom.status())) {
+      // Every rank got the same Unavailable (the setup agrees at each step): all use NCCL.
+      comm->custom_reason_ = std::string(custom.status().message());
+      LOG(WARNING) << "Custom all-reduce unavailable, using NCCL for every call: "
+                   << custom.status().message();
+    } else {
+      return custom.status();
+    }
+  }
+  return comm;
+}
+
+AutoCommunicator::~AutoCommunicator() {
+  const bool peer_lost = custom_ != nullptr && custom_->peer_lost();
+  custom_.reset();
+  if (peer_lost) nccl_->Abort();
+}
+
+absl::StatusOr<AllReducePlan> AutoCommunicator::Plan(const void* in, const void* out,
+                                                     size_t count, DataType dtype,
+                                                     cudaStream_t stream) const {
+  AllReduceRequest request;
+  request.bytes = count * DataTypeSize(dtype);
+  request.world_size = world_size();
+  request.in = in;
+  request.out = out;
+  request.custom_available = custom_ != nullptr;
+  request.custom_max_bytes = custom_ != nullptr ? custom_->max_bytes() : 0;
+  if (request.custom_available) {
+    // Asked on every call: a decision frozen at warm-up would replay the wrong path.
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    cudaError_t error = cudaStreamIsCapturing(stream, &status);
+    if (error != cudaSuccess) {
+      cudaGetLastError();
+      return ToStatus(error, "cudaStreamIsCapturing(all-reduce stream)");
+    }
+    request.capturing = status != cudaStreamCaptureStatusNone ||
+                        CaptureContext::Phase() == CapturePhase::kCapture;
+  }
+  return SelectAllReduce(config_, request);
+}
+
+absl::Status AutoCommunicator::AllReduce(const void* in, void* out, size_t count,
+                                         DataType dtype, cudaStream_t stream) {
+  ASSIGN_OR_RETURN(AllReducePlan plan, Plan(in, out, count, dtype, stream));
+  if (plan.algorithm != AllReduceAlgorithm::kNccl) {
+    absl::Status status = custom_->AllReduce(in, out, count, dtype, plan, stream);
+    if (status.ok()) {
+      const bool staged = plan.input == AllReduceInput::kStaged;
+      if (plan.algorithm == AllReduceAlgorithm::kOneShot) {
+        ++(staged ? stats_.one_shot_staged : stats_.one_shot_registered);
+      } else {
+        ++(staged ? stats_.two_shot_staged : stats_.two_shot_registered);
+      }
+      return status;
+    }
+    // Unavailable: some rank could not export its captured input over IPC, and all ranks
+    // agreed on it, so all of them take NCCL for this call.
+    if (!absl::IsUnavailable(status)) return status;
+    ++stats_.ipc_fallbacks;
+    if (!logged_ipc_fallback_) {
+      logged_ipc_fallback_ = true;
+      LOG(WARNING) << "Captured all-reduce falls back to NCCL: " << status.message();
+    }
+  }
+  ++stats_.nccl;
+  return nccl_->AllReduce(in, out, count, dtype, stream);
+}
+
+absl::Status AutoCommunicator::CheckAsyncErrors() {
+  if (custom_ != nullptr) RETURN_IF_ERROR(custom_->CheckAsyncErrors());
+  return nccl_->CheckAsyncErrors();
+}
+
+absl::Status AutoCommunicator::RegisterGraphBuffers() {
+  return custom_ != nullptr ? custom_->RegisterGraphBuffers() : absl::OkStatus();
+}
+
+absl::Status AutoCommunicator::CheckReplayable() const {
+  return custom_ != nullptr ? custom_->CheckReplayable() : absl::OkStatus();
+}
+
+}  // namespace kiln

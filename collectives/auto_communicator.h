@@ -1,0 +1,108 @@
+// The Communicator tensor-parallel code should use: NCCL plus, where the selection policy allows,
+// the custom CUDA-IPC all-reduce, chosen per call (collectives/allreduce_policy.h).
+//
+//   kiln::AllReduceConfig config;                      // measured defaults
+//   ASSIGN_OR_RETURN(std::unique_ptr<kiln::AutoCommunicator> comm,
+//                    kiln::AutoCommunicator::Create(bootstrap, device, config));
+//   RETURN_IF_ERROR(comm->AllReduce(x, x, n, kiln::DataType::kBf16, stream));   // eager
+//
+//   // Graphs: warm up eagerly, capture, then register on every rank before the first replay.
+//   ... capture ...
+//   RETURN_IF_ERROR(comm->RegisterGraphBuffers());
+//   RETURN_IF_ERROR(comm->CheckReplayable());          // before each replay (cheap)
+//
+// The custom all-reduce exists only for world sizes 2, 4, 6, 8 when every rank proved P2P with
+// a real IPC write; if anything about it fails at creation, every rank uses NCCL alone and one
+// log line says why. Under capture, a call whose input cannot be exported over IPC takes NCCL
+// (one log line the first time). The capture state is read on every call, from the stream and
+// from //graph:capture_context, never cached. Not thread-safe; calls ordered on the device.
+// The HostBootstrap must outlive this object; destruction is collective.
+#ifndef KILN_COLLECTIVES_AUTO_COMMUNICATOR_H_
+#define KILN_COLLECTIVES_AUTO_COMMUNICATOR_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "collectives/allreduce_config.pb.h"
+#include "collectives/allreduce_policy.h"
+#include "collectives/communicator.h"
+#include "collectives/custom_allreduce.h"
+#include "collectives/host_bootstrap.h"
+#include "collectives/nccl_communicator.h"
+
+namespace kiln {
+
+// How many calls each path took, for tests and logs.
+struct AllReduceStats {
+  int64_t nccl = 0;
+  int64_t one_shot_staged = 0;
+  int64_t one_shot_registered = 0;
+  int64_t two_shot_staged = 0;
+  int64_t two_shot_registered = 0;
+  int64_t ipc_fallbacks = 0;  // captured calls that wanted custom but took NCCL
+};
+
+class AutoCommunicator : public Communicator {
+ public:
+  // Creates the NCCL communicator and, when the config and world size allow, the custom
+  // all-reduce. Collective. Errors only for NCCL failures or an invalid config; a custom
+  // all-reduce that cannot be built is logged and left out on every rank alike.
+  static absl::StatusOr<std::unique_ptr<AutoCommunicator>> Create(HostBootstrap& bootstrap,
+                                                                  int device,
+                                                                  const AllReduceConfig& config);
+
+  // Tears down the custom all-reduce, then NCCL; aborts NCCL instead of finalizing it when a
+  // custom barrier found a peer gone (finalizing would wait for that peer).
+  ~AutoCommunicator() override;
+
+  int rank() const override { return nccl_->rank(); }
+  int world_size() const override { return nccl_->world_size(); }
+
+  // Picks the path with SelectAllReduce and enqueues it. Legal during capture.
+  absl::Status AllReduce(const void* in, void* out, size_t count, DataType dtype,
+                         cudaStream_t stream) override;
+
+  // Returns the first error of either path (custom: DeadlineExceeded after a barrier timeout,
+  // FailedPrecondition for a replay before registration).
+  absl::Status CheckAsyncErrors() override;
+
+  // Registers the inputs captured since the last call (collective; see CustomAllReduce).
+  absl::Status RegisterGraphBuffers();
+
+  // Returns FailedPrecondition while captured inputs await RegisterGraphBuffers.
+  absl::Status CheckReplayable() const;
+
+  // Returns the plan this call would take (the same decision AllReduce makes).
+  absl::StatusOr<AllReducePlan> Plan(const void* in, const void* out, size_t count,
+                                     DataType dtype, cudaStream_t stream) const;
+
+  bool custom_available() const { return custom_ != nullptr; }
+  // Returns why the custom all-reduce is absent ("" when it is present).
+  const std::string& custom_unavailable_reason() const { return custom_reason_; }
+  const AllReduceStats& stats() const { return stats_; }
+  const AllReduceConfig& config() const { return config_; }
+
+  // Returns the parts (owned by this object; custom() may be null).
+  NcclCommunicator* nccl() const { return nccl_.get(); }
+  CustomAllReduce* custom() const { return custom_.get(); }
+
+ private:
+  AutoCommunicator(const AllReduceConfig& config, std::unique_ptr<NcclCommunicator> nccl)
+      : config_(config), nccl_(std::move(nccl)) {}
+
+  AllReduceConfig config_;
+  std::unique_ptr<NcclCommunicator> nccl_;
+  std::unique_ptr<CustomAllReduce> custom_;  // destroyed first (collective barrier)
+  std::string custom_reason_;
+  AllReduceStats stats_;
+  bool logged_ipc_fallback_ = false;
+};
+
+}  // namespace kiln
+
+#endif  // KILN_COLLECTIVES_AUTO_COMMUNICATOR_H_

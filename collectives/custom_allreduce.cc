@@ -1,0 +1,488 @@
+#include "collectives/custom_allreduce.h"
+
+#include <cuda.h>
+
+#include <cstring>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "graph/capture_context.h"
+#include "runtime/cuda/capture_check.h"
+#include "runtime/cuda/status.h"
+#include "runtime/cuda/status_macros.h"
+
+namespace kiln {
+namespace {
+
+using internal::AllReduceControl;
+using internal::DeviceErrorWords;
+using internal::kMaxRanks;
+using internal::RegisteredInput;
+
+using GetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+
+// cuMemGetAddressRange through the runtime's driver entry point: kiln never links libcuda.
+absl::StatusOr<GetAddressRangeFn> AddressRangeFunction() {
+  static GetAddressRangeFn fn = nullptr;
+  if (fn != nullptr) return fn;
+  void* symbol = nullptr;
+  cudaDriverEntryPointQueryResult result = cudaDriverEntryPointSymbolNotFound;
+  CUDA_RETURN_IF_ERROR(cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &symbol, 12000,
+                                                        cudaEnableDefault, &result));
+  if (result != cudaDriverEntryPointSuccess || symbol == nullptr) {
+    return absl::UnavailableError("The CUDA driver does not provide cuMemGetAddressRange");
+  }
+  fn = reinterpret_cast<GetAddressRangeFn>(symbol);
+  return fn;
+}
+
+// Serialises the outcome of a local step so the ranks can agree on it: "1" or "0<message>".
+std::string Outcome(const absl::Status& status) {
+  return status.ok() ? "1" : absl::StrCat("0", status.message());
+}
+
+// Returns Unavailable naming the first rank whose outcome failed, or OK if all succeeded.
+absl::Status AgreeOn(HostBootstrap& bootstrap, const absl::Status& local,
+                     absl::string_view step) {
+  ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap.AllGather(Outcome(local)));
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].empty() || all[r][0] != '1') {
+      return absl::UnavailableError(absl::StrFormat(
+          "Custom all-reduce %s failed on rank %d: %s", step, r,
+          all[r].empty() ? "no reason given" : absl::string_view(all[r]).substr(1)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> StreamCapturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaError_t error = cudaStreamIsCapturing(stream, &status);
+  if (error != cudaSuccess) {
+    cudaGetLastError();
+    return ToStatus(error, "cudaStreamIsCapturing(all-reduce stream)");
+  }
+  if (status == cudaStreamCaptureStatusInvalidated) {
+    return absl::FailedPreconditionError(
+        "The all-reduce stream's capture was invalidated by an earlier error; end the capture "
+        "and start it again");
+  }
+  return status == cudaStreamCaptureStatusActive;
+}
+
+// Switches this thread to relaxed capture mode for its lifetime, so that handle queries made
+// while another stream captures (global mode forbids "unsafe" calls) cannot invalidate it.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
+}  // namespace
+
+CustomAllReduce::CustomAllReduce(HostBootstrap& bootstrap, int device,
+                                 const AllReduceConfig& config)
+    : bootstrap_(bootstrap),
+      device_(device),
+      config_(config),
+      rank_(bootstrap.rank()),
+      world_size_(bootstrap.world_size()),
+      half_bytes_(static_cast<size_t>(config.buffer_bytes())) {}
+
+absl::StatusOr<std::unique_ptr<CustomAllReduce>> CustomAllReduce::Create(
+    HostBootstrap& bootstrap, int device, const AllReduceConfig& config) {
+  RETURN_IF_ERROR(ValidateAllReduceConfig(config));
+  if (!IsCustomWorldSize(bootstrap.world_size())) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "The custom all-reduce supports world sizes 2, 4, 6 and 8, not %d; use NCCL",
+        bootstrap.world_size()));
+  }
+  RETURN_IF_ERROR(CheckNotCapturing(cudaStreamLegacy, "CustomAllReduce::Create"));
+  std::unique_ptr<CustomAllReduce> ar(new CustomAllReduce(bootstrap, device, config));
+  RETURN_IF_ERROR(ar->Init());
+  return ar;
+}
+
+absl::Status CustomAllReduce::Init() {
+  // Every rank must cut the same grid and use the same crossovers, or the block-level barriers
+  // would pair unrelated work.
+  ASSIGN_OR_RETURN(std::vector<std::string> configs,
+                   bootstrap_.AllGather(config_.SerializeAsString()));
+  for (size_t r = 1; r < configs.size(); ++r) {
+    if (configs[r] != configs[0]) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "Rank %d's AllReduceConfig differs from rank 0's; give every rank the same config", r));
+    }
+  }
+
+  // Step 1 (local): allocate and export.
+  cudaIpcMemHandle_t handle{};
+  char bus_id[32] = {};
+  const uint32_t nonce = std::random_device{}();
+  absl::Status local = [&]() -> absl::Status {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    ASSIGN_OR_RETURN(GetAddressRangeFn range, AddressRangeFunction());
+    (void)range;
+    const size_t region_bytes = internal::kStagingOffset + 2 * half_bytes_;
+    CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&region_), region_bytes));
+    CUDA_RETURN_IF_ERROR(cudaMemset(region_, 0, region_bytes));
+    CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&control_), sizeof(*control_)));
+    CUDA_RETURN_IF_ERROR(cudaMemset(control_, 0, sizeof(*control_)));
+    const size_t table_bytes = sizeof(RegisteredInput) * config_.max_graph_inputs();
+    CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&table_), table_bytes));
+    CUDA_RETURN_IF_ERROR(cudaMemset(table_, 0, table_bytes));
+    CUDA_RETURN_IF_ERROR(cudaHostAlloc(reinterpret_cast<void**>(&errors_), sizeof(*errors_),
+                                       cudaHostAllocMapped));
+    std::memset(errors_, 0, sizeof(*errors_));
+    CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&handle, region_));
+    CUDA_RETURN_IF_ERROR(cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id) - 1, device_));
+    return absl::OkStatus();
+  }();
+  std::string mine = Outcome(local);
+  mine.append(reinterpret_cast<const char*>(&handle), sizeof(handle));
+  mine.append(reinterpret_cast<const char*>(&nonce), sizeof(nonce));
+  mine.append(bus_id, sizeof(bus_id));
+  ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap_.AllGather(mine));
+  std::vector<cudaIpcMemHandle_t> handles(world_size_);
+  std::vector<uint32_t> nonces(world_size_);
+  std::vector<std::string> bus_ids(world_size_);
+  const size_t tail = sizeof(cudaIpcMemHandle_t) + sizeof(uint32_t) + sizeof(bus_id);
+  for (int r = 0; r < world_size_; ++r) {
+    const std::string& s = all[r];
+    if (s.size() < 1 + tail || s[0] != '1') {
+      return absl::UnavailableError(absl::StrFormat(
+          "Custom all-reduce setup failed on rank %d: %s", r,
+          s.size() > tail ? absl::string_view(s).substr(1, s.size() - 1 - tail) : "bad reply"));
+    }
+    std::memcpy(&handles[r], s.data() + s.size() - tail, sizeof(cudaIpcMemHandle_t));
+    std::memcpy(&nonces[r], s.data() + s.size() - sizeof(bus_id) - sizeof(uint32_t),
+                sizeof(uint32_t));
+    bus_ids[r] = std::string(s.data() + s.size() - sizeof(bus_id));  // NUL-terminated
+  }
+
+  // Step 2: map every peer's region and write into it (the real proof of P2P).
+  local = [&]() -> absl::Status {
+    for (int p = 0; p < world_size_; ++p) {
+      if (p == rank_) {
+        regions_[p] = region_;
+        continue;
+      }
+      ASSIGN_OR_RETURN(bool can, CanAccessPeerFromDevice(bus_ids[p]));
+      if (!can) {
+        return absl::UnavailableError(absl::StrFormat(
+            "the driver reports no P2P access from GPU %d to rank %d's GPU %s", device_, p,
+            bus_ids[p]));
+      }
+      void* mapped = nullptr;
+      CUDA_RETURN_IF_ERROR(
+          cudaIpcOpenMemHandle(&mapped, handles[p], cudaIpcMemLazyEnablePeerAccess));
+      regions_[p] = static_cast<char*>(mapped);
+      opened_[{p, std::string(reinterpret_cast<const char*>(&handles[p]), sizeof(handles[p]))}] =
+          mapped;
+    }
+    CUDA_RETURN_IF_ERROR(
+        internal::LaunchP2pProbe(regions_, world_size_, rank_, nonces[rank_], nullptr));
+    CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    return absl::OkStatus();
+  }();
+  RETURN_IF_ERROR(AgreeOn(bootstrap_, local, "P2P mapping"));
+
+  // Step 3: check that every peer's record arrived intact.
+  local = [&]() -> absl::Status {
+    uint32_t probes[kMaxRanks][4] = {};
+    CUDA_RETURN_IF_ERROR(cudaMemcpy(probes, region_ + internal::kProbeOffset, sizeof(probes),
+                                    cudaMemcpyDeviceToHost));
+    for (int p = 0; p < world_size_; ++p) {
+      const uint32_t* got = probes[p];
+      if (got[0] != internal::kProbeMagic || got[1] != static_cast<uint32_t>(p) ||
+          got[2] != static_cast<uint32_t>(rank_) || got[3] != nonces[p]) {
+        return absl::UnavailableError(absl::StrFormat(
+            "the P2P test write from rank %d did not arrive intact (got %08x %u %u %08x)", p,
+            got[0], got[1], got[2], got[3]));
+      }
+    }
+    return absl::OkStatus();
+  }();
+  RETURN_IF_ERROR(AgreeOn(bootstrap_, local, "P2P test write"));
+  initialized_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> CustomAllReduce::CanAccessPeerFromDevice(const std::string& bus_id) {
+  // The driver's answer is only a first filter; the probe write decides. A peer GPU that this
+  // process cannot see (CUDA_VISIBLE_DEVICES) cannot be asked about: leave it to the probe.
+  int peer_device = -1;
+  if (cudaDeviceGetByPCIBusId(&peer_device, bus_id.c_str()) != cudaSuccess) {
+    cudaGetLastError();
+    return true;
+  }
+  if (peer_device == device_) {
+    return absl::UnavailableError(absl::StrFormat(
+        "two ranks use the same GPU (%s); give each rank its own GPU", bus_id));
+  }
+  int can = 0;
+  CUDA_RETURN_IF_ERROR(cudaDeviceCanAccessPeer(&can, device_, peer_device));
+  return can != 0;
+}
+
+CustomAllReduce::~CustomAllReduce() {
+  cudaSetDevice(device_);
+  cudaDeviceSynchronize();
+  cudaGetLastError();
+  // Peers may still read this rank's region (a staged call's data, or flags): wait until every
+  // rank is here before freeing. A broken bootstrap (dead peer) returns at once.
+  if (initialized_ && sticky_.ok()) bootstrap_.Barrier().IgnoreError();
+  for (auto& [key, mapped] : opened_) cudaIpcCloseMemHandle(mapped);
+  if (region_ != nullptr) cudaFree(region_);
+  if (control_ != nullptr) cudaFree(control_);
+  if (table_ != nullptr) cudaFree(table_);
+  if (errors_ != nullptr) cudaFreeHost(errors_);
+  cudaGetLastError();
+}
+
+absl::Status CustomAllReduce::CheckAsyncErrors() {
+  if (!sticky_.ok()) return sticky_;
+  volatile DeviceErrorWords* e = errors_;
+  if (e->timed_out != 0) {
+    sticky_ = absl::DeadlineExceededError(absl::StrFormat(
+        "Custom all-reduce on rank %d waited more than %d ms for rank %d at barrier %d; that "
+        "process died or is stuck. This communicator is unusable: recreate it on every rank",
+        rank_, config_.barrier_timeout_ms(), e->timed_out_peer, e->timed_out_stage));
+    return sticky_;
+  }
+  if (e->unregistered != 0) {
+    const int slot = e->unregistered_slot;
+    e->unregistered = 0;
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "A CUDA graph replayed a custom all-reduce whose input (graph input slot %d) was not "
+        "registered; its output was not written. Call RegisterGraphBuffers() on every rank "
+        "after capture and before replay",
+        slot));
+  }
+  return absl::OkStatus();
+}
+
+bool CustomAllReduce::peer_lost() const {
+  const volatile DeviceErrorWords* e = errors_;
+  return !sticky_.ok() || e->timed_out != 0;
+}
+
+absl::Status CustomAllReduce::CheckReplayable() const {
+  if (pending_.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "%d custom all-reduce input(s) captured (first in %s) are not registered; call "
+      "RegisterGraphBuffers() on every rank after capture and before replay",
+      pending_.size(), pending_.front().key));
+}
+
+absl::Status CustomAllReduce::RecordGraphInput(const void* in, int* slot) {
+  PendingInput entry{};
+  entry.slot = next_slot_;
+  entry.address = in;
+  entry.key = CaptureContext::Phase() == CapturePhase::kCapture
+                  ? KeyName(CaptureContext::Key())
+                  : std::string("a capture outside CaptureContext");
+  absl::Status local = [&]() -> absl::Status {
+    if (next_slot_ >= config_.max_graph_inputs()) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "all %d graph input slots are used; raise AllReduceConfig.max_graph_inputs",
+          config_.max_graph_inputs()));
+    }
+    RelaxedCaptureMode relaxed;
+    ASSIGN_OR_RETURN(GetAddressRangeFn range, AddressRangeFunction());
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    RETURN_IF_ERROR(ToStatus(range(&base, &size, reinterpret_cast<CUdeviceptr>(in)),
+                             "cuMemGetAddressRange(all-reduce input)"));
+    CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&entry.handle, reinterpret_cast<void*>(base)));
+    entry.offset = reinterpret_cast<uintptr_t>(in) - static_cast<uintptr_t>(base);
+    return absl::OkStatus();
+  }();
+  // The ranks must agree before any of them records a kernel that waits for the others.
+  std::string mine = Outcome(local);
+  mine.append(reinterpret_cast<const char*>(&next_slot_), sizeof(next_slot_));
+  ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap_.AllGather(mine));
+  for (int r = 0; r < world_size_; ++r) {
+    const std::string& s = all[r];
+    int their_slot = -1;
+    if (s.size() >= sizeof(int)) {
+      std::memcpy(&their_slot, s.data() + s.size() - sizeof(int), sizeof(int));
+    }
+    if (their_slot != next_slot_) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "Rank %d is capturing its graph all-reduce #%d while rank %d is at #%d; every rank "
+          "must capture the same sequence of calls",
+          rank_, next_slot_, r, their_slot));
+    }
+    if (s.empty() || s[0] != '1') {
+      return absl::UnavailableError(absl::StrFormat(
+          "Rank %d could not register a captured all-reduce input: %s", r,
+          s.size() > sizeof(int) ? absl::string_view(s).substr(1, s.size() - 1 - sizeof(int))
+                                 : "no reason given"));
+    }
+  }
+  pending_.push_back(entry);
+  *slot = next_slot_++;
+  return absl::OkStatus();
+}
+
+absl::Status CustomAllReduce::AllReduce(const void* in, void* out, size_t count, DataType dtype,
+                                        const AllReducePlan& plan, cudaStream_t stream) {
+  RETURN_IF_ERROR(sticky_);
+  RETURN_IF_ERROR(CheckAsyncErrors());
+  if (plan.algorithm == AllReduceAlgorithm::kNccl) {
+    return absl::InvalidArgumentError(
+        "CustomAllReduce::AllReduce needs a one-shot or two-shot plan, not nccl");
+  }
+  const size_t bytes = count * DataTypeSize(dtype);
+  // The size and alignment checks run on every call, capturing or not: a captured kernel with
+  // an oversize input would overrun the staging buffers on every replay.
+  if (bytes == 0 || bytes % 16 != 0 || bytes > half_bytes_) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Custom all-reduce of %d x %s = %d bytes must be a positive multiple of 16 bytes and at "
+        "most buffer_bytes %d; use NCCL for it",
+        count, DataTypeName(dtype), bytes, half_bytes_));
+  }
+  if (reinterpret_cast<uintptr_t>(in) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Custom all-reduce needs 16-byte-aligned buffers (in %p, out %p); use NCCL for them", in,
+        out));
+  }
+  // Read the capture state now, on this call: never from an earlier call or the warm-up.
+  ASSIGN_OR_RETURN(bool capturing, StreamCapturing(stream));
+  if (CaptureContext::Phase() == CapturePhase::kCapture && !capturing) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "CaptureContext is capturing %s but the all-reduce stream is not; enqueue the "
+        "all-reduce on the stream being captured",
+        KeyName(CaptureContext::Key())));
+  }
+  const bool registered = plan.input == AllReduceInput::kRegistered;
+  if (registered && !capturing) {
+    return absl::InvalidArgumentError(
+        "A registered-input all-reduce is only for graph capture; eager calls use kStaged");
+  }
+  const bool two_shot = plan.algorithm == AllReduceAlgorithm::kTwoShot;
+  if (registered && !two_shot && BuffersOverlap(in, out, bytes)) {
+    return absl::InvalidArgumentError(
+        "An in-place one-shot all-reduce cannot read a registered input (peers would read "
+        "data this rank is overwriting); use kStaged");
+  }
+  int slot = -1;
+  if (registered) RETURN_IF_ERROR(RecordGraphInput(in, &slot));
+
+  internal::CustomAllReduceArgs args{};
+  args.in = in;
+  args.out = out;
+  for (int r = 0; r < world_size_; ++r) args.regions[r] = regions_[r];
+  args.registered = registered ? table_ + slot : nullptr;
+  args.control = control_;
+  args.errors = errors_;
+  args.packs = bytes / 16;
+  args.half_bytes = half_bytes_;
+  args.timeout_ns = static_cast<uint64_t>(config_.barrier_timeout_ms()) * 1000000ull;
+  args.rank = rank_;
+  args.slot = slot;
+  const int threads = config_.threads_per_block();
+  const uint64_t work = two_shot ? (args.packs + world_size_ - 1) / world_size_ : args.packs;
+  const int blocks = static_cast<int>(
+      std::max<uint64_t>(1, std::min<uint64_t>((work + threads - 1) / threads,
+                                               static_cast<uint64_t>(config_.max_blocks()))));
+  internal::KernelDtype kernel_dtype = internal::KernelDtype::kBf16;
+  switch (dtype) {
+    case DataType::kBf16:
+      kernel_dtype = internal::KernelDtype::kBf16;
+      break;
+    case DataType::kFp16:
+      kernel_dtype = internal::KernelDtype::kFp16;
+      break;
+    case DataType::kFp32:
+      kernel_dtype = internal::KernelDtype::kFp32;
+      break;
+  }
+  return ToStatus(internal::LaunchCustomAllReduce(args, kernel_dtype, world_size_, two_shot,
+                                                  blocks, threads, stream),
+                  "custom all-reduce launch");
+}
+
+absl::StatusOr<void*> CustomAllReduce::OpenPeerHandle(int peer,
+                                                      const cudaIpcMemHandle_t& handle) {
+  auto key = std::make_pair(peer, std::string(reinterpret_cast<const char*>(&handle),
+                                              sizeof(handle)));
+  auto it = opened_.find(key);
+  if (it != opened_.end()) return it->second;
+  void* mapped = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaIpcOpenMemHandle(&mapped, handle, cudaIpcMemLazyEnablePeerAccess));
+  opened_[key] = mapped;
+  return mapped;
+}
+
+absl::Status CustomAllReduce::RegisterGraphBuffers() {
+  if (CaptureContext::IsCapturing()) {
+    return absl::FailedPreconditionError(
+        "RegisterGraphBuffers() is illegal during capture; call it after the capture ends");
+  }
+  RETURN_IF_ERROR(CheckNotCapturing(cudaStreamLegacy, "RegisterGraphBuffers"));
+  RETURN_IF_ERROR(sticky_);
+  constexpr size_t kEntry = sizeof(cudaIpcMemHandle_t) + sizeof(uint64_t);
+  std::string mine;
+  const int first = pending_.empty() ? next_slot_ : pending_.front().slot;
+  const int n = static_cast<int>(pending_.size());
+  mine.append(reinterpret_cast<const char*>(&first), sizeof(first));
+  mine.append(reinterpret_cast<const char*>(&n), sizeof(n));
+  for (const PendingInput& p : pending_) {
+    mine.append(reinterpret_cast<const char*>(&p.handle), sizeof(p.handle));
+    mine.append(reinterpret_cast<const char*>(&p.offset), sizeof(p.offset));
+  }
+  ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap_.AllGather(mine));
+  for (int r = 0; r < world_size_; ++r) {
+    int their_first = -1, their_n = -1;
+    if (all[r].size() >= 2 * sizeof(int)) {
+      std::memcpy(&their_first, all[r].data(), sizeof(int));
+      std::memcpy(&their_n, all[r].data() + sizeof(int), sizeof(int));
+    }
+    if (their_first != first || their_n != n ||
+        all[r].size() != 2 * sizeof(int) + static_cast<size_t>(n) * kEntry) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "Rank %d has %d captured all-reduce inputs from slot %d, rank %d has %d from slot "
+          "%d; every rank must capture the same calls before RegisterGraphBuffers()",
+          rank_, n, first, r, their_n, their_first));
+    }
+  }
+  if (n == 0) return absl::OkStatus();
+
+  std::vector<RegisteredInput> entries(n);
+  absl::Status local = [&]() -> absl::Status {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    for (int i = 0; i < n; ++i) {
+      RegisteredInput& e = entries[i];
+      std::memset(&e, 0, sizeof(e));
+      for (int r = 0; r < world_size_; ++r) {
+        if (r == rank_) {
+          e.ptrs[r] = pending_[i].address;
+          continue;
+        }
+        const char* rec = all[r].data() + 2 * sizeof(int) + i * kEntry;
+        cudaIpcMemHandle_t handle;
+        uint64_t offset = 0;
+        std::memcpy(&handle, rec, sizeof(handle));
+        std::memcpy(&offset, rec + sizeof(handle), sizeof(offset));
+        ASSIGN_OR_RETURN(void* base, OpenPeerHandle(r, handle));
+        e.ptrs[r] = static_cast<const char*>(base) + offset;
+      }
+      e.ready = 1;
+    }
+    return absl::OkStatus();
+  }();
+  RETURN_IF_ERROR(AgreeOn(bootstrap_, local, "graph buffer registration"));
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(table_ + first, entries.data(), n * sizeof(RegisteredInput),
+                                  cudaMemcpyHostToDevice));
+  pending_.clear();
+  return absl::OkStatus();
+}
+
+}  // namespace kiln

@@ -1,0 +1,158 @@
+// All-reduce over CUDA IPC for the GPUs of one host: one-shot (every rank reads every peer) and
+// two-shot (reduce-scatter, then all-gather) kernels with 16-byte loads, float accumulation and
+// the same rank order everywhere, so every rank gets the same bits. Most callers use
+// AutoCommunicator, which picks this or NCCL per call; use this class directly to force an
+// algorithm (benchmarks, tests).
+//
+//   ASSIGN_OR_RETURN(std::unique_ptr<kiln::CustomAllReduce> ar,
+//                    kiln::CustomAllReduce::Create(bootstrap, device, config));
+//   kiln::AllReducePlan plan{kiln::AllReduceAlgorithm::kOneShot, kiln::AllReduceInput::kStaged};
+//   RETURN_IF_ERROR(ar->AllReduce(in, out, count, kiln::DataType::kBf16, plan, stream));
+//
+//   // CUDA graphs: capture, register (every rank), then replay.
+//   ... capture calls with plan.input = kRegistered (or let AutoCommunicator choose) ...
+//   RETURN_IF_ERROR(ar->RegisterGraphBuffers());     // collective, outside capture
+//   RETURN_IF_ERROR(ar->CheckReplayable());          // OK now
+//   cudaGraphLaunch(exec, stream);
+//
+// State machine of a captured input (one device table slot per captured registered call):
+//   captured (address and IPC handle recorded, slot not ready)
+//     ──RegisterGraphBuffers() on every rank──► registered (slot holds every rank's address)
+// How a replay before registration is kept from touching peer memory:
+//   1. CheckReplayable() returns FailedPrecondition while any captured slot is unregistered; a
+//      graph runner calls it before each replay.
+//   2. The kernel reads its peers' input addresses from the device table, never from kernel
+//      arguments. An unregistered slot has ready == 0 and no addresses; the kernel then touches
+//      no peer memory, leaves its output unwritten and sets a host-mapped flag, which
+//      CheckAsyncErrors() (and the next AllReduce) reports as FailedPrecondition. Every rank
+//      skips alike, so the ranks' call counters stay in step and later calls work.
+//   3. Registration is all-or-nothing across ranks: handles are opened everywhere, the ranks
+//      agree that all opened, and only then is the table written.
+// A dead or stuck peer: every barrier wait is bounded by barrier_timeout_ms (device clock); the
+// kernel then sets a host-mapped flag and returns, and later kernels return at once. The host
+// sees DeadlineExceeded from CheckAsyncErrors() and every later call; the object is unusable
+// and must be recreated on all ranks. Host-side exchanges are bounded by the bootstrap timeout.
+//
+// Memory: one IPC region per rank of 2 * buffer_bytes + 64 KiB, shared with every peer, plus a
+// device table of max_graph_inputs * 72 bytes. Not thread-safe; calls must be ordered on the
+// device (see Communicator). The HostBootstrap must outlive this object. Destruction is
+// collective (it waits at a bootstrap barrier so no peer still reads this rank's memory).
+#ifndef KILN_COLLECTIVES_CUSTOM_ALLREDUCE_H_
+#define KILN_COLLECTIVES_CUSTOM_ALLREDUCE_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "collectives/allreduce_config.pb.h"
+#include "collectives/allreduce_policy.h"
+#include "collectives/communicator.h"
+#include "collectives/host_bootstrap.h"
+#include "collectives/internal/custom_allreduce_kernels.h"
+
+namespace kiln {
+
+class CustomAllReduce {
+ public:
+  // Allocates this rank's IPC region, exchanges handles with every peer through `bootstrap`,
+  // and proves P2P by having every rank write a record into every peer's memory through the
+  // mapping and checking what arrived. Collective; every rank gets the same outcome:
+  // Unavailable when any rank failed (IPC, P2P, allocation), naming the rank and the cause;
+  // InvalidArgument for a world size other than 2, 4, 6, 8 or an invalid config;
+  // FailedPrecondition when the ranks' configs differ. Sets `device` current. Not during capture.
+  static absl::StatusOr<std::unique_ptr<CustomAllReduce>> Create(HostBootstrap& bootstrap,
+                                                                 int device,
+                                                                 const AllReduceConfig& config);
+
+  ~CustomAllReduce();
+  CustomAllReduce(const CustomAllReduce&) = delete;
+  CustomAllReduce& operator=(const CustomAllReduce&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+
+  // Returns the largest input in bytes (config.buffer_bytes).
+  size_t max_bytes() const { return half_bytes_; }
+
+  // Enqueues the sum of `count` elements of `dtype` over all ranks from `in` into `out` with
+  // `plan` (algorithm kOneShot or kTwoShot). Checks on every call, capturing or not: bytes a
+  // positive multiple of 16 and at most max_bytes(), 16-byte-aligned pointers, registered input
+  // only while `stream` is capturing, and for a one-shot registered call no overlap of in and
+  // out (InvalidArgument otherwise). Reads the capture state on every call (cudaStreamIsCapturing
+  // and //graph:capture_context; FailedPrecondition when the context says capture but `stream`
+  // is not capturing). Under capture with a registered input it records the input's IPC handle
+  // and takes the next table slot after all ranks agree they could (a host exchange);
+  // Unavailable when any rank could not export its input (the caller falls back to NCCL).
+  // Returns the sticky DeadlineExceeded once a barrier timed out.
+  absl::Status AllReduce(const void* in, void* out, size_t count, DataType dtype,
+                         const AllReducePlan& plan, cudaStream_t stream);
+
+  // Exchanges the IPC handles of every input captured since the last call and fills their table
+  // slots on every rank. Collective; call after capture, before the first replay; a no-op (still
+  // collective) when nothing is pending. FailedPrecondition during capture or when the ranks
+  // captured different numbers of calls; Unavailable when a handle could not be opened on some
+  // rank (then nothing is registered anywhere).
+  absl::Status RegisterGraphBuffers();
+
+  // Returns FailedPrecondition naming how many captured inputs are not registered yet, else OK.
+  // Call before replaying a graph. Legal during capture; thread-compatible.
+  absl::Status CheckReplayable() const;
+
+  // Returns what the kernels reported without waiting: DeadlineExceeded (sticky) once a barrier
+  // timed out, FailedPrecondition once per replay of an unregistered input, else OK.
+  absl::Status CheckAsyncErrors();
+
+  // Returns true once a barrier timed out (a peer died or hung); reads device-written memory
+  // without waiting. Thread-compatible.
+  bool peer_lost() const;
+
+  // Returns the number of captured inputs awaiting RegisterGraphBuffers, and of registered ones.
+  int pending_graph_inputs() const { return static_cast<int>(pending_.size()); }
+  int registered_graph_inputs() const { return next_slot_ - static_cast<int>(pending_.size()); }
+
+ private:
+  struct PendingInput {
+    int slot;
+    const void* address;      // this rank's input
+    cudaIpcMemHandle_t handle;  // of the allocation holding it
+    uint64_t offset;          // of `address` within that allocation
+    std::string key;          // capture key, for messages
+  };
+
+  CustomAllReduce(HostBootstrap& bootstrap, int device, const AllReduceConfig& config);
+  absl::Status Init();
+  absl::Status RecordGraphInput(const void* in, int* slot);
+  absl::StatusOr<void*> OpenPeerHandle(int peer, const cudaIpcMemHandle_t& handle);
+  absl::StatusOr<bool> CanAccessPeerFromDevice(const std::string& bus_id);
+
+  HostBootstrap& bootstrap_;
+  const int device_;
+  const AllReduceConfig config_;
+  const int rank_;
+  const int world_size_;
+  size_t half_bytes_ = 0;
+  bool initialized_ = false;  // every rank finished Create
+
+  char* region_ = nullptr;                          // this rank's IPC region
+  char* regions_[internal::kMaxRanks] = {};         // every rank's, mapped here
+  internal::AllReduceControl* control_ = nullptr;   // device
+  internal::RegisteredInput* table_ = nullptr;      // device, max_graph_inputs entries
+  internal::DeviceErrorWords* errors_ = nullptr;    // host-mapped
+  std::map<std::pair<int, std::string>, void*> opened_;  // (peer, handle bytes) -> mapping
+
+  int next_slot_ = 0;
+  std::vector<PendingInput> pending_;
+  absl::Status sticky_;  // DeadlineExceeded after a barrier timeout
+};
+
+}  // namespace kiln
+
+#endif  // KILN_COLLECTIVES_CUSTOM_ALLREDUCE_H_

@@ -1,0 +1,619 @@
+// Multi-GPU tests of the custom all-reduce and of AutoCommunicator, one process per GPU (world
+// size = visible GPUs, or $KILN_TEST_WORLD_SIZE). Integer-valued inputs make every sum exact,
+// so the custom kernels must equal NCCL bit for bit; random real-valued inputs check that every
+// rank gets the same bits and that the sum is right to the dtype's precision.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "collectives/allreduce_config.pb.h"
+#include "collectives/allreduce_policy.h"
+#include "collectives/auto_communicator.h"
+#include "collectives/communicator.h"
+#include "collectives/custom_allreduce.h"
+#include "collectives/testing/multiprocess_test_util.h"
+#include "graph/capture_context.h"
+#include "gtest/gtest.h"
+#include "runtime/cuda/device_buffer.h"
+#include "runtime/cuda/gpu_test_util.h"
+#include "runtime/cuda/stream.h"
+
+namespace kiln {
+namespace {
+
+using testing::RankContext;
+using testing::RunOnEveryGpu;
+
+constexpr size_t kBufferBytes = 4 << 20;  // the tests' custom buffer limit
+
+// Each body takes seconds; a hang is killed well before the binary's own timeout.
+testing::MultiProcessTestOptions Options() {
+  testing::MultiProcessTestOptions options;
+  options.timeout = absl::Seconds(60);
+  return options;
+}
+
+// Crossovers that exercise both kernels at every world size, and registered one-shot graphs.
+AllReduceConfig TestConfig() {
+  AllReduceConfig config;
+  config.set_buffer_bytes(kBufferBytes);
+  config.set_one_shot_max_bytes_world2(64 << 10);
+  config.set_one_shot_max_bytes_world4(64 << 10);
+  config.set_one_shot_max_bytes_world6(64 << 10);
+  config.set_one_shot_max_bytes_world8(64 << 10);
+  config.set_two_shot_max_bytes_world2(kBufferBytes);
+  config.set_two_shot_max_bytes_world4(kBufferBytes);
+  config.set_two_shot_max_bytes_world6(kBufferBytes);
+  config.set_two_shot_max_bytes_world8(kBufferBytes);
+  config.set_graph_one_shot_registered(true);
+  config.set_barrier_timeout_ms(20000);
+  return config;
+}
+
+// ---- host-side element encoding ----------------------------------------------------------
+
+std::vector<uint8_t> Encode(const std::vector<double>& values, DataType dtype) {
+  std::vector<uint8_t> out(values.size() * DataTypeSize(dtype));
+  for (size_t i = 0; i < values.size(); ++i) {
+    const float f = static_cast<float>(values[i]);
+    switch (dtype) {
+      case DataType::kBf16: {
+        const __nv_bfloat16 b = __float2bfloat16(f);
+        std::memcpy(&out[2 * i], &b, 2);
+        break;
+      }
+      case DataType::kFp16: {
+        const __half h = __float2half(f);
+        std::memcpy(&out[2 * i], &h, 2);
+        break;
+      }
+      case DataType::kFp32:
+        std::memcpy(&out[4 * i], &f, 4);
+        break;
+    }
+  }
+  return out;
+}
+
+std::vector<double> Decode(const std::vector<uint8_t>& bytes, DataType dtype) {
+  const size_t n = bytes.size() / DataTypeSize(dtype);
+  std::vector<double> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    switch (dtype) {
+      case DataType::kBf16: {
+        __nv_bfloat16 b;
+        std::memcpy(&b, &bytes[2 * i], 2);
+        out[i] = __bfloat162float(b);
+        break;
+      }
+      case DataType::kFp16: {
+        __half h;
+        std::memcpy(&h, &bytes[2 * i], 2);
+        out[i] = __half2float(h);
+        break;
+      }
+      case DataType::kFp32: {
+        float f;
+        std::memcpy(&f, &bytes[4 * i], 4);
+        out[i] = f;
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+// Nonzero integers in [-7, 7], a function of (seed, rank, index): every rank can compute every
+// other rank's input, so the exact sum needs no communication. |sum| <= 56 is exact in bf16.
+std::vector<double> IntegerInputs(size_t count, int rank, uint64_t seed) {
+  std::mt19937_64 rng(seed * 1000003 + rank);
+  std::vector<double> v(count);
+  for (double& x : v) {
+    const int k = static_cast<int>(rng() % 14);  // 0..13
+    x = k < 7 ? k - 7 : k - 6;                  // -7..-1, 1..7
+  }
+  return v;
+}
+
+std::vector<double> IntegerSum(size_t count, int world, uint64_t seed) {
+  std::vector<double> sum(count, 0.0);
+  for (int r = 0; r < world; ++r) {
+    std::vector<double> v = IntegerInputs(count, r, seed);
+    for (size_t i = 0; i < count; ++i) sum[i] += v[i];
+  }
+  return sum;
+}
+
+uint64_t Fnv1a(const std::vector<uint8_t>& bytes) {
+  uint64_t h = 1469598103934665603ull;
+  for (uint8_t b : bytes) h = (h ^ b) * 1099511628211ull;
+  return h;
+}
+
+// A fresh seed from rank 0, the same on every rank.
+uint64_t SharedSeed(RankContext& ctx) {
+  const uint64_t mine = (static_cast<uint64_t>(std::random_device{}()) << 32) ^
+                        std::random_device{}();
+  auto shared = ctx.bootstrap.Broadcast(
+      absl::string_view(reinterpret_cast<const char*>(&mine), sizeof(mine)));
+  uint64_t seed = 0;
+  EXPECT_TRUE(shared.ok()) << shared.status();
+  if (shared.ok()) std::memcpy(&seed, shared->data(), sizeof(seed));
+  return seed;
+}
+
+// Returns the number of ranks whose `bytes` hash differs from rank 0's.
+int RanksDisagreeing(RankContext& ctx, const std::vector<uint8_t>& bytes) {
+  const uint64_t h = Fnv1a(bytes);
+  auto all = ctx.bootstrap.AllGather(
+      absl::string_view(reinterpret_cast<const char*>(&h), sizeof(h)));
+  EXPECT_TRUE(all.ok()) << all.status();
+  int differ = 0;
+  if (all.ok()) {
+    for (const std::string& s : *all) differ += s != (*all)[0];
+  }
+  return differ;
+}
+
+// ---- device helpers ---------------------------------------------------------------------------
+
+void Upload(void* dst, const std::vector<uint8_t>& src, cudaStream_t stream) {
+  ASSERT_EQ(cudaMemcpyAsync(dst, src.data(), src.size(), cudaMemcpyHostToDevice, stream),
+            cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+}
+
+std::vector<uint8_t> Download(const void* src, size_t bytes, cudaStream_t stream) {
+  std::vector<uint8_t> out(bytes);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(out.data(), src, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  return out;
+}
+
+// All-ones bytes: NaN in every dtype, so an unwritten element can never pass.
+void Poison(void* p, size_t bytes, cudaStream_t stream) {
+  ASSERT_EQ(cudaMemsetAsync(p, 0xFF, bytes, stream), cudaSuccess);
+}
+
+// Number of elements of `got` that differ from `want` (exact comparison: integer sums).
+size_t Mismatches(const std::vector<uint8_t>& got, const std::vector<double>& want,
+                  DataType dtype) {
+  std::vector<double> g = Decode(got, dtype);
+  size_t bad = 0;
+  for (size_t i = 0; i < want.size(); ++i) bad += !(g[i] == want[i]);
+  return bad;
+}
+
+struct RankRig {
+  std::unique_ptr<AutoCommunicator> comm;
+  Stream stream;
+};
+
+// Creates this rank's communicator (custom all-reduce required) and a stream.
+void MakeRig(RankContext& ctx, const AllReduceConfig& config, RankRig* rig) {
+  ASSERT_EQ(cudaSetDevice(ctx.device()), cudaSuccess);
+  auto comm = AutoCommunicator::Create(ctx.bootstrap, ctx.device(), config);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  rig->comm = std::move(comm).value();
+  ASSERT_TRUE(rig->comm->custom_available())
+      << "P2P over NVLink is expected on these hosts: " << rig->comm->custom_unavailable_reason();
+  auto stream = Stream::Create();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  rig->stream = std::move(stream).value();
+}
+
+DeviceBuffer Alloc(size_t bytes, const char* name) {
+  auto b = DeviceBuffer::Allocate(bytes, name);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? std::move(b).value() : DeviceBuffer();
+}
+
+constexpr DataType kDtypes[] = {DataType::kBf16, DataType::kFp16, DataType::kFp32};
+
+// ---- tests ------------------------------------------------------------------------------------
+
+TEST(CustomAllReduceMultiGpuTest, EagerKernelsEqualNcclForEveryDtypeAndSize) {
+  KILN_REQUIRE_GPUS(2);
+  RunOnEveryGpu([](RankContext& ctx) {
+    RankRig rig;
+    ASSERT_NO_FATAL_FAILURE(MakeRig(ctx, TestConfig(), &rig));
+    const uint64_t seed = SharedSeed(ctx);
+    const cudaStream_t s = rig.stream.get();
+    DeviceBuffer in = Alloc(kBufferBytes, "in");
+    DeviceBuffer out = Alloc(kBufferBytes, "out");
+    DeviceBuffer ref = Alloc(kBufferBytes, "nccl out");
+    // 16 bytes to the limit, odd multiples of 16 included.
+    const size_t sizes[] = {16,          48,          208,          4096,
+                            16 * 1001,   65536 + 48,  262144,       16 * 65537,
+                            kBufferBytes - 16 * 7,    kBufferBytes};
+    for (DataType dtype : kDtypes) {
+      for (size_t bytes : sizes) {
+        const size_t count = bytes / DataTypeSize(dtype);
+        const uint64_t case_seed = seed + bytes * 7 + static_cast<int>(dtype);
+        Upload(in.data(), Encode(IntegerInputs(count, ctx.rank, case_seed), dtype), s);
+        const std::vector<double> want = IntegerSum(count, ctx.world_size, case_seed);
+        Poison(ref.data(), bytes, s);
+        ASSERT_TRUE(rig.comm->nccl()->AllReduce(in.data(), ref.data(), count, dtype, s).ok());
+        const std::vector<uint8_t> nccl = Download(ref.data(), bytes, s);
+        ASSERT_EQ(Mismatches(nccl, want, dtype), 0u) << "NCCL itself, " << bytes << " bytes";
+        for (AllReduceAlgorithm algo : {AllReduceAlgorithm::kOneShot, AllReduceAlgorithm::kTwoShot}) {
+          SCOPED_TRACE(absl::StrFormat("%s %s %d bytes seed %d", AllReduceAlgorithmName(algo),
+                                       DataTypeName(dtype), bytes, case_seed));
+          Poison(out.data(), bytes, s);
+          ASSERT_TRUE(rig.comm->custom()
+                          ->AllReduce(in.data(), out.data(), count, dtype,
+                                      {algo, AllReduceInput::kStaged}, s)
+                          .ok());
+          const std::vector<uint8_t> got = Download(out.data(), bytes, s);
+          EXPECT_EQ(Mismatches(got, want, dtype), 0u);
+          EXPECT_TRUE(got == nccl) << "not bitwise equal to NCCL";
+          EXPECT_EQ(RanksDisagreeing(ctx, got), 0);
+        }
+      }
+    }
+    // In place, both kernels.
+    for (AllReduceAlgorithm algo : {AllReduceAlgorithm::kOneShot, AllReduceAlgorithm::kTwoShot}) {
+      const size_t bytes = 16 * 4099;
+      const size_t count = bytes / 2;
+      Upload(in.data(), Encode(IntegerInputs(count, ctx.rank, seed + 1), DataType::kBf16), s);
+      ASSERT_TRUE(rig.comm->custom()
+                      ->AllReduce(in.data(), in.data(), count, DataType::kBf16,
+                                  {algo, AllReduceInput::kStaged}, s)
+                      .ok());
+      EXPECT_EQ(Mismatches(Download(in.data(), bytes, s),
+                           IntegerSum(count, ctx.world_size, seed + 1), DataType::kBf16),
+                0u)
+          << "in place, " << AllReduceAlgorithmName(algo);
+    }
+    EXPECT_TRUE(rig.comm->CheckAsyncErrors().ok());
+  }, Options());
+}
+
+TEST(CustomAllReduceMultiGpuTest, RealValuedSumsAreBitwiseIdenticalOnEveryRank) {
+  KILN_REQUIRE_GPUS(2);
+  RunOnEveryGpu([](RankContext& ctx) {
+    RankRig rig;
+    ASSERT_NO_FATAL_FAILURE(MakeRig(ctx, TestConfig(), &rig));
+    const uint64_t seed = SharedSeed(ctx);
+    const cudaStream_t s = rig.stream.get();
+    const size_t bytes = 16 * 40961;  // odd number of packs
+    DeviceBuffer in = Alloc(bytes, "in");
+    DeviceBuffer out = Alloc(bytes, "out");
+    for (DataType dtype : kDtypes) {
+      const size_t count = bytes / DataTypeSize(dtype);
+      // Every rank's input (rounded to the dtype), and the float64 sum of those.
+      std::vector<double> want(count, 0.0);
+      std::vector<double> mine;
+      for (int r = 0; r < ctx.world_size; ++r) {
+        std::mt19937_64 rng(seed + 31 * r + static_cast<int>(dtype));
+        std::uniform_real_distribution<double> dist(-1.0, 1.0);
+        std::vector<double> v(count);
+        for (double& x : v) x = dist(rng);
+        v = Decode(Encode(v, dtype), dtype);
+        for (size_t i = 0; i < count; ++i) want[i] += v[i];
+        if (r == ctx.rank) mine = v;
+      }
+      Upload(in.data(), Encode(mine, dtype), s);
+      for (AllReduceAlgorithm algo : {AllReduceAlgorithm::kOneShot, AllReduceAlgorithm::kTwoShot}) {
+        Poison(out.data(), bytes, s);
+        ASSERT_TRUE(rig.comm->custom()
+                        ->AllReduce(in.data(), out.data(), count, dtype,
+                                    {algo, AllReduceInput::kStaged}, s)
+                        .ok());
+        const std::vector<uint8_t> got = Download(out.data(), bytes, s);
+        EXPECT_EQ(RanksDisagreeing(ctx, got), 0)
+            << AllReduceAlgorithmName(algo) << " " << DataTypeName(dtype);
+        const std::vector<double> g = Decode(got, dtype);
+        double err = 0, norm = 0;
+        for (size_t i = 0; i < count; ++i) {
+          err += (g[i] - want[i]) * (g[i] - want[i]);
+          norm += want[i] * want[i];
+        }
+        const double rel = std::sqrt(err / norm);
+        EXPECT_LT(rel, dtype == DataType::kFp32 ? 1e-6 : 1e-2)
+            << AllReduceAlgorithmName(algo) << " " << DataTypeName(dtype);
+        EXPECT_FALSE(std::isnan(rel));
+      }
+    }
+  }, Options());
+}
+
+TEST(CustomAllReduceMultiGpuTest, GraphReplaysWithInputsChangedAfterCapture) {
+  KILN_REQUIRE_GPUS(2);
+  RunOnEveryGpu([](RankContext& ctx) {
+    RankRig rig;
+    ASSERT_NO_FATAL_FAILURE(MakeRig(ctx, TestConfig(), &rig));
+    const cudaStream_t s = rig.stream.get();
+    struct Op {
+      const char* name;
+      size_t bytes;
+      bool in_place;
+      size_t in_offset;  // bytes; 2 makes the input unaligned
+      AllReduceAlgorithm expect;
+      AllReduceInput expect_input;
+    };
+    const Op ops[] = {
+        {"one-shot registered", 8192, false, 0, AllReduceAlgorithm::kOneShot,
+         AllReduceInput::kRegistered},
+        {"one-shot in place (staged)", 4096, true, 0, AllReduceAlgorithm::kOneShot,
+         AllReduceInput::kStaged},
+        {"two-shot registered", 256 << 10, false, 0, AllReduceAlgorithm::kTwoShot,
+         AllReduceInput::kRegistered},
+        {"two-shot in place", 16 * 32771, true, 0, AllReduceAlgorithm::kTwoShot,
+         AllReduceInput::kRegistered},
+        {"unaligned -> nccl", 4096 + 6, false, 2, AllReduceAlgorithm::kNccl,
+         AllReduceInput::kStaged},
+        {"oversize -> nccl", kBufferBytes + 16, false, 0, AllReduceAlgorithm::kNccl,
+         AllReduceInput::kStaged},
+    };
+    constexpr int kOps = sizeof(ops) / sizeof(ops[0]);
+    const DataType dtype = DataType::kBf16;
+    std::vector<DeviceBuffer> ins, outs;
+    for (const Op& op : ops) {
+      ins.push_back(Alloc(op.bytes + op.in_offset, "graph in"));
+      outs.push_back(op.in_place ? DeviceBuffer() : Alloc(op.bytes + op.in_offset, "graph out"));
+    }
+    auto in_ptr = [&](int i) { return static_cast<char*>(ins[i].data()) + ops[i].in_offset; };
+    auto out_ptr = [&](int i) {
+      return ops[i].in_place ? in_ptr(i) : static_cast<char*>(outs[i].data()) + ops[i].in_offset;
+    };
+    auto run_all = [&]() {
+      for (int i = 0; i < kOps; ++i) {
+        ASSERT_TRUE(
+            rig.comm->AllReduce(in_ptr(i), out_ptr(i), ops[i].bytes / 2, dtype, s).ok())
+            << ops[i].name;
+      }
+    };
+    auto load_inputs = [&](uint64_t seed) {
+      for (int i = 0; i < kOps; ++i) {
+        const size_t count = ops[i].bytes / 2;
+        Upload(in_ptr(i), Encode(IntegerInputs(count, ctx.rank, seed + i), dtype), s);
+        if (!ops[i].in_place) Poison(out_ptr(i), ops[i].bytes, s);
+      }
+    };
+    auto check_outputs = [&](uint64_t seed, const char* when) {
+      for (int i = 0; i < kOps; ++i) {
+        const size_t count = ops[i].bytes / 2;
+        const std::vector<uint8_t> got = Download(out_ptr(i), ops[i].bytes, s);
+        EXPECT_EQ(Mismatches(got, IntegerSum(count, ctx.world_size, seed + i), dtype), 0u)
+            << ops[i].name << " " << when;
+        EXPECT_EQ(RanksDisagreeing(ctx, got), 0) << ops[i].name << " " << when;
+      }
+    };
+
+    // The policy's choice for each op, asked eagerly and while capturing.
+    for (int i = 0; i < kOps; ++i) {
+      auto plan = rig.comm->Plan(in_ptr(i), out_ptr(i), ops[i].bytes / 2, dtype, s);
+      ASSERT_TRUE(plan.ok());
+      EXPECT_EQ(plan->algorithm, ops[i].expect) << ops[i].name;
+      EXPECT_EQ(plan->input, AllReduceInput::kStaged) << ops[i].name << " (eager)";
+    }
+
+    // Warm up eagerly (NCCL connects outside the capture), with checked results.
+    uint64_t seed = SharedSeed(ctx);
+    load_inputs(seed);
+    ASSERT_NO_FATAL_FAILURE(run_all());
+    check_outputs(seed, "eager warm-up");
+
+    // Capture in global mode: nothing in the collectives may break it.
+    const AllReduceStats before = rig.comm->stats();
+    cudaGraph_t graph = nullptr;
+    {
+      CaptureContext::Scope scope(CapturePhase::kCapture, {GraphMode::kDecode, 8});
+      ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+      for (int i = 0; i < kOps; ++i) {
+        auto plan = rig.comm->Plan(in_ptr(i), out_ptr(i), ops[i].bytes / 2, dtype, s);
+        ASSERT_TRUE(plan.ok());
+        EXPECT_EQ(plan->algorithm, ops[i].expect) << ops[i].name << " (capturing)";
+        if (plan->algorithm != AllReduceAlgorithm::kNccl) {
+          EXPECT_EQ(plan->input, ops[i].expect_input) << ops[i].name << " (capturing)";
+        }
+      }
+      run_all();
+      // The size check is not skipped while capturing: a forced oversize call is refused
+      // without enqueuing anything (the capture stays valid).
+      absl::Status oversize = rig.comm->custom()->AllReduce(
+          in_ptr(5), out_ptr(5), ops[5].bytes / 2, dtype,
+          {AllReduceAlgorithm::kTwoShot, AllReduceInput::kRegistered}, s);
+      EXPECT_EQ(oversize.code(), absl::StatusCode::kInvalidArgument) << oversize;
+      ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    }
+    const AllReduceStats& after = rig.comm->stats();
+    EXPECT_EQ(after.one_shot_registered - before.one_shot_registered, 1);
+    EXPECT_EQ(after.one_shot_staged - before.one_shot_staged, 1);
+    EXPECT_EQ(after.two_shot_registered - before.two_shot_registered, 2);
+    EXPECT_EQ(after.nccl - before.nccl, 2);
+    EXPECT_EQ(after.ipc_fallbacks, 0);
+    EXPECT_EQ(rig.comm->custom()->pending_graph_inputs(), 3);
+
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    EXPECT_EQ(rig.comm->CheckReplayable().code(), absl::StatusCode::kFailedPrecondition);
+    ASSERT_TRUE(rig.comm->RegisterGraphBuffers().ok());
+    EXPECT_TRUE(rig.comm->CheckReplayable().ok());
+    EXPECT_EQ(rig.comm->custom()->registered_graph_inputs(), 3);
+
+    // Replays with inputs rewritten in place after capture, interleaved with eager calls.
+    for (int round = 0; round < 3; ++round) {
+      seed = SharedSeed(ctx);
+      load_inputs(seed);
+      ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+      check_outputs(seed, absl::StrFormat("replay %d", round).c_str());
+      if (round == 1) {
+        seed = SharedSeed(ctx);
+        load_inputs(seed);
+        ASSERT_NO_FATAL_FAILURE(run_all());
+        check_outputs(seed, "eager between replays");
+      }
+    }
+    EXPECT_TRUE(rig.comm->CheckAsyncErrors().ok());
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }, Options());
+}
+
+TEST(CustomAllReduceMultiGpuTest, ReplayBeforeRegistrationIsFailedPrecondition) {
+  KILN_REQUIRE_GPUS(2);
+  RunOnEveryGpu([](RankContext& ctx) {
+    RankRig rig;
+    ASSERT_NO_FATAL_FAILURE(MakeRig(ctx, TestConfig(), &rig));
+    const cudaStream_t s = rig.stream.get();
+    const size_t bytes = 512 << 10;  // two-shot, registered under capture
+    const size_t count = bytes / 2;
+    DeviceBuffer in = Alloc(bytes, "in");
+    DeviceBuffer out = Alloc(bytes, "out");
+    uint64_t seed = SharedSeed(ctx);
+    Upload(in.data(), Encode(IntegerInputs(count, ctx.rank, seed), DataType::kBf16), s);
+    ASSERT_TRUE(rig.comm->AllReduce(in.data(), out.data(), count, DataType::kBf16, s).ok());
+    ASSERT_EQ(Mismatches(Download(out.data(), bytes, s), IntegerSum(count, ctx.world_size, seed),
+                         DataType::kBf16),
+              0u);
+
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    ASSERT_TRUE(rig.comm->AllReduce(in.data(), out.data(), count, DataType::kBf16, s).ok());
+    ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    EXPECT_EQ(rig.comm->stats().two_shot_registered, 1);
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+
+    // Host-side refusal first.
+    absl::Status replayable = rig.comm->CheckReplayable();
+    EXPECT_EQ(replayable.code(), absl::StatusCode::kFailedPrecondition) << replayable;
+    EXPECT_NE(replayable.message().find("RegisterGraphBuffers"), absl::string_view::npos);
+
+    // A replay anyway: no illegal address, output untouched, FailedPrecondition reported.
+    Poison(out.data(), bytes, s);
+    ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    absl::Status async = rig.comm->CheckAsyncErrors();
+    EXPECT_EQ(async.code(), absl::StatusCode::kFailedPrecondition) << async;
+    const std::vector<uint8_t> untouched = Download(out.data(), bytes, s);
+    size_t written = 0;
+    for (uint8_t b : untouched) written += b != 0xFF;
+    EXPECT_EQ(written, 0u) << "an unregistered replay wrote its output";
+    EXPECT_TRUE(rig.comm->CheckAsyncErrors().ok()) << "reported once";
+
+    // The ranks' call counters stayed in step: eager calls still work...
+    seed = SharedSeed(ctx);
+    Upload(in.data(), Encode(IntegerInputs(count, ctx.rank, seed), DataType::kBf16), s);
+    ASSERT_TRUE(rig.comm->AllReduce(in.data(), out.data(), count, DataType::kBf16, s).ok());
+    EXPECT_EQ(Mismatches(Download(out.data(), bytes, s), IntegerSum(count, ctx.world_size, seed),
+                         DataType::kBf16),
+              0u);
+    // ...and after registration the same graph replays correctly.
+    ASSERT_TRUE(rig.comm->RegisterGraphBuffers().ok());
+    EXPECT_TRUE(rig.comm->CheckReplayable().ok());
+    Poison(out.data(), bytes, s);
+    ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+    EXPECT_EQ(Mismatches(Download(out.data(), bytes, s), IntegerSum(count, ctx.world_size, seed),
+                         DataType::kBf16),
+              0u);
+    EXPECT_TRUE(rig.comm->CheckAsyncErrors().ok());
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }, Options());
+}
+
+TEST(CustomAllReduceMultiGpuTest, UnalignedAndOversizeEagerCallsTakeNccl) {
+  KILN_REQUIRE_GPUS(2);
+  RunOnEveryGpu([](RankContext& ctx) {
+    RankRig rig;
+    ASSERT_NO_FATAL_FAILURE(MakeRig(ctx, TestConfig(), &rig));
+    const cudaStream_t s = rig.stream.get();
+    DeviceBuffer in = Alloc(kBufferBytes + 64, "in");
+    DeviceBuffer out = Alloc(kBufferBytes + 64, "out");
+    const uint64_t seed = SharedSeed(ctx);
+    struct Case {
+      const char* name;
+      size_t offset;  // bytes added to both pointers
+      size_t count;   // bf16 elements
+    };
+    const Case cases[] = {
+        {"size not a multiple of 16 bytes", 0, 1001},
+        {"pointer 2 bytes off", 2, 4096},
+        {"pointer 8 bytes off", 8, 4096},
+        {"oversize", 0, kBufferBytes / 2 + 8},
+    };
+    for (const Case& c : cases) {
+      const int64_t nccl_before = rig.comm->stats().nccl;
+      char* i = static_cast<char*>(in.data()) + c.offset;
+      char* o = static_cast<char*>(out.data()) + c.offset;
+      Upload(i, Encode(IntegerInputs(c.count, ctx.rank, seed), DataType::kBf16), s);
+      Poison(o, c.count * 2, s);
+      ASSERT_TRUE(rig.comm->AllReduce(i, o, c.count, DataType::kBf16, s).ok()) << c.name;
+      EXPECT_EQ(rig.comm->stats().nccl, nccl_before + 1) << c.name;
+      EXPECT_EQ(Mismatches(Download(o, c.count * 2, s), IntegerSum(c.count, ctx.world_size, seed),
+                           DataType::kBf16),
+                0u)
+          << c.name;
+      // Forcing the custom kernel on it is refused, not run.
+      EXPECT_EQ(rig.comm->custom()
+                    ->AllReduce(i, o, c.count, DataType::kBf16,
+                                {AllReduceAlgorithm::kOneShot, AllReduceInput::kStaged}, s)
+                    .code(),
+                absl::StatusCode::kInvalidArgument)
+          << c.name;
+    }
+  }, Options());
+}
+
+TEST(CustomAllReduceMultiGpuTest, DeadPeerEndsInDeadlineExceeded) {
+  KILN_REQUIRE_GPUS(2);
+  testing::MultiProcessTestOptions options = Options();
+  options.final_barrier = false;  // one rank exits on purpose
+  RunOnEveryGpu(
+      [](RankContext& ctx) {
+        AllReduceConfig config = TestConfig();
+        config.set_barrier_timeout_ms(2000);
+        RankRig rig;
+        ASSERT_NO_FATAL_FAILURE(MakeRig(ctx, config, &rig));
+        const cudaStream_t s = rig.stream.get();
+        const size_t count = 4096;
+        DeviceBuffer in = Alloc(count * 2, "in");
+        DeviceBuffer out = Alloc(count * 2, "out");
+        const uint64_t seed = SharedSeed(ctx);
+        Upload(in.data(), Encode(IntegerInputs(count, ctx.rank, seed), DataType::kBf16), s);
+        for (int i = 0; i < 3; ++i) {
+          ASSERT_TRUE(rig.comm->AllReduce(in.data(), out.data(), count, DataType::kBf16, s).ok());
+        }
+        ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+        ASSERT_TRUE(ctx.bootstrap.Barrier().ok());
+        if (ctx.rank == ctx.world_size - 1) ctx.ExitProcessNow();  // dies between collectives
+
+        absl::SleepFor(absl::Milliseconds(300));
+        const absl::Time start = absl::Now();
+        // Several calls queued behind the stuck one: they must not each wait out the timeout.
+        for (int i = 0; i < 3; ++i) {
+          ASSERT_TRUE(rig.comm->AllReduce(in.data(), out.data(), count, DataType::kBf16, s).ok());
+        }
+        ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess) << "the kernel must end, not fault";
+        const absl::Duration waited = absl::Now() - start;
+        absl::Status status = rig.comm->CheckAsyncErrors();
+        EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+        EXPECT_GE(waited, absl::Milliseconds(1800));
+        EXPECT_LT(waited, absl::Seconds(6)) << "bounded by one barrier timeout, not three";
+        // Sticky: later calls fail at once.
+        EXPECT_EQ(rig.comm->AllReduce(in.data(), out.data(), count, DataType::kBf16, s).code(),
+                  absl::StatusCode::kDeadlineExceeded);
+        // A communicator with a dead peer cannot be torn down collectively (NCCL's finalize
+        // would wait for it); the process is about to exit, so leave it to the driver.
+        rig.comm.release();
+      },
+      options);
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,94 @@
+// Host-side rendezvous of the processes of one host (one per GPU): exchanges the NCCL unique id,
+// CUDA IPC handles and agreement flags, with a deadline on every exchange. Nothing leaves the
+// host: the transport is Unix-domain stream sockets, in a star around rank 0.
+//
+//   // Processes started independently (one per GPU) meet at a socket path:
+//   ASSIGN_OR_RETURN(std::unique_ptr<kiln::HostBootstrap> boot,
+//                    kiln::HostBootstrap::Rendezvous("/tmp/kiln-job-42.sock", rank, world,
+//                                                    absl::Seconds(60)));
+//   ASSIGN_OR_RETURN(std::vector<std::string> all, boot->AllGather(my_ipc_handle_bytes));
+//
+//   // A launcher that forks the processes itself hands them connected sockets instead:
+//   ... = kiln::HostBootstrap::FromConnectedSockets(rank, world, fds, absl::Seconds(60));
+//
+// Every exchange either completes or fails within the timeout: a peer that never answers is
+// DeadlineExceeded, a peer whose process exited (its socket closed) is Unavailable; both name
+// the peer. After such an error the bootstrap is unusable (the ranks may be at different points
+// of the protocol): it shuts its connections, so the other ranks fail at once too, and every
+// later call returns the same error. Exchanges are collective: every
+// rank calls the same sequence. Not thread-safe; not a CUDA API, so legal during graph capture.
+#ifndef KILN_COLLECTIVES_HOST_BOOTSTRAP_H_
+#define KILN_COLLECTIVES_HOST_BOOTSTRAP_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace kiln {
+
+class HostBootstrap {
+ public:
+  // Connects `world_size` processes through a Unix-domain socket at `path` (at most 107
+  // characters; "@name" names an abstract socket, which leaves no file behind). Rank 0 creates
+  // the socket (replacing a stale file) and removes it once everyone joined; the others retry
+  // connecting until `timeout` passes. InvalidArgument for a bad rank,
+  // world size or path; DeadlineExceeded when not everyone joined in time.
+  static absl::StatusOr<std::unique_ptr<HostBootstrap>> Rendezvous(const std::string& path,
+                                                                   int rank, int world_size,
+                                                                   absl::Duration timeout);
+
+  // Wraps sockets that are already connected in a star: rank 0 passes world_size - 1 sockets,
+  // the one at index i leading to rank i + 1; every other rank passes one socket leading to
+  // rank 0. Takes ownership of the descriptors (closed on destruction, also on error).
+  static absl::StatusOr<std::unique_ptr<HostBootstrap>> FromConnectedSockets(
+      int rank, int world_size, std::vector<int> fds, absl::Duration timeout);
+
+  ~HostBootstrap();
+  HostBootstrap(const HostBootstrap&) = delete;
+  HostBootstrap& operator=(const HostBootstrap&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+
+  // Sets the deadline applied to each later exchange (measured from the exchange's start).
+  void set_timeout(absl::Duration timeout) { timeout_ = timeout; }
+  absl::Duration timeout() const { return timeout_; }
+
+  // Gathers one byte string from every rank (lengths may differ) and returns them in rank order
+  // on every rank.
+  absl::StatusOr<std::vector<std::string>> AllGather(absl::string_view mine);
+
+  // Returns rank 0's `data` on every rank (the argument is ignored on the others).
+  absl::StatusOr<std::string> Broadcast(absl::string_view data);
+
+  // Returns once every rank has called Barrier.
+  absl::Status Barrier();
+
+  // Returns true on every rank if `ok` is true on every rank: the agreement step that keeps the
+  // ranks on the same path when a local step failed on some of them.
+  absl::StatusOr<bool> AllAgree(bool ok);
+
+ private:
+  HostBootstrap(int rank, int world_size, std::vector<int> fds, absl::Duration timeout)
+      : rank_(rank), world_size_(world_size), fds_(std::move(fds)), timeout_(timeout) {}
+
+  absl::Status SendFrame(int peer_index, absl::string_view bytes, absl::Time deadline);
+  absl::StatusOr<std::string> ReceiveFrame(int peer_index, absl::Time deadline);
+  int PeerRank(int peer_index) const { return rank_ == 0 ? peer_index + 1 : 0; }
+  absl::Status Fail(absl::Status status);
+
+  int rank_;
+  int world_size_;
+  std::vector<int> fds_;
+  absl::Duration timeout_;
+  absl::Status broken_;  // first transport error; sticky
+};
+
+}  // namespace kiln
+
+#endif  // KILN_COLLECTIVES_HOST_BOOTSTRAP_H_

@@ -1,0 +1,73 @@
+// Communicator over NCCL for the processes of one host (one per GPU). The NCCL unique id travels
+// through the HostBootstrap; initialisation is bounded by a timeout (it runs on a helper thread),
+// and the communicator itself is a blocking one, the fast kind for eager calls.
+//
+//   ASSIGN_OR_RETURN(std::unique_ptr<kiln::NcclCommunicator> nccl,
+//                    kiln::NcclCommunicator::Create(bootstrap, device, absl::Seconds(120)));
+//   RETURN_IF_ERROR(nccl->AllReduce(in, out, count, kiln::DataType::kBf16, stream));
+//
+// AllReduce may be captured into a CUDA graph (make one eager call of each size first, so NCCL
+// connects outside the capture). NCCL's kernels have no timeout: a peer that dies inside an
+// NCCL collective hangs it (AutoCommunicator prefers the custom all-reduce, which has one,
+// wherever it applies). Not thread-safe; the bootstrap is needed only during Create.
+#ifndef KILN_COLLECTIVES_NCCL_COMMUNICATOR_H_
+#define KILN_COLLECTIVES_NCCL_COMMUNICATOR_H_
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "collectives/communicator.h"
+#include "collectives/host_bootstrap.h"
+
+namespace kiln {
+
+class NcclCommunicator : public Communicator {
+ public:
+  // Makes `device` current and joins the NCCL communicator of the bootstrap's ranks (rank 0
+  // creates the unique id and broadcasts it). Collective. DeadlineExceeded if the ranks have not
+  // all joined within `timeout`; the helper thread then stays blocked in NCCL, so the process
+  // should exit. Not during capture.
+  static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Create(HostBootstrap& bootstrap,
+                                                                  int device,
+                                                                  absl::Duration timeout);
+
+  ~NcclCommunicator() override;
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+
+  // Enqueues ncclAllReduce(sum). Legal during capture.
+  absl::Status AllReduce(const void* in, void* out, size_t count, DataType dtype,
+                         cudaStream_t stream) override;
+
+  // Returns ncclCommGetAsyncError as a Status.
+  absl::Status CheckAsyncErrors() override;
+
+  // Aborts the communicator now (ncclCommAbort) instead of finalizing it with its peers on
+  // destruction: for when a peer is known to be gone. Later calls fail.
+  void Abort();
+
+  // Returns the raw communicator; this object keeps ownership.
+  ncclComm_t comm() const { return comm_; }
+
+ private:
+  NcclCommunicator(ncclComm_t comm, int rank, int world_size, absl::Duration timeout)
+      : comm_(comm), rank_(rank), world_size_(world_size), timeout_(timeout) {}
+  absl::Status Await(ncclResult_t result, const char* what);
+
+  ncclComm_t comm_;
+  int rank_;
+  int world_size_;
+  absl::Duration timeout_;
+};
+
+}  // namespace kiln
+
+#endif  // KILN_COLLECTIVES_NCCL_COMMUNICATOR_H_
