@@ -9,7 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "runtime/config/presets.h"
-#include "runtime/memory/capture_sizes.h"
+#include "graph/capture_sizes.h"
 
 namespace kiln {
 namespace {
@@ -243,10 +243,16 @@ absl::Status ResolveGraphs(PlannerConfig* out) {
   }
   std::vector<int> sizes;
   if (graph->capture_sizes_size() == 0) {
-    const int default_limit = graph->has_max_capture_size() || decode
-                                  ? limit
-                                  : std::min(kDefaultPrefillCaptureLimit, limit);
-    sizes = DefaultCaptureSizes(default_limit);
+    // The runner captures exactly these lists (//graph:capture_sizes), so the planner counts
+    // the graphs that will exist.
+    if (decode) {
+      sizes = CaptureSizes::DefaultDecodeSizes(limit);
+    } else {
+      const int default_limit = graph->has_max_capture_size()
+                                    ? limit
+                                    : std::min(kDefaultPrefillCaptureLimit, limit);
+      sizes = CaptureSizes::DefaultPrefillSizes(default_limit);
+    }
   } else {
     std::vector<int> given(graph->capture_sizes().begin(), graph->capture_sizes().end());
     if (graph->has_max_capture_size()) {
@@ -254,14 +260,14 @@ absl::Status ResolveGraphs(PlannerConfig* out) {
       given.erase(std::remove_if(given.begin(), given.end(), [&](int s) { return s > limit; }),
                   given.end());
     }
-    absl::StatusOr<std::vector<int>> valid = ValidateCaptureSizes(given, limit, limit_name);
-    if (!valid.ok()) return valid.status();
-    sizes = *std::move(valid);
-    if (sizes.empty()) {
+    if (given.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "No capture size is left at or below graph.max_capture_size ", limit,
           "; list smaller sizes, raise max_capture_size, or turn graphs off (--graph_mode=none)"));
     }
+    absl::StatusOr<CaptureSizes> valid = CaptureSizes::FromList(given, limit, limit_name);
+    if (!valid.ok()) return valid.status();
+    sizes = valid->sizes();
   }
   graph->clear_capture_sizes();
   for (int s : sizes) graph->add_capture_sizes(s);
