@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """PyTorch reference for kiln's decode step: the 1B-class Llama shape, eager and CUDA graph.
 
-    python3 tools/bench/torch_reference.py [--batches 1,8,32,128] [--context 1024]
+    python3 tools/bench/torch_reference.py [--batches 1,8,32,128] [--context 1024] [--norms hf,fused]
 
 The model: hidden 2048, 16 layers, 32/8 heads of 64, ffn 8192, vocab 128256, tied embeddings,
-random bf16 weights. Written the way a Hugging Face Llama runs (RMSNorm in float32, fused
-projections, rotate-half RoPE from a float32 cos/sin table, F.scaled_dot_product_attention with
-grouped-query attention) over a plain, non-paged KV cache of `context` positions per sequence
+random bf16 weights. Written the way a Hugging Face Llama runs (RMSNorm in float32 as
+transformers writes it, or PyTorch's fused F.rms_norm; fused projections, rotate-half RoPE
+from a float32 cos/sin table, F.scaled_dot_product_attention with grouped-query attention) over a plain, non-paged KV cache of `context` positions per sequence
 that starts full of random values: each decode step writes the new K/V at position context - 1
 and attends over all `context` positions. The step ends with the logits and a greedy argmax.
 
@@ -28,11 +28,16 @@ HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB = 2048, 16, 32, 8, 64, 819
 ROPE_THETA, RMS_EPS = 500000.0, 1e-5
 
 
-def rms_norm(x, weight):
+def rms_norm_hf(x, weight):
     # As transformers' LlamaRMSNorm: normalise in float32, scale in the activation dtype.
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + RMS_EPS)
     return weight * xf.to(x.dtype)
+
+
+def rms_norm_fused(x, weight):
+    # PyTorch's own RMSNorm: one fused kernel instead of the six above.
+    return F.rms_norm(x, (x.shape[-1],), weight, RMS_EPS)
 
 
 def rotate_half(x):
@@ -41,7 +46,8 @@ def rotate_half(x):
 
 
 class Llama:
-    def __init__(self, max_batch, context, device):
+    def __init__(self, max_batch, context, device, rms_norm):
+        self.rms_norm = rms_norm
         g = torch.Generator(device=device).manual_seed(0)
         bf = torch.bfloat16
 
@@ -86,7 +92,7 @@ class Llama:
         cos = self.cos[pos].view(1, 1, HEAD_DIM)
         sin = self.sin[pos].view(1, 1, HEAD_DIM)
         for l, w in enumerate(self.layers):
-            h = rms_norm(x, w["ln1"])
+            h = self.rms_norm(x, w["ln1"])
             qkv = h @ w["wqkv"].t()
             q, k, v = qkv.split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=-1)
             q = q.view(b, HEADS, HEAD_DIM)
@@ -99,10 +105,10 @@ class Llama:
             vc.index_copy_(2, pos, v.unsqueeze(2))
             o = F.scaled_dot_product_attention(q.unsqueeze(2), kc, vc, enable_gqa=True)
             x = x + o.reshape(b, HEADS * HEAD_DIM) @ w["wo"].t()
-            h = rms_norm(x, w["ln2"])
+            h = self.rms_norm(x, w["ln2"])
             gate, up = (h @ w["wgu"].t()).chunk(2, dim=-1)
             x = x + (F.silu(gate) * up) @ w["wdown"].t()
-        logits = rms_norm(x, self.norm) @ self.embed.t()
+        logits = self.rms_norm(x, self.norm) @ self.embed.t()
         return logits.argmax(dim=-1)
 
 
@@ -131,45 +137,52 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batches", default="1,8,32,128")
     parser.add_argument("--context", type=int, default=1024)
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--norms", default="hf,fused",
+                        help="RMSNorm variants: hf (transformers' six-op form), fused (F.rms_norm)")
     parser.add_argument("--reps", type=int, default=30)
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     torch.backends.cuda.matmul.allow_tf32 = False
     device = torch.device("cuda")
     bw = copy_bandwidth()
-    model = Llama(max(batches), args.context, device)
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"copy bandwidth {bw / 1e12:.2f} TB/s")
-    print(f"1B-class Llama decode step, context {args.context}, "
-          f"{model.weight_bytes() / 2**30:.2f} GiB of weights (ms, median of {args.reps})")
-    print(f"{'batch':>6} {'eager':>9} {'graph':>9} {'floor':>9}")
     rows = []
-    with torch.inference_mode():
-        for b in batches:
-            tokens = torch.randint(0, VOCAB, (b,), device=device)
-            pos = torch.tensor([args.context - 1], device=device)
-            eager = median_ms(lambda: model.step(tokens, pos), args.warmup, args.reps)
-            # Warm up on a side stream before capture, as torch.cuda.graphs recommends.
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(3):
-                    model.step(tokens, pos)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                out = model.step(tokens, pos)
-            graph_ms = median_ms(graph.replay, args.warmup, args.reps)
-            # The graph computes what eager does (reported, not fatal: cuBLAS may pick other
-            # kernels under capture).
-            torch.cuda.synchronize()
-            if not torch.equal(out, model.step(tokens, pos)):
-                print(f"  note: batch {b}: graph replay tokens differ from eager")
-            floor = (model.weight_bytes() + model.kv_bytes(b)) / bw * 1e3
-            print(f"{b:>6} {eager:>9.3f} {graph_ms:>9.3f} {floor:>9.3f}")
-            rows.append(dict(batch=b, eager_ms=eager, graph_ms=graph_ms, floor_ms=floor))
-            del graph
+    norms = {"hf": rms_norm_hf, "fused": rms_norm_fused}
+    for norm in args.norms.split(","):
+        model = Llama(max(batches), args.context, device, norms[norm])
+        print(f"1B-class Llama decode step, RMSNorm {norm}, context {args.context}, "
+              f"{model.weight_bytes() / 2**30:.2f} GiB of weights (ms, median of {args.reps})")
+        print(f"{'batch':>6} {'eager':>9} {'graph':>9} {'floor':>9}")
+        with torch.inference_mode():
+            for b in batches:
+                tokens = torch.randint(0, VOCAB, (b,), device=device)
+                pos = torch.tensor([args.context - 1], device=device)
+                eager = median_ms(lambda: model.step(tokens, pos), args.warmup, args.reps)
+                # Warm up on a side stream before capture, as torch.cuda.graphs recommends.
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(3):
+                        model.step(tokens, pos)
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    out = model.step(tokens, pos)
+                graph_ms = median_ms(graph.replay, args.warmup, args.reps)
+                # The graph computes what eager does (reported, not fatal: cuBLAS may pick
+                # other kernels under capture).
+                torch.cuda.synchronize()
+                if not torch.equal(out, model.step(tokens, pos)):
+                    print(f"  note: batch {b}: graph replay tokens differ from eager")
+                floor = (model.weight_bytes() + model.kv_bytes(b)) / bw * 1e3
+                print(f"{b:>6} {eager:>9.3f} {graph_ms:>9.3f} {floor:>9.3f}")
+                rows.append(dict(norm=norm, batch=b, eager_ms=eager, graph_ms=graph_ms,
+                                 floor_ms=floor))
+                del graph
+        del model
+        torch.cuda.empty_cache()
     out_dir = os.environ.get("OUT")
     if out_dir:
         with open(os.path.join(out_dir, "torch_reference.json"), "w") as f:
