@@ -1,0 +1,76 @@
+// The weights of a Llama decoder on the GPU: one device allocation in LlamaWeightLayout's
+// layout, filled from host weights (a checkpoint) or by the seeded random initialiser.
+//
+//   ASSIGN_OR_RETURN(kiln::LlamaDeviceWeights w,
+//                    kiln::LlamaDeviceWeights::Random(kiln::LlamaShape::Llama1B(), /*seed=*/1,
+//                                                     stream));
+//   RETURN_IF_ERROR(gemm.Run(x, w.qkv(layer), qkv, n, shape.qkv_rows(), shape.hidden, stream));
+//
+// Random(seed) writes exactly the bits RandomLlamaHostWeights(shape, seed) computes on the
+// host (the initialiser is a pure function of seed, tensor and index), so a test can run the
+// CPU reference on the same weights without copying gigabytes back. Creating or filling the
+// weights allocates and is not callable during capture; the accessors are, and the pointers
+// stay valid for the object's lifetime (the graphs that read them must not outlive it).
+// Movable, not copyable; not thread-safe to fill, safe to read from many threads.
+#ifndef KILN_RUNTIME_MODEL_DEVICE_WEIGHTS_H_
+#define KILN_RUNTIME_MODEL_DEVICE_WEIGHTS_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "runtime/cuda/device_buffer.h"
+#include "runtime/model/llama_shape.h"
+#include "runtime/model/llama_weights.h"
+
+namespace kiln {
+
+class LlamaDeviceWeights {
+ public:
+  // Allocates the weights for `shape` and fills them with the seeded values on `stream`
+  // (asynchronous; order later work on the same stream).
+  static absl::StatusOr<LlamaDeviceWeights> Random(const LlamaShape& shape, uint64_t seed,
+                                                   cudaStream_t stream);
+
+  // Allocates the weights and copies `host` in (waits for the copy: `host` may be freed after).
+  static absl::StatusOr<LlamaDeviceWeights> Upload(const LlamaHostWeights& host,
+                                                   cudaStream_t stream);
+
+  // Copies the weights back to the host (waits for the copy).
+  absl::StatusOr<LlamaHostWeights> Download(cudaStream_t stream) const;
+
+  LlamaDeviceWeights() = default;
+  LlamaDeviceWeights(LlamaDeviceWeights&&) = default;
+  LlamaDeviceWeights& operator=(LlamaDeviceWeights&&) = default;
+
+  const LlamaWeightLayout& layout() const { return layout_; }
+  const LlamaShape& shape() const { return layout_.shape(); }
+  // Returns the device bytes the weights occupy.
+  size_t bytes() const { return buffer_.size(); }
+
+  // Returns the device address of `t` (a tensor of this layout).
+  const __nv_bfloat16* tensor(const WeightTensor& t) const {
+    return reinterpret_cast<const __nv_bfloat16*>(static_cast<const char*>(buffer_.data()) +
+                                                  t.offset);
+  }
+  const __nv_bfloat16* embedding() const { return tensor(layout_.embedding()); }           // [vocab, hidden]
+  const __nv_bfloat16* input_norm(int l) const { return tensor(layout_.input_norm(l)); }   // [hidden]
+  const __nv_bfloat16* qkv(int l) const { return tensor(layout_.qkv(l)); }                 // [qkv_rows, hidden]
+  const __nv_bfloat16* o(int l) const { return tensor(layout_.o(l)); }                     // [hidden, q_width]
+  const __nv_bfloat16* post_norm(int l) const { return tensor(layout_.post_norm(l)); }     // [hidden]
+  const __nv_bfloat16* gate_up(int l) const { return tensor(layout_.gate_up(l)); }         // [2 ffn, hidden]
+  const __nv_bfloat16* down(int l) const { return tensor(layout_.down(l)); }               // [hidden, ffn]
+  const __nv_bfloat16* final_norm() const { return tensor(layout_.final_norm()); }         // [hidden]
+  const __nv_bfloat16* lm_head() const { return tensor(layout_.lm_head()); }               // [vocab, hidden]
+
+ private:
+  static absl::StatusOr<LlamaDeviceWeights> Allocate(const LlamaShape& shape);
+  LlamaWeightLayout layout_;
+  DeviceBuffer buffer_;
+};
+
+}  // namespace kiln
+
+#endif  // KILN_RUNTIME_MODEL_DEVICE_WEIGHTS_H_

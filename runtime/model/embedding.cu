@@ -1,0 +1,50 @@
+#include "runtime/model/embedding.h"
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "runtime/model/internal/vec.cuh"
+
+namespace kiln {
+namespace {
+
+// V bf16 values per access; a vector access copies raw bits (no conversion needed).
+template <int V>
+__global__ void EmbeddingGatherKernel(const __nv_bfloat16* __restrict__ table, int64_t table_rows,
+                                      int width, const int32_t* __restrict__ indices,
+                                      __nv_bfloat16* __restrict__ out) {
+  const int64_t row = blockIdx.x;
+  const int32_t id = indices[row];
+  const bool valid = id >= 0 && id < table_rows;
+  const __nv_bfloat16* src = table + (valid ? int64_t{id} : 0) * width;
+  __nv_bfloat16* dst = out + row * width;
+  for (int col = threadIdx.x * V; col < width; col += blockDim.x * V) {
+    if constexpr (V == 8) {
+      const uint4 value = valid ? *reinterpret_cast<const uint4*>(src + col) : make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(dst + col) = value;
+    } else {
+      dst[col] = valid ? src[col] : __float2bfloat16_rn(0.0f);
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchEmbeddingGather(const __nv_bfloat16* table, int64_t table_rows, int width,
+                                  const int32_t* indices, int num_rows, __nv_bfloat16* out,
+                                  cudaStream_t stream) {
+  if (num_rows < 0 || width <= 0 || table_rows < 0) return cudaErrorInvalidValue;
+  if (num_rows == 0) return cudaSuccess;
+  const bool vec = width % 8 == 0 && internal::Aligned16(table) && internal::Aligned16(out);
+  if (vec) {
+    const int threads = internal::WarpRoundedThreads(width / 8, 256);
+    EmbeddingGatherKernel<8><<<num_rows, threads, 0, stream>>>(table, table_rows, width, indices, out);
+  } else {
+    const int threads = internal::WarpRoundedThreads(width, 256);
+    EmbeddingGatherKernel<1><<<num_rows, threads, 0, stream>>>(table, table_rows, width, indices, out);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace kiln

@@ -1,0 +1,120 @@
+// Helpers shared by //runtime/model's GPU tests: a stream per test, typed device buffers filled
+// from host vectors, poisoning, random bf16 data and relative error against a float64
+// reference. Test-only.
+#ifndef KILN_RUNTIME_MODEL_INTERNAL_GPU_TEST_HELPERS_H_
+#define KILN_RUNTIME_MODEL_INTERNAL_GPU_TEST_HELPERS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "runtime/cuda/device_buffer.h"
+#include "runtime/cuda/gpu_test_util.h"
+#include "runtime/cuda/stream.h"
+#include "runtime/model/bf16.h"
+
+namespace kiln {
+namespace testing_internal {
+
+// A device copy of a host vector (or an uninitialised buffer of n elements).
+template <typename T>
+class DeviceVector {
+ public:
+  explicit DeviceVector(size_t n, const std::string& name = "test buffer") : n_(n) {
+    absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(n * sizeof(T) + 16, name);
+    EXPECT_TRUE(b.ok()) << b.status();
+    if (b.ok()) buffer_ = *std::move(b);
+  }
+  DeviceVector(const std::vector<T>& host, cudaStream_t stream) : DeviceVector(host.size()) {
+    Upload(host, stream);
+  }
+
+  T* get() const { return buffer_.as<T>(); }
+  size_t size() const { return n_; }
+
+  void Upload(const std::vector<T>& host, cudaStream_t stream) {
+    ASSERT_LE(host.size(), n_);
+    ASSERT_EQ(cudaMemcpyAsync(get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice,
+                              stream),
+              cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  }
+  // Fills every byte with `byte` (0xFF makes bf16 and float NaN), so unwritten output fails.
+  void Poison(cudaStream_t stream, int byte = 0xFF) {
+    ASSERT_EQ(cudaMemsetAsync(get(), byte, n_ * sizeof(T), stream), cudaSuccess);
+  }
+  std::vector<T> Download(cudaStream_t stream) const {
+    std::vector<T> host(n_);
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(host.data(), get(), n_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return host;
+  }
+
+ private:
+  size_t n_;
+  DeviceBuffer buffer_;
+};
+
+// Base fixture: skips without a GPU, gives each test a stream and a fresh random generator.
+class GpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    KILN_REQUIRE_GPUS(1);
+    absl::StatusOr<Stream> s = Stream::Create();
+    ASSERT_TRUE(s.ok()) << s.status();
+    stream_ = *std::move(s);
+    rng_.seed(std::random_device{}());
+  }
+  void TearDown() override {
+    if (stream_.get() != nullptr) {
+      EXPECT_EQ(cudaStreamSynchronize(stream_.get()), cudaSuccess);
+      EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    }
+  }
+
+  cudaStream_t stream() const { return stream_.get(); }
+
+  // Returns n bf16 values uniform in [lo, hi), as bits.
+  std::vector<uint16_t> RandomBf16(size_t n, float lo = -1.0f, float hi = 1.0f) {
+    std::uniform_real_distribution<float> dist(lo, hi);
+    std::vector<uint16_t> v(n);
+    for (auto& x : v) x = FloatToBf16Bits(dist(rng_));
+    return v;
+  }
+  int RandomInt(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
+
+  Stream stream_;
+  std::mt19937_64 rng_;
+};
+
+inline double ToDouble(uint16_t bf16_bits) { return Bf16BitsToFloat(bf16_bits); }
+
+// Returns ||got - ref|| / ||ref|| over all elements; infinity if any value is NaN or inf (an
+// unwritten poisoned element reads as NaN).
+inline double RelativeError(const std::vector<double>& got, const std::vector<double>& ref) {
+  double diff = 0.0, norm = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i])) return std::numeric_limits<double>::infinity();
+    diff += (got[i] - ref[i]) * (got[i] - ref[i]);
+    norm += ref[i] * ref[i];
+  }
+  return norm == 0.0 ? std::sqrt(diff) : std::sqrt(diff / norm);
+}
+
+inline std::vector<double> Bf16ToDouble(const std::vector<uint16_t>& bits) {
+  std::vector<double> out(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) out[i] = Bf16BitsToFloat(bits[i]);
+  return out;
+}
+
+}  // namespace testing_internal
+}  // namespace kiln
+
+#endif  // KILN_RUNTIME_MODEL_INTERNAL_GPU_TEST_HELPERS_H_

@@ -1,0 +1,75 @@
+// Vector loads and stores of V bf16 values as floats: V = 8 is one 16-byte access (the fast
+// path every kernel takes when its rows are 16-byte aligned), V = 1 the scalar fallback for
+// odd widths. Included by the .cu files of //runtime/model only.
+#ifndef KILN_RUNTIME_MODEL_INTERNAL_VEC_CUH_
+#define KILN_RUNTIME_MODEL_INTERNAL_VEC_CUH_
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace kiln {
+namespace internal {
+
+template <int V>
+__device__ __forceinline__ void LoadBf16(const __nv_bfloat16* p, float (&out)[V]) {
+  if constexpr (V == 8) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(pairs[i]);
+      out[2 * i] = f.x;
+      out[2 * i + 1] = f.y;
+    }
+  } else {
+    static_assert(V == 1, "vector width must be 8 or 1");
+    out[0] = __bfloat162float(*p);
+  }
+}
+
+template <int V>
+__device__ __forceinline__ void StoreBf16(__nv_bfloat16* p, const float (&in)[V]) {
+  if constexpr (V == 8) {
+    uint4 raw;
+    __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) pairs[i] = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
+    *reinterpret_cast<uint4*>(p) = raw;
+  } else {
+    static_assert(V == 1, "vector width must be 8 or 1");
+    *p = __float2bfloat16_rn(in[0]);
+  }
+}
+
+// Returns whether `p` is 16-byte aligned.
+inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Rounds `n` up to a multiple of 32 (a whole warp), at least 32 and at most `limit`.
+inline int WarpRoundedThreads(long long n, int limit) {
+  long long t = (n + 31) / 32 * 32;
+  if (t < 32) t = 32;
+  if (t > limit) t = limit;
+  return static_cast<int>(t);
+}
+
+// Sums `value` over the block (blockDim.x a multiple of 32, at most 1024) in a fixed order, so
+// the result is the same on every run; every thread receives the sum. `scratch` holds 32 floats.
+__device__ __forceinline__ float BlockSum(float value, float* scratch) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (lane == 0) scratch[warp] = value;
+  __syncthreads();
+  const int warps = blockDim.x / 32;
+  value = lane < warps ? scratch[lane] : 0.0f;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+}  // namespace internal
+}  // namespace kiln
+
+#endif  // KILN_RUNTIME_MODEL_INTERNAL_VEC_CUH_

@@ -1,0 +1,384 @@
+// GPU tests of the per-token kernels (embedding gather, RMSNorm, RoPE, SiLU·mul, greedy
+// sampling) against CPU float64 references, over fresh random inputs, poisoned outputs and
+// odd sizes that take the scalar paths. One binary for the five kernels: they share the
+// reference helpers, and one gtest compile and link is cheaper than five.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "runtime/model/bf16.h"
+#include "runtime/model/embedding.h"
+#include "runtime/model/internal/gpu_test_helpers.h"
+#include "runtime/model/rms_norm.h"
+#include "runtime/model/rope.h"
+#include "runtime/model/sampling.h"
+#include "runtime/model/silu_mul.h"
+
+namespace kiln {
+namespace {
+
+using testing_internal::Bf16ToDouble;
+using testing_internal::DeviceVector;
+using testing_internal::GpuTest;
+using testing_internal::RelativeError;
+using testing_internal::ToDouble;
+
+__nv_bfloat16* Bf(uint16_t* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
+
+// bf16 storage with float arithmetic, checked against float64: a relative error well under
+// bf16's half-ulp (2^-9) in the norm.
+constexpr double kBf16Tolerance = 4e-3;
+
+// ---------------------------------------------------------------- embedding
+
+class EmbeddingGpuTest : public GpuTest {};
+
+TEST_F(EmbeddingGpuTest, GathersRowsAndZeroesInvalidIds) {
+  struct Case { int table_rows, width, num_rows; };
+  for (const Case c : {Case{1000, 2048, 7}, Case{50, 8, 1}, Case{300, 1000, 130},
+                       Case{97, 37, 33}, Case{5, 1, 4}}) {
+    SCOPED_TRACE(::testing::Message() << "rows " << c.table_rows << " width " << c.width
+                                      << " n " << c.num_rows);
+    const std::vector<uint16_t> table = RandomBf16(size_t{1} * c.table_rows * c.width, -3, 3);
+    std::vector<int32_t> ids(c.num_rows);
+    for (auto& id : ids) id = RandomInt(0, c.table_rows - 1);
+    if (c.num_rows > 2) {
+      ids[1] = -1;            // padding slot
+      ids[2] = c.table_rows;  // out of range
+    }
+    DeviceVector<uint16_t> d_table(table, stream());
+    DeviceVector<int32_t> d_ids(ids, stream());
+    DeviceVector<uint16_t> d_out(size_t{1} * c.num_rows * c.width);
+    d_out.Poison(stream());
+    ASSERT_EQ(LaunchEmbeddingGather(Bf(d_table.get()), c.table_rows, c.width, d_ids.get(),
+                                    c.num_rows, Bf(d_out.get()), stream()),
+              cudaSuccess);
+    const std::vector<uint16_t> out = d_out.Download(stream());
+    for (int r = 0; r < c.num_rows; ++r) {
+      const bool valid = ids[r] >= 0 && ids[r] < c.table_rows;
+      for (int i = 0; i < c.width; ++i) {
+        const uint16_t want = valid ? table[size_t{1} * ids[r] * c.width + i] : 0;
+        ASSERT_EQ(out[size_t{1} * r * c.width + i], want) << "row " << r << " col " << i;
+      }
+    }
+  }
+  EXPECT_EQ(LaunchEmbeddingGather(nullptr, 1, 0, nullptr, 1, nullptr, stream()),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchEmbeddingGather(nullptr, 1, 8, nullptr, 0, nullptr, stream()), cudaSuccess);
+}
+
+// ---------------------------------------------------------------- RMSNorm
+
+class RmsNormGpuTest : public GpuTest {};
+
+TEST_F(RmsNormGpuTest, MatchesReferenceWithAndWithoutResidual) {
+  struct Case { int tokens, hidden; };
+  const float eps = 1e-5f;
+  for (const Case c : {Case{1, 2048}, Case{3, 8192}, Case{67, 2048}, Case{5, 16384},
+                       Case{2, 32768}, Case{9, 24}, Case{4, 1000}, Case{7, 1001}, Case{3, 4096 + 3}}) {
+    for (const bool fused : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << " hidden " << c.hidden
+                                        << (fused ? " fused" : ""));
+      const size_t n = size_t{1} * c.tokens * c.hidden;
+      const std::vector<uint16_t> x = RandomBf16(n, -2, 2);
+      const std::vector<uint16_t> res = RandomBf16(n, -2, 2);
+      const std::vector<uint16_t> w = RandomBf16(c.hidden, 0.5, 1.5);
+      DeviceVector<uint16_t> d_x(x, stream()), d_res(res, stream()), d_w(w, stream());
+      DeviceVector<uint16_t> d_out(n);
+      d_out.Poison(stream());
+      const cudaError_t err =
+          fused ? LaunchFusedAddRmsNorm(Bf(d_x.get()), Bf(d_res.get()), Bf(d_w.get()),
+                                        Bf(d_out.get()), c.tokens, c.hidden, eps, stream())
+                : LaunchRmsNorm(Bf(d_x.get()), Bf(d_w.get()), Bf(d_out.get()), c.tokens,
+                                c.hidden, eps, stream());
+      if (c.hidden == 4096 + 3) {  // unaligned rows above the scalar path's limit
+        EXPECT_EQ(err, cudaErrorInvalidValue);
+        continue;
+      }
+      ASSERT_EQ(err, cudaSuccess);
+      const std::vector<uint16_t> out = d_out.Download(stream());
+      const std::vector<uint16_t> res_out = d_res.Download(stream());
+      std::vector<double> ref(n);
+      for (int t = 0; t < c.tokens; ++t) {
+        std::vector<double> v(c.hidden);
+        double ss = 0;
+        for (int i = 0; i < c.hidden; ++i) {
+          const size_t k = size_t{1} * t * c.hidden + i;
+          v[i] = ToDouble(x[k]);
+          if (fused) {
+            // The GPU rounds the float sum to bf16; float(x + r) is the exact sum rounded once.
+            const uint16_t want = FloatToBf16Bits(static_cast<float>(v[i] + ToDouble(res[k])));
+            ASSERT_EQ(res_out[k], want) << "residual " << k;
+            v[i] = ToDouble(want);
+          }
+          ss += v[i] * v[i];
+        }
+        const double scale = 1.0 / std::sqrt(ss / c.hidden + eps);
+        for (int i = 0; i < c.hidden; ++i) ref[size_t{1} * t * c.hidden + i] = v[i] * scale * ToDouble(w[i]);
+      }
+      if (!fused) {
+        EXPECT_EQ(res_out, res);  // untouched
+      }
+      EXPECT_LT(RelativeError(Bf16ToDouble(out), ref), kBf16Tolerance);
+    }
+  }
+}
+
+TEST_F(RmsNormGpuTest, InPlaceAndBitwiseReproducible) {
+  const int tokens = 13, hidden = 2048;
+  const std::vector<uint16_t> x = RandomBf16(size_t{1} * tokens * hidden, -4, 4);
+  const std::vector<uint16_t> w = RandomBf16(hidden, 0.5, 1.5);
+  DeviceVector<uint16_t> d_x(x, stream()), d_w(w, stream()), d_out(x.size());
+  d_out.Poison(stream());
+  ASSERT_EQ(LaunchRmsNorm(Bf(d_x.get()), Bf(d_w.get()), Bf(d_out.get()), tokens, hidden, 1e-6f,
+                          stream()),
+            cudaSuccess);
+  const std::vector<uint16_t> out_of_place = d_out.Download(stream());
+  ASSERT_EQ(LaunchRmsNorm(Bf(d_x.get()), Bf(d_w.get()), Bf(d_x.get()), tokens, hidden, 1e-6f,
+                          stream()),
+            cudaSuccess);
+  EXPECT_EQ(d_x.Download(stream()), out_of_place);
+}
+
+// ---------------------------------------------------------------- RoPE
+
+struct RopeCase {
+  int tokens, heads, kv_heads, head_dim;
+  double theta;
+};
+
+std::vector<double> RopeReference(const std::vector<uint16_t>& qkv, const std::vector<int32_t>& pos,
+                                  const RopeCase& c) {
+  const int width = (c.heads + 2 * c.kv_heads) * c.head_dim;
+  const int half = c.head_dim / 2;
+  std::vector<double> out = Bf16ToDouble(qkv);
+  for (int t = 0; t < c.tokens; ++t) {
+    for (int h = 0; h < c.heads + c.kv_heads; ++h) {
+      double* x = out.data() + size_t{1} * t * width + h * c.head_dim;
+      for (int i = 0; i < half; ++i) {
+        const double angle = pos[t] * std::pow(c.theta, -2.0 * i / c.head_dim);
+        const double a = x[i], b = x[i + half];
+        x[i] = a * std::cos(angle) - b * std::sin(angle);
+        x[i + half] = b * std::cos(angle) + a * std::sin(angle);
+      }
+    }
+  }
+  return out;
+}
+
+class RopeGpuTest : public GpuTest {};
+
+TEST_F(RopeGpuTest, RotatesQAndKLeavesV) {
+  for (const RopeCase c : {RopeCase{1, 32, 8, 64, 500000.0}, RopeCase{5, 4, 2, 128, 10000.0},
+                           RopeCase{33, 5, 1, 64, 1e6}, RopeCase{3, 3, 1, 18, 10000.0},
+                           RopeCase{2, 2, 2, 256, 500000.0}}) {
+    SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << " heads " << c.heads << "/"
+                                      << c.kv_heads << " head_dim " << c.head_dim);
+    const int width = (c.heads + 2 * c.kv_heads) * c.head_dim;
+    const std::vector<uint16_t> qkv = RandomBf16(size_t{1} * c.tokens * width, -2, 2);
+    std::vector<int32_t> pos(c.tokens);
+    for (auto& p : pos) p = RandomInt(0, 200000);
+    pos[0] = 0;  // the identity rotation
+    DeviceVector<uint16_t> d_qkv(qkv, stream());
+    DeviceVector<int32_t> d_pos(pos, stream());
+    ASSERT_EQ(LaunchRope(Bf(d_qkv.get()), d_pos.get(), c.tokens, c.heads, c.kv_heads, c.head_dim,
+                         c.theta, stream()),
+              cudaSuccess);
+    const std::vector<uint16_t> out = d_qkv.Download(stream());
+    const std::vector<double> ref = RopeReference(qkv, pos, c);
+    EXPECT_LT(RelativeError(Bf16ToDouble(out), ref), kBf16Tolerance);
+    for (int t = 0; t < c.tokens; ++t) {
+      const size_t v_begin = size_t{1} * t * width + (c.heads + c.kv_heads) * c.head_dim;
+      for (int i = 0; i < c.kv_heads * c.head_dim; ++i) {
+        ASSERT_EQ(out[v_begin + i], qkv[v_begin + i]) << "V changed at token " << t;
+      }
+    }
+    for (int i = 0; i < width; ++i) ASSERT_EQ(out[i], qkv[i]) << "position 0 must not rotate";
+  }
+  EXPECT_EQ(LaunchRope(nullptr, nullptr, 1, 4, 2, 63, 1e4, stream()), cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchRope(nullptr, nullptr, 1, 4, 2, 512, 1e4, stream()), cudaErrorInvalidValue);
+}
+
+// ---------------------------------------------------------------- SiLU·mul
+
+class SiluMulGpuTest : public GpuTest {};
+
+TEST_F(SiluMulGpuTest, MatchesReference) {
+  struct Case { int tokens, ffn; };
+  for (const Case c : {Case{1, 8192}, Case{9, 8192}, Case{64, 512}, Case{3, 24}, Case{5, 1000},
+                       Case{6, 1001}, Case{2, 3}}) {
+    SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << " ffn " << c.ffn);
+    const std::vector<uint16_t> gu = RandomBf16(size_t{2} * c.tokens * c.ffn, -6, 6);
+    DeviceVector<uint16_t> d_gu(gu, stream());
+    DeviceVector<uint16_t> d_out(size_t{1} * c.tokens * c.ffn);
+    d_out.Poison(stream());
+    ASSERT_EQ(LaunchSiluMul(Bf(d_gu.get()), Bf(d_out.get()), c.tokens, c.ffn, stream()), cudaSuccess);
+    std::vector<double> ref(size_t{1} * c.tokens * c.ffn);
+    for (int t = 0; t < c.tokens; ++t) {
+      for (int j = 0; j < c.ffn; ++j) {
+        const double g = ToDouble(gu[size_t{2} * t * c.ffn + j]);
+        const double u = ToDouble(gu[size_t{2} * t * c.ffn + c.ffn + j]);
+        ref[size_t{1} * t * c.ffn + j] = g / (1.0 + std::exp(-g)) * u;
+      }
+    }
+    EXPECT_LT(RelativeError(Bf16ToDouble(d_out.Download(stream())), ref), kBf16Tolerance);
+  }
+}
+
+// ---------------------------------------------------------------- greedy sampling
+
+int32_t HostArgmax(const std::vector<float>& row) {
+  int32_t best = -1;
+  for (size_t i = 0; i < row.size(); ++i) {
+    if (std::isnan(row[i])) continue;
+    if (best < 0 || row[i] > row[best]) best = static_cast<int32_t>(i);
+  }
+  return best;
+}
+
+class GreedySampleGpuTest : public GpuTest {
+ protected:
+  // Fills rows with random logits and plants ties, NaNs and degenerate rows.
+  std::vector<std::vector<float>> MakeRows(int rows, int vocab, bool bf16) {
+    std::vector<std::vector<float>> out(rows, std::vector<float>(vocab));
+    std::uniform_real_distribution<float> dist(-8, 8);
+    for (int r = 0; r < rows; ++r) {
+      for (float& v : out[r]) {
+        v = dist(rng_);
+        if (bf16) v = Bf16BitsToFloat(FloatToBf16Bits(v));
+      }
+      const int kind = r % 5;
+      if (kind == 1 && vocab > 2) {  // tie between two random positions: the lower must win
+        const int a = RandomInt(0, vocab - 1), b = RandomInt(0, vocab - 1);
+        out[r][a] = out[r][b] = 9.0f;
+      } else if (kind == 2 && vocab > 9) {  // tie near the end of the row, 7 apart
+        out[r][vocab - 2] = out[r][vocab - 9] = 10.0f;
+      } else if (kind == 3) {  // NaNs everywhere but one value
+        for (float& v : out[r]) v = std::numeric_limits<float>::quiet_NaN();
+        out[r][RandomInt(0, vocab - 1)] = -1.0f;
+      } else if (kind == 4 && r % 2 == 0) {  // all NaN: -1
+        for (float& v : out[r]) v = std::numeric_limits<float>::quiet_NaN();
+      }
+    }
+    if (rows > 5) {  // all -inf: index 0
+      for (float& v : out[5]) v = -std::numeric_limits<float>::infinity();
+    }
+    return out;
+  }
+
+  template <typename T>
+  void Check(int rows, int vocab) {
+    const bool bf16 = sizeof(T) == 2;
+    const std::vector<std::vector<float>> logits = MakeRows(rows, vocab, bf16);
+    std::vector<T> flat(size_t{1} * rows * vocab);
+    for (int r = 0; r < rows; ++r) {
+      for (int j = 0; j < vocab; ++j) {
+        if constexpr (sizeof(T) == 2) {
+          flat[size_t{1} * r * vocab + j] = FloatToBf16Bits(logits[r][j]);
+        } else {
+          flat[size_t{1} * r * vocab + j] = logits[r][j];
+        }
+      }
+    }
+    DeviceVector<T> d_logits(flat, stream());
+    DeviceVector<int32_t> d_tokens(rows);
+    d_tokens.Poison(stream(), 0x7B);
+    cudaError_t err;
+    if constexpr (sizeof(T) == 2) {
+      err = LaunchGreedySample(reinterpret_cast<const __nv_bfloat16*>(d_logits.get()), rows, vocab,
+                               d_tokens.get(), stream());
+    } else {
+      err = LaunchGreedySample(d_logits.get(), rows, vocab, d_tokens.get(), stream());
+    }
+    ASSERT_EQ(err, cudaSuccess);
+    const std::vector<int32_t> tokens = d_tokens.Download(stream());
+    for (int r = 0; r < rows; ++r) EXPECT_EQ(tokens[r], HostArgmax(logits[r])) << "row " << r;
+  }
+};
+
+TEST_F(GreedySampleGpuTest, Bf16ArgmaxWithLowestIndexTies) {
+  for (int vocab : {128256, 1000, 1001, 7, 1}) {
+    SCOPED_TRACE(vocab);
+    for (int rows : {1, 3, 33}) Check<uint16_t>(rows, vocab);
+  }
+}
+
+TEST_F(GreedySampleGpuTest, FloatArgmaxWithLowestIndexTies) {
+  for (int vocab : {128256, 1024, 1001, 6}) {
+    SCOPED_TRACE(vocab);
+    for (int rows : {1, 8, 17}) Check<float>(rows, vocab);
+  }
+}
+
+// ---------------------------------------------------------------- graph replay
+
+// The launch shapes depend only on sizes: a graph captured once gives the right answer for new
+// token ids, positions and logits written into the same buffers.
+class KernelGraphGpuTest : public GpuTest {};
+
+TEST_F(KernelGraphGpuTest, ReplaysForNewContents) {
+  const RopeCase c{8, 4, 2, 64, 10000.0};
+  const int width = (c.heads + 2 * c.kv_heads) * c.head_dim;
+  const int table_rows = 512, vocab = 1000;
+  DeviceVector<uint16_t> d_table(size_t{1} * table_rows * width);
+  DeviceVector<int32_t> d_ids(c.tokens), d_pos(c.tokens), d_next(c.tokens);
+  DeviceVector<uint16_t> d_qkv(size_t{1} * c.tokens * width);
+  DeviceVector<float> d_logits(size_t{1} * c.tokens * vocab);
+
+  auto record = [&] {
+    EXPECT_EQ(LaunchEmbeddingGather(Bf(d_table.get()), table_rows, width, d_ids.get(), c.tokens,
+                                    Bf(d_qkv.get()), stream()),
+              cudaSuccess);
+    EXPECT_EQ(LaunchRope(Bf(d_qkv.get()), d_pos.get(), c.tokens, c.heads, c.kv_heads, c.head_dim,
+                         c.theta, stream()),
+              cudaSuccess);
+    EXPECT_EQ(LaunchGreedySample(d_logits.get(), c.tokens, vocab, d_next.get(), stream()),
+              cudaSuccess);
+  };
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeGlobal), cudaSuccess);
+  record();
+  ASSERT_EQ(cudaStreamEndCapture(stream(), &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE(round);
+    const std::vector<uint16_t> table = RandomBf16(size_t{1} * table_rows * width, -2, 2);
+    std::vector<int32_t> ids(c.tokens), pos(c.tokens);
+    for (auto& id : ids) id = RandomInt(0, table_rows - 1);
+    for (auto& p : pos) p = RandomInt(0, 100000);
+    std::vector<float> logits(size_t{1} * c.tokens * vocab);
+    for (auto& l : logits) l = static_cast<float>(RandomInt(-1000, 1000));  // many ties
+    d_table.Upload(table, stream());
+    d_ids.Upload(ids, stream());
+    d_pos.Upload(pos, stream());
+    d_logits.Upload(logits, stream());
+    d_qkv.Poison(stream());
+    d_next.Poison(stream(), 0x7B);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream()), cudaSuccess);
+
+    std::vector<uint16_t> gathered(size_t{1} * c.tokens * width);
+    for (int t = 0; t < c.tokens; ++t) {
+      std::copy_n(table.begin() + size_t{1} * ids[t] * width, width, gathered.begin() + size_t{1} * t * width);
+    }
+    EXPECT_LT(RelativeError(Bf16ToDouble(d_qkv.Download(stream())), RopeReference(gathered, pos, c)),
+              kBf16Tolerance);
+    const std::vector<int32_t> next = d_next.Download(stream());
+    for (int t = 0; t < c.tokens; ++t) {
+      EXPECT_EQ(next[t], HostArgmax(std::vector<float>(logits.begin() + size_t{1} * t * vocab,
+                                                       logits.begin() + size_t{1} * (t + 1) * vocab)));
+    }
+  }
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+}
+
+}  // namespace
+}  // namespace kiln

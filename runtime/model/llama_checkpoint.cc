@@ -1,0 +1,184 @@
+#include "runtime/model/llama_checkpoint.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "runtime/cuda/status_macros.h"
+#include "runtime/model/safetensors.h"
+
+namespace kiln {
+namespace {
+
+std::vector<int64_t> SliceShape(const HfTensorSlice& s) {
+  if (s.cols == 0) return {s.rows};
+  return {s.rows, s.cols};
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// Explains why `name` is not part of the checkpoint `shape` describes.
+std::string UnexpectedReason(absl::string_view name, const LlamaShape& shape) {
+  if (name == "lm_head.weight" && shape.tie_embeddings) {
+    return "the LlamaShape ties the LM head to the embedding; set tie_embeddings = false to load "
+           "a separate lm_head.weight";
+  }
+  constexpr absl::string_view kLayers = "model.layers.";
+  if (absl::StartsWith(name, kLayers)) {
+    absl::string_view rest = name.substr(kLayers.size());
+    int layer = -1;
+    if (absl::SimpleAtoi(rest.substr(0, rest.find('.')), &layer) && layer >= shape.layers) {
+      return absl::StrCat("it belongs to layer ", layer, " but LlamaShape.layers is ",
+                          shape.layers, "; set layers to the checkpoint's num_hidden_layers");
+    }
+  }
+  return "kiln's Llama decoder has no such weight; check that the checkpoint is a "
+         "LlamaForCausalLM with HF names";
+}
+
+}  // namespace
+
+std::vector<HfTensorSlice> HfTensorSlices(const LlamaWeightLayout& layout) {
+  const LlamaShape& s = layout.shape();
+  std::vector<HfTensorSlice> slices;
+  auto add = [&](std::string name, const WeightTensor& t, int64_t first_row, int64_t rows,
+                 std::string dims) {
+    HfTensorSlice slice;
+    slice.hf_name = std::move(name);
+    slice.tensor_index = t.index;
+    slice.first_row = first_row;
+    slice.rows = rows;
+    slice.cols = t.kind == WeightKind::kNorm ? 0 : t.cols;
+    slice.dims = std::move(dims);
+    slices.push_back(std::move(slice));
+  };
+  add("model.embed_tokens.weight", layout.embedding(), 0, s.vocab, "[vocab, hidden]");
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    add(p + "input_layernorm.weight", layout.input_norm(l), 0, s.hidden, "[hidden]");
+    add(p + "self_attn.q_proj.weight", layout.qkv(l), 0, s.q_width(),
+        "[heads * head_dim, hidden]");
+    add(p + "self_attn.k_proj.weight", layout.qkv(l), s.q_width(), s.kv_width(),
+        "[kv_heads * head_dim, hidden]");
+    add(p + "self_attn.v_proj.weight", layout.qkv(l), s.q_width() + s.kv_width(), s.kv_width(),
+        "[kv_heads * head_dim, hidden]");
+    add(p + "self_attn.o_proj.weight", layout.o(l), 0, s.hidden, "[hidden, heads * head_dim]");
+    add(p + "post_attention_layernorm.weight", layout.post_norm(l), 0, s.hidden, "[hidden]");
+    add(p + "mlp.gate_proj.weight", layout.gate_up(l), 0, s.ffn, "[ffn, hidden]");
+    add(p + "mlp.up_proj.weight", layout.gate_up(l), s.ffn, s.ffn, "[ffn, hidden]");
+    add(p + "mlp.down_proj.weight", layout.down(l), 0, s.hidden, "[hidden, ffn]");
+  }
+  add("model.norm.weight", layout.final_norm(), 0, s.hidden, "[hidden]");
+  if (!s.tie_embeddings) add("lm_head.weight", layout.lm_head(), 0, s.vocab, "[vocab, hidden]");
+  return slices;
+}
+
+absl::StatusOr<LlamaHostWeights> ReadLlamaSafetensors(absl::Span<const std::string> paths,
+                                                      const LlamaShape& shape) {
+  if (paths.empty()) {
+    return absl::InvalidArgumentError(
+        "No safetensors files given; pass the checkpoint's model*.safetensors files");
+  }
+  ASSIGN_OR_RETURN(LlamaHostWeights weights, ZeroLlamaHostWeights(shape));
+  std::vector<SafetensorsReader> readers;
+  readers.reserve(paths.size());
+  for (const std::string& path : paths) {
+    ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::Open(path));
+    readers.push_back(std::move(reader));
+  }
+  // Name → (reader, tensor); a name in two shards is ambiguous.
+  absl::flat_hash_map<std::string, std::pair<const SafetensorsReader*, const SafetensorsTensor*>>
+      found;
+  for (const SafetensorsReader& reader : readers) {
+    for (const SafetensorsTensor& t : reader.tensors()) {
+      auto [it, inserted] = found.try_emplace(t.name, &reader, &t);
+      if (!inserted) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("Checkpoint tensor '", t.name, "' appears in both '",
+                         it->second.first->path(), "' and '", reader.path(),
+                         "'; pass each shard of one checkpoint once"));
+      }
+    }
+  }
+  const std::vector<HfTensorSlice> slices = HfTensorSlices(weights.layout);
+  absl::flat_hash_map<std::string, const HfTensorSlice*> expected;
+  for (const HfTensorSlice& s : slices) expected[s.hf_name] = &s;
+
+  // Unexpected names first: a checkpoint for a different shape usually shows up here with the
+  // most useful message (extra layers, an lm_head the shape ties away).
+  std::vector<std::string> names;
+  for (const auto& [name, where] : found) names.push_back(name);
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    if (expected.contains(name) || absl::EndsWith(name, ".rotary_emb.inv_freq")) continue;
+    return absl::InvalidArgumentError(absl::StrCat("Checkpoint tensor '", name, "' in '",
+                                                   found[name].first->path(),
+                                                   "' is unexpected: ", UnexpectedReason(name, shape)));
+  }
+  for (const HfTensorSlice& s : slices) {
+    auto it = found.find(s.hf_name);
+    if (it == found.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Checkpoint lacks tensor '", s.hf_name, "' that a Llama with ", shape.ToString(),
+          " needs; check LlamaShape (layers, tie_embeddings) and that every shard is given"));
+    }
+    const SafetensorsTensor& t = *it->second.second;
+    if (t.dtype != "BF16") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Checkpoint tensor '", s.hf_name, "' has dtype ", t.dtype,
+          "; kiln loads BF16 weights: convert the checkpoint to bfloat16 (for example "
+          "model.to(torch.bfloat16).save_pretrained(...))"));
+    }
+    const std::vector<int64_t> want = SliceShape(s);
+    if (t.shape != want) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Checkpoint tensor '", s.hf_name, "' has shape ", t.ShapeString(), " but LlamaShape needs ",
+          s.dims, " = ", ShapeString(want), "; set those LlamaShape fields to the checkpoint's "
+          "config.json values"));
+    }
+  }
+  for (const HfTensorSlice& s : slices) {
+    const auto& [reader, t] = found[s.hf_name];
+    const WeightTensor& dst = weights.layout.tensors()[s.tensor_index];
+    uint16_t* out = weights.mutable_tensor(dst) + s.first_row * dst.cols;
+    RETURN_IF_ERROR(reader->Read(*t, out, t->bytes()));
+  }
+  return weights;
+}
+
+absl::Status WriteLlamaSafetensors(const std::string& path, const LlamaHostWeights& weights) {
+  const std::vector<HfTensorSlice> slices = HfTensorSlices(weights.layout);
+  if (weights.data.size() * 2 != weights.layout.total_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LlamaHostWeights hold ", weights.data.size() * 2, " bytes but their layout needs ",
+        weights.layout.total_bytes(), "; build them with ZeroLlamaHostWeights or "
+        "RandomLlamaHostWeights"));
+  }
+  std::vector<SafetensorsEntry> entries;
+  for (const HfTensorSlice& s : slices) {
+    const WeightTensor& t = weights.layout.tensors()[s.tensor_index];
+    SafetensorsEntry e;
+    e.name = s.hf_name;
+    e.dtype = "BF16";
+    e.shape = SliceShape(s);
+    e.data = weights.tensor(t) + s.first_row * t.cols;
+    e.bytes = static_cast<size_t>(s.rows * t.cols) * 2;
+    entries.push_back(std::move(e));
+  }
+  return WriteSafetensors(path, entries, {{"format", "pt"}});
+}
+
+}  // namespace kiln

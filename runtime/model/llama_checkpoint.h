@@ -1,0 +1,57 @@
+// Loads Llama weights from Hugging Face safetensors files into kiln's fused layout, and writes
+// kiln weights back out under Hugging Face names.
+//
+//   ASSIGN_OR_RETURN(kiln::LlamaHostWeights w,
+//                    kiln::ReadLlamaSafetensors({"/models/llama-1b/model.safetensors"},
+//                                               kiln::LlamaShape::Llama1B()));
+//   ASSIGN_OR_RETURN(kiln::LlamaDeviceWeights dw, kiln::LlamaDeviceWeights::Upload(w, stream));
+//
+// Names (HF LlamaForCausalLM): model.embed_tokens.weight, model.layers.{l}.input_layernorm.weight,
+// model.layers.{l}.self_attn.{q,k,v,o}_proj.weight, model.layers.{l}.post_attention_layernorm.weight,
+// model.layers.{l}.mlp.{gate,up,down}_proj.weight, model.norm.weight, lm_head.weight (only when
+// the shape does not tie embeddings). q, k and v are fused row-wise into qkv, gate and up into
+// gate_up. HF's q/k rows are already in rotate-half order, which is the RoPE kiln applies.
+// Tensors named *.rotary_emb.inv_freq (buffers some old checkpoints carry) are ignored.
+//
+// Every tensor must be BF16 with exactly the shape LlamaShape implies; a missing, unexpected or
+// duplicated name, a wrong shape or dtype is InvalidArgument naming the tensor, what was
+// expected and which LlamaShape field to check; a truncated or corrupt file is DataLoss.
+// Host-only; thread-compatible.
+#ifndef KILN_RUNTIME_MODEL_LLAMA_CHECKPOINT_H_
+#define KILN_RUNTIME_MODEL_LLAMA_CHECKPOINT_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "runtime/model/llama_shape.h"
+#include "runtime/model/llama_weights.h"
+
+namespace kiln {
+
+// One HF tensor and the rows of a kiln tensor it fills.
+struct HfTensorSlice {
+  std::string hf_name;        // "model.layers.0.self_attn.k_proj.weight"
+  int tensor_index = 0;       // index into LlamaWeightLayout::tensors()
+  int64_t first_row = 0;      // first row of the kiln tensor this HF tensor fills
+  int64_t rows = 0;
+  int64_t cols = 0;           // 0 for a 1-D tensor (a norm weight)
+  std::string dims;           // what the shape is made of: "[kv_heads * head_dim, hidden]"
+};
+
+// Returns the HF tensors that make up `layout`, in file order.
+std::vector<HfTensorSlice> HfTensorSlices(const LlamaWeightLayout& layout);
+
+// Reads the weights for `shape` from one or more safetensors files (the shards of one
+// checkpoint; every tensor must appear in exactly one of them).
+absl::StatusOr<LlamaHostWeights> ReadLlamaSafetensors(absl::Span<const std::string> paths,
+                                                      const LlamaShape& shape);
+
+// Writes `weights` to one safetensors file under HF names (q/k/v and gate/up unfused).
+absl::Status WriteLlamaSafetensors(const std::string& path, const LlamaHostWeights& weights);
+
+}  // namespace kiln
+
+#endif  // KILN_RUNTIME_MODEL_LLAMA_CHECKPOINT_H_

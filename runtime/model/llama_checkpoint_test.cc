@@ -1,0 +1,216 @@
+#include "runtime/model/llama_checkpoint.h"
+
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/model/safetensors.h"
+
+namespace kiln {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
+}
+
+// Builds a checkpoint's entries from `w` (HF names), so a test can drop, rename or alter one.
+std::vector<SafetensorsEntry> Entries(const LlamaHostWeights& w) {
+  std::vector<SafetensorsEntry> entries;
+  for (const HfTensorSlice& s : HfTensorSlices(w.layout)) {
+    const WeightTensor& t = w.layout.tensors()[s.tensor_index];
+    SafetensorsEntry e;
+    e.name = s.hf_name;
+    e.dtype = "BF16";
+    e.shape = s.cols == 0 ? std::vector<int64_t>{s.rows} : std::vector<int64_t>{s.rows, s.cols};
+    e.data = w.tensor(t) + s.first_row * t.cols;
+    e.bytes = static_cast<size_t>(s.rows * t.cols) * 2;
+    entries.push_back(e);
+  }
+  return entries;
+}
+
+class LlamaCheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<LlamaHostWeights> w =
+        RandomLlamaHostWeights(shape_, std::random_device{}());
+    ASSERT_TRUE(w.ok()) << w.status();
+    weights_ = *std::move(w);
+  }
+
+  absl::Status ReadWith(std::vector<SafetensorsEntry> entries, const std::string& name) {
+    const std::string path = TempPath(name);
+    absl::Status written = WriteSafetensors(path, entries);
+    if (!written.ok()) return written;
+    return ReadLlamaSafetensors({path}, shape_).status();
+  }
+
+  LlamaShape shape_ = LlamaShape::Tiny();
+  LlamaHostWeights weights_;
+};
+
+TEST_F(LlamaCheckpointTest, RoundTripsThroughHfNames) {
+  const std::string path = TempPath("tiny.safetensors");
+  ASSERT_TRUE(WriteLlamaSafetensors(path, weights_).ok());
+
+  absl::StatusOr<SafetensorsReader> reader = SafetensorsReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const SafetensorsTensor* k = reader->Find("model.layers.1.self_attn.k_proj.weight");
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(k->shape, (std::vector<int64_t>{shape_.kv_width(), shape_.hidden}));
+  ASSERT_NE(reader->Find("lm_head.weight"), nullptr);
+  EXPECT_EQ(reader->tensors().size(), 2 + 9 * shape_.layers + 1u);
+
+  absl::StatusOr<LlamaHostWeights> back = ReadLlamaSafetensors({path}, shape_);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->data, weights_.data);
+
+  // The k rows of the fused qkv are exactly the file's k_proj.
+  std::vector<uint16_t> k_file(k->bytes() / 2);
+  ASSERT_TRUE(reader->Read(*k, k_file.data(), k->bytes()).ok());
+  const uint16_t* fused_k = back->tensor(back->layout.qkv(1)) + shape_.q_width() * shape_.hidden;
+  EXPECT_TRUE(std::equal(k_file.begin(), k_file.end(), fused_k));
+}
+
+TEST_F(LlamaCheckpointTest, ReadsShardedCheckpoints) {
+  std::vector<SafetensorsEntry> all = Entries(weights_);
+  std::vector<SafetensorsEntry> first(all.begin(), all.begin() + all.size() / 2);
+  std::vector<SafetensorsEntry> second(all.begin() + all.size() / 2, all.end());
+  const std::string a = TempPath("shard-1.safetensors"), b = TempPath("shard-2.safetensors");
+  ASSERT_TRUE(WriteSafetensors(a, first).ok());
+  ASSERT_TRUE(WriteSafetensors(b, second).ok());
+  absl::StatusOr<LlamaHostWeights> back = ReadLlamaSafetensors({a, b}, shape_);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->data, weights_.data);
+  // The same shard twice is ambiguous.
+  absl::Status twice = ReadLlamaSafetensors({a, a, b}, shape_).status();
+  EXPECT_EQ(twice.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(twice.message()), HasSubstr("appears in both"));
+}
+
+TEST_F(LlamaCheckpointTest, TiedShapeNeedsNoLmHead) {
+  LlamaShape tied = shape_;
+  tied.tie_embeddings = true;
+  absl::StatusOr<LlamaHostWeights> w = RandomLlamaHostWeights(tied, 3);
+  ASSERT_TRUE(w.ok());
+  const std::string path = TempPath("tied.safetensors");
+  ASSERT_TRUE(WriteLlamaSafetensors(path, *w).ok());
+  absl::StatusOr<LlamaHostWeights> back = ReadLlamaSafetensors({path}, tied);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->data, w->data);
+  // The untied tiny shape needs the lm_head this file lacks.
+  absl::Status missing = ReadLlamaSafetensors({path}, shape_).status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(missing.message()), HasSubstr("lacks tensor 'lm_head.weight'"));
+}
+
+TEST_F(LlamaCheckpointTest, MissingTensorNamesIt) {
+  std::vector<SafetensorsEntry> entries = Entries(weights_);
+  entries.erase(std::remove_if(entries.begin(), entries.end(),
+                               [](const SafetensorsEntry& e) {
+                                 return e.name == "model.layers.1.mlp.up_proj.weight";
+                               }),
+                entries.end());
+  absl::Status s = ReadWith(entries, "missing.safetensors");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("lacks tensor 'model.layers.1.mlp.up_proj.weight'"));
+}
+
+TEST_F(LlamaCheckpointTest, UnexpectedNamesExplainTheFix) {
+  std::vector<uint16_t> extra(shape_.hidden, 0x3f80);
+  {
+    std::vector<SafetensorsEntry> entries = Entries(weights_);
+    entries.push_back({"model.layers.2.input_layernorm.weight", "BF16", {shape_.hidden},
+                       extra.data(), extra.size() * 2});
+    absl::Status s = ReadWith(entries, "extra_layer.safetensors");
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(s.message()), HasSubstr("LlamaShape.layers is 2"));
+  }
+  {
+    std::vector<SafetensorsEntry> entries = Entries(weights_);
+    entries[3].name = "model.layers.0.self_attn.query.weight";  // a misspelt name
+    absl::Status s = ReadWith(entries, "misspelt.safetensors");
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr("'model.layers.0.self_attn.query.weight'"));
+  }
+  {
+    LlamaShape tied = shape_;
+    tied.tie_embeddings = true;
+    const std::string path = TempPath("untied.safetensors");
+    ASSERT_TRUE(WriteLlamaSafetensors(path, weights_).ok());
+    absl::Status s = ReadLlamaSafetensors({path}, tied).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(s.message()), HasSubstr("tie_embeddings = false"));
+  }
+  {
+    // Old checkpoints carry RoPE buffers; they are ignored.
+    std::vector<float> inv_freq(shape_.head_dim / 2, 1.0f);
+    std::vector<SafetensorsEntry> entries = Entries(weights_);
+    entries.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq", "F32",
+                       {shape_.head_dim / 2}, inv_freq.data(), inv_freq.size() * 4});
+    EXPECT_TRUE(ReadWith(entries, "inv_freq.safetensors").ok());
+  }
+}
+
+TEST_F(LlamaCheckpointTest, WrongShapeNamesTheFields) {
+  std::vector<SafetensorsEntry> entries = Entries(weights_);
+  for (SafetensorsEntry& e : entries) {
+    if (e.name == "model.layers.0.self_attn.k_proj.weight") {
+      e.shape = {shape_.hidden, shape_.kv_width()};  // transposed: same bytes, wrong shape
+    }
+  }
+  absl::Status s = ReadWith(entries, "shape.safetensors");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("'model.layers.0.self_attn.k_proj.weight' has shape [256, 128]"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("[kv_heads * head_dim, hidden] = [128, 256]"));
+}
+
+TEST_F(LlamaCheckpointTest, WrongDtypeSaysConvert) {
+  std::vector<SafetensorsEntry> entries = Entries(weights_);
+  std::vector<float> norm(shape_.hidden, 1.0f);
+  for (SafetensorsEntry& e : entries) {
+    if (e.name == "model.norm.weight") {
+      e.dtype = "F32";
+      e.data = norm.data();
+      e.bytes = norm.size() * 4;
+    }
+  }
+  absl::Status s = ReadWith(entries, "dtype.safetensors");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("'model.norm.weight' has dtype F32"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("bfloat16"));
+}
+
+TEST_F(LlamaCheckpointTest, TruncatedFileIsDataLoss) {
+  const std::string path = TempPath("cut.safetensors");
+  ASSERT_TRUE(WriteLlamaSafetensors(path, weights_).ok());
+  std::string raw;
+  {
+    std::ifstream f(path, std::ios::binary);
+    raw.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f << raw.substr(0, raw.size() - 1000);
+  }
+  absl::Status s = ReadLlamaSafetensors({path}, shape_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("truncated"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("lm_head.weight"));
+}
+
+TEST_F(LlamaCheckpointTest, NoFilesIsInvalidArgument) {
+  EXPECT_EQ(ReadLlamaSafetensors({}, shape_).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,93 @@
+#include "runtime/model/llama_shape.h"
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace kiln {
+
+LlamaShape LlamaShape::Llama1B() { return LlamaShape(); }
+
+LlamaShape LlamaShape::Tiny() {
+  LlamaShape shape;
+  shape.hidden = 256;
+  shape.layers = 2;
+  shape.heads = 4;
+  shape.kv_heads = 2;
+  shape.head_dim = 64;
+  shape.ffn = 512;
+  shape.vocab = 1024;
+  shape.rope_theta = 10000.0;
+  shape.rms_eps = 1e-5;
+  shape.tie_embeddings = false;
+  return shape;
+}
+
+namespace {
+
+absl::Status Positive(const char* field, int value) {
+  if (value > 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("LlamaShape.", field, " is ", value, "; it must be positive"));
+}
+
+}  // namespace
+
+absl::Status LlamaShape::Validate() const {
+  for (const auto& [field, value] :
+       {std::pair<const char*, int>{"hidden", hidden}, {"layers", layers}, {"heads", heads},
+        {"kv_heads", kv_heads}, {"head_dim", head_dim}, {"ffn", ffn}, {"vocab", vocab}}) {
+    absl::Status status = Positive(field, value);
+    if (!status.ok()) return status;
+  }
+  if (heads % kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LlamaShape.heads ", heads, " is not a multiple of kv_heads ", kv_heads,
+        "; grouped-query attention needs whole groups, so pick kv_heads dividing heads"));
+  }
+  if (head_dim % 2 != 0 || head_dim > 256) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LlamaShape.head_dim is ", head_dim,
+        "; RoPE needs an even head_dim of at most 256 (64 and 128 are the attention sizes)"));
+  }
+  // Every row of every weight and activation must start 16-byte aligned for the vectorised
+  // kernels and cuBLASLt's fast paths: widths are multiples of 8 bf16 values.
+  for (const auto& [field, value] :
+       {std::pair<const char*, int>{"hidden", hidden}, {"ffn", ffn}, {"head_dim", head_dim}}) {
+    if (value % 8 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "LlamaShape.", field, " is ", value,
+          "; it must be a multiple of 8 so rows stay 16-byte aligned"));
+    }
+  }
+  if (!(rope_theta > 1.0) || !std::isfinite(rope_theta)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LlamaShape.rope_theta is ", rope_theta, "; it must be a finite value above 1"));
+  }
+  if (!(rms_eps > 0.0) || !(rms_eps < 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LlamaShape.rms_eps is ", rms_eps, "; it must lie in (0, 1)"));
+  }
+  return absl::OkStatus();
+}
+
+int64_t LlamaShape::ParameterCount() const {
+  const int64_t h = hidden;
+  const int64_t per_layer = 2 * h + qkv_rows() * h + h * q_width() + 3 * int64_t{ffn} * h;
+  int64_t total = int64_t{vocab} * h + layers * per_layer + h;
+  if (!tie_embeddings) total += int64_t{vocab} * h;
+  return total;
+}
+
+std::string LlamaShape::ToString() const {
+  return absl::StrFormat(
+      "hidden %d, %d layers, %d/%d heads x %d, ffn %d, vocab %d, rope_theta %g, rms_eps %g, %s",
+      hidden, layers, heads, kv_heads, head_dim, ffn, vocab, rope_theta, rms_eps,
+      tie_embeddings ? "tied embeddings" : "separate lm_head");
+}
+
+}  // namespace kiln

@@ -1,0 +1,57 @@
+// The shape of a Llama-family decoder: sizes that fix every weight and activation, plus the
+// two scalars (RoPE theta, RMSNorm epsilon) that the kernels need.
+//
+//   kiln::LlamaShape shape = kiln::LlamaShape::Llama1B();   // hidden 2048, 16 layers, ...
+//   RETURN_IF_ERROR(shape.Validate());
+//   int64_t qkv_rows = shape.qkv_rows();                      // (32 + 2 * 8) * 64
+//
+// A plain value type; thread-safe to read; no CUDA.
+#ifndef KILN_RUNTIME_MODEL_LLAMA_SHAPE_H_
+#define KILN_RUNTIME_MODEL_LLAMA_SHAPE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace kiln {
+
+struct LlamaShape {
+  int hidden = 2048;          // model width
+  int layers = 16;            // decoder layers
+  int heads = 32;             // query heads
+  int kv_heads = 8;           // key/value heads (GQA); divides heads
+  int head_dim = 64;          // per-head width
+  int ffn = 8192;             // MLP intermediate width
+  int vocab = 128256;         // vocabulary size
+  double rope_theta = 500000.0;
+  double rms_eps = 1e-5;
+  bool tie_embeddings = true;  // the LM head reuses the embedding table
+
+  // Returns the 1B-class shape that kiln's peer figures use (Llama 3.2 1B sizes).
+  static LlamaShape Llama1B();
+
+  // Returns a tiny two-layer shape for tests against the CPU reference: hidden 256, 4/2 heads
+  // of 64, ffn 512, vocab 1024, untied LM head (so both LM-head paths are exercised).
+  static LlamaShape Tiny();
+
+  // Returns OK, or InvalidArgument naming the first field that is out of range or
+  // inconsistent (e.g. heads not a multiple of kv_heads) and how to fix it.
+  absl::Status Validate() const;
+
+  // Rows of the fused QKV projection: (heads + 2 * kv_heads) * head_dim.
+  int64_t qkv_rows() const { return int64_t{heads + 2 * kv_heads} * head_dim; }
+  // Width of the attention output (the O projection's input): heads * head_dim.
+  int64_t q_width() const { return int64_t{heads} * head_dim; }
+  // Width of one token's K (or V): kv_heads * head_dim.
+  int64_t kv_width() const { return int64_t{kv_heads} * head_dim; }
+  // Number of weight parameters (embedding, layers, final norm, LM head unless tied).
+  int64_t ParameterCount() const;
+
+  // Returns a one-line description, e.g. "hidden 2048, 16 layers, 32/8 heads x 64, ...".
+  std::string ToString() const;
+};
+
+}  // namespace kiln
+
+#endif  // KILN_RUNTIME_MODEL_LLAMA_SHAPE_H_

@@ -1,0 +1,68 @@
+#include "runtime/model/llama_shape.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kiln {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(LlamaShapeTest, DefaultIsThe1BShape) {
+  const LlamaShape s = LlamaShape::Llama1B();
+  EXPECT_EQ(s.hidden, 2048);
+  EXPECT_EQ(s.layers, 16);
+  EXPECT_EQ(s.heads, 32);
+  EXPECT_EQ(s.kv_heads, 8);
+  EXPECT_EQ(s.head_dim, 64);
+  EXPECT_EQ(s.ffn, 8192);
+  EXPECT_EQ(s.vocab, 128256);
+  EXPECT_TRUE(s.tie_embeddings);
+  EXPECT_TRUE(s.Validate().ok());
+  EXPECT_EQ(s.qkv_rows(), 3072);
+  EXPECT_EQ(s.kv_width(), 512);
+  // Llama 3.2 1B has 1,235,814,400 parameters.
+  EXPECT_EQ(s.ParameterCount(), 1235814400);
+}
+
+TEST(LlamaShapeTest, TinyIsValidAndUntied) {
+  const LlamaShape s = LlamaShape::Tiny();
+  EXPECT_TRUE(s.Validate().ok());
+  EXPECT_EQ(s.layers, 2);
+  EXPECT_FALSE(s.tie_embeddings);
+  EXPECT_EQ(s.heads * s.head_dim, s.hidden);
+  const int64_t tied_params = [&] {
+    LlamaShape t = s;
+    t.tie_embeddings = true;
+    return t.ParameterCount();
+  }();
+  EXPECT_EQ(s.ParameterCount() - tied_params, int64_t{s.vocab} * s.hidden);
+}
+
+TEST(LlamaShapeTest, ValidateNamesTheBadField) {
+  LlamaShape s = LlamaShape::Tiny();
+  s.kv_heads = 3;
+  EXPECT_THAT(std::string(s.Validate().message()), HasSubstr("not a multiple of kv_heads 3"));
+  s = LlamaShape::Tiny();
+  s.layers = 0;
+  EXPECT_THAT(std::string(s.Validate().message()), HasSubstr("LlamaShape.layers is 0"));
+  s = LlamaShape::Tiny();
+  s.head_dim = 66;
+  EXPECT_THAT(std::string(s.Validate().message()), HasSubstr("head_dim is 66"));
+  s = LlamaShape::Tiny();
+  s.head_dim = 258;
+  EXPECT_EQ(s.Validate().code(), absl::StatusCode::kInvalidArgument);
+  s = LlamaShape::Tiny();
+  s.hidden = 260;
+  EXPECT_THAT(std::string(s.Validate().message()), HasSubstr("hidden is 260"));
+  s = LlamaShape::Tiny();
+  s.rms_eps = 0.0;
+  EXPECT_THAT(std::string(s.Validate().message()), HasSubstr("rms_eps"));
+  s = LlamaShape::Tiny();
+  s.rope_theta = 0.5;
+  EXPECT_THAT(std::string(s.Validate().message()), HasSubstr("rope_theta"));
+  EXPECT_EQ(s.Validate().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kiln

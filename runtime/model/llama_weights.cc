@@ -1,0 +1,85 @@
+#include "runtime/model/llama_weights.h"
+
+#include <cmath>
+#include <cstdint>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "runtime/cuda/status_macros.h"
+#include "runtime/model/internal/weight_init.h"
+
+namespace kiln {
+
+absl::StatusOr<LlamaWeightLayout> LlamaWeightLayout::Create(const LlamaShape& shape) {
+  RETURN_IF_ERROR(shape.Validate());
+  LlamaWeightLayout layout;
+  layout.shape_ = shape;
+  size_t offset = 0;
+  auto add = [&](std::string name, WeightKind kind, int64_t rows, int64_t cols) {
+    WeightTensor t;
+    t.name = std::move(name);
+    t.kind = kind;
+    t.rows = rows;
+    t.cols = cols;
+    t.offset = offset;
+    t.index = static_cast<int>(layout.tensors_.size());
+    offset += (t.bytes() + kAlignment - 1) / kAlignment * kAlignment;
+    layout.tensors_.push_back(std::move(t));
+  };
+  const int64_t h = shape.hidden;
+  add("embedding", WeightKind::kEmbedding, shape.vocab, h);
+  for (int l = 0; l < shape.layers; ++l) {
+    const std::string p = absl::StrCat("layers.", l, ".");
+    add(p + "input_norm", WeightKind::kNorm, h, 1);
+    add(p + "qkv", WeightKind::kMatrix, shape.qkv_rows(), h);
+    add(p + "o", WeightKind::kMatrix, h, shape.q_width());
+    add(p + "post_norm", WeightKind::kNorm, h, 1);
+    add(p + "gate_up", WeightKind::kMatrix, 2 * int64_t{shape.ffn}, h);
+    add(p + "down", WeightKind::kMatrix, h, shape.ffn);
+  }
+  add("final_norm", WeightKind::kNorm, h, 1);
+  if (!shape.tie_embeddings) add("lm_head", WeightKind::kMatrix, shape.vocab, h);
+  layout.total_bytes_ = offset;
+  return layout;
+}
+
+absl::StatusOr<LlamaHostWeights> ZeroLlamaHostWeights(const LlamaShape& shape) {
+  ASSIGN_OR_RETURN(LlamaWeightLayout layout, LlamaWeightLayout::Create(shape));
+  LlamaHostWeights weights;
+  weights.data.assign(layout.total_bytes() / 2, 0);
+  weights.layout = std::move(layout);
+  return weights;
+}
+
+WeightInitRange InitRangeFor(const WeightTensor& t) {
+  WeightInitRange range;
+  switch (t.kind) {
+    case WeightKind::kEmbedding:
+      range.amplitude = std::sqrt(3.0);
+      break;
+    case WeightKind::kNorm:
+      range.amplitude = 0.25;
+      range.centre = 1.0f;
+      break;
+    case WeightKind::kMatrix:
+      range.amplitude = std::sqrt(3.0 / static_cast<double>(t.cols));
+      break;
+  }
+  return range;
+}
+
+absl::StatusOr<LlamaHostWeights> RandomLlamaHostWeights(const LlamaShape& shape, uint64_t seed) {
+  ASSIGN_OR_RETURN(LlamaHostWeights weights, ZeroLlamaHostWeights(shape));
+  for (const WeightTensor& t : weights.layout.tensors()) {
+    const WeightInitRange range = InitRangeFor(t);
+    const internal::UniformInit init =
+        internal::MakeUniformInit(seed, t.index, range.amplitude, range.centre);
+    uint16_t* out = weights.mutable_tensor(t);
+    const int64_t n = t.elements();
+    for (int64_t i = 0; i < n; ++i) out[i] = internal::InitValueBits(init, static_cast<uint64_t>(i));
+  }
+  return weights;
+}
+
+}  // namespace kiln

@@ -1,0 +1,122 @@
+// Where every weight of a Llama decoder lives: one contiguous bf16 region, each tensor at a
+// 256-byte-aligned offset, in kiln's fused layout; and the host-side copy of that region.
+//
+//   ASSIGN_OR_RETURN(kiln::LlamaWeightLayout layout, kiln::LlamaWeightLayout::Create(shape));
+//   size_t weight_bytes = layout.total_bytes();          // for the memory planner
+//   const kiln::WeightTensor& qkv = layout.qkv(3);       // [qkv_rows, hidden] at qkv.offset
+//
+//   ASSIGN_OR_RETURN(kiln::LlamaHostWeights w, kiln::RandomLlamaHostWeights(shape, /*seed=*/1));
+//   const uint16_t* qkv_bits = w.tensor(w.layout.qkv(3));   // bf16 bits
+//
+// Layout, in order (row-major, y = x · Wᵀ for every matrix W [out_features, in_features]):
+//   embedding          [vocab, hidden]
+//   per layer l:
+//     input_norm       [hidden]
+//     qkv              [(heads + 2 * kv_heads) * head_dim, hidden]   rows: q heads, k heads, v heads
+//     o                [hidden, heads * head_dim]
+//     post_norm        [hidden]
+//     gate_up          [2 * ffn, hidden]                           rows: gate, then up
+//     down             [hidden, ffn]
+//   final_norm         [hidden]
+//   lm_head            [vocab, hidden]          absent when tie_embeddings (lm_head() is embedding)
+//
+// Seeded initialisation (RandomLlamaHostWeights here, LlamaDeviceWeights::Random on the GPU;
+// bit-identical): uniform values with standard deviation 1 for the embedding, 1/sqrt(fan_in)
+// for matrices (so each projection keeps activations O(1)), and 1 ± 0.25 for norm weights.
+// Plain value types, no CUDA; thread-safe to read.
+#ifndef KILN_RUNTIME_MODEL_LLAMA_WEIGHTS_H_
+#define KILN_RUNTIME_MODEL_LLAMA_WEIGHTS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/model/llama_shape.h"
+
+namespace kiln {
+
+// What a weight tensor is for; decides its initialisation.
+enum class WeightKind { kEmbedding, kNorm, kMatrix };
+
+// One tensor of the layout.
+struct WeightTensor {
+  std::string name;             // kiln's name: "embedding", "layers.3.qkv", "final_norm", ...
+  WeightKind kind = WeightKind::kMatrix;
+  int64_t rows = 0;             // out_features (vocab for the embedding; width for a norm)
+  int64_t cols = 0;             // in_features (hidden for the embedding; 1 for a norm)
+  size_t offset = 0;            // bytes from the start of the region, a multiple of 256
+  int index = 0;                // position in LlamaWeightLayout::tensors(), seeds its values
+
+  int64_t elements() const { return rows * cols; }
+  size_t bytes() const { return static_cast<size_t>(elements()) * 2; }
+};
+
+// The offsets of every tensor for one LlamaShape.
+class LlamaWeightLayout {
+ public:
+  // Alignment of every tensor's offset in bytes (cuBLASLt's preferred alignment).
+  static constexpr size_t kAlignment = 256;
+
+  // Returns the layout for `shape`, or InvalidArgument from shape.Validate().
+  static absl::StatusOr<LlamaWeightLayout> Create(const LlamaShape& shape);
+
+  const LlamaShape& shape() const { return shape_; }
+  // Returns every tensor in layout order.
+  const std::vector<WeightTensor>& tensors() const { return tensors_; }
+  // Returns the bytes of the whole region (the sum of the tensors plus alignment padding).
+  size_t total_bytes() const { return total_bytes_; }
+
+  const WeightTensor& embedding() const { return tensors_[0]; }
+  const WeightTensor& input_norm(int layer) const { return tensors_[LayerBase(layer) + 0]; }
+  const WeightTensor& qkv(int layer) const { return tensors_[LayerBase(layer) + 1]; }
+  const WeightTensor& o(int layer) const { return tensors_[LayerBase(layer) + 2]; }
+  const WeightTensor& post_norm(int layer) const { return tensors_[LayerBase(layer) + 3]; }
+  const WeightTensor& gate_up(int layer) const { return tensors_[LayerBase(layer) + 4]; }
+  const WeightTensor& down(int layer) const { return tensors_[LayerBase(layer) + 5]; }
+  const WeightTensor& final_norm() const { return tensors_[LayerBase(shape_.layers)]; }
+  // Returns the LM head, which is the embedding when the shape ties them.
+  const WeightTensor& lm_head() const {
+    return shape_.tie_embeddings ? tensors_[0] : tensors_[LayerBase(shape_.layers) + 1];
+  }
+
+  static constexpr int kTensorsPerLayer = 6;
+
+ private:
+  static int LayerBase(int layer) { return 1 + layer * kTensorsPerLayer; }
+  LlamaShape shape_;
+  std::vector<WeightTensor> tensors_;
+  size_t total_bytes_ = 0;
+};
+
+// A host copy of the weight region: bf16 bits at the layout's offsets (padding is zero).
+struct LlamaHostWeights {
+  LlamaWeightLayout layout;
+  std::vector<uint16_t> data;  // layout.total_bytes() / 2 values
+
+  const uint16_t* tensor(const WeightTensor& t) const { return data.data() + t.offset / 2; }
+  uint16_t* mutable_tensor(const WeightTensor& t) { return data.data() + t.offset / 2; }
+};
+
+// Returns zero-filled host weights for `shape` (InvalidArgument for a bad shape).
+absl::StatusOr<LlamaHostWeights> ZeroLlamaHostWeights(const LlamaShape& shape);
+
+// Returns the seeded random weights for `shape`, the same bits LlamaDeviceWeights::Random
+// makes on the GPU. Host-only; single-threaded (about 5 ns per value).
+absl::StatusOr<LlamaHostWeights> RandomLlamaHostWeights(const LlamaShape& shape, uint64_t seed);
+
+// The range a tensor's seeded values are drawn from: uniform in [centre - amplitude,
+// centre + amplitude).
+struct WeightInitRange {
+  double amplitude = 0.0;
+  float centre = 0.0f;
+};
+
+// Returns the range for `t`: amplitude sqrt(3) for the embedding (std 1), sqrt(3 / cols) for a
+// matrix (std 1/sqrt(fan_in)), 0.25 around 1 for a norm weight.
+WeightInitRange InitRangeFor(const WeightTensor& t);
+
+}  // namespace kiln
+
+#endif  // KILN_RUNTIME_MODEL_LLAMA_WEIGHTS_H_

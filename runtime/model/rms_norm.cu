@@ -1,0 +1,96 @@
+#include "runtime/model/rms_norm.h"
+
+#include <cuda_bf16.h>
+
+#include "runtime/model/internal/vec.cuh"
+
+namespace kiln {
+namespace {
+
+// Each thread keeps up to kChunks vectors of its row in registers between the two passes, so
+// the row is read from memory once.
+constexpr int kChunks = 4;
+constexpr int kMaxThreads = 1024;
+
+template <int V, bool kAddResidual>
+__global__ void __launch_bounds__(kMaxThreads)
+    RmsNormKernel(const __nv_bfloat16* x, __nv_bfloat16* residual,
+                  const __nv_bfloat16* __restrict__ weight, __nv_bfloat16* out, int hidden,
+                  float eps) {
+  __shared__ float scratch[32];
+  const int64_t base = int64_t{blockIdx.x} * hidden;
+  float v[kChunks][V];
+  float sum_sq = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int col = (c * blockDim.x + threadIdx.x) * V;
+    if (col < hidden) {
+      internal::LoadBf16<V>(x + base + col, v[c]);
+      if constexpr (kAddResidual) {
+        float r[V];
+        internal::LoadBf16<V>(residual + base + col, r);
+#pragma unroll
+        for (int i = 0; i < V; ++i) v[c][i] += r[i];
+        internal::StoreBf16<V>(residual + base + col, v[c]);
+        // Normalise the stored (rounded) residual, not the float sum.
+#pragma unroll
+        for (int i = 0; i < V; ++i) v[c][i] = __bfloat162float(__float2bfloat16_rn(v[c][i]));
+      }
+#pragma unroll
+      for (int i = 0; i < V; ++i) sum_sq += v[c][i] * v[c][i];
+    }
+  }
+  const float total = internal::BlockSum(sum_sq, scratch);
+  const float scale = rsqrtf(total / static_cast<float>(hidden) + eps);
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int col = (c * blockDim.x + threadIdx.x) * V;
+    if (col < hidden) {
+      float w[V];
+      internal::LoadBf16<V>(weight + col, w);
+#pragma unroll
+      for (int i = 0; i < V; ++i) v[c][i] = v[c][i] * scale * w[i];
+      internal::StoreBf16<V>(out + base + col, v[c]);
+    }
+  }
+}
+
+template <bool kAddResidual>
+cudaError_t Launch(const __nv_bfloat16* x, __nv_bfloat16* residual, const __nv_bfloat16* weight,
+                   __nv_bfloat16* out, int num_tokens, int hidden, float eps,
+                   cudaStream_t stream) {
+  if (num_tokens < 0 || hidden <= 0) return cudaErrorInvalidValue;
+  if (num_tokens == 0) return cudaSuccess;
+  const bool vec = hidden % 8 == 0 && internal::Aligned16(x) && internal::Aligned16(weight) &&
+                   internal::Aligned16(out) &&
+                   (!kAddResidual || internal::Aligned16(residual));
+  const int V = vec ? 8 : 1;
+  const int units = (hidden + V - 1) / V;
+  if (units > kChunks * kMaxThreads) return cudaErrorInvalidValue;
+  // Enough threads that kChunks per thread cover the row; at least a full row in one chunk
+  // when it fits, so short rows still use many threads.
+  const int threads = internal::WarpRoundedThreads(units, kMaxThreads);
+  if (vec) {
+    RmsNormKernel<8, kAddResidual><<<num_tokens, threads, 0, stream>>>(x, residual, weight, out,
+                                                                       hidden, eps);
+  } else {
+    RmsNormKernel<1, kAddResidual><<<num_tokens, threads, 0, stream>>>(x, residual, weight, out,
+                                                                       hidden, eps);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchRmsNorm(const __nv_bfloat16* x, const __nv_bfloat16* weight, __nv_bfloat16* out,
+                          int num_tokens, int hidden, float eps, cudaStream_t stream) {
+  return Launch<false>(x, nullptr, weight, out, num_tokens, hidden, eps, stream);
+}
+
+cudaError_t LaunchFusedAddRmsNorm(const __nv_bfloat16* x, __nv_bfloat16* residual,
+                                  const __nv_bfloat16* weight, __nv_bfloat16* out, int num_tokens,
+                                  int hidden, float eps, cudaStream_t stream) {
+  return Launch<true>(x, residual, weight, out, num_tokens, hidden, eps, stream);
+}
+
+}  // namespace kiln

@@ -1,0 +1,35 @@
+// Greedy sampling: the argmax over the vocabulary of each row of logits.
+//
+//   // logits [num_rows, vocab] (bf16, or float from Gemm with GemmOutput::kFloat32)
+//   CUDA_RETURN_IF_ERROR(kiln::LaunchGreedySample(logits, num_rows, vocab, next_tokens, stream));
+//
+// Ties go to the lowest index, so the result does not depend on the reduction order; NaN
+// never wins; a row with no non-NaN value gives -1. One block of 1024 threads per row,
+// 16-byte loads when rows are 16-byte aligned; the launch shape depends only on num_rows and
+// vocab. Callable during capture; thread-safe.
+#ifndef KILN_RUNTIME_MODEL_SAMPLING_H_
+#define KILN_RUNTIME_MODEL_SAMPLING_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace kiln {
+
+// Enqueues tokens[r] = argmax_j logits[r, j] on `stream`. Returns cudaErrorInvalidValue for a
+// negative num_rows or a non-positive vocab, else the launch's error.
+cudaError_t LaunchGreedySample(const __nv_bfloat16* logits,  // [num_rows, vocab]
+                               int num_rows, int vocab,
+                               int32_t* tokens,               // [num_rows]
+                               cudaStream_t stream);
+
+// The same for float logits.
+cudaError_t LaunchGreedySample(const float* logits,  // [num_rows, vocab]
+                               int num_rows, int vocab,
+                               int32_t* tokens,      // [num_rows]
+                               cudaStream_t stream);
+
+}  // namespace kiln
+
+#endif  // KILN_RUNTIME_MODEL_SAMPLING_H_
