@@ -171,7 +171,8 @@ HostBatch MakeRandomBatch(const Shape& shape, const std::vector<SeqSpec>& seqs, 
   }
   b.q_rows = std::max(sizes.num_tokens, b.num_tokens);
   b.max_blocks_per_seq = std::max(sizes.max_blocks_per_seq, longest);
-  b.num_blocks = std::max(sizes.num_blocks, needed_blocks + needed_blocks / 4 + 3);
+  b.num_blocks = sizes.num_blocks > 0 ? std::max(sizes.num_blocks, needed_blocks)
+                                      : needed_blocks + needed_blocks / 4 + 3;
 
   // Scatter the sequences' blocks over the cache; invalid entries point far outside it.
   std::vector<int32_t> physical(b.num_blocks);
