@@ -144,7 +144,10 @@ absl::Status LaunchPrefillAttention(const PrefillAttentionParams& p, cudaStream_
   args.num_q_heads = p.num_q_heads;
   args.num_kv_heads = p.num_kv_heads;
   args.group = p.num_q_heads / p.num_kv_heads;
+  args.group_div = prefill_internal::FastDiv::Make(args.group);
   args.block_size = p.block_size;
+  args.block_div = prefill_internal::FastDiv::Make(p.block_size);
+  args.block_stride = static_cast<int64_t>(p.num_kv_heads) * p.block_size * p.head_dim;
   args.max_blocks_per_seq = p.max_blocks_per_seq;
   args.scale_log2 = scale * 1.4426950408889634f;
   return DispatchDtype(p, args, stream);

@@ -52,7 +52,7 @@ class PrefillKernelGpuTest : public ::testing::Test {
   // Runs one batch with a plan cut at kv_chunk (0: no split) and checks o, every partial slot
   // (o and lse against the reference for its chunk) and the merge of the partials.
   void CheckBatch(const Shape& shape, const std::vector<SeqSpec>& seqs, int kv_chunk = 0,
-                  bool extra_empty_chunk = false) {
+                  bool extra_empty_chunk = false, float softmax_scale = 0.0f) {
     const uint64_t seed = FreshSeed();
     SCOPED_TRACE(absl::StrCat(Describe(shape), " kv_chunk=", kv_chunk, " seed=", seed));
     const int group = shape.group();
@@ -73,7 +73,9 @@ class PrefillKernelGpuTest : public ::testing::Test {
     ASSERT_TRUE(dev_or.ok()) << dev_or.status();
     DeviceBatch dev = std::move(dev_or).value();
 
-    const absl::Status launched = LaunchPrefillAttention(dev.Params(), stream_.get());
+    PrefillAttentionParams params = dev.Params();
+    params.softmax_scale = softmax_scale;
+    const absl::Status launched = LaunchPrefillAttention(params, stream_.get());
     ASSERT_TRUE(launched.ok()) << launched;
     ASSERT_EQ(cudaStreamSynchronize(stream_.get()), cudaSuccess);
 
@@ -103,7 +105,8 @@ class PrefillKernelGpuTest : public ::testing::Test {
             const int j = row / group;
             const int h = kv_head * group + row % group;
             const double lse = prefill_testing::ReferenceRow(batch, item.seq, j, h, item.kv_begin,
-                                                             item.kv_end, 0.0f, ref_row.data());
+                                                             item.kv_end, softmax_scale,
+                                                             ref_row.data());
             const size_t slot_row =
                 (static_cast<size_t>(item.partial_slot) * shape.num_kv_heads + kv_head) *
                     shape.tile_rows +
@@ -158,7 +161,7 @@ class PrefillKernelGpuTest : public ::testing::Test {
       }
     }
 
-    const std::vector<double> ref = prefill_testing::ReferenceOutput(batch, 0.0f);
+    const std::vector<double> ref = prefill_testing::ReferenceOutput(batch, softmax_scale);
     const double err = prefill_testing::MaxTokenRelativeError(out, ref, tokens, token_elems);
     EXPECT_LT(err, Tolerance(shape.dtype)) << "worst per-token relative error";
   }
@@ -225,6 +228,15 @@ TEST_F(PrefillKernelGpuTest, SplitKvPartialsMergeToReference) {
 TEST_F(PrefillKernelGpuTest, SplitKvUnalignedChunks) {
   CheckBatch(Shape{AttentionDtype::kBf16, 128, 128, 8, 8, 16}, {{40, 1000}, {200, 333}},
              /*kv_chunk=*/100, /*extra_empty_chunk=*/true);
+}
+
+// A large softmax scale spreads the scores over tens of powers of two, so the running maximum
+// moves by more than the rescale slack often and the lazy-rescale path is exercised.
+TEST_F(PrefillKernelGpuTest, WideScoresRescaleExactly) {
+  CheckBatch(Shape{AttentionDtype::kBf16, 128, 128, 8, 2, 16}, {{700, 700}, {64, 900}},
+             /*kv_chunk=*/0, false, /*softmax_scale=*/1.0f);
+  CheckBatch(Shape{AttentionDtype::kFp16, 64, 64, 8, 2, 16}, {{300, 1000}, {100, 100}},
+             /*kv_chunk=*/256, false, /*softmax_scale=*/0.7f);
 }
 
 TEST_F(PrefillKernelGpuTest, LargeBlocksAndOddBlockSize) {

@@ -31,9 +31,12 @@ struct Shape {
   static constexpr int kQBytes = kTileRows * kRowBytes;
   static constexpr int kKvBytes = kKvTile * kRowBytes;  // K (or V) of one tile
   static constexpr int kStageBytes = 2 * kKvBytes;
-  // Two stages where Q and one K/V tile are large (two CTAs fit an SM), three otherwise.
-  static constexpr int kStages = (kHeadDim == 128 && kTileRows == 128) ? 2 : 3;
-  static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes + 1024;  // + alignment slack
+  // Two stages for head_dim 128 (two CTAs per SM still fit), three for head_dim 64.
+  static constexpr int kStages = kHeadDim == 128 ? 2 : 3;
+  // Two slots of per-key cache offsets (int64) for the tiles the loader fetches next.
+  static constexpr int kTableBytes = 2 * kKvTile * 8;
+  static constexpr int kSmemBytes =
+      kQBytes + kStages * kStageBytes + kTableBytes + 1024;  // + alignment slack
   static constexpr int kRowsPerPass = kThreads / kChunks;  // rows one pass of the CTA loads
   static_assert(kMTiles >= 1 && kMTiles * 16 * kWarps == kTileRows, "tile_rows must be 64 or 128");
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim must be 64 or 128");
@@ -132,8 +135,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int q_len = args.seq_q_start[item.seq + 1] - q_start;
   const int kv_len = args.seq_kv_len[item.seq];
   const int prefix = kv_len - q_len;  // KV position of new token 0
-  const int first_token = item.row_begin / group;
-  const int last_token = (item.row_end - 1) / group;
+  const int first_token = args.group_div.Div(item.row_begin);
+  const int last_token = args.group_div.Div(item.row_end - 1);
   // Keys [kv_lo, kv_hi) are visible to some row of the tile; keys below full_hi to every row.
   const int kv_lo = item.kv_begin;
   const int kv_hi = min(item.kv_end, prefix + last_token + 1);
@@ -143,13 +146,15 @@ __global__ void __launch_bounds__(kThreads, 2)
   // The ldmatrix addressing below xors chunk bits into addresses, which needs every tile on a
   // 1 KB boundary; the allocation carries 1 KB of slack to align the start.
   extern __shared__ __align__(1024) uint8_t smem[];
-  const uint32_t smem_q =
-      (static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + 1023u) & ~1023u;
+  const uint32_t smem_raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t align_pad = (1024u - (smem_raw & 1023u)) & 1023u;
+  const uint32_t smem_q = smem_raw + align_pad;
   const uint32_t smem_kv = smem_q + S::kQBytes;
+  // Cache offsets (elements) of the keys of the next tiles, two slots of kKvTile entries.
+  int64_t* const offset_table =
+      reinterpret_cast<int64_t*>(smem + align_pad + S::kQBytes + kStages * S::kStageBytes);
 
   const T* q = static_cast<const T*>(args.q);
-  const T* k_cache = static_cast<const T*>(args.k_cache);
-  const T* v_cache = static_cast<const T*>(args.v_cache);
   const int32_t* block_table =
       args.block_table + static_cast<int64_t>(item.seq) * args.max_blocks_per_seq;
 
@@ -159,6 +164,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int ld_row0 = tid / S::kChunks;
   const uint32_t ld_swz = Swizzle(ld_row0, ld_chunk, kRowBytes);
   static_assert(S::kRowsPerPass % 8 == 0, "loader rows must keep their swizzle");
+  // This thread's chunk column in KV head kv_head of physical block 0; a key adds its offset.
+  const int64_t head_offset =
+      static_cast<int64_t>(kv_head) * args.block_size * kHeadDim + ld_chunk * 8;
+  const T* const k_src = static_cast<const T*>(args.k_cache) + head_offset;
+  const T* const v_src = static_cast<const T*>(args.v_cache) + head_offset;
 
   // Q tile: packed row r of the item is token (row_begin + r) / G, head kv_head * G + g.
 #pragma unroll
@@ -168,7 +178,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     const bool valid = row < item.row_end;
     const T* src = q;
     if (valid) {
-      const int token = row / group;
+      const int token = args.group_div.Div(row);
       const int head = kv_head * group + (row - token * group);
       src = q + (static_cast<int64_t>(q_start + token) * args.num_q_heads + head) * kHeadDim +
             ld_chunk * 8;
@@ -176,35 +186,50 @@ __global__ void __launch_bounds__(kThreads, 2)
     CpAsync16(smem_q + ld_swz + i * S::kRowsPerPass * kRowBytes, src, valid ? 16 : 0);
   }
 
-  // One K/V tile into a stage; keys at or past kv_hi are zero-filled (never read), so neither a
-  // stale block-table entry nor stale cache contents can reach the result.
-  auto load_kv = [&](int tile, int stage) {
+  // Offset (elements) of key position pos in the cache, relative to k_src / v_src.
+  auto key_offset = [&](int pos, int block) -> int64_t {
+    return static_cast<int64_t>(block) * args.block_stride +
+           (pos - static_cast<int>(args.block_div.Div(pos)) * args.block_size) * kHeadDim;
+  };
+
+  // One K/V tile into a stage. Keys at or past kv_hi are zero-filled (never read), so neither a
+  // stale block-table entry nor stale cache contents can reach the result. The first tiles look
+  // their blocks up here; later ones read offsets that the first 64 threads looked up one
+  // iteration earlier (offset_table), which keeps the block-table latency and the index math
+  // off the loop's path.
+  auto load_kv = [&](int tile, int stage, bool from_table) {
     const int tile_start = kv_lo + tile * kKvTile;
     const uint32_t k_dst = smem_kv + stage * S::kStageBytes;
     const uint32_t v_dst = k_dst + S::kKvBytes;
+    const int64_t* slot = offset_table + (tile & 1) * kKvTile;
 #pragma unroll
     for (int i = 0; i < kKvTile / S::kRowsPerPass; ++i) {
       const int r = ld_row0 + i * S::kRowsPerPass;
       const int pos = tile_start + r;
       const bool valid = pos < kv_hi;
       int64_t offset = 0;
-      if (valid) {
-        const int block = __ldg(block_table + pos / args.block_size);
-        offset = ((static_cast<int64_t>(block) * args.num_kv_heads + kv_head) * args.block_size +
-                  pos % args.block_size) *
-                     kHeadDim +
-                 ld_chunk * 8;
+      if (from_table) {
+        offset = slot[r];
+      } else if (valid) {
+        offset = key_offset(pos, __ldg(block_table + args.block_div.Div(pos)));
       }
       const uint32_t dst = ld_swz + i * S::kRowsPerPass * kRowBytes;
-      CpAsync16(k_dst + dst, k_cache + offset, valid ? 16 : 0);
-      CpAsync16(v_dst + dst, v_cache + offset, valid ? 16 : 0);
+      CpAsync16(k_dst + dst, k_src + offset, valid ? 16 : 0);
+      CpAsync16(v_dst + dst, v_src + offset, valid ? 16 : 0);
     }
   };
+  // Threads [0, kKvTile) each own one key of a tile's offset table slot.
+  const bool table_thread = tid < kKvTile;
 
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < num_tiles) load_kv(s, s);
+    if (s < num_tiles) load_kv(s, s, /*from_table=*/false);
     CpAsyncCommit();  // the first group also carries Q
+  }
+  if (table_thread && kStages - 1 < num_tiles) {
+    const int pos = kv_lo + (kStages - 1) * kKvTile + tid;
+    offset_table[((kStages - 1) & 1) * kKvTile + tid] =
+        pos < kv_hi ? key_offset(pos, __ldg(block_table + args.block_div.Div(pos))) : 0;
   }
 
   // This thread's rows: warp rows [warp * 16 * kMTiles, ...), in each 16-row MMA tile the rows
@@ -215,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = warp * 16 * kMTiles + mt * 16 + h * 8 + lane / 4;
-      const int token = (item.row_begin + r) / group;
+      const int token = args.group_div.Div(item.row_begin + r);
       limit[mt][h] = min(prefix + token, item.kv_end - 1);
     }
   }
@@ -254,9 +279,19 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   for (int tile = 0; tile < num_tiles; ++tile) {
     CpAsyncWait<kStages - 2>();
-    __syncthreads();  // tile `tile` has landed for every thread; stage (tile - 1) is free
-    if (tile + kStages - 1 < num_tiles) load_kv(tile + kStages - 1, (tile + kStages - 1) % kStages);
+    // Tile `tile` has landed for every thread; stage (tile - 1) % kStages and the table slot read
+    // last iteration are free; the slot written last iteration is visible.
+    __syncthreads();
+    if (tile + kStages - 1 < num_tiles) {
+      load_kv(tile + kStages - 1, (tile + kStages - 1) % kStages, /*from_table=*/true);
+    }
     CpAsyncCommit();
+    // Look up the blocks of tile + kStages now; the offsets are stored after this tile's math.
+    const int fill_tile = tile + kStages;
+    const bool fill = table_thread && fill_tile < num_tiles;
+    const int fill_pos = kv_lo + fill_tile * kKvTile + tid;
+    int fill_block = 0;
+    if (fill && fill_pos < kv_hi) fill_block = __ldg(block_table + args.block_div.Div(fill_pos));
 
     const int stage = tile % kStages;
     const uint32_t k_addr = smem_kv + stage * S::kStageBytes + k_lane;
@@ -308,8 +343,15 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
 
-    // Online softmax in the log2 domain. A row that has seen no key yet keeps max = -inf; its
-    // exponent base is then 0 so that exp2(-inf - base) = 0 instead of NaN.
+    // Online softmax in the log2 domain, with a lazily moved maximum: the exponent base of a row
+    // only moves when the tile's maximum exceeds it by more than kRescaleSlack (p then stays
+    // below 2^kRescaleSlack, harmless in float and in P's 16-bit type), and the warp rescales
+    // its outputs only when one of its rows moved. The result is exact either way, because o and
+    // the row sum always share the base; in long prompts most tiles skip the rescale. A row that
+    // has seen no key keeps max = -inf and uses base 0, so exp2(-inf - base) = 0, never NaN.
+    constexpr float kRescaleSlack = 8.0f;
+    float tile_max[kMTiles][2];
+    bool moved = false;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -321,10 +363,33 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float new_max = fmaxf(row_max[mt][h], mx * scale_log2);
-        const float base = new_max == -INFINITY ? 0.0f : new_max;
-        const float correction = Exp2(row_max[mt][h] - base);
-        row_max[mt][h] = new_max;
+        tile_max[mt][h] = mx * scale_log2;
+        moved |= tile_max[mt][h] > row_max[mt][h] + kRescaleSlack;
+      }
+    }
+    if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float new_max = fmaxf(row_max[mt][h], tile_max[mt][h]);
+          const float correction =
+              Exp2(row_max[mt][h] - (new_max == -INFINITY ? 0.0f : new_max));
+          row_max[mt][h] = new_max;
+          row_sum[mt][h] *= correction;
+#pragma unroll
+          for (int d = 0; d < kDTiles; ++d) {
+            acc_o[mt][d][2 * h] *= correction;
+            acc_o[mt][d][2 * h + 1] *= correction;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float base = row_max[mt][h] == -INFINITY ? 0.0f : row_max[mt][h];
         float sum = 0.0f;
 #pragma unroll
         for (int n = 0; n < kKvTile / 8; ++n) {
@@ -335,12 +400,7 @@ __global__ void __launch_bounds__(kThreads, 2)
             sum += p;
           }
         }
-        row_sum[mt][h] = row_sum[mt][h] * correction + sum;
-#pragma unroll
-        for (int d = 0; d < kDTiles; ++d) {
-          acc_o[mt][d][2 * h] *= correction;
-          acc_o[mt][d][2 * h + 1] *= correction;
-        }
+        row_sum[mt][h] += sum;
       }
     }
 
@@ -366,6 +426,10 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
       }
     }
+    if (fill) {
+      offset_table[(fill_tile & 1) * kKvTile + tid] =
+          fill_pos < kv_hi ? key_offset(fill_pos, fill_block) : 0;
+    }
   }
   CpAsyncWait<0>();  // nothing may still be copying into shared memory when the CTA exits
 
@@ -385,7 +449,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       const int row = item.row_begin + r;
       const int col = (lane % 4) * 2;
       if (item.partial_slot < 0) {
-        const int token = row / group;
+        const int token = args.group_div.Div(row);
         const int head = kv_head * group + (row - token * group);
         T* dst = o + (static_cast<int64_t>(q_start + token) * args.num_q_heads + head) * kHeadDim;
 #pragma unroll

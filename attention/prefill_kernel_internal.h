@@ -12,6 +12,36 @@
 namespace kiln {
 namespace prefill_internal {
 
+#if defined(__CUDACC__)
+#define KILN_PREFILL_HD __host__ __device__ __forceinline__
+#else
+#define KILN_PREFILL_HD inline
+#endif
+
+// Division of non-negative int32 values by a divisor fixed at launch: a multiply-high, an add and
+// a shift instead of the ~20 instructions of a run-time integer division (the kernel divides
+// every KV position by the block size and every query row by the group size). Round-up
+// multiplier method: with l = ceil(log2 d) and m = floor(2^32 (2^l - d) / d) + 1,
+// n / d = (mulhi(n, m) + n) >> l for 0 <= n < 2^31.
+struct FastDiv {
+  uint32_t divisor = 1;
+  uint32_t multiplier = 1;
+  uint32_t shift = 0;
+
+  static FastDiv Make(uint32_t d) {
+    FastDiv f;
+    f.divisor = d;
+    while ((uint64_t{1} << f.shift) < d) ++f.shift;
+    f.multiplier = static_cast<uint32_t>(
+        ((uint64_t{1} << 32) * ((uint64_t{1} << f.shift) - d)) / d + 1);
+    return f;
+  }
+  KILN_PREFILL_HD uint32_t Div(uint32_t n) const {
+    const uint32_t hi = static_cast<uint32_t>((static_cast<uint64_t>(n) * multiplier) >> 32);
+    return (hi + n) >> shift;
+  }
+};
+
 // What the kernel reads: the public params reduced to device-side values.
 struct KernelArgs {
   const void* q;
@@ -27,7 +57,10 @@ struct KernelArgs {
   int num_q_heads;
   int num_kv_heads;
   int group;  // G = num_q_heads / num_kv_heads
+  FastDiv group_div;
   int block_size;
+  FastDiv block_div;
+  int64_t block_stride;  // elements of one physical KV block: num_kv_heads * block_size * head_dim
   int max_blocks_per_seq;
   float scale_log2;  // softmax_scale * log2(e): scores live in the log2 domain
 };
@@ -43,5 +76,7 @@ int SharedMemoryBytes();
 
 }  // namespace prefill_internal
 }  // namespace kiln
+
+#undef KILN_PREFILL_HD
 
 #endif  // KILN_ATTENTION_PREFILL_KERNEL_INTERNAL_H_

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "attention/prefill_kernel.h"
+#include "attention/prefill_kernel_internal.h"
 #include "attention/prefill_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -128,6 +129,20 @@ TEST(PrefillKernelTest, SplitPlanCoversEachTileOnce) {
   int partial = 0;
   for (const AttentionWorkItem& it : plan.items) partial += it.partial_slot >= 0;
   EXPECT_EQ(partial, plan.num_slots);
+}
+
+TEST(PrefillKernelTest, FastDivMatchesDivision) {
+  std::mt19937 rng(11);
+  for (uint32_t d : {1u, 2u, 3u, 5u, 7u, 16u, 24u, 100u, 128u, 1000u, 4097u, 65535u, 1u << 20}) {
+    const auto f = prefill_internal::FastDiv::Make(d);
+    for (uint32_t n : {0u, 1u, d - 1, d, d + 1, 2 * d - 1, 2 * d, 0x7FFFFFFFu, 0x7FFFFFFFu - d}) {
+      ASSERT_EQ(f.Div(n), n / d) << n << " / " << d;
+    }
+    for (int i = 0; i < 20000; ++i) {
+      const uint32_t n = rng() & 0x7FFFFFFFu;
+      ASSERT_EQ(f.Div(n), n / d) << n << " / " << d;
+    }
+  }
 }
 
 TEST(PrefillKernelTest, HalfAndBf16ConversionsRoundTrip) {
