@@ -50,6 +50,25 @@ struct AttentionMergeItem {
 //   partial_o    float [max_slots, num_kv_heads, tile_rows, head_dim]
 //   partial_lse  float [max_slots, num_kv_heads, tile_rows]   log2-sum-exp of the scaled scores;
 //                                                             -inf for an empty chunk (weight 0)
+// Row m of a slot is packed query row row_begin + m of its tile. partial_o holds the chunk's
+// normalised output (sum_j p_j v_j / sum_j p_j, zeros when the chunk is empty for that row), and
+// partial_lse = log2(sum_j 2^(s_j)) with s_j = (q . k_j) * softmax_scale * log2(e), so the merge
+// weighs chunk i by 2^(lse_i - max_i lse_i).
+
+// Element type of q, o and the KV cache; accumulation is always float.
+enum class AttentionDtype : int32_t {
+  kBf16 = 0,
+  kFp16 = 1,
+};
+
+// Per-step header of one plan part, uploaded with its items: the kernels read the chunk size
+// from here (it changes every step) while their grids stay fixed by the capture key.
+struct AttentionPlanHeader {
+  int32_t num_work_items;   // valid items; the rest, up to the capacity, are padding (seq = -1)
+  int32_t num_merge_items;  // valid merge items; the rest are padding (seq = -1)
+  int32_t kv_chunk_size;    // KV tokens per work item this step (a tile's last chunk may be shorter)
+  int32_t num_tiles;        // query tiles this step
+};
 
 }  // namespace kiln
 

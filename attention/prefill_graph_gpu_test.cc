@@ -1,6 +1,7 @@
 // A prefill-only CUDA graph captured once for a token budget replays correctly for every way of
-// splitting that budget into sequences: its grid is the closed-form tile capacity, padding items
-// exit, and the replay equals an eager launch of the exact plan bit for bit.
+// splitting that budget into sequences: its grid is the planner's work capacity (the closed-form
+// tile bound), padding items exit, and the replay equals an eager launch of the exact plan bit
+// for bit.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "attention/prefill_kernel.h"
 #include "attention/prefill_test_util.h"
+#include "attention/split_kv_planner.h"
 #include "gtest/gtest.h"
 #include "runtime/cuda/gpu_test_util.h"
 #include "runtime/cuda/stream.h"
@@ -79,8 +81,21 @@ TEST(PrefillGraphGpuTest, OneCaptureReplaysEverySplitBitExact) {
   std::mt19937_64 rng(seed);
 
   const Shape shape{AttentionDtype::kBf16, 128, 64, 10, 2, 16};  // G = 5
-  const int capacity = prefill_testing::TileCapacity(kTokenBudget, kMaxSeqs, shape.group(),
-                                                     shape.tile_rows);
+  // The real planner under one prefill-only key; its work capacity is the grid baked in.
+  SplitKvPlannerOptions options;
+  options.num_q_heads = shape.num_q_heads;
+  options.num_kv_heads = shape.num_kv_heads;
+  options.head_dim = shape.head_dim;
+  options.sm_count = 132;
+  options.key = {kMaxSeqs, kTokenBudget, kMaxKv};
+  options.prefill.tile_rows = shape.tile_rows;
+  options.prefill.allow_split = false;
+  auto planner_or = SplitKvPlanner::Create(options);
+  ASSERT_TRUE(planner_or.ok()) << planner_or.status();
+  const SplitKvPlanner& planner = *planner_or;
+  const int capacity = planner.layout().prefill.work_capacity;
+  ASSERT_EQ(capacity, prefill_testing::TileCapacity(kTokenBudget, kMaxSeqs, shape.group(),
+                                                    shape.tile_rows));
   BatchSizes sizes;
   sizes.num_tokens = kTokenBudget;
   sizes.max_seqs = kMaxSeqs;
@@ -89,7 +104,10 @@ TEST(PrefillGraphGpuTest, OneCaptureReplaysEverySplitBitExact) {
 
   const std::vector<std::vector<SeqSpec>> splits = Splits(rng);
   HostBatch first = prefill_testing::MakeRandomBatch(shape, splits[0], rng(), sizes);
-  TestPlan first_plan = prefill_testing::BuildPlan(splits[0], shape.group(), shape.tile_rows, 0);
+  int planned_capacity = 0;
+  auto first_plan_or = prefill_testing::PlanWithPlanner(planner, splits[0], &planned_capacity);
+  ASSERT_TRUE(first_plan_or.ok()) << first_plan_or.status();
+  const TestPlan& first_plan = *first_plan_or;
   ASSERT_EQ(first_plan.items.size(), 4u) << "[13,13] with G=5, T=64 needs 4 tiles";
   auto dev_or = DeviceBatch::Upload(first, first_plan, capacity);
   ASSERT_TRUE(dev_or.ok()) << dev_or.status();
@@ -109,8 +127,11 @@ TEST(PrefillGraphGpuTest, OneCaptureReplaysEverySplitBitExact) {
   for (const std::vector<SeqSpec>& seqs : splits) {
     SCOPED_TRACE(absl::StrCat("split q/kv: ", Lengths(seqs)));
     const HostBatch batch = prefill_testing::MakeRandomBatch(shape, seqs, rng(), sizes);
-    const TestPlan plan = prefill_testing::BuildPlan(seqs, shape.group(), shape.tile_rows, 0);
-    ASSERT_LE(static_cast<int>(plan.items.size()), capacity) << "closed-form capacity too small";
+    auto plan_or = prefill_testing::PlanWithPlanner(planner, seqs, &planned_capacity);
+    ASSERT_TRUE(plan_or.ok()) << plan_or.status();
+    const TestPlan& plan = *plan_or;
+    ASSERT_EQ(planned_capacity, capacity);
+    ASSERT_TRUE(plan.merges.empty());
     ASSERT_TRUE(dev.Update(batch, plan, stream.get()).ok());
 
     ASSERT_TRUE(dev.Poison(stream.get()).ok());

@@ -37,13 +37,7 @@
 
 namespace kiln {
 
-// Element type of q, o and the KV cache. Accumulation is always float.
-enum class AttentionDtype {
-  kBf16,
-  kFp16,
-};
-
-// Everything one prefill launch needs. Plain data; the caller owns every buffer, which must stay
+// Everything one prefill launch needs (AttentionDtype is in attention_params.h). Plain data; the caller owns every buffer, which must stay
 // alive until the launch has run. Shapes as in attention_params.h.
 struct PrefillAttentionParams {
   AttentionDtype dtype = AttentionDtype::kBf16;

@@ -1,6 +1,7 @@
 // The prefill kernel against a CPU float64 reference: fresh prompts of many lengths around the
 // tile boundaries, cached prefixes (chunked prefill), every dtype / head_dim / tile / group
 // configuration, and KV splits whose partials merge back to the reference.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -11,6 +12,7 @@
 #include "attention/attention_params.h"
 #include "attention/prefill_kernel.h"
 #include "attention/prefill_test_util.h"
+#include "attention/split_kv_planner.h"
 #include "gtest/gtest.h"
 #include "runtime/cuda/gpu_test_util.h"
 #include "runtime/cuda/stream.h"
@@ -53,8 +55,46 @@ class PrefillKernelGpuTest : public ::testing::Test {
   // (o and lse against the reference for its chunk) and the merge of the partials.
   void CheckBatch(const Shape& shape, const std::vector<SeqSpec>& seqs, int kv_chunk = 0,
                   bool extra_empty_chunk = false, float softmax_scale = 0.0f) {
+    SCOPED_TRACE(absl::StrCat("kv_chunk=", kv_chunk));
+    const TestPlan plan = prefill_testing::BuildPlan(seqs, shape.group(), shape.tile_rows, kv_chunk,
+                                                     extra_empty_chunk);
+    if (kv_chunk > 0) {
+      ASSERT_GT(plan.num_slots, 0) << "the split test must split something";
+    }
+    CheckPlan(shape, seqs, plan, static_cast<int>(plan.items.size()) + 3, softmax_scale);
+  }
+
+  // Plans with the real SplitKvPlanner (prefill part; it splits long tiles over idle SMs) and
+  // checks the kernel on its items. Returns the number of split tiles through `merges`.
+  void CheckPlannerBatch(const Shape& shape, const std::vector<SeqSpec>& seqs, int sm_count,
+                         int* merges) {
+    SplitKvPlannerOptions options;
+    options.num_q_heads = shape.num_q_heads;
+    options.num_kv_heads = shape.num_kv_heads;
+    options.head_dim = shape.head_dim;
+    options.sm_count = sm_count;
+    int tokens = 0, longest = 0;
+    for (const SeqSpec& s : seqs) {
+      tokens += s.q_len;
+      longest = std::max(longest, s.kv_len);
+    }
+    options.key = {static_cast<int>(seqs.size()) + 2, tokens + 7, longest + 100};
+    options.prefill.tile_rows = shape.tile_rows;
+    auto planner = SplitKvPlanner::Create(options);
+    ASSERT_TRUE(planner.ok()) << planner.status();
+    int capacity = 0;
+    auto plan = prefill_testing::PlanWithPlanner(*planner, seqs, &capacity);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    *merges = static_cast<int>(plan->merges.size());
+    CheckPlan(shape, seqs, *plan, capacity, 0.0f);
+  }
+
+  // Runs one batch with `plan` padded to `capacity` and checks o, every partial slot (o and lse
+  // against the reference for its chunk) and the merge of the partials.
+  void CheckPlan(const Shape& shape, const std::vector<SeqSpec>& seqs, const TestPlan& plan,
+                 int capacity, float softmax_scale) {
     const uint64_t seed = FreshSeed();
-    SCOPED_TRACE(absl::StrCat(Describe(shape), " kv_chunk=", kv_chunk, " seed=", seed));
+    SCOPED_TRACE(absl::StrCat(Describe(shape), " seed=", seed));
     const int group = shape.group();
     const int dim = shape.head_dim;
     // Two spare q/o rows past the batch, and three padding items, must stay untouched.
@@ -63,12 +103,6 @@ class PrefillKernelGpuTest : public ::testing::Test {
     BatchSizes sizes;
     sizes.num_tokens = tokens + 2;
     const HostBatch batch = prefill_testing::MakeRandomBatch(shape, seqs, seed, sizes);
-    const TestPlan plan = prefill_testing::BuildPlan(seqs, group, shape.tile_rows, kv_chunk,
-                                                     extra_empty_chunk);
-    if (kv_chunk > 0) {
-      ASSERT_GT(plan.num_slots, 0) << "the split test must split something";
-    }
-    const int capacity = static_cast<int>(plan.items.size()) + 3;
     auto dev_or = DeviceBatch::Upload(batch, plan, capacity);
     ASSERT_TRUE(dev_or.ok()) << dev_or.status();
     DeviceBatch dev = std::move(dev_or).value();
@@ -237,6 +271,16 @@ TEST_F(PrefillKernelGpuTest, WideScoresRescaleExactly) {
              /*kv_chunk=*/0, false, /*softmax_scale=*/1.0f);
   CheckBatch(Shape{AttentionDtype::kFp16, 64, 64, 8, 2, 16}, {{300, 1000}, {100, 100}},
              /*kv_chunk=*/256, false, /*softmax_scale=*/0.7f);
+}
+
+// The real planner's items: few long sequences split over the GPU's slots, many short ones not.
+TEST_F(PrefillKernelGpuTest, SplitKvPlannerItemsMatchReference) {
+  int merges = 0;
+  CheckPlannerBatch(Shape{AttentionDtype::kBf16, 128, 128, 8, 2, 16},
+                    {{1, 3000}, {40, 2500}, {300, 300}}, /*sm_count=*/132, &merges);
+  EXPECT_GT(merges, 0) << "long tiles on an idle GPU should split";
+  CheckPlannerBatch(Shape{AttentionDtype::kFp16, 64, 64, 10, 2, 16},
+                    {{13, 13}, {13, 900}, {1, 1}, {200, 1200}, {77, 77}}, /*sm_count=*/8, &merges);
 }
 
 TEST_F(PrefillKernelGpuTest, LargeBlocksAndOddBlockSize) {

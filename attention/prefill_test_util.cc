@@ -82,6 +82,39 @@ TestPlan BuildPlan(const std::vector<SeqSpec>& seqs, int group, int tile_rows, i
   return plan;
 }
 
+absl::StatusOr<TestPlan> PlanWithPlanner(const SplitKvPlanner& planner,
+                                         const std::vector<SeqSpec>& seqs, int* capacity) {
+  const PlanLayout& layout = planner.layout();
+  std::vector<uint64_t> blob((layout.plan_bytes + 15) / 8 + 2);  // 16-byte aligned below
+  void* aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(blob.data()) + 15) &
+                                          ~uintptr_t{15});
+  std::vector<SeqLens> lens;
+  for (const SeqSpec& s : seqs) lens.push_back({s.q_len, s.kv_len});
+  ASSIGN_OR_RETURN(PlanSummary summary, planner.Plan(lens, aligned));
+  const char* base = static_cast<const char*>(aligned);
+  const int32_t* q_start = reinterpret_cast<const int32_t*>(base + layout.seq_q_start_offset);
+  const int32_t* kv_len = reinterpret_cast<const int32_t*>(base + layout.seq_kv_len_offset);
+  int tokens = 0;
+  for (int i = 0; i < static_cast<int>(seqs.size()); ++i) {
+    if (q_start[i] != tokens || kv_len[i] != seqs[i].kv_len) {
+      return absl::InternalError(absl::StrCat("Planner's arrays disagree at sequence ", i));
+    }
+    tokens += seqs[i].q_len;
+  }
+  const PlanPartView view = ViewPart(aligned, layout.prefill);
+  TestPlan plan;
+  plan.items.assign(view.work_items, view.work_items + summary.prefill.num_work_items);
+  plan.merges.assign(view.merge_items, view.merge_items + summary.prefill.num_merge_items);
+  plan.num_slots = layout.prefill.slot_capacity;
+  for (int j = summary.prefill.num_work_items; j < layout.prefill.work_capacity; ++j) {
+    if (view.work_items[j].seq != -1) {
+      return absl::InternalError(absl::StrCat("Planner's padding item ", j, " is not seq -1"));
+    }
+  }
+  *capacity = layout.prefill.work_capacity;
+  return plan;
+}
+
 int TileCapacity(int max_tokens, int max_seqs, int group, int tile_rows) {
   return std::min(CeilDiv(max_tokens * group, tile_rows) + max_seqs - 1, max_tokens);
 }

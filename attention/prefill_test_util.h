@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "attention/attention_params.h"
 #include "attention/prefill_kernel.h"
+#include "attention/split_kv_planner.h"
 #include "runtime/cuda/device_buffer.h"
 
 namespace kiln {
@@ -60,6 +61,13 @@ struct TestPlan {
 // kernel must report as empty (lse = -inf).
 TestPlan BuildPlan(const std::vector<SeqSpec>& seqs, int group, int tile_rows, int kv_chunk,
                    bool extra_empty_chunk = false);
+
+// Plans `seqs` with the real SplitKvPlanner (its prefill part) and returns the part's valid work
+// and merge items, with num_slots = the part's slot capacity; `capacity` receives the part's
+// work capacity (the grid the capture key fixes). Checks that the planner's per-sequence arrays
+// agree with the batch layout the tests use.
+absl::StatusOr<TestPlan> PlanWithPlanner(const SplitKvPlanner& planner,
+                                         const std::vector<SeqSpec>& seqs, int* capacity);
 
 // Returns min(ceil(max_tokens * G / T) + max_seqs - 1, max_tokens): the most query tiles any
 // batch of at most max_seqs sequences and max_tokens tokens can need.
