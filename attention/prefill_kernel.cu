@@ -103,6 +103,14 @@ absl::Status ValidatePrefillAttentionParams(const PrefillAttentionParams& p) {
         absl::StrCat("KV block_size ", p.block_size, " and max_blocks_per_seq ",
                      p.max_blocks_per_seq, " must both be positive"));
   }
+  const int64_t token_elems = static_cast<int64_t>(p.num_q_heads) * p.head_dim;
+  if ((p.q_stride != 0 && (p.q_stride < token_elems || p.q_stride % 8 != 0)) ||
+      (p.o_stride != 0 && (p.o_stride < token_elems || p.o_stride % 8 != 0))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Prefill q_stride ", p.q_stride, " / o_stride ", p.o_stride,
+        " must be 0 or a multiple of 8 elements of at least num_q_heads * head_dim = ",
+        token_elems));
+  }
   if (p.num_work_items < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_work_items ", p.num_work_items, " is negative; pass the plan capacity"));
@@ -141,6 +149,9 @@ absl::Status LaunchPrefillAttention(const PrefillAttentionParams& p, cudaStream_
   args.work_items = p.work_items;
   args.partial_o = p.partial_o;
   args.partial_lse = p.partial_lse;
+  const int64_t token_elems = static_cast<int64_t>(p.num_q_heads) * p.head_dim;
+  args.q_stride = p.q_stride > 0 ? p.q_stride : token_elems;
+  args.o_stride = p.o_stride > 0 ? p.o_stride : token_elems;
   args.num_q_heads = p.num_q_heads;
   args.num_kv_heads = p.num_kv_heads;
   args.group = p.num_q_heads / p.num_kv_heads;

@@ -50,7 +50,9 @@ struct PrefillAttentionParams {
   float softmax_scale = 0.0f;   // 0 means 1 / sqrt(head_dim)
 
   const void* q = nullptr;                // [num_tokens, num_q_heads, head_dim]
+  int64_t q_stride = 0;                   // elements between tokens of q; 0: num_q_heads * head_dim
   void* o = nullptr;                      // [num_tokens, num_q_heads, head_dim]
+  int64_t o_stride = 0;                   // elements between tokens of o; 0: num_q_heads * head_dim
   const void* k_cache = nullptr;          // [num_blocks, num_kv_heads, block_size, head_dim]
   const void* v_cache = nullptr;          // [num_blocks, num_kv_heads, block_size, head_dim]
   const int32_t* block_table = nullptr;   // [max_seqs, max_blocks_per_seq]

@@ -14,6 +14,7 @@
 #include "attention/prefill_test_util.h"
 #include "attention/split_kv_planner.h"
 #include "gtest/gtest.h"
+#include "runtime/cuda/device_buffer.h"
 #include "runtime/cuda/gpu_test_util.h"
 #include "runtime/cuda/stream.h"
 
@@ -109,9 +110,45 @@ class PrefillKernelGpuTest : public ::testing::Test {
 
     PrefillAttentionParams params = dev.Params();
     params.softmax_scale = softmax_scale;
+    // Strided variant: q and o live inside wider rows (as in a fused QKV buffer), with the
+    // padding between tokens poisoned; o is gathered back into the contiguous buffer afterwards.
+    const size_t row_bytes = static_cast<size_t>(shape.num_q_heads) * shape.head_dim * 2;
+    const int64_t stride = static_cast<int64_t>(shape.num_q_heads + 2 * shape.num_kv_heads) *
+                           shape.head_dim;
+    DeviceBuffer q_wide, o_wide;
+    if (strided_) {
+      auto qw = DeviceBuffer::Allocate(batch.q_rows * stride * 2, "q wide");
+      auto ow = DeviceBuffer::Allocate(batch.q_rows * stride * 2, "o wide");
+      ASSERT_TRUE(qw.ok() && ow.ok());
+      q_wide = std::move(qw).value();
+      o_wide = std::move(ow).value();
+      ASSERT_EQ(cudaMemset(q_wide.data(), 0xFF, q_wide.size()), cudaSuccess);
+      ASSERT_EQ(cudaMemset(o_wide.data(), 0xFF, o_wide.size()), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy2D(q_wide.data(), stride * 2, params.q, row_bytes, row_bytes,
+                             batch.q_rows, cudaMemcpyDeviceToDevice),
+                cudaSuccess);
+      params.q = q_wide.data();
+      params.q_stride = stride;
+      params.o = o_wide.data();
+      params.o_stride = stride;
+    }
     const absl::Status launched = LaunchPrefillAttention(params, stream_.get());
     ASSERT_TRUE(launched.ok()) << launched;
     ASSERT_EQ(cudaStreamSynchronize(stream_.get()), cudaSuccess);
+    if (strided_) {
+      ASSERT_EQ(cudaMemcpy2D(dev.o(), row_bytes, o_wide.data(), stride * 2, row_bytes,
+                             batch.q_rows, cudaMemcpyDeviceToDevice),
+                cudaSuccess);
+      // The padding between the tokens' rows must still hold the poison.
+      std::vector<uint16_t> wide(o_wide.size() / 2);
+      ASSERT_EQ(cudaMemcpy(wide.data(), o_wide.data(), o_wide.size(), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      for (int t = 0; t < batch.q_rows; ++t) {
+        for (int64_t i = row_bytes / 2; i < stride; ++i) {
+          ASSERT_EQ(wide[t * stride + i], 0xFFFF) << "o padding of token " << t << " written";
+        }
+      }
+    }
 
     auto bits_or = dev.DownloadOutputBits(stream_.get());
     ASSERT_TRUE(bits_or.ok()) << bits_or.status();
@@ -201,6 +238,7 @@ class PrefillKernelGpuTest : public ::testing::Test {
   }
 
   Stream stream_;
+  bool strided_ = false;
 };
 
 std::vector<SeqSpec> Fresh(const std::vector<int>& lengths) {
@@ -281,6 +319,13 @@ TEST_F(PrefillKernelGpuTest, SplitKvPlannerItemsMatchReference) {
   EXPECT_GT(merges, 0) << "long tiles on an idle GPU should split";
   CheckPlannerBatch(Shape{AttentionDtype::kFp16, 64, 64, 10, 2, 16},
                     {{13, 13}, {13, 900}, {1, 1}, {200, 1200}, {77, 77}}, /*sm_count=*/8, &merges);
+}
+
+TEST_F(PrefillKernelGpuTest, StridedQueryAndOutput) {
+  strided_ = true;
+  CheckBatch(Shape{AttentionDtype::kBf16, 128, 128, 8, 2, 16}, {{100, 400}, {33, 33}, {1, 9}});
+  CheckBatch(Shape{AttentionDtype::kFp16, 64, 64, 10, 2, 16}, {{100, 400}, {33, 33}},
+             /*kv_chunk=*/128);
 }
 
 TEST_F(PrefillKernelGpuTest, LargeBlocksAndOddBlockSize) {

@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (valid) {
       const int token = args.group_div.Div(row);
       const int head = kv_head * group + (row - token * group);
-      src = q + (static_cast<int64_t>(q_start + token) * args.num_q_heads + head) * kHeadDim +
+      src = q + static_cast<int64_t>(q_start + token) * args.q_stride + head * kHeadDim +
             ld_chunk * 8;
     }
     CpAsync16(smem_q + ld_swz + i * S::kRowsPerPass * kRowBytes, src, valid ? 16 : 0);
@@ -451,7 +451,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       if (item.partial_slot < 0) {
         const int token = args.group_div.Div(row);
         const int head = kv_head * group + (row - token * group);
-        T* dst = o + (static_cast<int64_t>(q_start + token) * args.num_q_heads + head) * kHeadDim;
+        T* dst = o + static_cast<int64_t>(q_start + token) * args.o_stride + head * kHeadDim;
 #pragma unroll
         for (int d = 0; d < kDTiles; ++d) {
           *reinterpret_cast<uint32_t*>(dst + d * 8 + col) =

@@ -54,6 +54,8 @@ struct KernelArgs {
   const AttentionWorkItem* work_items;
   float* partial_o;
   float* partial_lse;
+  int64_t q_stride;  // elements between tokens of q
+  int64_t o_stride;  // elements between tokens of o
   int num_q_heads;
   int num_kv_heads;
   int group;  // G = num_q_heads / num_kv_heads

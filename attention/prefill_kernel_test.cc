@@ -83,6 +83,14 @@ TEST(PrefillKernelTest, RejectsBadValuesNamingThem) {
   EXPECT_THAT(ValidatePrefillAttentionParams(p).message(), HasSubstr("partial_lse"));
 
   p = ValidParams();
+  p.q_stride = 100;
+  EXPECT_THAT(ValidatePrefillAttentionParams(p).message(), HasSubstr("q_stride 100"));
+
+  p = ValidParams();
+  p.o_stride = 32 * 128 + 4;
+  EXPECT_EQ(ValidatePrefillAttentionParams(p).code(), absl::StatusCode::kInvalidArgument);
+
+  p = ValidParams();
   p.softmax_scale = -1.0f;
   EXPECT_THAT(ValidatePrefillAttentionParams(p).message(), HasSubstr("softmax_scale"));
 }
