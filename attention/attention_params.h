@@ -70,6 +70,33 @@ struct AttentionPlanHeader {
   int32_t num_tiles;        // query tiles this step
 };
 
+// Device pointers to one uploaded plan part and its partial workspace, as the kernels read them
+// (PlanBuffers::decode() / prefill() fill it). The grids are work_capacity × num_kv_heads and
+// merge_capacity × num_kv_heads, both fixed by the capture key.
+struct AttentionPlanPartDevice {
+  const AttentionPlanHeader* header = nullptr;
+  const int32_t* seq_q_start = nullptr;         // [max_seqs + 1]
+  const int32_t* seq_kv_len = nullptr;          // [max_seqs]
+  int32_t max_seqs = 0;                         // the plan's sequence capacity
+  const AttentionWorkItem* work_items = nullptr;  // [work_capacity]
+  int32_t work_capacity = 0;
+  const AttentionMergeItem* merge_items = nullptr;  // [merge_capacity]
+  int32_t merge_capacity = 0;
+  int32_t tile_rows = 0;                        // rows per slot of the partial workspace
+  float* partial_o = nullptr;                   // [slot_capacity, num_kv_heads, tile_rows, head_dim]
+  float* partial_lse = nullptr;                 // [slot_capacity, num_kv_heads, tile_rows]
+  int32_t slot_capacity = 0;
+};
+
+// Device pointers to a paged KV cache (layout above). block_size is a power of two >= 16.
+struct PagedKvDevice {
+  const void* k_cache = nullptr;       // [num_blocks, num_kv_heads, block_size, head_dim]
+  const void* v_cache = nullptr;       // [num_blocks, num_kv_heads, block_size, head_dim]
+  const int32_t* block_table = nullptr;  // [max_seqs, max_blocks_per_seq]
+  int32_t max_blocks_per_seq = 0;
+  int32_t block_size = 0;
+};
+
 }  // namespace kiln
 
 #endif  // KILN_ATTENTION_ATTENTION_PARAMS_H_
