@@ -31,6 +31,7 @@
 
 #include "attention/attention_params.h"
 #include "attention/internal/kernel_args.h"
+#include "attention/internal/merge.cuh"
 #include "attention/internal/mma.cuh"
 
 namespace kiln {
@@ -40,6 +41,10 @@ constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = kDecodeWarps * 32;
 constexpr int kDecodeRows = 16;  // M of the MMA tile: the most rows a work item may have
 constexpr int kStepTokens = 16;  // KV tokens per warp step (two n-tiles of 8)
+// A warp asks L2 for the K and V of the step this many of its iterations ahead: registers hold
+// only one step in flight, so without it a short chunk (a few steps per warp) pays one DRAM
+// latency per step; with it a warp keeps about four steps (32 KB) moving.
+constexpr int kL2Ahead = 4;
 
 template <AttentionDtype kDtype, int kHeadDim, int kGroup>
 __global__ void __launch_bounds__(kDecodeThreads, 2)
@@ -156,6 +161,19 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
     }
   };
 
+  // The 16 tokens of a step, one KV head, are contiguous: 32 × head_dim bytes of K and of V.
+  auto prefetch_l2 = [&](int block, int base) {
+    constexpr int kLines = kStepTokens * kHeadDim * 2 / 128;
+    const int64_t offset = static_cast<int64_t>(block) * block_stride +
+                           static_cast<int64_t>(base & in_block_mask) * kHeadDim;
+    const char* k_bytes = reinterpret_cast<const char*>(k_pool + offset);
+    const char* v_bytes = reinterpret_cast<const char*>(v_pool + offset);
+    for (int line = lane; line < kLines; line += 32) {
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(k_bytes + 128 * line));
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(v_bytes + 128 * line));
+    }
+  };
+
   // Every load of a step stays inside the step's block, which holds at least one token of
   // [kv_begin, kv_end): tokens outside that range are read (in bounds) and masked.
   int step = warp;
@@ -168,6 +186,13 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
     if (step + kDecodeWarps < num_steps) {
       block_next = table[(base + kDecodeWarps * kStepTokens) >> log2_bs];
     }
+#pragma unroll
+    for (int ahead = 1; ahead < kL2Ahead; ++ahead) {
+      if (step + ahead * kDecodeWarps < num_steps) {
+        const int pf_base = base + ahead * kDecodeWarps * kStepTokens;
+        prefetch_l2(table[pf_base >> log2_bs], pf_base);
+      }
+    }
   }
   for (; step < num_steps; step += kDecodeWarps) {
     const int base = base0 + step * kStepTokens;
@@ -176,6 +201,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
     const int block_after = step + 2 * kDecodeWarps < num_steps
                                 ? table[(next_base + kDecodeWarps * kStepTokens) >> log2_bs]
                                 : 0;
+    const bool has_prefetch = step + kL2Ahead * kDecodeWarps < num_steps;
+    const int pf_base = base + kL2Ahead * kDecodeWarps * kStepTokens;
+    const int pf_block = has_prefetch ? table[pf_base >> log2_bs] : 0;
 
     // S = Q K^T for tokens base + [0, 8) (n-tile 0) and base + [8, 16) (n-tile 1).
     float s[2][4];
@@ -261,6 +289,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
       }
     }
     if (has_next) load_v(block_next, next_base);
+    if (has_prefetch) prefetch_l2(pf_block, pf_base);
     block_next = block_after;
   }
 
@@ -362,6 +391,36 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
         args.partial_lse[slot_row] =
             total_sum > 0.f ? total_max + __log2f(total_sum) : NegativeInfinity();
       }
+    }
+  }
+
+  // Fused merge: the last chunk of a split tile to finish merges it (the threadFenceReduction
+  // pattern: publish the partials, count, and let the last arriver read everyone's).
+  if (item.partial_slot >= 0 && args.merge_counters != nullptr) {
+    __shared__ int s_first_slot;
+    __shared__ int s_num_slots;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const int chunk = args.header->kv_chunk_size;
+      const int first = item.partial_slot - kv_begin / chunk;
+      const int tile_end = max(0, causal_base + (item.row_end - 1) / kGroup);
+      const int num_slots = (tile_end + chunk - 1) / chunk;
+      int32_t* counter =
+          args.merge_counters + static_cast<int64_t>(first) * args.num_kv_heads + kv_head;
+      const bool last = atomicAdd(counter, 1) == num_slots - 1;
+      if (last) *counter = 0;  // every chunk has counted: ready for the next launch
+      s_first_slot = last ? first : -1;
+      s_num_slots = num_slots;
+    }
+    __syncthreads();
+    if (s_first_slot >= 0) {
+      __threadfence();
+      MergeRows<kDtype, kHeadDim>(args.partial_o, args.partial_lse, args.num_kv_heads,
+                                  args.tile_rows, s_first_slot, s_num_slots, kv_head,
+                                  item.row_begin, num_rows, q_start, kGroup,
+                                  static_cast<uint16_t*>(args.o), args.o_stride, threadIdx.x,
+                                  kDecodeThreads);
     }
   }
 }
