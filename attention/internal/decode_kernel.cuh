@@ -41,9 +41,10 @@ constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = kDecodeWarps * 32;
 constexpr int kDecodeRows = 16;  // M of the MMA tile: the most rows a work item may have
 constexpr int kStepTokens = 16;  // KV tokens per warp step (two n-tiles of 8)
-// A warp asks L2 for the K and V of the step this many of its iterations ahead: registers hold
-// only one step in flight, so without it a short chunk (a few steps per warp) pays one DRAM
-// latency per step; with it a warp keeps about four steps (32 KB) moving.
+// For short chunks (l2_prefetch_max_tokens) a warp asks L2 for the K and V of the step this
+// many of its iterations ahead: registers hold only one step in flight, so without it a short
+// chunk (a few steps per warp) pays one DRAM latency per step; with it a warp keeps about four
+// steps (32 KB) moving. Long chunks stream at full bandwidth without it.
 constexpr int kL2Ahead = 4;
 
 template <AttentionDtype kDtype, int kHeadDim, int kGroup>
@@ -176,6 +177,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
 
   // Every load of a step stays inside the step's block, which holds at least one token of
   // [kv_begin, kv_end): tokens outside that range are read (in bounds) and masked.
+  const bool prefetch = (kv_end - base0) <= args.l2_prefetch_max_tokens;
   int step = warp;
   int block_next = 0;
   if (step < num_steps) {
@@ -188,7 +190,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
     }
 #pragma unroll
     for (int ahead = 1; ahead < kL2Ahead; ++ahead) {
-      if (step + ahead * kDecodeWarps < num_steps) {
+      if (prefetch && step + ahead * kDecodeWarps < num_steps) {
         const int pf_base = base + ahead * kDecodeWarps * kStepTokens;
         prefetch_l2(table[pf_base >> log2_bs], pf_base);
       }
@@ -201,7 +203,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
     const int block_after = step + 2 * kDecodeWarps < num_steps
                                 ? table[(next_base + kDecodeWarps * kStepTokens) >> log2_bs]
                                 : 0;
-    const bool has_prefetch = step + kL2Ahead * kDecodeWarps < num_steps;
+    const bool has_prefetch = prefetch && step + kL2Ahead * kDecodeWarps < num_steps;
     const int pf_base = base + kL2Ahead * kDecodeWarps * kStepTokens;
     const int pf_block = has_prefetch ? table[pf_base >> log2_bs] : 0;
 
