@@ -11,7 +11,7 @@
 // sequences' K and V once: batch × context × 8 KV heads × 128 × 2 bytes × 2. Calls rotate over
 // copies of the KV (separate blocks, separate block tables) so the working set is at least
 // 512 MB and the 60 MB L2 cannot serve it. Exits non-zero if anything fails. --explore adds a
-// breakdown of the small shapes (merge fused or separate, L2 prefetch, split widths).
+// breakdown of the small shapes (merge fused or separate, split widths).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -56,7 +56,6 @@ struct Variant {
   const char* name = "default";
   int ctas_per_sm = 2;
   int min_kv_chunk = 256;
-  int prefetch_tokens = 512;
   MergeMode merge = MergeMode::kFused;
 };
 
@@ -87,7 +86,6 @@ SplitKvPlannerOptions PlannerOptions(int sm_count, int max_seqs, int max_kv,
 absl::Status RunVariant(const DecodeAttentionParams& p, const Variant& variant,
                         cudaStream_t stream) {
   DecodeAttentionParams q = p;
-  q.l2_prefetch_max_tokens = variant.prefetch_tokens;
   if (variant.merge != MergeMode::kFused) q.plan.merge_counters = nullptr;
   if (variant.merge == MergeMode::kNone) return LaunchDecodeAttention(q, stream);
   return RunDecodeAttention(q, stream);
@@ -218,28 +216,22 @@ absl::StatusOr<double> PlannerMicros(int sm_count) {
   return times[times.size() / 2];
 }
 
-// Breaks the time of the small shapes down: kernel alone, merge fused or separate, L2 prefetch,
-// wider or narrower splits, and a context of one block (fixed cost per call).
+// Breaks the time of the small shapes down: kernel alone, merge fused or separate, wider or
+// narrower splits, and a context of one block (fixed cost per call).
 int Explore(const DeviceInfo& info, Stream& stream) {
   struct Row {
     Shape shape;
     Variant variant;
   };
   const Row rows[] = {
-      {{1, 16}, {"fixed cost (ctx 16)", 2, 256, 512, MergeMode::kFused}},
-      {{1, 8192}, {"default", 2, 256, 512, MergeMode::kFused}},
-      {{1, 8192}, {"no prefetch", 2, 256, 0, MergeMode::kFused}},
-      {{1, 8192}, {"separate merge", 2, 256, 512, MergeMode::kSeparate}},
-      {{1, 8192}, {"kernel only", 2, 256, 512, MergeMode::kNone}},
-      {{1, 8192}, {"kernel only, no prefetch", 2, 256, 0, MergeMode::kNone}},
-      {{1, 8192}, {"ctas/sm 1", 1, 256, 512, MergeMode::kFused}},
-      {{1, 8192}, {"ctas/sm 4, chunk >= 128", 4, 128, 512, MergeMode::kFused}},
-      {{1, 8192}, {"ctas/sm 8, chunk >= 64", 8, 64, 512, MergeMode::kFused}},
-      {{16, 4096}, {"default", 2, 256, 512, MergeMode::kFused}},
-      {{16, 4096}, {"prefetch all", 2, 256, 1 << 30, MergeMode::kFused}},
-      {{16, 4096}, {"ctas/sm 4", 4, 256, 512, MergeMode::kFused}},
-      {{64, 4096}, {"default", 2, 256, 512, MergeMode::kFused}},
-      {{64, 4096}, {"prefetch all", 2, 256, 1 << 30, MergeMode::kFused}},
+      {{1, 16}, {"fixed cost (ctx 16)", 2, 256, MergeMode::kFused}},
+      {{1, 8192}, {"default (fused merge)", 2, 256, MergeMode::kFused}},
+      {{1, 8192}, {"separate merge kernel", 2, 256, MergeMode::kSeparate}},
+      {{1, 8192}, {"kernel only, no merge", 2, 256, MergeMode::kNone}},
+      {{1, 8192}, {"ctas/sm 1", 1, 256, MergeMode::kFused}},
+      {{1, 8192}, {"ctas/sm 4, chunk >= 128", 4, 128, MergeMode::kFused}},
+      {{16, 4096}, {"default (fused merge)", 2, 256, MergeMode::kFused}},
+      {{16, 4096}, {"ctas/sm 1", 1, 256, MergeMode::kFused}},
   };
   std::printf("\n| explore (block 16) | batch × context | items | chunk | us/call | KV TB/s |\n");
   std::printf("|---|---|---|---|---|---|\n");

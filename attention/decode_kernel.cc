@@ -87,7 +87,6 @@ absl::Status LaunchDecodeAttention(const DecodeAttentionParams& params, cudaStre
   const float scale = params.sm_scale != 0.f ? params.sm_scale
                                              : 1.f / std::sqrt(static_cast<float>(params.head_dim));
   args.scale_log2 = scale * 1.4426950408889634f;  // log2(e)
-  args.l2_prefetch_max_tokens = params.l2_prefetch_max_tokens;
   const int group = params.num_q_heads / params.num_kv_heads;
   const int grid = params.plan.work_capacity;
   return DISPATCH_DTYPE(params.dtype, kDtype, [&] {

@@ -40,10 +40,6 @@ struct DecodeAttentionParams {
   int64_t o_stride = 0;     // elements between tokens of o; 0 means num_q_heads × head_dim
   PagedKvDevice kv;         // the paged cache (already holding this step's K and V)
   AttentionPlanPartDevice plan;  // the decode part of an uploaded plan
-  // Work items whose KV chunk is at most this many tokens ask L2 for their KV a few steps
-  // ahead: a short chunk is latency-bound, while long chunks already stream at full bandwidth
-  // and only lose L2 capacity to prefetching. Tuning knob; 0 turns prefetching off.
-  int l2_prefetch_max_tokens = 512;
 };
 
 // Launches the decode kernel: unsplit tiles are written to o, split ones to the partial

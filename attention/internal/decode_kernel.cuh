@@ -41,11 +41,6 @@ constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = kDecodeWarps * 32;
 constexpr int kDecodeRows = 16;  // M of the MMA tile: the most rows a work item may have
 constexpr int kStepTokens = 16;  // KV tokens per warp step (two n-tiles of 8)
-// For short chunks (l2_prefetch_max_tokens) a warp asks L2 for the K and V of the step this
-// many of its iterations ahead: registers hold only one step in flight, so without it a short
-// chunk (a few steps per warp) pays one DRAM latency per step; with it a warp keeps about four
-// steps (32 KB) moving. Long chunks stream at full bandwidth without it.
-constexpr int kL2Ahead = 4;
 
 template <AttentionDtype kDtype, int kHeadDim, int kGroup>
 __global__ void __launch_bounds__(kDecodeThreads, 2)
@@ -162,22 +157,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
     }
   };
 
-  // The 16 tokens of a step, one KV head, are contiguous: 32 × head_dim bytes of K and of V.
-  auto prefetch_l2 = [&](int block, int base) {
-    constexpr int kLines = kStepTokens * kHeadDim * 2 / 128;
-    const int64_t offset = static_cast<int64_t>(block) * block_stride +
-                           static_cast<int64_t>(base & in_block_mask) * kHeadDim;
-    const char* k_bytes = reinterpret_cast<const char*>(k_pool + offset);
-    const char* v_bytes = reinterpret_cast<const char*>(v_pool + offset);
-    for (int line = lane; line < kLines; line += 32) {
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(k_bytes + 128 * line));
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(v_bytes + 128 * line));
-    }
-  };
-
   // Every load of a step stays inside the step's block, which holds at least one token of
   // [kv_begin, kv_end): tokens outside that range are read (in bounds) and masked.
-  const bool prefetch = (kv_end - base0) <= args.l2_prefetch_max_tokens;
   int step = warp;
   int block_next = 0;
   if (step < num_steps) {
@@ -188,13 +169,6 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
     if (step + kDecodeWarps < num_steps) {
       block_next = table[(base + kDecodeWarps * kStepTokens) >> log2_bs];
     }
-#pragma unroll
-    for (int ahead = 1; ahead < kL2Ahead; ++ahead) {
-      if (prefetch && step + ahead * kDecodeWarps < num_steps) {
-        const int pf_base = base + ahead * kDecodeWarps * kStepTokens;
-        prefetch_l2(table[pf_base >> log2_bs], pf_base);
-      }
-    }
   }
   for (; step < num_steps; step += kDecodeWarps) {
     const int base = base0 + step * kStepTokens;
@@ -203,9 +177,6 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
     const int block_after = step + 2 * kDecodeWarps < num_steps
                                 ? table[(next_base + kDecodeWarps * kStepTokens) >> log2_bs]
                                 : 0;
-    const bool has_prefetch = prefetch && step + kL2Ahead * kDecodeWarps < num_steps;
-    const int pf_base = base + kL2Ahead * kDecodeWarps * kStepTokens;
-    const int pf_block = has_prefetch ? table[pf_base >> log2_bs] : 0;
 
     // S = Q K^T for tokens base + [0, 8) (n-tile 0) and base + [8, 16) (n-tile 1).
     float s[2][4];
@@ -291,7 +262,6 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
       }
     }
     if (has_next) load_v(block_next, next_base);
-    if (has_prefetch) prefetch_l2(pf_block, pf_base);
     block_next = block_after;
   }
 

@@ -38,7 +38,6 @@ struct DecodeKernelArgs {
   int32_t num_q_heads;
   int32_t num_kv_heads;
   float scale_log2;       // softmax scale × log2(e)
-  int32_t l2_prefetch_max_tokens;  // chunks at most this long prefetch KV ahead into L2
 };
 
 struct MergeKernelArgs {

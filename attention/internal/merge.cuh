@@ -14,7 +14,8 @@ namespace kiln {
 namespace attention_internal {
 
 // Merges rows [0, num_rows) of partial slots [first_slot, first_slot + num_slots) of `kv_head`
-// into o, with `num_threads` threads numbered `thread`. Row r is packed query row
+// into o, with `num_threads` (a multiple of 32) threads numbered `thread`; every thread of the
+// CTA must call it (it shuffles within warps). Row r is packed query row
 // row_begin + r of the sequence whose first token is q_start. Loads bypass L1 (ld.global.cg):
 // in the fused merge the partials were written by other CTAs of the same launch.
 template <AttentionDtype kDtype, int kHeadDim>
@@ -24,26 +25,39 @@ __device__ __forceinline__ void MergeRows(const float* partial_o, const float* p
                                           int num_rows, int q_start, int group, uint16_t* o,
                                           int64_t o_stride, int thread, int num_threads) {
   using Ops = DtypeOps<kDtype>;
-  constexpr int kChunks = kHeadDim / 8;  // threads per row, 8 dimensions each
-  const int chunk = thread % kChunks;
-  constexpr int kBatch = 8;  // slots whose loads are in flight together
-  for (int row = thread / kChunks; row < num_rows; row += num_threads / kChunks) {
+  constexpr unsigned kFull = 0xffffffffu;
+  constexpr int kChunks = kHeadDim / 8;  // (row, 8 dimensions) cells per row
+  constexpr int kBatch = 16;             // slots per thread whose loads fly together
+  // A decode tile has only G rows: spread each cell's slots over `split` adjacent lanes (up to
+  // 8, within one warp) so that all threads load, then combine the lanes with shuffles.
+  const int cells = num_rows * kChunks;
+  int split = 1;
+  while (split < 8 && cells * split * 2 <= num_threads) split *= 2;
+  const int tasks = cells * split;
+  // Every thread runs the same number of rounds: the shuffles below need the whole warp.
+  for (int round = 0; round < tasks; round += num_threads) {
+    const int task = round + thread;
+    const bool active = task < tasks;
+    const int part = task % split;
+    const int cell = task / split;
+    const int row = cell / kChunks;
+    const int chunk = cell - row * kChunks;
     auto slot_row = [&](int i) {
       return (static_cast<int64_t>(first_slot + i) * num_kv_heads + kv_head) * tile_rows + row;
     };
-    // One pass with a running maximum, kBatch slots per round trip to L2. -0 + x == x for
-    // every x (even -0), so a single split is copied exactly.
+    // One pass over this lane's slots (part, part + split, ...) with a running maximum.
+    // -0 + x == x for every x (even -0), so a single split is copied exactly.
     float running_max = NegativeInfinity();
     float weight_sum = 0.f;
     float acc[8];
 #pragma unroll
     for (int k = 0; k < 8; ++k) acc[k] = -0.f;
-    for (int i0 = 0; i0 < num_slots; i0 += kBatch) {
+    for (int i0 = part; active && i0 < num_slots; i0 += kBatch * split) {
       float lse[kBatch];
       float4 lo[kBatch], hi[kBatch];
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
-        const int i = i0 + u;
+        const int i = i0 + u * split;
         lse[u] = NegativeInfinity();
         lo[u] = hi[u] = make_float4(0.f, 0.f, 0.f, 0.f);
         if (i < num_slots) {
@@ -79,6 +93,22 @@ __device__ __forceinline__ void MergeRows(const float* partial_o, const float* p
         acc[7] = fmaf(w, hi[u].w, acc[7]);
       }
     }
+    // Combine the lanes of a cell: rescale each to the common maximum, then add.
+    for (int offset = 1; offset < split; offset *= 2) {
+      const float other_max = __shfl_xor_sync(kFull, running_max, offset);
+      const float new_max = fmaxf(running_max, other_max);
+      const float rescale =
+          running_max == NegativeInfinity() ? 0.f : exp2f(running_max - new_max);
+      running_max = new_max;
+      weight_sum *= rescale;
+      weight_sum += __shfl_xor_sync(kFull, weight_sum, offset);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        acc[k] *= rescale;
+        acc[k] += __shfl_xor_sync(kFull, acc[k], offset);
+      }
+    }
+    if (!active || part != 0) continue;
     // No chunk saw any KV for this row: zeros, never NaN.
     if (weight_sum > 0.f) {
       const float inv = 1.f / weight_sum;
