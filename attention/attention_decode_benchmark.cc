@@ -10,13 +10,15 @@
 // warm-up; the median over 7 replays, divided by 24, is the time per call. Each call reads the
 // sequences' K and V once: batch × context × 8 KV heads × 128 × 2 bytes × 2. Calls rotate over
 // copies of the KV (separate blocks, separate block tables) so the working set is at least
-// 512 MB and the 60 MB L2 cannot serve it. Exits non-zero if anything fails.
+// 512 MB and the 60 MB L2 cannot serve it. Exits non-zero if anything fails. --explore adds a
+// breakdown of the small shapes (merge fused or separate, split widths).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -47,6 +49,16 @@ struct Shape {
   int context;
 };
 
+enum class MergeMode { kFused, kSeparate, kNone };
+
+// One way to run a shape; the default is what RunDecodeAttention does with PlanBuffers.
+struct Variant {
+  const char* name = "default";
+  int ctas_per_sm = 2;
+  int min_kv_chunk = 256;
+  MergeMode merge = MergeMode::kFused;
+};
+
 struct Result {
   int block_size;
   Shape shape;
@@ -57,7 +69,8 @@ struct Result {
   double tbps;
 };
 
-SplitKvPlannerOptions PlannerOptions(int sm_count, int max_seqs, int max_kv) {
+SplitKvPlannerOptions PlannerOptions(int sm_count, int max_seqs, int max_kv,
+                                     const Variant& variant = Variant()) {
   SplitKvPlannerOptions o;
   o.num_q_heads = kQHeads;
   o.num_kv_heads = kKvHeads;
@@ -65,11 +78,21 @@ SplitKvPlannerOptions PlannerOptions(int sm_count, int max_seqs, int max_kv) {
   o.sm_count = sm_count;
   o.key = {max_seqs, max_seqs, max_kv};
   o.decode.tile_rows = kQHeads / kKvHeads;
+  o.decode.ctas_per_sm = variant.ctas_per_sm;
+  o.decode.min_kv_chunk = variant.min_kv_chunk;
   return o;
 }
 
+absl::Status RunVariant(const DecodeAttentionParams& p, const Variant& variant,
+                        cudaStream_t stream) {
+  DecodeAttentionParams q = p;
+  if (variant.merge != MergeMode::kFused) q.plan.merge_counters = nullptr;
+  if (variant.merge == MergeMode::kNone) return LaunchDecodeAttention(q, stream);
+  return RunDecodeAttention(q, stream);
+}
+
 absl::StatusOr<Result> Measure(const DeviceInfo& info, int block_size, Shape shape,
-                               Stream& stream) {
+                               const Variant& variant, Stream& stream) {
   const size_t kv_bytes =
       size_t{2} * shape.batch * shape.context * kKvHeads * kHeadDim * 2;  // K and V, bf16
   const int copies =
@@ -108,7 +131,7 @@ absl::StatusOr<Result> Measure(const DeviceInfo& info, int block_size, Shape sha
 
   ASSIGN_OR_RETURN(SplitKvPlanner planner,
                    SplitKvPlanner::Create(PlannerOptions(info.sm_count, shape.batch,
-                                                         shape.context)));
+                                                         shape.context, variant)));
   ASSIGN_OR_RETURN(PlanBuffers buffers, PlanBuffers::Create(planner.layout()));
   const std::vector<SeqLens> seqs(shape.batch, SeqLens{1, shape.context});
   ASSIGN_OR_RETURN(PlanSummary summary, planner.Plan(seqs, buffers.host_plan()));
@@ -129,7 +152,7 @@ absl::StatusOr<Result> Measure(const DeviceInfo& info, int block_size, Shape sha
   // Warm-up, eagerly, through every copy.
   for (int c = 0; c < copies; ++c) {
     p.kv.block_table = tables[c].as<int32_t>();
-    RETURN_IF_ERROR(RunDecodeAttention(p, stream.get()));
+    RETURN_IF_ERROR(RunVariant(p, variant, stream.get()));
   }
   RETURN_IF_ERROR(stream.Synchronize());
 
@@ -139,7 +162,7 @@ absl::StatusOr<Result> Measure(const DeviceInfo& info, int block_size, Shape sha
   absl::Status captured = absl::OkStatus();
   for (int i = 0; i < kCallsPerGraph && captured.ok(); ++i) {
     p.kv.block_table = tables[i % copies].as<int32_t>();
-    captured = RunDecodeAttention(p, stream.get());
+    captured = RunVariant(p, variant, stream.get());
   }
   RETURN_IF_ERROR(ToStatus(cudaStreamEndCapture(stream.get(), &graph), "end capture"));
   RETURN_IF_ERROR(captured);
@@ -193,7 +216,40 @@ absl::StatusOr<double> PlannerMicros(int sm_count) {
   return times[times.size() / 2];
 }
 
-int Main() {
+// Breaks the time of the small shapes down: kernel alone, merge fused or separate, wider or
+// narrower splits, and a context of one block (fixed cost per call).
+int Explore(const DeviceInfo& info, Stream& stream) {
+  struct Row {
+    Shape shape;
+    Variant variant;
+  };
+  const Row rows[] = {
+      {{1, 16}, {"fixed cost (ctx 16)", 2, 256, MergeMode::kFused}},
+      {{1, 8192}, {"default (fused merge)", 2, 256, MergeMode::kFused}},
+      {{1, 8192}, {"separate merge kernel", 2, 256, MergeMode::kSeparate}},
+      {{1, 8192}, {"kernel only, no merge", 2, 256, MergeMode::kNone}},
+      {{1, 8192}, {"ctas/sm 1", 1, 256, MergeMode::kFused}},
+      {{1, 8192}, {"ctas/sm 4, chunk >= 128", 4, 128, MergeMode::kFused}},
+      {{16, 4096}, {"default (fused merge)", 2, 256, MergeMode::kFused}},
+      {{16, 4096}, {"ctas/sm 1", 1, 256, MergeMode::kFused}},
+  };
+  std::printf("\n| explore (block 16) | batch × context | items | chunk | us/call | KV TB/s |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  for (const Row& row : rows) {
+    auto r = Measure(info, 16, row.shape, row.variant, stream);
+    if (!r.ok()) {
+      std::fprintf(stderr, "%s: %s\n", row.variant.name,
+                   std::string(r.status().message()).c_str());
+      return 1;
+    }
+    std::printf("| %s | %d × %d | %d | %d | %.2f | %.2f |\n", row.variant.name, row.shape.batch,
+                row.shape.context, r->items, r->chunk, r->us, r->tbps);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+int Main(bool explore) {
   auto info = DeviceInfo::Query(0);
   if (!info.ok()) {
     std::fprintf(stderr, "%s\n", std::string(info.status().message()).c_str());
@@ -206,7 +262,7 @@ int Main() {
   std::vector<Result> results;
   for (int block_size : {16, 64}) {
     for (const Shape& shape : shapes) {
-      auto r = Measure(*info, block_size, shape, *stream);
+      auto r = Measure(*info, block_size, shape, Variant(), *stream);
       if (!r.ok()) {
         std::fprintf(stderr, "block %d batch %d ctx %d: %s\n", block_size, shape.batch,
                      shape.context, std::string(r.status().message()).c_str());
@@ -227,10 +283,13 @@ int Main() {
                 r.shape.context, r.items, r.merges, r.chunk, r.us, r.tbps);
   }
   std::printf("\nplanner, 256 sequences: %.2f us (median of 2000)\n", *planner_us);
-  return 0;
+  return explore ? Explore(*info, *stream) : 0;
 }
 
 }  // namespace
 }  // namespace kiln
 
-int main() { return kiln::Main(); }
+int main(int argc, char** argv) {
+  const bool explore = argc > 1 && std::string(argv[1]) == "--explore";
+  return kiln::Main(explore);
+}

@@ -86,6 +86,10 @@ struct AttentionPlanPartDevice {
   float* partial_o = nullptr;                   // [slot_capacity, num_kv_heads, tile_rows, head_dim]
   float* partial_lse = nullptr;                 // [slot_capacity, num_kv_heads, tile_rows]
   int32_t slot_capacity = 0;
+  // [slot_capacity, num_kv_heads], zero between launches. When set, a kernel may merge a split
+  // tile itself: the last of its chunks to finish (counted here, indexed by the tile's first
+  // slot) merges and resets the counter to zero. Null: the separate merge kernel finishes.
+  int32_t* merge_counters = nullptr;
 };
 
 // Device pointers to a paged KV cache (layout above). block_size is a power of two >= 16.

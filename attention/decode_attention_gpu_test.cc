@@ -200,8 +200,9 @@ absl::Status PrepareStep(Harness& s, const std::vector<SeqLens>& seqs, uint64_t 
   return ToStatus(cudaMemset(s.o.data(), 0xff, s.o.size()), "poison o");
 }
 
-// Runs every enabled part of the plan through the decode kernel and the merge.
-absl::Status RunParts(const Harness& s) {
+// Runs every enabled part of the plan through the decode kernel and the merge: fused into the
+// decode kernel (merge counters), or as the separate merge kernel.
+absl::Status RunParts(const Harness& s, bool fused_merge = true) {
   for (bool decode_part : {true, false}) {
     const PlanPartLayout& part =
         decode_part ? s.planner->layout().decode : s.planner->layout().prefill;
@@ -215,6 +216,7 @@ absl::Status RunParts(const Harness& s) {
     p.o = s.o.data();
     p.kv = s.cache.device();
     p.plan = decode_part ? s.buffers.decode() : s.buffers.prefill();
+    if (!fused_merge) p.plan.merge_counters = nullptr;
     RETURN_IF_ERROR(RunDecodeAttention(p, s.stream.get()));
   }
   return absl::OkStatus();
@@ -330,7 +332,9 @@ TEST_P(DecodeGpuTest, MatchesFloat64Reference) {
   }
   seqs.push_back({0, 9});  // an idle slot with history: no output row
   seqs.push_back({1, 0});  // a token with no KV at all: zeros
-  for (bool split : {true, false}) {
+  for (int variant = 0; variant < 3; ++variant) {
+    const bool split = variant < 2;
+    const bool fused = variant == 0;
     SetupSpec spec;
     spec.dtype = c.dtype;
     spec.head_dim = c.head_dim;
@@ -348,11 +352,13 @@ TEST_P(DecodeGpuTest, MatchesFloat64Reference) {
       std::mt19937 gen(round + 5 * c.group);
       std::shuffle(step.begin(), step.end(), gen);
       ASSERT_OK(PrepareStep(*s, step, 1000 * round + c.head_dim + c.group));
-      ASSERT_OK(RunParts(*s));
+      ASSERT_OK(RunParts(*s, fused));
       ASSERT_OK(s->stream.Synchronize());
-      ExpectMatchesReference(*s, step, ReadOutput(*s),
-                             absl::StrCat(Name(c.dtype), " d", c.head_dim, " g", c.group, " bs",
-                                          bs, split ? " split" : " unsplit", " round ", round));
+      ExpectMatchesReference(
+          *s, step, ReadOutput(*s),
+          absl::StrCat(Name(c.dtype), " d", c.head_dim, " g", c.group, " bs", bs,
+                       split ? (fused ? " split fused" : " split separate") : " unsplit",
+                       " round ", round));
       if (HasFatalFailure()) return;
     }
   }
@@ -599,6 +605,13 @@ TEST(DecodeGraphGpuTest, ReplayWithOtherDistributionsMatchesEagerBitForBit) {
   }
   EXPECT_GT(split_steps, 0);
   EXPECT_GT(unsplit_steps, 0);
+  // The fused merge leaves every counter at zero for the next launch.
+  const AttentionPlanPartDevice part = s->buffers.decode();
+  ASSERT_NE(part.merge_counters, nullptr);
+  std::vector<int32_t> counters(static_cast<size_t>(part.slot_capacity) * spec.kv_heads, -1);
+  ASSERT_CUDA(cudaMemcpy(counters.data(), part.merge_counters, counters.size() * 4,
+                         cudaMemcpyDeviceToHost));
+  for (int32_t c : counters) ASSERT_EQ(c, 0);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
 }

@@ -45,6 +45,9 @@ absl::Status Validate(const DecodeAttentionParams& p) {
   if (p.plan.slot_capacity > 0 && (p.plan.partial_o == nullptr || p.plan.partial_lse == nullptr)) {
     return absl::InvalidArgumentError("Decode plan part splits but has no partial workspace");
   }
+  if (p.plan.merge_counters != nullptr && p.plan.header == nullptr) {
+    return absl::InvalidArgumentError("Decode fused merge needs the plan part's header");
+  }
   const int64_t row = static_cast<int64_t>(p.num_q_heads) * p.head_dim;
   if ((p.q_stride != 0 && (p.q_stride < row || p.q_stride % 8 != 0)) ||
       (p.o_stride != 0 && (p.o_stride < row || p.o_stride % 8 != 0))) {
@@ -74,6 +77,8 @@ absl::Status LaunchDecodeAttention(const DecodeAttentionParams& params, cudaStre
   args.seq_q_start = params.plan.seq_q_start;
   args.seq_kv_len = params.plan.seq_kv_len;
   args.work_items = params.plan.work_items;
+  args.header = params.plan.header;
+  args.merge_counters = params.plan.merge_counters;
   args.tile_rows = params.plan.tile_rows;
   args.partial_o = params.plan.partial_o;
   args.partial_lse = params.plan.partial_lse;
@@ -97,6 +102,7 @@ absl::Status LaunchDecodeAttention(const DecodeAttentionParams& params, cudaStre
 
 absl::Status RunDecodeAttention(const DecodeAttentionParams& params, cudaStream_t stream) {
   RETURN_IF_ERROR(LaunchDecodeAttention(params, stream));
+  if (params.plan.merge_counters != nullptr) return absl::OkStatus();  // merged in the kernel
   AttentionMergeParams merge;
   merge.dtype = params.dtype;
   merge.num_q_heads = params.num_q_heads;

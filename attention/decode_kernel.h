@@ -42,12 +42,16 @@ struct DecodeAttentionParams {
   AttentionPlanPartDevice plan;  // the decode part of an uploaded plan
 };
 
-// Launches the decode kernel only: unsplit tiles are written to o, split ones to the partial
-// workspace (LaunchAttentionMerge finishes them). InvalidArgument names an unsupported or
-// missing parameter; a launch failure comes back as a Status.
+// Launches the decode kernel: unsplit tiles are written to o, split ones to the partial
+// workspace. With plan.merge_counters set (PlanBuffers sets it), the last chunk of each split
+// tile to finish merges the tile into o inside the same launch (one kernel per step, no merge
+// launch); this relies on the planner's chunking (chunk k of a tile covers [k·c, (k+1)·c) with
+// c the header's kv_chunk_size, in slot first_slot + k). Without counters, LaunchAttentionMerge
+// finishes split tiles. InvalidArgument names an unsupported or missing parameter; a launch
+// failure comes back as a Status.
 absl::Status LaunchDecodeAttention(const DecodeAttentionParams& params, cudaStream_t stream);
 
-// Launches the decode kernel and, when the plan part can split, the merge.
+// Launches the decode kernel and, when the plan part splits without merge counters, the merge.
 absl::Status RunDecodeAttention(const DecodeAttentionParams& params, cudaStream_t stream);
 
 }  // namespace kiln

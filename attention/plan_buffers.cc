@@ -33,6 +33,15 @@ absl::StatusOr<PlanBuffers> PlanBuffers::Create(const PlanLayout& layout) {
       AllocateIfNeeded(layout.prefill.partial_o_bytes, "prefill partial_o", &buffers.prefill_o_));
   RETURN_IF_ERROR(AllocateIfNeeded(layout.prefill.partial_lse_bytes, "prefill partial_lse",
                                    &buffers.prefill_lse_));
+  RETURN_IF_ERROR(AllocateIfNeeded(layout.decode.merge_counter_bytes, "decode merge counters",
+                                   &buffers.decode_counters_));
+  RETURN_IF_ERROR(AllocateIfNeeded(layout.prefill.merge_counter_bytes, "prefill merge counters",
+                                   &buffers.prefill_counters_));
+  for (const DeviceBuffer* counters : {&buffers.decode_counters_, &buffers.prefill_counters_}) {
+    if (counters->size() == 0) continue;
+    RETURN_IF_ERROR(ToStatus(cudaMemset(counters->data(), 0, counters->size()),
+                             "cudaMemset(merge counters)"));
+  }
   return buffers;
 }
 
@@ -44,7 +53,8 @@ absl::Status PlanBuffers::Upload(cudaStream_t stream) const {
 }
 
 AttentionPlanPartDevice PlanBuffers::Part(const PlanPartLayout& part, const DeviceBuffer& o,
-                                          const DeviceBuffer& lse) const {
+                                          const DeviceBuffer& lse,
+                                          const DeviceBuffer& counters) const {
   AttentionPlanPartDevice view;
   if (!part.enabled) return view;
   const char* base = static_cast<const char*>(device_.data());
@@ -60,6 +70,7 @@ AttentionPlanPartDevice PlanBuffers::Part(const PlanPartLayout& part, const Devi
   view.partial_o = o.as<float>();
   view.partial_lse = lse.as<float>();
   view.slot_capacity = part.slot_capacity;
+  view.merge_counters = counters.as<int32_t>();
   return view;
 }
 

@@ -30,7 +30,8 @@ namespace kiln {
 class PlanBuffers {
  public:
   // Allocates the pinned blob, its device copy and the workspaces of `layout`, each named as in
-  // PlanLayout::Buffers() ("plan", "decode partial_o", ...). Not during capture.
+  // PlanLayout::Buffers() ("plan", "decode partial_o", ...), and zeroes the merge counters.
+  // Not during capture.
   static absl::StatusOr<PlanBuffers> Create(const PlanLayout& layout);
 
   PlanBuffers() = default;
@@ -45,24 +46,28 @@ class PlanBuffers {
   absl::Status Upload(cudaStream_t stream) const;
 
   // Returns the device view of each part (all null for a disabled part).
-  AttentionPlanPartDevice decode() const { return Part(layout_.decode, decode_o_, decode_lse_); }
+  AttentionPlanPartDevice decode() const {
+    return Part(layout_.decode, decode_o_, decode_lse_, decode_counters_);
+  }
   AttentionPlanPartDevice prefill() const {
-    return Part(layout_.prefill, prefill_o_, prefill_lse_);
+    return Part(layout_.prefill, prefill_o_, prefill_lse_, prefill_counters_);
   }
 
   const PlanLayout& layout() const { return layout_; }
 
  private:
   AttentionPlanPartDevice Part(const PlanPartLayout& part, const DeviceBuffer& o,
-                               const DeviceBuffer& lse) const;
+                               const DeviceBuffer& lse, const DeviceBuffer& counters) const;
 
   PlanLayout layout_;
   PinnedHostBuffer host_;
   DeviceBuffer device_;
   DeviceBuffer decode_o_;
   DeviceBuffer decode_lse_;
+  DeviceBuffer decode_counters_;
   DeviceBuffer prefill_o_;
   DeviceBuffer prefill_lse_;
+  DeviceBuffer prefill_counters_;
 };
 
 }  // namespace kiln

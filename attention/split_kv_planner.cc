@@ -62,6 +62,8 @@ PlanPartLayout MakePartLayout(const SplitKvPlannerOptions& options, const PlanPa
   const size_t rows = static_cast<size_t>(slots) * options.num_kv_heads * part.tile_rows;
   layout.partial_o_bytes = rows * options.head_dim * sizeof(float);
   layout.partial_lse_bytes = rows * sizeof(float);
+  layout.merge_counter_bytes =
+      static_cast<size_t>(slots) * options.num_kv_heads * sizeof(int32_t);
   return layout;
 }
 
@@ -93,8 +95,10 @@ std::vector<PlanBufferSize> PlanLayout::Buffers() const {
       {"plan", plan_bytes},
       {"decode partial_o", decode.partial_o_bytes},
       {"decode partial_lse", decode.partial_lse_bytes},
+      {"decode merge counters", decode.merge_counter_bytes},
       {"prefill partial_o", prefill.partial_o_bytes},
       {"prefill partial_lse", prefill.partial_lse_bytes},
+      {"prefill merge counters", prefill.merge_counter_bytes},
   };
 }
 

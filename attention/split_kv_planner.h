@@ -110,6 +110,7 @@ struct PlanPartLayout {
   size_t merge_items_offset = 0;  // AttentionMergeItem[merge_capacity]
   size_t partial_o_bytes = 0;     // float [slot_capacity, num_kv_heads, tile_rows, head_dim]
   size_t partial_lse_bytes = 0;   // float [slot_capacity, num_kv_heads, tile_rows]
+  size_t merge_counter_bytes = 0; // int32 [slot_capacity, num_kv_heads], zero-initialised
 
   // Returns true if the part splits KV (and so launches a merge).
   bool splits() const { return merge_capacity > 0; }
@@ -132,8 +133,8 @@ struct PlanLayout {
   PlanPartLayout decode;
   PlanPartLayout prefill;
 
-  // Returns every buffer with its name ("plan", "decode partial_o", ...) and size; buffers of a
-  // disabled or unsplit part have size 0.
+  // Returns every buffer with its name ("plan", "decode partial_o", "decode merge counters",
+  // ...) and size; buffers of a disabled or unsplit part have size 0.
   std::vector<PlanBufferSize> Buffers() const;
 };
 

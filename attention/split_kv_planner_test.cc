@@ -52,7 +52,8 @@ bool SamePart(const PlanPartLayout& a, const PlanPartLayout& b) {
          a.slot_capacity == b.slot_capacity && a.header_offset == b.header_offset &&
          a.work_items_offset == b.work_items_offset &&
          a.merge_items_offset == b.merge_items_offset && a.partial_o_bytes == b.partial_o_bytes &&
-         a.partial_lse_bytes == b.partial_lse_bytes;
+         a.partial_lse_bytes == b.partial_lse_bytes &&
+         a.merge_counter_bytes == b.merge_counter_bytes;
 }
 
 bool SameLayout(const PlanLayout& a, const PlanLayout& b) {
@@ -557,10 +558,12 @@ TEST(SplitKvPlannerTest, WorkspaceSizesFollowTheKeyAndNameTheirBuffers) {
   EXPECT_EQ(l.prefill.slot_capacity, 17);
   EXPECT_EQ(l.prefill.partial_o_bytes, size_t{17} * 8 * 128 * 128 * 4);
   const std::vector<PlanBufferSize> buffers = l.Buffers();
-  ASSERT_EQ(buffers.size(), 5u);
+  ASSERT_EQ(buffers.size(), 7u);
   EXPECT_EQ(std::string(buffers[0].name), "plan");
   EXPECT_EQ(buffers[0].bytes, l.plan_bytes);
-  EXPECT_EQ(std::string(buffers[3].name), "prefill partial_o");
+  EXPECT_EQ(std::string(buffers[3].name), "decode merge counters");
+  EXPECT_EQ(buffers[3].bytes, size_t{33} * 8 * 4);
+  EXPECT_EQ(std::string(buffers[4].name), "prefill partial_o");
   // Without splitting, no workspace and no merge launch.
   SplitKvPlannerOptions o = LargeOptions(256, 0);
   o.decode.allow_split = false;

@@ -31,6 +31,7 @@
 
 #include "attention/attention_params.h"
 #include "attention/internal/kernel_args.h"
+#include "attention/internal/merge.cuh"
 #include "attention/internal/mma.cuh"
 
 namespace kiln {
@@ -362,6 +363,36 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
         args.partial_lse[slot_row] =
             total_sum > 0.f ? total_max + __log2f(total_sum) : NegativeInfinity();
       }
+    }
+  }
+
+  // Fused merge: the last chunk of a split tile to finish merges it (the threadFenceReduction
+  // pattern: publish the partials, count, and let the last arriver read everyone's).
+  if (item.partial_slot >= 0 && args.merge_counters != nullptr) {
+    __shared__ int s_first_slot;
+    __shared__ int s_num_slots;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const int chunk = args.header->kv_chunk_size;
+      const int first = item.partial_slot - kv_begin / chunk;
+      const int tile_end = max(0, causal_base + (item.row_end - 1) / kGroup);
+      const int num_slots = (tile_end + chunk - 1) / chunk;
+      int32_t* counter =
+          args.merge_counters + static_cast<int64_t>(first) * args.num_kv_heads + kv_head;
+      const bool last = atomicAdd(counter, 1) == num_slots - 1;
+      if (last) *counter = 0;  // every chunk has counted: ready for the next launch
+      s_first_slot = last ? first : -1;
+      s_num_slots = num_slots;
+    }
+    __syncthreads();
+    if (s_first_slot >= 0) {
+      __threadfence();
+      MergeRows<kDtype, kHeadDim>(args.partial_o, args.partial_lse, args.num_kv_heads,
+                                  args.tile_rows, s_first_slot, s_num_slots, kv_head,
+                                  item.row_begin, num_rows, q_start, kGroup,
+                                  static_cast<uint16_t*>(args.o), args.o_stride, threadIdx.x,
+                                  kDecodeThreads);
     }
   }
 }

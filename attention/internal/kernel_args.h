@@ -30,6 +30,8 @@ struct DecodeKernelArgs {
   const int32_t* seq_q_start;  // [max_seqs + 1]
   const int32_t* seq_kv_len;   // [max_seqs]
   const AttentionWorkItem* work_items;  // [grid.x]
+  const AttentionPlanHeader* header;    // this step's chunk size (fused merge)
+  int32_t* merge_counters;              // null: no fused merge
   int32_t tile_rows;      // rows per partial slot
   float* partial_o;       // [slots, num_kv_heads, tile_rows, head_dim]
   float* partial_lse;     // [slots, num_kv_heads, tile_rows]
