@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "attention/attention_params.h"
+#include "attention/internal/mma.cuh"
 #include "attention/prefill_kernel_internal.h"
 
 namespace kiln {
@@ -42,39 +43,16 @@ struct Shape {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim must be 64 or 128");
 };
 
+// The tensor-core and packing helpers are the decode kernel's (attention/internal/mma.cuh),
+// looked up by the CUDA element type this kernel is templated on.
 template <typename T>
 struct Dtype;
 
 template <>
-struct Dtype<__nv_bfloat16> {
-  static __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-  // d += a * b for one m16n8k16 tile.
-  static __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
+struct Dtype<__nv_bfloat16> : attention_internal::DtypeOps<AttentionDtype::kBf16> {};
 
 template <>
-struct Dtype<__half> {
-  static __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-  static __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
+struct Dtype<__half> : attention_internal::DtypeOps<AttentionDtype::kFp16> {};
 
 // 16-byte global→shared copy that bypasses L1; src_bytes = 0 writes zeros and reads nothing,
 // which is how rows outside the item (and KV past its end) become harmless zeros.
@@ -102,11 +80,7 @@ __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr)
                : "r"(addr));
 }
 
-__device__ __forceinline__ float Exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
+using attention_internal::FastExp2;
 
 // Shared-memory tiles are rows of 16-byte chunks; chunk c of row r sits at c ^ (r % 8). The eight
 // rows one ldmatrix phase reads (same logical chunk) then land in eight different bank groups.
@@ -374,7 +348,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         for (int h = 0; h < 2; ++h) {
           const float new_max = fmaxf(row_max[mt][h], tile_max[mt][h]);
           const float correction =
-              Exp2(row_max[mt][h] - (new_max == -INFINITY ? 0.0f : new_max));
+              FastExp2(row_max[mt][h] - (new_max == -INFINITY ? 0.0f : new_max));
           row_max[mt][h] = new_max;
           row_sum[mt][h] *= correction;
 #pragma unroll
@@ -395,7 +369,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         for (int n = 0; n < kKvTile / 8; ++n) {
 #pragma unroll
           for (int e = 2 * h; e < 2 * h + 2; ++e) {
-            const float p = Exp2(fmaf(acc_s[mt][n][e], scale_log2, -base));
+            const float p = FastExp2(fmaf(acc_s[mt][n][e], scale_log2, -base));
             acc_s[mt][n][e] = p;
             sum += p;
           }
