@@ -282,6 +282,19 @@ absl::Status SplitKvPlanner::PlanPart(absl::Span<const SeqLens> seqs, bool decod
     }
   }
 
+  // Prefill tiles are causal, so their KV lengths differ widely (one long prompt: from one
+  // tile's worth to the whole context). CTAs start in blockIdx order, so emitting the longest
+  // tiles first lets the short ones fill the tail of the grid instead of a long one starting
+  // last (longest-processing-time first). std::sort works in place: Plan() allocates nothing.
+  // Decode tiles all see their sequence's whole KV and keep sequence order.
+  if (!decode_part) {
+    std::sort(tiles, tiles + t, [](const AttentionWorkItem& a, const AttentionWorkItem& b) {
+      if (a.kv_end != b.kv_end) return a.kv_end > b.kv_end;
+      if (a.seq != b.seq) return a.seq < b.seq;
+      return a.row_begin < b.row_begin;
+    });
+  }
+
   // Chunk size: by default one chunk per tile. With slots to spare, the smallest multiple of
   // the granularity (and at least min_kv_chunk) whose split tiles fit the slots.
   const int64_t gran = part_options.kv_granularity;
@@ -314,7 +327,7 @@ absl::Status SplitKvPlanner::PlanPart(absl::Span<const SeqLens> seqs, bool decod
     chunk = std::min(chunk, hi * gran);
   }
 
-  // Pass 3: emit items and merges in tile order, then padding.
+  // Pass 3: emit items and merges in tile order (the sorted order for prefill), then padding.
   int p = 0;
   int merges = 0;
   int32_t slot = 0;
