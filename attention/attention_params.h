@@ -50,6 +50,52 @@ struct AttentionMergeItem {
 //   partial_o    float [max_slots, num_kv_heads, tile_rows, head_dim]
 //   partial_lse  float [max_slots, num_kv_heads, tile_rows]   log2-sum-exp of the scaled scores;
 //                                                             -inf for an empty chunk (weight 0)
+// Row m of a slot is packed query row row_begin + m of its tile. partial_o holds the chunk's
+// normalised output (sum_j p_j v_j / sum_j p_j, zeros when the chunk is empty for that row), and
+// partial_lse = log2(sum_j 2^(s_j)) with s_j = (q . k_j) * softmax_scale * log2(e), so the merge
+// weighs chunk i by 2^(lse_i - max_i lse_i).
+
+// Element type of q, o and the KV cache; accumulation is always float.
+enum class AttentionDtype : int32_t {
+  kBf16 = 0,
+  kFp16 = 1,
+};
+
+// Per-step header of one plan part, uploaded with its items: the kernels read the chunk size
+// from here (it changes every step) while their grids stay fixed by the capture key.
+struct AttentionPlanHeader {
+  int32_t num_work_items;   // valid items; the rest, up to the capacity, are padding (seq = -1)
+  int32_t num_merge_items;  // valid merge items; the rest are padding (seq = -1)
+  int32_t kv_chunk_size;    // KV tokens per work item this step (a tile's last chunk may be shorter)
+  int32_t num_tiles;        // query tiles this step
+};
+
+// Device pointers to one uploaded plan part and its partial workspace, as the kernels read them
+// (PlanBuffers::decode() / prefill() fill it). The grids are work_capacity × num_kv_heads and
+// merge_capacity × num_kv_heads, both fixed by the capture key.
+struct AttentionPlanPartDevice {
+  const AttentionPlanHeader* header = nullptr;
+  const int32_t* seq_q_start = nullptr;         // [max_seqs + 1]
+  const int32_t* seq_kv_len = nullptr;          // [max_seqs]
+  int32_t max_seqs = 0;                         // the plan's sequence capacity
+  const AttentionWorkItem* work_items = nullptr;  // [work_capacity]
+  int32_t work_capacity = 0;
+  const AttentionMergeItem* merge_items = nullptr;  // [merge_capacity]
+  int32_t merge_capacity = 0;
+  int32_t tile_rows = 0;                        // rows per slot of the partial workspace
+  float* partial_o = nullptr;                   // [slot_capacity, num_kv_heads, tile_rows, head_dim]
+  float* partial_lse = nullptr;                 // [slot_capacity, num_kv_heads, tile_rows]
+  int32_t slot_capacity = 0;
+};
+
+// Device pointers to a paged KV cache (layout above). block_size is a power of two >= 16.
+struct PagedKvDevice {
+  const void* k_cache = nullptr;       // [num_blocks, num_kv_heads, block_size, head_dim]
+  const void* v_cache = nullptr;       // [num_blocks, num_kv_heads, block_size, head_dim]
+  const int32_t* block_table = nullptr;  // [max_seqs, max_blocks_per_seq]
+  int32_t max_blocks_per_seq = 0;
+  int32_t block_size = 0;
+};
 
 }  // namespace kiln
 

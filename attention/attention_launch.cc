@@ -1,0 +1,104 @@
+#include "attention/attention_launch.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "attention/decode_kernel.h"
+#include "attention/merge_kernel.h"
+#include "runtime/cuda/status_macros.h"
+
+namespace kiln {
+namespace {
+
+// The decode kernel serves parts whose tiles hold at most this many rows; wider tiles need the
+// prefill kernel.
+constexpr int kDecodeKernelMaxTileRows = 16;
+
+bool Enabled(const AttentionPlanPartDevice& part) { return part.work_capacity > 0; }
+
+absl::Status RunDecodeKernel(const AttentionStepParams& p, const AttentionPlanPartDevice& part,
+                             cudaStream_t stream) {
+  DecodeAttentionParams d;
+  d.dtype = p.dtype;
+  d.num_q_heads = p.num_q_heads;
+  d.num_kv_heads = p.num_kv_heads;
+  d.head_dim = p.head_dim;
+  d.sm_scale = p.sm_scale;
+  d.q = p.q;
+  d.q_stride = p.q_stride;
+  d.o = p.o;
+  d.o_stride = p.o_stride;
+  d.kv = p.kv;
+  d.plan = part;
+  return LaunchDecodeAttention(d, stream);
+}
+
+absl::Status RunPart(const AttentionStepParams& p, const AttentionPlanPartDevice& part,
+                     cudaStream_t stream) {
+  if (!Enabled(part)) return absl::OkStatus();
+  if (part.tile_rows <= kDecodeKernelMaxTileRows) return RunDecodeKernel(p, part, stream);
+  return LaunchPrefillAttention(PrefillParamsForPart(p, part), stream);
+}
+
+absl::Status MergePart(const AttentionStepParams& p, const AttentionPlanPartDevice& part,
+                       cudaStream_t stream) {
+  if (!Enabled(part) || part.merge_capacity == 0) return absl::OkStatus();
+  AttentionMergeParams m;
+  m.dtype = p.dtype;
+  m.num_q_heads = p.num_q_heads;
+  m.num_kv_heads = p.num_kv_heads;
+  m.head_dim = p.head_dim;
+  m.o = p.o;
+  m.o_stride = p.o_stride;
+  m.plan = part;
+  return LaunchAttentionMerge(m, stream);
+}
+
+}  // namespace
+
+PrefillAttentionParams PrefillParamsForPart(const AttentionStepParams& params,
+                                            const AttentionPlanPartDevice& part) {
+  PrefillAttentionParams p;
+  p.dtype = params.dtype;
+  p.head_dim = params.head_dim;
+  p.tile_rows = part.tile_rows;
+  p.num_q_heads = params.num_q_heads;
+  p.num_kv_heads = params.num_kv_heads;
+  p.block_size = params.kv.block_size;
+  p.max_blocks_per_seq = params.kv.max_blocks_per_seq;
+  p.softmax_scale = params.sm_scale;
+  p.q = params.q;
+  p.q_stride = params.q_stride;
+  p.o = params.o;
+  p.o_stride = params.o_stride;
+  p.k_cache = params.kv.k_cache;
+  p.v_cache = params.kv.v_cache;
+  p.block_table = params.kv.block_table;
+  p.seq_q_start = part.seq_q_start;
+  p.seq_kv_len = part.seq_kv_len;
+  p.work_items = part.work_items;
+  p.num_work_items = part.work_capacity;
+  if (part.slot_capacity > 0) {
+    p.partial_o = part.partial_o;
+    p.partial_lse = part.partial_lse;
+  }
+  return p;
+}
+
+absl::Status RunAttentionStep(const AttentionStepParams& params, cudaStream_t stream) {
+  if (params.q == nullptr || params.o == nullptr) {
+    return absl::InvalidArgumentError("Attention step q and o must be set; one is null");
+  }
+  if (!Enabled(params.decode) && !Enabled(params.prefill)) {
+    return absl::InvalidArgumentError(
+        "Attention step has neither a decode nor a prefill part; pass PlanBuffers::decode() "
+        "and/or prefill() of an enabled plan part");
+  }
+  // Both kernels first (they write disjoint rows of o and separate workspaces), then the
+  // merges, which read the partials the kernels wrote earlier on this stream.
+  RETURN_IF_ERROR(RunPart(params, params.decode, stream));
+  RETURN_IF_ERROR(RunPart(params, params.prefill, stream));
+  RETURN_IF_ERROR(MergePart(params, params.decode, stream));
+  return MergePart(params, params.prefill, stream);
+}
+
+}  // namespace kiln

@@ -1,0 +1,69 @@
+// Host-only checks of RunAttentionStep's argument checks and of the prefill params it derives
+// from a plan part; no GPU needed (nothing is launched).
+#include "attention/attention_launch.h"
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kiln {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(AttentionLaunchTest, RejectsMissingBuffersAndParts) {
+  AttentionStepParams p;
+  EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("q and o"));
+  int dummy = 0;
+  p.q = &dummy;
+  p.o = &dummy;
+  const absl::Status s = RunAttentionStep(p, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("neither a decode nor a prefill part"));
+}
+
+TEST(AttentionLaunchTest, PrefillParamsComeFromThePart) {
+  int buffers[8] = {};
+  AttentionStepParams p;
+  p.dtype = AttentionDtype::kFp16;
+  p.num_q_heads = 32;
+  p.num_kv_heads = 8;
+  p.head_dim = 128;
+  p.sm_scale = 0.5f;
+  p.q = &buffers[0];
+  p.q_stride = 6144;
+  p.o = &buffers[1];
+  p.kv.k_cache = &buffers[2];
+  p.kv.v_cache = &buffers[3];
+  p.kv.block_table = &buffers[4];
+  p.kv.block_size = 16;
+  p.kv.max_blocks_per_seq = 512;
+  AttentionPlanPartDevice part;
+  part.seq_q_start = &buffers[5];
+  part.seq_kv_len = &buffers[6];
+  part.work_items = reinterpret_cast<const AttentionWorkItem*>(&buffers[7]);
+  part.work_capacity = 300;
+  part.tile_rows = 128;
+  float partial = 0;
+  part.partial_o = &partial;
+  part.partial_lse = &partial;
+  part.slot_capacity = 0;  // never splits: the kernel gets no workspace
+
+  const PrefillAttentionParams q = PrefillParamsForPart(p, part);
+  EXPECT_EQ(q.dtype, AttentionDtype::kFp16);
+  EXPECT_EQ(q.tile_rows, 128);
+  EXPECT_EQ(q.num_work_items, 300);
+  EXPECT_EQ(q.block_size, 16);
+  EXPECT_EQ(q.max_blocks_per_seq, 512);
+  EXPECT_EQ(q.q_stride, 6144);
+  EXPECT_EQ(q.softmax_scale, 0.5f);
+  EXPECT_EQ(q.work_items, part.work_items);
+  EXPECT_EQ(q.partial_o, nullptr);
+  EXPECT_TRUE(ValidatePrefillAttentionParams(q).ok());
+
+  part.slot_capacity = 4;
+  EXPECT_EQ(PrefillParamsForPart(p, part).partial_o, &partial);
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,111 @@
+#include "attention/decode_kernel.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "attention/internal/dispatch.h"
+#include "attention/internal/kernel_args.h"
+#include "attention/merge_kernel.h"
+#include "runtime/cuda/status.h"
+
+namespace kiln {
+namespace {
+
+constexpr int kMaxTileRows = 16;  // the kernel's MMA tile height
+
+int Log2(int power_of_two) {
+  int log = 0;
+  while ((1 << log) < power_of_two) ++log;
+  return log;
+}
+
+absl::Status Validate(const DecodeAttentionParams& p) {
+  if (p.num_q_heads <= 0 || p.num_kv_heads <= 0 || p.num_q_heads % p.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Decode heads (", p.num_q_heads, " query, ", p.num_kv_heads,
+        " KV) must be positive with query heads a multiple of KV heads"));
+  }
+  const int group = p.num_q_heads / p.num_kv_heads;
+  const int bs = p.kv.block_size;
+  if (bs < 16 || (bs & (bs - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Decode KV block_size ", bs, " must be a power of two of at least 16"));
+  }
+  if (p.plan.tile_rows < group || p.plan.tile_rows > kMaxTileRows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Decode plan tile_rows ", p.plan.tile_rows, " must be between the group size ", group,
+        " and ", kMaxTileRows, "; plan the decode part with such tile_rows"));
+  }
+  if (p.q == nullptr || p.o == nullptr || p.kv.k_cache == nullptr || p.kv.v_cache == nullptr ||
+      p.kv.block_table == nullptr || p.plan.work_items == nullptr ||
+      p.plan.seq_q_start == nullptr || p.plan.seq_kv_len == nullptr) {
+    return absl::InvalidArgumentError(
+        "Decode needs q, o, the KV cache, its block table and an uploaded plan part");
+  }
+  if (p.plan.slot_capacity > 0 && (p.plan.partial_o == nullptr || p.plan.partial_lse == nullptr)) {
+    return absl::InvalidArgumentError("Decode plan part splits but has no partial workspace");
+  }
+  const int64_t row = static_cast<int64_t>(p.num_q_heads) * p.head_dim;
+  if ((p.q_stride != 0 && (p.q_stride < row || p.q_stride % 8 != 0)) ||
+      (p.o_stride != 0 && (p.o_stride < row || p.o_stride % 8 != 0))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Decode q_stride ", p.q_stride, " and o_stride ", p.o_stride,
+        " must be 0 or multiples of 8 of at least num_q_heads × head_dim = ", row));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LaunchDecodeAttention(const DecodeAttentionParams& params, cudaStream_t stream) {
+  if (params.plan.work_capacity <= 0) return absl::OkStatus();
+  RETURN_IF_ERROR(Validate(params));
+  attention_internal::DecodeKernelArgs args;
+  const int64_t row = static_cast<int64_t>(params.num_q_heads) * params.head_dim;
+  args.q = params.q;
+  args.q_stride = params.q_stride != 0 ? params.q_stride : row;
+  args.o = params.o;
+  args.o_stride = params.o_stride != 0 ? params.o_stride : row;
+  args.k_cache = params.kv.k_cache;
+  args.v_cache = params.kv.v_cache;
+  args.block_table = params.kv.block_table;
+  args.max_blocks_per_seq = params.kv.max_blocks_per_seq;
+  args.log2_block_size = Log2(params.kv.block_size);
+  args.seq_q_start = params.plan.seq_q_start;
+  args.seq_kv_len = params.plan.seq_kv_len;
+  args.work_items = params.plan.work_items;
+  args.tile_rows = params.plan.tile_rows;
+  args.partial_o = params.plan.partial_o;
+  args.partial_lse = params.plan.partial_lse;
+  args.num_q_heads = params.num_q_heads;
+  args.num_kv_heads = params.num_kv_heads;
+  const float scale = params.sm_scale != 0.f ? params.sm_scale
+                                             : 1.f / std::sqrt(static_cast<float>(params.head_dim));
+  args.scale_log2 = scale * 1.4426950408889634f;  // log2(e)
+  const int group = params.num_q_heads / params.num_kv_heads;
+  const int grid = params.plan.work_capacity;
+  return DISPATCH_DTYPE(params.dtype, kDtype, [&] {
+    return DISPATCH_HEAD_DIM(params.head_dim, kHeadDim, [&] {
+      return DISPATCH_GROUP(group, kGroup, [&] {
+        return ToStatus(
+            attention_internal::LaunchDecodeKernel<kDtype, kHeadDim, kGroup>(args, grid, stream),
+            "decode attention kernel launch");
+      });
+    });
+  });
+}
+
+absl::Status RunDecodeAttention(const DecodeAttentionParams& params, cudaStream_t stream) {
+  RETURN_IF_ERROR(LaunchDecodeAttention(params, stream));
+  AttentionMergeParams merge;
+  merge.dtype = params.dtype;
+  merge.num_q_heads = params.num_q_heads;
+  merge.num_kv_heads = params.num_kv_heads;
+  merge.head_dim = params.head_dim;
+  merge.o = params.o;
+  merge.o_stride = params.o_stride;
+  merge.plan = params.plan;
+  return LaunchAttentionMerge(merge, stream);
+}
+
+}  // namespace kiln

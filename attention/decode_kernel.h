@@ -1,0 +1,55 @@
+// Paged split-kv decode attention: each query token (usually one per sequence) attends to its
+// sequence's paged KV through the block table; the G query heads that share a KV head are packed
+// into the rows of one tensor-core tile so every K and V element is read once per KV head.
+//
+//   kiln::DecodeAttentionParams p;
+//   p.dtype = kiln::AttentionDtype::kBf16;
+//   p.num_q_heads = 32; p.num_kv_heads = 8; p.head_dim = 128;
+//   p.q = q; p.o = o;                 // [tokens, num_q_heads, head_dim]
+//   p.kv = cache.device();            // PagedKvCache
+//   p.plan = buffers.decode();        // PlanBuffers, after planner.Plan(...) and Upload(stream)
+//   RETURN_IF_ERROR(kiln::RunDecodeAttention(p, stream));   // kernel, then merge if split
+//
+// Supported: bf16 and fp16 (float accumulation), head_dim 64 and 128, 1, 2, 4, 5 or 8 query
+// heads per KV head, block sizes that are powers of two >= 16, work items of at most 16 packed
+// rows (plan the part with tile_rows between G and 16; with tile_rows 16 it also serves short
+// multi-token queries, causally masked). The grid is work_capacity × num_kv_heads from the plan
+// layout, so a launch captured in a graph replays correctly with any later plan of that layout;
+// padding items (seq = -1) exit at once. Legal during capture; thread-safe.
+#ifndef KILN_ATTENTION_DECODE_KERNEL_H_
+#define KILN_ATTENTION_DECODE_KERNEL_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "attention/attention_params.h"
+
+namespace kiln {
+
+struct DecodeAttentionParams {
+  AttentionDtype dtype = AttentionDtype::kBf16;
+  int num_q_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;         // 64 or 128
+  float sm_scale = 0.f;     // softmax scale; 0 means 1 / sqrt(head_dim)
+  const void* q = nullptr;  // [tokens, num_q_heads, head_dim]
+  int64_t q_stride = 0;     // elements between tokens of q; 0 means num_q_heads × head_dim
+  void* o = nullptr;        // [tokens, num_q_heads, head_dim]
+  int64_t o_stride = 0;     // elements between tokens of o; 0 means num_q_heads × head_dim
+  PagedKvDevice kv;         // the paged cache (already holding this step's K and V)
+  AttentionPlanPartDevice plan;  // the decode part of an uploaded plan
+};
+
+// Launches the decode kernel only: unsplit tiles are written to o, split ones to the partial
+// workspace (LaunchAttentionMerge finishes them). InvalidArgument names an unsupported or
+// missing parameter; a launch failure comes back as a Status.
+absl::Status LaunchDecodeAttention(const DecodeAttentionParams& params, cudaStream_t stream);
+
+// Launches the decode kernel and, when the plan part can split, the merge.
+absl::Status RunDecodeAttention(const DecodeAttentionParams& params, cudaStream_t stream);
+
+}  // namespace kiln
+
+#endif  // KILN_ATTENTION_DECODE_KERNEL_H_

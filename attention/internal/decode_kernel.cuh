@@ -1,0 +1,391 @@
+// Internal: the paged split-kv decode attention kernel. Included by the decode_kernel_*.cu files,
+// each of which instantiates one dtype and head dimension for every supported group size.
+//
+// One CTA computes one work item (a tile of up to 16 packed query rows, row = token·G + g, and
+// one KV chunk) for one KV head (blockIdx.y). The 16 rows are the M dimension of the
+// tensor-core tile mma.m16n8k16, so the G query heads of a KV head (and, for small q_len, several
+// tokens) share every K and V element that is read: KV is read once per KV head, at the cost of
+// idle tensor-core rows, which are far from the bottleneck (decode is bound by KV bytes).
+//
+// Each of the 4 warps takes every 4th step of 16 KV tokens of the chunk with its own online
+// softmax state; the warps are combined through shared memory at the end. K and V reach
+// registers straight from global memory with 16-byte loads laid out to match the MMA fragments,
+// so no shared-memory staging is needed:
+//   QK^T: lane (gid = lane/4, tig = lane%4) loads K[token gid (+8)][32c + 8tig, +8) for c <
+//         D/32; the 8 elements feed two k-steps. Q is loaded once in the same dimension order
+//         (a dot product does not care about the order of its terms).
+//   PV:   lane loads V[tokens 2tig, 2tig+1, 2tig+8, 2tig+9][64h + 8gid, +8); byte permutes pair
+//         two tokens' values of one dimension into a B fragment. Output column gid of n-tile
+//         (h, e) is then dimension 64h + 8gid + e, so each lane ends with 16 contiguous
+//         dimensions of its rows.
+// A step of 16 tokens lies inside one block (block_size is a power of two >= 16 and steps are
+// 16-aligned), so one block-table entry per step serves all its loads; it is fetched two steps
+// ahead. The next step's K (V) is loaded right after this step's K (V) was consumed, so a step's
+// loads fly while the previous step computes.
+#ifndef KILN_ATTENTION_INTERNAL_DECODE_KERNEL_CUH_
+#define KILN_ATTENTION_INTERNAL_DECODE_KERNEL_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attention/attention_params.h"
+#include "attention/internal/kernel_args.h"
+#include "attention/internal/mma.cuh"
+
+namespace kiln {
+namespace attention_internal {
+
+constexpr int kDecodeWarps = 4;
+constexpr int kDecodeThreads = kDecodeWarps * 32;
+constexpr int kDecodeRows = 16;  // M of the MMA tile: the most rows a work item may have
+constexpr int kStepTokens = 16;  // KV tokens per warp step (two n-tiles of 8)
+
+template <AttentionDtype kDtype, int kHeadDim, int kGroup>
+__global__ void __launch_bounds__(kDecodeThreads, 2)
+    DecodeAttentionKernel(const DecodeKernelArgs args) {
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
+  static_assert(kGroup >= 1 && kGroup <= kDecodeRows, "group size 1..16");
+  using Ops = DtypeOps<kDtype>;
+  constexpr int kKLoads = kHeadDim / 32;  // 16-byte K loads per token row per lane
+  constexpr int kVLoads = kHeadDim / 64;  // 16-byte V loads per token per lane
+  constexpr int kOTiles = kHeadDim / 8;   // n-tiles of the output
+  constexpr unsigned kFull = 0xffffffffu;
+
+  const AttentionWorkItem item = args.work_items[blockIdx.x];
+  if (item.seq < 0) return;  // padding: the grid is sized by the capture key
+  const int kv_head = blockIdx.y;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int gid = lane >> 2;
+  const int tig = lane & 3;
+
+  const int q_start = args.seq_q_start[item.seq];
+  const int q_len = args.seq_q_start[item.seq + 1] - q_start;
+  const int kv_len = args.seq_kv_len[item.seq];
+  const int num_rows = item.row_end - item.row_begin;
+  const int kv_begin = item.kv_begin;
+  const int kv_end = item.kv_end;
+  // Token j of the sequence sees KV positions [0, causal_base + j).
+  const int causal_base = kv_len - q_len + 1;
+
+  // Q fragments of rows gid and gid + 8, and each row's exclusive KV limit.
+  const uint16_t* q = static_cast<const uint16_t*>(args.q);
+  uint32_t qf[kKLoads][2][4];
+  int limit[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int m = gid + 8 * h;
+    if (m < num_rows) {
+      const int r = item.row_begin + m;
+      const int j = r / kGroup;
+      const int g = r - j * kGroup;
+      const uint16_t* row = q + static_cast<int64_t>(q_start + j) * args.q_stride +
+                            static_cast<int64_t>(kv_head * kGroup + g) * kHeadDim + 8 * tig;
+#pragma unroll
+      for (int c = 0; c < kKLoads; ++c) {
+        const uint4 v = *reinterpret_cast<const uint4*>(row + 32 * c);
+        qf[c][h][0] = v.x;
+        qf[c][h][1] = v.y;
+        qf[c][h][2] = v.z;
+        qf[c][h][3] = v.w;
+      }
+      limit[h] = min(kv_end, causal_base + j);
+    } else {
+#pragma unroll
+      for (int c = 0; c < kKLoads; ++c) {
+        qf[c][h][0] = qf[c][h][1] = qf[c][h][2] = qf[c][h][3] = 0u;
+      }
+      limit[h] = kv_end;
+    }
+  }
+  // The first row has the smallest limit: a step entirely below it (and at or after kv_begin)
+  // needs no mask.
+  const int unmasked_end = min(kv_end, causal_base + item.row_begin / kGroup);
+
+  float o[kOTiles][4];
+#pragma unroll
+  for (int t = 0; t < kOTiles; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
+  float row_max[2] = {NegativeInfinity(), NegativeInfinity()};
+  float row_sum[2] = {0.f, 0.f};
+
+  const int base0 = kv_begin & ~(kStepTokens - 1);
+  const int num_steps =
+      kv_end > kv_begin ? (kv_end - base0 + kStepTokens - 1) / kStepTokens : 0;
+  const int32_t* table = args.block_table + static_cast<int64_t>(item.seq) * args.max_blocks_per_seq;
+  const int log2_bs = args.log2_block_size;
+  const int in_block_mask = (1 << log2_bs) - 1;
+  const int64_t block_stride = (static_cast<int64_t>(args.num_kv_heads) * kHeadDim) << log2_bs;
+  const int64_t head_offset = (static_cast<int64_t>(kv_head) * kHeadDim) << log2_bs;
+  const uint16_t* k_pool = static_cast<const uint16_t*>(args.k_cache) + head_offset;
+  const uint16_t* v_pool = static_cast<const uint16_t*>(args.v_cache) + head_offset;
+
+  uint32_t kr[2][kKLoads][4];  // [n-tile][load][word]
+  uint32_t vr[4][kVLoads][4];  // [token 2tig, 2tig+1, 2tig+8, 2tig+9][load][word]
+
+  auto load_k = [&](int block, int base) {
+    const uint16_t* p = k_pool + static_cast<int64_t>(block) * block_stride +
+                        static_cast<int64_t>((base & in_block_mask) + gid) * kHeadDim + 8 * tig;
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+#pragma unroll
+      for (int c = 0; c < kKLoads; ++c) {
+        const uint4 v = LoadStreaming(p + t * 8 * kHeadDim + 32 * c);
+        kr[t][c][0] = v.x;
+        kr[t][c][1] = v.y;
+        kr[t][c][2] = v.z;
+        kr[t][c][3] = v.w;
+      }
+    }
+  };
+  auto load_v = [&](int block, int base) {
+    const uint16_t* p = v_pool + static_cast<int64_t>(block) * block_stride +
+                        static_cast<int64_t>((base & in_block_mask) + 2 * tig) * kHeadDim +
+                        8 * gid;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int token = (u >> 1) * 8 + (u & 1);
+#pragma unroll
+      for (int c = 0; c < kVLoads; ++c) {
+        const uint4 v = LoadStreaming(p + token * kHeadDim + 64 * c);
+        vr[u][c][0] = v.x;
+        vr[u][c][1] = v.y;
+        vr[u][c][2] = v.z;
+        vr[u][c][3] = v.w;
+      }
+    }
+  };
+
+  // Every load of a step stays inside the step's block, which holds at least one token of
+  // [kv_begin, kv_end): tokens outside that range are read (in bounds) and masked.
+  int step = warp;
+  int block_next = 0;
+  if (step < num_steps) {
+    const int base = base0 + step * kStepTokens;
+    const int block = table[base >> log2_bs];
+    load_k(block, base);
+    load_v(block, base);
+    if (step + kDecodeWarps < num_steps) {
+      block_next = table[(base + kDecodeWarps * kStepTokens) >> log2_bs];
+    }
+  }
+  for (; step < num_steps; step += kDecodeWarps) {
+    const int base = base0 + step * kStepTokens;
+    const int next_base = base + kDecodeWarps * kStepTokens;
+    const bool has_next = step + kDecodeWarps < num_steps;
+    const int block_after = step + 2 * kDecodeWarps < num_steps
+                                ? table[(next_base + kDecodeWarps * kStepTokens) >> log2_bs]
+                                : 0;
+
+    // S = Q K^T for tokens base + [0, 8) (n-tile 0) and base + [8, 16) (n-tile 1).
+    float s[2][4];
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
+#pragma unroll
+      for (int c = 0; c < kKLoads; ++c) {
+        const uint32_t a0[4] = {qf[c][0][0], qf[c][1][0], qf[c][0][1], qf[c][1][1]};
+        Ops::Mma(s[t], a0, kr[t][c][0], kr[t][c][1]);
+        const uint32_t a1[4] = {qf[c][0][2], qf[c][1][2], qf[c][0][3], qf[c][1][3]};
+        Ops::Mma(s[t], a1, kr[t][c][2], kr[t][c][3]);
+      }
+    }
+    if (has_next) load_k(block_next, next_base);
+
+    // Online softmax in base 2. s[t][i]: row gid + 8 * (i >> 1), token base + 8t + 2tig + (i & 1).
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[t][i] *= args.scale_log2;
+    }
+    if (base < kv_begin || base + kStepTokens > unmasked_end) {
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int token = base + 8 * t + 2 * tig + (i & 1);
+          if (token < kv_begin || token >= limit[i >> 1]) s[t][i] = NegativeInfinity();
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 2));
+      const float new_max = fmaxf(row_max[h], mx);
+      // A row with nothing visible yet keeps max -inf; subtracting 0 keeps its p at 0, not NaN.
+      const float shift = new_max == NegativeInfinity() ? 0.f : new_max;
+      const float alpha = FastExp2(row_max[h] - shift);
+      row_max[h] = new_max;
+      float sum = 0.f;
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        s[t][2 * h] = FastExp2(s[t][2 * h] - shift);
+        s[t][2 * h + 1] = FastExp2(s[t][2 * h + 1] - shift);
+        sum += s[t][2 * h] + s[t][2 * h + 1];
+      }
+      row_sum[h] = row_sum[h] * alpha + sum;
+#pragma unroll
+      for (int n = 0; n < kOTiles; ++n) {
+        o[n][2 * h] *= alpha;
+        o[n][2 * h + 1] *= alpha;
+      }
+    }
+    // P as the A fragment: k = token, rows as in S (the accumulator layout of two n-tiles is
+    // the A layout of one k16 step).
+    const uint32_t pa[4] = {Ops::Pack(s[0][0], s[0][1]), Ops::Pack(s[0][2], s[0][3]),
+                            Ops::Pack(s[1][0], s[1][1]), Ops::Pack(s[1][2], s[1][3])};
+
+    // Tokens outside [kv_begin, kv_end) may hold stale bits (even NaN): zero their V so that
+    // p = 0 contributes exactly nothing.
+    if (base < kv_begin || base + kStepTokens > kv_end) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int token = base + (u >> 1) * 8 + 2 * tig + (u & 1);
+        if (token < kv_begin || token >= kv_end) {
+#pragma unroll
+          for (int c = 0; c < kVLoads; ++c) vr[u][c][0] = vr[u][c][1] = vr[u][c][2] = vr[u][c][3] = 0u;
+        }
+      }
+    }
+    // O += P V: n-tile (c, e) takes element e of each lane's 8 dimensions.
+#pragma unroll
+    for (int c = 0; c < kVLoads; ++c) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const unsigned selector = (e & 1) ? 0x7632u : 0x5410u;
+        const uint32_t b0 = __byte_perm(vr[0][c][e >> 1], vr[1][c][e >> 1], selector);
+        const uint32_t b1 = __byte_perm(vr[2][c][e >> 1], vr[3][c][e >> 1], selector);
+        Ops::Mma(o[c * 8 + e], pa, b0, b1);
+      }
+    }
+    if (has_next) load_v(block_next, next_base);
+    block_next = block_after;
+  }
+
+  // Combine the four warps: each row's maximum, rescaled sums and outputs.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row_sum[h] += __shfl_xor_sync(kFull, row_sum[h], 1);
+    row_sum[h] += __shfl_xor_sync(kFull, row_sum[h], 2);
+  }
+  __shared__ float s_max[kDecodeWarps][kDecodeRows];
+  __shared__ float s_sum[kDecodeWarps][kDecodeRows];
+  // Rows padded by 4 floats to spread the lanes' 16-byte stores over the banks.
+  __shared__ __align__(16) float s_out[kDecodeWarps][kDecodeRows][kHeadDim + 4];
+  if (tig == 0) {
+    s_max[warp][gid] = row_max[0];
+    s_max[warp][gid + 8] = row_max[1];
+    s_sum[warp][gid] = row_sum[0];
+    s_sum[warp][gid + 8] = row_sum[1];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = gid + 8 * h;
+    float total_max = NegativeInfinity();
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) total_max = fmaxf(total_max, s_max[w][row]);
+    const float scale =
+        row_max[h] == NegativeInfinity() ? 0.f : FastExp2(row_max[h] - total_max);
+#pragma unroll
+    for (int c = 0; c < kVLoads; ++c) {
+      float* dst = &s_out[warp][row][64 * c + 16 * tig];
+      float4 x;
+      x = make_float4(o[c * 8 + 0][2 * h] * scale, o[c * 8 + 1][2 * h] * scale,
+                      o[c * 8 + 2][2 * h] * scale, o[c * 8 + 3][2 * h] * scale);
+      *reinterpret_cast<float4*>(dst + 0) = x;
+      x = make_float4(o[c * 8 + 4][2 * h] * scale, o[c * 8 + 5][2 * h] * scale,
+                      o[c * 8 + 6][2 * h] * scale, o[c * 8 + 7][2 * h] * scale);
+      *reinterpret_cast<float4*>(dst + 4) = x;
+      x = make_float4(o[c * 8 + 0][2 * h + 1] * scale, o[c * 8 + 1][2 * h + 1] * scale,
+                      o[c * 8 + 2][2 * h + 1] * scale, o[c * 8 + 3][2 * h + 1] * scale);
+      *reinterpret_cast<float4*>(dst + 8) = x;
+      x = make_float4(o[c * 8 + 4][2 * h + 1] * scale, o[c * 8 + 5][2 * h + 1] * scale,
+                      o[c * 8 + 6][2 * h + 1] * scale, o[c * 8 + 7][2 * h + 1] * scale);
+      *reinterpret_cast<float4*>(dst + 12) = x;
+    }
+  }
+  __syncthreads();
+
+  constexpr int kChunks = kHeadDim / 8;
+  for (int task = threadIdx.x; task < kDecodeRows * kChunks; task += kDecodeThreads) {
+    const int row = task / kChunks;
+    const int chunk = task - row * kChunks;
+    if (row >= num_rows) continue;
+    float total_max = NegativeInfinity();
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) total_max = fmaxf(total_max, s_max[w][row]);
+    float total_sum = 0.f;
+    float acc[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = 0.f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      const float m = s_max[w][row];
+      if (m != NegativeInfinity()) total_sum += s_sum[w][row] * FastExp2(m - total_max);
+      const float4 a = *reinterpret_cast<const float4*>(&s_out[w][row][8 * chunk]);
+      const float4 b = *reinterpret_cast<const float4*>(&s_out[w][row][8 * chunk + 4]);
+      acc[0] += a.x;
+      acc[1] += a.y;
+      acc[2] += a.z;
+      acc[3] += a.w;
+      acc[4] += b.x;
+      acc[5] += b.y;
+      acc[6] += b.z;
+      acc[7] += b.w;
+    }
+    // A row that saw no KV at all (empty chunk or fully masked) yields zeros, never NaN.
+    const float inv = total_sum > 0.f ? 1.f / total_sum : 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] *= inv;
+    if (item.partial_slot < 0) {
+      const int r = item.row_begin + row;
+      const int j = r / kGroup;
+      const int g = r - j * kGroup;
+      uint16_t* out = static_cast<uint16_t*>(args.o) +
+                      static_cast<int64_t>(q_start + j) * args.o_stride +
+                      static_cast<int64_t>(kv_head * kGroup + g) * kHeadDim + 8 * chunk;
+      const uint4 packed = make_uint4(Ops::Pack(acc[0], acc[1]), Ops::Pack(acc[2], acc[3]),
+                                      Ops::Pack(acc[4], acc[5]), Ops::Pack(acc[6], acc[7]));
+      *reinterpret_cast<uint4*>(out) = packed;
+    } else {
+      const int64_t slot_row =
+          (static_cast<int64_t>(item.partial_slot) * args.num_kv_heads + kv_head) *
+              args.tile_rows +
+          row;
+      float* out = args.partial_o + slot_row * kHeadDim + 8 * chunk;
+      *reinterpret_cast<float4*>(out) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      *reinterpret_cast<float4*>(out + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
+      if (chunk == 0) {
+        args.partial_lse[slot_row] =
+            total_sum > 0.f ? total_max + __log2f(total_sum) : NegativeInfinity();
+      }
+    }
+  }
+}
+
+template <AttentionDtype kDtype, int kHeadDim, int kGroup>
+cudaError_t LaunchDecodeKernel(const DecodeKernelArgs& args, int grid_x, cudaStream_t stream) {
+  const dim3 grid(grid_x, args.num_kv_heads);
+  DecodeAttentionKernel<kDtype, kHeadDim, kGroup><<<grid, kDecodeThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+#define KILN_INSTANTIATE_DECODE_ONE_(DTYPE, HEAD_DIM, GROUP)                                \
+  template cudaError_t LaunchDecodeKernel<DTYPE, HEAD_DIM, GROUP>(const DecodeKernelArgs&, \
+                                                                   int, cudaStream_t);
+
+// Instantiates the decode kernel of one dtype and head dimension for every supported group.
+#define KILN_INSTANTIATE_DECODE(DTYPE, HEAD_DIM)  \
+  KILN_INSTANTIATE_DECODE_ONE_(DTYPE, HEAD_DIM, 1) \
+  KILN_INSTANTIATE_DECODE_ONE_(DTYPE, HEAD_DIM, 2) \
+  KILN_INSTANTIATE_DECODE_ONE_(DTYPE, HEAD_DIM, 4) \
+  KILN_INSTANTIATE_DECODE_ONE_(DTYPE, HEAD_DIM, 5) \
+  KILN_INSTANTIATE_DECODE_ONE_(DTYPE, HEAD_DIM, 8)
+
+}  // namespace attention_internal
+}  // namespace kiln
+
+#endif  // KILN_ATTENTION_INTERNAL_DECODE_KERNEL_CUH_

@@ -1,0 +1,47 @@
+#include "attention/merge_kernel.h"
+
+#include "absl/strings/str_cat.h"
+#include "attention/internal/dispatch.h"
+#include "attention/internal/kernel_args.h"
+#include "runtime/cuda/status.h"
+
+namespace kiln {
+
+absl::Status LaunchAttentionMerge(const AttentionMergeParams& params, cudaStream_t stream) {
+  const AttentionPlanPartDevice& plan = params.plan;
+  if (plan.merge_capacity <= 0) return absl::OkStatus();
+  if (params.num_q_heads <= 0 || params.num_kv_heads <= 0 ||
+      params.num_q_heads % params.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Merge heads (", params.num_q_heads, " query, ", params.num_kv_heads,
+        " KV) must be positive with query heads a multiple of KV heads"));
+  }
+  if (params.o == nullptr || plan.merge_items == nullptr || plan.seq_q_start == nullptr ||
+      plan.partial_o == nullptr || plan.partial_lse == nullptr || plan.tile_rows <= 0) {
+    return absl::InvalidArgumentError(
+        "Merge needs o, the plan's merge items, seq_q_start and partial workspace; pass "
+        "PlanBuffers::decode() or prefill() as plan");
+  }
+  attention_internal::MergeKernelArgs args;
+  args.o = params.o;
+  args.o_stride = params.o_stride != 0
+                      ? params.o_stride
+                      : static_cast<int64_t>(params.num_q_heads) * params.head_dim;
+  args.seq_q_start = plan.seq_q_start;
+  args.merge_items = plan.merge_items;
+  args.partial_o = plan.partial_o;
+  args.partial_lse = plan.partial_lse;
+  args.tile_rows = plan.tile_rows;
+  args.num_q_heads = params.num_q_heads;
+  args.num_kv_heads = params.num_kv_heads;
+  args.group_size = params.num_q_heads / params.num_kv_heads;
+  const int grid = plan.merge_capacity;
+  return DISPATCH_DTYPE(params.dtype, kDtype, [&] {
+    return DISPATCH_HEAD_DIM(params.head_dim, kHeadDim, [&] {
+      return ToStatus(attention_internal::LaunchMergeKernel<kDtype, kHeadDim>(args, grid, stream),
+                      "attention merge kernel launch");
+    });
+  });
+}
+
+}  // namespace kiln

@@ -1,0 +1,66 @@
+#include "attention/plan_buffers.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/cuda/capture_check.h"
+#include "runtime/cuda/status.h"
+
+namespace kiln {
+namespace {
+
+// Allocates `bytes` named `name`, or leaves `out` empty for a zero-sized buffer.
+absl::Status AllocateIfNeeded(size_t bytes, const char* name, DeviceBuffer* out) {
+  if (bytes == 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(*out, DeviceBuffer::Allocate(bytes, name));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<PlanBuffers> PlanBuffers::Create(const PlanLayout& layout) {
+  PlanBuffers buffers;
+  buffers.layout_ = layout;
+  ASSIGN_OR_RETURN(buffers.host_, PinnedHostBuffer::Allocate(layout.plan_bytes, "plan (pinned)"));
+  std::memset(buffers.host_.data(), 0, layout.plan_bytes);
+  ASSIGN_OR_RETURN(buffers.device_, DeviceBuffer::Allocate(layout.plan_bytes, "plan"));
+  RETURN_IF_ERROR(
+      AllocateIfNeeded(layout.decode.partial_o_bytes, "decode partial_o", &buffers.decode_o_));
+  RETURN_IF_ERROR(AllocateIfNeeded(layout.decode.partial_lse_bytes, "decode partial_lse",
+                                   &buffers.decode_lse_));
+  RETURN_IF_ERROR(
+      AllocateIfNeeded(layout.prefill.partial_o_bytes, "prefill partial_o", &buffers.prefill_o_));
+  RETURN_IF_ERROR(AllocateIfNeeded(layout.prefill.partial_lse_bytes, "prefill partial_lse",
+                                   &buffers.prefill_lse_));
+  return buffers;
+}
+
+absl::Status PlanBuffers::Upload(cudaStream_t stream) const {
+  RETURN_IF_ERROR(CheckNotCapturing(stream, "PlanBuffers::Upload"));
+  return ToStatus(cudaMemcpyAsync(device_.data(), host_.data(), layout_.plan_bytes,
+                                  cudaMemcpyHostToDevice, stream),
+                  "cudaMemcpyAsync(plan)");
+}
+
+AttentionPlanPartDevice PlanBuffers::Part(const PlanPartLayout& part, const DeviceBuffer& o,
+                                          const DeviceBuffer& lse) const {
+  AttentionPlanPartDevice view;
+  if (!part.enabled) return view;
+  const char* base = static_cast<const char*>(device_.data());
+  view.header = reinterpret_cast<const AttentionPlanHeader*>(base + part.header_offset);
+  view.seq_q_start = reinterpret_cast<const int32_t*>(base + layout_.seq_q_start_offset);
+  view.seq_kv_len = reinterpret_cast<const int32_t*>(base + layout_.seq_kv_len_offset);
+  view.max_seqs = layout_.max_seqs;
+  view.work_items = reinterpret_cast<const AttentionWorkItem*>(base + part.work_items_offset);
+  view.work_capacity = part.work_capacity;
+  view.merge_items = reinterpret_cast<const AttentionMergeItem*>(base + part.merge_items_offset);
+  view.merge_capacity = part.merge_capacity;
+  view.tile_rows = part.tile_rows;
+  view.partial_o = o.as<float>();
+  view.partial_lse = lse.as<float>();
+  view.slot_capacity = part.slot_capacity;
+  return view;
+}
+
+}  // namespace kiln

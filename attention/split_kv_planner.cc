@@ -1,0 +1,353 @@
+#include "attention/split_kv_planner.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace kiln {
+namespace {
+
+constexpr size_t kAlign = 16;
+
+size_t AlignUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+constexpr AttentionWorkItem kPaddingWorkItem = {-1, 0, 0, 0, 0, -1};
+constexpr AttentionMergeItem kPaddingMergeItem = {-1, 0, 0, 0, 0};
+
+absl::Status ValidatePart(const PlanPartOptions& part, const char* name, int group_size) {
+  if (part.tile_rows == 0) return absl::OkStatus();
+  if (part.tile_rows < group_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Planner ", name, ".tile_rows ", part.tile_rows, " is below the ", group_size,
+        " query heads per KV head; use at least ", group_size, " rows per tile"));
+  }
+  if (part.tile_rows < 0 || part.kv_granularity < 1 || part.min_kv_chunk < 1 ||
+      part.ctas_per_sm < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Planner ", name, " options are out of range (tile_rows ", part.tile_rows,
+        ", kv_granularity ", part.kv_granularity, ", min_kv_chunk ", part.min_kv_chunk,
+        ", ctas_per_sm ", part.ctas_per_sm, "); each must be positive"));
+  }
+  return absl::OkStatus();
+}
+
+// Computes the key-only shape of one part that receives at most `max_seqs` sequences and
+// `max_tokens` tokens.
+PlanPartLayout MakePartLayout(const SplitKvPlannerOptions& options, const PlanPartOptions& part,
+                              int max_seqs, int max_tokens, int group_size) {
+  PlanPartLayout layout;
+  if (part.tile_rows <= 0) return layout;
+  layout.enabled = true;
+  layout.tile_rows = part.tile_rows;
+  layout.max_seqs = max_seqs;
+  layout.max_tokens = max_tokens;
+  layout.max_tiles = MaxQueryTiles(max_seqs, max_tokens, group_size, part.tile_rows);
+  int slots = 0;
+  if (part.allow_split && options.key.max_kv_len > part.min_kv_chunk) {
+    // One item per CTA-slot of the GPU, per KV head (grid.y): enough chunks to fill the GPU
+    // once when the step has few tiles.
+    slots = static_cast<int>(CeilDiv(static_cast<int64_t>(options.sm_count) * part.ctas_per_sm,
+                                     options.num_kv_heads));
+  }
+  const int merges = std::min(layout.max_tiles, slots / 2);
+  if (merges == 0) slots = 0;  // a split needs two slots and a tile to merge
+  layout.slot_capacity = slots;
+  layout.merge_capacity = merges;
+  layout.work_capacity = layout.max_tiles + slots;
+  const size_t rows = static_cast<size_t>(slots) * options.num_kv_heads * part.tile_rows;
+  layout.partial_o_bytes = rows * options.head_dim * sizeof(float);
+  layout.partial_lse_bytes = rows * sizeof(float);
+  return layout;
+}
+
+// Places one part's sections in the blob from `offset` on; returns the new offset.
+size_t PlacePart(PlanPartLayout* part, size_t offset) {
+  if (!part->enabled) return offset;
+  part->header_offset = offset;
+  offset += AlignUp(sizeof(AttentionPlanHeader));
+  part->work_items_offset = offset;
+  offset += AlignUp(sizeof(AttentionWorkItem) * part->work_capacity);
+  part->merge_items_offset = offset;
+  offset += AlignUp(sizeof(AttentionMergeItem) * part->merge_capacity);
+  return offset;
+}
+
+bool GoesToDecode(bool decode_enabled, int32_t q_len) { return decode_enabled && q_len == 1; }
+
+}  // namespace
+
+int MaxQueryTiles(int b, int n, int g, int t) {
+  if (b <= 0 || n <= 0 || g <= 0 || t <= 0) return 0;
+  const int64_t spread = CeilDiv(static_cast<int64_t>(n) * g, t) + b - 1;
+  const int64_t per_token = static_cast<int64_t>(n) * CeilDiv(g, t);
+  return static_cast<int>(std::min(spread, per_token));
+}
+
+std::vector<PlanBufferSize> PlanLayout::Buffers() const {
+  return {
+      {"plan", plan_bytes},
+      {"decode partial_o", decode.partial_o_bytes},
+      {"decode partial_lse", decode.partial_lse_bytes},
+      {"prefill partial_o", prefill.partial_o_bytes},
+      {"prefill partial_lse", prefill.partial_lse_bytes},
+  };
+}
+
+PlanPartView ViewPart(void* blob, const PlanPartLayout& part) {
+  PlanPartView view;
+  if (!part.enabled) return view;
+  char* base = static_cast<char*>(blob);
+  view.header = reinterpret_cast<AttentionPlanHeader*>(base + part.header_offset);
+  view.work_items = reinterpret_cast<AttentionWorkItem*>(base + part.work_items_offset);
+  view.merge_items = reinterpret_cast<AttentionMergeItem*>(base + part.merge_items_offset);
+  return view;
+}
+
+absl::StatusOr<SplitKvPlanner> SplitKvPlanner::Create(const SplitKvPlannerOptions& options) {
+  if (options.num_q_heads <= 0 || options.num_kv_heads <= 0 ||
+      options.num_q_heads % options.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Planner heads (", options.num_q_heads, " query, ", options.num_kv_heads,
+        " KV) must be positive with query heads a multiple of KV heads"));
+  }
+  if (options.head_dim <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Planner head_dim ", options.head_dim, " must be positive"));
+  }
+  if (options.sm_count <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("Planner sm_count ", options.sm_count,
+                                              " must be positive; pass DeviceInfo::sm_count"));
+  }
+  const AttentionPlanKey& key = options.key;
+  if (key.max_seqs <= 0 || key.max_tokens <= 0 || key.max_kv_len <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Planner key (max_seqs ", key.max_seqs, ", max_tokens ", key.max_tokens,
+        ", max_kv_len ", key.max_kv_len, ") must be positive"));
+  }
+  if (options.decode.tile_rows <= 0 && options.prefill.tile_rows <= 0) {
+    return absl::InvalidArgumentError(
+        "Planner has neither a decode nor a prefill part; set decode.tile_rows or "
+        "prefill.tile_rows");
+  }
+  const int group = options.num_q_heads / options.num_kv_heads;
+  if (absl::Status s = ValidatePart(options.decode, "decode", group); !s.ok()) return s;
+  if (absl::Status s = ValidatePart(options.prefill, "prefill", group); !s.ok()) return s;
+
+  PlanLayout layout;
+  layout.max_seqs = key.max_seqs;
+  layout.group_size = group;
+  const bool has_decode = options.decode.tile_rows > 0;
+  // Decode sequences bring one token each; prefill sequences bring at least two when a decode
+  // part takes the single-token ones, else at least one.
+  const int decode_seqs = std::min(key.max_seqs, key.max_tokens);
+  const int prefill_seqs =
+      std::min(key.max_seqs, has_decode ? key.max_tokens / 2 : key.max_tokens);
+  layout.decode = MakePartLayout(options, options.decode, decode_seqs, decode_seqs, group);
+  layout.prefill =
+      MakePartLayout(options, options.prefill, prefill_seqs, key.max_tokens, group);
+
+  size_t offset = 0;
+  layout.seq_q_start_offset = offset;
+  offset += AlignUp(sizeof(int32_t) * (static_cast<size_t>(key.max_seqs) + 1));
+  layout.seq_kv_len_offset = offset;
+  offset += AlignUp(sizeof(int32_t) * static_cast<size_t>(key.max_seqs));
+  offset = PlacePart(&layout.decode, offset);
+  offset = PlacePart(&layout.prefill, offset);
+  layout.plan_bytes = offset;
+  return SplitKvPlanner(options, layout);
+}
+
+absl::StatusOr<PlanSummary> SplitKvPlanner::Plan(absl::Span<const SeqLens> seqs,
+                                                 void* blob) const {
+  if (blob == nullptr || reinterpret_cast<uintptr_t>(blob) % kAlign != 0) {
+    return absl::InvalidArgumentError("Plan blob must be non-null and 16-byte aligned");
+  }
+  const AttentionPlanKey& key = options_.key;
+  const int n = static_cast<int>(seqs.size());
+  if (n > key.max_seqs) {
+    return absl::InvalidArgumentError(absl::StrCat("Step has ", n, " sequences, above the key's max_seqs ",
+                                              key.max_seqs, "; plan it under a larger key"));
+  }
+  char* base = static_cast<char*>(blob);
+  int32_t* seq_q_start = reinterpret_cast<int32_t*>(base + layout_.seq_q_start_offset);
+  int32_t* seq_kv_len = reinterpret_cast<int32_t*>(base + layout_.seq_kv_len_offset);
+  const bool has_decode = layout_.decode.enabled;
+  const bool has_prefill = layout_.prefill.enabled;
+  int64_t tokens = 0;
+  for (int i = 0; i < n; ++i) {
+    const SeqLens& s = seqs[i];
+    if (s.q_len < 0 || s.kv_len < 0 || s.kv_len > key.max_kv_len) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Sequence ", i, " has q_len ", s.q_len, " and kv_len ", s.kv_len,
+          "; both must be non-negative and kv_len at most the key's max_kv_len ",
+          key.max_kv_len));
+    }
+    if (s.q_len > 0 && !GoesToDecode(has_decode, s.q_len) && !has_prefill) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Sequence ", i, " has q_len ", s.q_len,
+          " but the planner has no prefill part; set prefill.tile_rows"));
+    }
+    seq_q_start[i] = static_cast<int32_t>(tokens);
+    seq_kv_len[i] = s.kv_len;
+    tokens += s.q_len;
+    if (tokens > key.max_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat("Step has more than ", key.max_tokens,
+                                                " tokens (the key's max_tokens) by sequence ", i,
+                                                "; plan it under a larger key"));
+    }
+  }
+  for (int i = n; i < key.max_seqs; ++i) {
+    seq_q_start[i] = static_cast<int32_t>(tokens);
+    seq_kv_len[i] = 0;
+  }
+  seq_q_start[key.max_seqs] = static_cast<int32_t>(tokens);
+
+  PlanSummary summary;
+  summary.num_seqs = n;
+  summary.num_tokens = static_cast<int>(tokens);
+  if (has_decode) {
+    if (absl::Status s = PlanPart(seqs, /*decode_part=*/true, options_.decode, layout_.decode,
+                                  ViewPart(blob, layout_.decode), &summary.decode);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (has_prefill) {
+    if (absl::Status s = PlanPart(seqs, /*decode_part=*/false, options_.prefill,
+                                  layout_.prefill, ViewPart(blob, layout_.prefill),
+                                  &summary.prefill);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return summary;
+}
+
+absl::Status SplitKvPlanner::PlanPart(absl::Span<const SeqLens> seqs, bool decode_part,
+                                      const PlanPartOptions& part_options,
+                                      const PlanPartLayout& part, PlanPartView view,
+                                      PlanPartSummary* summary) const {
+  const char* name = decode_part ? "decode" : "prefill";
+  const int group = layout_.group_size;
+  const int tile_rows = part.tile_rows;
+  const bool has_decode = layout_.decode.enabled;
+  const int n = static_cast<int>(seqs.size());
+  auto routed = [&](int32_t q_len) {
+    return q_len > 0 && GoesToDecode(has_decode, q_len) == decode_part;
+  };
+
+  // Pass 1: count the tiles, so they can be parked at the end of the work-item array.
+  int64_t num_tiles = 0;
+  int num_seqs = 0;
+  for (int i = 0; i < n; ++i) {
+    if (!routed(seqs[i].q_len)) continue;
+    ++num_seqs;
+    num_tiles += CeilDiv(static_cast<int64_t>(seqs[i].q_len) * group, tile_rows);
+  }
+  if (num_tiles > part.max_tiles) {
+    // Unreachable for a step within the key: the bound is proven in the header comment.
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "Plan needs ", num_tiles, " query tiles but buffer '", name, " work items' holds ",
+        part.max_tiles, " tiles; plan it under a larger key"));
+  }
+  const int t = static_cast<int>(num_tiles);
+  const int capacity = part.work_capacity;
+  AttentionWorkItem* items = view.work_items;
+  AttentionWorkItem* tiles = items + (capacity - t);
+
+  // Pass 2: the tiles, in sequence order, parked in items[capacity - t, capacity). Emitting
+  // tile k later writes items[p, p + chunks) with p + chunks <= capacity - t + k + 1 (total
+  // chunks never exceed the capacity), so it never overwrites a tile it has not read yet.
+  int32_t max_kv = 0;
+  int k = 0;
+  for (int i = 0; i < n; ++i) {
+    const SeqLens& s = seqs[i];
+    if (!routed(s.q_len)) continue;
+    const int32_t rows = s.q_len * group;
+    for (int32_t row_begin = 0; row_begin < rows; row_begin += tile_rows) {
+      const int32_t row_end = std::min(row_begin + tile_rows, rows);
+      const int32_t last_token = (row_end - 1) / group;
+      const int32_t kv_end = std::max(0, s.kv_len - s.q_len + last_token + 1);
+      tiles[k++] = AttentionWorkItem{i, row_begin, row_end, 0, kv_end, -1};
+      max_kv = std::max(max_kv, kv_end);
+    }
+  }
+
+  // Chunk size: by default one chunk per tile. With slots to spare, the smallest multiple of
+  // the granularity (and at least min_kv_chunk) whose split tiles fit the slots.
+  const int64_t gran = part_options.kv_granularity;
+  const int slots = part.slot_capacity;
+  int64_t chunk = std::max<int64_t>(CeilDiv(max_kv, gran), 1) * gran;
+  if (slots >= 2 && max_kv > part_options.min_kv_chunk) {
+    auto fits = [&](int64_t c) {
+      int64_t used = 0;
+      for (int j = 0; j < t; ++j) {
+        const int32_t len = tiles[j].kv_end;
+        if (len > c) {
+          used += CeilDiv(len, c);
+          if (used > slots) return false;
+        }
+      }
+      return true;
+    };
+    // The longest tile alone needs ceil(max_kv / c) <= slots when it splits.
+    int64_t lo = CeilDiv(std::max<int64_t>(part_options.min_kv_chunk, CeilDiv(max_kv, slots)),
+                         gran);
+    int64_t hi = chunk / gran;  // fits: nothing splits
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (fits(mid * gran)) {
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
+    }
+    chunk = std::min(chunk, hi * gran);
+  }
+
+  // Pass 3: emit items and merges in tile order, then padding.
+  int p = 0;
+  int merges = 0;
+  int32_t slot = 0;
+  for (int j = 0; j < t; ++j) {
+    const AttentionWorkItem tile = tiles[j];
+    const int32_t len = tile.kv_end;
+    if (len <= chunk) {
+      items[p++] = AttentionWorkItem{tile.seq, tile.row_begin, tile.row_end, 0, len, -1};
+      continue;
+    }
+    const int32_t c = static_cast<int32_t>(chunk);
+    const int32_t num_chunks = static_cast<int32_t>(CeilDiv(len, c));
+    if (slot + num_chunks > slots || merges >= part.merge_capacity) {
+      // Unreachable: the chunk size was chosen so the split tiles fit.
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "Plan needs more than ", slots, " partial slots (buffer '", name,
+          " partial_o') or ", part.merge_capacity, " merges (buffer '", name,
+          " merge items')"));
+    }
+    view.merge_items[merges++] =
+        AttentionMergeItem{tile.seq, tile.row_begin, tile.row_end, slot, num_chunks};
+    for (int32_t c0 = 0; c0 < len; c0 += c) {
+      items[p++] =
+          AttentionWorkItem{tile.seq, tile.row_begin, tile.row_end, c0, std::min(c0 + c, len),
+                            slot++};
+    }
+  }
+  for (int j = p; j < capacity; ++j) items[j] = kPaddingWorkItem;
+  for (int j = merges; j < part.merge_capacity; ++j) view.merge_items[j] = kPaddingMergeItem;
+  *view.header = AttentionPlanHeader{p, merges, static_cast<int32_t>(chunk), t};
+
+  summary->num_seqs = num_seqs;
+  summary->num_tiles = t;
+  summary->num_work_items = p;
+  summary->num_merge_items = merges;
+  summary->kv_chunk_size = static_cast<int>(chunk);
+  return absl::OkStatus();
+}
+
+}  // namespace kiln
