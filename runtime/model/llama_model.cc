@@ -286,7 +286,9 @@ absl::Status LlamaModel::RunPiece(int piece, const LlamaStepArgs& args, cudaStre
 absl::Status LlamaModel::Forward(const LlamaStepArgs& args, cudaStream_t stream) {
   for (int piece = 0; piece < num_pieces(); ++piece) {
     RETURN_IF_ERROR(RunPiece(piece, args, stream));
-    if (piece < shape().layers) RETURN_IF_ERROR(RunAttention(piece, args, stream));
+    if (piece < shape().layers && options_.run_attention) {
+      RETURN_IF_ERROR(RunAttention(piece, args, stream));
+    }
   }
   return absl::OkStatus();
 }

@@ -41,7 +41,8 @@
 //
 // GEMMs: m ≤ options.skinny_gemm_max_rows uses the skinny (matrix-vector) kernel, larger m
 // cuBLASLt; both depend only on (m, n, k), so an eager step at a graph's padded size computes the
-// same bits as the graph.
+// same bits as the graph. The skinny kernel is launched with programmatic dependent launch and
+// the norms and SiLU·mul before it let it start early, so it streams its weights while they run.
 //
 // Not thread-safe (one stream at a time). The model owns the weights, the KV cache and the GEMM
 // workspace; graphs captured over it must not outlive it.
@@ -70,9 +71,13 @@ struct LlamaModelOptions {
   int num_kv_blocks = 0;  // KV blocks per layer (each holds block_size tokens of K and of V)
   int block_size = 64;    // tokens per KV block: a power of two >= 16
   // GEMMs with at most this many rows use the skinny kernel (0 disables it; at most
-  // kSkinnyGemmMaxRows).
-  int skinny_gemm_max_rows = 8;
+  // kSkinnyGemmMaxRows). 2: on an H200 the 1B decode step is faster with it at 1 row (1.169 against
+  // 1.251 ms) and even at 2, slower at 4 and 8 (runtime/runner/NOTES.md).
+  int skinny_gemm_max_rows = 2;
   size_t gemm_workspace_bytes = Gemm::kDefaultWorkspaceBytes;
+  // false leaves attention out of Forward (its output stays zero): only for benchmarks that time
+  // the rest of the step. The results are then not the model's.
+  bool run_attention = true;
 };
 
 // The device views one step reads and writes. All pointers are device memory owned by the

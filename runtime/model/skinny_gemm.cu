@@ -35,6 +35,16 @@ __device__ __forceinline__ void Unpack(const uint4& raw, float (&out)[8]) {
   }
 }
 
+// Loads the kUnroll weight vectors of this lane starting at vector `base` of the row.
+__device__ __forceinline__ void LoadWeights(const uint4* w_row, int64_t base, int64_t vectors,
+                                            int lane, uint4 (&wv)[kUnroll]) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int64_t v = base + u * 32 + lane;
+    wv[u] = v < vectors ? LoadStreaming(w_row + v) : make_uint4(0, 0, 0, 0);
+  }
+}
+
 template <typename OutT>
 __device__ __forceinline__ void Store(OutT* p, float v);
 template <>
@@ -63,13 +73,14 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int i = 0; i < M; ++i) acc[i] = 0.0f;
 
+  // The first weights are independent of the kernels before this one: with PDL they stream in
+  // while those finish; x is read only after WaitForPrerequisites.
+  uint4 wv[kUnroll];
+  LoadWeights(w_row, 0, vectors, lane, wv);
+  internal::WaitForPrerequisites();
+  internal::AllowDependentLaunch();
   for (int64_t base = 0; base < vectors; base += 32 * kUnroll) {
-    uint4 wv[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t v = base + u * 32 + lane;
-      wv[u] = v < vectors ? LoadStreaming(w_row + v) : make_uint4(0, 0, 0, 0);
-    }
+    if (base > 0) LoadWeights(w_row, base, vectors, lane, wv);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t v = base + u * 32 + lane;
@@ -102,12 +113,37 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Returns whether the current device runs programmatic dependent launches (compute capability 9.0
+// or later). Asked once per process: kiln runs on one kind of GPU at a time.
+bool SupportsProgrammaticLaunch() {
+  static const bool supported = [] {
+    int device = 0, major = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return major >= 9;
+  }();
+  return supported;
+}
+
 template <int M, typename OutT>
 cudaError_t Launch(const __nv_bfloat16* x, const __nv_bfloat16* w, OutT* y, int64_t n, int64_t k,
                    cudaStream_t stream) {
   const int64_t blocks = (n + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  SkinnyGemmKernel<M, OutT><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, w, y, n, k);
-  return cudaGetLastError();
+  // Programmatic dependent launch: the kernel may start while the one before it finishes (see
+  // the kernel); Hopper and later only.
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = SupportsProgrammaticLaunch() ? 1 : 0;
+  return cudaLaunchKernelEx(&config, SkinnyGemmKernel<M, OutT>, x, w, y, n, k);
 }
 
 template <typename OutT>

@@ -295,6 +295,10 @@ absl::Status Runner::Init(const RunnerOptions& options) {
   ASSIGN_OR_RETURN(next_tokens_host_, PinnedHostBuffer::Allocate(next_tokens_.size(),
                                                                  "next tokens (pinned)"));
 
+  if (options.time_steps) {
+    ASSIGN_OR_RETURN(step_start_, Event::Create(Event::kTiming));
+    ASSIGN_OR_RETURN(step_stop_, Event::Create(Event::kTiming));
+  }
   RETURN_IF_ERROR(buffers_.Bind("step metadata", metadata_device_.data(), metadata_device_.size(),
                                 BufferRole::kInput));
   RETURN_IF_ERROR(buffers_.Bind("kv cache", model_->kv_cache_data(), model_->kv_cache_bytes(),
@@ -485,6 +489,7 @@ absl::StatusOr<std::vector<int32_t>> Runner::Step(absl::Span<const SequenceToken
     }
   }
   const int num_seqs = static_cast<int>(batch.size());
+  if (options_.time_steps) RETURN_IF_ERROR(step_start_.Record(stream_.get()));
   if (replay) {
     ReplayPrepareScope prepare(key.key);
     RETURN_IF_ERROR(CopyHostToDevice(metadata_device_.data(), host, layout.UploadBytes(num_seqs),
@@ -502,7 +507,12 @@ absl::StatusOr<std::vector<int32_t>> Runner::Step(absl::Span<const SequenceToken
   }
   RETURN_IF_ERROR(CopyDeviceToHost(next_tokens_host_.data(), next_tokens_.data(),
                                    sizeof(int32_t) * num_seqs, stream_.get()));
+  if (options_.time_steps) RETURN_IF_ERROR(step_stop_.Record(stream_.get()));
   RETURN_IF_ERROR(stream_.Synchronize());
+  last_.device_ms = 0;
+  if (options_.time_steps) {
+    ASSIGN_OR_RETURN(last_.device_ms, Event::ElapsedMs(step_start_, step_stop_));
+  }
 
   if (step_options.commit) table_.Commit(entries);
   last_.key = key.key;

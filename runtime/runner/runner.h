@@ -53,6 +53,7 @@
 #include "graph/static_buffers.h"
 #include "runtime/config/planner_config.pb.h"
 #include "runtime/cuda/device_buffer.h"
+#include "runtime/cuda/event.h"
 #include "runtime/cuda/pinned_buffer.h"
 #include "runtime/cuda/stream.h"
 #include "runtime/memory/memory_planner.h"
@@ -94,6 +95,9 @@ struct RunnerOptions {
   int skinny_gemm_max_rows = 8;
   // Query rows per prefill attention tile: 64 or 128.
   int prefill_tile_rows = 64;
+  // Time every step on the device with CUDA events (StepInfo::device_ms), from the metadata
+  // upload to the sampled tokens' copy back.
+  bool time_steps = false;
   // Capture progress (GraphSetOptions), written to progress_stream (std::cerr when null).
   CaptureProgress progress = CaptureProgress::kAuto;
   std::ostream* progress_stream = nullptr;
@@ -121,6 +125,7 @@ struct StepInfo {
   int num_tokens = 0;    // the batch's tokens
   int padded_tokens = 0;  // token rows the step ran at
   int padded_rows = 0;    // logits rows
+  float device_ms = 0;    // with RunnerOptions::time_steps: the step's time on the device
 };
 
 // What Capture did.
@@ -246,6 +251,7 @@ class Runner {
   std::vector<std::unique_ptr<GraphSet>> piece_graphs_;  // kPiecewise, one per piece
   RunnerMemory memory_;
   StepInfo last_;
+  Event step_start_, step_stop_;  // with time_steps
 };
 
 // Returns the LlamaShape of a resolved config::ModelShape. InvalidArgument for what kiln's model
