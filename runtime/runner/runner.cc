@@ -223,6 +223,7 @@ absl::Status Runner::Init(const RunnerOptions& options) {
   model_options.num_kv_blocks = static_cast<int>(num_blocks);
   model_options.block_size = block_size;
   model_options.skinny_gemm_max_rows = options.skinny_gemm_max_rows;
+  model_options.run_attention = !options.skip_attention;
   ASSIGN_OR_RETURN(model_, LlamaModel::Create(std::move(weights), model_options, std::move(gemm)));
   RETURN_IF_ERROR(Record(&memory_, "kv_cache", static_cast<int64_t>(model_->kv_cache_bytes()),
                          free_bytes));
@@ -443,7 +444,9 @@ absl::Status Runner::RunPiecewise(int key_index, const StepRoute& route) {
   const LlamaStepArgs args = Args(key_index, route, arena_.data());
   for (int piece = 0; piece < model_->num_pieces(); ++piece) {
     RETURN_IF_ERROR(piece_graphs_[piece]->Replay(key, stream_.get()));
-    if (piece < shape().layers) RETURN_IF_ERROR(model_->RunAttention(piece, args, stream_.get()));
+    if (piece < shape().layers && !options_.skip_attention) {
+      RETURN_IF_ERROR(model_->RunAttention(piece, args, stream_.get()));
+    }
   }
   return absl::OkStatus();
 }

@@ -92,7 +92,10 @@ struct RunnerOptions {
   // Prefill token budgets; empty: CaptureSizes::DefaultPrefillSizes(min(512, max tokens)).
   std::vector<int> prefill_sizes;
   // GEMMs with at most this many rows use the skinny kernel (LlamaModelOptions).
-  int skinny_gemm_max_rows = 8;
+  int skinny_gemm_max_rows = 2;
+  // Benchmarks only: leave attention out of every step (LlamaModelOptions::run_attention), to
+  // time the rest. The tokens are then not the model's.
+  bool skip_attention = false;
   // Query rows per prefill attention tile: 64 or 128.
   int prefill_tile_rows = 64;
   // Time every step on the device with CUDA events (StepInfo::device_ms), from the metadata

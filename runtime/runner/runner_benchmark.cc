@@ -196,19 +196,42 @@ int Main(int argc, char** argv) {
     }
   }
 
-  if (absl::GetFlag(FLAGS_compare_cublas)) {
+  // Where the time goes: the same step without attention.
+  {
     RunnerOptions o = BenchmarkOptions();
-    o.skinny_gemm_max_rows = 0;
-    o.max_kv_blocks = 1024;
+    o.skip_attention = true;
+    o.config.set_max_num_batched_tokens(512);
+    o.max_kv_blocks = 2600;
     o.capture_prefill = false;
-    for (int s : {1, 8}) o.config.mutable_graph()->add_capture_sizes(s);
+    for (int b : batches) o.config.mutable_graph()->add_capture_sizes(b);
     std::unique_ptr<Runner> runner = ValueOrDie(Runner::Create(o));
     CHECK_OK(runner->Capture().status());
-    std::printf("\nSame step with cuBLASLt for every GEMM (no skinny kernel), graph ms\n");
-    for (int b : {1, 8}) {
+    std::printf("\nThe same step without attention (graph ms): what attention and the KV append "
+                "cost is the difference\n");
+    for (int b : batches) {
       const Timing t = TimeDecode(*runner, b, context, steps, /*eager_too=*/false);
       std::printf("%6d %10.3f\n", b, t.graph_ms);
     }
+  }
+
+  if (absl::GetFlag(FLAGS_compare_cublas)) {
+    // The skinny GEMM against cuBLASLt for small batches, whole steps as graphs.
+    const std::vector<int> small = {1, 2, 4, 8};
+    std::map<int, std::map<int, double>> ms;  // threshold -> batch -> ms
+    for (int threshold : {8, 0}) {
+      RunnerOptions o = BenchmarkOptions();
+      o.skinny_gemm_max_rows = threshold;
+      o.config.set_max_num_batched_tokens(512);
+      o.max_kv_blocks = 400;
+      o.capture_prefill = false;
+      for (int b : small) o.config.mutable_graph()->add_capture_sizes(b);
+      std::unique_ptr<Runner> runner = ValueOrDie(Runner::Create(o));
+      CHECK_OK(runner->Capture().status());
+      for (int b : small) ms[threshold][b] = TimeDecode(*runner, b, context, steps, false).graph_ms;
+    }
+    std::printf("\nDecode step (graph ms) by GEMM path for small batches\n%6s %12s %12s\n",
+                "batch", "skinny", "cuBLASLt");
+    for (int b : small) std::printf("%6d %12.3f %12.3f\n", b, ms[8][b], ms[0][b]);
   }
   return 0;
 }
