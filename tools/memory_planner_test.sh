@@ -56,9 +56,9 @@ if expect_ok default; then
 fi
 
 # Output formats.
-expect_ok json --format=json && expect_out json '"num_kv_blocks": "6937"' &&
+expect_ok json --format=json && expect_out json '"num_kv_blocks": "6951"' &&
   expect_out json '"name": "graph_pool"' && expect_out json '"max_concurrency": "54"'
-expect_ok textproto --format=textproto && expect_out textproto 'num_kv_blocks: 6937' &&
+expect_ok textproto --format=textproto && expect_out textproto 'num_kv_blocks: 6951' &&
   expect_out textproto 'model_preset: "llama-3.1-8b"'
 expect_ok context --context=1024 &&
   expect_out context 'Max concurrency at 1,024 tokens per sequence: 256 sequences (max_num_seqs is the limit'
