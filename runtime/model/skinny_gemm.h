@@ -15,6 +15,12 @@
 // shuffles. Every weight of the grid is in flight at once for these sizes, which is what a
 // memory-bound kernel needs.
 //
+// On Hopper it is launched with programmatic dependent launch: it streams its first weights
+// (independent of earlier kernels) before griddepcontrol.wait, so they overlap the kernel before
+// it when that kernel allows dependents early (kiln's RMSNorm and SiLU·mul do). x is read after
+// the wait. From 4 rows on, re-reading x per weight row makes it slower than cuBLASLt on an H200
+// (runtime/runner/NOTES.md); the model uses it up to 2 rows.
+//
 // The reduction order is fixed (each lane sums its vectors in order, then a fixed butterfly), so
 // the result is bitwise reproducible and depends only on (m, n, k): a graph and an eager run of
 // the same shape agree bit for bit. The launch shape is ceil(n / 8) blocks of 256 threads and
