@@ -4,6 +4,7 @@
 //   bazel run //tools:memory_planner                                   # Llama-3.1-8B on an H100
 //   bazel run //tools:memory_planner -- --preset=llama-3.1-70b --gpu=h200 --tensor_parallel_size=4
 //   bazel run //tools:memory_planner -- --config=$PWD/serve.json --format=json --svg=$PWD/plan.svg
+//   bazel run -c opt //tools:memory_planner -- --preset=llama-3.2-1b --measure   # on a GPU
 //
 // Exit codes: 0 with the plan on stdout; 2 with a message and its fix on stderr for any bad
 // input (a flag, a config file, a model that leaves no KV block); never a crash.
@@ -32,6 +33,7 @@
 #include "runtime/config/presets.h"
 #include "runtime/cuda/device_info.h"
 #include "runtime/memory/memory_planner.h"
+#include "tools/memory_planner_measure.h"
 #include "tools/memory_planner_output.h"
 
 // What to plan for (later sources override earlier ones): the built-in default, --config,
@@ -51,8 +53,8 @@ ABSL_FLAG(std::string, format, "table", "Output on stdout: table, json or textpr
 ABSL_FLAG(int64_t, context, 8192, "Tokens per sequence for the maximum-concurrency line");
 ABSL_FLAG(std::string, svg, "", "Also write the budget as an SVG stacked bar to this file");
 ABSL_FLAG(bool, measure, false,
-          "Run the real allocations and captures on the GPU and print measured beside predicted "
-          "(needs the runner)");
+          "Build the runner on GPU 0 (random weights, real KV cache, every planned graph captured) "
+          "and print measured beside predicted for each term, with the calibration it implies");
 
 // Serving limits, graphs, KV cache, parallelism.
 ABSL_FLAG(std::optional<double>, gpu_memory_utilization, std::nullopt,
@@ -308,10 +310,11 @@ int Run(int argc, char** argv) {
                              "\"; memory_planner takes only flags (see --help)"));
   }
 
-  if (absl::GetFlag(FLAGS_measure)) {
+  const bool measure = absl::GetFlag(FLAGS_measure);
+  if (measure && DeviceCount() == 0) {
     return Fail(
-        "--measure runs the real allocations and graph captures through the runner "
-        "(//runtime/runner), which is not built yet; run without --measure for the estimate");
+        "--measure runs the real allocations and graph captures through the runner on GPU 0, and "
+        "no CUDA device is visible on this machine; run without --measure for the estimate");
   }
   const std::string format = absl::GetFlag(FLAGS_format);
   if (format != "table" && format != "json" && format != "textproto") {
@@ -335,8 +338,20 @@ int Run(int argc, char** argv) {
   MergePlannerConfig(*overlay, &config);
   absl::Status sizes = ApplyCaptureSizes(&config);
   if (!sizes.ok()) return Fail(sizes);
+  if (measure) {
+    // A measurement is of this machine's GPU, whatever GPU the config names.
+    config.clear_gpu();
+    config.set_gpu_preset("auto");
+  }
   absl::Status gpu = ResolveAutoGpu(&config);
   if (!gpu.ok()) return Fail(gpu);
+  if (measure) {
+    absl::StatusOr<MeasuredPlan> measured = MeasurePlan(config);
+    if (!measured.ok()) return Fail(measured.status());
+    std::cout << RenderMeasured(*measured);
+    std::cout.flush();
+    return std::cout ? 0 : 1;
+  }
 
   absl::StatusOr<MemoryPlan> plan = PlanMemory(config);
   if (!plan.ok()) return Fail(plan.status());

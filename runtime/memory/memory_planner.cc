@@ -29,12 +29,13 @@ constexpr int64_t kGiB = int64_t{1} << 30;
 // KV cache a little too small costs a little throughput, one too large fails graph capture.
 
 // Device memory per node of an instantiated CUDA graph (the driver's node records and the copies
-// of kernel parameters it keeps on the device). Sources: a public measurement on CUDA 11.2
-// (NVIDIA developer forums, "Increasing memory footprint with large task graphs") grew by about
-// 64 KiB per empty-kernel node; serving engines on recent drivers report a few hundred MiB for
-// dozens of captured decoder graphs of a few hundred kernels each, pools included, which bounds
-// the per-node cost near 16 KiB. We take 16 KiB.
-constexpr int64_t kGraphBytesPerNode = 16 * kKiB;
+// of kernel parameters it keeps on the device). Measured with `memory_planner --measure
+// --preset=llama-3.2-1b` on an H200 (CUDA 13.0, driver 580, 2026-11-21): the 27 decode graphs of
+// the 1B model, 5233 kernel and memset nodes, took 16.0 MiB across capture (cudaMemGetInfo
+// delta; the pool was reserved before), 3.2 KiB per node. We take 4 KiB: the delta is only
+// visible in 2 MiB steps. (The estimate before, 16 KiB, came from a public CUDA 11.2 report of
+// about 64 KiB per empty-kernel node and serving engines' totals.)
+constexpr int64_t kGraphBytesPerNode = 4 * kKiB;
 
 // Kernels one decoder layer launches in a captured step: input RMSNorm, QKV GEMM, RoPE + KV
 // append, attention, split-kv merge, O GEMM, residual add + post-attention RMSNorm, gate-up GEMM,
@@ -47,7 +48,8 @@ constexpr int64_t kKernelsOutsideLayers = 4;
 
 // cuBLASLt workspace for the GEMMs (one stream, one workspace): the cuBLAS documentation
 // (cublasSetWorkspace) recommends 32 MiB on Hopper and 4 MiB on earlier GPUs; we reserve the
-// larger everywhere, as PyTorch does on Hopper.
+// larger everywhere, as PyTorch does on Hopper. (--measure on an H200: Gemm::Create, workspace
+// and handle, took 34.0 MiB; the handle's 2 MiB falls in the margin.)
 constexpr int64_t kCublasLtWorkspaceBytes = 32 * kMiB;
 
 // Custom all-reduce: a registered staging buffer that eager calls copy their input into, and a
@@ -62,8 +64,9 @@ constexpr int64_t kCustomAllReduceBuffers = 2;
 // NVLink and a send and a receive side that is 32 × 2 × 4 MiB = 256 MiB, which we take flat.
 constexpr int64_t kNcclBytes = 256 * kMiB;
 
-// Room for what no term names: the CUDA context and loaded kernel images (about half a GiB with
-// lazy loading), small metadata buffers (block tables, sampling state) and fragmentation.
+// Room for what no term names: the CUDA context and loaded kernel images (--measure on an H200,
+// CUDA 13.0 with lazy loading: 526.8 MiB before the first allocation, nothing more after the
+// first eager steps), small metadata buffers (block tables, sampling state) and fragmentation.
 constexpr int64_t kMarginBytes = 1 * kGiB;
 
 // Split-kv attention writes partial outputs in float: [slots, kv_heads, tile_rows, head_dim] plus

@@ -96,7 +96,7 @@ TEST(MemoryPlannerTest, DefaultPlanByHand) {
   const int64_t arena = 8192 * per_token;
   const int64_t attention = (256 + 2 * 132) * 8LL * 64 * 129 * 4;
   const int64_t pool = 256 * per_token;  // the largest graph only
-  const int64_t executables = 27LL * (32 * 11 + 4) * 16384;
+  const int64_t executables = 27LL * (32 * 11 + 4) * 4096;
   const int64_t workspace = 32 * kMiB;
   const int64_t logits = 256LL * 128256 * 4;
   const int64_t margin = 1024 * kMiB;
@@ -118,14 +118,14 @@ TEST(MemoryPlannerTest, DefaultPlanByHand) {
   const int64_t block = 128 * 1024 * 64;
   EXPECT_EQ(plan.kv_block_bytes, block);
   EXPECT_EQ(plan.num_kv_blocks, (budget - reserved) / block);
-  EXPECT_EQ(plan.num_kv_blocks, 6937);
-  EXPECT_EQ(plan.KvTokens(), 6937 * 64);
-  EXPECT_EQ(plan.MaxConcurrency(8192), 6937 / 128);
-  EXPECT_EQ(plan.MaxConcurrency(8193), 6937 / 129);
-  EXPECT_EQ(plan.MaxConcurrency(1), 6937);
+  EXPECT_EQ(plan.num_kv_blocks, 6951);
+  EXPECT_EQ(plan.KvTokens(), 6951 * 64);
+  EXPECT_EQ(plan.MaxConcurrency(8192), 6951 / 128);
+  EXPECT_EQ(plan.MaxConcurrency(8193), 6951 / 129);
+  EXPECT_EQ(plan.MaxConcurrency(1), 6951);
   EXPECT_EQ(plan.MaxConcurrency(0), 0);
-  EXPECT_EQ(plan.Find("kv_cache")->bytes, 6937 * block);
-  EXPECT_EQ(plan.Find("unused")->bytes, budget - reserved - 6937 * block);
+  EXPECT_EQ(plan.Find("kv_cache")->bytes, 6951 * block);
+  EXPECT_EQ(plan.Find("unused")->bytes, budget - reserved - 6951 * block);
   EXPECT_LT(plan.Find("unused")->bytes, block);
 }
 

@@ -17,6 +17,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     RmsNormKernel(const __nv_bfloat16* x, __nv_bfloat16* residual,
                   const __nv_bfloat16* __restrict__ weight, __nv_bfloat16* out, int hidden,
                   float eps) {
+  internal::AllowDependentLaunch();  // the next GEMM may start streaming its weights
   __shared__ float scratch[32];
   const int64_t base = int64_t{blockIdx.x} * hidden;
   float v[kChunks][V];

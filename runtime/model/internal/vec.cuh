@@ -42,6 +42,24 @@ __device__ __forceinline__ void StoreBf16(__nv_bfloat16* p, const float (&in)[V]
   }
 }
 
+// Lets a kernel launched after this one with programmatic dependent launch (PDL) start now, so
+// its independent prologue (e.g. streaming weights) overlaps this kernel; the dependent still
+// waits for this kernel's completion (griddepcontrol.wait) before it reads what this one writes.
+// A no-op when the next kernel is not launched with PDL, and before sm_90.
+__device__ __forceinline__ void AllowDependentLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Waits until every kernel this one depends on through PDL has completed and its memory is
+// visible. Returns at once when the kernel was launched without PDL, and before sm_90.
+__device__ __forceinline__ void WaitForPrerequisites() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // Returns whether `p` is 16-byte aligned.
 inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 

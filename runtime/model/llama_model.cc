@@ -1,0 +1,296 @@
+#include "runtime/model/llama_model.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "attention/attention_launch.h"
+#include "attention/paged_kv_cache.h"
+#include "runtime/cuda/capture_check.h"
+#include "runtime/cuda/status.h"
+#include "runtime/cuda/status_macros.h"
+#include "runtime/model/embedding.h"
+#include "runtime/model/rms_norm.h"
+#include "runtime/model/rope.h"
+#include "runtime/model/sampling.h"
+#include "runtime/model/silu_mul.h"
+#include "runtime/model/skinny_gemm.h"
+
+namespace kiln {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr size_t kAlign = 256;
+
+size_t AlignUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// Byte offsets of each activation inside the step's region.
+struct ActivationOffsets {
+  size_t residual, hidden, normed, qkv, attn, gate_up, act, last, total;
+};
+
+ActivationOffsets Offsets(const LlamaShape& s, int num_tokens, int num_rows) {
+  const size_t n = static_cast<size_t>(num_tokens);
+  const size_t e = sizeof(bf16);
+  ActivationOffsets o;
+  size_t at = 0;
+  auto take = [&at](size_t bytes) {
+    const size_t here = at;
+    at += AlignUp(bytes);
+    return here;
+  };
+  o.residual = take(n * s.hidden * e);
+  o.hidden = take(n * s.hidden * e);
+  o.normed = take(n * s.hidden * e);
+  o.qkv = take(n * s.qkv_rows() * e);
+  o.attn = take(n * s.q_width() * e);
+  o.gate_up = take(n * 2 * s.ffn * e);
+  o.act = take(n * s.ffn * e);
+  o.last = take(static_cast<size_t>(num_rows) * s.hidden * e);
+  o.total = at;
+  return o;
+}
+
+bool DecodeKernelSupportsGroup(int group) {
+  return group == 1 || group == 2 || group == 4 || group == 5 || group == 8;
+}
+
+}  // namespace
+
+struct LlamaModel::Activations {
+  bf16* residual;  // [n, hidden]
+  bf16* hidden;    // [n, hidden]: O and down projection outputs
+  bf16* normed;    // [n, hidden]
+  bf16* qkv;       // [n, qkv_rows]
+  bf16* attn;      // [n, q_width]
+  bf16* gate_up;   // [n, 2 ffn]
+  bf16* act;       // [n, ffn]
+  bf16* last;      // [rows, hidden]
+};
+
+size_t LlamaModel::ActivationBytes(const LlamaShape& shape, int num_tokens, int num_rows) {
+  return Offsets(shape, num_tokens, num_rows).total;
+}
+
+int64_t LlamaModel::ActivationBytesPerToken(const LlamaShape& s) {
+  return (4 * int64_t{s.hidden} + s.qkv_rows() + s.q_width() + 3 * int64_t{s.ffn}) *
+         static_cast<int64_t>(sizeof(bf16));
+}
+
+size_t LlamaModel::KvBlockBytes(const LlamaShape& s, int block_size) {
+  return 2 * static_cast<size_t>(s.layers) * s.kv_heads * s.head_dim * block_size * sizeof(bf16);
+}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeights weights,
+                                                               const LlamaModelOptions& options,
+                                                               std::unique_ptr<Gemm> gemm) {
+  const LlamaShape& s = weights.shape();
+  RETURN_IF_ERROR(s.Validate());
+  if (s.head_dim != 64 && s.head_dim != 128) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Model head_dim ", s.head_dim, " has no attention kernel; kiln supports 64 and 128"));
+  }
+  const int group = s.heads / s.kv_heads;
+  if (!DecodeKernelSupportsGroup(group)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Model has ", group,
+                     " query heads per KV head; the decode kernel supports 1, 2, 4, 5 or 8"));
+  }
+  if (options.skinny_gemm_max_rows < 0 || options.skinny_gemm_max_rows > kSkinnyGemmMaxRows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("skinny_gemm_max_rows ", options.skinny_gemm_max_rows, " is outside [0, ",
+                     kSkinnyGemmMaxRows, "]"));
+  }
+  if (options.num_kv_blocks < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_kv_blocks ", options.num_kv_blocks, " must be positive; size it with the memory "
+        "planner"));
+  }
+  PagedKvLayout layout{options.num_kv_blocks, options.block_size, s.kv_heads, s.head_dim,
+                       AttentionDtype::kBf16};
+  RETURN_IF_ERROR(layout.Validate());
+  const size_t kv_bytes = 2 * static_cast<size_t>(s.layers) * layout.PoolBytes();
+  ASSIGN_OR_RETURN(DeviceBuffer kv, DeviceBuffer::Allocate(kv_bytes, "kv cache"));
+  if (gemm == nullptr) {
+    ASSIGN_OR_RETURN(gemm, Gemm::Create(options.gemm_workspace_bytes));
+  }
+  return std::unique_ptr<LlamaModel>(
+      new LlamaModel(std::move(weights), options, layout, std::move(kv), std::move(gemm)));
+}
+
+LlamaModel::LlamaModel(LlamaDeviceWeights weights, const LlamaModelOptions& options,
+                       const PagedKvLayout& kv_layout, DeviceBuffer kv, std::unique_ptr<Gemm> gemm)
+    : weights_(std::move(weights)),
+      options_(options),
+      kv_layout_(kv_layout),
+      kv_(std::move(kv)),
+      gemm_(std::move(gemm)) {}
+
+LlamaModel::~LlamaModel() = default;
+
+void* LlamaModel::k_cache(int layer) const {
+  return static_cast<char*>(kv_.data()) + (2 * static_cast<size_t>(layer)) * kv_layout_.PoolBytes();
+}
+
+void* LlamaModel::v_cache(int layer) const {
+  return static_cast<char*>(kv_.data()) +
+         (2 * static_cast<size_t>(layer) + 1) * kv_layout_.PoolBytes();
+}
+
+bool LlamaModel::UsesSkinny(int64_t m) const { return m <= options_.skinny_gemm_max_rows; }
+
+absl::Status LlamaModel::Prepare(int num_tokens, int num_rows) {
+  const LlamaShape& s = shape();
+  const int64_t m = num_tokens;
+  if (!UsesSkinny(m)) {
+    RETURN_IF_ERROR(gemm_->Prepare(m, s.qkv_rows(), s.hidden));
+    RETURN_IF_ERROR(gemm_->Prepare(m, s.hidden, s.q_width()));
+    RETURN_IF_ERROR(gemm_->Prepare(m, 2 * int64_t{s.ffn}, s.hidden));
+    RETURN_IF_ERROR(gemm_->Prepare(m, s.hidden, s.ffn));
+  }
+  if (!UsesSkinny(num_rows)) {
+    RETURN_IF_ERROR(gemm_->Prepare(num_rows, s.vocab, s.hidden, GemmOutput::kFloat32));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::Linear(const bf16* x, const bf16* w, void* y, int64_t m, int64_t n,
+                                int64_t k, bool float_output, cudaStream_t stream) {
+  if (UsesSkinny(m) && SkinnyGemmSupports(m, k, x, w, y)) {
+    return ToStatus(LaunchSkinnyGemm(x, w, y, m, n, k, float_output, stream), "skinny GEMM");
+  }
+  return gemm_->Run(x, w, y, m, n, k, stream,
+                    float_output ? GemmOutput::kFloat32 : GemmOutput::kBf16);
+}
+
+LlamaModel::Activations LlamaModel::Carve(const LlamaStepArgs& args) const {
+  const ActivationOffsets o = Offsets(shape(), args.num_tokens, args.num_rows);
+  char* base = static_cast<char*>(args.activations);
+  return Activations{reinterpret_cast<bf16*>(base + o.residual),
+                     reinterpret_cast<bf16*>(base + o.hidden),
+                     reinterpret_cast<bf16*>(base + o.normed),
+                     reinterpret_cast<bf16*>(base + o.qkv),
+                     reinterpret_cast<bf16*>(base + o.attn),
+                     reinterpret_cast<bf16*>(base + o.gate_up),
+                     reinterpret_cast<bf16*>(base + o.act),
+                     reinterpret_cast<bf16*>(base + o.last)};
+}
+
+absl::Status LlamaModel::PreAttention(int layer, const LlamaStepArgs& args, const Activations& a,
+                                      cudaStream_t stream) {
+  const LlamaShape& s = shape();
+  const LlamaDeviceWeights& w = weights_;
+  const int n = args.num_tokens;
+  const float eps = static_cast<float>(s.rms_eps);
+  if (layer == 0) {
+    CUDA_RETURN_IF_ERROR(LaunchRmsNorm(a.residual, w.input_norm(0), a.normed, n, s.hidden, eps,
+                                       stream));
+  } else {
+    // residual += the previous layer's down projection; normed = RMSNorm(residual).
+    CUDA_RETURN_IF_ERROR(LaunchFusedAddRmsNorm(a.hidden, a.residual, w.input_norm(layer),
+                                               a.normed, n, s.hidden, eps, stream));
+  }
+  RETURN_IF_ERROR(Linear(a.normed, w.qkv(layer), a.qkv, n, s.qkv_rows(), s.hidden, false, stream));
+  CUDA_RETURN_IF_ERROR(LaunchRope(a.qkv, args.positions, n, s.heads, s.kv_heads, s.head_dim,
+                                  s.rope_theta, stream));
+  AppendKvParams append;
+  append.k = a.qkv + s.q_width();
+  append.k_stride = s.qkv_rows();
+  append.v = a.qkv + s.q_width() + s.kv_width();
+  append.v_stride = s.qkv_rows();
+  append.max_tokens = n;
+  // The per-sequence arrays are shared by both parts of a plan; either enabled part has them.
+  append.plan = args.decode.work_capacity > 0 ? args.decode : args.prefill;
+  PagedKvDevice kv;
+  kv.k_cache = k_cache(layer);
+  kv.v_cache = v_cache(layer);
+  kv.block_table = args.block_table;
+  kv.max_blocks_per_seq = args.max_blocks_per_seq;
+  kv.block_size = kv_layout_.block_size;
+  return AppendKv(append, kv_layout_, kv, k_cache(layer), v_cache(layer), stream);
+}
+
+absl::Status LlamaModel::RunAttention(int layer, const LlamaStepArgs& args, cudaStream_t stream) {
+  const LlamaShape& s = shape();
+  const Activations a = Carve(args);
+  AttentionStepParams step;
+  step.dtype = AttentionDtype::kBf16;
+  step.num_q_heads = s.heads;
+  step.num_kv_heads = s.kv_heads;
+  step.head_dim = s.head_dim;
+  step.q = a.qkv;
+  step.q_stride = s.qkv_rows();
+  step.o = a.attn;
+  step.kv.k_cache = k_cache(layer);
+  step.kv.v_cache = v_cache(layer);
+  step.kv.block_table = args.block_table;
+  step.kv.max_blocks_per_seq = args.max_blocks_per_seq;
+  step.kv.block_size = kv_layout_.block_size;
+  step.decode = args.decode;
+  step.prefill = args.prefill;
+  return RunAttentionStep(step, stream);
+}
+
+absl::Status LlamaModel::PostAttention(int layer, const LlamaStepArgs& args, const Activations& a,
+                                       cudaStream_t stream) {
+  const LlamaShape& s = shape();
+  const LlamaDeviceWeights& w = weights_;
+  const int n = args.num_tokens;
+  const float eps = static_cast<float>(s.rms_eps);
+  RETURN_IF_ERROR(Linear(a.attn, w.o(layer), a.hidden, n, s.hidden, s.q_width(), false, stream));
+  CUDA_RETURN_IF_ERROR(LaunchFusedAddRmsNorm(a.hidden, a.residual, w.post_norm(layer), a.normed, n,
+                                             s.hidden, eps, stream));
+  RETURN_IF_ERROR(
+      Linear(a.normed, w.gate_up(layer), a.gate_up, n, 2 * int64_t{s.ffn}, s.hidden, false, stream));
+  CUDA_RETURN_IF_ERROR(LaunchSiluMul(a.gate_up, a.act, n, s.ffn, stream));
+  return Linear(a.act, w.down(layer), a.hidden, n, s.hidden, s.ffn, false, stream);
+}
+
+absl::Status LlamaModel::RunPiece(int piece, const LlamaStepArgs& args, cudaStream_t stream) {
+  const LlamaShape& s = shape();
+  if (piece < 0 || piece >= num_pieces()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Piece ", piece, " is outside [0, ", num_pieces(), ")"));
+  }
+  if (args.num_tokens < 1 || args.num_rows < 1 || args.num_rows > args.num_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Step sizes num_tokens ", args.num_tokens, " and num_rows ", args.num_rows,
+        " must be positive with num_rows <= num_tokens"));
+  }
+  const Activations a = Carve(args);
+  const int n = args.num_tokens;
+  if (piece == 0) {
+    // Attention writes only the rows of real tokens; clear the padding rows' output once per
+    // step so the O projection never reads stale values.
+    CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(a.attn, 0, static_cast<size_t>(n) * s.q_width() * sizeof(bf16), stream));
+    CUDA_RETURN_IF_ERROR(LaunchEmbeddingGather(weights_.embedding(), s.vocab, s.hidden,
+                                               args.token_ids, n, a.residual, stream));
+    return PreAttention(0, args, a, stream);
+  }
+  RETURN_IF_ERROR(PostAttention(piece - 1, args, a, stream));
+  if (piece < s.layers) return PreAttention(piece, args, a, stream);
+
+  // The last piece: final norm, each sequence's last token, logits, greedy tokens.
+  CUDA_RETURN_IF_ERROR(LaunchFusedAddRmsNorm(a.hidden, a.residual, weights_.final_norm(), a.normed,
+                                             n, s.hidden, static_cast<float>(s.rms_eps), stream));
+  CUDA_RETURN_IF_ERROR(LaunchEmbeddingGather(a.normed, n, s.hidden, args.last_token_rows,
+                                             args.num_rows, a.last, stream));
+  RETURN_IF_ERROR(Linear(a.last, weights_.lm_head(), args.logits, args.num_rows, s.vocab, s.hidden,
+                         true, stream));
+  return ToStatus(
+      LaunchGreedySample(args.logits, args.num_rows, s.vocab, args.next_tokens, stream),
+      "greedy sampling");
+}
+
+absl::Status LlamaModel::Forward(const LlamaStepArgs& args, cudaStream_t stream) {
+  for (int piece = 0; piece < num_pieces(); ++piece) {
+    RETURN_IF_ERROR(RunPiece(piece, args, stream));
+    if (piece < shape().layers && options_.run_attention) {
+      RETURN_IF_ERROR(RunAttention(piece, args, stream));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln

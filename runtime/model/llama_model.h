@@ -1,0 +1,188 @@
+// One forward step of a Llama-family decoder over a paged KV cache, in bf16 with float
+// accumulation: embedding, per layer [RMSNorm (fused with the residual add after the first),
+// QKV GEMM, RoPE, KV append, split-kv attention, O GEMM, add + RMSNorm, gate-up GEMM, SiLU·mul,
+// down GEMM], final add + RMSNorm, the last token of each sequence, float logits, greedy argmax.
+//
+//   ASSIGN_OR_RETURN(kiln::LlamaDeviceWeights w, kiln::LlamaDeviceWeights::Random(shape, 1, s));
+//   kiln::LlamaModelOptions options;
+//   options.num_kv_blocks = 4096;
+//   options.block_size = 64;
+//   ASSIGN_OR_RETURN(std::unique_ptr<kiln::LlamaModel> model,
+//                    kiln::LlamaModel::Create(std::move(w), options));
+//   kiln::LlamaStepArgs args;                        // device views, fixed per capture key
+//   args.num_tokens = 8;  args.num_rows = 8;         // padded sizes
+//   args.token_ids = ...; args.positions = ...; args.last_token_rows = ...;
+//   args.block_table = ...; args.max_blocks_per_seq = ...;
+//   args.decode = decode_part;  args.prefill = prefill_part;   // an uploaded attention plan
+//   args.activations = arena;  args.logits = logits;  args.next_tokens = next;
+//   RETURN_IF_ERROR(model->Prepare(8, 8));            // outside capture
+//   RETURN_IF_ERROR(model->Forward(args, stream));    // or capture it into a graph
+//
+// Graph safety: every launch's shape depends only on num_tokens, num_rows, the model shape and
+// the attention plan's layout (which the capture key fixes); everything that changes per step
+// (token ids, positions, last-token rows, block table, plan) is read from device memory.
+//
+// Pieces: Forward is RunPiece(0), RunAttention(0), RunPiece(1), ..., RunAttention(L-1),
+// RunPiece(L). Piece 0 is the embedding and layer 0 up to its KV append; piece l (0 < l < L)
+// finishes layer l-1 after attention and runs layer l up to its KV append; piece L finishes the
+// last layer and produces logits and tokens. Piecewise CUDA graphs capture the pieces and run
+// attention eagerly between them; the kernels and their order are the same as Forward's, so the
+// results are identical bit for bit.
+//
+// Activations: ActivationBytes(num_tokens, num_rows) bytes at args.activations (an arena or the
+// graph memory pool), carved as
+//   residual, hidden, normed  [num_tokens, hidden] each
+//   qkv                       [num_tokens, (heads + 2 kv_heads) * head_dim]
+//   attention output          [num_tokens, heads * head_dim]
+//   gate_up, act              [num_tokens, 2 ffn], [num_tokens, ffn]
+//   last                      [num_rows, hidden]
+// Rows past a step's tokens (padding) are computed on zero embeddings and never read back; the
+// attention output is cleared once per step so padding rows hold zeros, not stale values.
+//
+// GEMMs: m ≤ options.skinny_gemm_max_rows uses the skinny (matrix-vector) kernel, larger m
+// cuBLASLt; both depend only on (m, n, k), so an eager step at a graph's padded size computes the
+// same bits as the graph. The skinny kernel is launched with programmatic dependent launch and
+// the norms and SiLU·mul before it let it start early, so it streams its weights while they run.
+//
+// Not thread-safe (one stream at a time). The model owns the weights, the KV cache and the GEMM
+// workspace; graphs captured over it must not outlive it.
+#ifndef KILN_RUNTIME_MODEL_LLAMA_MODEL_H_
+#define KILN_RUNTIME_MODEL_LLAMA_MODEL_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "attention/attention_params.h"
+#include "attention/paged_kv_layout.h"
+#include "runtime/cuda/device_buffer.h"
+#include "runtime/model/device_weights.h"
+#include "runtime/model/gemm.h"
+#include "runtime/model/llama_shape.h"
+
+namespace kiln {
+
+struct LlamaModelOptions {
+  int num_kv_blocks = 0;  // KV blocks per layer (each holds block_size tokens of K and of V)
+  int block_size = 64;    // tokens per KV block: a power of two >= 16
+  // GEMMs with at most this many rows use the skinny kernel (0 disables it; at most
+  // kSkinnyGemmMaxRows). 2: on an H200 the 1B decode step is faster with it at 1 row (1.169 against
+  // 1.251 ms) and even at 2, slower at 4 and 8 (runtime/runner/NOTES.md).
+  int skinny_gemm_max_rows = 2;
+  size_t gemm_workspace_bytes = Gemm::kDefaultWorkspaceBytes;
+  // false leaves attention out of Forward (its output stays zero): only for benchmarks that time
+  // the rest of the step. The results are then not the model's.
+  bool run_attention = true;
+};
+
+// The device views one step reads and writes. All pointers are device memory owned by the
+// caller and must stay at the same addresses for as long as a graph captured with them lives.
+struct LlamaStepArgs {
+  int num_tokens = 0;  // padded token count: rows of every per-token activation and GEMM
+  int num_rows = 0;    // padded sequence count: rows of the logits
+  const int32_t* token_ids = nullptr;        // [num_tokens]; padding -1 (a zero embedding)
+  const int32_t* positions = nullptr;        // [num_tokens]; RoPE positions
+  const int32_t* last_token_rows = nullptr;  // [num_rows]: each sequence's last token; -1 padding
+  const int32_t* block_table = nullptr;      // [plan max_seqs, max_blocks_per_seq]
+  int max_blocks_per_seq = 0;
+  AttentionPlanPartDevice decode;   // the uploaded plan's parts (work_capacity 0: disabled)
+  AttentionPlanPartDevice prefill;
+  void* activations = nullptr;  // ActivationBytes(num_tokens, num_rows), 256-byte aligned
+  float* logits = nullptr;      // [num_rows, vocab]
+  int32_t* next_tokens = nullptr;  // [num_rows]
+};
+
+class LlamaModel {
+ public:
+  // Takes the weights, allocates the KV cache (options.num_kv_blocks blocks for every layer, K
+  // and V) and creates the GEMM workspace. InvalidArgument for a shape or option the kernels do
+  // not support (head_dim other than 64 or 128, a query-head group size the decode kernel lacks,
+  // a bad block size); ResourceExhausted when the cache does not fit. `gemm` (optional) is used
+  // instead of creating one with options.gemm_workspace_bytes. Not during capture.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(LlamaDeviceWeights weights,
+                                                            const LlamaModelOptions& options,
+                                                            std::unique_ptr<Gemm> gemm = nullptr);
+
+  // Returns the activation bytes one step needs at these padded sizes (see the file comment).
+  static size_t ActivationBytes(const LlamaShape& shape, int num_tokens, int num_rows);
+
+  // Returns the activation bytes per token, without alignment padding:
+  // (4 hidden + qkv_rows + q_width + 3 ffn) × 2, counting the last-token rows as one hidden row
+  // per token (num_rows ≤ num_tokens). ActivationBytes(n, r ≤ n) ≤ this × n + kActivationSlack.
+  static int64_t ActivationBytesPerToken(const LlamaShape& shape);
+
+  // Alignment padding ActivationBytes may add on top of ActivationBytesPerToken × num_tokens.
+  static constexpr size_t kActivationSlack = 8 * 256;
+
+  // Returns the KV cache bytes one block of every layer takes (K and V): what the memory planner
+  // calls the block size in bytes.
+  static size_t KvBlockBytes(const LlamaShape& shape, int block_size);
+
+  ~LlamaModel();
+  LlamaModel(const LlamaModel&) = delete;
+  LlamaModel& operator=(const LlamaModel&) = delete;
+
+  // Chooses the GEMM algorithms for a step of these padded sizes. Not during capture; a step
+  // whose sizes were not prepared prepares them when run eagerly.
+  absl::Status Prepare(int num_tokens, int num_rows);
+
+  // Enqueues the whole step. Callable during capture for prepared sizes.
+  absl::Status Forward(const LlamaStepArgs& args, cudaStream_t stream);
+
+  // Returns the number of pieces: layers + 1.
+  int num_pieces() const { return shape().layers + 1; }
+
+  // Enqueues piece `piece` in [0, num_pieces()) (see the file comment). Callable during capture.
+  absl::Status RunPiece(int piece, const LlamaStepArgs& args, cudaStream_t stream);
+
+  // Enqueues layer `layer`'s attention over the KV cache with the step's plan. Callable during
+  // capture.
+  absl::Status RunAttention(int layer, const LlamaStepArgs& args, cudaStream_t stream);
+
+  const LlamaShape& shape() const { return weights_.shape(); }
+  const LlamaDeviceWeights& weights() const { return weights_; }
+  const PagedKvLayout& kv_layout() const { return kv_layout_; }
+  const LlamaModelOptions& options() const { return options_; }
+  // Returns the device bytes of the KV cache (every layer, K and V).
+  size_t kv_cache_bytes() const { return kv_.size(); }
+  // Returns the start of the KV cache (for tests and benchmarks that fill it).
+  void* kv_cache_data() const { return kv_.data(); }
+  // Returns layer `layer`'s K or V pool: [num_blocks, kv_heads, block_size, head_dim].
+  void* k_cache(int layer) const;
+  void* v_cache(int layer) const;
+  // Returns the GEMM workspace bytes.
+  size_t gemm_workspace_bytes() const { return gemm_->workspace_bytes(); }
+
+ private:
+  struct Activations;
+
+  LlamaModel(LlamaDeviceWeights weights, const LlamaModelOptions& options,
+             const PagedKvLayout& kv_layout, DeviceBuffer kv, std::unique_ptr<Gemm> gemm);
+
+  Activations Carve(const LlamaStepArgs& args) const;
+  // y [m, n] = x [m, k] · Wᵀ, through the skinny kernel or cuBLASLt by m.
+  absl::Status Linear(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, int64_t m,
+                      int64_t n, int64_t k, bool float_output, cudaStream_t stream);
+  bool UsesSkinny(int64_t m) const;
+  // Layer `layer` from its input norm through the KV append.
+  absl::Status PreAttention(int layer, const LlamaStepArgs& args, const Activations& a,
+                            cudaStream_t stream);
+  // Layer `layer` from the O projection through the down projection.
+  absl::Status PostAttention(int layer, const LlamaStepArgs& args, const Activations& a,
+                             cudaStream_t stream);
+
+  LlamaDeviceWeights weights_;
+  LlamaModelOptions options_;
+  PagedKvLayout kv_layout_;
+  DeviceBuffer kv_;
+  std::unique_ptr<Gemm> gemm_;
+};
+
+}  // namespace kiln
+
+#endif  // KILN_RUNTIME_MODEL_LLAMA_MODEL_H_

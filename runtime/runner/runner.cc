@@ -1,0 +1,564 @@
+#include "runtime/runner/runner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "graph/capture_context.h"
+#include "runtime/cuda/device_info.h"
+#include "runtime/cuda/status.h"
+#include "runtime/cuda/status_macros.h"
+#include "runtime/model/device_weights.h"
+
+namespace kiln {
+namespace {
+
+// Prefill graphs are captured up to this many tokens unless told otherwise (DESIGN.md, graph/).
+constexpr int kDefaultPrefillLimit = 512;
+
+absl::StatusOr<size_t> FreeDeviceBytes() {
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return free_bytes;
+}
+
+// Records the device memory an allocation step took: `requested` bytes asked for, and the drop in
+// free memory since `free_before`.
+absl::Status Record(RunnerMemory* memory, const std::string& name, int64_t requested,
+                    size_t free_before) {
+  ASSIGN_OR_RETURN(size_t free_after, FreeDeviceBytes());
+  memory->items.push_back(RunnerMemoryItem{
+      name, requested, static_cast<int64_t>(free_before) - static_cast<int64_t>(free_after)});
+  return absl::OkStatus();
+}
+
+// The device view of one plan part inside an uploaded plan blob at `plan` (the layout of
+// attention/plan_buffers.h, with the partial workspace shared by every key).
+AttentionPlanPartDevice PartView(const PlanLayout& layout, const PlanPartLayout& part,
+                                 const char* plan, const DeviceBuffer& partial_o,
+                                 const DeviceBuffer& partial_lse) {
+  AttentionPlanPartDevice view;
+  if (!part.enabled) return view;
+  view.header = reinterpret_cast<const AttentionPlanHeader*>(plan + part.header_offset);
+  view.seq_q_start = reinterpret_cast<const int32_t*>(plan + layout.seq_q_start_offset);
+  view.seq_kv_len = reinterpret_cast<const int32_t*>(plan + layout.seq_kv_len_offset);
+  view.max_seqs = layout.max_seqs;
+  view.work_items = reinterpret_cast<const AttentionWorkItem*>(plan + part.work_items_offset);
+  view.work_capacity = part.work_capacity;
+  view.merge_items = reinterpret_cast<const AttentionMergeItem*>(plan + part.merge_items_offset);
+  view.merge_capacity = part.merge_capacity;
+  view.tile_rows = part.tile_rows;
+  view.partial_o = partial_o.as<float>();
+  view.partial_lse = partial_lse.as<float>();
+  view.slot_capacity = part.slot_capacity;
+  return view;
+}
+
+absl::Status AllocateIfNeeded(size_t bytes, const char* name, DeviceBuffer* out) {
+  if (bytes == 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(*out, DeviceBuffer::Allocate(bytes, name));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* GraphExecutionName(GraphExecution mode) {
+  switch (mode) {
+    case GraphExecution::kFull:
+      return "full";
+    case GraphExecution::kPiecewise:
+      return "piecewise";
+    case GraphExecution::kNone:
+      return "none";
+  }
+  return "unknown";
+}
+
+std::string RunnerCaptureSummary::ToString() const {
+  return absl::StrFormat(
+      "Captured %d graphs (%d decode, %d prefill sizes) in %.2f s, pool %s, %d nodes, %s of "
+      "device memory for the executables",
+      num_graphs, num_decode_sizes, num_prefill_sizes, seconds, FormatBytes(pool_bytes),
+      num_nodes, FormatBytes(static_cast<size_t>(std::max<int64_t>(device_bytes, 0))));
+}
+
+const RunnerMemoryItem* RunnerMemory::Find(const std::string& name) const {
+  for (const RunnerMemoryItem& item : items) {
+    if (item.name == name) return &item;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<LlamaShape> LlamaShapeFromConfig(const config::ModelShape& m) {
+  if (m.dtype() != config::DTYPE_BF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Model dtype ", DTypeName(m.dtype()),
+                     " is not supported; kiln's model runs bf16 (set model.dtype: DTYPE_BF16)"));
+  }
+  if (m.attention_bias()) {
+    return absl::InvalidArgumentError(
+        "Model has QKV bias (attention_bias), which kiln's model does not implement; use a "
+        "Llama-family model without it");
+  }
+  LlamaShape s;
+  s.hidden = m.hidden_size();
+  s.layers = m.num_layers();
+  s.heads = m.num_heads();
+  s.kv_heads = m.num_kv_heads();
+  s.head_dim = m.head_dim();
+  s.ffn = m.intermediate_size();
+  s.vocab = m.vocab_size();
+  if (m.has_rope_theta()) s.rope_theta = m.rope_theta();
+  if (m.has_rms_norm_eps()) s.rms_eps = m.rms_norm_eps();
+  s.tie_embeddings = m.tie_embeddings();
+  RETURN_IF_ERROR(s.Validate());
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<Runner>> Runner::Create(const RunnerOptions& options) {
+  std::unique_ptr<Runner> runner(new Runner());
+  RETURN_IF_ERROR(runner->Init(options));
+  return runner;
+}
+
+Runner::~Runner() {
+  if (stream_.get() != nullptr) cudaStreamSynchronize(stream_.get());
+  graphs_.reset();
+  piece_graphs_.clear();
+}
+
+absl::Status Runner::Init(const RunnerOptions& options) {
+  options_ = options;
+  if (options.max_model_len < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_model_len ", options.max_model_len, " must be positive; give the longest sequence"));
+  }
+  ASSIGN_OR_RETURN(DeviceInfo device, DeviceInfo::Query(0));
+  sm_count_ = device.sm_count;
+
+  // The planner sizes memory for the GPU it is told about; by default, this one.
+  config::PlannerConfig config = options.config;
+  if (config.gpu_preset() == "auto" || (!config.has_gpu_preset() && !config.gpu().has_total_bytes())) {
+    config.clear_gpu_preset();
+    config::GpuSpec gpu;
+    gpu.set_name(device.name);
+    gpu.set_total_bytes(device.total_memory_bytes);
+    gpu.set_sm_count(device.sm_count);
+    gpu.MergeFrom(options.config.gpu());
+    *config.mutable_gpu() = gpu;
+  }
+  if (config.has_tensor_parallel_size() && config.tensor_parallel_size() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor_parallel_size ", config.tensor_parallel_size(),
+                     " is not supported by the runner yet; use 1"));
+  }
+  ASSIGN_OR_RETURN(plan_, PlanMemory(config));
+  const config::PlannerConfig& resolved = plan_.config;
+  ASSIGN_OR_RETURN(LlamaShape shape, LlamaShapeFromConfig(resolved.model()));
+  if (resolved.kv_cache_dtype() != config::DTYPE_BF16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv_cache_dtype ", DTypeName(resolved.kv_cache_dtype()),
+        " is not supported; kiln's KV cache is bf16"));
+  }
+  const StepLimits limits{resolved.max_num_seqs(), resolved.max_num_batched_tokens()};
+  const int block_size = resolved.block_size();
+
+  // Step keys: decode sizes and prefill token budgets pad batches whether or not they are
+  // captured, so eager steps run at the same shapes as graphs.
+  const config::GraphMode graph_mode = resolved.graph().mode();
+  std::vector<int> listed(resolved.graph().capture_sizes().begin(),
+                          resolved.graph().capture_sizes().end());
+  if (graph_mode == config::GRAPH_MODE_DECODE) {
+    ASSIGN_OR_RETURN(decode_sizes_,
+                     CaptureSizes::FromList(listed, limits.max_num_seqs, "max_num_seqs"));
+  } else {
+    ASSIGN_OR_RETURN(decode_sizes_, CaptureSizes::Decode(limits.max_num_seqs));
+  }
+  if (graph_mode == config::GRAPH_MODE_PREFILL_ONLY) {
+    ASSIGN_OR_RETURN(prefill_sizes_, CaptureSizes::FromList(listed, limits.max_num_batched_tokens,
+                                                            "max_num_batched_tokens"));
+  } else if (!options.prefill_sizes.empty()) {
+    ASSIGN_OR_RETURN(prefill_sizes_, CaptureSizes::Prefill(limits.max_num_batched_tokens,
+                                                           options.prefill_sizes));
+  } else {
+    ASSIGN_OR_RETURN(prefill_sizes_, CaptureSizes::Prefill(std::min(
+                                         kDefaultPrefillLimit, limits.max_num_batched_tokens)));
+  }
+  const bool graphs_on = options.graphs != GraphExecution::kNone;
+  capture_decode_ = graphs_on && graph_mode == config::GRAPH_MODE_DECODE;
+  capture_prefill_ = graphs_on && (graph_mode == config::GRAPH_MODE_PREFILL_ONLY ||
+                                   (graph_mode == config::GRAPH_MODE_DECODE &&
+                                    options.capture_prefill));
+  ASSIGN_OR_RETURN(keys_, StepKeys::Create(limits, &*decode_sizes_, &*prefill_sizes_));
+
+  max_blocks_per_seq_ = (options.max_model_len + block_size - 1) / block_size;
+  int64_t num_blocks = plan_.num_kv_blocks;
+  if (options.max_kv_blocks > 0) num_blocks = std::min(num_blocks, options.max_kv_blocks);
+  if (num_blocks > int64_t{1} << 30) num_blocks = int64_t{1} << 30;
+  table_ = SequenceTable(static_cast<int>(num_blocks), block_size, max_blocks_per_seq_);
+
+  ASSIGN_OR_RETURN(stream_, Stream::Create());
+  cudaStream_t stream = stream_.get();
+
+  // Allocations, each measured.
+  ASSIGN_OR_RETURN(size_t free_bytes, FreeDeviceBytes());
+  ASSIGN_OR_RETURN(LlamaDeviceWeights weights,
+                   LlamaDeviceWeights::Random(shape, options.weight_seed, stream));
+  RETURN_IF_ERROR(stream_.Synchronize());
+  const int64_t weight_bytes = static_cast<int64_t>(weights.bytes());
+  RETURN_IF_ERROR(Record(&memory_, "weights", weight_bytes, free_bytes));
+
+  ASSIGN_OR_RETURN(free_bytes, FreeDeviceBytes());
+  ASSIGN_OR_RETURN(std::unique_ptr<Gemm> gemm, Gemm::Create());
+  RETURN_IF_ERROR(Record(&memory_, "cublaslt_workspace",
+                         static_cast<int64_t>(gemm->workspace_bytes()), free_bytes));
+
+  ASSIGN_OR_RETURN(free_bytes, FreeDeviceBytes());
+  LlamaModelOptions model_options;
+  model_options.num_kv_blocks = static_cast<int>(num_blocks);
+  model_options.block_size = block_size;
+  model_options.skinny_gemm_max_rows = options.skinny_gemm_max_rows;
+  model_options.run_attention = !options.skip_attention;
+  ASSIGN_OR_RETURN(model_, LlamaModel::Create(std::move(weights), model_options, std::move(gemm)));
+  RETURN_IF_ERROR(Record(&memory_, "kv_cache", static_cast<int64_t>(model_->kv_cache_bytes()),
+                         free_bytes));
+
+  // One attention planner and metadata layout per key; one pinned blob and one device copy
+  // shared by all keys (steps run one at a time), and one partial workspace per plan part.
+  size_t metadata_bytes = 0, decode_o = 0, decode_lse = 0, prefill_o = 0, prefill_lse = 0;
+  for (const StepKey& key : keys_.keys()) {
+    ASSIGN_OR_RETURN(SplitKvPlanner planner,
+                     SplitKvPlanner::Create(PlannerOptionsFor(
+                         key, shape.heads, shape.kv_heads, shape.head_dim, sm_count_,
+                         options.max_model_len, options.prefill_tile_rows)));
+    const PlanLayout& layout = planner.layout();
+    layouts_.push_back(MetadataLayout::Create(key, layout.plan_bytes, max_blocks_per_seq_));
+    metadata_bytes = std::max(metadata_bytes, layouts_.back().bytes);
+    decode_o = std::max(decode_o, layout.decode.partial_o_bytes);
+    decode_lse = std::max(decode_lse, layout.decode.partial_lse_bytes);
+    prefill_o = std::max(prefill_o, layout.prefill.partial_o_bytes);
+    prefill_lse = std::max(prefill_lse, layout.prefill.partial_lse_bytes);
+    planners_.push_back(std::move(planner));
+  }
+  ASSIGN_OR_RETURN(free_bytes, FreeDeviceBytes());
+  ASSIGN_OR_RETURN(metadata_host_, PinnedHostBuffer::Allocate(metadata_bytes, "step metadata"));
+  std::memset(metadata_host_.data(), 0, metadata_bytes);
+  ASSIGN_OR_RETURN(metadata_device_, DeviceBuffer::Allocate(metadata_bytes, "step metadata"));
+  RETURN_IF_ERROR(Record(&memory_, "step_metadata", static_cast<int64_t>(metadata_bytes),
+                         free_bytes));
+
+  ASSIGN_OR_RETURN(free_bytes, FreeDeviceBytes());
+  RETURN_IF_ERROR(AllocateIfNeeded(decode_o, "decode partial_o", &decode_partial_o_));
+  RETURN_IF_ERROR(AllocateIfNeeded(decode_lse, "decode partial_lse", &decode_partial_lse_));
+  RETURN_IF_ERROR(AllocateIfNeeded(prefill_o, "prefill partial_o", &prefill_partial_o_));
+  RETURN_IF_ERROR(AllocateIfNeeded(prefill_lse, "prefill partial_lse", &prefill_partial_lse_));
+  RETURN_IF_ERROR(Record(&memory_, "attention_workspace",
+                         static_cast<int64_t>(decode_o + decode_lse + prefill_o + prefill_lse),
+                         free_bytes));
+
+  // The eager arena holds the largest step (the eager key); piecewise graphs use it too.
+  const StepKey& eager = keys_.key(keys_.eager_index());
+  const size_t arena_bytes = LlamaModel::ActivationBytes(shape, eager.max_tokens, eager.max_rows);
+  ASSIGN_OR_RETURN(free_bytes, FreeDeviceBytes());
+  ASSIGN_OR_RETURN(arena_, DeviceBuffer::Allocate(arena_bytes, "activation arena"));
+  RETURN_IF_ERROR(Record(&memory_, "activation_arena", static_cast<int64_t>(arena_bytes),
+                         free_bytes));
+
+  // The graph pool: the largest captured key's activations (graphs replay one at a time).
+  if (options.graphs == GraphExecution::kFull && (capture_decode_ || capture_prefill_)) {
+    size_t pool_bytes = 0;
+    for (const auto& [mode, sizes] : CapturedSizeLists()) {
+      for (int size : sizes->sizes()) {
+        const StepKey& key = keys_.key(keys_.Find({mode, size}));
+        pool_bytes = std::max(pool_bytes,
+                              LlamaModel::ActivationBytes(shape, key.max_tokens, key.max_rows));
+      }
+    }
+    ASSIGN_OR_RETURN(free_bytes, FreeDeviceBytes());
+    ASSIGN_OR_RETURN(GraphMemoryPool pool, GraphMemoryPool::Create(pool_bytes));
+    pool_.emplace(std::move(pool));
+    RETURN_IF_ERROR(Record(&memory_, "graph_pool", static_cast<int64_t>(pool_bytes), free_bytes));
+  }
+
+  ASSIGN_OR_RETURN(free_bytes, FreeDeviceBytes());
+  const size_t logits_bytes =
+      static_cast<size_t>(limits.max_num_seqs) * shape.vocab * sizeof(float);
+  ASSIGN_OR_RETURN(logits_, DeviceBuffer::Allocate(logits_bytes, "logits"));
+  ASSIGN_OR_RETURN(next_tokens_, DeviceBuffer::Allocate(
+                                     sizeof(int32_t) * limits.max_num_seqs, "next tokens"));
+  RETURN_IF_ERROR(Record(&memory_, "logits",
+                         static_cast<int64_t>(logits_bytes + next_tokens_.size()), free_bytes));
+  ASSIGN_OR_RETURN(next_tokens_host_, PinnedHostBuffer::Allocate(next_tokens_.size(),
+                                                                 "next tokens (pinned)"));
+
+  if (options.time_steps) {
+    ASSIGN_OR_RETURN(step_start_, Event::Create(Event::kTiming));
+    ASSIGN_OR_RETURN(step_stop_, Event::Create(Event::kTiming));
+  }
+  RETURN_IF_ERROR(buffers_.Bind("step metadata", metadata_device_.data(), metadata_device_.size(),
+                                BufferRole::kInput));
+  RETURN_IF_ERROR(buffers_.Bind("kv cache", model_->kv_cache_data(), model_->kv_cache_bytes(),
+                                BufferRole::kInput));
+  RETURN_IF_ERROR(buffers_.Bind("logits", logits_.data(), logits_.size(), BufferRole::kOutput));
+  RETURN_IF_ERROR(buffers_.Bind("next tokens", next_tokens_.data(), next_tokens_.size(),
+                                BufferRole::kOutput));
+  if (options.graphs == GraphExecution::kPiecewise) {
+    RETURN_IF_ERROR(
+        buffers_.Bind("activation arena", arena_.data(), arena_.size(), BufferRole::kInput));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::pair<GraphMode, const CaptureSizes*>> Runner::CapturedSizeLists() const {
+  std::vector<std::pair<GraphMode, const CaptureSizes*>> lists;
+  if (capture_decode_) lists.push_back({GraphMode::kDecode, &*decode_sizes_});
+  if (capture_prefill_) lists.push_back({GraphMode::kPrefill, &*prefill_sizes_});
+  return lists;
+}
+
+LlamaStepArgs Runner::Args(int key_index, const StepRoute& route, void* activations) const {
+  const MetadataLayout& l = layouts_[key_index];
+  const PlanLayout& plan = planners_[key_index].layout();
+  const char* base = static_cast<const char*>(metadata_device_.data());
+  LlamaStepArgs args;
+  args.num_tokens = route.num_tokens;
+  args.num_rows = route.num_rows;
+  args.token_ids = reinterpret_cast<const int32_t*>(base + l.token_ids);
+  args.positions = reinterpret_cast<const int32_t*>(base + l.positions);
+  args.last_token_rows = reinterpret_cast<const int32_t*>(base + l.last_token_rows);
+  args.block_table = reinterpret_cast<const int32_t*>(base + l.block_table);
+  args.max_blocks_per_seq = l.max_blocks_per_seq;
+  args.decode = PartView(plan, plan.decode, base + l.plan, decode_partial_o_, decode_partial_lse_);
+  args.prefill =
+      PartView(plan, plan.prefill, base + l.plan, prefill_partial_o_, prefill_partial_lse_);
+  args.activations = activations;
+  args.logits = logits_.as<float>();
+  args.next_tokens = next_tokens_.as<int32_t>();
+  return args;
+}
+
+absl::Status Runner::UploadEmptyStep(int key_index) {
+  // The host blob is shared by every key: wait until earlier copies from it have run.
+  RETURN_IF_ERROR(stream_.Synchronize());
+  const StepKey& key = keys_.key(key_index);
+  const MetadataLayout& layout = layouts_[key_index];
+  char* host = metadata_host_.as<char>();
+  const StepRoute route{key_index, key.max_tokens, key.max_rows};
+  RETURN_IF_ERROR(FillStepInputs(layout, route, {}, {}, {}, table_.block_size(), host));
+  RETURN_IF_ERROR(planners_[key_index].Plan({}, host + layout.plan).status());
+  return CopyHostToDevice(metadata_device_.data(), host, layout.UploadBytes(0), stream_.get());
+}
+
+absl::StatusOr<RunnerCaptureSummary> Runner::Capture() {
+  RunnerCaptureSummary summary;
+  if (options_.graphs == GraphExecution::kNone || (!capture_decode_ && !capture_prefill_)) {
+    return summary;
+  }
+  ASSIGN_OR_RETURN(size_t free_before, FreeDeviceBytes());
+  const auto start = std::chrono::steady_clock::now();
+  if (options_.graphs == GraphExecution::kFull) {
+    RETURN_IF_ERROR(CaptureFull(&summary));
+  } else {
+    RETURN_IF_ERROR(CapturePiecewise(&summary));
+  }
+  summary.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSIGN_OR_RETURN(size_t free_after, FreeDeviceBytes());
+  summary.device_bytes = static_cast<int64_t>(free_before) - static_cast<int64_t>(free_after);
+  if (capture_decode_) summary.num_decode_sizes = static_cast<int>(decode_sizes_->sizes().size());
+  if (capture_prefill_) {
+    summary.num_prefill_sizes = static_cast<int>(prefill_sizes_->sizes().size());
+  }
+  summary.pool_bytes = pool_ ? pool_->high_water_bytes() : 0;
+  if (options_.progress != CaptureProgress::kQuiet) {
+    std::ostream& out = options_.progress_stream ? *options_.progress_stream : std::cerr;
+    out << summary.ToString() << "\n";
+  }
+  return summary;
+}
+
+absl::Status Runner::CaptureFull(RunnerCaptureSummary* summary) {
+  GraphSetOptions graph_options;
+  graph_options.progress = options_.progress;
+  graph_options.progress_stream = options_.progress_stream;
+  graphs_ = std::make_unique<GraphSet>(&*pool_, graph_options);
+  KeyedStepFn step = [this](CaptureKey key, cudaStream_t stream) -> absl::Status {
+    const int index = keys_.Find(key);
+    if (index < 0) return absl::InternalError(absl::StrCat("No step key ", KeyName(key)));
+    const StepKey& k = keys_.key(index);
+    if (CaptureContext::Phase() == CapturePhase::kWarmup) RETURN_IF_ERROR(UploadEmptyStep(index));
+    ASSIGN_OR_RETURN(void* activations,
+                     pool_->Allocate(LlamaModel::ActivationBytes(shape(), k.max_tokens, k.max_rows),
+                                     "activations"));
+    return model_->Forward(Args(index, StepRoute{index, k.max_tokens, k.max_rows}, activations),
+                           stream);
+  };
+  for (const auto& [mode, sizes] : CapturedSizeLists()) {
+    ASSIGN_OR_RETURN(CaptureSummary s,
+                     graphs_->CaptureAll(mode, *sizes, step, stream_.get(), &buffers_));
+    summary->num_graphs += s.num_graphs;
+  }
+  for (const GraphStats& stats : graphs_->AllStats()) summary->num_nodes += stats.num_nodes;
+  return absl::OkStatus();
+}
+
+absl::Status Runner::CapturePiecewise(RunnerCaptureSummary* summary) {
+  piece_graphs_.clear();
+  GraphSetOptions graph_options;
+  graph_options.progress = CaptureProgress::kQuiet;
+  for (int piece = 0; piece < model_->num_pieces(); ++piece) {
+    piece_graphs_.push_back(std::make_unique<GraphSet>(nullptr, graph_options));
+    KeyedStepFn step = [this, piece](CaptureKey key, cudaStream_t stream) -> absl::Status {
+      const int index = keys_.Find(key);
+      if (index < 0) return absl::InternalError(absl::StrCat("No step key ", KeyName(key)));
+      const StepKey& k = keys_.key(index);
+      if (CaptureContext::Phase() == CapturePhase::kWarmup) {
+        RETURN_IF_ERROR(UploadEmptyStep(index));
+      }
+      return model_->RunPiece(
+          piece, Args(index, StepRoute{index, k.max_tokens, k.max_rows}, arena_.data()), stream);
+    };
+    for (const auto& [mode, sizes] : CapturedSizeLists()) {
+      ASSIGN_OR_RETURN(CaptureSummary s, piece_graphs_.back()->CaptureAll(
+                                             mode, *sizes, step, stream_.get(), &buffers_));
+      summary->num_graphs += s.num_graphs;
+    }
+    for (const GraphStats& stats : piece_graphs_.back()->AllStats()) {
+      summary->num_nodes += stats.num_nodes;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Runner::RunEager(int key_index, const StepRoute& route) {
+  return model_->Forward(Args(key_index, route, arena_.data()), stream_.get());
+}
+
+absl::Status Runner::RunPiecewise(int key_index, const StepRoute& route) {
+  const CaptureKey key = keys_.key(key_index).key;
+  const LlamaStepArgs args = Args(key_index, route, arena_.data());
+  for (int piece = 0; piece < model_->num_pieces(); ++piece) {
+    RETURN_IF_ERROR(piece_graphs_[piece]->Replay(key, stream_.get()));
+    if (piece < shape().layers && !options_.skip_attention) {
+      RETURN_IF_ERROR(model_->RunAttention(piece, args, stream_.get()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int32_t>> Runner::Step(absl::Span<const SequenceTokens> batch,
+                                                  const StepOptions& step_options) {
+  std::vector<SequenceTable::Entry> entries;
+  std::vector<SeqLens> q_only;
+  entries.reserve(batch.size());
+  for (const SequenceTokens& s : batch) {
+    for (int32_t t : s.tokens) {
+      if (t < 0 || t >= shape().vocab) {
+        return absl::InvalidArgumentError(absl::StrCat("Sequence ", s.id, " has token ", t,
+                                                       " outside the vocabulary [0, ",
+                                                       shape().vocab, ")"));
+      }
+    }
+    entries.push_back({s.id, static_cast<int>(s.tokens.size())});
+    q_only.push_back({static_cast<int32_t>(s.tokens.size()), 0});
+  }
+  RETURN_IF_ERROR(keys_.Check(q_only));
+  ASSIGN_OR_RETURN(std::vector<SeqLens> lens, table_.Reserve(entries));
+
+  const StepRoute route = keys_.Route(lens);
+  const StepKey& key = keys_.key(route.key_index);
+  const MetadataLayout& layout = layouts_[route.key_index];
+  std::vector<absl::Span<const int32_t>> tokens, blocks;
+  for (const SequenceTokens& s : batch) {
+    tokens.push_back(s.tokens);
+    blocks.push_back(table_.Blocks(s.id));
+  }
+  char* host = metadata_host_.as<char>();
+  RETURN_IF_ERROR(
+      FillStepInputs(layout, route, lens, tokens, blocks, table_.block_size(), host));
+  RETURN_IF_ERROR(planners_[route.key_index].Plan(lens, host + layout.plan).status());
+
+  bool replay = false;
+  if (!key.eager_only && !step_options.force_eager) {
+    if (options_.graphs == GraphExecution::kFull && graphs_ != nullptr) {
+      replay = graphs_->Contains(key.key);
+    } else if (options_.graphs == GraphExecution::kPiecewise && !piece_graphs_.empty()) {
+      replay = piece_graphs_.front()->Contains(key.key);
+    }
+  }
+  const int num_seqs = static_cast<int>(batch.size());
+  if (options_.time_steps) RETURN_IF_ERROR(step_start_.Record(stream_.get()));
+  if (replay) {
+    ReplayPrepareScope prepare(key.key);
+    RETURN_IF_ERROR(CopyHostToDevice(metadata_device_.data(), host, layout.UploadBytes(num_seqs),
+                                     stream_.get()));
+  } else {
+    RETURN_IF_ERROR(CopyHostToDevice(metadata_device_.data(), host, layout.UploadBytes(num_seqs),
+                                     stream_.get()));
+  }
+  if (replay && options_.graphs == GraphExecution::kFull) {
+    RETURN_IF_ERROR(graphs_->Replay(key.key, stream_.get()));
+  } else if (replay) {
+    RETURN_IF_ERROR(RunPiecewise(route.key_index, route));
+  } else {
+    RETURN_IF_ERROR(RunEager(route.key_index, route));
+  }
+  RETURN_IF_ERROR(CopyDeviceToHost(next_tokens_host_.data(), next_tokens_.data(),
+                                   sizeof(int32_t) * num_seqs, stream_.get()));
+  if (options_.time_steps) RETURN_IF_ERROR(step_stop_.Record(stream_.get()));
+  RETURN_IF_ERROR(stream_.Synchronize());
+  last_.device_ms = 0;
+  if (options_.time_steps) {
+    ASSIGN_OR_RETURN(last_.device_ms, Event::ElapsedMs(step_start_, step_stop_));
+  }
+
+  if (step_options.commit) table_.Commit(entries);
+  last_.key = key.key;
+  last_.eager_key = key.eager_only;
+  last_.replayed = replay;
+  last_.num_seqs = num_seqs;
+  last_.num_tokens = 0;
+  for (const SeqLens& s : lens) last_.num_tokens += s.q_len;
+  last_.padded_tokens = route.num_tokens;
+  last_.padded_rows = route.num_rows;
+  const int32_t* next = next_tokens_host_.as<int32_t>();
+  return std::vector<int32_t>(next, next + num_seqs);
+}
+
+absl::Status Runner::Release(int64_t id) { return table_.Release(id); }
+
+absl::StatusOr<std::vector<float>> Runner::LastLogits(int num_seqs) {
+  if (num_seqs < 0 || num_seqs > last_.num_seqs) {
+    return absl::InvalidArgumentError(absl::StrCat("LastLogits asks for ", num_seqs,
+                                                   " sequences; the last step had ",
+                                                   last_.num_seqs));
+  }
+  std::vector<float> logits(static_cast<size_t>(num_seqs) * shape().vocab);
+  if (logits.empty()) return logits;
+  RETURN_IF_ERROR(stream_.Synchronize());
+  RETURN_IF_ERROR(CopyDeviceToHost(logits.data(), logits_.data(), logits.size() * sizeof(float),
+                                   stream_.get()));
+  RETURN_IF_ERROR(stream_.Synchronize());
+  return logits;
+}
+
+absl::Status Runner::PoisonOutputs() {
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(logits_.data(), 0xFF, logits_.size(), stream_.get()));
+  CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(next_tokens_.data(), 0xFF, next_tokens_.size(), stream_.get()));
+  return absl::OkStatus();
+}
+
+absl::Status Runner::SetContextForBenchmark(int64_t id, int length) {
+  const SequenceTable::Entry entry{id, length};
+  RETURN_IF_ERROR(table_.Reserve({&entry, 1}).status());
+  table_.Commit({&entry, 1});
+  return absl::OkStatus();
+}
+
+}  // namespace kiln

@@ -1,0 +1,266 @@
+// The Runner composes kiln's components into what a user runs: it sizes device memory with the
+// memory planner, builds a Llama-family model over a paged KV cache, captures CUDA graphs for
+// every decode size and prefill token budget (largest first, into one shared graph memory pool),
+// and serves steps of decode-only, prefill-only and mixed batches: pad → plan attention → upload
+// the step's metadata with one copy → replay (or run eagerly when no graph fits) → sampled tokens.
+//
+//   kiln::RunnerOptions options;
+//   options.config.set_model_preset("llama-3.2-1b");   // runtime/config PlannerConfig
+//   options.config.set_max_num_seqs(256);
+//   ASSIGN_OR_RETURN(std::unique_ptr<kiln::Runner> runner, kiln::Runner::Create(options));
+//   ASSIGN_OR_RETURN(kiln::RunnerCaptureSummary captured, runner->Capture());
+//   std::vector<kiln::SequenceTokens> batch = {{/*id=*/1, {128000, 791, 6460}},   // a prompt
+//                                              {/*id=*/2, {13}}};                  // a decode
+//   ASSIGN_OR_RETURN(std::vector<int32_t> next, runner->Step(batch));   // one token each
+//   RETURN_IF_ERROR(runner->Release(1));                                   // sequence done
+//
+// Graph modes (RunnerOptions::graphs):
+//   kFull       one graph per step key: the whole step, attention included.
+//   kPiecewise  per step key, layers + 1 graphs (the pieces between attentions, see
+//               runtime/model/llama_model.h); attention runs eagerly between their replays.
+//   kNone       every step eager.
+// A batch that no key holds (above every captured size) runs eagerly at its exact sizes, with
+// the same kernels, and is correct. A graph and an eager run of the same key compute the same
+// bits (StepOptions::force_eager runs a key eagerly, for tests and benchmarks).
+//
+// Memory: Create resolves the PlannerConfig (the GPU's name, memory and SM count come from the
+// device unless given), plans with runtime/memory's PlanMemory, and allocates what the plan
+// names: weights, the eager activation arena, the graph memory pool (sized for the largest key
+// that is captured), logits, and exactly the plan's KV blocks (or RunnerOptions::max_kv_blocks
+// when smaller). memory() reports each allocation's measured device-memory cost.
+//
+// Step states: a sequence id first seen in Step starts empty; each Step adds its tokens; Release
+// frees its KV blocks. Step synchronises the stream before returning the tokens.
+// Not thread-safe: one thread drives a Runner. Nothing here may be called during a capture.
+#ifndef KILN_RUNTIME_RUNNER_RUNNER_H_
+#define KILN_RUNTIME_RUNNER_RUNNER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "attention/split_kv_planner.h"
+#include "graph/capture_sizes.h"
+#include "graph/graph_memory_pool.h"
+#include "graph/graph_set.h"
+#include "graph/static_buffers.h"
+#include "runtime/config/planner_config.pb.h"
+#include "runtime/cuda/device_buffer.h"
+#include "runtime/cuda/event.h"
+#include "runtime/cuda/pinned_buffer.h"
+#include "runtime/cuda/stream.h"
+#include "runtime/memory/memory_planner.h"
+#include "runtime/model/llama_model.h"
+#include "runtime/model/llama_shape.h"
+#include "runtime/runner/sequence_table.h"
+#include "runtime/runner/step_plan.h"
+
+namespace kiln {
+
+// How steps use CUDA graphs.
+enum class GraphExecution {
+  kFull,       // one graph per key
+  kPiecewise,  // layers + 1 graphs per key, attention eager between them
+  kNone,       // no graphs
+};
+
+// Returns "full", "piecewise" or "none".
+const char* GraphExecutionName(GraphExecution mode);
+
+struct RunnerOptions {
+  // Model (a preset or explicit fields), GPU (filled from device 0 when absent), limits
+  // (max_num_seqs, max_num_batched_tokens), graph mode and decode sizes, block size, utilisation.
+  // GRAPH_MODE_DECODE captures the decode sizes and, with capture_prefill, the prefill token
+  // budgets; GRAPH_MODE_PREFILL_ONLY captures only its token budgets; GRAPH_MODE_NONE nothing.
+  config::PlannerConfig config;
+  GraphExecution graphs = GraphExecution::kFull;
+  // Longest sequence (prompt plus generated tokens); sets the block-table width.
+  int max_model_len = 4096;
+  // Seed of the random weights (runtime/model/llama_weights.h).
+  uint64_t weight_seed = 1;
+  // > 0: allocate at most this many KV blocks (tests and benchmarks that need few).
+  int64_t max_kv_blocks = 0;
+  // In GRAPH_MODE_DECODE, also capture prefill-only token budgets.
+  bool capture_prefill = true;
+  // Prefill token budgets; empty: CaptureSizes::DefaultPrefillSizes(min(512, max tokens)).
+  std::vector<int> prefill_sizes;
+  // GEMMs with at most this many rows use the skinny kernel (LlamaModelOptions).
+  int skinny_gemm_max_rows = 2;
+  // Benchmarks only: leave attention out of every step (LlamaModelOptions::run_attention), to
+  // time the rest. The tokens are then not the model's.
+  bool skip_attention = false;
+  // Query rows per prefill attention tile: 64 or 128.
+  int prefill_tile_rows = 64;
+  // Time every step on the device with CUDA events (StepInfo::device_ms), from the metadata
+  // upload to the sampled tokens' copy back.
+  bool time_steps = false;
+  // Capture progress (GraphSetOptions), written to progress_stream (std::cerr when null).
+  CaptureProgress progress = CaptureProgress::kAuto;
+  std::ostream* progress_stream = nullptr;
+};
+
+// One sequence's part of a step.
+struct SequenceTokens {
+  int64_t id = 0;
+  std::vector<int32_t> tokens;  // new tokens: a prompt or chunk of it, or the last sampled token
+};
+
+struct StepOptions {
+  // Run the step's key eagerly even when it has a graph (same sizes, same kernels).
+  bool force_eager = false;
+  // false: the sequences' lengths do not advance (the step can be run again identically).
+  bool commit = true;
+};
+
+// How the last step ran.
+struct StepInfo {
+  CaptureKey key;        // the key (kMixed for the eager key)
+  bool eager_key = false;  // the batch fitted no captured size
+  bool replayed = false;   // a graph (or pieces) ran
+  int num_seqs = 0;
+  int num_tokens = 0;    // the batch's tokens
+  int padded_tokens = 0;  // token rows the step ran at
+  int padded_rows = 0;    // logits rows
+  float device_ms = 0;    // with RunnerOptions::time_steps: the step's time on the device
+};
+
+// What Capture did.
+struct RunnerCaptureSummary {
+  int num_graphs = 0;
+  int num_decode_sizes = 0;
+  int num_prefill_sizes = 0;
+  double seconds = 0;
+  size_t pool_bytes = 0;        // the graph memory pool's high-water mark
+  size_t num_nodes = 0;         // nodes over every captured graph
+  int64_t device_bytes = 0;     // device memory the captures took (cudaMemGetInfo delta)
+  // Returns "Captured 49 graphs (35 decode, 14 prefill sizes) in 0.84 s, pool 28.1 MiB, ...".
+  std::string ToString() const;
+};
+
+// Device memory, as asked for and as cudaMemGetInfo saw it change.
+struct RunnerMemoryItem {
+  std::string name;
+  int64_t requested_bytes = 0;
+  int64_t measured_bytes = 0;  // free-memory drop across the allocation
+};
+
+struct RunnerMemory {
+  std::vector<RunnerMemoryItem> items;  // weights, kv_cache, activation_arena, graph_pool, ...
+  // Returns the item called `name`, or nullptr.
+  const RunnerMemoryItem* Find(const std::string& name) const;
+};
+
+class Runner {
+ public:
+  // Plans memory and allocates everything (see the file comment); the random weights are
+  // written on the runner's stream. InvalidArgument for an unsupported model (not bf16, tensor
+  // parallel, attention bias, a head_dim without kernels) or bad limits; ResourceExhausted from
+  // the planner or an allocation.
+  static absl::StatusOr<std::unique_ptr<Runner>> Create(const RunnerOptions& options);
+
+  ~Runner();
+  Runner(const Runner&) = delete;
+  Runner& operator=(const Runner&) = delete;
+
+  // Captures every key of the graph mode, largest first (decode sizes, then prefill budgets),
+  // with a progress bar and a summary line. A no-op in GraphExecution::kNone. Capturing again
+  // replaces the graphs.
+  absl::StatusOr<RunnerCaptureSummary> Capture();
+
+  // Runs one step: each entry's tokens are appended to its sequence, and the greedy next token
+  // of each sequence is returned in entry order. InvalidArgument for an empty or oversized
+  // batch, a duplicate id, an empty token list, a token outside the vocabulary, or a sequence
+  // past max_model_len; ResourceExhausted when the KV cache lacks blocks. On error no sequence
+  // changes.
+  absl::StatusOr<std::vector<int32_t>> Step(absl::Span<const SequenceTokens> batch,
+                                            const StepOptions& step_options = {});
+
+  // Frees sequence `id`'s KV blocks. NotFound for an unknown id.
+  absl::Status Release(int64_t id);
+
+  // Copies the last step's float logits of its first `num_seqs` sequences ([num_seqs, vocab]).
+  absl::StatusOr<std::vector<float>> LastLogits(int num_seqs);
+
+  // Fills the logits and next-token buffers with 0xFF bytes (NaN, -1), so a test can tell an
+  // unwritten output from a written one. Asynchronous on the runner's stream.
+  absl::Status PoisonOutputs();
+
+  // Sets sequence `id` to `length` cached tokens without computing them (the KV cache keeps
+  // whatever its blocks hold): for benchmarks that need long contexts quickly.
+  absl::Status SetContextForBenchmark(int64_t id, int length);
+
+  const LlamaShape& shape() const { return model_->shape(); }
+  const MemoryPlan& memory_plan() const { return plan_; }
+  const RunnerMemory& memory() const { return memory_; }
+  const StepInfo& last_step() const { return last_; }
+  const RunnerOptions& options() const { return options_; }
+  const StepKeys& keys() const { return keys_; }
+  const std::optional<CaptureSizes>& decode_sizes() const { return decode_sizes_; }
+  const std::optional<CaptureSizes>& prefill_sizes() const { return prefill_sizes_; }
+  const SequenceTable& sequences() const { return table_; }
+  // Returns the graph memory pool (null without graphs in full mode).
+  const GraphMemoryPool* pool() const { return pool_ ? &*pool_ : nullptr; }
+  cudaStream_t stream() const { return stream_.get(); }
+  int num_kv_blocks() const { return model_->kv_layout().num_blocks; }
+  LlamaModel& model() { return *model_; }
+
+ private:
+  Runner() = default;
+
+  absl::Status Init(const RunnerOptions& options);
+  // The device views of key `key_index` at the route's sizes over `activations`.
+  LlamaStepArgs Args(int key_index, const StepRoute& route, void* activations) const;
+  // Writes an empty step for the key (no sequences) into the metadata and uploads it, so
+  // warm-ups before a capture read valid inputs.
+  absl::Status UploadEmptyStep(int key_index);
+  // Runs the step eagerly (activations in the arena).
+  absl::Status RunEager(int key_index, const StepRoute& route);
+  absl::Status RunPiecewise(int key_index, const StepRoute& route);
+  absl::Status CaptureFull(RunnerCaptureSummary* summary);
+  absl::Status CapturePiecewise(RunnerCaptureSummary* summary);
+  std::vector<std::pair<GraphMode, const CaptureSizes*>> CapturedSizeLists() const;
+
+  RunnerOptions options_;
+  MemoryPlan plan_;
+  int sm_count_ = 0;
+  int max_blocks_per_seq_ = 0;
+  Stream stream_;
+  std::unique_ptr<LlamaModel> model_;
+  SequenceTable table_{0, 1, 0};
+  std::optional<CaptureSizes> decode_sizes_;   // padding keys (captured in decode mode)
+  std::optional<CaptureSizes> prefill_sizes_;  // padding keys (captured when prefill is on)
+  bool capture_decode_ = false;
+  bool capture_prefill_ = false;
+  StepKeys keys_;
+  std::vector<SplitKvPlanner> planners_;   // per key
+  std::vector<MetadataLayout> layouts_;    // per key
+  PinnedHostBuffer metadata_host_;
+  DeviceBuffer metadata_device_;
+  DeviceBuffer decode_partial_o_, decode_partial_lse_, prefill_partial_o_, prefill_partial_lse_;
+  DeviceBuffer arena_;
+  std::optional<GraphMemoryPool> pool_;
+  DeviceBuffer logits_;       // float [max_num_seqs, vocab]
+  DeviceBuffer next_tokens_;  // int32 [max_num_seqs]
+  PinnedHostBuffer next_tokens_host_;
+  StaticBuffers buffers_;
+  std::unique_ptr<GraphSet> graphs_;                     // kFull
+  std::vector<std::unique_ptr<GraphSet>> piece_graphs_;  // kPiecewise, one per piece
+  RunnerMemory memory_;
+  StepInfo last_;
+  Event step_start_, step_stop_;  // with time_steps
+};
+
+// Returns the LlamaShape of a resolved config::ModelShape. InvalidArgument for what kiln's model
+// does not run: a dtype other than bf16, attention bias.
+absl::StatusOr<LlamaShape> LlamaShapeFromConfig(const config::ModelShape& model);
+
+}  // namespace kiln
+
+#endif  // KILN_RUNTIME_RUNNER_RUNNER_H_

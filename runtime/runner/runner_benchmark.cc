@@ -1,0 +1,242 @@
+// Decode-step latency of the 1B-class Llama (hidden 2048, 16 layers, 32/8 heads of 64, ffn 8192,
+// vocab 128256, random bf16 weights) through the Runner, as CUDA graphs and eagerly at the same
+// padded sizes, at batch 1, 8, 32 and 128 with 1024 tokens of context; the capture time of every
+// default decode size up to 256 and prefill budget up to 512 tokens; and the same step with cuBLASLt for every GEMM (no skinny kernel).
+//
+//   bazel run -c opt //runtime/runner:runner_benchmark [-- --batches=1,8 --context=1024]
+//
+// A step is timed on the device with CUDA events from the metadata upload to the copy of the
+// sampled tokens (RunnerOptions::time_steps), after warm-up; the table shows medians. "step" is the
+// host's wall time of Runner::Step (planning, upload, replay, synchronisation). The floor is the
+// weights plus the KV cache read once at the device-to-device copy bandwidth measured here.
+// Exits non-zero on any error.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "runtime/cuda/device_buffer.h"
+#include "runtime/cuda/device_info.h"
+#include "runtime/cuda/event.h"
+#include "runtime/cuda/status.h"
+#include "runtime/cuda/stream.h"
+#include "runtime/runner/runner.h"
+
+ABSL_FLAG(std::string, batches, "1,8,32,128", "Decode batch sizes");
+ABSL_FLAG(int, context, 1024, "Tokens of context per sequence");
+ABSL_FLAG(int, steps, 30, "Timed steps per measurement");
+ABSL_FLAG(bool, compare_cublas, true, "Also time batch 1 and 8 with cuBLASLt for every GEMM");
+
+namespace kiln {
+namespace {
+
+#define CHECK_OK(expr)                                                                       \
+  do {                                                                                       \
+    const absl::Status check_status_ = (expr);                                               \
+    if (!check_status_.ok()) {                                                               \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, check_status_.ToString().c_str()); \
+      std::exit(1);                                                                          \
+    }                                                                                        \
+  } while (false)
+
+template <typename T>
+T ValueOrDie(absl::StatusOr<T> v) {
+  CHECK_OK(v.status());
+  return *std::move(v);
+}
+
+constexpr int kWarmup = 5;
+
+// DESIGN.md's PyTorch CUDA-graph figures on H200 (batch 8 from runtime/model/NOTES.md,
+// torch_reference.py with F.rms_norm, a slower variant: 1.64 ms at batch 1 against 1.27).
+const std::map<int, double> kTorchGraphMs = {{1, 1.27}, {8, 1.80}, {32, 1.59}, {128, 2.53}};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// Returns the device-to-device copy bandwidth in bytes per second (read plus write).
+double CopyBandwidth() {
+  const size_t bytes = size_t{1} << 30;
+  DeviceBuffer a = ValueOrDie(DeviceBuffer::Allocate(bytes, "copy a"));
+  DeviceBuffer b = ValueOrDie(DeviceBuffer::Allocate(bytes, "copy b"));
+  Stream stream = ValueOrDie(Stream::Create());
+  CHECK_OK(ToStatus(cudaMemsetAsync(a.data(), 0x3c, bytes, stream.get()), "memset"));
+  Event start = ValueOrDie(Event::Create(Event::kTiming));
+  Event stop = ValueOrDie(Event::Create(Event::kTiming));
+  std::vector<double> ms;
+  for (int i = 0; i < 8; ++i) {
+    CHECK_OK(start.Record(stream.get()));
+    CHECK_OK(CopyDeviceToDevice(b.data(), a.data(), bytes, stream.get()));
+    CHECK_OK(stop.Record(stream.get()));
+    ms.push_back(ValueOrDie(Event::ElapsedMs(start, stop)));
+  }
+  return 2.0 * bytes / (Median(ms) * 1e-3);
+}
+
+struct Timing {
+  double graph_ms = 0, eager_ms = 0, step_ms = 0;
+  bool replayed = false;
+};
+
+// Decodes `batch` sequences of `context` tokens: warm-up, then timed graph steps, then timed
+// eager steps at the same key.
+Timing TimeDecode(Runner& runner, int batch, int context, int steps, bool eager_too) {
+  std::vector<SequenceTokens> seqs;
+  const int64_t base = int64_t{batch} * 100000;
+  for (int i = 0; i < batch; ++i) {
+    CHECK_OK(runner.SetContextForBenchmark(base + i, context - 1));
+    seqs.push_back({base + i, {static_cast<int32_t>((i * 7919 + 13) % runner.shape().vocab)}});
+  }
+  auto step = [&](bool eager, std::vector<double>* device_ms, std::vector<double>* wall_ms,
+                  bool* replayed) {
+    StepOptions options;
+    options.force_eager = eager;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<int32_t> next = ValueOrDie(runner.Step(seqs, options));
+    const auto t1 = std::chrono::steady_clock::now();
+    for (int i = 0; i < batch; ++i) seqs[i].tokens[0] = std::max(next[i], 0);
+    if (device_ms) device_ms->push_back(runner.last_step().device_ms);
+    if (wall_ms) wall_ms->push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    if (replayed) *replayed = runner.last_step().replayed;
+  };
+  Timing t;
+  std::vector<double> graph, wall, eager;
+  for (int i = 0; i < kWarmup; ++i) step(false, nullptr, nullptr, nullptr);
+  for (int i = 0; i < steps; ++i) step(false, &graph, &wall, &t.replayed);
+  if (eager_too) {
+    for (int i = 0; i < 2; ++i) step(true, nullptr, nullptr, nullptr);
+    for (int i = 0; i < steps; ++i) step(true, &eager, nullptr, nullptr);
+  }
+  for (int i = 0; i < batch; ++i) CHECK_OK(runner.Release(base + i));
+  t.graph_ms = Median(graph);
+  t.step_ms = Median(wall);
+  t.eager_ms = Median(eager);
+  return t;
+}
+
+RunnerOptions BenchmarkOptions() {
+  RunnerOptions o;
+  o.config.set_model_preset("llama-3.2-1b");
+  o.config.set_max_num_seqs(256);
+  o.config.set_max_num_batched_tokens(8192);
+  o.max_model_len = 2048;
+  o.max_kv_blocks = 4096;
+  o.time_steps = true;
+  o.progress = CaptureProgress::kNone;
+  return o;
+}
+
+int Main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  std::vector<int> batches;
+  for (absl::string_view piece : absl::StrSplit(absl::GetFlag(FLAGS_batches), ',')) {
+    int b = 0;
+    if (!absl::SimpleAtoi(piece, &b) || b < 1 || b > 256) {
+      std::fprintf(stderr, "--batches: bad size \"%s\"\n", std::string(piece).c_str());
+      return 2;
+    }
+    batches.push_back(b);
+  }
+  const int context = absl::GetFlag(FLAGS_context);
+  const int steps = absl::GetFlag(FLAGS_steps);
+  const DeviceInfo info = ValueOrDie(DeviceInfo::Query(0));
+  std::printf("device: %s\n", info.ToString().c_str());
+  const double bandwidth = CopyBandwidth();
+  std::printf("device-to-device copy: %.0f GB/s (read + write)\n", bandwidth / 1e9);
+
+  double weight_bytes = 0, kv_bytes_per_token = 0;
+  {
+    std::unique_ptr<Runner> runner = ValueOrDie(Runner::Create(BenchmarkOptions()));
+    const LlamaShape& s = runner->shape();
+    weight_bytes = static_cast<double>(runner->model().weights().bytes());
+    kv_bytes_per_token = 2.0 * s.layers * s.kv_heads * s.head_dim * 2;
+    std::printf("model: %s, %.2f GiB of weights\n", s.ToString().c_str(), weight_bytes / (1 << 30));
+    const RunnerCaptureSummary captured = ValueOrDie(runner->Capture());
+    std::printf("capture: %d graphs (%d decode sizes up to 256, %d prefill budgets up to 512 "
+                "tokens) in %.3f s, %.1f ms per graph, pool %.1f MiB, %zu nodes, %.1f MiB for the "
+                "executables\n",
+                captured.num_graphs, captured.num_decode_sizes, captured.num_prefill_sizes,
+                captured.seconds, 1e3 * captured.seconds / captured.num_graphs,
+                captured.pool_bytes / 1048576.0, captured.num_nodes,
+                captured.device_bytes / 1048576.0);
+
+    std::printf("\nDecode step, context %d, ms (median of %d)\n", context, steps);
+    std::printf("%6s %10s %10s %10s %10s %12s %10s\n", "batch", "graph", "eager", "step(host)",
+                "floor", "torch graph", "speedup");
+    for (int b : batches) {
+      const Timing t = TimeDecode(*runner, b, context, steps, /*eager_too=*/true);
+      if (!t.replayed) {
+        std::fprintf(stderr, "batch %d did not replay a graph\n", b);
+        return 1;
+      }
+      const double floor_ms =
+          (weight_bytes + kv_bytes_per_token * context * b) / bandwidth * 1e3;
+      auto torch = kTorchGraphMs.find(b);
+      if (torch != kTorchGraphMs.end()) {
+        std::printf("%6d %10.3f %10.3f %10.3f %10.3f %12.2f %9.2fx\n", b, t.graph_ms, t.eager_ms,
+                    t.step_ms, floor_ms, torch->second, torch->second / t.graph_ms);
+      } else {
+        std::printf("%6d %10.3f %10.3f %10.3f %10.3f %12s %10s\n", b, t.graph_ms, t.eager_ms,
+                    t.step_ms, floor_ms, "-", "-");
+      }
+    }
+  }
+
+  // Where the time goes: the same step without attention.
+  {
+    RunnerOptions o = BenchmarkOptions();
+    o.skip_attention = true;
+    o.config.set_max_num_batched_tokens(512);
+    o.max_kv_blocks = 2600;
+    o.capture_prefill = false;
+    for (int b : batches) o.config.mutable_graph()->add_capture_sizes(b);
+    std::unique_ptr<Runner> runner = ValueOrDie(Runner::Create(o));
+    CHECK_OK(runner->Capture().status());
+    std::printf("\nThe same step without attention (graph ms): what attention and the KV append "
+                "cost is the difference\n");
+    for (int b : batches) {
+      const Timing t = TimeDecode(*runner, b, context, steps, /*eager_too=*/false);
+      std::printf("%6d %10.3f\n", b, t.graph_ms);
+    }
+  }
+
+  if (absl::GetFlag(FLAGS_compare_cublas)) {
+    // The skinny GEMM against cuBLASLt for small batches, whole steps as graphs.
+    const std::vector<int> small = {1, 2, 4, 8};
+    std::map<int, std::map<int, double>> ms;  // threshold -> batch -> ms
+    for (int threshold : {8, 0}) {
+      RunnerOptions o = BenchmarkOptions();
+      o.skinny_gemm_max_rows = threshold;
+      o.config.set_max_num_batched_tokens(512);
+      o.max_kv_blocks = 400;
+      o.capture_prefill = false;
+      for (int b : small) o.config.mutable_graph()->add_capture_sizes(b);
+      std::unique_ptr<Runner> runner = ValueOrDie(Runner::Create(o));
+      CHECK_OK(runner->Capture().status());
+      for (int b : small) ms[threshold][b] = TimeDecode(*runner, b, context, steps, false).graph_ms;
+    }
+    std::printf("\nDecode step (graph ms) by GEMM path for small batches\n%6s %12s %12s\n",
+                "batch", "skinny", "cuBLASLt");
+    for (int b : small) std::printf("%6d %12.3f %12.3f\n", b, ms[8][b], ms[0][b]);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace kiln
+
+int main(int argc, char** argv) { return kiln::Main(argc, argv); }

@@ -1,0 +1,487 @@
+// The runner on the tiny two-layer model:
+//   - graph replay equals an eager run at the same padded size, bit for bit, for every captured
+//     size and for 1000 random batch compositions (decode-only, prefill-only, mixed; lengths at
+//     block boundaries);
+//   - piecewise graphs and graph-free runs equal full graphs, bit for bit;
+//   - steps on the eager key (above every captured size) and greedy generation match the CPU
+//     float64 reference decoder (logits by relative error, tokens where the reference's top-2
+//     margin is clear);
+//   - bad batches are refused and change nothing.
+#include "runtime/runner/runner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gtest/gtest.h"
+#include "runtime/cuda/gpu_test_util.h"
+#include "runtime/model/llama_weights.h"
+#include "runtime/model/reference_decoder.h"
+
+namespace kiln {
+namespace {
+
+constexpr int kMaxSeqs = 32;
+constexpr int kMaxTokens = 640;
+constexpr int kBlockSize = 16;
+constexpr int kMaxModelLen = 1024;
+
+config::ModelShape TinyModel() {
+  const LlamaShape t = LlamaShape::Tiny();
+  config::ModelShape m;
+  m.set_name("tiny");
+  m.set_hidden_size(t.hidden);
+  m.set_num_layers(t.layers);
+  m.set_num_heads(t.heads);
+  m.set_num_kv_heads(t.kv_heads);
+  m.set_head_dim(t.head_dim);
+  m.set_intermediate_size(t.ffn);
+  m.set_vocab_size(t.vocab);
+  m.set_dtype(config::DTYPE_BF16);
+  m.set_tie_embeddings(t.tie_embeddings);
+  m.set_rope_theta(t.rope_theta);
+  m.set_rms_norm_eps(t.rms_eps);
+  return m;
+}
+
+RunnerOptions TinyOptions(GraphExecution graphs, uint64_t seed) {
+  RunnerOptions o;
+  *o.config.mutable_model() = TinyModel();
+  o.config.set_max_num_seqs(kMaxSeqs);
+  o.config.set_max_num_batched_tokens(kMaxTokens);
+  o.config.set_block_size(kBlockSize);
+  o.graphs = graphs;
+  o.max_model_len = kMaxModelLen;
+  o.weight_seed = seed;
+  o.max_kv_blocks = 4096;
+  o.progress = CaptureProgress::kQuiet;
+  return o;
+}
+
+std::unique_ptr<Runner> MakeRunner(const RunnerOptions& options) {
+  auto runner = Runner::Create(options);
+  EXPECT_TRUE(runner.ok()) << runner.status();
+  if (!runner.ok()) return nullptr;
+  auto captured = (*runner)->Capture();
+  EXPECT_TRUE(captured.ok()) << captured.status();
+  return captured.ok() ? *std::move(runner) : nullptr;
+}
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::vector<float> logits;
+  StepInfo info;
+};
+
+// Poisons the outputs, runs the step and reads back tokens and logits; every logit must have
+// been written (finite).
+Outcome RunStep(Runner& runner, const std::vector<SequenceTokens>& batch, StepOptions options) {
+  Outcome out;
+  EXPECT_TRUE(runner.PoisonOutputs().ok());
+  auto tokens = runner.Step(batch, options);
+  EXPECT_TRUE(tokens.ok()) << tokens.status();
+  if (!tokens.ok()) return out;
+  out.tokens = *tokens;
+  out.info = runner.last_step();
+  auto logits = runner.LastLogits(static_cast<int>(batch.size()));
+  EXPECT_TRUE(logits.ok()) << logits.status();
+  if (logits.ok()) out.logits = *std::move(logits);
+  for (float v : out.logits) {
+    if (!std::isfinite(v)) {
+      ADD_FAILURE() << "a logit was not written (or is not finite)";
+      break;
+    }
+  }
+  return out;
+}
+
+std::string Describe(const std::vector<SequenceTokens>& batch) {
+  return absl::StrJoin(batch, ",", [](std::string* s, const SequenceTokens& t) {
+    absl::StrAppend(s, t.id, ":", t.tokens.size());
+  });
+}
+
+// Random batch compositions over a set of live sequences.
+class Traffic {
+ public:
+  explicit Traffic(uint64_t seed) : rng_(seed) {}
+
+  enum Kind { kDecode, kPrefill, kMixed };
+
+  std::vector<SequenceTokens> Next(Kind kind, const Runner& runner) {
+    // Keep sequences short of max_model_len and the live set bounded.
+    for (size_t i = 0; i < live_.size();) {
+      if (runner.sequences().Length(live_[i]) > 880 || live_.size() > 40) {
+        to_release_.push_back(live_[i]);
+        live_.erase(live_.begin() + i);
+      } else {
+        ++i;
+      }
+    }
+    if (live_.empty()) kind = kPrefill;
+    std::vector<SequenceTokens> batch;
+    int tokens = 0;
+    std::vector<int64_t> order = live_;
+    std::shuffle(order.begin(), order.end(), rng_);
+    size_t taken = 0;
+    if (kind == kDecode || kind == kMixed) {
+      const int most = kind == kDecode ? kMaxSeqs : 8;
+      const int n = 1 + Uniform(0, std::min<int>(most, static_cast<int>(order.size())) - 1);
+      for (; static_cast<int>(taken) < n; ++taken) {
+        batch.push_back({order[taken], {Token()}});
+        ++tokens;
+      }
+    }
+    if (kind == kPrefill || kind == kMixed) {
+      const int chunks = 1 + Uniform(0, 3);
+      for (int c = 0; c < chunks && static_cast<int>(batch.size()) < kMaxSeqs; ++c) {
+        int64_t id;
+        int room = kMaxModelLen - 100;
+        if (taken < order.size() && Uniform(0, 2) == 0) {
+          id = order[taken++];  // a later chunk of a sequence that has tokens already
+          room -= runner.sequences().Length(id);
+        } else {
+          id = next_id_++;
+        }
+        int len = ChunkLength();
+        len = std::min({len, room, 512 - tokens});
+        if (len < 2) break;
+        batch.push_back({id, Tokens(len)});
+        tokens += len;
+      }
+      if (batch.empty()) batch.push_back({next_id_++, Tokens(2)});
+    }
+    return batch;
+  }
+
+  // Records the sequences of a committed step as live.
+  void Committed(const std::vector<SequenceTokens>& batch) {
+    for (const SequenceTokens& s : batch) {
+      if (std::find(live_.begin(), live_.end(), s.id) == live_.end()) live_.push_back(s.id);
+    }
+  }
+
+  std::vector<int64_t> TakeReleases() { return std::exchange(to_release_, {}); }
+  std::mt19937_64& rng() { return rng_; }
+
+ private:
+  int Uniform(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
+  int32_t Token() { return Uniform(0, LlamaShape::Tiny().vocab - 1); }
+  std::vector<int32_t> Tokens(int n) {
+    std::vector<int32_t> t(n);
+    for (auto& x : t) x = Token();
+    return t;
+  }
+  // A third of the chunks end at, just before or just after a block boundary.
+  int ChunkLength() {
+    if (Uniform(0, 2) == 0) return std::max(2, kBlockSize * Uniform(1, 8) + Uniform(-1, 1));
+    return Uniform(2, 120);
+  }
+
+  std::mt19937_64 rng_;
+  std::vector<int64_t> live_;
+  std::vector<int64_t> to_release_;
+  int64_t next_id_ = 0;
+};
+
+uint64_t FreshSeed() {
+  std::random_device rd;
+  return (uint64_t{rd()} << 32) ^ rd();
+}
+
+// Runs `batch` as a graph (not committed), then eagerly at the same key (committed), and
+// expects identical bits. Returns whether a graph ran.
+bool ExpectGraphEqualsEager(Runner& runner, const std::vector<SequenceTokens>& batch) {
+  SCOPED_TRACE(absl::StrCat("batch ", Describe(batch)));
+  StepOptions graph_options;
+  graph_options.commit = false;
+  const Outcome graph = RunStep(runner, batch, graph_options);
+  StepOptions eager_options;
+  eager_options.force_eager = true;
+  const Outcome eager = RunStep(runner, batch, eager_options);
+  EXPECT_EQ(graph.info.key, eager.info.key);
+  EXPECT_FALSE(eager.info.replayed);
+  EXPECT_EQ(graph.tokens, eager.tokens);
+  EXPECT_EQ(graph.logits.size(), eager.logits.size());
+  if (graph.logits.size() == eager.logits.size()) {
+    EXPECT_EQ(std::memcmp(graph.logits.data(), eager.logits.data(),
+                          graph.logits.size() * sizeof(float)),
+              0)
+        << "graph replay of " << KeyName(graph.info.key) << " differs from eager";
+  }
+  return graph.info.replayed;
+}
+
+class RunnerGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override { KILN_REQUIRE_GPUS(1); }
+};
+
+TEST_F(RunnerGpuTest, EveryCapturedSizeReplaysLikeEager) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  std::unique_ptr<Runner> runner = MakeRunner(TinyOptions(GraphExecution::kFull, seed));
+  ASSERT_NE(runner, nullptr);
+  std::mt19937_64 rng(seed);
+  auto token = [&] { return static_cast<int32_t>(rng() % LlamaShape::Tiny().vocab); };
+
+  // Prefill sizes: one chunk of exactly N tokens, and N - 1 tokens over several sequences.
+  int64_t id = 0;
+  std::vector<int64_t> ids;
+  for (int n : runner->prefill_sizes()->sizes()) {
+    std::vector<SequenceTokens> one = {{id++, {}}};
+    for (int i = 0; i < n; ++i) one[0].tokens.push_back(token());
+    EXPECT_TRUE(ExpectGraphEqualsEager(*runner, one)) << "prefill/" << n << " did not replay";
+    EXPECT_EQ(runner->last_step().padded_tokens, n);
+    ids.push_back(one[0].id);
+    std::vector<SequenceTokens> spread;
+    int left = n - 1;
+    while (left > 0) {
+      const int len = std::min(left, 1 + static_cast<int>(rng() % 40));
+      spread.push_back({id++, {}});
+      for (int i = 0; i < len; ++i) spread.back().tokens.push_back(token());
+      left -= len;
+    }
+    if (!spread.empty() && static_cast<int>(spread.size()) <= kMaxSeqs) {
+      ExpectGraphEqualsEager(*runner, spread);
+      for (const auto& s : spread) ids.push_back(s.id);
+    }
+    while (ids.size() > 48) {
+      ASSERT_TRUE(runner->Release(ids.front()).ok());
+      ids.erase(ids.begin());
+    }
+  }
+  // Decode sizes: exactly B sequences of one token each.
+  for (int b : runner->decode_sizes()->sizes()) {
+    std::vector<SequenceTokens> batch;
+    for (int i = 0; i < b; ++i) batch.push_back({ids[ids.size() - 1 - i], {token()}});
+    EXPECT_TRUE(ExpectGraphEqualsEager(*runner, batch)) << "decode/" << b << " did not replay";
+    EXPECT_EQ(runner->last_step().key, (CaptureKey{GraphMode::kDecode, b}));
+  }
+}
+
+TEST_F(RunnerGpuTest, ThousandRandomCompositionsReplayLikeEager) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  std::unique_ptr<Runner> runner = MakeRunner(TinyOptions(GraphExecution::kFull, seed));
+  ASSERT_NE(runner, nullptr);
+  Traffic traffic(seed);
+  std::map<GraphMode, int> replayed;
+  for (int step = 0; step < 1000; ++step) {
+    const auto kind = static_cast<Traffic::Kind>(traffic.rng()() % 3);
+    const std::vector<SequenceTokens> batch = traffic.Next(kind, *runner);
+    for (int64_t id : traffic.TakeReleases()) ASSERT_TRUE(runner->Release(id).ok());
+    if (ExpectGraphEqualsEager(*runner, batch)) ++replayed[runner->last_step().key.mode];
+    traffic.Committed(batch);
+    if (HasFailure()) break;
+  }
+  // The compositions must have exercised both kinds of graphs, often.
+  EXPECT_GT(replayed[GraphMode::kDecode], 200);
+  EXPECT_GT(replayed[GraphMode::kPrefill], 400);
+}
+
+TEST_F(RunnerGpuTest, PiecewiseAndGraphFreeStepsEqualFullGraphs) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  std::unique_ptr<Runner> full = MakeRunner(TinyOptions(GraphExecution::kFull, seed));
+  std::unique_ptr<Runner> piecewise = MakeRunner(TinyOptions(GraphExecution::kPiecewise, seed));
+  std::unique_ptr<Runner> none = MakeRunner(TinyOptions(GraphExecution::kNone, seed));
+  ASSERT_TRUE(full && piecewise && none);
+  Traffic traffic(seed);
+  int piecewise_replays = 0;
+  for (int step = 0; step < 150; ++step) {
+    const auto kind = static_cast<Traffic::Kind>(traffic.rng()() % 3);
+    const std::vector<SequenceTokens> batch = traffic.Next(kind, *full);
+    for (int64_t id : traffic.TakeReleases()) {
+      ASSERT_TRUE(full->Release(id).ok());
+      ASSERT_TRUE(piecewise->Release(id).ok());
+      ASSERT_TRUE(none->Release(id).ok());
+    }
+    SCOPED_TRACE(absl::StrCat("step ", step, " batch ", Describe(batch)));
+    const Outcome a = RunStep(*full, batch, {});
+    const Outcome b = RunStep(*piecewise, batch, {});
+    const Outcome c = RunStep(*none, batch, {});
+    piecewise_replays += b.info.replayed;
+    EXPECT_FALSE(c.info.replayed);
+    EXPECT_EQ(a.tokens, b.tokens);
+    EXPECT_EQ(a.tokens, c.tokens);
+    ASSERT_EQ(a.logits.size(), b.logits.size());
+    ASSERT_EQ(a.logits.size(), c.logits.size());
+    EXPECT_EQ(std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * 4), 0)
+        << "piecewise differs from full at " << KeyName(a.info.key);
+    EXPECT_EQ(std::memcmp(a.logits.data(), c.logits.data(), a.logits.size() * 4), 0)
+        << "graph-free differs from full at " << KeyName(a.info.key);
+    traffic.Committed(batch);
+    if (HasFailure()) break;
+  }
+  EXPECT_GT(piecewise_replays, 100);
+}
+
+// Compares each sequence's logits row with the reference's, and the sampled token with the
+// reference's argmax where its margin over the runner-up is clear.
+class ReferenceCheck {
+ public:
+  static constexpr double kTolerance = 1e-2;  // bf16 activations: 1e-3 .. 1e-2
+
+  explicit ReferenceCheck(uint64_t seed) {
+    auto weights = RandomLlamaHostWeights(LlamaShape::Tiny(), seed);
+    EXPECT_TRUE(weights.ok());
+    ReferenceDecoderOptions options;
+    options.bf16_activations = true;
+    auto ref = ReferenceDecoder::Create(*std::move(weights), options);
+    EXPECT_TRUE(ref.ok());
+    ref_ = std::make_unique<ReferenceDecoder>(*std::move(ref));
+  }
+
+  // Feeds the batch to the reference and checks `got` (the runner's outcome of the same batch).
+  void Check(const std::vector<SequenceTokens>& batch, const Outcome& got) {
+    const int vocab = LlamaShape::Tiny().vocab;
+    ASSERT_EQ(got.logits.size(), batch.size() * vocab);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (seq_.count(batch[i].id) == 0) seq_[batch[i].id] = ref_->AddSequence();
+      auto logits = ref_->Forward(seq_[batch[i].id], batch[i].tokens);
+      ASSERT_TRUE(logits.ok()) << logits.status();
+      const double* ref = logits->data() + (batch[i].tokens.size() - 1) * vocab;
+      const float* mine = got.logits.data() + i * vocab;
+      double diff = 0, norm = 0, best = -1e300, second = -1e300;
+      int32_t best_index = -1;
+      for (int v = 0; v < vocab; ++v) {
+        diff += (mine[v] - ref[v]) * (mine[v] - ref[v]);
+        norm += ref[v] * ref[v];
+        if (ref[v] > best) {
+          second = best;
+          best = ref[v];
+          best_index = v;
+        } else if (ref[v] > second) {
+          second = ref[v];
+        }
+      }
+      const double rel = std::sqrt(diff / norm);
+      max_rel_ = std::max(max_rel_, rel);
+      EXPECT_LT(rel, kTolerance) << "sequence " << batch[i].id;
+      // The sampler's token is the argmax of the runner's own logits (lowest index on ties).
+      ASSERT_GE(got.tokens[i], 0);
+      ASSERT_LT(got.tokens[i], vocab);
+      const int32_t own = static_cast<int32_t>(
+          std::max_element(mine, mine + vocab) - mine);
+      EXPECT_EQ(got.tokens[i], own);
+      // A clear margin: far above what an error of the tolerance can move a logit.
+      const double rms = std::sqrt(norm / vocab);
+      const double clear = 8 * kTolerance * rms;
+      if (best - second > clear) {
+        ++clear_checks_;
+        EXPECT_EQ(got.tokens[i], best_index) << "sequence " << batch[i].id << " margin "
+                                             << best - second;
+      } else {
+        ++near_ties_;
+        EXPECT_GE(ref[got.tokens[i]], best - clear) << "token far from the reference's best";
+      }
+    }
+  }
+
+  int clear_checks() const { return clear_checks_; }
+  int near_ties() const { return near_ties_; }
+  double max_rel() const { return max_rel_; }
+
+ private:
+  std::unique_ptr<ReferenceDecoder> ref_;
+  std::map<int64_t, int> seq_;
+  int clear_checks_ = 0;
+  int near_ties_ = 0;
+  double max_rel_ = 0;
+};
+
+TEST_F(RunnerGpuTest, GreedyGenerationAndEagerFallbackMatchReference) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  RunnerOptions options = TinyOptions(GraphExecution::kFull, seed);
+  for (int s : {1, 2, 4}) options.config.mutable_graph()->add_capture_sizes(s);
+  options.prefill_sizes = {16, 32};
+  std::unique_ptr<Runner> runner = MakeRunner(options);
+  ASSERT_NE(runner, nullptr);
+  ReferenceCheck check(seed);
+  std::mt19937_64 rng(seed);
+  std::map<int64_t, int32_t> next;  // each sequence's next input token
+
+  auto step = [&](std::vector<SequenceTokens> batch, bool expect_replay) {
+    SCOPED_TRACE(absl::StrCat("batch ", Describe(batch)));
+    const Outcome got = RunStep(*runner, batch, {});
+    EXPECT_EQ(got.info.replayed, expect_replay) << KeyName(got.info.key);
+    check.Check(batch, got);
+    for (size_t i = 0; i < batch.size(); ++i) next[batch[i].id] = got.tokens[i];
+  };
+  auto prompt = [&](int64_t id, int len) {
+    SequenceTokens s{id, {}};
+    for (int i = 0; i < len; ++i) s.tokens.push_back(static_cast<int32_t>(rng() % 1024));
+    return s;
+  };
+  auto decodes = [&](std::vector<int64_t> ids) {
+    std::vector<SequenceTokens> batch;
+    for (int64_t id : ids) batch.push_back({id, {next[id]}});
+    return batch;
+  };
+
+  // 6 prompts at and around block boundaries, 87 tokens: above every prefill size (eager key).
+  std::vector<SequenceTokens> prompts;
+  const int lens[] = {1, 15, 16, 17, 33, 5};
+  for (int i = 0; i < 6; ++i) prompts.push_back(prompt(i, lens[i]));
+  step(prompts, false);
+  EXPECT_TRUE(runner->last_step().eager_key);
+  for (int t = 0; t < 4; ++t) step(decodes({0, 1, 2, 3, 4, 5}), false);  // 6 > 4: eager key
+  ASSERT_TRUE(runner->Release(4).ok());
+  ASSERT_TRUE(runner->Release(5).ok());
+  for (int t = 0; t < 4; ++t) step(decodes({0, 1, 2, 3}), true);  // decode/4 graph
+  std::vector<SequenceTokens> mixed = decodes({0, 1, 2, 3});
+  mixed.push_back(prompt(6, 12));
+  step(mixed, true);  // 16 tokens: prefill/16 graph with decodes in it
+  for (int t = 0; t < 4; ++t) step(decodes({0, 1, 2, 3, 6}), false);  // 5 > 4: eager key
+  for (int t = 0; t < 3; ++t) step(decodes({2, 6}), true);            // decode/2 graph
+  std::vector<SequenceTokens> chunk = {prompt(1, 40)};                // a later chunk, 40 tokens
+  step(chunk, false);                                                 // above 32: eager key
+  step({prompt(1, 20)}, true);                                        // prefill/32 graph
+  for (int t = 0; t < 3; ++t) step(decodes({1}), true);              // decode/1 graph
+
+  std::printf("reference check: %d clear-margin tokens, %d near ties, max logits rel err %.2e\n",
+              check.clear_checks(), check.near_ties(), check.max_rel());
+  EXPECT_GE(check.clear_checks(), 40);
+}
+
+TEST_F(RunnerGpuTest, BadBatchesAreRefusedAndChangeNothing) {
+  std::unique_ptr<Runner> runner = MakeRunner(TinyOptions(GraphExecution::kFull, 3));
+  ASSERT_NE(runner, nullptr);
+  ASSERT_TRUE(runner->Step({{1, {5, 6, 7}}}).ok());
+  const int free_blocks = runner->sequences().free_blocks();
+  const std::vector<std::vector<SequenceTokens>> bad = {
+      {},
+      {{1, {}}},
+      {{1, {2000}}},
+      {{1, {4}}, {1, {5}}},
+      {{2, std::vector<int32_t>(kMaxTokens + 1, 1)}},
+      {{1, std::vector<int32_t>(kMaxTokens, 1)}, {2, {3}}},  // 3 + 640 fits, but 641 tokens
+  };
+  for (const auto& batch : bad) {
+    auto result = runner->Step(batch);
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << Describe(batch);
+  }
+  EXPECT_EQ(runner->sequences().Length(1), 3);
+  EXPECT_EQ(runner->sequences().free_blocks(), free_blocks);
+  EXPECT_FALSE(runner->sequences().Contains(2));
+  // Past max_model_len: 3 + 600 + 500 > 1024.
+  ASSERT_TRUE(runner->Step({{1, std::vector<int32_t>(600, 9)}}).ok());
+  const int free_after = runner->sequences().free_blocks();
+  EXPECT_EQ(runner->Step({{1, std::vector<int32_t>(500, 9)}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(runner->sequences().Length(1), 603);
+  EXPECT_EQ(runner->sequences().free_blocks(), free_after);
+  EXPECT_EQ(runner->Release(99).code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace kiln

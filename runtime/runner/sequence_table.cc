@@ -1,0 +1,90 @@
+#include "runtime/runner/sequence_table.h"
+
+#include <algorithm>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+
+namespace kiln {
+
+SequenceTable::SequenceTable(int num_blocks, int block_size, int max_blocks_per_seq)
+    : num_blocks_(std::max(num_blocks, 0)),
+      block_size_(std::max(block_size, 1)),
+      max_blocks_per_seq_(std::max(max_blocks_per_seq, 0)) {
+  // Block 0 on top of the stack: a fresh table hands out blocks in ascending order.
+  free_.reserve(num_blocks_);
+  for (int b = num_blocks_ - 1; b >= 0; --b) free_.push_back(b);
+}
+
+absl::StatusOr<std::vector<SeqLens>> SequenceTable::Reserve(absl::Span<const Entry> entries) {
+  std::vector<SeqLens> lens;
+  lens.reserve(entries.size());
+  absl::flat_hash_set<int64_t> seen;
+  int64_t needed = 0;
+  for (const Entry& e : entries) {
+    if (!seen.insert(e.id).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Sequence ", e.id, " appears twice in one step; give each sequence one entry"));
+    }
+    if (e.q_len < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Sequence ", e.id, " brings ", e.q_len, " tokens; every entry needs at least one"));
+    }
+    const int64_t kv_len = int64_t{Length(e.id)} + e.q_len;
+    if (kv_len > max_tokens()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Sequence ", e.id, " would hold ", kv_len, " tokens, above the limit of ",
+                       max_tokens(), " (max_model_len); finish it or raise max_model_len"));
+    }
+    const int have = static_cast<int>(Blocks(e.id).size());
+    needed += std::max(0, BlocksFor(kv_len) - have);
+    lens.push_back(SeqLens{e.q_len, static_cast<int32_t>(kv_len)});
+  }
+  if (needed > free_blocks()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "The step needs ", needed, " more KV blocks but ", free_blocks(), " of ", num_blocks_,
+        " are free; release finished sequences, schedule fewer tokens, or give the KV cache more "
+        "memory"));
+  }
+  for (size_t i = 0; i < entries.size(); ++i) {
+    Sequence& seq = sequences_[entries[i].id];
+    const int want = BlocksFor(lens[i].kv_len);
+    while (static_cast<int>(seq.blocks.size()) < want) {
+      seq.blocks.push_back(free_.back());
+      free_.pop_back();
+    }
+  }
+  return lens;
+}
+
+void SequenceTable::Commit(absl::Span<const Entry> entries) {
+  for (const Entry& e : entries) {
+    auto it = sequences_.find(e.id);
+    if (it != sequences_.end()) it->second.length += e.q_len;
+  }
+}
+
+absl::Status SequenceTable::Release(int64_t id) {
+  auto it = sequences_.find(id);
+  if (it == sequences_.end()) {
+    return absl::NotFoundError(absl::StrCat("Sequence ", id, " is not known; nothing to release"));
+  }
+  for (auto b = it->second.blocks.rbegin(); b != it->second.blocks.rend(); ++b) {
+    free_.push_back(*b);
+  }
+  sequences_.erase(it);
+  return absl::OkStatus();
+}
+
+int SequenceTable::Length(int64_t id) const {
+  auto it = sequences_.find(id);
+  return it == sequences_.end() ? 0 : it->second.length;
+}
+
+absl::Span<const int32_t> SequenceTable::Blocks(int64_t id) const {
+  auto it = sequences_.find(id);
+  if (it == sequences_.end()) return {};
+  return it->second.blocks;
+}
+
+}  // namespace kiln

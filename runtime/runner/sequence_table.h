@@ -1,0 +1,88 @@
+// Host bookkeeping of the sequences a runner serves: each sequence's cached length and the KV
+// blocks that hold it, taken from one fixed pool of blocks.
+//
+//   kiln::SequenceTable table(/*num_blocks=*/4096, /*block_size=*/64, /*max_blocks_per_seq=*/128);
+//   std::vector<kiln::SequenceTable::Entry> step = {{/*id=*/7, /*q_len=*/300}, {9, 1}};
+//   ASSIGN_OR_RETURN(std::vector<kiln::SeqLens> lens, table.Reserve(step));  // blocks for the step
+//   ... run the step ...
+//   table.Commit(step);          // lengths advance by q_len
+//   table.Release(7);            // sequence 7 finished: its blocks return to the pool
+//
+// A sequence id first seen in Reserve starts empty (its first tokens are its prompt). Reserve is
+// all or nothing: on any error no sequence gains a block. Blocks are never moved: a sequence's
+// block list only grows until Release, so the device copy of its row stays valid.
+// Host-only (no CUDA); not thread-safe.
+#ifndef KILN_RUNTIME_RUNNER_SEQUENCE_TABLE_H_
+#define KILN_RUNTIME_RUNNER_SEQUENCE_TABLE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "attention/split_kv_planner.h"
+
+namespace kiln {
+
+class SequenceTable {
+ public:
+  // One sequence's part of a step: its id and how many new tokens it brings.
+  struct Entry {
+    int64_t id = 0;
+    int q_len = 0;
+  };
+
+  // Creates a table over blocks [0, num_blocks) of `block_size` tokens; a sequence holds at most
+  // max_blocks_per_seq blocks. All three must be positive.
+  SequenceTable(int num_blocks, int block_size, int max_blocks_per_seq);
+
+  // Returns the (q_len, kv_len) of each entry, in order, after making sure every sequence has
+  // blocks for kv_len = Length(id) + q_len tokens. InvalidArgument: an id twice in the step, a
+  // q_len < 1, or a sequence that would pass max_tokens(). ResourceExhausted: the pool lacks the
+  // blocks (names the blocks needed and free). Nothing changes on error.
+  absl::StatusOr<std::vector<SeqLens>> Reserve(absl::Span<const Entry> entries);
+
+  // Advances each entry's length by its q_len (after its step ran). Entries must have been
+  // reserved.
+  void Commit(absl::Span<const Entry> entries);
+
+  // Forgets sequence `id` and returns its blocks to the pool. NotFound for an unknown id.
+  absl::Status Release(int64_t id);
+
+  // Returns the tokens sequence `id` holds (0 for an unknown id).
+  int Length(int64_t id) const;
+  // Returns the blocks of sequence `id`, in position order (empty for an unknown id).
+  absl::Span<const int32_t> Blocks(int64_t id) const;
+  // Returns true if the table knows `id`.
+  bool Contains(int64_t id) const { return sequences_.contains(id); }
+
+  int free_blocks() const { return static_cast<int>(free_.size()); }
+  int num_blocks() const { return num_blocks_; }
+  int block_size() const { return block_size_; }
+  int max_blocks_per_seq() const { return max_blocks_per_seq_; }
+  // Returns the longest sequence a block-table row can describe: max_blocks_per_seq × block_size.
+  int64_t max_tokens() const { return int64_t{max_blocks_per_seq_} * block_size_; }
+  int num_sequences() const { return static_cast<int>(sequences_.size()); }
+
+ private:
+  struct Sequence {
+    int length = 0;
+    std::vector<int32_t> blocks;
+  };
+
+  int BlocksFor(int64_t tokens) const {
+    return static_cast<int>((tokens + block_size_ - 1) / block_size_);
+  }
+
+  int num_blocks_;
+  int block_size_;
+  int max_blocks_per_seq_;
+  std::vector<int32_t> free_;  // a stack: the back is taken first
+  absl::flat_hash_map<int64_t, Sequence> sequences_;
+};
+
+}  // namespace kiln
+
+#endif  // KILN_RUNTIME_RUNNER_SEQUENCE_TABLE_H_

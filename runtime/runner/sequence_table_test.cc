@@ -1,0 +1,132 @@
+#include "runtime/runner/sequence_table.h"
+
+#include <algorithm>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kiln {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+TEST(SequenceTableTest, NewSequencesStartEmptyAndGrowByWholeBlocks) {
+  SequenceTable table(/*num_blocks=*/10, /*block_size=*/16, /*max_blocks_per_seq=*/4);
+  std::vector<SequenceTable::Entry> step = {{7, 16}, {9, 17}};
+  auto lens = table.Reserve(step);
+  ASSERT_TRUE(lens.ok()) << lens.status();
+  ASSERT_EQ(lens->size(), 2u);
+  EXPECT_EQ((*lens)[0].q_len, 16);
+  EXPECT_EQ((*lens)[0].kv_len, 16);
+  EXPECT_EQ((*lens)[1].kv_len, 17);
+  // Exactly one block for 16 tokens (a boundary), two for 17; handed out in ascending order.
+  EXPECT_THAT(table.Blocks(7), ElementsAre(0));
+  EXPECT_THAT(table.Blocks(9), ElementsAre(1, 2));
+  EXPECT_EQ(table.free_blocks(), 7);
+  EXPECT_EQ(table.Length(7), 0);  // not committed yet
+  table.Commit(step);
+  EXPECT_EQ(table.Length(7), 16);
+  EXPECT_EQ(table.Length(9), 17);
+
+  // A decode step at the boundary of sequence 7 takes its second block; 9 needs none.
+  std::vector<SequenceTable::Entry> decode = {{7, 1}, {9, 1}};
+  lens = table.Reserve(decode);
+  ASSERT_TRUE(lens.ok());
+  EXPECT_EQ((*lens)[0].kv_len, 17);
+  EXPECT_EQ((*lens)[1].kv_len, 18);
+  EXPECT_THAT(table.Blocks(7), ElementsAre(0, 3));
+  EXPECT_EQ(table.free_blocks(), 6);
+}
+
+TEST(SequenceTableTest, ReserveWithoutCommitIsRepeatable) {
+  SequenceTable table(8, 16, 8);
+  std::vector<SequenceTable::Entry> step = {{1, 40}};
+  ASSERT_TRUE(table.Reserve(step).ok());
+  const int free_after_first = table.free_blocks();
+  auto again = table.Reserve(step);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)[0].kv_len, 40);
+  EXPECT_EQ(table.free_blocks(), free_after_first);
+}
+
+TEST(SequenceTableTest, ErrorsChangeNothing) {
+  SequenceTable table(/*num_blocks=*/4, /*block_size=*/16, /*max_blocks_per_seq=*/3);
+  ASSERT_TRUE(table.Reserve(std::vector<SequenceTable::Entry>{{1, 20}}).ok());
+  const int free_before = table.free_blocks();
+
+  auto dup = table.Reserve(std::vector<SequenceTable::Entry>{{2, 1}, {2, 1}});
+  EXPECT_EQ(dup.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(dup.status().message(), HasSubstr("appears twice"));
+
+  auto empty = table.Reserve(std::vector<SequenceTable::Entry>{{3, 0}});
+  EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
+
+  auto too_long = table.Reserve(std::vector<SequenceTable::Entry>{{4, 49}});
+  EXPECT_EQ(too_long.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(too_long.status().message(), HasSubstr("max_model_len"));
+
+  // 2 free blocks; sequence 5 needs 3 (48 tokens): nothing is taken, 6 gets nothing either.
+  auto full = table.Reserve(std::vector<SequenceTable::Entry>{{6, 1}, {5, 48}});
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(full.status().message(), HasSubstr("needs 4 more KV blocks but 2"));
+  EXPECT_EQ(table.free_blocks(), free_before);
+  EXPECT_FALSE(table.Contains(5));
+  EXPECT_FALSE(table.Contains(6));
+}
+
+TEST(SequenceTableTest, ReleaseReturnsBlocksForReuse) {
+  SequenceTable table(6, 16, 6);
+  ASSERT_TRUE(table.Reserve(std::vector<SequenceTable::Entry>{{1, 64}, {2, 32}}).ok());
+  EXPECT_EQ(table.free_blocks(), 0);
+  ASSERT_TRUE(table.Release(1).ok());
+  EXPECT_EQ(table.free_blocks(), 4);
+  EXPECT_EQ(table.Release(1).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(table.Reserve(std::vector<SequenceTable::Entry>{{3, 64}}).ok());
+  std::set<int32_t> got(table.Blocks(3).begin(), table.Blocks(3).end());
+  EXPECT_EQ(got, (std::set<int32_t>{0, 1, 2, 3}));
+}
+
+// Random admissions, growth and releases never hand one block to two sequences and never lose
+// one.
+TEST(SequenceTableTest, RandomTrafficKeepsBlocksDisjoint) {
+  std::mt19937 rng(std::random_device{}());
+  SequenceTable table(/*num_blocks=*/64, /*block_size=*/16, /*max_blocks_per_seq=*/16);
+  std::vector<int64_t> live;
+  int64_t next_id = 0;
+  for (int round = 0; round < 2000; ++round) {
+    const int action = static_cast<int>(rng() % 3);
+    if (action == 0 || live.empty()) {
+      const int len = 1 + static_cast<int>(rng() % 100);
+      if (table.Reserve(std::vector<SequenceTable::Entry>{{next_id, len}}).ok()) {
+        table.Commit(std::vector<SequenceTable::Entry>{{next_id, len}});
+        live.push_back(next_id);
+      }
+      ++next_id;
+    } else if (action == 1) {
+      const int64_t id = live[rng() % live.size()];
+      const SequenceTable::Entry e{id, 1 + static_cast<int>(rng() % 20)};
+      if (table.Reserve({&e, 1}).ok()) table.Commit({&e, 1});
+    } else {
+      const size_t i = rng() % live.size();
+      ASSERT_TRUE(table.Release(live[i]).ok());
+      live.erase(live.begin() + i);
+    }
+    std::set<int32_t> used;
+    int total = 0;
+    for (int64_t id : live) {
+      ASSERT_EQ(static_cast<int>(table.Blocks(id).size()), (table.Length(id) + 15) / 16);
+      for (int32_t b : table.Blocks(id)) {
+        ASSERT_TRUE(used.insert(b).second) << "block " << b << " owned twice";
+        ++total;
+      }
+    }
+    ASSERT_EQ(total + table.free_blocks(), 64);
+  }
+}
+
+}  // namespace
+}  // namespace kiln

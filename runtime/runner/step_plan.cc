@@ -1,0 +1,227 @@
+#include "runtime/runner/step_plan.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace kiln {
+namespace {
+
+constexpr size_t kAlign = 256;
+
+size_t AlignUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+}  // namespace
+
+absl::StatusOr<StepKeys> StepKeys::Create(const StepLimits& limits, const CaptureSizes* decode,
+                                          const CaptureSizes* prefill) {
+  if (limits.max_num_seqs < 1 || limits.max_num_batched_tokens < limits.max_num_seqs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Step limits max_num_seqs ", limits.max_num_seqs, " and max_num_batched_tokens ",
+        limits.max_num_batched_tokens,
+        " must be positive with max_num_batched_tokens >= max_num_seqs"));
+  }
+  StepKeys keys;
+  keys.limits_ = limits;
+  if (decode != nullptr) {
+    if (decode->max_size() > limits.max_num_seqs) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Decode capture size ", decode->max_size(), " exceeds max_num_seqs ",
+                       limits.max_num_seqs, "; remove it or raise max_num_seqs"));
+    }
+    keys.decode_index_.assign(decode->max_size() + 1, -1);
+    for (int size : decode->sizes()) {
+      StepKey k;
+      k.key = {GraphMode::kDecode, size};
+      k.max_tokens = size;
+      k.max_rows = size;
+      k.decode_part = true;
+      keys.keys_.push_back(k);
+    }
+    for (int b = 1; b <= decode->max_size(); ++b) {
+      keys.decode_index_[b] = keys.Find({GraphMode::kDecode, *decode->PaddedSize(b)});
+    }
+  }
+  if (prefill != nullptr) {
+    if (prefill->max_size() > limits.max_num_batched_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Prefill capture size ", prefill->max_size(), " exceeds max_num_batched_tokens ",
+          limits.max_num_batched_tokens, "; remove it or raise max_num_batched_tokens"));
+    }
+    keys.prefill_index_.assign(prefill->max_size() + 1, -1);
+    for (int size : prefill->sizes()) {
+      StepKey k;
+      k.key = {GraphMode::kPrefill, size};
+      k.max_tokens = size;
+      k.max_rows = std::min(size, limits.max_num_seqs);
+      k.decode_part = true;
+      k.prefill_part = true;
+      keys.keys_.push_back(k);
+    }
+    for (int t = 1; t <= prefill->max_size(); ++t) {
+      keys.prefill_index_[t] = keys.Find({GraphMode::kPrefill, *prefill->PaddedSize(t)});
+    }
+  }
+  StepKey eager;
+  eager.key = {GraphMode::kMixed, limits.max_num_batched_tokens};
+  eager.max_tokens = limits.max_num_batched_tokens;
+  eager.max_rows = limits.max_num_seqs;
+  eager.decode_part = true;
+  eager.prefill_part = true;
+  eager.eager_only = true;
+  keys.keys_.push_back(eager);
+  return keys;
+}
+
+int StepKeys::Find(CaptureKey key) const {
+  for (size_t i = 0; i < keys_.size(); ++i) {
+    if (keys_[i].key == key && !keys_[i].eager_only) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+absl::Status StepKeys::Check(absl::Span<const SeqLens> seqs) const {
+  if (seqs.empty()) {
+    return absl::InvalidArgumentError("The step has no sequences; give at least one");
+  }
+  if (static_cast<int>(seqs.size()) > limits_.max_num_seqs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("The step has ", seqs.size(), " sequences, above max_num_seqs ",
+                     limits_.max_num_seqs, "; split it into smaller steps"));
+  }
+  int64_t tokens = 0;
+  for (const SeqLens& s : seqs) {
+    if (s.q_len < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("A sequence of the step brings ", s.q_len, " tokens; each needs at least 1"));
+    }
+    tokens += s.q_len;
+  }
+  if (tokens > limits_.max_num_batched_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "The step has ", tokens, " tokens, above max_num_batched_tokens ",
+        limits_.max_num_batched_tokens, "; chunk the prefill into smaller steps"));
+  }
+  return absl::OkStatus();
+}
+
+StepRoute StepKeys::Route(absl::Span<const SeqLens> seqs) const {
+  const int num_seqs = static_cast<int>(seqs.size());
+  int tokens = 0;
+  bool decode_only = true;
+  for (const SeqLens& s : seqs) {
+    tokens += s.q_len;
+    decode_only = decode_only && s.q_len == 1;
+  }
+  StepRoute route;
+  if (decode_only && num_seqs < static_cast<int>(decode_index_.size())) {
+    route.key_index = decode_index_[num_seqs];
+  } else if (!decode_only && tokens < static_cast<int>(prefill_index_.size())) {
+    route.key_index = prefill_index_[tokens];
+  }
+  if (route.key_index < 0) {
+    route.key_index = eager_index();
+    route.num_tokens = tokens;
+    route.num_rows = num_seqs;
+    return route;
+  }
+  route.num_tokens = keys_[route.key_index].max_tokens;
+  route.num_rows = keys_[route.key_index].max_rows;
+  return route;
+}
+
+SplitKvPlannerOptions PlannerOptionsFor(const StepKey& key, int num_q_heads, int num_kv_heads,
+                                        int head_dim, int sm_count, int max_kv_len,
+                                        int prefill_tile_rows) {
+  SplitKvPlannerOptions o;
+  o.num_q_heads = num_q_heads;
+  o.num_kv_heads = num_kv_heads;
+  o.head_dim = head_dim;
+  o.sm_count = sm_count;
+  o.key = {key.max_rows, key.max_tokens, max_kv_len};
+  o.decode.tile_rows = key.decode_part ? num_q_heads / num_kv_heads : 0;
+  o.prefill.tile_rows = key.prefill_part ? prefill_tile_rows : 0;
+  return o;
+}
+
+MetadataLayout MetadataLayout::Create(const StepKey& key, size_t plan_bytes,
+                                      int max_blocks_per_seq) {
+  MetadataLayout l;
+  l.max_tokens = key.max_tokens;
+  l.max_rows = key.max_rows;
+  l.max_blocks_per_seq = max_blocks_per_seq;
+  size_t at = 0;
+  auto take = [&at](size_t bytes) {
+    const size_t here = at;
+    at += AlignUp(bytes);
+    return here;
+  };
+  l.token_ids = take(sizeof(int32_t) * key.max_tokens);
+  l.positions = take(sizeof(int32_t) * key.max_tokens);
+  l.last_token_rows = take(sizeof(int32_t) * key.max_rows);
+  l.plan = take(plan_bytes);
+  l.block_table = take(sizeof(int32_t) * key.max_rows * static_cast<size_t>(max_blocks_per_seq));
+  l.bytes = at;
+  return l;
+}
+
+absl::Status FillStepInputs(const MetadataLayout& layout, const StepRoute& route,
+                            absl::Span<const SeqLens> seqs,
+                            absl::Span<const absl::Span<const int32_t>> tokens,
+                            absl::Span<const absl::Span<const int32_t>> blocks, int block_size,
+                            void* blob) {
+  const int num_seqs = static_cast<int>(seqs.size());
+  if (tokens.size() != seqs.size() || blocks.size() != seqs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Step inputs disagree: ", seqs.size(), " sequences, ", tokens.size(), " token lists, ",
+        blocks.size(), " block lists"));
+  }
+  if (route.num_tokens > layout.max_tokens || route.num_rows > layout.max_rows ||
+      num_seqs > route.num_rows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Step of ", num_seqs, " sequences at ", route.num_tokens, " token rows and ",
+        route.num_rows, " logits rows does not fit the layout (", layout.max_tokens, " tokens, ",
+        layout.max_rows, " rows)"));
+  }
+  char* base = static_cast<char*>(blob);
+  int32_t* ids = reinterpret_cast<int32_t*>(base + layout.token_ids);
+  int32_t* positions = reinterpret_cast<int32_t*>(base + layout.positions);
+  int32_t* last = reinterpret_cast<int32_t*>(base + layout.last_token_rows);
+  int32_t* table = reinterpret_cast<int32_t*>(base + layout.block_table);
+  int row = 0;
+  for (int i = 0; i < num_seqs; ++i) {
+    const SeqLens& s = seqs[i];
+    if (static_cast<int>(tokens[i].size()) != s.q_len) {
+      return absl::InvalidArgumentError(absl::StrCat("Sequence ", i, " has ", tokens[i].size(),
+                                                     " tokens but q_len ", s.q_len));
+    }
+    if (row + s.q_len > route.num_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat("The step's tokens exceed its ",
+                                                     route.num_tokens, " token rows"));
+    }
+    const int needed = (s.kv_len + block_size - 1) / block_size;
+    if (static_cast<int>(blocks[i].size()) < needed ||
+        static_cast<int>(blocks[i].size()) > layout.max_blocks_per_seq) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Sequence ", i, " has ", blocks[i].size(), " KV blocks; its ", s.kv_len,
+          " tokens need ", needed, " and a row holds at most ", layout.max_blocks_per_seq));
+    }
+    const int first_position = s.kv_len - s.q_len;
+    for (int j = 0; j < s.q_len; ++j) {
+      ids[row + j] = tokens[i][j];
+      positions[row + j] = first_position + j;
+    }
+    row += s.q_len;
+    last[i] = row - 1;
+    int32_t* table_row = table + static_cast<size_t>(i) * layout.max_blocks_per_seq;
+    std::memcpy(table_row, blocks[i].data(), blocks[i].size() * sizeof(int32_t));
+    std::fill(table_row + blocks[i].size(), table_row + layout.max_blocks_per_seq, -1);
+  }
+  std::fill(ids + row, ids + route.num_tokens, -1);
+  std::fill(positions + row, positions + route.num_tokens, 0);
+  std::fill(last + num_seqs, last + route.num_rows, -1);
+  return absl::OkStatus();
+}
+
+}  // namespace kiln

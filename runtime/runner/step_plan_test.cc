@@ -1,0 +1,177 @@
+#include "runtime/runner/step_plan.h"
+
+#include <cstring>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kiln {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Fixture {
+  CaptureSizes decode = *CaptureSizes::Decode(64);       // 1, 2, 4, 8, ..., 64
+  CaptureSizes prefill = *CaptureSizes::Prefill(512);    // 16, 32, 48, 64, 96, ..., 512
+  StepKeys keys = *StepKeys::Create({64, 1024}, &decode, &prefill);
+};
+
+std::vector<SeqLens> Decodes(int n, int kv = 100) { return std::vector<SeqLens>(n, {1, kv}); }
+
+TEST(StepKeysTest, KeysCoverEverySizeAndTheEagerKey) {
+  Fixture f;
+  const size_t expected = f.decode.sizes().size() + f.prefill.sizes().size() + 1;
+  ASSERT_EQ(f.keys.keys().size(), expected);
+  const StepKey& eager = f.keys.key(f.keys.eager_index());
+  EXPECT_TRUE(eager.eager_only);
+  EXPECT_EQ(eager.max_tokens, 1024);
+  EXPECT_EQ(eager.max_rows, 64);
+  const StepKey& p16 = f.keys.key(f.keys.Find({GraphMode::kPrefill, 16}));
+  EXPECT_EQ(p16.max_rows, 16);
+  EXPECT_TRUE(p16.decode_part && p16.prefill_part);
+  const StepKey& p512 = f.keys.key(f.keys.Find({GraphMode::kPrefill, 512}));
+  EXPECT_EQ(p512.max_rows, 64);  // capped at max_num_seqs
+  const StepKey& d8 = f.keys.key(f.keys.Find({GraphMode::kDecode, 8}));
+  EXPECT_TRUE(d8.decode_part);
+  EXPECT_FALSE(d8.prefill_part);
+}
+
+TEST(StepKeysTest, DecodeBatchesPadToTheNextDecodeSize) {
+  Fixture f;
+  for (int n = 1; n <= 64; ++n) {
+    const StepRoute r = f.keys.Route(Decodes(n));
+    const StepKey& k = f.keys.key(r.key_index);
+    EXPECT_EQ(k.key.mode, GraphMode::kDecode);
+    EXPECT_EQ(k.key.size, *f.decode.PaddedSize(n));
+    EXPECT_EQ(r.num_tokens, k.key.size);
+    EXPECT_EQ(r.num_rows, k.key.size);
+    EXPECT_GE(r.num_rows, n);
+  }
+  EXPECT_EQ(f.keys.key(f.keys.Route(Decodes(5)).key_index).key.size, 8);
+}
+
+TEST(StepKeysTest, PrefillAndMixedBatchesPadByTokens) {
+  Fixture f;
+  // One prompt of 20 tokens: prefill/32.
+  StepRoute r = f.keys.Route(std::vector<SeqLens>{{20, 20}});
+  EXPECT_EQ(f.keys.key(r.key_index).key, (CaptureKey{GraphMode::kPrefill, 32}));
+  EXPECT_EQ(r.num_tokens, 32);
+  EXPECT_EQ(r.num_rows, 32);
+  // Mixed: 3 decodes and a 13-token chunk = 16 tokens.
+  r = f.keys.Route(std::vector<SeqLens>{{1, 5}, {13, 13}, {1, 9}, {1, 700}});
+  EXPECT_EQ(f.keys.key(r.key_index).key, (CaptureKey{GraphMode::kPrefill, 16}));
+  // A chunk exactly at a size boundary.
+  r = f.keys.Route(std::vector<SeqLens>{{512, 600}});
+  EXPECT_EQ(f.keys.key(r.key_index).key, (CaptureKey{GraphMode::kPrefill, 512}));
+}
+
+TEST(StepKeysTest, BatchesAboveEveryCapturedSizeRunEagerlyAtExactSizes) {
+  CaptureSizes decode = *CaptureSizes::Decode(64, {1, 2, 4});
+  CaptureSizes prefill = *CaptureSizes::Prefill(512);
+  StepKeys keys = *StepKeys::Create({64, 1024}, &decode, &prefill);
+  StepRoute r = keys.Route(Decodes(5));
+  EXPECT_EQ(r.key_index, keys.eager_index());
+  EXPECT_EQ(r.num_tokens, 5);
+  EXPECT_EQ(r.num_rows, 5);
+  r = keys.Route(std::vector<SeqLens>{{600, 600}, {1, 3}});
+  EXPECT_EQ(r.key_index, keys.eager_index());
+  EXPECT_EQ(r.num_tokens, 601);
+  EXPECT_EQ(r.num_rows, 2);
+  // No prefill keys at all: every prefill is eager.
+  StepKeys decode_only = *StepKeys::Create({64, 1024}, &decode, nullptr);
+  EXPECT_EQ(decode_only.Route(std::vector<SeqLens>{{3, 3}}).key_index, decode_only.eager_index());
+}
+
+TEST(StepKeysTest, CheckNamesTheLimit) {
+  Fixture f;
+  EXPECT_THAT(f.keys.Check({}).message(), HasSubstr("no sequences"));
+  EXPECT_THAT(f.keys.Check(Decodes(65)).message(), HasSubstr("max_num_seqs 64"));
+  EXPECT_THAT(f.keys.Check(std::vector<SeqLens>{{1000, 1000}, {25, 25}}).message(),
+              HasSubstr("max_num_batched_tokens 1024"));
+  EXPECT_TRUE(f.keys.Check(std::vector<SeqLens>{{1000, 1000}, {24, 24}}).ok());
+  EXPECT_EQ(StepKeys::Create({8, 4}, nullptr, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(StepPlanTest, PlannerOptionsFollowTheKey) {
+  Fixture f;
+  const StepKey& d = f.keys.key(f.keys.Find({GraphMode::kDecode, 8}));
+  SplitKvPlannerOptions o = PlannerOptionsFor(d, 32, 8, 64, 132, 4096);
+  EXPECT_EQ(o.decode.tile_rows, 4);
+  EXPECT_EQ(o.prefill.tile_rows, 0);
+  EXPECT_EQ(o.key.max_seqs, 8);
+  EXPECT_EQ(o.key.max_tokens, 8);
+  EXPECT_EQ(o.key.max_kv_len, 4096);
+  ASSERT_TRUE(SplitKvPlanner::Create(o).ok());
+  const StepKey& p = f.keys.key(f.keys.Find({GraphMode::kPrefill, 96}));
+  o = PlannerOptionsFor(p, 32, 8, 64, 132, 4096, 128);
+  EXPECT_EQ(o.decode.tile_rows, 4);
+  EXPECT_EQ(o.prefill.tile_rows, 128);
+  EXPECT_EQ(o.key.max_seqs, 64);
+  EXPECT_EQ(o.key.max_tokens, 96);
+  ASSERT_TRUE(SplitKvPlanner::Create(o).ok());
+}
+
+TEST(StepPlanTest, MetadataLayoutIsAlignedAndTheTableComesLast) {
+  Fixture f;
+  const StepKey& k = f.keys.key(f.keys.Find({GraphMode::kDecode, 8}));
+  const MetadataLayout l = MetadataLayout::Create(k, /*plan_bytes=*/1000, /*blocks=*/32);
+  for (size_t off : {l.token_ids, l.positions, l.last_token_rows, l.plan, l.block_table}) {
+    EXPECT_EQ(off % 256, 0u);
+  }
+  EXPECT_LT(l.plan, l.block_table);
+  EXPECT_GE(l.block_table - l.plan, 1000u);
+  EXPECT_EQ(l.bytes, l.block_table + 8 * 32 * 4);
+  EXPECT_EQ(l.UploadBytes(3), l.block_table + 3 * 32 * 4);
+}
+
+TEST(StepPlanTest, FillWritesTokensPositionsLastRowsAndBlocks) {
+  Fixture f;
+  const StepRoute route = f.keys.Route(std::vector<SeqLens>{{3, 18}, {1, 16}});  // prefill/16
+  const StepKey& key = f.keys.key(route.key_index);
+  ASSERT_EQ(key.key, (CaptureKey{GraphMode::kPrefill, 16}));
+  const MetadataLayout l = MetadataLayout::Create(key, 64, /*blocks=*/4);
+  std::vector<char> blob(l.bytes, 0x5a);  // poisoned
+  const std::vector<SeqLens> seqs = {{3, 18}, {1, 16}};
+  const std::vector<int32_t> t0 = {5, 6, 7}, t1 = {9};
+  const std::vector<int32_t> b0 = {4, 2}, b1 = {7};
+  const std::vector<absl::Span<const int32_t>> tokens = {t0, t1}, blocks = {b0, b1};
+  ASSERT_TRUE(FillStepInputs(l, route, seqs, tokens, blocks, 16, blob.data()).ok());
+  auto ints = [&](size_t off) { return reinterpret_cast<const int32_t*>(blob.data() + off); };
+  const int32_t* ids = ints(l.token_ids);
+  const int32_t* pos = ints(l.positions);
+  EXPECT_EQ(std::vector<int32_t>(ids, ids + 6), (std::vector<int32_t>{5, 6, 7, 9, -1, -1}));
+  EXPECT_EQ(ids[15], -1);
+  // Sequence 0 holds 18 tokens of which 3 are new: positions 15, 16, 17 (crossing a block).
+  EXPECT_EQ(std::vector<int32_t>(pos, pos + 5), (std::vector<int32_t>{15, 16, 17, 15, 0}));
+  const int32_t* last = ints(l.last_token_rows);
+  EXPECT_EQ(last[0], 2);
+  EXPECT_EQ(last[1], 3);
+  EXPECT_EQ(last[2], -1);
+  EXPECT_EQ(last[15], -1);
+  const int32_t* table = ints(l.block_table);
+  EXPECT_EQ(std::vector<int32_t>(table, table + 8),
+            (std::vector<int32_t>{4, 2, -1, -1, 7, -1, -1, -1}));
+}
+
+TEST(StepPlanTest, FillRejectsInconsistentInputs) {
+  Fixture f;
+  const std::vector<SeqLens> seqs = {{2, 40}};
+  const StepRoute route = f.keys.Route(seqs);
+  const MetadataLayout l = MetadataLayout::Create(f.keys.key(route.key_index), 64, 4);
+  std::vector<char> blob(l.bytes);
+  const std::vector<int32_t> one = {1}, two = {1, 2}, few_blocks = {0, 1}, blocks = {0, 1, 2};
+  std::vector<absl::Span<const int32_t>> t = {one}, b = {blocks};
+  EXPECT_THAT(FillStepInputs(l, route, seqs, t, b, 16, blob.data()).message(),
+              HasSubstr("q_len 2"));
+  t = {two};
+  b = {few_blocks};
+  EXPECT_THAT(FillStepInputs(l, route, seqs, t, b, 16, blob.data()).message(),
+              HasSubstr("need 3"));
+  b = {blocks};
+  EXPECT_TRUE(FillStepInputs(l, route, seqs, t, b, 16, blob.data()).ok());
+}
+
+}  // namespace
+}  // namespace kiln

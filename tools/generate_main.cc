@@ -1,0 +1,257 @@
+// generate: runs a Llama-family model through kiln's Runner on prompts of random tokens (or given
+// ids) and reports what it costs: memory, capture time, prefill time, decode step latency and
+// tokens per second for each batch size.
+//
+//   bazel run -c opt //tools:generate                                  # 1B-class, random weights
+//   bazel run -c opt //tools:generate -- --batch=1,8,32 --prompt_len=512 --gen_tokens=128
+//   bazel run -c opt //tools:generate -- --prompt_ids=128000,791,6460 --gen_tokens=16 --batch=1
+//   bazel run -c opt //tools:generate -- --graphs=piecewise      # or none
+//
+// The default model is the 1B-class shape (llama-3.2-1b preset: hidden 2048, 16 layers, 32/8 heads
+// of 64, ffn 8192, vocab 128256) with seeded random weights, so the tokens are meaningless but the
+// work is the real work. Exit codes: 0 on success, 2 for bad flags, 1 for a runtime error.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "runtime/config/config_loader.h"
+#include "runtime/cuda/device_info.h"
+#include "runtime/cuda/status_macros.h"
+#include "runtime/memory/memory_planner.h"
+#include "runtime/runner/runner.h"
+
+ABSL_FLAG(std::string, preset, "llama-3.2-1b", "Model preset (random weights of its shape)");
+ABSL_FLAG(std::string, config, "", "PlannerConfig file (textproto or JSON) layered under the flags");
+ABSL_FLAG(std::string, graphs, "full", "CUDA graphs: full, piecewise or none");
+ABSL_FLAG(std::string, batch, "1,8,32", "Comma-separated batch sizes to run, one after another");
+ABSL_FLAG(int, prompt_len, 128, "Tokens per random prompt");
+ABSL_FLAG(std::string, prompt_ids, "",
+          "Comma-separated token ids used as every sequence's prompt instead of random tokens");
+ABSL_FLAG(int, gen_tokens, 64, "Tokens to generate per sequence");
+ABSL_FLAG(int, max_num_seqs, 256, "Most sequences in one step (and the largest decode graph)");
+ABSL_FLAG(int, max_num_batched_tokens, 8192, "Most tokens in one step (the prefill chunk)");
+ABSL_FLAG(int, max_model_len, 4096, "Longest sequence");
+ABSL_FLAG(int64_t, max_kv_blocks, 0, "Use at most this many KV blocks (0: what the planner gives)");
+ABSL_FLAG(double, gpu_memory_utilization, 0.9, "Fraction of the GPU's memory to plan for");
+ABSL_FLAG(bool, capture_prefill, true, "Also capture prefill graphs (up to 512 tokens)");
+ABSL_FLAG(uint64_t, seed, 1, "Seed of the random weights and prompts");
+
+namespace kiln {
+namespace {
+
+absl::StatusOr<std::vector<int>> ParseInts(const std::string& text, const char* flag) {
+  std::vector<int> out;
+  for (absl::string_view piece : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    int v = 0;
+    if (!absl::SimpleAtoi(piece, &v)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, " has \"", piece, "\", which is not an integer"));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+struct BatchResult {
+  int batch = 0;
+  double prefill_ms = 0;
+  int prefill_steps = 0;
+  double device_ms = 0;  // median decode step on the device
+  double step_ms = 0;    // median decode step, host wall time
+  double tokens_per_s = 0;
+  std::vector<int32_t> first_tokens;
+};
+
+// Prefills `prompts` (chunked into steps of at most max_num_batched_tokens), then decodes
+// gen_tokens steps for all of them.
+absl::StatusOr<BatchResult> RunBatch(Runner& runner, const std::vector<std::vector<int32_t>>& prompts,
+                                     int gen_tokens, int64_t first_id) {
+  BatchResult r;
+  r.batch = static_cast<int>(prompts.size());
+  const int max_tokens = runner.memory_plan().config.max_num_batched_tokens();
+  std::vector<int32_t> next(prompts.size());
+  std::vector<size_t> done(prompts.size(), 0);
+  auto t0 = std::chrono::steady_clock::now();
+  for (bool left = true; left;) {
+    std::vector<SequenceTokens> step;
+    std::vector<size_t> index;
+    int tokens = 0;
+    for (size_t i = 0; i < prompts.size() && tokens < max_tokens; ++i) {
+      if (done[i] == prompts[i].size()) continue;
+      const size_t take = std::min<size_t>(prompts[i].size() - done[i], max_tokens - tokens);
+      step.push_back({first_id + static_cast<int64_t>(i),
+                      std::vector<int32_t>(prompts[i].begin() + done[i],
+                                           prompts[i].begin() + done[i] + take)});
+      index.push_back(i);
+      done[i] += take;
+      tokens += static_cast<int>(take);
+    }
+    if (step.empty()) break;
+    ASSIGN_OR_RETURN(std::vector<int32_t> out, runner.Step(step));
+    for (size_t j = 0; j < index.size(); ++j) next[index[j]] = out[j];
+    ++r.prefill_steps;
+    left = false;
+    for (size_t i = 0; i < prompts.size(); ++i) left = left || done[i] < prompts[i].size();
+  }
+  r.prefill_ms = Since(t0);
+  r.first_tokens.push_back(next[0]);
+
+  std::vector<double> device, wall;
+  t0 = std::chrono::steady_clock::now();
+  for (int s = 1; s < gen_tokens; ++s) {
+    std::vector<SequenceTokens> step;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      step.push_back({first_id + static_cast<int64_t>(i), {std::max(next[i], 0)}});
+    }
+    const auto s0 = std::chrono::steady_clock::now();
+    ASSIGN_OR_RETURN(next, runner.Step(step));
+    wall.push_back(Since(s0));
+    device.push_back(runner.last_step().device_ms);
+    r.first_tokens.push_back(next[0]);
+  }
+  const double decode_ms = Since(t0);
+  r.device_ms = Median(device);
+  r.step_ms = Median(wall);
+  r.tokens_per_s = decode_ms > 0 ? 1e3 * (gen_tokens - 1) * prompts.size() / decode_ms : 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    RETURN_IF_ERROR(runner.Release(first_id + static_cast<int64_t>(i)));
+  }
+  return r;
+}
+
+int Run(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Runs a model through kiln's Runner and reports memory, capture time, latency and "
+      "throughput.\n  generate --batch=1,8,32 --prompt_len=128 --gen_tokens=64");
+  absl::ParseCommandLine(argc, argv);
+  auto fail = [](const absl::Status& s, int code) {
+    std::fprintf(stderr, "generate: %s\n", std::string(s.message()).c_str());
+    return code;
+  };
+  RunnerOptions options;
+  if (!absl::GetFlag(FLAGS_config).empty()) {
+    absl::StatusOr<config::PlannerConfig> file = LoadPlannerConfigFile(absl::GetFlag(FLAGS_config));
+    if (!file.ok()) return fail(file.status(), 2);
+    options.config = *file;
+  }
+  if (!options.config.has_model_preset() && !options.config.model().has_hidden_size()) {
+    options.config.set_model_preset(absl::GetFlag(FLAGS_preset));
+  }
+  options.config.set_max_num_seqs(absl::GetFlag(FLAGS_max_num_seqs));
+  options.config.set_max_num_batched_tokens(absl::GetFlag(FLAGS_max_num_batched_tokens));
+  options.config.set_gpu_memory_utilization(absl::GetFlag(FLAGS_gpu_memory_utilization));
+  const std::string graphs = absl::GetFlag(FLAGS_graphs);
+  if (graphs == "full") {
+    options.graphs = GraphExecution::kFull;
+  } else if (graphs == "piecewise") {
+    options.graphs = GraphExecution::kPiecewise;
+  } else if (graphs == "none") {
+    options.graphs = GraphExecution::kNone;
+  } else {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+                    "Unknown --graphs \"", graphs, "\"; use full, piecewise or none")),
+                2);
+  }
+  options.max_model_len = absl::GetFlag(FLAGS_max_model_len);
+  options.max_kv_blocks = absl::GetFlag(FLAGS_max_kv_blocks);
+  options.capture_prefill = absl::GetFlag(FLAGS_capture_prefill);
+  options.weight_seed = absl::GetFlag(FLAGS_seed);
+  options.time_steps = true;
+
+  absl::StatusOr<std::vector<int>> batches = ParseInts(absl::GetFlag(FLAGS_batch), "batch");
+  if (!batches.ok()) return fail(batches.status(), 2);
+  absl::StatusOr<std::vector<int>> ids = ParseInts(absl::GetFlag(FLAGS_prompt_ids), "prompt_ids");
+  if (!ids.ok()) return fail(ids.status(), 2);
+  const int prompt_len = ids->empty() ? absl::GetFlag(FLAGS_prompt_len) : ids->size();
+  const int gen_tokens = absl::GetFlag(FLAGS_gen_tokens);
+  if (prompt_len < 1 || gen_tokens < 1) {
+    return fail(absl::InvalidArgumentError("--prompt_len and --gen_tokens must be positive"), 2);
+  }
+  if (DeviceCount() == 0) {
+    return fail(absl::FailedPreconditionError("No CUDA device is visible; generate needs a GPU"),
+                1);
+  }
+
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<std::unique_ptr<Runner>> created = Runner::Create(options);
+  if (!created.ok()) return fail(created.status(), 1);
+  Runner& runner = **created;
+  const LlamaShape& shape = runner.shape();
+  std::printf("model: %s (%s, random weights, seed %llu)\n",
+              runner.memory_plan().config.model().name().c_str(), shape.ToString().c_str(),
+              static_cast<unsigned long long>(options.weight_seed));
+  std::printf("created in %.2f s; device memory (requested / measured):\n", Since(t0) / 1e3);
+  for (const RunnerMemoryItem& item : runner.memory().items) {
+    std::printf("  %-20s %12s %12s\n", item.name.c_str(), FormatBytes(item.requested_bytes).c_str(),
+                FormatBytes(item.measured_bytes).c_str());
+  }
+  std::printf("  KV cache: %d blocks of %d tokens\n", runner.num_kv_blocks(),
+              runner.sequences().block_size());
+
+  absl::StatusOr<RunnerCaptureSummary> captured = runner.Capture();
+  if (!captured.ok()) return fail(captured.status(), 1);
+  std::printf("graphs (%s): %s\n", GraphExecutionName(options.graphs),
+              captured->ToString().c_str());
+
+  std::mt19937_64 rng(options.weight_seed);
+  std::printf("\n%6s %8s %12s %10s %16s %14s %12s\n", "batch", "prompt", "prefill ms",
+              "steps", "decode ms (gpu)", "step ms (host)", "tokens/s");
+  std::vector<BatchResult> results;
+  int64_t first_id = 0;
+  for (int b : *batches) {
+    if (b < 1 || b > runner.memory_plan().config.max_num_seqs()) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+                      "--batch ", b, " is outside [1, max_num_seqs ",
+                      runner.memory_plan().config.max_num_seqs(), "]")),
+                  2);
+    }
+    std::vector<std::vector<int32_t>> prompts(b);
+    for (auto& p : prompts) {
+      if (!ids->empty()) {
+        p.assign(ids->begin(), ids->end());
+      } else {
+        for (int i = 0; i < prompt_len; ++i) p.push_back(static_cast<int32_t>(rng() % shape.vocab));
+      }
+    }
+    absl::StatusOr<BatchResult> r = RunBatch(runner, prompts, gen_tokens, first_id);
+    if (!r.ok()) return fail(r.status(), 1);
+    first_id += b;
+    std::printf("%6d %8d %12.2f %10d %16.3f %14.3f %12.0f\n", b, prompt_len, r->prefill_ms,
+                r->prefill_steps, r->device_ms, r->step_ms, r->tokens_per_s);
+    results.push_back(*r);
+  }
+  for (const BatchResult& r : results) {
+    const size_t shown = std::min<size_t>(r.first_tokens.size(), 16);
+    std::printf("batch %d, sequence 0 generated: %s%s\n", r.batch,
+                absl::StrJoin(r.first_tokens.begin(), r.first_tokens.begin() + shown, " ").c_str(),
+                r.first_tokens.size() > shown ? " ..." : "");
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace kiln
+
+int main(int argc, char** argv) { return kiln::Run(argc, argv); }

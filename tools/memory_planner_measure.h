@@ -1,0 +1,55 @@
+// The memory planner's --measure mode: builds the Runner for real on GPU 0 from a planner config
+// (weights, KV cache, activation arena, graph pool, logits, captures of every planned graph) and
+// puts each term the planner predicted beside what the device's free memory says it cost.
+//
+//   ASSIGN_OR_RETURN(kiln::MeasuredPlan m, kiln::MeasurePlan(config));
+//   std::cout << kiln::RenderMeasured(m);   // predicted | measured | note, then a Calibration
+//
+// Measured: every allocation as a cudaMemGetInfo delta; the CUDA context and kernel modules as
+// what the device lost before the first allocation plus what lazily loaded modules took during a
+// first eager step; the graph executables as the delta across Capture (the pool is reserved
+// before it); the pool's high-water mark. From these it derives the calibration constants
+// (graph_bytes_per_node, activation_bytes_per_token, margin). Needs a GPU; not thread-safe.
+#ifndef KILN_TOOLS_MEMORY_PLANNER_MEASURE_H_
+#define KILN_TOOLS_MEMORY_PLANNER_MEASURE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/config/planner_config.pb.h"
+#include "runtime/memory/memory_planner.h"
+
+namespace kiln {
+
+// One line of the comparison.
+struct MeasuredTerm {
+  std::string name;       // the planner's term name
+  int64_t predicted = 0;  // the planner's bytes
+  int64_t measured = 0;   // what the device lost for it
+  std::string note;
+};
+
+struct MeasuredPlan {
+  MemoryPlan plan;  // what the planner predicted for the device
+  std::vector<MeasuredTerm> terms;
+  int num_graphs = 0;
+  int64_t num_nodes = 0;
+  double capture_seconds = 0;
+  int64_t pool_high_water = 0;
+  int largest_capture = 0;
+  // Calibration derived from the measurement.
+  config::Calibration calibration;
+};
+
+// Runs the measurement for `config` on GPU 0 (gpu_preset "auto" or no GPU fields: the device's own
+// numbers). FailedPrecondition without a GPU; what Runner::Create returns on bad input.
+absl::StatusOr<MeasuredPlan> MeasurePlan(const config::PlannerConfig& config);
+
+// Returns the comparison as a table followed by the calibration as a textproto block.
+std::string RenderMeasured(const MeasuredPlan& measured);
+
+}  // namespace kiln
+
+#endif  // KILN_TOOLS_MEMORY_PLANNER_MEASURE_H_
