@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 
@@ -11,6 +12,7 @@
 #include "runtime/cuda/device_buffer.h"
 #include "runtime/cuda/status.h"
 #include "runtime/model/internal/weight_init.h"
+#include "runtime/model/tensor_parallel.h"
 
 namespace kiln {
 namespace {
@@ -35,7 +37,80 @@ __global__ void FillUniformKernel(uint16_t* __restrict__ out, int64_t n, interna
   }
 }
 
+// Where a shard's rows come from (tensor_parallel.h's WeightShardMap, flattened for a kernel).
+struct ShardFillArgs {
+  int64_t local_cols = 0;
+  int num_runs = 0;
+  int64_t local_first[3] = {};
+  int64_t full_first[3] = {};
+  int64_t count[3] = {};
+  int64_t full_cols = 0;
+  int64_t col_offset = 0;
+};
+
+// Fills `n` bf16 values of a shard with the values the full tensor has at the same places: the
+// initialiser is a function of the full tensor's flat index, so no full copy is ever made.
+__global__ void FillUniformShardKernel(uint16_t* __restrict__ out, int64_t n, ShardFillArgs a,
+                                       internal::UniformInit init) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int64_t row = i / a.local_cols;
+    const int64_t col = i - row * a.local_cols;
+    int64_t full_row = row;
+    for (int k = 0; k < a.num_runs; ++k) {
+      if (row >= a.local_first[k] && row < a.local_first[k] + a.count[k]) {
+        full_row = a.full_first[k] + (row - a.local_first[k]);
+      }
+    }
+    out[i] = internal::InitValueBits(
+        init, static_cast<uint64_t>(full_row * a.full_cols + a.col_offset + col));
+  }
+}
+
 }  // namespace
+
+absl::StatusOr<LlamaDeviceWeights> LlamaDeviceWeights::RandomShard(const LlamaShape& full,
+                                                                   int tp_size, int rank,
+                                                                   uint64_t seed,
+                                                                   cudaStream_t stream) {
+  ASSIGN_OR_RETURN(LlamaShape local, RankShape(full, tp_size));
+  ASSIGN_OR_RETURN(LlamaWeightLayout full_layout, LlamaWeightLayout::Create(full));
+  ASSIGN_OR_RETURN(LlamaDeviceWeights weights, Allocate(local));
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(weights.buffer_.data(), 0, weights.buffer_.size(), stream));
+  for (const WeightTensor& t : weights.layout_.tensors()) {
+    ASSIGN_OR_RETURN(WeightShardMap map, ShardMapFor(full, tp_size, rank, t.index));
+    // The full tensor decides the range (its fan-in) and the stream (its index).
+    const WeightTensor& full_tensor = full_layout.tensors()[t.index];
+    const WeightInitRange range = InitRangeFor(full_tensor);
+    const internal::UniformInit init =
+        internal::MakeUniformInit(seed, full_tensor.index, range.amplitude, range.centre);
+    const int64_t n = t.elements();
+    constexpr int kThreads = 256;
+    uint16_t* out =
+        reinterpret_cast<uint16_t*>(static_cast<char*>(weights.buffer_.data()) + t.offset);
+    if (map.identity) {
+      const int64_t blocks = (n + 8 * kThreads - 1) / (8 * kThreads);
+      FillUniformKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(out, n, init);
+    } else {
+      ShardFillArgs args;
+      args.local_cols = t.cols;
+      args.num_runs = static_cast<int>(map.rows.size());
+      for (int k = 0; k < args.num_runs && k < 3; ++k) {
+        args.local_first[k] = map.rows[k].local_first;
+        args.full_first[k] = map.rows[k].full_first;
+        args.count[k] = map.rows[k].count;
+      }
+      args.full_cols = map.full_cols;
+      args.col_offset = map.col_offset;
+      const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 8192);
+      FillUniformShardKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(out, n, args,
+                                                                                    init);
+    }
+    RETURN_IF_ERROR(
+        ToStatus(cudaGetLastError(), absl::StrCat("random init of weight shard '", t.name, "'")));
+  }
+  return weights;
+}
 
 absl::StatusOr<LlamaDeviceWeights> LlamaDeviceWeights::Allocate(const LlamaShape& shape) {
   ASSIGN_OR_RETURN(LlamaWeightLayout layout, LlamaWeightLayout::Create(shape));

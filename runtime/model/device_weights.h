@@ -34,6 +34,15 @@ class LlamaDeviceWeights {
   static absl::StatusOr<LlamaDeviceWeights> Random(const LlamaShape& shape, uint64_t seed,
                                                    cudaStream_t stream);
 
+  // Allocates rank `rank`'s shard of the seeded random weights of `full` split over `tp_size`
+  // ranks (runtime/model/tensor_parallel.h; laid out for RankShape(full, tp_size)) and fills it
+  // on `stream` (asynchronous) with exactly the bits
+  // ShardLlamaHostWeights(RandomLlamaHostWeights(full, seed), tp_size, rank) holds, so every
+  // tensor-parallel size runs the same logical model. InvalidArgument when `full` does not split.
+  static absl::StatusOr<LlamaDeviceWeights> RandomShard(const LlamaShape& full, int tp_size,
+                                                        int rank, uint64_t seed,
+                                                        cudaStream_t stream);
+
   // Allocates the weights and copies `host` in (waits for the copy: `host` may be freed after).
   static absl::StatusOr<LlamaDeviceWeights> Upload(const LlamaHostWeights& host,
                                                    cudaStream_t stream);

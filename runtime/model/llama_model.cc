@@ -231,19 +231,38 @@ absl::Status LlamaModel::RunAttention(int layer, const LlamaStepArgs& args, cuda
   return RunAttentionStep(step, stream);
 }
 
+bf16* LlamaModel::ProjectionOutput(const Activations& a) const {
+  // The partial sum goes to `normed`, free between its reader (the QKV or gate-up GEMM) and the
+  // next norm: the all-reduce is then out of place, so a graph's one-shot all-reduce may read it
+  // registered, without a copy (AllReduceConfig.graph_one_shot_registered).
+  return options_.communicator != nullptr ? a.normed : a.hidden;
+}
+
+absl::Status LlamaModel::AllReduceProjection(const Activations& a, int num_tokens,
+                                             cudaStream_t stream) {
+  if (options_.communicator == nullptr) return absl::OkStatus();
+  return options_.communicator->AllReduce(
+      a.normed, a.hidden, static_cast<size_t>(num_tokens) * shape().hidden, DataType::kBf16,
+      stream);
+}
+
 absl::Status LlamaModel::PostAttention(int layer, const LlamaStepArgs& args, const Activations& a,
                                        cudaStream_t stream) {
   const LlamaShape& s = shape();
   const LlamaDeviceWeights& w = weights_;
   const int n = args.num_tokens;
   const float eps = static_cast<float>(s.rms_eps);
-  RETURN_IF_ERROR(Linear(a.attn, w.o(layer), a.hidden, n, s.hidden, s.q_width(), false, stream));
+  RETURN_IF_ERROR(
+      Linear(a.attn, w.o(layer), ProjectionOutput(a), n, s.hidden, s.q_width(), false, stream));
+  RETURN_IF_ERROR(AllReduceProjection(a, n, stream));
   CUDA_RETURN_IF_ERROR(LaunchFusedAddRmsNorm(a.hidden, a.residual, w.post_norm(layer), a.normed, n,
                                              s.hidden, eps, stream));
   RETURN_IF_ERROR(
       Linear(a.normed, w.gate_up(layer), a.gate_up, n, 2 * int64_t{s.ffn}, s.hidden, false, stream));
   CUDA_RETURN_IF_ERROR(LaunchSiluMul(a.gate_up, a.act, n, s.ffn, stream));
-  return Linear(a.act, w.down(layer), a.hidden, n, s.hidden, s.ffn, false, stream);
+  RETURN_IF_ERROR(
+      Linear(a.act, w.down(layer), ProjectionOutput(a), n, s.hidden, s.ffn, false, stream));
+  return AllReduceProjection(a, n, stream);
 }
 
 absl::Status LlamaModel::RunPiece(int piece, const LlamaStepArgs& args, cudaStream_t stream) {

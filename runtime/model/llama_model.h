@@ -44,6 +44,11 @@
 // same bits as the graph. The skinny kernel is launched with programmatic dependent launch and
 // the norms and SiLU·mul before it let it start early, so it streams its weights while they run.
 //
+// Tensor parallelism: with LlamaModelOptions::communicator set, the weights are one rank's shard
+// (runtime/model/tensor_parallel.h: heads and MLP columns split, the rest replicated) and the O
+// and down projections' partial sums are all-reduced into `hidden` (the only change to the step;
+// see PostAttention). Every rank then makes the same calls in the same order.
+//
 // Not thread-safe (one stream at a time). The model owns the weights, the KV cache and the GEMM
 // workspace; graphs captured over it must not outlive it.
 #ifndef KILN_RUNTIME_MODEL_LLAMA_MODEL_H_
@@ -60,6 +65,7 @@
 #include "absl/status/statusor.h"
 #include "attention/attention_params.h"
 #include "attention/paged_kv_layout.h"
+#include "collectives/communicator.h"
 #include "runtime/cuda/device_buffer.h"
 #include "runtime/model/device_weights.h"
 #include "runtime/model/gemm.h"
@@ -78,6 +84,9 @@ struct LlamaModelOptions {
   // false leaves attention out of Forward (its output stays zero): only for benchmarks that time
   // the rest of the step. The results are then not the model's.
   bool run_attention = true;
+  // Tensor parallelism (not owned; must outlive the model): the weights are this rank's shard
+  // and the O and down projections are all-reduced over it. Null: one GPU, full weights.
+  Communicator* communicator = nullptr;
 };
 
 // The device views one step reads and writes. All pointers are device memory owned by the
@@ -175,6 +184,11 @@ class LlamaModel {
   // Layer `layer` from the O projection through the down projection.
   absl::Status PostAttention(int layer, const LlamaStepArgs& args, const Activations& a,
                              cudaStream_t stream);
+  // Where the O and down projections write: `hidden`, or with tensor parallelism the partial
+  // sum's buffer that AllReduceProjection sums into `hidden`.
+  __nv_bfloat16* ProjectionOutput(const Activations& a) const;
+  // With tensor parallelism: hidden = the sum over ranks of the projection's partial sums.
+  absl::Status AllReduceProjection(const Activations& a, int num_tokens, cudaStream_t stream);
 
   LlamaDeviceWeights weights_;
   LlamaModelOptions options_;
