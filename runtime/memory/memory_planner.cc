@@ -42,8 +42,8 @@ constexpr int64_t kGraphBytesPerNode = 4 * kKiB;
 // SiLU·mul, down GEMM, residual add. Tensor parallelism adds an all-reduce after O and after down.
 constexpr int64_t kKernelsPerLayer = 11;
 constexpr int64_t kAllReducesPerLayer = 2;
-// Outside the layers: embedding, final RMSNorm, lm head GEMM, greedy sampling; with tensor
-// parallelism also the all-gather of the vocabulary-split logits.
+// Outside the layers: embedding, final RMSNorm, lm head GEMM, greedy sampling (the LM head is
+// replicated over tensor-parallel ranks, so no logits gather).
 constexpr int64_t kKernelsOutsideLayers = 4;
 
 // cuBLASLt workspace for the GEMMs (one stream, one workspace): the cuBLAS documentation
@@ -360,7 +360,9 @@ int64_t WeightParamsPerRank(const ModelShape& model, int tp) {
   const int64_t heads = model.num_heads() / tp;
   const int64_t kv_heads = KvHeadsPerRank(model, tp);
   const int64_t ffn = model.intermediate_size() / tp;
-  const int64_t vocab_rows = CeilDiv(model.vocab_size(), tp);  // vocabulary-parallel embedding
+  // The runner replicates the embedding and LM head on every rank (runtime/model/
+  // tensor_parallel.h): a vocabulary split would save their memory but need a logits gather.
+  const int64_t vocab_rows = model.vocab_size();
 
   const int64_t qkv_width = (heads + 2 * kv_heads) * d;
   const int64_t per_layer = h * qkv_width                               // QKV projection
@@ -401,7 +403,7 @@ int64_t ActivationBytesPerToken(const ModelShape& model, int tp) {
 int64_t GraphNodesPerGraph(const ModelShape& model, int tp) {
   const bool parallel = tp > 1;
   return model.num_layers() * (kKernelsPerLayer + (parallel ? kAllReducesPerLayer : 0)) +
-         kKernelsOutsideLayers + (parallel ? 1 : 0);
+         kKernelsOutsideLayers;
 }
 
 int64_t MemoryPlan::MaxConcurrency(int64_t context_tokens) const {

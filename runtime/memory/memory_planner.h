@@ -96,8 +96,10 @@ PlannerEstimates EstimatesFor(const config::PlannerConfig& resolved);
 // the budget leaves less than one KV block.
 absl::StatusOr<MemoryPlan> PlanMemory(const config::PlannerConfig& config);
 
-// The formulas, for a resolved model shape and tensor-parallel size `tp` (Megatron sharding:
-// heads, MLP width and vocabulary split over ranks; KV heads replicated when fewer than ranks).
+// The formulas, for a resolved model shape and tensor-parallel size `tp`, as kiln's runner shards
+// a model (runtime/model/tensor_parallel.h): query heads and MLP width split over ranks, KV heads
+// split (or one replicated per rank when fewer than ranks); the embedding and LM head are
+// replicated, so every rank computes whole logits and no logits gather is needed.
 
 // Returns the size of one element: 2 for BF16 and FP16, 4 for FP32, 1 for FP8; 0 if unspecified.
 int64_t DTypeBytes(config::DType dtype);
@@ -105,7 +107,7 @@ int64_t DTypeBytes(config::DType dtype);
 // Returns the KV heads one rank holds: num_kv_heads / tp, or 1 when tp > num_kv_heads.
 int KvHeadsPerRank(const config::ModelShape& model, int tp);
 
-// Returns the parameters one rank holds: embedding (vocab rows split), per layer QKV (+ bias),
+// Returns the parameters one rank holds: embedding (every vocab row), per layer QKV (+ bias),
 // O, gate-up, down and two norms, the final norm, and the lm head unless tied.
 int64_t WeightParamsPerRank(const config::ModelShape& model, int tp);
 

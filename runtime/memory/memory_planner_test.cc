@@ -56,11 +56,12 @@ TEST(MemoryPlannerTest, WeightParamsMatchHandCounts) {
 }
 
 TEST(MemoryPlannerTest, TensorParallelShardsWeights) {
-  // Llama-3.1-70B over 4 ranks: 16 query heads and 2 KV heads, 7168 MLP, 32064 vocab rows each.
+  // Llama-3.1-70B over 4 ranks: 16 query heads and 2 KV heads, 7168 MLP, and the whole
+  // 128256-row embedding and LM head (replicated) each.
   const int64_t per_layer =
       8192LL * (16 + 4) * 128 + 16LL * 128 * 8192 + 8192LL * 2 * 7168 + 7168LL * 8192 + 2 * 8192;
-  const int64_t rank = 32064LL * 8192 + 80 * per_layer + 8192 + 32064LL * 8192;
-  EXPECT_EQ(rank, 17639415808);
+  const int64_t rank = 128256LL * 8192 + 80 * per_layer + 8192 + 128256LL * 8192;
+  EXPECT_EQ(rank, 19215425536);
   EXPECT_EQ(WeightParamsPerRank(Preset("llama-3.1-70b"), 4), rank);
 }
 
@@ -212,8 +213,8 @@ TEST(MemoryPlannerTest, TensorParallelAddsCollectivesAndShrinksPerRankWeights) {
   EXPECT_EQ(two.Find("custom_allreduce")->bytes, 16 * kMiB);
   EXPECT_LT(two.Find("weights")->bytes, one.Find("weights")->bytes);
   EXPECT_EQ(two.kv_bytes_per_token * 2, one.kv_bytes_per_token);
-  // With TP each graph has two all-reduces per layer and an all-gather more.
-  EXPECT_EQ(GraphNodesPerGraph(Preset("llama-3.1-8b"), 2), 32 * 13 + 5);
+  // With TP each graph has two all-reduces per layer (the LM head is replicated: no gather).
+  EXPECT_EQ(GraphNodesPerGraph(Preset("llama-3.1-8b"), 2), 32 * 13 + 4);
 }
 
 TEST(MemoryPlannerTest, CalibrationReplacesEstimates) {
