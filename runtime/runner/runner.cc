@@ -13,6 +13,8 @@
 #include "runtime/cuda/status.h"
 #include "runtime/cuda/status_macros.h"
 #include "runtime/model/device_weights.h"
+#include "runtime/model/tensor_parallel.h"
+#include "runtime/runner/rank_agreement.h"
 
 namespace kiln {
 namespace {
@@ -134,11 +136,33 @@ Runner::~Runner() {
 
 absl::Status Runner::Init(const RunnerOptions& options) {
   options_ = options;
+  absl::Status status = InitPlan(options);
+  if (tensor_parallel_size() == 1) {
+    RETURN_IF_ERROR(status);
+    return InitAllocations(options);
+  }
+  // Every rank takes the same path: a rank whose setup failed must not leave the others waiting
+  // in the communicator's creation.
+  HostBootstrap& bootstrap = *options.bootstrap;
+  RETURN_IF_ERROR(AgreeOnStatus(bootstrap, status, "Runner setup"));
+  ASSIGN_OR_RETURN(size_t free_bytes, FreeDeviceBytes());
+  ASSIGN_OR_RETURN(comm_, AutoCommunicator::Create(bootstrap, options.device, options.allreduce));
+  int64_t collective_bytes = 0;
+  for (const char* term : {"custom_allreduce", "nccl"}) {
+    if (const MemoryTerm* t = plan_.Find(term)) collective_bytes += t->bytes;
+  }
+  status = Record(&memory_, "collectives", collective_bytes, free_bytes);
+  if (status.ok()) status = InitAllocations(options);
+  return AgreeOnStatus(bootstrap, status, "Runner setup");
+}
+
+absl::Status Runner::InitPlan(const RunnerOptions& options) {
   if (options.max_model_len < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_model_len ", options.max_model_len, " must be positive; give the longest sequence"));
   }
-  ASSIGN_OR_RETURN(DeviceInfo device, DeviceInfo::Query(0));
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
+  ASSIGN_OR_RETURN(DeviceInfo device, DeviceInfo::Query(options.device));
   sm_count_ = device.sm_count;
 
   // The planner sizes memory for the GPU it is told about; by default, this one.
@@ -152,14 +176,24 @@ absl::Status Runner::Init(const RunnerOptions& options) {
     gpu.MergeFrom(options.config.gpu());
     *config.mutable_gpu() = gpu;
   }
-  if (config.has_tensor_parallel_size() && config.tensor_parallel_size() != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor_parallel_size ", config.tensor_parallel_size(),
-                     " is not supported by the runner yet; use 1"));
+  const int world = tensor_parallel_size();
+  if (config.has_tensor_parallel_size() && config.tensor_parallel_size() != world) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor_parallel_size ", config.tensor_parallel_size(), " does not match the ", world,
+        " rank(s) of RunnerOptions::bootstrap; start one process per rank and pass their "
+        "bootstrap, or set tensor_parallel_size to ",
+        world));
+  }
+  config.set_tensor_parallel_size(world);
+  if (world > 1 && !config.calibration().has_custom_allreduce_buffer_bytes()) {
+    // The planner's custom all-reduce term follows the buffer the communicator will allocate.
+    config.mutable_calibration()->set_custom_allreduce_buffer_bytes(
+        options.allreduce.buffer_bytes());
   }
   ASSIGN_OR_RETURN(plan_, PlanMemory(config));
   const config::PlannerConfig& resolved = plan_.config;
-  ASSIGN_OR_RETURN(LlamaShape shape, LlamaShapeFromConfig(resolved.model()));
+  ASSIGN_OR_RETURN(full_shape_, LlamaShapeFromConfig(resolved.model()));
+  RETURN_IF_ERROR(RankShape(full_shape_, world).status());
   if (resolved.kv_cache_dtype() != config::DTYPE_BF16) {
     return absl::InvalidArgumentError(absl::StrCat(
         "kv_cache_dtype ", DTypeName(resolved.kv_cache_dtype()),
@@ -201,14 +235,27 @@ absl::Status Runner::Init(const RunnerOptions& options) {
   if (options.max_kv_blocks > 0) num_blocks = std::min(num_blocks, options.max_kv_blocks);
   if (num_blocks > int64_t{1} << 30) num_blocks = int64_t{1} << 30;
   table_ = SequenceTable(static_cast<int>(num_blocks), block_size, max_blocks_per_seq_);
+  return absl::OkStatus();
+}
+
+absl::Status Runner::InitAllocations(const RunnerOptions& options) {
+  const config::PlannerConfig& resolved = plan_.config;
+  const int world = tensor_parallel_size();
+  ASSIGN_OR_RETURN(LlamaShape shape, RankShape(full_shape_, world));
+  const StepLimits limits{resolved.max_num_seqs(), resolved.max_num_batched_tokens()};
+  const int block_size = resolved.block_size();
+  const int num_blocks = table_.num_blocks();
 
   ASSIGN_OR_RETURN(stream_, Stream::Create());
   cudaStream_t stream = stream_.get();
 
-  // Allocations, each measured.
+  // Allocations, each measured. With tensor parallelism the weights are this rank's shard of
+  // the same seeded model, so every tensor-parallel size runs the same logical model.
   ASSIGN_OR_RETURN(size_t free_bytes, FreeDeviceBytes());
   ASSIGN_OR_RETURN(LlamaDeviceWeights weights,
-                   LlamaDeviceWeights::Random(shape, options.weight_seed, stream));
+                   world > 1 ? LlamaDeviceWeights::RandomShard(full_shape_, world, rank(),
+                                                               options.weight_seed, stream)
+                             : LlamaDeviceWeights::Random(shape, options.weight_seed, stream));
   RETURN_IF_ERROR(stream_.Synchronize());
   const int64_t weight_bytes = static_cast<int64_t>(weights.bytes());
   RETURN_IF_ERROR(Record(&memory_, "weights", weight_bytes, free_bytes));
@@ -220,10 +267,11 @@ absl::Status Runner::Init(const RunnerOptions& options) {
 
   ASSIGN_OR_RETURN(free_bytes, FreeDeviceBytes());
   LlamaModelOptions model_options;
-  model_options.num_kv_blocks = static_cast<int>(num_blocks);
+  model_options.num_kv_blocks = num_blocks;
   model_options.block_size = block_size;
   model_options.skinny_gemm_max_rows = options.skinny_gemm_max_rows;
   model_options.run_attention = !options.skip_attention;
+  model_options.communicator = comm_.get();
   ASSIGN_OR_RETURN(model_, LlamaModel::Create(std::move(weights), model_options, std::move(gemm)));
   RETURN_IF_ERROR(Record(&memory_, "kv_cache", static_cast<int64_t>(model_->kv_cache_bytes()),
                          free_bytes));
@@ -361,11 +409,13 @@ absl::StatusOr<RunnerCaptureSummary> Runner::Capture() {
   }
   ASSIGN_OR_RETURN(size_t free_before, FreeDeviceBytes());
   const auto start = std::chrono::steady_clock::now();
+  graphs_registered_ = false;
   if (options_.graphs == GraphExecution::kFull) {
     RETURN_IF_ERROR(CaptureFull(&summary));
   } else {
     RETURN_IF_ERROR(CapturePiecewise(&summary));
   }
+  if (comm_ == nullptr || options_.register_graph_buffers) RETURN_IF_ERROR(RegisterGraphBuffers());
   summary.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSIGN_OR_RETURN(size_t free_after, FreeDeviceBytes());
@@ -375,11 +425,44 @@ absl::StatusOr<RunnerCaptureSummary> Runner::Capture() {
     summary.num_prefill_sizes = static_cast<int>(prefill_sizes_->sizes().size());
   }
   summary.pool_bytes = pool_ ? pool_->high_water_bytes() : 0;
-  if (options_.progress != CaptureProgress::kQuiet) {
+  if (options_.progress != CaptureProgress::kQuiet && rank() == 0) {
     std::ostream& out = options_.progress_stream ? *options_.progress_stream : std::cerr;
     out << summary.ToString() << "\n";
   }
   return summary;
+}
+
+absl::Status Runner::RegisterGraphBuffers() {
+  if (comm_ != nullptr) RETURN_IF_ERROR(comm_->RegisterGraphBuffers());
+  graphs_registered_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Runner::RunCaptureHook(CaptureKey key) const {
+  if (!options_.capture_step_hook_for_testing) return absl::OkStatus();
+  return options_.capture_step_hook_for_testing(key);
+}
+
+absl::StatusOr<int> Runner::CaptureEachSize(GraphSet& set, GraphMode mode,
+                                            const CaptureSizes& sizes, const KeyedStepFn& fn) {
+  if (comm_ == nullptr) {
+    ASSIGN_OR_RETURN(CaptureSummary s, set.CaptureAll(mode, sizes, fn, stream_.get(), &buffers_));
+    return s.num_graphs;
+  }
+  // Lock-step: every rank starts each size together (the warm-ups and the capture make
+  // collective calls), and learns after it whether every rank captured it.
+  HostBootstrap& bootstrap = *options_.bootstrap;
+  int captured = 0;
+  for (int size : sizes.LargestFirst()) {  // the largest sets the pool's high-water mark
+    const CaptureKey key{mode, size};
+    RETURN_IF_ERROR(bootstrap.Barrier());
+    const absl::Status status = set.Capture(
+        key, [&fn, key](cudaStream_t stream) { return fn(key, stream); }, stream_.get(),
+        &buffers_);
+    RETURN_IF_ERROR(AgreeOnStatus(bootstrap, status, absl::StrCat("Capture of ", KeyName(key))));
+    ++captured;
+  }
+  return captured;
 }
 
 absl::Status Runner::CaptureFull(RunnerCaptureSummary* summary) {
@@ -391,6 +474,7 @@ absl::Status Runner::CaptureFull(RunnerCaptureSummary* summary) {
     const int index = keys_.Find(key);
     if (index < 0) return absl::InternalError(absl::StrCat("No step key ", KeyName(key)));
     const StepKey& k = keys_.key(index);
+    RETURN_IF_ERROR(RunCaptureHook(key));
     if (CaptureContext::Phase() == CapturePhase::kWarmup) RETURN_IF_ERROR(UploadEmptyStep(index));
     ASSIGN_OR_RETURN(void* activations,
                      pool_->Allocate(LlamaModel::ActivationBytes(shape(), k.max_tokens, k.max_rows),
@@ -399,9 +483,8 @@ absl::Status Runner::CaptureFull(RunnerCaptureSummary* summary) {
                            stream);
   };
   for (const auto& [mode, sizes] : CapturedSizeLists()) {
-    ASSIGN_OR_RETURN(CaptureSummary s,
-                     graphs_->CaptureAll(mode, *sizes, step, stream_.get(), &buffers_));
-    summary->num_graphs += s.num_graphs;
+    ASSIGN_OR_RETURN(int n, CaptureEachSize(*graphs_, mode, *sizes, step));
+    summary->num_graphs += n;
   }
   for (const GraphStats& stats : graphs_->AllStats()) summary->num_nodes += stats.num_nodes;
   return absl::OkStatus();
@@ -417,6 +500,7 @@ absl::Status Runner::CapturePiecewise(RunnerCaptureSummary* summary) {
       const int index = keys_.Find(key);
       if (index < 0) return absl::InternalError(absl::StrCat("No step key ", KeyName(key)));
       const StepKey& k = keys_.key(index);
+      RETURN_IF_ERROR(RunCaptureHook(key));
       if (CaptureContext::Phase() == CapturePhase::kWarmup) {
         RETURN_IF_ERROR(UploadEmptyStep(index));
       }
@@ -424,9 +508,8 @@ absl::Status Runner::CapturePiecewise(RunnerCaptureSummary* summary) {
           piece, Args(index, StepRoute{index, k.max_tokens, k.max_rows}, arena_.data()), stream);
     };
     for (const auto& [mode, sizes] : CapturedSizeLists()) {
-      ASSIGN_OR_RETURN(CaptureSummary s, piece_graphs_.back()->CaptureAll(
-                                             mode, *sizes, step, stream_.get(), &buffers_));
-      summary->num_graphs += s.num_graphs;
+      ASSIGN_OR_RETURN(int n, CaptureEachSize(*piece_graphs_.back(), mode, *sizes, step));
+      summary->num_graphs += n;
     }
     for (const GraphStats& stats : piece_graphs_.back()->AllStats()) {
       summary->num_nodes += stats.num_nodes;
@@ -491,6 +574,15 @@ absl::StatusOr<std::vector<int32_t>> Runner::Step(absl::Span<const SequenceToken
       replay = piece_graphs_.front()->Contains(key.key);
     }
   }
+  if (replay && comm_ != nullptr) {
+    // The graphs' all-reduces read peers' buffers only once every rank registered them.
+    if (!graphs_registered_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Step ", KeyName(key.key), " would replay graphs whose all-reduce buffers are not "
+          "registered; call Runner::RegisterGraphBuffers() on every rank after Capture()"));
+    }
+    RETURN_IF_ERROR(comm_->CheckReplayable());
+  }
   const int num_seqs = static_cast<int>(batch.size());
   if (options_.time_steps) RETURN_IF_ERROR(step_start_.Record(stream_.get()));
   if (replay) {
@@ -512,6 +604,8 @@ absl::StatusOr<std::vector<int32_t>> Runner::Step(absl::Span<const SequenceToken
                                    sizeof(int32_t) * num_seqs, stream_.get()));
   if (options_.time_steps) RETURN_IF_ERROR(step_stop_.Record(stream_.get()));
   RETURN_IF_ERROR(stream_.Synchronize());
+  // A peer that died or hangs: the custom all-reduce gave up waiting (DeadlineExceeded).
+  if (comm_ != nullptr) RETURN_IF_ERROR(comm_->CheckAsyncErrors());
   last_.device_ms = 0;
   if (options_.time_steps) {
     ASSIGN_OR_RETURN(last_.device_ms, Event::ElapsedMs(step_start_, step_stop_));

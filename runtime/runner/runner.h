@@ -29,6 +29,22 @@
 // that is captured), logits, and exactly the plan's KV blocks (or RunnerOptions::max_kv_blocks
 // when smaller). memory() reports each allocation's measured device-memory cost.
 //
+// Tensor parallelism (RunnerOptions::bootstrap of world size > 1; one process per GPU of this
+// host): each rank holds its shard of the weights (runtime/model/tensor_parallel.h: query and KV
+// heads and MLP columns split, embedding, norms and LM head replicated) and its share of the KV
+// cache, and all-reduces after the O and down projections through an AutoCommunicator (custom
+// one-shot/two-shot or NCCL per call, collectives/auto_communicator.h). Every rank computes the
+// same logits and tokens, bit for bit. Create, Capture, RegisterGraphBuffers, Step and Release
+// are collective: every rank makes the same calls with the same arguments.
+//   Capture runs in lock-step: a barrier before each size, then the ranks exchange how the
+//   capture went, so a capture that fails on one rank fails on every rank with the same Status
+//   ("Capture of decode/8 failed on rank 1 of 2: ..."), never a hang. It ends with
+//   RegisterGraphBuffers() (unless RunnerOptions::register_graph_buffers is false).
+//   Graph states: none ──Capture──► captured ──RegisterGraphBuffers──► registered
+//   A step that would replay a graph before registration is FailedPrecondition. A peer that died
+//   or hangs ends the next step in DeadlineExceeded within AllReduceConfig.barrier_timeout_ms
+//   (custom all-reduce; NCCL has no timeout, so a config without the custom path can hang).
+//
 // Step states: a sequence id first seen in Step starts empty; each Step adds its tokens; Release
 // frees its KV blocks. Step synchronises the stream before returning the tokens.
 // Not thread-safe: one thread drives a Runner. Nothing here may be called during a capture.
@@ -37,6 +53,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <memory>
 #include <optional>
@@ -47,6 +64,10 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "attention/split_kv_planner.h"
+#include "collectives/allreduce_config.pb.h"
+#include "collectives/auto_communicator.h"
+#include "collectives/host_bootstrap.h"
+#include "graph/capture_context.h"
 #include "graph/capture_sizes.h"
 #include "graph/graph_memory_pool.h"
 #include "graph/graph_set.h"
@@ -104,6 +125,21 @@ struct RunnerOptions {
   // Capture progress (GraphSetOptions), written to progress_stream (std::cerr when null).
   CaptureProgress progress = CaptureProgress::kAuto;
   std::ostream* progress_stream = nullptr;
+
+  // Tensor parallelism: the rendezvous with the other ranks of this model (not owned; must
+  // outlive the runner). World size > 1 shards the model over the ranks (see the file comment);
+  // config.tensor_parallel_size, when set, must equal the world size. Null: one GPU.
+  HostBootstrap* bootstrap = nullptr;
+  // The GPU this runner uses; Create makes it current.
+  int device = 0;
+  // The all-reduce's tuning (enable_custom: false sends every call to NCCL).
+  AllReduceConfig allreduce;
+  // With tensor parallelism, Capture ends with RegisterGraphBuffers(); false leaves that to the
+  // caller, and replays are refused until it is called.
+  bool register_graph_buffers = true;
+  // Tests only: runs before each call of a captured step function (warm-ups and the capture,
+  // CaptureContext tells which); a non-OK status fails that call on this rank.
+  std::function<absl::Status(CaptureKey key)> capture_step_hook_for_testing;
 };
 
 // One sequence's part of a step.
@@ -160,9 +196,10 @@ struct RunnerMemory {
 class Runner {
  public:
   // Plans memory and allocates everything (see the file comment); the random weights are
-  // written on the runner's stream. InvalidArgument for an unsupported model (not bf16, tensor
-  // parallel, attention bias, a head_dim without kernels) or bad limits; ResourceExhausted from
-  // the planner or an allocation.
+  // written on the runner's stream. InvalidArgument for an unsupported model (not bf16,
+  // attention bias, a head_dim without kernels, heads that do not split over the ranks) or bad
+  // limits; ResourceExhausted from the planner or an allocation. With tensor parallelism it is
+  // collective, creates the communicator, and every rank returns the same error.
   static absl::StatusOr<std::unique_ptr<Runner>> Create(const RunnerOptions& options);
 
   ~Runner();
@@ -171,14 +208,21 @@ class Runner {
 
   // Captures every key of the graph mode, largest first (decode sizes, then prefill budgets),
   // with a progress bar and a summary line. A no-op in GraphExecution::kNone. Capturing again
-  // replaces the graphs.
+  // replaces the graphs. With tensor parallelism: in lock-step on every rank, then
+  // RegisterGraphBuffers() unless options().register_graph_buffers is false (see the file
+  // comment); every rank returns the same error.
   absl::StatusOr<RunnerCaptureSummary> Capture();
+
+  // Registers the all-reduce inputs captured into the graphs with every peer, after which the
+  // graphs may replay. Collective; a no-op without tensor parallelism.
+  absl::Status RegisterGraphBuffers();
 
   // Runs one step: each entry's tokens are appended to its sequence, and the greedy next token
   // of each sequence is returned in entry order. InvalidArgument for an empty or oversized
   // batch, a duplicate id, an empty token list, a token outside the vocabulary, or a sequence
   // past max_model_len; ResourceExhausted when the KV cache lacks blocks. On error no sequence
-  // changes.
+  // changes. With tensor parallelism: FailedPrecondition for a step that would replay graphs
+  // before RegisterGraphBuffers(), DeadlineExceeded when a peer stopped answering.
   absl::StatusOr<std::vector<int32_t>> Step(absl::Span<const SequenceTokens> batch,
                                             const StepOptions& step_options = {});
 
@@ -196,7 +240,19 @@ class Runner {
   // whatever its blocks hold): for benchmarks that need long contexts quickly.
   absl::Status SetContextForBenchmark(int64_t id, int length);
 
+  // Returns the shape this rank runs (its heads and MLP columns; the whole model on one GPU).
   const LlamaShape& shape() const { return model_->shape(); }
+  // Returns the whole model's shape.
+  const LlamaShape& full_shape() const { return full_shape_; }
+  // Returns this process's rank and the number of ranks (0 and 1 on one GPU).
+  int rank() const { return options_.bootstrap != nullptr ? options_.bootstrap->rank() : 0; }
+  int tensor_parallel_size() const {
+    return options_.bootstrap != nullptr ? options_.bootstrap->world_size() : 1;
+  }
+  // Returns the communicator (null on one GPU).
+  AutoCommunicator* communicator() const { return comm_.get(); }
+  // Returns true once the graphs may replay (registered; always true on one GPU).
+  bool graphs_registered() const { return graphs_registered_; }
   const MemoryPlan& memory_plan() const { return plan_; }
   const RunnerMemory& memory() const { return memory_; }
   const StepInfo& last_step() const { return last_; }
@@ -215,6 +271,16 @@ class Runner {
   Runner() = default;
 
   absl::Status Init(const RunnerOptions& options);
+  // Init's steps before and after the communicator exists.
+  absl::Status InitPlan(const RunnerOptions& options);
+  absl::Status InitAllocations(const RunnerOptions& options);
+  // Captures fn for every size of `sizes` into `set`, largest first: one GPU through
+  // GraphSet::CaptureAll; tensor parallel in lock-step (see the file comment). Returns the number
+  // of graphs.
+  absl::StatusOr<int> CaptureEachSize(GraphSet& set, GraphMode mode, const CaptureSizes& sizes,
+                                      const KeyedStepFn& fn);
+  // Returns capture_step_hook_for_testing's verdict for `key` (OK without a hook).
+  absl::Status RunCaptureHook(CaptureKey key) const;
   // The device views of key `key_index` at the route's sizes over `activations`.
   LlamaStepArgs Args(int key_index, const StepRoute& route, void* activations) const;
   // Writes an empty step for the key (no sequences) into the metadata and uploads it, so
@@ -228,6 +294,9 @@ class Runner {
   std::vector<std::pair<GraphMode, const CaptureSizes*>> CapturedSizeLists() const;
 
   RunnerOptions options_;
+  LlamaShape full_shape_;
+  std::unique_ptr<AutoCommunicator> comm_;  // tensor parallel; outlives the model and graphs
+  bool graphs_registered_ = false;
   MemoryPlan plan_;
   int sm_count_ = 0;
   int max_blocks_per_seq_ = 0;

@@ -1,0 +1,573 @@
+// The tensor-parallel Runner, one process per GPU (world size = visible GPUs, or
+// $KILN_TEST_WORLD_SIZE), on the tiny two-layer model with 16 query and 8 KV heads (so heads
+// split over 2, 4 and 8 ranks):
+//   - generation at TP=2 and TP=world equals TP=1 of the same seeded model (logits by relative
+//     error, tokens where TP=1's top-2 margin is clear) and is bitwise identical on every rank,
+//     with the custom all-reduce (auto) and with NCCL only, each path checked by its call counts;
+//   - on every rank, a graph equals an eager run of the same key bit for bit, for every captured
+//     size, with one-shot all-reduces reading registered graph inputs;
+//   - a step that would replay graphs before RegisterGraphBuffers() is FailedPrecondition;
+//   - a capture that fails on one rank fails Capture() on every rank with the same Status;
+//   - a killed rank ends the others' next step in DeadlineExceeded within a bounded time;
+//   - the weights and KV cache each rank allocates are what the memory planner planned per rank.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "collectives/allreduce_config.pb.h"
+#include "collectives/testing/multiprocess_test_util.h"
+#include "graph/capture_context.h"
+#include "gtest/gtest.h"
+#include "runtime/cuda/gpu_test_util.h"
+#include "runtime/runner/runner.h"
+
+namespace kiln {
+namespace {
+
+using testing::RankContext;
+using testing::RunOnEveryGpu;
+
+constexpr int kMaxSeqs = 8;
+constexpr int kMaxTokens = 128;
+constexpr int kBlockSize = 16;
+constexpr int kMaxModelLen = 256;
+// bf16 activations: TP=world and TP=1 round partial sums differently (as in runner_gpu_test).
+constexpr double kTolerance = 1e-2;
+
+// Tiny, with heads that split over 1, 2, 4 and 8 ranks (group size 2 everywhere).
+LlamaShape TpTinyShape() {
+  LlamaShape s = LlamaShape::Tiny();
+  s.heads = 16;
+  s.kv_heads = 8;
+  return s;
+}
+
+config::ModelShape ModelConfig(const LlamaShape& t) {
+  config::ModelShape m;
+  m.set_name("tiny-tp");
+  m.set_hidden_size(t.hidden);
+  m.set_num_layers(t.layers);
+  m.set_num_heads(t.heads);
+  m.set_num_kv_heads(t.kv_heads);
+  m.set_head_dim(t.head_dim);
+  m.set_intermediate_size(t.ffn);
+  m.set_vocab_size(t.vocab);
+  m.set_dtype(config::DTYPE_BF16);
+  m.set_tie_embeddings(t.tie_embeddings);
+  m.set_rope_theta(t.rope_theta);
+  m.set_rms_norm_eps(t.rms_eps);
+  return m;
+}
+
+// `ctx` null: one GPU (device 0).
+RunnerOptions TpOptions(uint64_t seed, const AllReduceConfig& allreduce, RankContext* ctx) {
+  RunnerOptions o;
+  *o.config.mutable_model() = ModelConfig(TpTinyShape());
+  o.config.set_max_num_seqs(kMaxSeqs);
+  o.config.set_max_num_batched_tokens(kMaxTokens);
+  o.config.set_block_size(kBlockSize);
+  for (int s : {1, 2, 4, 8}) o.config.mutable_graph()->add_capture_sizes(s);
+  o.prefill_sizes = {16, 32, 64};
+  o.graphs = GraphExecution::kFull;
+  o.max_model_len = kMaxModelLen;
+  o.weight_seed = seed;
+  o.max_kv_blocks = 256;
+  o.progress = CaptureProgress::kQuiet;
+  o.allreduce = allreduce;
+  if (ctx != nullptr) {
+    o.bootstrap = &ctx->bootstrap;
+    o.device = ctx->device();
+  }
+  return o;
+}
+
+AllReduceConfig AutoConfig() { return AllReduceConfig(); }
+
+AllReduceConfig NcclOnlyConfig() {
+  AllReduceConfig c;
+  c.set_enable_custom(false);
+  return c;
+}
+
+// Graphs' one-shot all-reduces read their peers' registered inputs (no staging copy).
+AllReduceConfig RegisteredConfig() {
+  AllReduceConfig c;
+  c.set_graph_one_shot_registered(true);
+  return c;
+}
+
+testing::MultiProcessTestOptions Options(int world_size = 0) {
+  testing::MultiProcessTestOptions options;
+  options.world_size = world_size;
+  options.timeout = absl::Seconds(120);
+  return options;
+}
+
+// A seed drawn on rank 0 and shared with every rank.
+uint64_t SharedSeed(RankContext& ctx) {
+  std::random_device rd;
+  const uint64_t mine = (uint64_t{rd()} << 32) ^ rd();
+  absl::StatusOr<std::string> got = ctx.bootstrap.Broadcast(absl::StrCat(mine));
+  EXPECT_TRUE(got.ok()) << got.status();
+  uint64_t seed = 0;
+  EXPECT_TRUE(got.ok() && absl::SimpleAtoi(*got, &seed));
+  return seed;
+}
+
+std::unique_ptr<Runner> MakeRunner(const RunnerOptions& options) {
+  absl::StatusOr<std::unique_ptr<Runner>> runner = Runner::Create(options);
+  EXPECT_TRUE(runner.ok()) << runner.status();
+  if (!runner.ok()) return nullptr;
+  absl::StatusOr<RunnerCaptureSummary> captured = (*runner)->Capture();
+  EXPECT_TRUE(captured.ok()) << captured.status();
+  return captured.ok() ? *std::move(runner) : nullptr;
+}
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::vector<float> logits;
+  StepInfo info;
+};
+
+// Poisons the outputs, runs the step and reads back tokens and logits; every logit must have
+// been written (finite).
+Outcome RunStep(Runner& runner, const std::vector<SequenceTokens>& batch,
+                const StepOptions& options = {}) {
+  Outcome out;
+  EXPECT_TRUE(runner.PoisonOutputs().ok());
+  absl::StatusOr<std::vector<int32_t>> tokens = runner.Step(batch, options);
+  EXPECT_TRUE(tokens.ok()) << tokens.status();
+  if (!tokens.ok()) return out;
+  out.tokens = *tokens;
+  out.info = runner.last_step();
+  absl::StatusOr<std::vector<float>> logits = runner.LastLogits(static_cast<int>(batch.size()));
+  EXPECT_TRUE(logits.ok()) << logits.status();
+  if (logits.ok()) out.logits = *std::move(logits);
+  for (float v : out.logits) {
+    if (!std::isfinite(v)) {
+      ADD_FAILURE() << "a logit was not written (or is not finite)";
+      break;
+    }
+  }
+  return out;
+}
+
+std::string Bytes(const std::vector<Outcome>& outcomes) {
+  std::string out;
+  for (const Outcome& o : outcomes) {
+    out.append(reinterpret_cast<const char*>(o.tokens.data()), o.tokens.size() * 4);
+    out.append(reinterpret_cast<const char*>(o.logits.data()), o.logits.size() * 4);
+  }
+  return out;
+}
+
+// Expects every rank's `outcomes` to be rank 0's, bit for bit.
+void ExpectSameOnEveryRank(RankContext& ctx, const std::vector<Outcome>& outcomes,
+                           const std::string& what) {
+  absl::StatusOr<std::vector<std::string>> all = ctx.bootstrap.AllGather(Bytes(outcomes));
+  ASSERT_TRUE(all.ok()) << all.status();
+  for (int r = 1; r < ctx.world_size; ++r) {
+    EXPECT_TRUE((*all)[r] == (*all)[0]) << what << ": rank " << r << " differs from rank 0";
+  }
+}
+
+// One step of the generation script: sequences with a prompt (or chunk), or -1 for "the next
+// token of this sequence" (its last sampled token).
+struct ScriptStep {
+  std::vector<std::pair<int64_t, int>> seqs;  // (id, prompt length or -1 for one decode token)
+};
+
+std::vector<ScriptStep> GenerationScript() {
+  std::vector<ScriptStep> script;
+  // 84 prompt tokens: above every prefill size (the eager key).
+  script.push_back({{{0, 5}, {1, 16}, {2, 23}, {3, 40}}});
+  for (int t = 0; t < 10; ++t) script.push_back({{{0, -1}, {1, -1}, {2, -1}, {3, -1}}});  // d/4
+  for (int t = 0; t < 3; ++t) script.push_back({{{0, -1}, {2, -1}}});                     // d/2
+  script.push_back({{{4, 30}}});                                                           // p/32
+  for (int t = 0; t < 3; ++t) {
+    script.push_back({{{0, -1}, {1, -1}, {2, -1}, {3, -1}, {4, -1}}});  // decode/8
+  }
+  return script;
+}
+
+// Runs the script. Decode inputs are `forced`'s tokens when given (teacher forcing: the same
+// inputs as the run that produced them), else the runner's own.
+std::vector<Outcome> RunScript(Runner& runner, uint64_t seed,
+                               const std::vector<Outcome>* forced) {
+  std::mt19937_64 rng(seed ^ 0x5eed);
+  std::map<int64_t, int32_t> next;
+  std::vector<Outcome> outcomes;
+  const std::vector<ScriptStep> script = GenerationScript();
+  for (size_t s = 0; s < script.size(); ++s) {
+    std::vector<SequenceTokens> batch;
+    for (const auto& [id, len] : script[s].seqs) {
+      SequenceTokens seq{id, {}};
+      if (len < 0) {
+        seq.tokens.push_back(next[id]);
+      } else {
+        for (int i = 0; i < len; ++i) {
+          seq.tokens.push_back(static_cast<int32_t>(rng() % TpTinyShape().vocab));
+        }
+      }
+      batch.push_back(seq);
+    }
+    Outcome got = RunStep(runner, batch);
+    if (got.tokens.size() != batch.size()) {
+      ADD_FAILURE() << "step " << s << " failed";
+      return outcomes;
+    }
+    const std::vector<int32_t>& feed = forced != nullptr ? (*forced)[s].tokens : got.tokens;
+    for (size_t i = 0; i < batch.size(); ++i) next[batch[i].id] = std::max(feed[i], 0);
+    outcomes.push_back(std::move(got));
+  }
+  return outcomes;
+}
+
+std::string EncodeTokens(const std::vector<Outcome>& outcomes) {
+  std::string out;
+  for (const Outcome& o : outcomes) {
+    out.append(reinterpret_cast<const char*>(o.tokens.data()), o.tokens.size() * 4);
+  }
+  return out;
+}
+
+// Fills `outcomes`' tokens (shaped by the script) from EncodeTokens' bytes.
+std::vector<Outcome> DecodeTokens(const std::string& bytes) {
+  std::vector<Outcome> outcomes;
+  size_t at = 0;
+  for (const ScriptStep& step : GenerationScript()) {
+    Outcome o;
+    o.tokens.resize(step.seqs.size());
+    if (at + o.tokens.size() * 4 <= bytes.size()) {
+      std::memcpy(o.tokens.data(), bytes.data() + at, o.tokens.size() * 4);
+    }
+    at += o.tokens.size() * 4;
+    outcomes.push_back(std::move(o));
+  }
+  EXPECT_EQ(at, bytes.size()) << "token record of the wrong length";
+  return outcomes;
+}
+
+// Compares TP=world's outcomes with TP=1's: logits by relative error, tokens where TP=1's
+// top-2 margin is clear. Returns the number of clear-margin tokens.
+int CompareWithOneGpu(const std::vector<Outcome>& tp, const std::vector<Outcome>& one) {
+  const int vocab = TpTinyShape().vocab;
+  int clear_checks = 0;
+  double max_rel = 0;
+  EXPECT_EQ(tp.size(), one.size());
+  for (size_t s = 0; s < std::min(tp.size(), one.size()); ++s) {
+    EXPECT_EQ(tp[s].info.replayed, one[s].info.replayed) << "step " << s;
+    EXPECT_EQ(tp[s].info.key, one[s].info.key) << "step " << s;
+    const size_t rows = one[s].tokens.size();
+    if (tp[s].logits.size() != rows * vocab || one[s].logits.size() != rows * vocab) {
+      ADD_FAILURE() << "step " << s << " has no logits";
+      continue;
+    }
+    for (size_t i = 0; i < rows; ++i) {
+      const float* a = tp[s].logits.data() + i * vocab;
+      const float* b = one[s].logits.data() + i * vocab;
+      double diff = 0, norm = 0, best = -1e300, second = -1e300;
+      int best_index = -1;
+      for (int v = 0; v < vocab; ++v) {
+        diff += (double{a[v]} - b[v]) * (double{a[v]} - b[v]);
+        norm += double{b[v]} * b[v];
+        if (b[v] > best) {
+          second = best;
+          best = b[v];
+          best_index = v;
+        } else if (b[v] > second) {
+          second = b[v];
+        }
+      }
+      const double rel = std::sqrt(diff / norm);
+      max_rel = std::max(max_rel, rel);
+      EXPECT_LT(rel, kTolerance) << "step " << s << " row " << i;
+      EXPECT_EQ(best_index, one[s].tokens[i]) << "TP=1's sampler disagrees with its logits";
+      const double clear = 8 * kTolerance * std::sqrt(norm / vocab);
+      if (best - second > clear) {
+        ++clear_checks;
+        EXPECT_EQ(tp[s].tokens[i], best_index)
+            << "step " << s << " row " << i << " margin " << best - second;
+      }
+    }
+  }
+  std::printf("TP vs TP=1: %d clear-margin tokens, max logits relative error %.2e\n",
+              clear_checks, max_rel);
+  return clear_checks;
+}
+
+// The whole generation at TP = ctx.world_size against TP=1 on rank 0's GPU.
+void GenerationMatchesOneGpu(RankContext& ctx, const AllReduceConfig& allreduce,
+                             bool expect_custom) {
+  ASSERT_EQ(cudaSetDevice(ctx.device()), cudaSuccess);
+  const uint64_t seed = SharedSeed(ctx);
+  SCOPED_TRACE(absl::StrCat("seed ", seed, ", rank ", ctx.rank, " of ", ctx.world_size));
+
+  // TP=1 first, on rank 0 alone; its tokens drive every rank's inputs.
+  std::vector<Outcome> one;
+  if (ctx.rank == 0) {
+    std::unique_ptr<Runner> single = MakeRunner(TpOptions(seed, allreduce, nullptr));
+    ASSERT_NE(single, nullptr);
+    one = RunScript(*single, seed, nullptr);
+  }
+  absl::StatusOr<std::string> tokens = ctx.bootstrap.Broadcast(EncodeTokens(one));
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  const std::vector<Outcome> forced = DecodeTokens(*tokens);
+
+  std::unique_ptr<Runner> runner = MakeRunner(TpOptions(seed, allreduce, &ctx));
+  ASSERT_NE(runner, nullptr);
+  EXPECT_EQ(runner->tensor_parallel_size(), ctx.world_size);
+  EXPECT_EQ(runner->shape().heads, TpTinyShape().heads / ctx.world_size);
+  const std::vector<Outcome> tp = RunScript(*runner, seed, &forced);
+  ExpectSameOnEveryRank(ctx, tp, "TP generation");
+  if (ctx.rank == 0) {
+    EXPECT_GE(CompareWithOneGpu(tp, one), 20);
+  }
+
+  // The path the all-reduces took.
+  const AutoCommunicator* comm = runner->communicator();
+  ASSERT_NE(comm, nullptr);
+  const AllReduceStats& stats = comm->stats();
+  const int64_t custom = stats.one_shot_staged + stats.one_shot_registered +
+                         stats.two_shot_staged + stats.two_shot_registered;
+  std::printf("rank %d all-reduce calls: %lld custom, %lld NCCL (%s)\n", ctx.rank,
+              static_cast<long long>(custom), static_cast<long long>(stats.nccl),
+              comm->custom_available() ? "custom available"
+                                       : comm->custom_unavailable_reason().c_str());
+  if (expect_custom) {
+    EXPECT_TRUE(comm->custom_available()) << comm->custom_unavailable_reason();
+    EXPECT_GT(custom, 0);
+  } else {
+    EXPECT_EQ(custom, 0);
+    EXPECT_GT(stats.nccl, 0);
+  }
+
+  // What this rank allocated is what the planner planned per rank.
+  const MemoryPlan& plan = runner->memory_plan();
+  EXPECT_EQ(plan.config.tensor_parallel_size(), ctx.world_size);
+  const RunnerMemoryItem* weights = runner->memory().Find("weights");
+  ASSERT_NE(weights, nullptr);
+  const int64_t tensors = static_cast<int64_t>(runner->model().weights().layout().tensors().size());
+  EXPECT_LE(std::abs(weights->requested_bytes - plan.Find("weights")->bytes),
+            tensors * static_cast<int64_t>(LlamaWeightLayout::kAlignment))
+      << "weights " << weights->requested_bytes << " planned " << plan.Find("weights")->bytes;
+  const RunnerMemoryItem* kv = runner->memory().Find("kv_cache");
+  ASSERT_NE(kv, nullptr);
+  EXPECT_EQ(kv->requested_bytes, int64_t{runner->num_kv_blocks()} * plan.kv_block_bytes);
+  const RunnerMemoryItem* collectives = runner->memory().Find("collectives");
+  ASSERT_NE(collectives, nullptr);
+  std::printf("rank %d collectives: planned %.1f MiB (custom_allreduce + nccl), measured %.1f MiB "
+              "at creation\n",
+              ctx.rank, collectives->requested_bytes / 1048576.0,
+              collectives->measured_bytes / 1048576.0);
+}
+
+std::vector<int> TpSizes() {
+  std::vector<int> sizes = {2};
+  if (testing::TestWorldSize() > 2) sizes.push_back(testing::TestWorldSize());
+  return sizes;
+}
+
+TEST(RunnerMultiGpuTest, GenerationWithCustomAllReduceMatchesOneGpu) {
+  KILN_REQUIRE_GPUS(2);
+  for (int tp : TpSizes()) {
+    SCOPED_TRACE(absl::StrCat("TP ", tp));
+    RunOnEveryGpu([](RankContext& ctx) { GenerationMatchesOneGpu(ctx, AutoConfig(), true); },
+                  Options(tp));
+  }
+}
+
+TEST(RunnerMultiGpuTest, GenerationWithNcclOnlyMatchesOneGpu) {
+  KILN_REQUIRE_GPUS(2);
+  for (int tp : TpSizes()) {
+    SCOPED_TRACE(absl::StrCat("TP ", tp));
+    RunOnEveryGpu([](RankContext& ctx) { GenerationMatchesOneGpu(ctx, NcclOnlyConfig(), false); },
+                  Options(tp));
+  }
+}
+
+TEST(RunnerMultiGpuTest, EveryCapturedSizeReplaysLikeEagerOnEveryRank) {
+  KILN_REQUIRE_GPUS(2);
+  RunOnEveryGpu([](RankContext& ctx) {
+    ASSERT_EQ(cudaSetDevice(ctx.device()), cudaSuccess);
+    const uint64_t seed = SharedSeed(ctx);
+    SCOPED_TRACE(absl::StrCat("seed ", seed, ", rank ", ctx.rank));
+    std::unique_ptr<Runner> runner = MakeRunner(TpOptions(seed, RegisteredConfig(), &ctx));
+    ASSERT_NE(runner, nullptr);
+    std::mt19937_64 rng(seed);
+    auto token = [&] { return static_cast<int32_t>(rng() % TpTinyShape().vocab); };
+    // Eight live sequences for the decode sizes.
+    std::vector<SequenceTokens> prompts;
+    for (int64_t id = 0; id < kMaxSeqs; ++id) {
+      prompts.push_back({id, {token(), token(), token()}});
+    }
+    StepOptions eager;
+    eager.force_eager = true;
+    ASSERT_EQ(RunStep(*runner, prompts, eager).tokens.size(), prompts.size());
+
+    std::vector<Outcome> graphs;
+    auto expect_graph_equals_eager = [&](const std::vector<SequenceTokens>& batch) {
+      StepOptions graph_options;
+      graph_options.commit = false;
+      const Outcome graph = RunStep(*runner, batch, graph_options);
+      const Outcome eager_run = RunStep(*runner, batch, eager);
+      EXPECT_TRUE(graph.info.replayed) << KeyName(graph.info.key) << " did not replay";
+      EXPECT_FALSE(eager_run.info.replayed);
+      EXPECT_EQ(graph.info.key, eager_run.info.key);
+      EXPECT_EQ(graph.tokens, eager_run.tokens) << KeyName(graph.info.key);
+      EXPECT_TRUE(graph.logits.size() == eager_run.logits.size() &&
+                  std::memcmp(graph.logits.data(), eager_run.logits.data(),
+                              graph.logits.size() * sizeof(float)) == 0)
+          << "graph replay of " << KeyName(graph.info.key) << " differs from eager";
+      graphs.push_back(graph);
+    };
+    int64_t id = 100;
+    for (int n : runner->prefill_sizes()->sizes()) {
+      SequenceTokens one{id++, {}};
+      for (int i = 0; i < n; ++i) one.tokens.push_back(token());
+      expect_graph_equals_eager({one});
+      EXPECT_EQ(runner->last_step().padded_tokens, n);
+    }
+    for (int b : runner->decode_sizes()->sizes()) {
+      std::vector<SequenceTokens> batch;
+      for (int i = 0; i < b; ++i) batch.push_back({i, {token()}});
+      expect_graph_equals_eager(batch);
+      EXPECT_EQ(runner->last_step().key, (CaptureKey{GraphMode::kDecode, b}));
+    }
+    ExpectSameOnEveryRank(ctx, graphs, "graph replays");
+    // The graphs' one-shot all-reduces read registered inputs.
+    const AutoCommunicator* comm = runner->communicator();
+    ASSERT_NE(comm, nullptr);
+    ASSERT_NE(comm->custom(), nullptr) << comm->custom_unavailable_reason();
+    EXPECT_GT(comm->stats().one_shot_registered + comm->stats().two_shot_registered, 0);
+    EXPECT_GT(comm->custom()->registered_graph_inputs(), 0);
+    EXPECT_EQ(comm->custom()->pending_graph_inputs(), 0);
+  }, Options());
+}
+
+TEST(RunnerMultiGpuTest, ReplayBeforeRegistrationIsRefused) {
+  KILN_REQUIRE_GPUS(2);
+  RunOnEveryGpu([](RankContext& ctx) {
+    ASSERT_EQ(cudaSetDevice(ctx.device()), cudaSuccess);
+    const uint64_t seed = SharedSeed(ctx);
+    // A tensor-parallel size that is not the group's is refused on every rank alike.
+    RunnerOptions wrong = TpOptions(seed, RegisteredConfig(), &ctx);
+    wrong.config.set_tensor_parallel_size(ctx.world_size + 1);
+    absl::StatusOr<std::unique_ptr<Runner>> refused = Runner::Create(wrong);
+    EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+
+    RunnerOptions options = TpOptions(seed, RegisteredConfig(), &ctx);
+    options.register_graph_buffers = false;
+    absl::StatusOr<std::unique_ptr<Runner>> created = Runner::Create(options);
+    ASSERT_TRUE(created.ok()) << created.status();
+    Runner& runner = **created;
+    ASSERT_TRUE(runner.Capture().ok());
+    EXPECT_FALSE(runner.graphs_registered());
+    EXPECT_TRUE(absl::IsFailedPrecondition(runner.communicator()->CheckReplayable()));
+
+    StepOptions eager;
+    eager.force_eager = true;
+    ASSERT_TRUE(runner.Step({{1, {3, 4, 5}}, {2, {6, 7}}}, eager).ok());  // eager steps run
+    absl::StatusOr<std::vector<int32_t>> step = runner.Step({{1, {8}}, {2, {9}}});
+    EXPECT_TRUE(absl::IsFailedPrecondition(step.status())) << step.status();
+    EXPECT_NE(step.status().message().find("RegisterGraphBuffers"), std::string::npos)
+        << step.status();
+
+    ASSERT_TRUE(runner.RegisterGraphBuffers().ok());
+    EXPECT_TRUE(runner.communicator()->CheckReplayable().ok());
+    step = runner.Step({{1, {8}}, {2, {9}}});
+    ASSERT_TRUE(step.ok()) << step.status();
+    EXPECT_TRUE(runner.last_step().replayed);
+  }, Options());
+}
+
+TEST(RunnerMultiGpuTest, CaptureFailingOnOneRankFailsEveryRankAlike) {
+  KILN_REQUIRE_GPUS(2);
+  RunOnEveryGpu([](RankContext& ctx) {
+    ASSERT_EQ(cudaSetDevice(ctx.device()), cudaSuccess);
+    const uint64_t seed = SharedSeed(ctx);
+    RunnerOptions options = TpOptions(seed, AutoConfig(), &ctx);
+    const int failing = ctx.world_size - 1;
+    options.capture_step_hook_for_testing = [&ctx, failing](CaptureKey key) -> absl::Status {
+      if (ctx.rank == failing && CaptureContext::Phase() == CapturePhase::kCapture &&
+          key == CaptureKey{GraphMode::kDecode, 2}) {
+        return absl::InternalError("Injected capture failure");
+      }
+      return absl::OkStatus();
+    };
+    absl::StatusOr<std::unique_ptr<Runner>> created = Runner::Create(options);
+    ASSERT_TRUE(created.ok()) << created.status();
+    const absl::Time start = absl::Now();
+    const absl::Status captured = (*created)->Capture().status();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "a failed capture must not hang";
+    EXPECT_TRUE(absl::IsInternal(captured)) << captured;
+    EXPECT_NE(captured.message().find(
+                  absl::StrCat("Capture of decode/2 failed on rank ", failing, " of ",
+                               ctx.world_size)),
+              std::string::npos)
+        << captured;
+    EXPECT_NE(captured.message().find("Injected capture failure"), std::string::npos)
+        << captured;
+    absl::StatusOr<std::vector<std::string>> all =
+        ctx.bootstrap.AllGather(captured.ToString());
+    ASSERT_TRUE(all.ok()) << all.status();
+    for (const std::string& s : *all) EXPECT_EQ(s, (*all)[0]) << "ranks disagree";
+    // Nothing replays after a failed capture (decode/4 was captured before decode/2 failed).
+    EXPECT_FALSE((*created)->graphs_registered());
+    StepOptions eager;
+    eager.force_eager = true;
+    ASSERT_TRUE((*created)->Step({{1, {3, 4, 5}}, {2, {6}}, {3, {7, 8}}}, eager).ok());
+    EXPECT_TRUE(
+        absl::IsFailedPrecondition((*created)->Step({{1, {9}}, {2, {10}}, {3, {11}}}).status()));
+  }, Options());
+}
+
+TEST(RunnerMultiGpuTest, KilledRankEndsTheOthersWithDeadlineExceeded) {
+  KILN_REQUIRE_GPUS(2);
+  testing::MultiProcessTestOptions options = Options();
+  options.final_barrier = false;  // one rank exits on purpose
+  RunOnEveryGpu([](RankContext& ctx) {
+    ASSERT_EQ(cudaSetDevice(ctx.device()), cudaSuccess);
+    const uint64_t seed = SharedSeed(ctx);
+    AllReduceConfig config;
+    config.set_barrier_timeout_ms(2000);
+    std::unique_ptr<Runner> runner = MakeRunner(TpOptions(seed, config, &ctx));
+    ASSERT_NE(runner, nullptr);
+    ASSERT_TRUE(runner->communicator()->custom_available())
+        << runner->communicator()->custom_unavailable_reason();
+    ASSERT_TRUE(runner->Step({{1, {3, 4, 5}}, {2, {6, 7}}}).ok());
+    ASSERT_TRUE(runner->Step({{1, {8}}, {2, {9}}}).ok());
+    ASSERT_TRUE(ctx.bootstrap.Barrier().ok());
+    if (ctx.rank == ctx.world_size - 1) ctx.ExitProcessNow();  // dies between steps
+
+    absl::SleepFor(absl::Milliseconds(300));
+    const absl::Time start = absl::Now();
+    absl::StatusOr<std::vector<int32_t>> step = runner->Step({{1, {10}}, {2, {11}}});
+    const absl::Duration waited = absl::Now() - start;
+    EXPECT_EQ(step.status().code(), absl::StatusCode::kDeadlineExceeded) << step.status();
+    EXPECT_LT(waited, absl::Seconds(10)) << "bounded by the barrier timeout";
+    // Sticky: the next step fails at once.
+    const absl::Time again = absl::Now();
+    EXPECT_EQ(runner->Step({{1, {12}}, {2, {13}}}).status().code(),
+              absl::StatusCode::kDeadlineExceeded);
+    EXPECT_LT(absl::Now() - again, absl::Seconds(1));
+    // A communicator with a dead peer cannot be torn down collectively (NCCL's finalize would
+    // wait for it); the process is about to exit, so leave the runner to the driver.
+    runner.release();
+  }, options);
+}
+
+}  // namespace
+}  // namespace kiln

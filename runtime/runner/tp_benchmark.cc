@@ -1,0 +1,248 @@
+// Decode-step latency of the 1B-class Llama (hidden 2048, 16 layers, 32/8 heads of 64, ffn 8192,
+// vocab 128256, random bf16 weights) with tensor parallelism, as CUDA graphs: TP=1, and
+// TP=world with the custom all-reduce (AutoCommunicator's choice per call) and with NCCL only,
+// at batch 1, 8 and 32 with 1024 tokens of context. It starts one process per visible GPU itself
+// (collectives/testing/process_group.h); rank 0 prints the table.
+//
+//   bazel run -c opt //runtime/runner:tp_benchmark [-- --world_size=4 --batches=1,8,32]
+//   .gpu_tp/bin/runtime_runner_tp_benchmark
+//
+// A step is timed on rank 0's device with CUDA events from the metadata upload to the copy of the
+// sampled tokens (RunnerOptions::time_steps), after warm-up; the table shows medians. The ranks'
+// sampled tokens must agree at every step (they compute the same logits bit for bit); the program
+// exits non-zero if they do not, if a step did not replay its graph, or if a rank fails.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "collectives/allreduce_config.pb.h"
+#include "collectives/testing/process_group.h"
+#include "runtime/cuda/device_info.h"
+#include "runtime/cuda/status.h"
+#include "runtime/cuda/status_macros.h"
+#include "runtime/runner/runner.h"
+
+ABSL_FLAG(int, world_size, 0, "Ranks (one process per GPU); 0 = every visible GPU");
+ABSL_FLAG(std::string, batches, "1,8,32", "Decode batch sizes");
+ABSL_FLAG(int, context, 1024, "Tokens of context per sequence");
+ABSL_FLAG(int, steps, 30, "Timed steps per measurement");
+ABSL_FLAG(int, timeout_s, 540, "Kill the ranks after this many seconds");
+
+namespace kiln {
+namespace {
+
+constexpr int kWarmup = 5;
+constexpr int kBlockSize = 64;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+absl::StatusOr<std::vector<int>> Batches() {
+  std::vector<int> batches;
+  for (absl::string_view piece : absl::StrSplit(absl::GetFlag(FLAGS_batches), ',')) {
+    int b = 0;
+    if (!absl::SimpleAtoi(piece, &b) || b < 1 || b > 256) {
+      return absl::InvalidArgumentError(absl::StrCat("--batches: bad size \"", piece, "\""));
+    }
+    batches.push_back(b);
+  }
+  return batches;
+}
+
+RunnerOptions BenchmarkOptions(const std::vector<int>& batches, int context) {
+  RunnerOptions o;
+  o.config.set_model_preset("llama-3.2-1b");
+  const int max_batch = *std::max_element(batches.begin(), batches.end());
+  o.config.set_max_num_seqs(max_batch);
+  o.config.set_max_num_batched_tokens(std::max(512, max_batch));
+  o.config.set_block_size(kBlockSize);
+  for (int b : batches) o.config.mutable_graph()->add_capture_sizes(b);
+  o.capture_prefill = false;
+  o.max_model_len = context + 64;
+  o.max_kv_blocks = int64_t{max_batch} * ((context + kBlockSize) / kBlockSize + 1);
+  o.time_steps = true;
+  o.progress = CaptureProgress::kNone;
+  return o;
+}
+
+// Decodes `batch` sequences of `context` tokens as graphs: warm-up, then timed steps. Returns
+// the median device time; *tokens gets every step's sampled tokens (for the ranks to compare).
+absl::StatusOr<double> TimeDecode(Runner& runner, int batch, int context, int steps,
+                                  std::vector<int32_t>* tokens) {
+  std::vector<SequenceTokens> seqs;
+  const int64_t base = int64_t{batch} * 100000;
+  for (int i = 0; i < batch; ++i) {
+    RETURN_IF_ERROR(runner.SetContextForBenchmark(base + i, context - 1));
+    seqs.push_back({base + i, {static_cast<int32_t>((i * 7919 + 13) % runner.shape().vocab)}});
+  }
+  std::vector<double> ms;
+  for (int i = 0; i < kWarmup + steps; ++i) {
+    ASSIGN_OR_RETURN(std::vector<int32_t> next, runner.Step(seqs));
+    if (!runner.last_step().replayed) {
+      return absl::InternalError(absl::StrCat("Batch ", batch, " did not replay a graph"));
+    }
+    for (int s = 0; s < batch; ++s) seqs[s].tokens[0] = std::max(next[s], 0);
+    tokens->insert(tokens->end(), next.begin(), next.end());
+    if (i >= kWarmup) ms.push_back(runner.last_step().device_ms);
+  }
+  for (int i = 0; i < batch; ++i) RETURN_IF_ERROR(runner.Release(base + i));
+  return Median(ms);
+}
+
+struct Column {
+  std::string name;
+  std::map<int, double> ms;  // batch -> median step ms
+  std::string paths;         // all-reduce calls by path
+};
+
+// Runs every batch on a runner made from `options`; with a bootstrap, checks that every rank
+// sampled the same tokens.
+absl::Status RunColumn(const RunnerOptions& options, const std::vector<int>& batches,
+                       HostBootstrap* check_with, Column* column) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Runner> runner, Runner::Create(options));
+  RETURN_IF_ERROR(runner->Capture().status());
+  std::vector<int32_t> tokens;
+  for (int b : batches) {
+    ASSIGN_OR_RETURN(column->ms[b], TimeDecode(*runner, b, absl::GetFlag(FLAGS_context),
+                                               absl::GetFlag(FLAGS_steps), &tokens));
+  }
+  if (const AutoCommunicator* comm = runner->communicator()) {
+    const AllReduceStats& s = comm->stats();
+    column->paths = absl::StrCat(column->name, ": ", s.one_shot_staged, " one-shot staged, ",
+                                 s.one_shot_registered, " one-shot registered, ",
+                                 s.two_shot_staged + s.two_shot_registered, " two-shot, ", s.nccl,
+                                 " NCCL calls enqueued (captures count once)",
+                                 comm->custom_available()
+                                     ? ""
+                                     : absl::StrCat("; custom unavailable: ",
+                                                    comm->custom_unavailable_reason()));
+  }
+  if (check_with != nullptr) {
+    ASSIGN_OR_RETURN(std::vector<std::string> all,
+                     check_with->AllGather(std::string(
+                         reinterpret_cast<const char*>(tokens.data()), tokens.size() * 4)));
+    for (size_t r = 1; r < all.size(); ++r) {
+      if (all[r] != all[0]) {
+        return absl::InternalError(
+            absl::StrCat(column->name, ": rank ", r, " sampled other tokens than rank 0"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunRank(testing::ProcessGroupMember& member) {
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(member.rank));
+  ASSIGN_OR_RETURN(std::vector<int> batches, Batches());
+  const int context = absl::GetFlag(FLAGS_context);
+  const int world = member.world_size;
+  HostBootstrap& bootstrap = *member.bootstrap;
+  std::vector<Column> columns;
+
+  // TP=1 on rank 0's GPU; the other ranks wait.
+  Column one{"TP=1", {}, ""};
+  if (member.rank == 0) {
+    RETURN_IF_ERROR(RunColumn(BenchmarkOptions(batches, context), batches, nullptr, &one));
+  }
+  RETURN_IF_ERROR(bootstrap.Barrier());
+  columns.push_back(one);
+
+  for (bool custom : {true, false}) {
+    RunnerOptions options = BenchmarkOptions(batches, context);
+    options.bootstrap = &bootstrap;
+    options.device = member.rank;
+    options.allreduce.set_enable_custom(custom);
+    Column column{absl::StrCat("TP=", world, custom ? " custom (auto)" : " NCCL"), {}, ""};
+    RETURN_IF_ERROR(RunColumn(options, batches, &bootstrap, &column));
+    columns.push_back(column);
+  }
+
+  if (member.rank == 0) {
+    ASSIGN_OR_RETURN(DeviceInfo info, DeviceInfo::Query(0));
+    std::printf("device: %s x %d\n", info.ToString().c_str(), world);
+    std::printf("model: 1B-class Llama (llama-3.2-1b shape, random bf16 weights), context %d, "
+                "CUDA graphs, step ms on rank 0 (median of %d)\n",
+                context, absl::GetFlag(FLAGS_steps));
+    std::printf("| batch | %s | %s | %s | NCCL / custom | TP=1 / custom |\n",
+                columns[0].name.c_str(), columns[1].name.c_str(), columns[2].name.c_str());
+    std::printf("|------:|-----:|-----:|-----:|------:|------:|\n");
+    for (int b : batches) {
+      const double single = columns[0].ms[b], custom = columns[1].ms[b], nccl = columns[2].ms[b];
+      std::printf("| %d | %.3f | %.3f | %.3f | %.2fx | %.2fx |\n", b, single, custom, nccl,
+                  nccl / custom, single / custom);
+    }
+    for (size_t c = 1; c < columns.size(); ++c) std::printf("%s\n", columns[c].paths.c_str());
+  }
+  return absl::OkStatus();
+}
+
+int ChildMain() {
+  absl::StatusOr<testing::ProcessGroupMember> member =
+      testing::JoinProcessGroup(absl::Seconds(300));
+  if (!member.ok()) {
+    std::fprintf(stderr, "tp_benchmark: %s\n", member.status().ToString().c_str());
+    return 1;
+  }
+  const absl::Status status = RunRank(*member);
+  if (!status.ok()) {
+    std::fprintf(stderr, "tp_benchmark rank %d: %s\n", member->rank, status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+int ParentMain(int argc, char** argv) {
+  int world = absl::GetFlag(FLAGS_world_size);
+  if (world <= 0) world = DeviceCount();
+  if (world < 2) {
+    std::fprintf(stderr, "tp_benchmark: needs at least 2 GPUs (found %d); pass --world_size\n",
+                 world);
+    return 2;
+  }
+  testing::ProcessGroupOptions options;
+  options.world_size = world;
+  options.argv.assign(argv, argv + argc);
+  options.passthrough_rank = 0;
+  options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  absl::StatusOr<std::vector<testing::RankOutcome>> outcomes = testing::RunProcessGroup(options);
+  if (!outcomes.ok()) {
+    std::fprintf(stderr, "tp_benchmark: %s\n", outcomes.status().ToString().c_str());
+    return 1;
+  }
+  int rc = 0;
+  for (const testing::RankOutcome& o : *outcomes) {
+    if (o.exited && o.exit_code == 0) continue;
+    rc = 1;
+    std::fprintf(stderr, "tp_benchmark: %s\n", testing::DescribeOutcome(o).c_str());
+    if (!o.log_path.empty()) {
+      std::fprintf(stderr, "---- log of rank %d ----\n%s\n", o.rank,
+                   testing::ReadFileTail(o.log_path).c_str());
+    }
+  }
+  return rc;
+}
+
+}  // namespace
+}  // namespace kiln
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  if (kiln::testing::IsProcessGroupChild()) return kiln::ChildMain();
+  return kiln::ParentMain(argc, argv);
+}
