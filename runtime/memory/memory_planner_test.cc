@@ -209,7 +209,7 @@ TEST(MemoryPlannerTest, TensorParallelAddsCollectivesAndShrinksPerRankWeights) {
   config.set_tensor_parallel_size(2);
   MemoryPlan two = PlanOrDie(config);
   EXPECT_EQ(one.Find("nccl")->bytes, 0);
-  EXPECT_EQ(two.Find("nccl")->bytes, 256 * kMiB);
+  EXPECT_EQ(two.Find("nccl")->bytes, 400 * kMiB);
   EXPECT_EQ(two.Find("custom_allreduce")->bytes, 16 * kMiB);
   EXPECT_LT(two.Find("weights")->bytes, one.Find("weights")->bytes);
   EXPECT_EQ(two.kv_bytes_per_token * 2, one.kv_bytes_per_token);

@@ -271,7 +271,7 @@ absl::Status Runner::InitAllocations(const RunnerOptions& options) {
   model_options.block_size = block_size;
   model_options.skinny_gemm_max_rows = options.skinny_gemm_max_rows;
   model_options.run_attention = !options.skip_attention;
-  model_options.communicator = comm_.get();
+  model_options.communicator = options.skip_allreduce ? nullptr : comm_.get();
   ASSIGN_OR_RETURN(model_, LlamaModel::Create(std::move(weights), model_options, std::move(gemm)));
   RETURN_IF_ERROR(Record(&memory_, "kv_cache", static_cast<int64_t>(model_->kv_cache_bytes()),
                          free_bytes));

@@ -137,6 +137,9 @@ struct RunnerOptions {
   // With tensor parallelism, Capture ends with RegisterGraphBuffers(); false leaves that to the
   // caller, and replays are refused until it is called.
   bool register_graph_buffers = true;
+  // Benchmarks only: with tensor parallelism, leave the all-reduces out of every step (each rank
+  // keeps its partial sums), to time what they cost. The tokens are then not the model's.
+  bool skip_allreduce = false;
   // Tests only: runs before each call of a captured step function (warm-ups and the capture,
   // CaptureContext tells which); a non-OK status fails that call on this rank.
   std::function<absl::Status(CaptureKey key)> capture_step_hook_for_testing;

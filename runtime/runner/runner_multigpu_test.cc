@@ -43,8 +43,11 @@ constexpr int kMaxSeqs = 8;
 constexpr int kMaxTokens = 128;
 constexpr int kBlockSize = 16;
 constexpr int kMaxModelLen = 256;
-// bf16 activations: TP=world and TP=1 round partial sums differently (as in runner_gpu_test).
+// Each run is within 1e-2 of the exact model (bf16 activations, runner_gpu_test's tolerance); two
+// runs that round differently (TP=world rounds each rank's partial sums) are within twice that.
+// Measured on 2 x H200: at most 7.9e-3.
 constexpr double kTolerance = 1e-2;
+constexpr double kTpTolerance = 2 * kTolerance;
 
 // Tiny, with heads that split over 1, 2, 4 and 8 ranks (group size 2 everywhere).
 LlamaShape TpTinyShape() {
@@ -293,8 +296,9 @@ int CompareWithOneGpu(const std::vector<Outcome>& tp, const std::vector<Outcome>
       }
       const double rel = std::sqrt(diff / norm);
       max_rel = std::max(max_rel, rel);
-      EXPECT_LT(rel, kTolerance) << "step " << s << " row " << i;
+      EXPECT_LT(rel, kTpTolerance) << "step " << s << " row " << i;
       EXPECT_EQ(best_index, one[s].tokens[i]) << "TP=1's sampler disagrees with its logits";
+      // A clear margin: far above what either run's error moves a logit.
       const double clear = 8 * kTolerance * std::sqrt(norm / vocab);
       if (best - second > clear) {
         ++clear_checks;

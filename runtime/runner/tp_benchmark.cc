@@ -1,7 +1,8 @@
 // Decode-step latency of the 1B-class Llama (hidden 2048, 16 layers, 32/8 heads of 64, ffn 8192,
 // vocab 128256, random bf16 weights) with tensor parallelism, as CUDA graphs: TP=1, and
-// TP=world with the custom all-reduce (AutoCommunicator's choice per call) and with NCCL only,
-// at batch 1, 8 and 32 with 1024 tokens of context. It starts one process per visible GPU itself
+// TP=world with the custom all-reduce (AutoCommunicator's choice per call), with NCCL only, with
+// the custom one-shot reading registered graph inputs, and with no all-reduce at all (the floor
+// the collectives add to), at batch 1, 8 and 32 with 1024 tokens of context. It starts one process per visible GPU itself
 // (collectives/testing/process_group.h); rank 0 prints the table.
 //
 //   bazel run -c opt //runtime/runner:tp_benchmark [-- --world_size=4 --batches=1,8,32]
@@ -163,13 +164,19 @@ absl::Status RunRank(testing::ProcessGroupMember& member) {
   RETURN_IF_ERROR(bootstrap.Barrier());
   columns.push_back(one);
 
-  for (bool custom : {true, false}) {
+  // TP=world: custom (auto), NCCL only, custom one-shot reading registered graph inputs, and no
+  // all-reduce at all (what the collectives cost; tokens not the model's, so not compared).
+  enum Variant { kAuto, kNccl, kRegistered, kNone };
+  for (Variant v : {kAuto, kNccl, kRegistered, kNone}) {
     RunnerOptions options = BenchmarkOptions(batches, context);
     options.bootstrap = &bootstrap;
     options.device = member.rank;
-    options.allreduce.set_enable_custom(custom);
-    Column column{absl::StrCat("TP=", world, custom ? " custom (auto)" : " NCCL"), {}, ""};
-    RETURN_IF_ERROR(RunColumn(options, batches, &bootstrap, &column));
+    options.allreduce.set_enable_custom(v != kNccl);
+    options.allreduce.set_graph_one_shot_registered(v == kRegistered);
+    options.skip_allreduce = v == kNone;
+    const char* names[] = {" custom (auto)", " NCCL", " custom registered", " no all-reduce"};
+    Column column{absl::StrCat("TP=", world, names[v]), {}, ""};
+    RETURN_IF_ERROR(RunColumn(options, batches, v == kNone ? nullptr : &bootstrap, &column));
     columns.push_back(column);
   }
 
@@ -179,15 +186,20 @@ absl::Status RunRank(testing::ProcessGroupMember& member) {
     std::printf("model: 1B-class Llama (llama-3.2-1b shape, random bf16 weights), context %d, "
                 "CUDA graphs, step ms on rank 0 (median of %d)\n",
                 context, absl::GetFlag(FLAGS_steps));
-    std::printf("| batch | %s | %s | %s | NCCL / custom | TP=1 / custom |\n",
-                columns[0].name.c_str(), columns[1].name.c_str(), columns[2].name.c_str());
-    std::printf("|------:|-----:|-----:|-----:|------:|------:|\n");
+    std::printf("| batch |");
+    for (const Column& c : columns) std::printf(" %s |", c.name.c_str());
+    std::printf(" NCCL / custom | TP=1 / custom |\n|------:|");
+    for (size_t c = 0; c < columns.size() + 2; ++c) std::printf("------:|");
+    std::printf("\n");
     for (int b : batches) {
-      const double single = columns[0].ms[b], custom = columns[1].ms[b], nccl = columns[2].ms[b];
-      std::printf("| %d | %.3f | %.3f | %.3f | %.2fx | %.2fx |\n", b, single, custom, nccl,
-                  nccl / custom, single / custom);
+      std::printf("| %d |", b);
+      for (Column& c : columns) std::printf(" %.3f |", c.ms[b]);
+      const double custom = columns[1].ms[b];
+      std::printf(" %.2fx | %.2fx |\n", columns[2].ms[b] / custom, columns[0].ms[b] / custom);
     }
-    for (size_t c = 1; c < columns.size(); ++c) std::printf("%s\n", columns[c].paths.c_str());
+    for (size_t c = 1; c < columns.size(); ++c) {
+      if (!columns[c].paths.empty()) std::printf("%s\n", columns[c].paths.c_str());
+    }
   }
   return absl::OkStatus();
 }
