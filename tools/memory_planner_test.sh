@@ -93,8 +93,8 @@ expect_bad bad_textproto "Cannot parse $tmp/bad.textproto as a kiln.config.Plann
   "--config=$tmp/bad.textproto"
 printf '{"max_num_seqs": 8,,}' >"$tmp/bad.json"
 expect_bad bad_json "Cannot parse $tmp/bad.json as a JSON object" "--config=$tmp/bad.json"
-printf '{"max_model_len": 8192}' >"$tmp/unknown.json"
-expect_bad unknown_json_field 'max_model_len' "--config=$tmp/unknown.json"
+printf '{"max_seq_len_to_capture": 8192}' >"$tmp/unknown.json"
+expect_bad unknown_json_field 'max_seq_len_to_capture' "--config=$tmp/unknown.json"
 expect_bad missing_config 'Cannot open config file' "--config=$tmp/no_such_file.textproto"
 expect_bad no_kv_block 'The budget leaves no room for a KV block' --preset=llama-3.1-70b
 expect_bad no_kv_block_fix 'raise tensor_parallel_size' --preset=llama-3.1-70b
