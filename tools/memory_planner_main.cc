@@ -69,6 +69,16 @@ ABSL_FLAG(std::optional<std::string>, capture_sizes, std::nullopt,
           "Comma-separated sizes to capture (e.g. 1,2,4,8), or 'default'");
 ABSL_FLAG(std::optional<int>, max_capture_size, std::nullopt,
           "Largest size that gets a graph; larger listed sizes are dropped");
+ABSL_FLAG(std::optional<std::string>, graph_execution, std::nullopt,
+          "full (one graph per size, attention inside) or piecewise (layers + 1 graphs per size, "
+          "attention eager between them) (default full)");
+ABSL_FLAG(std::optional<bool>, capture_prefill, std::nullopt,
+          "With --graph_mode=decode, also capture the prefill token budgets (default true)");
+ABSL_FLAG(std::optional<std::string>, prefill_sizes, std::nullopt,
+          "With --graph_mode=decode: comma-separated prefill token budgets (e.g. 64,256,512), or "
+          "'default'");
+ABSL_FLAG(std::optional<int>, max_model_len, std::nullopt,
+          "Longest sequence in tokens, prompt and output (default 4096)");
 ABSL_FLAG(std::optional<std::string>, kv_cache_dtype, std::nullopt,
           "KV cache element type: bf16, fp16, fp32, fp8 (default: the model's dtype)");
 ABSL_FLAG(std::optional<int>, block_size, std::nullopt, "Tokens per KV block (default 64)");
@@ -101,6 +111,8 @@ ABSL_FLAG(std::optional<int>, gpu_sm_count, std::nullopt, "GPU streaming multipr
 // Calibration: replace the planner's estimates with measured values.
 ABSL_FLAG(std::optional<uint64_t>, activation_bytes_per_token, std::nullopt,
           "Activation arena per batched token");
+ABSL_FLAG(std::optional<uint64_t>, graph_bytes_per_graph, std::nullopt,
+          "Device memory per captured graph, besides its nodes");
 ABSL_FLAG(std::optional<uint64_t>, graph_bytes_per_node, std::nullopt,
           "Device memory per captured graph node");
 ABSL_FLAG(std::optional<uint64_t>, cublaslt_workspace_bytes, std::nullopt, "cuBLASLt workspace");
@@ -176,6 +188,14 @@ absl::StatusOr<config::DType> ParseDType(const std::string& text, absl::string_v
       absl::StrCat("Unknown --", flag, " \"", text, "\"; use bf16, fp16, fp32 or fp8"));
 }
 
+absl::StatusOr<config::GraphExecution> ParseGraphExecution(const std::string& text) {
+  const std::string t = absl::AsciiStrToLower(text);
+  if (t == "full") return config::GRAPH_EXECUTION_FULL;
+  if (t == "piecewise") return config::GRAPH_EXECUTION_PIECEWISE;
+  return absl::InvalidArgumentError(
+      absl::StrCat("Unknown --graph_execution \"", text, "\"; use full or piecewise"));
+}
+
 absl::StatusOr<config::GraphMode> ParseGraphMode(const std::string& text) {
   const std::string t = absl::AsciiStrToLower(text);
   if (t == "decode") return config::GRAPH_MODE_DECODE;
@@ -215,6 +235,13 @@ absl::StatusOr<config::PlannerConfig> FlagOverlay() {
     o.mutable_graph()->set_mode(*mode);
   }
   if (auto v = absl::GetFlag(FLAGS_max_capture_size)) o.mutable_graph()->set_max_capture_size(*v);
+  if (auto v = absl::GetFlag(FLAGS_graph_execution)) {
+    absl::StatusOr<config::GraphExecution> execution = ParseGraphExecution(*v);
+    if (!execution.ok()) return execution.status();
+    o.mutable_graph()->set_execution(*execution);
+  }
+  if (auto v = absl::GetFlag(FLAGS_capture_prefill)) o.mutable_graph()->set_capture_prefill(*v);
+  if (auto v = absl::GetFlag(FLAGS_max_model_len)) o.set_max_model_len(*v);
 
   config::ModelShape* m = o.mutable_model();
   if (auto v = absl::GetFlag(FLAGS_model_name)) m->set_name(*v);
@@ -243,6 +270,7 @@ absl::StatusOr<config::PlannerConfig> FlagOverlay() {
   config::Calibration* c = o.mutable_calibration();
   if (auto v = absl::GetFlag(FLAGS_activation_bytes_per_token))
     c->set_activation_bytes_per_token(*v);
+  if (auto v = absl::GetFlag(FLAGS_graph_bytes_per_graph)) c->set_graph_bytes_per_graph(*v);
   if (auto v = absl::GetFlag(FLAGS_graph_bytes_per_node)) c->set_graph_bytes_per_node(*v);
   if (auto v = absl::GetFlag(FLAGS_cublaslt_workspace_bytes)) c->set_cublaslt_workspace_bytes(*v);
   if (auto v = absl::GetFlag(FLAGS_custom_allreduce_buffer_bytes)) {
@@ -253,26 +281,36 @@ absl::StatusOr<config::PlannerConfig> FlagOverlay() {
   return o;
 }
 
-// Applies --capture_sizes ("default" clears the list; else a comma-separated list replaces it).
-absl::Status ApplyCaptureSizes(config::PlannerConfig* config) {
-  const std::optional<std::string> text = absl::GetFlag(FLAGS_capture_sizes);
+// Applies a size-list flag (--capture_sizes, --prefill_sizes) to `sizes`: "default" clears the
+// list; else a comma-separated list replaces it.
+absl::Status ApplySizeList(const std::optional<std::string>& text, absl::string_view flag,
+                           google::protobuf::RepeatedField<int32_t>* sizes) {
   if (!text) return absl::OkStatus();
-  config->mutable_graph()->clear_capture_sizes();
+  sizes->Clear();
   if (absl::AsciiStrToLower(*text) == "default") return absl::OkStatus();
   for (absl::string_view piece : absl::StrSplit(*text, ',', absl::SkipWhitespace())) {
     int size = 0;
     if (!absl::SimpleAtoi(piece, &size)) {
-      return absl::InvalidArgumentError(absl::StrCat("--capture_sizes has \"", piece,
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, " has \"", piece,
                                                      "\", which is not an integer; give sizes like "
                                                      "1,2,4,8 or 'default'"));
     }
-    config->mutable_graph()->add_capture_sizes(size);
+    sizes->Add(size);
   }
-  if (config->graph().capture_sizes_size() == 0) {
-    return absl::InvalidArgumentError(
-        "--capture_sizes is empty; give sizes like 1,2,4,8, 'default', or --graph_mode=none");
+  if (sizes->empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, " is empty; give sizes like 1,2,4,8, 'default', or --graph_mode=none"));
   }
   return absl::OkStatus();
+}
+
+// Applies --capture_sizes and --prefill_sizes.
+absl::Status ApplyCaptureSizes(config::PlannerConfig* config) {
+  absl::Status status = ApplySizeList(absl::GetFlag(FLAGS_capture_sizes), "capture_sizes",
+                                      config->mutable_graph()->mutable_capture_sizes());
+  if (!status.ok()) return status;
+  return ApplySizeList(absl::GetFlag(FLAGS_prefill_sizes), "prefill_sizes",
+                       config->mutable_graph()->mutable_prefill_sizes());
 }
 
 // Replaces gpu_preset "auto" with GPU 0 of this machine; explicit GPU fields still win.

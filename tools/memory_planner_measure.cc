@@ -48,10 +48,17 @@ absl::StatusOr<MeasuredPlan> MeasurePlan(const config::PlannerConfig& config) {
   CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free0, &total));
   const int64_t context_bytes = static_cast<int64_t>(total) - static_cast<int64_t>(free0);
 
+  // The Runner captures exactly the graphs the planner counts: its options follow the config.
+  ASSIGN_OR_RETURN(config::PlannerConfig resolved, ResolvePlannerConfig(config));
+  const config::GraphConfig& graph = resolved.graph();
   RunnerOptions options;
   options.config = config;
-  options.graphs = GraphExecution::kFull;
-  options.capture_prefill = false;  // capture exactly the graphs the planner counts
+  options.graphs = graph.execution() == config::GRAPH_EXECUTION_PIECEWISE
+                       ? GraphExecution::kPiecewise
+                       : GraphExecution::kFull;
+  options.capture_prefill = graph.capture_prefill();
+  options.prefill_sizes.assign(graph.prefill_sizes().begin(), graph.prefill_sizes().end());
+  options.max_model_len = resolved.max_model_len();
   options.progress = CaptureProgress::kNone;
   ASSIGN_OR_RETURN(std::unique_ptr<Runner> runner, Runner::Create(options));
 
@@ -74,7 +81,6 @@ absl::StatusOr<MeasuredPlan> MeasurePlan(const config::PlannerConfig& config) {
   m.num_nodes = static_cast<int64_t>(captured.num_nodes);
   m.capture_seconds = captured.seconds;
   m.pool_high_water = static_cast<int64_t>(captured.pool_bytes);
-  m.largest_capture = m.plan.config.graph().max_capture_size();
 
   const MemoryPlan& p = m.plan;
   auto add = [&m, &p](const std::string& name, int64_t measured, std::string note) {
@@ -83,6 +89,7 @@ absl::StatusOr<MeasuredPlan> MeasurePlan(const config::PlannerConfig& config) {
   add("weights", Measured(*runner, "weights"), "cudaMemGetInfo delta of the allocation");
   add("activation_arena", Measured(*runner, "activation_arena"),
       absl::StrCat("eager arena for ", p.config.max_num_batched_tokens(), " tokens"));
+
   add("attention_workspace",
       Measured(*runner, "attention_workspace") + Measured(*runner, "step_metadata"),
       "split-kv partials of every key (shared) + the step metadata blob");
@@ -91,8 +98,9 @@ absl::StatusOr<MeasuredPlan> MeasurePlan(const config::PlannerConfig& config) {
       absl::StrCat("high-water mark of ", m.num_graphs, " captures (",
                    FormatBytes(pool_item ? pool_item->measured_bytes : 0), " reserved)"));
   add("graph_executables", captured.device_bytes,
-      absl::StrFormat("delta across Capture: %d graphs, %d nodes, %.2f s", m.num_graphs,
-                      m.num_nodes, m.capture_seconds));
+      absl::StrFormat("delta across Capture: %d graphs, %d nodes (counted: %d, %d), %.2f s",
+                      m.num_graphs, m.num_nodes, p.num_graphs, p.num_graph_nodes,
+                      m.capture_seconds));
   add("custom_allreduce", 0, "not measured (tensor_parallel_size 1)");
   add("nccl", 0, "not measured (tensor_parallel_size 1)");
   add("cublaslt_workspace", Measured(*runner, "cublaslt_workspace"), "Gemm::Create");
@@ -103,13 +111,12 @@ absl::StatusOr<MeasuredPlan> MeasurePlan(const config::PlannerConfig& config) {
   add("kv_cache", Measured(*runner, "kv_cache"),
       absl::StrCat(runner->num_kv_blocks(), " blocks allocated"));
 
+  // One capture cannot tell the cost per graph from the cost per node: the per-graph estimate
+  // (fitted to full and piecewise captures) is held, and the rest is spread over the nodes.
   if (m.num_nodes > 0) {
-    m.calibration.set_graph_bytes_per_node(
-        static_cast<uint64_t>(std::max<int64_t>(captured.device_bytes, 0) / m.num_nodes));
-  }
-  if (m.largest_capture > 0 && m.pool_high_water > 0) {
-    m.calibration.set_activation_bytes_per_token(
-        static_cast<uint64_t>((m.pool_high_water + m.largest_capture - 1) / m.largest_capture));
+    const int64_t node_bytes = std::max<int64_t>(
+        captured.device_bytes - m.num_graphs * p.estimates.graph_bytes_per_graph, 0);
+    m.calibration.set_graph_bytes_per_node(static_cast<uint64_t>(node_bytes / m.num_nodes));
   }
   m.calibration.set_cublaslt_workspace_bytes(
       static_cast<uint64_t>(Measured(*runner, "cublaslt_workspace")));
@@ -119,9 +126,10 @@ absl::StatusOr<MeasuredPlan> MeasurePlan(const config::PlannerConfig& config) {
 
 std::string RenderMeasured(const MeasuredPlan& m) {
   std::string out = absl::StrFormat(
-      "Measured on %s (%s): %s, %d graphs of %s\n", m.plan.config.gpu().name(),
+      "Measured on %s (%s): %s, %d %s graphs\n", m.plan.config.gpu().name(),
       FormatBytes(m.plan.total_bytes), m.plan.config.model().name(), m.num_graphs,
-      m.plan.config.graph().mode() == config::GRAPH_MODE_PREFILL_ONLY ? "prefill" : "decode");
+      m.plan.config.graph().execution() == config::GRAPH_EXECUTION_PIECEWISE ? "piecewise"
+                                                                               : "full");
   absl::StrAppendFormat(&out, "%-20s %12s %12s %8s  %s\n", "term", "predicted", "measured",
                         "diff", "how it was measured");
   for (const MeasuredTerm& t : m.terms) {
@@ -136,9 +144,6 @@ std::string RenderMeasured(const MeasuredPlan& m) {
                   "\nCalibration measured here (a PlannerConfig's calibration; --graph_bytes_per_"
                   "node etc.):\ncalibration {\n");
   const config::Calibration& c = m.calibration;
-  if (c.has_activation_bytes_per_token()) {
-    absl::StrAppend(&out, "  activation_bytes_per_token: ", c.activation_bytes_per_token(), "\n");
-  }
   if (c.has_graph_bytes_per_node()) {
     absl::StrAppend(&out, "  graph_bytes_per_node: ", c.graph_bytes_per_node(), "\n");
   }

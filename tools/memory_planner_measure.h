@@ -1,5 +1,6 @@
 // The memory planner's --measure mode: builds the Runner for real on GPU 0 from a planner config
-// (weights, KV cache, activation arena, graph pool, logits, captures of every planned graph) and
+// (weights, KV cache, activation arena, graph pool, logits, captures of every planned graph: the
+// Runner's options follow the config's graph execution, prefill budgets and max_model_len) and
 // puts each term the planner predicted beside what the device's free memory says it cost.
 //
 //   ASSIGN_OR_RETURN(kiln::MeasuredPlan m, kiln::MeasurePlan(config));
@@ -9,7 +10,8 @@
 // what the device lost before the first allocation plus what lazily loaded modules took during a
 // first eager step; the graph executables as the delta across Capture (the pool is reserved
 // before it); the pool's high-water mark. From these it derives the calibration constants
-// (graph_bytes_per_node, activation_bytes_per_token, margin). Needs a GPU; not thread-safe.
+// (graph_bytes_per_node with the per-graph estimate held, cuBLASLt workspace, margin); the
+// activations need none, the planner counts the model's layout. Needs a GPU; not thread-safe.
 #ifndef KILN_TOOLS_MEMORY_PLANNER_MEASURE_H_
 #define KILN_TOOLS_MEMORY_PLANNER_MEASURE_H_
 
@@ -38,7 +40,6 @@ struct MeasuredPlan {
   int64_t num_nodes = 0;
   double capture_seconds = 0;
   int64_t pool_high_water = 0;
-  int largest_capture = 0;
   // Calibration derived from the measurement.
   config::Calibration calibration;
 };

@@ -27,15 +27,33 @@ double Share(int64_t part, int64_t whole) {
   return whole > 0 ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0;
 }
 
+std::string SizeRange(const google::protobuf::RepeatedField<int32_t>& sizes) {
+  const int first = sizes.Get(0);
+  const int last = sizes.Get(sizes.size() - 1);
+  return first == last ? absl::StrCat("size ", first) : absl::StrCat("sizes ", first, "..", last);
+}
+
+// "27 decode graphs, sizes 1..256 + 14 prefill graphs, sizes 16..512 tokens" (and how piecewise
+// graphs split each key).
 std::string GraphSummary(const MemoryPlan& plan) {
   const config::GraphConfig& g = plan.config.graph();
   if (g.capture_sizes_size() == 0) return "no CUDA graphs";
-  const char* kind = g.mode() == config::GRAPH_MODE_PREFILL_ONLY ? "prefill-only" : "decode";
-  const int first = g.capture_sizes(0);
-  const int last = g.capture_sizes(g.capture_sizes_size() - 1);
-  return absl::StrCat(g.capture_sizes_size(), " ", kind, " graphs",
-                      first == last ? absl::StrCat(" of size ", first)
-                                    : absl::StrCat(", sizes ", first, "..", last));
+  std::string out;
+  if (g.mode() == config::GRAPH_MODE_PREFILL_ONLY) {
+    out = absl::StrCat(g.capture_sizes_size(), " prefill-only graphs, ",
+                       SizeRange(g.capture_sizes()), " tokens");
+  } else {
+    out = absl::StrCat(g.capture_sizes_size(), " decode graphs, ", SizeRange(g.capture_sizes()));
+    if (g.capture_prefill() && g.prefill_sizes_size() > 0) {
+      absl::StrAppend(&out, " + ", g.prefill_sizes_size(), " prefill graphs, ",
+                      SizeRange(g.prefill_sizes()), " tokens");
+    }
+  }
+  if (g.execution() == config::GRAPH_EXECUTION_PIECEWISE) {
+    absl::StrAppend(&out, "; piecewise, ", plan.config.model().num_layers() + 1,
+                    " graphs per size");
+  }
+  return out;
 }
 
 std::string Title(const MemoryPlan& plan) {

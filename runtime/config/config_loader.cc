@@ -257,6 +257,7 @@ void MergePlannerConfig(const PlannerConfig& overlay, PlannerConfig* base) {
   if (overlay.has_model_preset()) base->clear_model();
   if (overlay.has_gpu_preset()) base->clear_gpu();
   if (overlay.graph().capture_sizes_size() > 0) base->mutable_graph()->clear_capture_sizes();
+  if (overlay.graph().prefill_sizes_size() > 0) base->mutable_graph()->clear_prefill_sizes();
   base->MergeFrom(overlay);
 }
 

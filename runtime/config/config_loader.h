@@ -20,7 +20,7 @@
 // them silently (set max_capture_size to crop a list). A FastDeploy key that sets what a kiln
 // field in the same file also sets is an error, as is any other key. Top-level keys that FastDeploy
 // and kiln share (gpu_memory_utilization, max_num_seqs, max_num_batched_tokens, block_size,
-// tensor_parallel_size) mean the same thing in both.
+// tensor_parallel_size, max_model_len) mean the same thing in both.
 //
 // Thread-safe; no CUDA.
 #ifndef KILN_RUNTIME_CONFIG_CONFIG_LOADER_H_
@@ -56,7 +56,7 @@ std::string PlannerConfigToText(const config::PlannerConfig& config);
 std::string PlannerConfigToJson(const config::PlannerConfig& config);
 
 // Layers `overlay` over `*base`: every field set in `overlay` replaces the one in `*base`. A
-// repeated field (capture_sizes) is replaced as a whole, not appended to. A preset named in
+// repeated field (capture_sizes, prefill_sizes) is replaced as a whole, not appended to. A preset named in
 // `overlay` (model_preset, gpu_preset) also drops `*base`'s explicit model or GPU fields, so the
 // new preset is not mixed with the old shape.
 void MergePlannerConfig(const config::PlannerConfig& overlay, config::PlannerConfig* base);

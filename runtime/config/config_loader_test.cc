@@ -135,9 +135,9 @@ TEST(ConfigLoaderTest, UnparsableInputSaysWhereAndHowToFix) {
   auto json = ParsePlannerConfigJson("{\"max_num_seqs\": }", "b.json");
   EXPECT_THAT(Message(json.status()), HasSubstr("Cannot parse b.json as a JSON object"));
 
-  auto field = ParsePlannerConfigJson(R"({"max_model_len": 8192})", "c.json");
+  auto field = ParsePlannerConfigJson(R"({"max_seq_len_to_capture": 8192})", "c.json");
   EXPECT_THAT(Message(field.status()), HasSubstr("Cannot read c.json"));
-  EXPECT_THAT(Message(field.status()), HasSubstr("max_model_len"));
+  EXPECT_THAT(Message(field.status()), HasSubstr("max_seq_len_to_capture"));
 
   auto array = ParsePlannerConfigJson("[1, 2]", "d.json");
   EXPECT_EQ(array.status().code(), absl::StatusCode::kInvalidArgument);
@@ -150,14 +150,17 @@ TEST(ConfigLoaderTest, UnparsableInputSaysWhereAndHowToFix) {
 TEST(ConfigLoaderTest, MergeReplacesListsAndPresets) {
   config::PlannerConfig base = DefaultPlannerConfig();
   for (int s : {1, 2, 4}) base.mutable_graph()->add_capture_sizes(s);
+  for (int s : {16, 32}) base.mutable_graph()->add_prefill_sizes(s);
   base.mutable_model()->set_num_layers(3);
   base.mutable_gpu()->set_sm_count(7);
 
   config::PlannerConfig overlay;
   overlay.mutable_graph()->add_capture_sizes(8);
+  overlay.mutable_graph()->add_prefill_sizes(64);
   overlay.set_max_num_seqs(0);  // explicit zero is carried over (and rejected later)
   MergePlannerConfig(overlay, &base);
   EXPECT_THAT(base.graph().capture_sizes(), ElementsAre(8));
+  EXPECT_THAT(base.graph().prefill_sizes(), ElementsAre(64));
   EXPECT_TRUE(base.has_max_num_seqs());
   EXPECT_EQ(base.max_num_seqs(), 0);
   EXPECT_EQ(base.model().num_layers(), 3);  // no preset named: explicit fields stay

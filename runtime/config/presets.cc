@@ -122,6 +122,7 @@ config::PlannerConfig DefaultPlannerConfig() {
   config.mutable_graph()->set_mode(config::GRAPH_MODE_DECODE);
   config.set_block_size(64);
   config.set_tensor_parallel_size(1);
+  config.set_max_model_len(4096);
   return config;
 }
 

@@ -37,8 +37,9 @@ std::vector<std::string> ModelPresetNames();
 std::vector<std::string> GpuPresetNames();
 
 // Returns kiln's default planner inputs: Llama-3.1-8B on an H100 80GB, gpu_memory_utilization
-// 0.9, max_num_seqs 256, max_num_batched_tokens 8192, decode graphs at the default capture sizes,
-// KV blocks of 64 tokens in the model's dtype, no tensor parallelism.
+// 0.9, max_num_seqs 256, max_num_batched_tokens 8192, decode graphs at the default capture sizes
+// (full graphs, prefill budgets captured too, as the Runner does), KV blocks of 64 tokens in the
+// model's dtype, no tensor parallelism, max_model_len 4096 (the Runner's default).
 config::PlannerConfig DefaultPlannerConfig();
 
 }  // namespace kiln

@@ -8,8 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "runtime/config/presets.h"
+#include "attention/split_kv_planner.h"
 #include "graph/capture_sizes.h"
+#include "runtime/config/presets.h"
 
 namespace kiln {
 namespace {
@@ -28,23 +29,30 @@ constexpr int64_t kGiB = int64_t{1} << 30;
 // on the GPU (it then writes a Calibration). They are deliberately on the generous side: a
 // KV cache a little too small costs a little throughput, one too large fails graph capture.
 
-// Device memory per node of an instantiated CUDA graph (the driver's node records and the copies
-// of kernel parameters it keeps on the device). Measured with `memory_planner --measure
-// --preset=llama-3.2-1b` on an H200 (CUDA 13.0, driver 580, 2026-11-21): the 27 decode graphs of
-// the 1B model, 5233 kernel and memset nodes, took 16.0 MiB across capture (cudaMemGetInfo
-// delta; the pool was reserved before), 3.2 KiB per node. We take 4 KiB: the delta is only
-// visible in 2 MiB steps. (The estimate before, 16 KiB, came from a public CUDA 11.2 report of
-// about 64 KiB per empty-kernel node and serving engines' totals.)
-constexpr int64_t kGraphBytesPerNode = 4 * kKiB;
+// Device memory of instantiated CUDA graphs: a cost per graph and one per node (the driver's node
+// records and the copies of kernel parameters it keeps on the device). Three captures of the 1B
+// model, measured as cudaMemGetInfo deltas on an H200 (CUDA 13.0, driver 580, 2026-11-21;
+// runtime/runner/NOTES.md): 41 full graphs of 8434 nodes took 26.0 MiB, the 27 decode graphs
+// alone (5267 nodes) 16.0 MiB, and 697 piecewise graphs 94 MiB. About 113 KiB per graph and
+// 2.6 KiB per node fit all three within the 2 MiB steps the delta moves in; we take 128 KiB and
+// 3 KiB, which with the kernels counted below predict 28.3, 17.8 and 105 MiB. (Before: 4 KiB per
+// node and nothing per graph, right for full graphs and a quarter of the piecewise figure.)
+constexpr int64_t kGraphBytesPerGraph = 128 * kKiB;
+constexpr int64_t kGraphBytesPerNode = 3 * kKiB;
 
-// Kernels one decoder layer launches in a captured step: input RMSNorm, QKV GEMM, RoPE + KV
-// append, attention, split-kv merge, O GEMM, residual add + post-attention RMSNorm, gate-up GEMM,
-// SiLU·mul, down GEMM, residual add. Tensor parallelism adds an all-reduce after O and after down.
-constexpr int64_t kKernelsPerLayer = 11;
+// Kernels one decoder layer launches besides attention (runtime/model/llama_model.cc): input
+// RMSNorm (fused with the residual add from layer 1 on), QKV GEMM, RoPE, KV append, O GEMM,
+// residual add + post-attention RMSNorm, gate-up GEMM, SiLU·mul, down GEMM. Attention adds one
+// kernel per plan part and a merge per part that splits KV, read from the attention planner's
+// layout. Tensor parallelism adds an all-reduce after O and after down. cuBLASLt may launch two
+// kernels for a GEMM: the 1B's graphs had 195 and 226 nodes per decode and prefill key against
+// the 182 and 214 counted here.
+constexpr int64_t kKernelsPerLayer = 9;
 constexpr int64_t kAllReducesPerLayer = 2;
-// Outside the layers: embedding, final RMSNorm, lm head GEMM, greedy sampling (the LM head is
-// replicated over tensor-parallel ranks, so no logits gather).
-constexpr int64_t kKernelsOutsideLayers = 4;
+// Outside the layers: the memset that clears the attention output's padding rows, embedding,
+// final RMSNorm, last-token gather, lm head GEMM, greedy sampling (the LM head is replicated over
+// tensor-parallel ranks, so there is no logits gather).
+constexpr int64_t kKernelsOutsideLayers = 6;
 
 // cuBLASLt workspace for the GEMMs (one stream, one workspace): the cuBLAS documentation
 // (cublasSetWorkspace) recommends 32 MiB on Hopper and 4 MiB on earlier GPUs; we reserve the
@@ -73,11 +81,15 @@ constexpr int64_t kNcclBytes = 400 * kMiB;
 // first eager steps), small metadata buffers (block tables, sampling state) and fragmentation.
 constexpr int64_t kMarginBytes = 1 * kGiB;
 
-// Split-kv attention writes partial outputs in float: [slots, kv_heads, tile_rows, head_dim] plus
-// a log-sum-exp per row (attention/attention_params.h). The planner splits KV only until the grid
-// fills the GPU, so slots ≤ one per sequence plus two CTAs' worth per SM; tiles are 64 rows.
-constexpr int64_t kAttentionTileRows = 64;
-constexpr int64_t kSplitSlotsPerSm = 2;
+// The Runner's attention planner options (runtime/runner/step_plan.cc, PlannerOptionsFor):
+// decode tiles hold one token of each query-head group, prefill tiles this many query rows
+// (RunnerOptions::prefill_tile_rows' default); the rest are SplitKvPlannerOptions' defaults.
+constexpr int kPrefillTileRows = 64;
+
+// Sections of the step metadata blob and of the model's activation region are 256-byte aligned
+// (runtime/runner/step_plan.cc, MetadataLayout; runtime/model/llama_model.cc, Offsets).
+constexpr int64_t kMetadataAlign = 256;
+constexpr int64_t kActivationAlign = 256;
 
 // Prefill-only graphs are captured up to this many tokens by default (DESIGN.md, graph/).
 constexpr int kDefaultPrefillCaptureLimit = 512;
@@ -90,10 +102,12 @@ constexpr int64_t kMaxVocab = int64_t{1} << 24;
 constexpr int64_t kMaxSeqs = int64_t{1} << 20;    // max_num_seqs
 constexpr int64_t kMaxTokens = int64_t{1} << 24;  // max_num_batched_tokens
 constexpr int64_t kMaxBlockSize = int64_t{1} << 16;
+constexpr int64_t kMaxModelLen = int64_t{1} << 24;  // max_model_len
 constexpr int64_t kMaxSmCount = int64_t{1} << 16;
 constexpr uint64_t kMaxGpuBytes = uint64_t{1} << 50;      // 1 PiB
 constexpr uint64_t kMaxPerUnitBytes = uint64_t{1} << 30;  // calibrated bytes per token
 constexpr uint64_t kMaxPerNodeBytes = uint64_t{1} << 20;  // calibrated bytes per graph node
+constexpr uint64_t kMaxPerGraphBytes = uint64_t{1} << 30; // calibrated bytes per graph
 constexpr uint64_t kMaxBufferBytes = uint64_t{1} << 40;   // calibrated buffers and margin
 
 // ---------------------------------------------------------------------------------------------
@@ -227,7 +241,13 @@ absl::Status ResolveGraphs(PlannerConfig* out) {
     // Sizes mean nothing without graphs (FastDeploy's use_cudagraph: false keeps its list too).
     graph->clear_capture_sizes();
     graph->clear_max_capture_size();
+    graph->clear_execution();
+    graph->clear_capture_prefill();
+    graph->clear_prefill_sizes();
     return absl::OkStatus();
+  }
+  if (graph->execution() == config::GRAPH_EXECUTION_UNSPECIFIED) {
+    graph->set_execution(config::GRAPH_EXECUTION_FULL);
   }
   const bool decode = graph->mode() == config::GRAPH_MODE_DECODE;
   const int hard_limit = decode ? out->max_num_seqs() : out->max_num_batched_tokens();
@@ -276,9 +296,41 @@ absl::Status ResolveGraphs(PlannerConfig* out) {
     if (!valid.ok()) return valid.status();
     sizes = valid->sizes();
   }
+  if (sizes.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        limit_name, " ", limit, " is above ", CaptureSizes::kMaxLimit,
+        ", the largest limit graph sizes are padded to; list the sizes to capture "
+        "(--capture_sizes), lower ", limit_name, ", or turn graphs off (--graph_mode=none)"));
+  }
   graph->clear_capture_sizes();
   for (int s : sizes) graph->add_capture_sizes(s);
   graph->set_max_capture_size(sizes.back());
+
+  if (!decode) {
+    if (graph->prefill_sizes_size() > 0) {
+      return absl::InvalidArgumentError(
+          "graph.prefill_sizes is for GRAPH_MODE_DECODE; in GRAPH_MODE_PREFILL_ONLY list the "
+          "token budgets in graph.capture_sizes");
+    }
+    graph->clear_capture_prefill();  // prefill graphs are the mode itself
+    return absl::OkStatus();
+  }
+  // The prefill step keys: batches with a prompt pad to them, captured or not (the Runner's
+  // RunnerOptions::prefill_sizes, and capture_prefill).
+  if (!graph->has_capture_prefill()) graph->set_capture_prefill(true);
+  std::vector<int> prefill;
+  if (graph->prefill_sizes_size() == 0) {
+    prefill = CaptureSizes::DefaultPrefillSizes(
+        std::min(kDefaultPrefillCaptureLimit, out->max_num_batched_tokens()));
+  } else {
+    std::vector<int> given(graph->prefill_sizes().begin(), graph->prefill_sizes().end());
+    absl::StatusOr<CaptureSizes> valid =
+        CaptureSizes::FromList(given, out->max_num_batched_tokens(), "max_num_batched_tokens");
+    if (!valid.ok()) return valid.status();
+    prefill = valid->sizes();
+  }
+  graph->clear_prefill_sizes();
+  for (int s : prefill) graph->add_prefill_sizes(s);
   return absl::OkStatus();
 }
 
@@ -385,29 +437,149 @@ int64_t KvBytesPerToken(const ModelShape& model, DType kv_dtype, int tp) {
          DTypeBytes(kv_dtype);
 }
 
-int64_t ActivationBytesPerToken(const ModelShape& model, int tp) {
-  // Estimate: the intermediates one decoder layer keeps alive, summed as if none shared memory
-  // (an upper bound of the runner's arena; layers run in turn and reuse it):
-  //   residual, normed input, O output, down output  4 × [T, H]
-  //   QKV                                            [T, (heads + 2 kv_heads) / rank × head_dim]
-  //   attention output                               [T, heads / rank × head_dim]
-  //   gate-up, SiLU·mul                              [T, 2F / rank], [T, F / rank]
-  // in the activation dtype (bf16 when the weights are fp8). --measure replaces it.
-  const int64_t h = model.hidden_size();
+// The activation widths per token row on one rank, in elements. The model
+// (runtime/model/llama_model.cc, Offsets) keeps, for the layer that runs (layers run in turn and
+// reuse the region):
+//   residual                                       [T, H]
+//   O and down projection outputs (one buffer)     [T, H]
+//   normed input                                   [T, H]
+//   QKV                                            [T, (heads + 2 kv_heads) / rank × head_dim]
+//   attention output                               [T, heads / rank × head_dim]
+//   gate-up, SiLU·mul                              [T, 2F / rank], [T, F / rank]
+//   each sequence's last token                     [rows, H]
+// With tensor parallelism each rank runs the model on its shard (runtime/model/tensor_parallel.h),
+// with these per-rank widths; the O and down projections' partial sums use the normed buffer
+// before the all-reduce writes the output buffer, so the layout is the same.
+// MemoryPlannerTest.ActivationLayoutMatchesTheModel pins the numbers; change both together.
+struct ActivationWidths {
+  int64_t hidden, qkv, attn, gate_up, act;
+};
+
+ActivationWidths WidthsOf(const ModelShape& model, int tp) {
   const int64_t d = model.head_dim();
   const int64_t heads = model.num_heads() / tp;
   const int64_t kv_heads = KvHeadsPerRank(model, tp);
   const int64_t ffn = model.intermediate_size() / tp;
-  const int64_t elements = 4 * h + (heads + 2 * kv_heads) * d + heads * d + 3 * ffn;
-  const int64_t dtype_bytes =
-      model.dtype() == config::DTYPE_FP8_E4M3 ? 2 : DTypeBytes(model.dtype());
-  return elements * dtype_bytes;
+  return {model.hidden_size(), (heads + 2 * kv_heads) * d, heads * d, 2 * ffn, ffn};
 }
 
-int64_t GraphNodesPerGraph(const ModelShape& model, int tp) {
+int64_t ActivationDTypeBytes(const ModelShape& model) {
+  return model.dtype() == config::DTYPE_FP8_E4M3 ? 2 : DTypeBytes(model.dtype());
+}
+
+int64_t ActivationBytesPerToken(const ModelShape& model, int tp) {
+  const ActivationWidths w = WidthsOf(model, tp);
+  return (3 * w.hidden + w.qkv + w.attn + w.gate_up + w.act) * ActivationDTypeBytes(model);
+}
+
+int64_t ActivationArenaBytes(const ModelShape& model, int tp, int64_t num_tokens,
+                             int64_t num_rows) {
+  const ActivationWidths w = WidthsOf(model, tp);
+  const int64_t e = ActivationDTypeBytes(model);
+  auto aligned = [](int64_t bytes) { return CeilDiv(bytes, kActivationAlign) * kActivationAlign; };
+  return 3 * aligned(num_tokens * w.hidden * e) + aligned(num_tokens * w.qkv * e) +
+         aligned(num_tokens * w.attn * e) + aligned(num_tokens * w.gate_up * e) +
+         aligned(num_tokens * w.act * e) + aligned(num_rows * w.hidden * e);
+}
+
+int64_t GraphNodesOutsideAttention(const ModelShape& model, int tp) {
   const bool parallel = tp > 1;
   return model.num_layers() * (kKernelsPerLayer + (parallel ? kAllReducesPerLayer : 0)) +
          kKernelsOutsideLayers;
+}
+
+absl::StatusOr<std::vector<PlannedStepKey>> PlanStepKeys(const PlannerConfig& c) {
+  if (c.block_size() < 1 || c.max_model_len() < 1 || c.max_num_seqs() < 1 ||
+      c.max_num_batched_tokens() < c.max_num_seqs() || c.tensor_parallel_size() < 1 ||
+      c.model().num_kv_heads() < 1) {
+    return absl::InvalidArgumentError(
+        "PlanStepKeys needs a resolved config; pass it through ResolvePlannerConfig first");
+  }
+  const config::GraphConfig& g = c.graph();
+  const ModelShape& m = c.model();
+  const int tp = c.tensor_parallel_size();
+  const int max_seqs = c.max_num_seqs();
+  const int max_tokens = c.max_num_batched_tokens();
+  const bool decode_mode = g.mode() == config::GRAPH_MODE_DECODE;
+  const bool prefill_mode = g.mode() == config::GRAPH_MODE_PREFILL_ONLY;
+  const int64_t per_token = static_cast<int64_t>(c.calibration().activation_bytes_per_token());
+
+  // The Runner's lists (runtime/runner/runner.cc, Init): the mode's capture sizes, otherwise the
+  // defaults, which still pad batches (eager steps run at a key's sizes too).
+  const std::vector<int> decode_sizes =
+      decode_mode ? std::vector<int>(g.capture_sizes().begin(), g.capture_sizes().end())
+                  : CaptureSizes::DefaultDecodeSizes(max_seqs);
+  std::vector<int> prefill_sizes;
+  if (prefill_mode) {
+    prefill_sizes.assign(g.capture_sizes().begin(), g.capture_sizes().end());
+  } else if (decode_mode) {
+    prefill_sizes.assign(g.prefill_sizes().begin(), g.prefill_sizes().end());
+  } else {
+    prefill_sizes =
+        CaptureSizes::DefaultPrefillSizes(std::min(kDefaultPrefillCaptureLimit, max_tokens));
+  }
+
+  // runtime/runner/step_plan.cc: StepKeys::Create.
+  struct Shape {
+    CaptureKey key;
+    int tokens, rows;
+    bool decode_part, prefill_part, captured;
+  };
+  std::vector<Shape> shapes;
+  for (int size : decode_sizes) {
+    shapes.push_back({{GraphMode::kDecode, size}, size, size, true, false, decode_mode});
+  }
+  const bool capture_prefill = prefill_mode || (decode_mode && g.capture_prefill());
+  for (int size : prefill_sizes) {
+    shapes.push_back(
+        {{GraphMode::kPrefill, size}, size, std::min(size, max_seqs), true, true, capture_prefill});
+  }
+  shapes.push_back({{GraphMode::kMixed, max_tokens}, max_tokens, max_seqs, true, true, false});
+
+  const int64_t blocks_per_seq = CeilDiv(c.max_model_len(), c.block_size());
+  auto aligned = [](int64_t bytes) { return CeilDiv(bytes, kMetadataAlign) * kMetadataAlign; };
+  std::vector<PlannedStepKey> keys;
+  keys.reserve(shapes.size());
+  for (const Shape& s : shapes) {
+    // runtime/runner/step_plan.cc: PlannerOptionsFor.
+    SplitKvPlannerOptions o;
+    o.num_q_heads = m.num_heads() / tp;
+    o.num_kv_heads = KvHeadsPerRank(m, tp);
+    o.head_dim = m.head_dim();
+    o.sm_count = static_cast<int>(c.gpu().sm_count());
+    o.key = {s.rows, s.tokens, c.max_model_len()};
+    o.decode.tile_rows = s.decode_part ? o.num_q_heads / o.num_kv_heads : 0;
+    o.prefill.tile_rows = s.prefill_part ? kPrefillTileRows : 0;
+    absl::StatusOr<SplitKvPlanner> planner = SplitKvPlanner::Create(o);
+    if (!planner.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("kiln's attention cannot plan step key ", KeyName(s.key), " of this model: ",
+                       planner.status().message()));
+    }
+    const PlanLayout& layout = planner->layout();
+    PlannedStepKey k;
+    k.key = s.key;
+    k.max_tokens = s.tokens;
+    k.max_rows = s.rows;
+    k.captured = s.captured;
+    k.activation_bytes = per_token > 0 ? per_token * s.tokens
+                                       : ActivationArenaBytes(m, tp, s.tokens, s.rows);
+    // runtime/runner/step_plan.cc: MetadataLayout::Create.
+    k.metadata_bytes = 2 * aligned(int64_t{4} * s.tokens) + aligned(int64_t{4} * s.rows) +
+                       aligned(static_cast<int64_t>(layout.plan_bytes)) +
+                       aligned(int64_t{4} * s.rows * blocks_per_seq);
+    k.decode_partial_bytes =
+        static_cast<int64_t>(layout.decode.partial_o_bytes + layout.decode.partial_lse_bytes);
+    k.prefill_partial_bytes =
+        static_cast<int64_t>(layout.prefill.partial_o_bytes + layout.prefill.partial_lse_bytes);
+    k.decode_slots = layout.decode.slot_capacity;
+    k.prefill_slots = layout.prefill.slot_capacity;
+    for (const PlanPartLayout* part : {&layout.decode, &layout.prefill}) {
+      k.attention_kernels_per_layer += (part->enabled ? 1 : 0) + (part->splits() ? 1 : 0);
+    }
+    keys.push_back(k);
+  }
+  return keys;
 }
 
 int64_t MemoryPlan::MaxConcurrency(int64_t context_tokens) const {
@@ -450,6 +622,7 @@ absl::StatusOr<PlannerConfig> ResolvePlannerConfig(const PlannerConfig& in) {
     out.set_max_num_batched_tokens(defaults.max_num_batched_tokens());
   }
   if (!out.has_block_size()) out.set_block_size(defaults.block_size());
+  if (!out.has_max_model_len()) out.set_max_model_len(defaults.max_model_len());
   if (!out.has_tensor_parallel_size())
     out.set_tensor_parallel_size(defaults.tensor_parallel_size());
   if (!out.has_kv_cache_dtype() || out.kv_cache_dtype() == config::DTYPE_UNSPECIFIED) {
@@ -466,6 +639,8 @@ absl::StatusOr<PlannerConfig> ResolvePlannerConfig(const PlannerConfig& in) {
       {out.max_num_batched_tokens(), "max_num_batched_tokens",
        "the most tokens in one step, e.g. 8192", kMaxTokens},
       {out.block_size(), "block_size", "tokens per KV block, e.g. 64", kMaxBlockSize},
+      {out.max_model_len(), "max_model_len", "the longest sequence in tokens, e.g. 4096",
+       kMaxModelLen},
       {out.tensor_parallel_size(), "tensor_parallel_size", "GPUs per model, e.g. 1", kMaxHeads},
   };
   for (const auto& s : scalars) {
@@ -485,6 +660,8 @@ absl::StatusOr<PlannerConfig> ResolvePlannerConfig(const PlannerConfig& in) {
   } calibrated[] = {
       {cal.has_activation_bytes_per_token(), cal.activation_bytes_per_token(),
        "calibration.activation_bytes_per_token", kMaxPerUnitBytes},
+      {cal.has_graph_bytes_per_graph(), cal.graph_bytes_per_graph(),
+       "calibration.graph_bytes_per_graph", kMaxPerGraphBytes},
       {cal.has_graph_bytes_per_node(), cal.graph_bytes_per_node(),
        "calibration.graph_bytes_per_node", kMaxPerNodeBytes},
       {cal.has_cublaslt_workspace_bytes(), cal.cublaslt_workspace_bytes(),
@@ -521,10 +698,10 @@ absl::StatusOr<PlannerConfig> ResolvePlannerConfig(const PlannerConfig& in) {
 PlannerEstimates EstimatesFor(const PlannerConfig& resolved) {
   const config::Calibration& c = resolved.calibration();
   PlannerEstimates e;
-  e.activation_bytes_per_token =
-      c.has_activation_bytes_per_token()
-          ? static_cast<int64_t>(c.activation_bytes_per_token())
-          : ActivationBytesPerToken(resolved.model(), resolved.tensor_parallel_size());
+  e.activation_bytes_per_token = static_cast<int64_t>(c.activation_bytes_per_token());
+  e.graph_bytes_per_graph = c.has_graph_bytes_per_graph()
+                                ? static_cast<int64_t>(c.graph_bytes_per_graph())
+                                : kGraphBytesPerGraph;
   e.graph_bytes_per_node = c.has_graph_bytes_per_node()
                                ? static_cast<int64_t>(c.graph_bytes_per_node())
                                : kGraphBytesPerNode;
@@ -573,40 +750,97 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlannerConfig& config) {
                       m.attention_bias() ? " + bias" : "",
                       m.tie_embeddings() ? "tied: shares the embedding" : "untied", per_rank));
 
-  // Eager activation arena.
-  add("activation_arena", e.activation_bytes_per_token * c.max_num_batched_tokens(),
-      absl::StrCat(Thousands(c.max_num_batched_tokens()), " batched tokens x ",
-                   FormatBytes(e.activation_bytes_per_token),
-                   ": one layer's live intermediates, eager steps",
-                   source(cal.has_activation_bytes_per_token())));
+  absl::StatusOr<std::vector<PlannedStepKey>> keys = PlanStepKeys(c);
+  if (!keys.ok()) return keys.status();
+  plan.step_keys = *std::move(keys);
+  const PlannedStepKey& eager = plan.step_keys.back();
 
-  // Split-kv partial outputs, bound to every graph and to eager steps alike: counted once.
+  // The eager arena holds the eager key's activations (runner.cc; piecewise graphs use it too).
+  const int64_t per_token = e.activation_bytes_per_token;
+  const int64_t row_bytes = m.hidden_size() * ActivationDTypeBytes(m);
+  add("activation_arena", eager.activation_bytes,
+      per_token > 0
+          ? absl::StrCat(Thousands(eager.max_tokens), " batched tokens x ",
+                         FormatBytes(per_token), ": eager steps (calibrated)")
+          : absl::StrCat(Thousands(eager.max_tokens), " tokens x ",
+                         FormatBytes(ActivationBytesPerToken(m, tp)), " + ", eager.max_rows,
+                         " last-token rows x ", FormatBytes(row_bytes),
+                         ": the model's layout (3 x hidden, QKV, attention, gate-up, SiLU), "
+                         "eager steps"));
+
+  // Split-kv partials: one buffer per plan part, sized for the largest key and bound to every
+  // graph and eager step alike; and the step metadata blob the plan is uploaded in.
+  int64_t decode_partials = 0, prefill_partials = 0;
+  int decode_slots = 0, prefill_slots = 0;
+  const PlannedStepKey* metadata = &eager;
+  for (const PlannedStepKey& k : plan.step_keys) {
+    decode_partials = std::max(decode_partials, k.decode_partial_bytes);
+    prefill_partials = std::max(prefill_partials, k.prefill_partial_bytes);
+    decode_slots = std::max(decode_slots, k.decode_slots);
+    prefill_slots = std::max(prefill_slots, k.prefill_slots);
+    if (k.metadata_bytes > metadata->metadata_bytes) metadata = &k;
+  }
   const int64_t kv_heads = KvHeadsPerRank(m, tp);
-  const int64_t slots = c.max_num_seqs() + kSplitSlotsPerSm * c.gpu().sm_count();
-  add("attention_workspace",
-      slots * kv_heads * kAttentionTileRows * (m.head_dim() + 1) * int64_t{4},
-      absl::StrFormat("split-kv partials, float: (%d seqs + %d x %d SMs) slots x %d KV heads x "
-                      "%d rows x (%d + 1)",
-                      c.max_num_seqs(), kSplitSlotsPerSm, c.gpu().sm_count(), kv_heads,
-                      kAttentionTileRows, m.head_dim()));
+  const int64_t group = m.num_heads() / tp / kv_heads;
+  add("attention_workspace", decode_partials + prefill_partials + metadata->metadata_bytes,
+      absl::StrFormat("split-kv partials, float: %d KV heads x (%d slots x %d decode rows + %d x "
+                      "%d prefill) x (%d + 1); %s step metadata (%s: tokens, plan, blocks)",
+                      kv_heads, decode_slots, group, prefill_slots, kPrefillTileRows,
+                      m.head_dim(), FormatBytes(metadata->metadata_bytes),
+                      KeyName(metadata->key)));
 
-  // Graphs: one shared pool (the largest capture), plus each graph's executable.
-  const int64_t num_graphs = c.graph().capture_sizes_size();
-  if (num_graphs == 0) {
+  // Graphs. Full: one per captured key, activations in one shared pool sized for the largest
+  // (graphs replay one at a time). Piecewise: layers + 1 per key around eager attention, over the
+  // eager arena.
+  const bool piecewise = c.graph().execution() == config::GRAPH_EXECUTION_PIECEWISE;
+  const PlannedStepKey* largest = nullptr;
+  int64_t decode_graphs = 0, prefill_graphs = 0, decode_nodes = 0, prefill_nodes = 0;
+  const int64_t outside = GraphNodesOutsideAttention(m, tp);
+  for (const PlannedStepKey& k : plan.step_keys) {
+    if (!k.captured) continue;
+    if (largest == nullptr || k.activation_bytes > largest->activation_bytes) largest = &k;
+    const int64_t nodes =
+        outside + (piecewise ? 0 : int64_t{m.num_layers()} * k.attention_kernels_per_layer);
+    (k.key.mode == GraphMode::kDecode ? decode_graphs : prefill_graphs) += 1;
+    (k.key.mode == GraphMode::kDecode ? decode_nodes : prefill_nodes) += nodes;
+  }
+  const int64_t pieces = piecewise ? m.num_layers() + 1 : 1;
+  plan.num_graphs = (decode_graphs + prefill_graphs) * pieces;
+  plan.num_graph_nodes = decode_nodes + prefill_nodes;
+  if (largest == nullptr) {
     add("graph_pool", 0, "none: CUDA graphs are off (graph mode none)");
     add("graph_executables", 0, "none: CUDA graphs are off (graph mode none)");
   } else {
-    const bool decode = c.graph().mode() == config::GRAPH_MODE_DECODE;
-    const int largest = c.graph().max_capture_size();
-    add("graph_pool", e.activation_bytes_per_token * largest,
-        absl::StrFormat("largest of %d %s graphs, %d tokens x %s, shared: graphs replay one at "
-                        "a time",
-                        num_graphs, decode ? "decode" : "prefill", largest,
-                        FormatBytes(e.activation_bytes_per_token)));
-    const int64_t nodes = GraphNodesPerGraph(m, tp);
-    add("graph_executables", num_graphs * nodes * e.graph_bytes_per_node,
-        absl::StrCat(num_graphs, " graphs x ", nodes, " kernel nodes x ",
-                     FormatBytes(e.graph_bytes_per_node), source(cal.has_graph_bytes_per_node())));
+    if (piecewise) {
+      add("graph_pool", 0, "none: piecewise graphs keep their activations in the eager arena");
+    } else {
+      const std::string activations =
+          per_token > 0 ? absl::StrCat(Thousands(largest->max_tokens), " tokens x ",
+                                       FormatBytes(per_token), " (calibrated)")
+                        : absl::StrCat("(", Thousands(largest->max_tokens), " tokens, ",
+                                       largest->max_rows, " rows) activations");
+      add("graph_pool", largest->activation_bytes,
+          absl::StrCat("largest of ", plan.num_graphs, " graphs: ", KeyName(largest->key), " ",
+                       activations, ", shared: graphs replay one at a time"));
+    }
+    // "27 decode x 182 + 14 prefill x 214 nodes" (the count per graph where it is the same).
+    auto kind = [](const char* name, int64_t graphs, int64_t nodes) -> std::string {
+      if (graphs == 0) return "";
+      return nodes % graphs == 0 ? absl::StrCat(graphs, " ", name, " x ", Thousands(nodes / graphs))
+                                 : absl::StrCat(graphs, " ", name, " (", Thousands(nodes), ")");
+    };
+    std::string per_key = kind("decode", decode_graphs, decode_nodes);
+    const std::string prefill_part = kind("prefill", prefill_graphs, prefill_nodes);
+    if (!per_key.empty() && !prefill_part.empty()) per_key += " + ";
+    per_key += prefill_part;
+    const bool calibrated = cal.has_graph_bytes_per_graph() || cal.has_graph_bytes_per_node();
+    add("graph_executables",
+        plan.num_graphs * e.graph_bytes_per_graph + plan.num_graph_nodes * e.graph_bytes_per_node,
+        absl::StrCat(plan.num_graphs, " graphs x ", FormatBytes(e.graph_bytes_per_graph), " + ",
+                     Thousands(plan.num_graph_nodes), " nodes x ",
+                     FormatBytes(e.graph_bytes_per_node), " (", per_key, " nodes",
+                     piecewise ? absl::StrCat(", in ", pieces, " pieces each") : "", ")",
+                     source(calibrated)));
   }
 
   // Collectives, only with tensor parallelism.
@@ -627,9 +861,10 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlannerConfig& config) {
           ? "cuBLASLt GEMM workspace (calibrated)"
           : "cuBLASLt GEMM workspace, NVIDIA's recommendation for Hopper");
 
-  add("logits", int64_t{c.max_num_seqs()} * m.vocab_size() * 4,
-      absl::StrCat(c.max_num_seqs(), " seqs x ", Thousands(m.vocab_size()),
-                   " vocab x 4 B: float logits of each sequence's last token"));
+  add("logits", int64_t{c.max_num_seqs()} * (m.vocab_size() + 1) * 4,
+      absl::StrCat(c.max_num_seqs(), " seqs x (", Thousands(m.vocab_size()),
+                   " vocab + 1) x 4 B: float logits of each sequence's last token, sampled "
+                   "token"));
 
   add("margin", e.margin_bytes,
       absl::StrCat("CUDA context, kernel images, small buffers, fragmentation",

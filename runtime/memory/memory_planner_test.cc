@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "attention/split_kv_planner.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/config/presets.h"
@@ -18,6 +19,22 @@ config::ModelShape Preset(const char* name) {
   auto shape = ModelPreset(name);
   EXPECT_TRUE(shape.ok()) << shape.status();
   return *shape;
+}
+
+// Returns the attention plan blob of the eager key (256 sequences, 8192 tokens, KV up to 4096) at
+// the Runner's options, rounded up to the metadata blob's 256-byte sections.
+int64_t EagerPlanBytes(int heads, int kv_heads, int head_dim, int sm_count) {
+  SplitKvPlannerOptions o;
+  o.num_q_heads = heads;
+  o.num_kv_heads = kv_heads;
+  o.head_dim = head_dim;
+  o.sm_count = sm_count;
+  o.key = {256, 8192, 4096};
+  o.decode.tile_rows = heads / kv_heads;
+  o.prefill.tile_rows = 64;
+  auto planner = SplitKvPlanner::Create(o);
+  EXPECT_TRUE(planner.ok()) << planner.status();
+  return planner.ok() ? (static_cast<int64_t>(planner->layout().plan_bytes) + 255) / 256 * 256 : 0;
 }
 
 MemoryPlan PlanOrDie(const config::PlannerConfig& config) {
@@ -76,12 +93,120 @@ TEST(MemoryPlannerTest, KvBytesPerToken) {
   EXPECT_EQ(KvHeadsPerRank(Preset("llama-3.1-70b"), 16), 1);
 }
 
-TEST(MemoryPlannerTest, ActivationEstimateFollowsItsFormula) {
-  // 4 × hidden + QKV + attention output + 3 × ffn, in bf16.
+TEST(MemoryPlannerTest, ActivationBytesPerTokenFollowsTheModel) {
+  // 3 × hidden (residual, O/down output, normed) + QKV + attention output + 3 × ffn, in bf16.
   EXPECT_EQ(ActivationBytesPerToken(Preset("llama-3.1-8b"), 1),
-            (4 * 4096 + 48 * 128 + 32 * 128 + 3 * 14336) * 2);
+            (3 * 4096 + 48 * 128 + 32 * 128 + 3 * 14336) * 2);
   EXPECT_EQ(ActivationBytesPerToken(Preset("llama-3.1-8b"), 2),
-            (4 * 4096 + 24 * 128 + 16 * 128 + 3 * 7168) * 2);
+            (3 * 4096 + 24 * 128 + 16 * 128 + 3 * 7168) * 2);
+}
+
+// Pins the mirror of LlamaModel::ActivationBytes (runtime/model/llama_model.cc, Offsets): eight
+// 256-byte aligned sections, the last one num_rows hidden-wide rows. The figures are what the
+// Runner allocated on an H200 for the 1B model (runtime/runner/NOTES.md): a 561 MiB eager arena
+// (562 MiB in 2 MiB steps) for 8192 tokens and 256 sequences, and a 36.0 MiB graph pool, the
+// 512-token prefill key's activations. Change this test and the model together.
+TEST(MemoryPlannerTest, ActivationLayoutMatchesTheModel) {
+  const config::ModelShape m = Preset("llama-3.2-1b");
+  auto mib = [](int64_t bytes) { return static_cast<double>(bytes) / kMiB; };
+  //                      residual, O/down, normed  QKV       attention  gate-up    SiLU       last
+  EXPECT_EQ(ActivationArenaBytes(m, 1, 8192, 256),
+            3 * 8192 * 2048 * 2 + 8192 * 3072 * 2 + 8192 * 2048 * 2 + 8192 * 16384 * 2 +
+                8192 * 8192 * 2 + 256 * 2048 * 2);
+  EXPECT_EQ(mib(ActivationArenaBytes(m, 1, 8192, 256)), 561.0);
+  EXPECT_EQ(mib(ActivationArenaBytes(m, 1, 512, 256)), 36.0);   // prefill/512
+  EXPECT_EQ(mib(ActivationArenaBytes(m, 1, 256, 256)), 18.5);   // decode/256
+  // Each section is aligned on its own: with a 100-wide hidden and MLP, one token's 200 B rows
+  // round up to 256 B (QKV and attention output, 3072 and 2048 wide, are aligned already).
+  config::ModelShape odd = m;
+  odd.set_hidden_size(100);
+  odd.set_intermediate_size(100);
+  EXPECT_EQ(ActivationArenaBytes(odd, 1, 1, 1), 3 * 256 + 6144 + 4096 + 512 + 256 + 256);
+}
+
+// The Runner's step keys (runtime/runner/step_plan.cc, StepKeys::Create) in each graph mode.
+TEST(MemoryPlannerTest, StepKeysFollowTheRunner) {
+  auto keys_of = [](const config::PlannerConfig& config) {
+    auto resolved = ResolvePlannerConfig(config);
+    EXPECT_TRUE(resolved.ok()) << resolved.status();
+    auto keys = PlanStepKeys(*resolved);
+    EXPECT_TRUE(keys.ok()) << keys.status();
+    return keys.ok() ? *keys : std::vector<PlannedStepKey>{};
+  };
+  auto count = [](const std::vector<PlannedStepKey>& keys, GraphMode mode, bool captured) {
+    int n = 0;
+    for (const PlannedStepKey& k : keys) n += k.key.mode == mode && k.captured == captured;
+    return n;
+  };
+  config::PlannerConfig config = DefaultPlannerConfig();
+  std::vector<PlannedStepKey> keys = keys_of(config);
+  ASSERT_EQ(keys.size(), 27u + 14u + 1u);
+  EXPECT_EQ(count(keys, GraphMode::kDecode, true), 27);
+  EXPECT_EQ(count(keys, GraphMode::kPrefill, true), 14);
+  const PlannedStepKey& prefill512 = keys[27 + 13];
+  EXPECT_EQ(prefill512.key, (CaptureKey{GraphMode::kPrefill, 512}));
+  EXPECT_EQ(prefill512.max_tokens, 512);
+  EXPECT_EQ(prefill512.max_rows, 256);  // min(tokens, max_num_seqs)
+  EXPECT_EQ(keys[27].max_rows, 16);     // prefill/16
+  const PlannedStepKey& eager = keys.back();
+  EXPECT_EQ(eager.key, (CaptureKey{GraphMode::kMixed, 8192}));
+  EXPECT_EQ(eager.max_rows, 256);
+  EXPECT_FALSE(eager.captured);
+  // Decode keys run one attention part and its merge; the others both parts and both merges.
+  EXPECT_EQ(keys[0].attention_kernels_per_layer, 2);
+  EXPECT_EQ(prefill512.attention_kernels_per_layer, 4);
+
+  // Without prefill capture the prefill keys remain (batches with a prompt pad to them).
+  config.mutable_graph()->set_capture_prefill(false);
+  keys = keys_of(config);
+  EXPECT_EQ(count(keys, GraphMode::kPrefill, false), 14);
+  EXPECT_EQ(count(keys, GraphMode::kDecode, true), 27);
+
+  // Prefill-only graphs: the token budgets are captured, the default decode keys only pad.
+  config = DefaultPlannerConfig();
+  config.mutable_graph()->set_mode(config::GRAPH_MODE_PREFILL_ONLY);
+  keys = keys_of(config);
+  EXPECT_EQ(count(keys, GraphMode::kDecode, false), 27);
+  EXPECT_EQ(count(keys, GraphMode::kPrefill, true), 14);
+
+  // No graphs: the same keys, none captured.
+  config.mutable_graph()->set_mode(config::GRAPH_MODE_NONE);
+  keys = keys_of(config);
+  EXPECT_EQ(keys.size(), 42u);
+  for (const PlannedStepKey& k : keys) EXPECT_FALSE(k.captured) << KeyName(k.key);
+
+  // An unresolved config is refused, not divided by zero.
+  EXPECT_EQ(PlanStepKeys(config::PlannerConfig()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// The split-kv workspace and the step metadata come from the attention planner's own layout at
+// the Runner's options; the 1B on an H200 (132 SMs): ceil(2 × 132 / 8) = 33 slots per part, decode
+// tiles of G = 4 rows, prefill tiles of 64 rows, head_dim 64. On the GPU the Runner's five buffers
+// took 8 MiB, the 2 MiB steps cudaMemGetInfo moves in (runtime/runner/NOTES.md).
+TEST(MemoryPlannerTest, AttentionWorkspaceIsThePlannersLayout) {
+  config::PlannerConfig config = DefaultPlannerConfig();
+  config.set_model_preset("llama-3.2-1b");
+  config.set_gpu_preset("h200");
+  MemoryPlan plan = PlanOrDie(config);
+  const int64_t decode = 33 * 8 * 4 * (64 + 1) * 4;
+  const int64_t prefill = 33 * 8 * 64 * (64 + 1) * 4;
+
+  // The eager key's metadata is the largest: token ids and positions (8192 each), last-token
+  // rows (256), its plan, and a block table of 256 rows × 4096 / 64 blocks.
+  const int64_t metadata = 2 * 8192 * 4 + 256 * 4 + EagerPlanBytes(32, 8, 64, 132) + 256 * 64 * 4;
+  EXPECT_EQ(plan.step_keys.back().metadata_bytes, metadata);
+  EXPECT_EQ(plan.Find("attention_workspace")->bytes, decode + prefill + metadata);
+  EXPECT_LT(plan.Find("attention_workspace")->bytes, 5 * kMiB);
+
+  // A longer max_model_len widens only the block table; KV no longer than a chunk never splits.
+  config.set_max_model_len(8192);
+  EXPECT_EQ(PlanOrDie(config).Find("attention_workspace")->bytes,
+            decode + prefill + metadata + 256 * 64 * 4);
+  config.set_max_model_len(256);
+  MemoryPlan unsplit = PlanOrDie(config);
+  EXPECT_EQ(unsplit.Find("attention_workspace")->bytes, unsplit.step_keys.back().metadata_bytes);
+  EXPECT_EQ(unsplit.step_keys.front().attention_kernels_per_layer, 1);  // no merge
 }
 
 // The default configuration, every term by hand.
@@ -92,15 +217,22 @@ TEST(MemoryPlannerTest, DefaultPlanByHand) {
   EXPECT_EQ(plan.total_bytes, total);
   EXPECT_EQ(plan.budget_bytes, budget);
 
-  const int64_t per_token = (4 * 4096 + 48 * 128 + 32 * 128 + 3 * 14336) * 2;  // 139264
+  const int64_t per_token = (3 * 4096 + 48 * 128 + 32 * 128 + 3 * 14336) * 2;  // 131072
   const int64_t weights = 8030261248LL * 2;
-  const int64_t arena = 8192 * per_token;
-  const int64_t attention = (256 + 2 * 132) * 8LL * 64 * 129 * 4;
-  const int64_t pool = 256 * per_token;  // the largest graph only
-  const int64_t executables = 27LL * (32 * 11 + 4) * 4096;
+  const int64_t arena = 8192 * per_token + 256 * 4096 * 2;  // the eager key: 8192 tokens, 256 rows
+  // 33 = ceil(2 × 132 SMs / 8 KV heads) split slots per part, decode rows G = 4, prefill rows 64,
+  // and the eager key's step metadata: token ids, positions, last-token rows, plan, block table.
+  const int64_t partials = 33 * 8LL * (4 + 64) * (128 + 1) * 4;
+  const int64_t metadata = 2 * 8192 * 4 + 256 * 4 + EagerPlanBytes(32, 8, 128, 132) + 256 * 64 * 4;
+  const int64_t attention = partials + metadata;
+  const int64_t pool = 512 * per_token + 256 * 4096 * 2;  // prefill/512, the largest captured key
+  // 27 decode graphs of 32 × (9 + 2) + 6 nodes, 14 prefill graphs of 32 × (9 + 4) + 6.
+  const int64_t executables = 41 * 128 * 1024 + (27 * 358 + 14 * 422) * 3072LL;
   const int64_t workspace = 32 * kMiB;
-  const int64_t logits = 256LL * 128256 * 4;
+  const int64_t logits = 256LL * (128256 + 1) * 4;
   const int64_t margin = 1024 * kMiB;
+  EXPECT_EQ(plan.num_graphs, 41);
+  EXPECT_EQ(plan.num_graph_nodes, 27 * 358 + 14 * 422);
   ASSERT_NE(plan.Find("weights"), nullptr);
   EXPECT_EQ(plan.Find("weights")->bytes, weights);
   EXPECT_EQ(plan.Find("activation_arena")->bytes, arena);
@@ -119,14 +251,14 @@ TEST(MemoryPlannerTest, DefaultPlanByHand) {
   const int64_t block = 128 * 1024 * 64;
   EXPECT_EQ(plan.kv_block_bytes, block);
   EXPECT_EQ(plan.num_kv_blocks, (budget - reserved) / block);
-  EXPECT_EQ(plan.num_kv_blocks, 6951);
-  EXPECT_EQ(plan.KvTokens(), 6951 * 64);
-  EXPECT_EQ(plan.MaxConcurrency(8192), 6951 / 128);
-  EXPECT_EQ(plan.MaxConcurrency(8193), 6951 / 129);
-  EXPECT_EQ(plan.MaxConcurrency(1), 6951);
+  EXPECT_EQ(plan.num_kv_blocks, 6969);
+  EXPECT_EQ(plan.KvTokens(), 6969 * 64);
+  EXPECT_EQ(plan.MaxConcurrency(8192), 6969 / 128);
+  EXPECT_EQ(plan.MaxConcurrency(8193), 6969 / 129);
+  EXPECT_EQ(plan.MaxConcurrency(1), 6969);
   EXPECT_EQ(plan.MaxConcurrency(0), 0);
-  EXPECT_EQ(plan.Find("kv_cache")->bytes, 6951 * block);
-  EXPECT_EQ(plan.Find("unused")->bytes, budget - reserved - 6951 * block);
+  EXPECT_EQ(plan.Find("kv_cache")->bytes, 6969 * block);
+  EXPECT_EQ(plan.Find("unused")->bytes, budget - reserved - 6969 * block);
   EXPECT_LT(plan.Find("unused")->bytes, block);
 }
 
@@ -157,17 +289,26 @@ TEST(MemoryPlannerTest, TermsSumToTheBudgetAndEachIsExplained) {
 }
 
 TEST(MemoryPlannerTest, GraphPoolIsCountedOnceHoweverManySizes) {
-  config::PlannerConfig one = DefaultPlannerConfig();
-  one.mutable_graph()->add_capture_sizes(256);
-  config::PlannerConfig many = DefaultPlannerConfig();  // 27 sizes up to 256
-  MemoryPlan a = PlanOrDie(one);
-  MemoryPlan b = PlanOrDie(many);
-  EXPECT_EQ(a.config.graph().capture_sizes_size(), 1);
-  EXPECT_EQ(b.config.graph().capture_sizes_size(), 27);
-  EXPECT_EQ(a.Find("graph_pool")->bytes, b.Find("graph_pool")->bytes);
-  EXPECT_EQ(b.Find("graph_pool")->bytes, 256 * b.estimates.activation_bytes_per_token);
-  // Only the executables scale with the number of graphs.
-  EXPECT_EQ(b.Find("graph_executables")->bytes, 27 * a.Find("graph_executables")->bytes);
+  const config::ModelShape m = Preset("llama-3.1-8b");
+  for (bool capture_prefill : {false, true}) {
+    config::PlannerConfig one = DefaultPlannerConfig();
+    one.mutable_graph()->add_capture_sizes(256);
+    one.mutable_graph()->set_capture_prefill(capture_prefill);
+    config::PlannerConfig many = DefaultPlannerConfig();  // 27 sizes up to 256
+    many.mutable_graph()->set_capture_prefill(capture_prefill);
+    MemoryPlan a = PlanOrDie(one);
+    MemoryPlan b = PlanOrDie(many);
+    EXPECT_EQ(a.config.graph().capture_sizes_size(), 1);
+    EXPECT_EQ(b.config.graph().capture_sizes_size(), 27);
+    EXPECT_EQ(a.Find("graph_pool")->bytes, b.Find("graph_pool")->bytes);
+    // The largest captured key: prefill/512 (512 tokens, 256 rows), else decode/256.
+    EXPECT_EQ(b.Find("graph_pool")->bytes, capture_prefill ? ActivationArenaBytes(m, 1, 512, 256)
+                                                           : ActivationArenaBytes(m, 1, 256, 256));
+    // Only the executables scale with the number of graphs: 26 decode graphs more.
+    EXPECT_EQ(b.num_graphs - a.num_graphs, 26);
+    EXPECT_EQ(b.Find("graph_executables")->bytes - a.Find("graph_executables")->bytes,
+              26 * (128 * 1024 + (32 * 11 + 6) * 3072LL));
+  }
 }
 
 TEST(MemoryPlannerTest, MoreUtilizationNeverFewerBlocks) {
@@ -188,17 +329,36 @@ TEST(MemoryPlannerTest, MoreUtilizationNeverFewerBlocks) {
 
 TEST(MemoryPlannerTest, MoreCaptureSizesNeverMoreBlocks) {
   const std::vector<int> all = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256};
-  // Growing the list one size at a time, smallest first and largest first.
-  for (bool largest_first : {false, true}) {
-    config::PlannerConfig none = DefaultPlannerConfig();
-    none.mutable_graph()->set_mode(config::GRAPH_MODE_NONE);
-    int64_t previous = PlanOrDie(none).num_kv_blocks;
-    config::PlannerConfig config = DefaultPlannerConfig();
-    for (size_t i = 0; i < all.size(); ++i) {
-      config.mutable_graph()->add_capture_sizes(largest_first ? all[all.size() - 1 - i] : all[i]);
-      const int64_t blocks = PlanOrDie(config).num_kv_blocks;
-      EXPECT_LE(blocks, previous) << "with " << i + 1 << " sizes";
-      previous = blocks;
+  const std::vector<int> all_prefill = {16, 32, 64, 128, 256, 384, 512, 1024, 2048};
+  // Growing a list one size at a time, smallest first and largest first: the decode sizes, and
+  // the prefill budgets captured beside them.
+  for (bool prefill : {false, true}) {
+    const std::vector<int>& sizes = prefill ? all_prefill : all;
+    for (bool largest_first : {false, true}) {
+      config::PlannerConfig none = DefaultPlannerConfig();
+      none.mutable_graph()->set_mode(config::GRAPH_MODE_NONE);
+      int64_t previous = PlanOrDie(none).num_kv_blocks;
+      config::PlannerConfig config = DefaultPlannerConfig();
+      if (prefill) {
+        // No prefill graphs at first (a given prefill list replaces the default one).
+        config.mutable_graph()->set_capture_prefill(false);
+        config.mutable_graph()->add_capture_sizes(1);
+        const int64_t blocks = PlanOrDie(config).num_kv_blocks;
+        EXPECT_LE(blocks, previous);
+        previous = blocks;
+      }
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        const int size = largest_first ? sizes[sizes.size() - 1 - i] : sizes[i];
+        if (prefill) {
+          config.mutable_graph()->set_capture_prefill(true);
+          config.mutable_graph()->add_prefill_sizes(size);
+        } else {
+          config.mutable_graph()->add_capture_sizes(size);
+        }
+        const int64_t blocks = PlanOrDie(config).num_kv_blocks;
+        EXPECT_LE(blocks, previous) << "with " << i + 1 << (prefill ? " prefill" : "") << " sizes";
+        previous = blocks;
+      }
     }
   }
 }
@@ -214,39 +374,88 @@ TEST(MemoryPlannerTest, TensorParallelAddsCollectivesAndShrinksPerRankWeights) {
   EXPECT_LT(two.Find("weights")->bytes, one.Find("weights")->bytes);
   EXPECT_EQ(two.kv_bytes_per_token * 2, one.kv_bytes_per_token);
   // With TP each graph has two all-reduces per layer (the LM head is replicated: no gather).
-  EXPECT_EQ(GraphNodesPerGraph(Preset("llama-3.1-8b"), 2), 32 * 13 + 4);
+  EXPECT_EQ(GraphNodesOutsideAttention(Preset("llama-3.1-8b"), 1), 32 * 9 + 6);
+  EXPECT_EQ(GraphNodesOutsideAttention(Preset("llama-3.1-8b"), 2), 32 * 11 + 6);
 }
 
 TEST(MemoryPlannerTest, CalibrationReplacesEstimates) {
   config::PlannerConfig config = DefaultPlannerConfig();
   config.mutable_calibration()->set_activation_bytes_per_token(100000);
+  config.mutable_calibration()->set_graph_bytes_per_graph(50000);
   config.mutable_calibration()->set_graph_bytes_per_node(1000);
   config.mutable_calibration()->set_margin_bytes(12345);
   config.mutable_calibration()->set_cublaslt_workspace_bytes(4 * kMiB);
   MemoryPlan plan = PlanOrDie(config);
   EXPECT_EQ(plan.Find("activation_arena")->bytes, 8192 * 100000LL);
-  EXPECT_EQ(plan.Find("graph_pool")->bytes, 256 * 100000LL);
-  EXPECT_EQ(plan.Find("graph_executables")->bytes, 27 * 356 * 1000LL);
+  EXPECT_EQ(plan.Find("graph_pool")->bytes, 512 * 100000LL);  // prefill/512
+  EXPECT_EQ(plan.Find("graph_executables")->bytes,
+            41 * 50000LL + (27 * 358 + 14 * 422) * 1000LL);
   EXPECT_EQ(plan.Find("margin")->bytes, 12345);
   EXPECT_EQ(plan.Find("cublaslt_workspace")->bytes, 4 * kMiB);
   EXPECT_THAT(plan.Find("margin")->explanation, HasSubstr("(calibrated)"));
+  EXPECT_THAT(plan.Find("graph_executables")->explanation, HasSubstr("(calibrated)"));
+  EXPECT_THAT(plan.Find("activation_arena")->explanation, HasSubstr("(calibrated)"));
+  EXPECT_THAT(plan.Find("graph_pool")->explanation, HasSubstr("512 tokens x 97.7 KiB (calibrated)"));
 }
 
 TEST(MemoryPlannerTest, GraphModes) {
   config::PlannerConfig none = DefaultPlannerConfig();
   none.mutable_graph()->set_mode(config::GRAPH_MODE_NONE);
   none.mutable_graph()->add_capture_sizes(8);  // ignored without graphs
+  none.mutable_graph()->add_prefill_sizes(64);
+  none.mutable_graph()->set_execution(config::GRAPH_EXECUTION_PIECEWISE);
   MemoryPlan plan = PlanOrDie(none);
   EXPECT_EQ(plan.Find("graph_pool")->bytes, 0);
   EXPECT_EQ(plan.Find("graph_executables")->bytes, 0);
+  EXPECT_EQ(plan.num_graphs, 0);
   EXPECT_EQ(plan.config.graph().capture_sizes_size(), 0);
+  EXPECT_EQ(plan.config.graph().prefill_sizes_size(), 0);
+  EXPECT_FALSE(plan.config.graph().has_execution());
 
   config::PlannerConfig prefill = DefaultPlannerConfig();
   prefill.mutable_graph()->set_mode(config::GRAPH_MODE_PREFILL_ONLY);
   plan = PlanOrDie(prefill);
-  // Token counts up to 512 by default (not max_num_seqs).
+  // Token counts up to 512 by default (not max_num_seqs); no decode graphs.
   EXPECT_EQ(plan.config.graph().max_capture_size(), 512);
-  EXPECT_EQ(plan.Find("graph_pool")->bytes, 512 * plan.estimates.activation_bytes_per_token);
+  EXPECT_EQ(plan.num_graphs, 14);
+  EXPECT_FALSE(plan.config.graph().has_capture_prefill());
+  EXPECT_EQ(plan.Find("graph_pool")->bytes,
+            ActivationArenaBytes(plan.config.model(), 1, 512, 256));
+
+  // Decode graphs: the prefill budgets are captured too unless capture_prefill is false.
+  config::PlannerConfig decode = DefaultPlannerConfig();
+  plan = PlanOrDie(decode);
+  EXPECT_EQ(plan.config.graph().execution(), config::GRAPH_EXECUTION_FULL);
+  EXPECT_TRUE(plan.config.graph().capture_prefill());
+  EXPECT_EQ(plan.config.graph().prefill_sizes_size(), 14);
+  EXPECT_EQ(plan.config.graph().prefill_sizes(13), 512);
+  EXPECT_EQ(plan.num_graphs, 41);
+  decode.mutable_graph()->set_capture_prefill(false);
+  EXPECT_EQ(PlanOrDie(decode).num_graphs, 27);
+  decode.mutable_graph()->set_capture_prefill(true);
+  for (int s : {64, 128}) decode.mutable_graph()->add_prefill_sizes(s);
+  plan = PlanOrDie(decode);
+  EXPECT_EQ(plan.num_graphs, 29);
+  EXPECT_EQ(plan.Find("graph_pool")->bytes,
+            ActivationArenaBytes(plan.config.model(), 1, 256, 256));  // decode/256 is largest now
+}
+
+// Piecewise graphs: layers + 1 per captured key, attention (and its merge) run eagerly between
+// them, activations stay in the eager arena. The 1B's 41 keys make 697 graphs (measured: 94 MiB).
+TEST(MemoryPlannerTest, PiecewiseGraphsHaveNoPoolAndOneGraphPerPiece) {
+  config::PlannerConfig config = DefaultPlannerConfig();
+  config.set_model_preset("llama-3.2-1b");
+  config.set_gpu_preset("h200");
+  MemoryPlan full = PlanOrDie(config);
+  config.mutable_graph()->set_execution(config::GRAPH_EXECUTION_PIECEWISE);
+  MemoryPlan piecewise = PlanOrDie(config);
+  EXPECT_EQ(piecewise.num_graphs, 41 * 17);
+  EXPECT_EQ(piecewise.num_graph_nodes, 41 * (16 * 9 + 6));
+  EXPECT_EQ(piecewise.Find("graph_pool")->bytes, 0);
+  EXPECT_EQ(piecewise.Find("graph_executables")->bytes,
+            41 * 17 * 128 * 1024 + 41 * (16 * 9 + 6) * 3072LL);
+  EXPECT_EQ(piecewise.Find("activation_arena")->bytes, full.Find("activation_arena")->bytes);
+  EXPECT_EQ(full.Find("graph_pool")->bytes, 36 * kMiB);
 }
 
 TEST(MemoryPlannerTest, MaxCaptureSizeCropsLikeFastDeploy) {
@@ -264,10 +473,13 @@ TEST(MemoryPlannerTest, MaxCaptureSizeCropsLikeFastDeploy) {
 }
 
 TEST(MemoryPlannerTest, ResolveIsIdempotent) {
-  for (const char* mode : {"decode", "prefill", "none"}) {
+  for (const char* mode : {"decode", "prefill", "none", "piecewise"}) {
     config::PlannerConfig config = DefaultPlannerConfig();
     config.set_tensor_parallel_size(2);
-    if (std::string(mode) == "prefill") {
+    if (std::string(mode) == "piecewise") {
+      config.mutable_graph()->set_execution(config::GRAPH_EXECUTION_PIECEWISE);
+      for (int s : {512, 64}) config.mutable_graph()->add_prefill_sizes(s);
+    } else if (std::string(mode) == "prefill") {
       config.mutable_graph()->set_mode(config::GRAPH_MODE_PREFILL_ONLY);
     } else if (std::string(mode) == "none") {
       config.mutable_graph()->set_mode(config::GRAPH_MODE_NONE);
@@ -348,6 +560,40 @@ TEST(MemoryPlannerTest, BadInputsNameTheValueAndTheFix) {
   c = DefaultPlannerConfig();
   c.set_block_size(0);
   EXPECT_THAT(std::string(PlanStatus(c).message()), HasSubstr("block_size must be positive"));
+
+  c = DefaultPlannerConfig();
+  c.set_max_model_len(0);
+  EXPECT_THAT(std::string(PlanStatus(c).message()),
+              HasSubstr("max_model_len must be positive, got 0; set --max_model_len"));
+
+  c = DefaultPlannerConfig();
+  c.mutable_graph()->add_prefill_sizes(10000);
+  EXPECT_EQ(std::string(PlanStatus(c).message()),
+            "Capture size 10000 exceeds max_num_batched_tokens 8192; remove it or raise "
+            "max_num_batched_tokens");
+
+  c = DefaultPlannerConfig();
+  c.mutable_graph()->set_mode(config::GRAPH_MODE_PREFILL_ONLY);
+  c.mutable_graph()->add_prefill_sizes(64);
+  EXPECT_THAT(std::string(PlanStatus(c).message()),
+              HasSubstr("graph.prefill_sizes is for GRAPH_MODE_DECODE"));
+
+  c = DefaultPlannerConfig();
+  c.set_max_num_seqs(100000);
+  c.set_max_num_batched_tokens(100000);
+  EXPECT_THAT(std::string(PlanStatus(c).message()),
+              HasSubstr("max_num_seqs 100000 is above 65536, the largest limit graph sizes are "
+                        "padded to"));
+
+  // The attention kernels take at most 64 query heads per KV head in a prefill tile.
+  c = DefaultPlannerConfig();
+  c.mutable_model()->set_num_heads(256);
+  c.mutable_model()->set_num_kv_heads(2);
+  c.mutable_model()->set_head_dim(16);
+  EXPECT_EQ(PlanStatus(c).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(PlanStatus(c).message()),
+              HasSubstr("kiln's attention cannot plan step key prefill/16 of this model: "
+                        "Planner prefill.tile_rows 64 is below the 128 query heads per KV head"));
 }
 
 TEST(MemoryPlannerTest, NoKvBlockIsResourceExhaustedWithTheFix) {
