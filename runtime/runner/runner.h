@@ -91,8 +91,16 @@ struct RunnerOptions {
   bool capture_prefill = true;
   // Prefill token budgets; empty: CaptureSizes::DefaultPrefillSizes(min(512, max tokens)).
   std::vector<int> prefill_sizes;
-  // GEMMs with at most this many rows use the skinny kernel (LlamaModelOptions).
+  // GEMM paths and fusions of the model (LlamaModelOptions): rows up to which each projection
+  // uses the decode GEMM, whether the down projection there reads SiLU(gate)·up itself, RoPE and
+  // the KV append as one kernel, and the skinny kernel up to skinny_gemm_max_rows elsewhere.
+  DecodeGemmRows decode_gemm_rows;
+  bool silu_in_down = true;
+  bool fuse_rope_append = true;
   int skinny_gemm_max_rows = 2;
+  // Split decode attention tiles are merged by the decode kernel itself (merge counters), not by
+  // a separate merge launch.
+  bool fused_attention_merge = true;
   // Benchmarks only: leave attention out of every step (LlamaModelOptions::run_attention), to
   // time the rest. The tokens are then not the model's.
   bool skip_attention = false;
@@ -244,6 +252,7 @@ class Runner {
   PinnedHostBuffer metadata_host_;
   DeviceBuffer metadata_device_;
   DeviceBuffer decode_partial_o_, decode_partial_lse_, prefill_partial_o_, prefill_partial_lse_;
+  DeviceBuffer decode_merge_counters_, prefill_merge_counters_;  // zero between launches
   DeviceBuffer arena_;
   std::optional<GraphMemoryPool> pool_;
   DeviceBuffer logits_;       // float [max_num_seqs, vocab]
