@@ -73,8 +73,11 @@ constexpr int kDecodeThreads = kDecodeWarps * 32;
 constexpr int kDecodeRows = 16;  // M of the MMA tile: the most rows a work item may have
 constexpr int kStepTokens = 16;  // KV tokens per warp step (two n-tiles of 8)
 
+// Resident CTAs per SM: 2 for head_dim 128 (212 registers); 3 for head_dim 64, which needs 180
+// registers uncapped and 168 at 3 CTAs (a few spilled bytes outside the KV loop): a decode step is
+// bound by the serial 16-token steps of each warp, so a third of the warps more in flight cuts it.
 template <AttentionDtype kDtype, int kHeadDim, int kGroup>
-__global__ void __launch_bounds__(kDecodeThreads, 2)
+__global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
     DecodeAttentionKernel(const DecodeKernelArgs args) {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
   static_assert(kGroup >= 1 && kGroup <= kDecodeRows, "group size 1..16");

@@ -241,10 +241,12 @@ absl::Status Runner::Init(const RunnerOptions& options) {
   size_t metadata_bytes = 0, decode_o = 0, decode_lse = 0, prefill_o = 0, prefill_lse = 0;
   size_t decode_counters = 0, prefill_counters = 0;
   for (const StepKey& key : keys_.keys()) {
-    ASSIGN_OR_RETURN(SplitKvPlanner planner,
-                     SplitKvPlanner::Create(PlannerOptionsFor(
-                         key, shape.heads, shape.kv_heads, shape.head_dim, sm_count_,
-                         options.max_model_len, options.prefill_tile_rows)));
+    SplitKvPlannerOptions planner_options =
+        PlannerOptionsFor(key, shape.heads, shape.kv_heads, shape.head_dim, sm_count_,
+                          options.max_model_len, options.prefill_tile_rows);
+    planner_options.decode.min_kv_chunk = options.decode_min_kv_chunk;
+    planner_options.decode.ctas_per_sm = options.decode_ctas_per_sm;
+    ASSIGN_OR_RETURN(SplitKvPlanner planner, SplitKvPlanner::Create(planner_options));
     const PlanLayout& layout = planner.layout();
     layouts_.push_back(MetadataLayout::Create(key, layout.plan_bytes, max_blocks_per_seq_));
     metadata_bytes = std::max(metadata_bytes, layouts_.back().bytes);

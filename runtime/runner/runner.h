@@ -101,6 +101,15 @@ struct RunnerOptions {
   // Split decode attention tiles are merged by the decode kernel itself (merge counters), not by
   // a separate merge launch.
   bool fused_attention_merge = true;
+  // The shortest KV chunk of a split decode tile (SplitKvPlanner's decode.min_kv_chunk, a
+  // multiple of 64). 64: a batch of one sequence of 1024 tokens splits over 16 chunks per KV
+  // head, one 64-token step per warp, instead of 4 chunks of four serial steps (16 µs less per
+  // step at batch 1 on an H200, runtime/runner/NOTES.md).
+  int decode_min_kv_chunk = 64;
+  // Resident decode-attention CTAs per SM the split aims to fill (SplitKvPlanner's
+  // decode.ctas_per_sm). 2: on an H200 (1B, 1024 tokens) 6, which splits batches of 16 and 32
+  // into 3–6 chunks, was slower at every batch from 2 to 32 (runtime/runner/NOTES.md).
+  int decode_ctas_per_sm = 2;
   // Benchmarks only: leave attention out of every step (LlamaModelOptions::run_attention), to
   // time the rest. The tokens are then not the model's.
   bool skip_attention = false;

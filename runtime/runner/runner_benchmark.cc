@@ -4,8 +4,8 @@
 // default decode size up to 256 and prefill budget up to 512 tokens; the step without attention;
 // the step by GEMM path for small batches (as configured, the skinny kernel with cuBLASLt,
 // cuBLASLt alone); and with --ablate, the step with one fusion or choice changed at a time. The
-// --decode_*_rows and --skinny_rows flags set the model's GEMM paths for every table (defaults:
-// RunnerOptions').
+// --decode_*, --skinny_rows flags set the model's GEMM paths and the attention split for every
+// table (defaults: RunnerOptions').
 //
 //   bazel run -c opt //runtime/runner:runner_benchmark [-- --batches=1,8 --context=1024]
 //
@@ -54,6 +54,10 @@ ABSL_FLAG(int, decode_gate_up_rows, kiln::DecodeGemmRows{}.gate_up,
 ABSL_FLAG(int, decode_down_rows, kiln::DecodeGemmRows{}.down, "Decode GEMM rows: down projection");
 ABSL_FLAG(int, decode_lm_head_rows, kiln::DecodeGemmRows{}.lm_head, "Decode GEMM rows: LM head");
 ABSL_FLAG(int, skinny_rows, kiln::RunnerOptions{}.skinny_gemm_max_rows, "Skinny GEMM rows");
+ABSL_FLAG(int, decode_min_kv_chunk, kiln::RunnerOptions{}.decode_min_kv_chunk,
+          "Shortest KV chunk of a split decode attention tile");
+ABSL_FLAG(int, decode_ctas_per_sm, kiln::RunnerOptions{}.decode_ctas_per_sm,
+          "Decode attention CTAs per SM the KV split aims to fill");
 
 namespace kiln {
 namespace {
@@ -152,6 +156,8 @@ RunnerOptions BenchmarkOptions() {
   o.decode_gemm_rows.down = absl::GetFlag(FLAGS_decode_down_rows);
   o.decode_gemm_rows.lm_head = absl::GetFlag(FLAGS_decode_lm_head_rows);
   o.skinny_gemm_max_rows = absl::GetFlag(FLAGS_skinny_rows);
+  o.decode_min_kv_chunk = absl::GetFlag(FLAGS_decode_min_kv_chunk);
+  o.decode_ctas_per_sm = absl::GetFlag(FLAGS_decode_ctas_per_sm);
   o.config.set_model_preset("llama-3.2-1b");
   o.config.set_max_num_seqs(256);
   o.config.set_max_num_batched_tokens(8192);
@@ -279,6 +285,8 @@ int Main(int argc, char** argv) {
         {"SiLU kernel", [](RunnerOptions& o) { o.silu_in_down = false; }},
         {"RoPE+append apart", [](RunnerOptions& o) { o.fuse_rope_append = false; }},
         {"merge kernel", [](RunnerOptions& o) { o.fused_attention_merge = false; }},
+        {"KV chunk >= 256", [](RunnerOptions& o) { o.decode_min_kv_chunk = 256; }},
+        {"attn split 6 CTA/SM", [](RunnerOptions& o) { o.decode_ctas_per_sm = 6; }},
         {"decode qkv,o,down<=8",
          [](RunnerOptions& o) { o.decode_gemm_rows = DecodeGemmRows{8, 8, 0, 8, 0}; }},
         {"decode all <=32",
