@@ -42,6 +42,10 @@ absl::Status RunPart(const AttentionStepParams& p, const AttentionPlanPartDevice
 absl::Status MergePart(const AttentionStepParams& p, const AttentionPlanPartDevice& part,
                        cudaStream_t stream) {
   if (!Enabled(part) || part.merge_capacity == 0) return absl::OkStatus();
+  // The decode kernel merges split tiles itself when the part has merge counters.
+  if (part.merge_counters != nullptr && part.tile_rows <= kDecodeKernelMaxTileRows) {
+    return absl::OkStatus();
+  }
   AttentionMergeParams m;
   m.dtype = p.dtype;
   m.num_q_heads = p.num_q_heads;

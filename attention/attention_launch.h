@@ -50,7 +50,8 @@ struct AttentionStepParams {
 };
 
 // Enqueues on `stream`: the decode part's kernel, the prefill part's kernel, then the merge of
-// each part that can split (same stream, so the merges see the partials). A disabled part
+// each part that can split (same stream, so the merges see the partials), except a part the
+// decode kernel runs with merge counters (it merges those itself). A disabled part
 // (work_capacity 0) launches nothing. InvalidArgument names a missing pointer or an unsupported
 // shape; launch errors come back as a Status. Callable during capture; thread-safe.
 absl::Status RunAttentionStep(const AttentionStepParams& params, cudaStream_t stream);

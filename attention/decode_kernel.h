@@ -15,7 +15,10 @@
 // rows (plan the part with tile_rows between G and 16; with tile_rows 16 it also serves short
 // multi-token queries, causally masked). The grid is work_capacity × num_kv_heads from the plan
 // layout, so a launch captured in a graph replays correctly with any later plan of that layout;
-// padding items (seq = -1) exit at once. Legal during capture; thread-safe.
+// padding items (seq = -1) exit at once. On sm_90+ the kernel is launched with programmatic
+// dependent launch: it reads its work item, lets the next kernel launch, then waits for the
+// kernels before it (plan buffers must therefore be uploaded before the step, by a copy). Legal
+// during capture; thread-safe.
 #ifndef KILN_ATTENTION_DECODE_KERNEL_H_
 #define KILN_ATTENTION_DECODE_KERNEL_H_
 

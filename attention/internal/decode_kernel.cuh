@@ -37,13 +37,47 @@
 namespace kiln {
 namespace attention_internal {
 
+// Programmatic dependent launch (sm_90+): the kernel is launched while the one before it
+// finishes. It reads its work item (plan metadata, uploaded before the step) first, lets the
+// next kernel launch, and waits for the kernels before it before reading q or the KV cache. Every
+// CTA waits, padding ones included, so the kernel completes only after its predecessor.
+__device__ __forceinline__ void DecodeAllowDependentLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void DecodeWaitForPrerequisites() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Returns whether the current device runs programmatic dependent launches (compute capability
+// 9.0 or later); asked once per process.
+inline bool DecodeSupportsProgrammaticLaunch() {
+  static const bool supported = [] {
+    int device = 0, major = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return major >= 9;
+  }();
+  return supported;
+}
+
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = kDecodeWarps * 32;
 constexpr int kDecodeRows = 16;  // M of the MMA tile: the most rows a work item may have
 constexpr int kStepTokens = 16;  // KV tokens per warp step (two n-tiles of 8)
 
+// Resident CTAs per SM: 2 for head_dim 128 (212 registers); 3 for head_dim 64, which needs 180
+// registers uncapped and 168 at 3 CTAs (a few spilled bytes outside the KV loop): a decode step is
+// bound by the serial 16-token steps of each warp, so a third of the warps more in flight cuts it.
 template <AttentionDtype kDtype, int kHeadDim, int kGroup>
-__global__ void __launch_bounds__(kDecodeThreads, 2)
+__global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
     DecodeAttentionKernel(const DecodeKernelArgs args) {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
   static_assert(kGroup >= 1 && kGroup <= kDecodeRows, "group size 1..16");
@@ -54,6 +88,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
   constexpr unsigned kFull = 0xffffffffu;
 
   const AttentionWorkItem item = args.work_items[blockIdx.x];
+  DecodeAllowDependentLaunch();
+  DecodeWaitForPrerequisites();
   if (item.seq < 0) return;  // padding: the grid is sized by the capture key
   const int kv_head = blockIdx.y;
   const int lane = threadIdx.x & 31;
@@ -399,9 +435,17 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
 
 template <AttentionDtype kDtype, int kHeadDim, int kGroup>
 cudaError_t LaunchDecodeKernel(const DecodeKernelArgs& args, int grid_x, cudaStream_t stream) {
-  const dim3 grid(grid_x, args.num_kv_heads);
-  DecodeAttentionKernel<kDtype, kHeadDim, kGroup><<<grid, kDecodeThreads, 0, stream>>>(args);
-  return cudaGetLastError();
+  // With programmatic dependent launch where the GPU has it (see DecodeWaitForPrerequisites).
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid_x, args.num_kv_heads);
+  config.blockDim = dim3(kDecodeThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = DecodeSupportsProgrammaticLaunch() ? 1 : 0;
+  return cudaLaunchKernelEx(&config, DecodeAttentionKernel<kDtype, kHeadDim, kGroup>, args);
 }
 
 #define KILN_INSTANTIATE_DECODE_ONE_(DTYPE, HEAD_DIM, GROUP)                                \

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "runtime/model/internal/pdl_launch.cuh"
 #include "runtime/model/internal/vec.cuh"
 
 namespace kiln {
@@ -14,6 +15,8 @@ template <int V>
 __global__ void EmbeddingGatherKernel(const __nv_bfloat16* __restrict__ table, int64_t table_rows,
                                       int width, const int32_t* __restrict__ indices,
                                       __nv_bfloat16* __restrict__ out) {
+  internal::AllowDependentLaunch();
+  internal::WaitForPrerequisites();  // the table may be an activation (the last-token gather)
   const int64_t row = blockIdx.x;
   const int32_t id = indices[row];
   const bool valid = id >= 0 && id < table_rows;
@@ -37,14 +40,10 @@ cudaError_t LaunchEmbeddingGather(const __nv_bfloat16* table, int64_t table_rows
   if (num_rows < 0 || width <= 0 || table_rows < 0) return cudaErrorInvalidValue;
   if (num_rows == 0) return cudaSuccess;
   const bool vec = width % 8 == 0 && internal::Aligned16(table) && internal::Aligned16(out);
-  if (vec) {
-    const int threads = internal::WarpRoundedThreads(width / 8, 256);
-    EmbeddingGatherKernel<8><<<num_rows, threads, 0, stream>>>(table, table_rows, width, indices, out);
-  } else {
-    const int threads = internal::WarpRoundedThreads(width, 256);
-    EmbeddingGatherKernel<1><<<num_rows, threads, 0, stream>>>(table, table_rows, width, indices, out);
-  }
-  return cudaGetLastError();
+  const int threads = internal::WarpRoundedThreads(vec ? width / 8 : width, 256);
+  return internal::LaunchWithPdl(vec ? EmbeddingGatherKernel<8> : EmbeddingGatherKernel<1>,
+                                 dim3(num_rows), dim3(threads), 0, stream, table, table_rows, width,
+                                 indices, out);
 }
 
 }  // namespace kiln

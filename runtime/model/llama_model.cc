@@ -1,6 +1,8 @@
 #include "runtime/model/llama_model.h"
 
+#include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "attention/attention_launch.h"
@@ -8,9 +10,11 @@
 #include "runtime/cuda/capture_check.h"
 #include "runtime/cuda/status.h"
 #include "runtime/cuda/status_macros.h"
+#include "runtime/model/decode_gemm.h"
 #include "runtime/model/embedding.h"
 #include "runtime/model/rms_norm.h"
 #include "runtime/model/rope.h"
+#include "runtime/model/rope_kv_append.h"
 #include "runtime/model/sampling.h"
 #include "runtime/model/silu_mul.h"
 #include "runtime/model/skinny_gemm.h"
@@ -53,6 +57,40 @@ ActivationOffsets Offsets(const LlamaShape& s, int num_tokens, int num_rows) {
 
 bool DecodeKernelSupportsGroup(int group) {
   return group == 1 || group == 2 || group == 4 || group == 5 || group == 8;
+}
+
+// One projection of the model: output rows n, inner dimension k, input kind, output type.
+struct Projection {
+  LlamaModel::Proj proj;
+  int64_t n, k;
+  DecodeGemmInput input;
+  bool float_output;
+};
+
+std::vector<Projection> Projections(const LlamaShape& s) {
+  using P = LlamaModel::Proj;
+  return {{P::kQkv, s.qkv_rows(), s.hidden, DecodeGemmInput::kPlain, false},
+          {P::kO, s.hidden, s.q_width(), DecodeGemmInput::kPlain, false},
+          {P::kGateUp, 2 * int64_t{s.ffn}, s.hidden, DecodeGemmInput::kPlain, false},
+          {P::kDown, s.hidden, s.ffn, DecodeGemmInput::kPlain, false},
+          {P::kDown, s.hidden, s.ffn, DecodeGemmInput::kSiluMul, false},
+          {P::kLmHead, s.vocab, s.hidden, DecodeGemmInput::kPlain, true}};
+}
+
+int MaxRows(const DecodeGemmRows& rows) {
+  return std::max({rows.qkv, rows.o, rows.gate_up, rows.down, rows.lm_head});
+}
+
+// The most rows `proj` runs through the decode GEMM.
+int RowLimit(const DecodeGemmRows& rows, LlamaModel::Proj proj) {
+  switch (proj) {
+    case LlamaModel::Proj::kQkv: return rows.qkv;
+    case LlamaModel::Proj::kO: return rows.o;
+    case LlamaModel::Proj::kGateUp: return rows.gate_up;
+    case LlamaModel::Proj::kDown: return rows.down;
+    case LlamaModel::Proj::kLmHead: return rows.lm_head;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -101,6 +139,13 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
         absl::StrCat("skinny_gemm_max_rows ", options.skinny_gemm_max_rows, " is outside [0, ",
                      kSkinnyGemmMaxRows, "]"));
   }
+  const DecodeGemmRows& rows = options.decode_gemm_rows;
+  if (std::min({rows.qkv, rows.o, rows.gate_up, rows.down, rows.lm_head}) < 0 ||
+      MaxRows(rows) > kDecodeGemmMaxRows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "decode_gemm_rows (qkv ", rows.qkv, ", o ", rows.o, ", gate_up ", rows.gate_up, ", down ",
+        rows.down, ", lm_head ", rows.lm_head, ") must lie in [0, ", kDecodeGemmMaxRows, "]"));
+  }
   if (options.num_kv_blocks < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "num_kv_blocks ", options.num_kv_blocks, " must be positive; size it with the memory "
@@ -114,17 +159,46 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
   if (gemm == nullptr) {
     ASSIGN_OR_RETURN(gemm, Gemm::Create(options.gemm_workspace_bytes));
   }
-  return std::unique_ptr<LlamaModel>(
-      new LlamaModel(std::move(weights), options, layout, std::move(kv), std::move(gemm)));
+  // The decode GEMM's split-K partials and counters: the most any projection needs at any row
+  // count it serves (configurations depend on the SM count).
+  int device = 0, sm_count = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+  size_t workspace_bytes = 0;
+  int counters = 0;
+  for (int m = 1; m <= MaxRows(rows); ++m) {
+    for (const Projection& p : Projections(s)) {
+      if (m > RowLimit(rows, p.proj)) continue;
+      const DecodeGemmConfig c = ChooseDecodeGemmConfig(m, p.n, p.k, sm_count);
+      if (!DecodeGemmSupportsShape(m, p.n, p.k, p.input, p.float_output, c)) continue;
+      workspace_bytes = std::max(workspace_bytes, DecodeGemmWorkspaceBytes(m, p.n, c));
+      counters = std::max(counters, DecodeGemmCounters(p.n, c));
+    }
+  }
+  DeviceBuffer decode_workspace, decode_counters;
+  if (workspace_bytes > 0) {
+    ASSIGN_OR_RETURN(decode_workspace,
+                     DeviceBuffer::Allocate(workspace_bytes, "decode GEMM workspace"));
+    ASSIGN_OR_RETURN(decode_counters, DeviceBuffer::Allocate(counters * sizeof(int32_t),
+                                                             "decode GEMM counters"));
+    CUDA_RETURN_IF_ERROR(cudaMemset(decode_counters.data(), 0, decode_counters.size()));
+  }
+  return std::unique_ptr<LlamaModel>(new LlamaModel(
+      std::move(weights), options, layout, std::move(kv), std::move(gemm), sm_count,
+      std::move(decode_workspace), std::move(decode_counters)));
 }
 
 LlamaModel::LlamaModel(LlamaDeviceWeights weights, const LlamaModelOptions& options,
-                       const PagedKvLayout& kv_layout, DeviceBuffer kv, std::unique_ptr<Gemm> gemm)
+                       const PagedKvLayout& kv_layout, DeviceBuffer kv, std::unique_ptr<Gemm> gemm,
+                       int sm_count, DeviceBuffer decode_workspace, DeviceBuffer decode_counters)
     : weights_(std::move(weights)),
       options_(options),
       kv_layout_(kv_layout),
       kv_(std::move(kv)),
-      gemm_(std::move(gemm)) {}
+      gemm_(std::move(gemm)),
+      sm_count_(sm_count),
+      decode_workspace_(std::move(decode_workspace)),
+      decode_counters_(std::move(decode_counters)) {}
 
 LlamaModel::~LlamaModel() = default;
 
@@ -139,23 +213,54 @@ void* LlamaModel::v_cache(int layer) const {
 
 bool LlamaModel::UsesSkinny(int64_t m) const { return m <= options_.skinny_gemm_max_rows; }
 
+bool LlamaModel::UsesDecodeGemm(Proj proj, int64_t m, int64_t n, int64_t k,
+                                DecodeGemmInput input) const {
+  if (m > RowLimit(options_.decode_gemm_rows, proj)) return false;
+  if (input == DecodeGemmInput::kSiluMul && !options_.silu_in_down) return false;
+  if (n > 0x7fffffff || k > 0x7fffffff) return false;
+  const bool float_output = proj == Proj::kLmHead;
+  const DecodeGemmConfig c = ChooseDecodeGemmConfig(static_cast<int>(m), static_cast<int>(n),
+                                                    static_cast<int>(k), sm_count_);
+  return DecodeGemmSupportsShape(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                                 input, float_output, c);
+}
+
 absl::Status LlamaModel::Prepare(int num_tokens, int num_rows) {
   const LlamaShape& s = shape();
-  const int64_t m = num_tokens;
-  if (!UsesSkinny(m)) {
-    RETURN_IF_ERROR(gemm_->Prepare(m, s.qkv_rows(), s.hidden));
-    RETURN_IF_ERROR(gemm_->Prepare(m, s.hidden, s.q_width()));
-    RETURN_IF_ERROR(gemm_->Prepare(m, 2 * int64_t{s.ffn}, s.hidden));
-    RETURN_IF_ERROR(gemm_->Prepare(m, s.hidden, s.ffn));
-  }
-  if (!UsesSkinny(num_rows)) {
-    RETURN_IF_ERROR(gemm_->Prepare(num_rows, s.vocab, s.hidden, GemmOutput::kFloat32));
+  for (const Projection& p : Projections(s)) {
+    if (p.input == DecodeGemmInput::kSiluMul) continue;  // falls back to the plain down GEMM
+    const int64_t m = p.float_output ? num_rows : num_tokens;
+    if (UsesDecodeGemm(p.proj, m, p.n, p.k, p.input) || UsesSkinny(m)) continue;
+    RETURN_IF_ERROR(gemm_->Prepare(m, p.n, p.k,
+                                   p.float_output ? GemmOutput::kFloat32 : GemmOutput::kBf16));
   }
   return absl::OkStatus();
 }
 
-absl::Status LlamaModel::Linear(const bf16* x, const bf16* w, void* y, int64_t m, int64_t n,
-                                int64_t k, bool float_output, cudaStream_t stream) {
+absl::Status LlamaModel::Linear(Proj proj, const bf16* x, const bf16* w, void* y, int64_t m,
+                                int64_t n, int64_t k, cudaStream_t stream,
+                                DecodeGemmInput input) {
+  const bool float_output = proj == Proj::kLmHead;
+  if (UsesDecodeGemm(proj, m, n, k, input)) {
+    DecodeGemmArgs args;
+    args.x = x;
+    args.w = w;
+    args.y = y;
+    args.m = static_cast<int>(m);
+    args.n = static_cast<int>(n);
+    args.k = static_cast<int>(k);
+    args.input = input;
+    args.float_output = float_output;
+    const DecodeGemmConfig c = ChooseDecodeGemmConfig(args.m, args.n, args.k, sm_count_);
+    if (DecodeGemmSupports(args, c)) {
+      return ToStatus(LaunchDecodeGemm(args, c, decode_workspace_.as<float>(),
+                                       decode_counters_.as<int32_t>(), stream),
+                      "decode GEMM");
+    }
+  }
+  if (input != DecodeGemmInput::kPlain) {
+    return absl::InternalError("Linear got a fused SiLU·mul input the decode GEMM cannot take");
+  }
   if (UsesSkinny(m) && SkinnyGemmSupports(m, k, x, w, y)) {
     return ToStatus(LaunchSkinnyGemm(x, w, y, m, n, k, float_output, stream), "skinny GEMM");
   }
@@ -190,7 +295,29 @@ absl::Status LlamaModel::PreAttention(int layer, const LlamaStepArgs& args, cons
     CUDA_RETURN_IF_ERROR(LaunchFusedAddRmsNorm(a.hidden, a.residual, w.input_norm(layer),
                                                a.normed, n, s.hidden, eps, stream));
   }
-  RETURN_IF_ERROR(Linear(a.normed, w.qkv(layer), a.qkv, n, s.qkv_rows(), s.hidden, false, stream));
+  RETURN_IF_ERROR(
+      Linear(Proj::kQkv, a.normed, w.qkv(layer), a.qkv, n, s.qkv_rows(), s.hidden, stream));
+  // The per-sequence arrays are shared by both parts of a plan; either enabled part has them.
+  const AttentionPlanPartDevice& plan = args.decode.work_capacity > 0 ? args.decode : args.prefill;
+  if (options_.fuse_rope_append) {
+    RopeKvAppendParams rope;
+    rope.qkv = a.qkv;
+    rope.positions = args.positions;
+    rope.num_tokens = n;
+    rope.heads = s.heads;
+    rope.kv_heads = s.kv_heads;
+    rope.head_dim = s.head_dim;
+    rope.theta = s.rope_theta;
+    rope.plan = plan;
+    rope.kv.k_cache = k_cache(layer);
+    rope.kv.v_cache = v_cache(layer);
+    rope.kv.block_table = args.block_table;
+    rope.kv.max_blocks_per_seq = args.max_blocks_per_seq;
+    rope.kv.block_size = kv_layout_.block_size;
+    if (RopeKvAppendSupports(rope)) {
+      return ToStatus(LaunchRopeKvAppend(rope, stream), "RoPE + KV append");
+    }
+  }
   CUDA_RETURN_IF_ERROR(LaunchRope(a.qkv, args.positions, n, s.heads, s.kv_heads, s.head_dim,
                                   s.rope_theta, stream));
   AppendKvParams append;
@@ -199,8 +326,7 @@ absl::Status LlamaModel::PreAttention(int layer, const LlamaStepArgs& args, cons
   append.v = a.qkv + s.q_width() + s.kv_width();
   append.v_stride = s.qkv_rows();
   append.max_tokens = n;
-  // The per-sequence arrays are shared by both parts of a plan; either enabled part has them.
-  append.plan = args.decode.work_capacity > 0 ? args.decode : args.prefill;
+  append.plan = plan;
   PagedKvDevice kv;
   kv.k_cache = k_cache(layer);
   kv.v_cache = v_cache(layer);
@@ -253,15 +379,21 @@ absl::Status LlamaModel::PostAttention(int layer, const LlamaStepArgs& args, con
   const int n = args.num_tokens;
   const float eps = static_cast<float>(s.rms_eps);
   RETURN_IF_ERROR(
-      Linear(a.attn, w.o(layer), ProjectionOutput(a), n, s.hidden, s.q_width(), false, stream));
+      Linear(Proj::kO, a.attn, w.o(layer), ProjectionOutput(a), n, s.hidden, s.q_width(), stream));
   RETURN_IF_ERROR(AllReduceProjection(a, n, stream));
   CUDA_RETURN_IF_ERROR(LaunchFusedAddRmsNorm(a.hidden, a.residual, w.post_norm(layer), a.normed, n,
                                              s.hidden, eps, stream));
-  RETURN_IF_ERROR(
-      Linear(a.normed, w.gate_up(layer), a.gate_up, n, 2 * int64_t{s.ffn}, s.hidden, false, stream));
+  RETURN_IF_ERROR(Linear(Proj::kGateUp, a.normed, w.gate_up(layer), a.gate_up, n,
+                         2 * int64_t{s.ffn}, s.hidden, stream));
+  if (UsesDecodeGemm(Proj::kDown, n, s.hidden, s.ffn, DecodeGemmInput::kSiluMul)) {
+    // The down GEMM reads SiLU(gate)·up of gate_up itself.
+    RETURN_IF_ERROR(Linear(Proj::kDown, a.gate_up, w.down(layer), ProjectionOutput(a), n,
+                           s.hidden, s.ffn, stream, DecodeGemmInput::kSiluMul));
+    return AllReduceProjection(a, n, stream);
+  }
   CUDA_RETURN_IF_ERROR(LaunchSiluMul(a.gate_up, a.act, n, s.ffn, stream));
-  RETURN_IF_ERROR(
-      Linear(a.act, w.down(layer), ProjectionOutput(a), n, s.hidden, s.ffn, false, stream));
+  RETURN_IF_ERROR(Linear(Proj::kDown, a.act, w.down(layer), ProjectionOutput(a), n, s.hidden,
+                         s.ffn, stream));
   return AllReduceProjection(a, n, stream);
 }
 
@@ -295,8 +427,8 @@ absl::Status LlamaModel::RunPiece(int piece, const LlamaStepArgs& args, cudaStre
                                              n, s.hidden, static_cast<float>(s.rms_eps), stream));
   CUDA_RETURN_IF_ERROR(LaunchEmbeddingGather(a.normed, n, s.hidden, args.last_token_rows,
                                              args.num_rows, a.last, stream));
-  RETURN_IF_ERROR(Linear(a.last, weights_.lm_head(), args.logits, args.num_rows, s.vocab, s.hidden,
-                         true, stream));
+  RETURN_IF_ERROR(Linear(Proj::kLmHead, a.last, weights_.lm_head(), args.logits, args.num_rows,
+                         s.vocab, s.hidden, stream));
   return ToStatus(
       LaunchGreedySample(args.logits, args.num_rows, s.vocab, args.next_tokens, stream),
       "greedy sampling");

@@ -1,7 +1,8 @@
 // One forward step of a Llama-family decoder over a paged KV cache, in bf16 with float
 // accumulation: embedding, per layer [RMSNorm (fused with the residual add after the first),
-// QKV GEMM, RoPE, KV append, split-kv attention, O GEMM, add + RMSNorm, gate-up GEMM, SiLU·mul,
-// down GEMM], final add + RMSNorm, the last token of each sequence, float logits, greedy argmax.
+// QKV GEMM, RoPE + KV append (one kernel), split-kv attention, O GEMM, add + RMSNorm, gate-up
+// GEMM, SiLU·mul, down GEMM (for few rows one kernel: the down GEMM reads SiLU(gate)·up)], final
+// add + RMSNorm, the last token of each sequence, float logits, greedy argmax.
 //
 //   ASSIGN_OR_RETURN(kiln::LlamaDeviceWeights w, kiln::LlamaDeviceWeights::Random(shape, 1, s));
 //   kiln::LlamaModelOptions options;
@@ -39,10 +40,11 @@
 // Rows past a step's tokens (padding) are computed on zero embeddings and never read back; the
 // attention output is cleared once per step so padding rows hold zeros, not stale values.
 //
-// GEMMs: m ≤ options.skinny_gemm_max_rows uses the skinny (matrix-vector) kernel, larger m
-// cuBLASLt; both depend only on (m, n, k), so an eager step at a graph's padded size computes the
-// same bits as the graph. The skinny kernel is launched with programmatic dependent launch and
-// the norms and SiLU·mul before it let it start early, so it streams its weights while they run.
+// GEMMs: per projection, the decode GEMM up to options.decode_gemm_rows (decode_gemm.h: tensor
+// cores, split-K, weights streamed from before the previous kernel ends), the skinny kernel up to
+// options.skinny_gemm_max_rows, cuBLASLt above; every choice depends only on the projection and
+// (m, n, k), so an eager step at a graph's padded size computes the same bits as the graph. Every kiln kernel of the step is launched with programmatic dependent
+// launch (internal/pdl_launch.cuh), so each starts while the one before it finishes.
 //
 // Tensor parallelism: with LlamaModelOptions::communicator set, the weights are one rank's shard
 // (runtime/model/tensor_parallel.h: heads and MLP columns split, the rest replicated) and the O
@@ -67,18 +69,39 @@
 #include "attention/paged_kv_layout.h"
 #include "collectives/communicator.h"
 #include "runtime/cuda/device_buffer.h"
+#include "runtime/model/decode_gemm.h"
 #include "runtime/model/device_weights.h"
 #include "runtime/model/gemm.h"
 #include "runtime/model/llama_shape.h"
 
 namespace kiln {
 
+// The most rows each projection runs through the decode GEMM (decode_gemm.h); 0: never. A
+// projection with more rows, or one the decode GEMM does not take, uses the skinny kernel up to
+// skinny_gemm_max_rows and cuBLASLt above. The defaults follow runtime/runner/NOTES.md (H200,
+// 1B shape): the decode GEMM wins for the down projection up to 4 rows, where it also reads
+// SiLU(gate)·up itself; the skinny kernel or cuBLASLt is as fast or faster elsewhere.
+struct DecodeGemmRows {
+  int qkv = 0;
+  int o = 0;
+  int gate_up = 0;
+  int down = 4;
+  int lm_head = 0;
+};
+
 struct LlamaModelOptions {
   int num_kv_blocks = 0;  // KV blocks per layer (each holds block_size tokens of K and of V)
   int block_size = 64;    // tokens per KV block: a power of two >= 16
-  // GEMMs with at most this many rows use the skinny kernel (0 disables it; at most
-  // kSkinnyGemmMaxRows). 2: on an H200 the 1B decode step is faster with it at 1 row (1.169 against
-  // 1.251 ms) and even at 2, slower at 4 and 8 (runtime/runner/NOTES.md).
+  // Rows up to which each projection uses the decode GEMM (each at most kDecodeGemmMaxRows).
+  DecodeGemmRows decode_gemm_rows;
+  // A down projection on the decode GEMM reads SiLU(gate)·up itself, so the SiLU·mul kernel
+  // drops out (every CTA recomputes SiLU for its slice of x, cheap at few rows).
+  bool silu_in_down = true;
+  // RoPE and the KV append run as one kernel (rope_kv_append.h) where it takes the shape.
+  bool fuse_rope_append = true;
+  // GEMMs the decode GEMM does not take with at most this many rows use the skinny kernel (0
+  // disables it; at most kSkinnyGemmMaxRows). 2: on an H200 the 1B decode step was faster with it
+  // at 1 row (1.169 against 1.251 ms) and even at 2, slower at 4 and 8 (runtime/runner/NOTES.md).
   int skinny_gemm_max_rows = 2;
   size_t gemm_workspace_bytes = Gemm::kDefaultWorkspaceBytes;
   // false leaves attention out of Forward (its output stays zero): only for benchmarks that time
@@ -108,6 +131,9 @@ struct LlamaStepArgs {
 
 class LlamaModel {
  public:
+  // The projections of a layer and the LM head (each has its own GEMM path, DecodeGemmRows).
+  enum class Proj { kQkv, kO, kGateUp, kDown, kLmHead };
+
   // Takes the weights, allocates the KV cache (options.num_kv_blocks blocks for every layer, K
   // and V) and creates the GEMM workspace. InvalidArgument for a shape or option the kernels do
   // not support (head_dim other than 64 or 128, a query-head group size the decode kernel lacks,
@@ -166,17 +192,26 @@ class LlamaModel {
   void* v_cache(int layer) const;
   // Returns the GEMM workspace bytes.
   size_t gemm_workspace_bytes() const { return gemm_->workspace_bytes(); }
+  // Returns the decode GEMM's device bytes (split-K partials and counters).
+  size_t decode_gemm_workspace_bytes() const {
+    return decode_workspace_.size() + decode_counters_.size();
+  }
 
  private:
   struct Activations;
 
   LlamaModel(LlamaDeviceWeights weights, const LlamaModelOptions& options,
-             const PagedKvLayout& kv_layout, DeviceBuffer kv, std::unique_ptr<Gemm> gemm);
+             const PagedKvLayout& kv_layout, DeviceBuffer kv, std::unique_ptr<Gemm> gemm,
+             int sm_count, DeviceBuffer decode_workspace, DeviceBuffer decode_counters);
 
   Activations Carve(const LlamaStepArgs& args) const;
-  // y [m, n] = x [m, k] · Wᵀ, through the skinny kernel or cuBLASLt by m.
-  absl::Status Linear(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, int64_t m,
-                      int64_t n, int64_t k, bool float_output, cudaStream_t stream);
+  // y [m, n] = op(x) [m, k] · Wᵀ through the decode GEMM, the skinny kernel or cuBLASLt (see the
+  // file comment); op is SiLU·mul only where UsesDecodeGemm(kDown, ..., kSiluMul) holds.
+  absl::Status Linear(Proj proj, const __nv_bfloat16* x, const __nv_bfloat16* w, void* y,
+                      int64_t m, int64_t n, int64_t k, cudaStream_t stream,
+                      DecodeGemmInput input = DecodeGemmInput::kPlain);
+  // Returns whether the projection runs through the decode GEMM at m rows.
+  bool UsesDecodeGemm(Proj proj, int64_t m, int64_t n, int64_t k, DecodeGemmInput input) const;
   bool UsesSkinny(int64_t m) const;
   // Layer `layer` from its input norm through the KV append.
   absl::Status PreAttention(int layer, const LlamaStepArgs& args, const Activations& a,
@@ -195,6 +230,9 @@ class LlamaModel {
   PagedKvLayout kv_layout_;
   DeviceBuffer kv_;
   std::unique_ptr<Gemm> gemm_;
+  int sm_count_;
+  DeviceBuffer decode_workspace_;  // float split-K partials of the decode GEMM
+  DeviceBuffer decode_counters_;   // int32 split counters, zero between launches
 };
 
 }  // namespace kiln

@@ -2,6 +2,7 @@
 
 #include <cuda_bf16.h>
 
+#include "runtime/model/internal/pdl_launch.cuh"
 #include "runtime/model/internal/vec.cuh"
 
 namespace kiln {
@@ -18,6 +19,7 @@ __global__ void __launch_bounds__(kMaxThreads)
                   const __nv_bfloat16* __restrict__ weight, __nv_bfloat16* out, int hidden,
                   float eps) {
   internal::AllowDependentLaunch();  // the next GEMM may start streaming its weights
+  internal::WaitForPrerequisites();  // x and the residual come from the kernels before
   __shared__ float scratch[32];
   const int64_t base = int64_t{blockIdx.x} * hidden;
   float v[kChunks][V];
@@ -71,14 +73,11 @@ cudaError_t Launch(const __nv_bfloat16* x, __nv_bfloat16* residual, const __nv_b
   // Enough threads that kChunks per thread cover the row; at least a full row in one chunk
   // when it fits, so short rows still use many threads.
   const int threads = internal::WarpRoundedThreads(units, kMaxThreads);
-  if (vec) {
-    RmsNormKernel<8, kAddResidual><<<num_tokens, threads, 0, stream>>>(x, residual, weight, out,
-                                                                       hidden, eps);
-  } else {
-    RmsNormKernel<1, kAddResidual><<<num_tokens, threads, 0, stream>>>(x, residual, weight, out,
-                                                                       hidden, eps);
-  }
-  return cudaGetLastError();
+  // Programmatic dependent launch (internal/pdl_launch.cuh): the kernel starts while the one
+  // before it finishes and waits for it before reading x.
+  return internal::LaunchWithPdl(vec ? RmsNormKernel<8, kAddResidual> : RmsNormKernel<1, kAddResidual>,
+                                 dim3(num_tokens), dim3(threads), 0, stream, x, residual, weight,
+                                 out, hidden, eps);
 }
 
 }  // namespace

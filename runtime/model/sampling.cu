@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "runtime/model/internal/pdl_launch.cuh"
 #include "runtime/model/internal/vec.cuh"
 
 namespace kiln {
@@ -58,6 +59,8 @@ template <typename T, bool kVector>
 __global__ void __launch_bounds__(kThreads)
     GreedySampleKernel(const T* __restrict__ logits, int vocab, int32_t* __restrict__ tokens) {
   constexpr int kVec = Loader<T>::kVec;
+  internal::AllowDependentLaunch();
+  internal::WaitForPrerequisites();  // the logits come from the GEMM before
   const T* row = logits + int64_t{blockIdx.x} * vocab;
   Best best{0.0f, -1};
   // Each thread visits its indices in increasing order, so among its own ties it keeps the
@@ -102,12 +105,9 @@ cudaError_t Launch(const T* logits, int num_rows, int vocab, int32_t* tokens, cu
   if (num_rows < 0 || vocab <= 0) return cudaErrorInvalidValue;
   if (num_rows == 0) return cudaSuccess;
   // A row stays 16-byte aligned only if vocab is a multiple of the vector width.
-  if (vocab % Loader<T>::kVec == 0 && internal::Aligned16(logits)) {
-    GreedySampleKernel<T, true><<<num_rows, kThreads, 0, stream>>>(logits, vocab, tokens);
-  } else {
-    GreedySampleKernel<T, false><<<num_rows, kThreads, 0, stream>>>(logits, vocab, tokens);
-  }
-  return cudaGetLastError();
+  const bool vec = vocab % Loader<T>::kVec == 0 && internal::Aligned16(logits);
+  return internal::LaunchWithPdl(vec ? GreedySampleKernel<T, true> : GreedySampleKernel<T, false>,
+                                 dim3(num_rows), dim3(kThreads), 0, stream, logits, vocab, tokens);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "runtime/model/internal/pdl_launch.cuh"
 #include "runtime/model/internal/vec.cuh"
 
 namespace kiln {
@@ -16,6 +17,7 @@ __global__ void __launch_bounds__(kThreads)
     SiluMulKernel(const __nv_bfloat16* __restrict__ gate_up, __nv_bfloat16* __restrict__ out,
                   int ffn) {
   internal::AllowDependentLaunch();  // the down projection may start streaming its weights
+  internal::WaitForPrerequisites();  // gate_up comes from the GEMM before
   const int col = (blockIdx.y * kThreads + threadIdx.x) * V;
   if (col >= ffn) return;
   const int64_t row = blockIdx.x;
@@ -38,12 +40,8 @@ cudaError_t LaunchSiluMul(const __nv_bfloat16* gate_up, __nv_bfloat16* out, int 
   const int V = vec ? 8 : 1;
   const dim3 grid(num_tokens, (ffn + V * kThreads - 1) / (V * kThreads));
   if (grid.y > 65535) return cudaErrorInvalidValue;
-  if (vec) {
-    SiluMulKernel<8><<<grid, kThreads, 0, stream>>>(gate_up, out, ffn);
-  } else {
-    SiluMulKernel<1><<<grid, kThreads, 0, stream>>>(gate_up, out, ffn);
-  }
-  return cudaGetLastError();
+  return internal::LaunchWithPdl(vec ? SiluMulKernel<8> : SiluMulKernel<1>, grid, dim3(kThreads), 0,
+                                 stream, gate_up, out, ffn);
 }
 
 }  // namespace kiln

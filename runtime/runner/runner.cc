@@ -40,10 +40,12 @@ absl::Status Record(RunnerMemory* memory, const std::string& name, int64_t reque
 }
 
 // The device view of one plan part inside an uploaded plan blob at `plan` (the layout of
-// attention/plan_buffers.h, with the partial workspace shared by every key).
+// attention/plan_buffers.h, with the partial workspace and merge counters shared by every key;
+// empty counters leave the merge to the merge kernel).
 AttentionPlanPartDevice PartView(const PlanLayout& layout, const PlanPartLayout& part,
                                  const char* plan, const DeviceBuffer& partial_o,
-                                 const DeviceBuffer& partial_lse) {
+                                 const DeviceBuffer& partial_lse,
+                                 const DeviceBuffer& merge_counters) {
   AttentionPlanPartDevice view;
   if (!part.enabled) return view;
   view.header = reinterpret_cast<const AttentionPlanHeader*>(plan + part.header_offset);
@@ -58,6 +60,9 @@ AttentionPlanPartDevice PartView(const PlanLayout& layout, const PlanPartLayout&
   view.partial_o = partial_o.as<float>();
   view.partial_lse = partial_lse.as<float>();
   view.slot_capacity = part.slot_capacity;
+  if (part.merge_counter_bytes > 0 && merge_counters.size() >= part.merge_counter_bytes) {
+    view.merge_counters = merge_counters.as<int32_t>();
+  }
   return view;
 }
 
@@ -270,6 +275,9 @@ absl::Status Runner::InitAllocations(const RunnerOptions& options) {
   model_options.num_kv_blocks = num_blocks;
   model_options.block_size = block_size;
   model_options.skinny_gemm_max_rows = options.skinny_gemm_max_rows;
+  model_options.decode_gemm_rows = options.decode_gemm_rows;
+  model_options.silu_in_down = options.silu_in_down;
+  model_options.fuse_rope_append = options.fuse_rope_append;
   model_options.run_attention = !options.skip_attention;
   model_options.communicator = options.skip_allreduce ? nullptr : comm_.get();
   ASSIGN_OR_RETURN(model_, LlamaModel::Create(std::move(weights), model_options, std::move(gemm)));
@@ -279,11 +287,14 @@ absl::Status Runner::InitAllocations(const RunnerOptions& options) {
   // One attention planner and metadata layout per key; one pinned blob and one device copy
   // shared by all keys (steps run one at a time), and one partial workspace per plan part.
   size_t metadata_bytes = 0, decode_o = 0, decode_lse = 0, prefill_o = 0, prefill_lse = 0;
+  size_t decode_counters = 0, prefill_counters = 0;
   for (const StepKey& key : keys_.keys()) {
-    ASSIGN_OR_RETURN(SplitKvPlanner planner,
-                     SplitKvPlanner::Create(PlannerOptionsFor(
-                         key, shape.heads, shape.kv_heads, shape.head_dim, sm_count_,
-                         options.max_model_len, options.prefill_tile_rows)));
+    SplitKvPlannerOptions planner_options =
+        PlannerOptionsFor(key, shape.heads, shape.kv_heads, shape.head_dim, sm_count_,
+                          options.max_model_len, options.prefill_tile_rows);
+    planner_options.decode.min_kv_chunk = options.decode_min_kv_chunk;
+    planner_options.decode.ctas_per_sm = options.decode_ctas_per_sm;
+    ASSIGN_OR_RETURN(SplitKvPlanner planner, SplitKvPlanner::Create(planner_options));
     const PlanLayout& layout = planner.layout();
     layouts_.push_back(MetadataLayout::Create(key, layout.plan_bytes, max_blocks_per_seq_));
     metadata_bytes = std::max(metadata_bytes, layouts_.back().bytes);
@@ -291,6 +302,8 @@ absl::Status Runner::InitAllocations(const RunnerOptions& options) {
     decode_lse = std::max(decode_lse, layout.decode.partial_lse_bytes);
     prefill_o = std::max(prefill_o, layout.prefill.partial_o_bytes);
     prefill_lse = std::max(prefill_lse, layout.prefill.partial_lse_bytes);
+    decode_counters = std::max(decode_counters, layout.decode.merge_counter_bytes);
+    prefill_counters = std::max(prefill_counters, layout.prefill.merge_counter_bytes);
     planners_.push_back(std::move(planner));
   }
   ASSIGN_OR_RETURN(free_bytes, FreeDeviceBytes());
@@ -305,8 +318,19 @@ absl::Status Runner::InitAllocations(const RunnerOptions& options) {
   RETURN_IF_ERROR(AllocateIfNeeded(decode_lse, "decode partial_lse", &decode_partial_lse_));
   RETURN_IF_ERROR(AllocateIfNeeded(prefill_o, "prefill partial_o", &prefill_partial_o_));
   RETURN_IF_ERROR(AllocateIfNeeded(prefill_lse, "prefill partial_lse", &prefill_partial_lse_));
+  if (!options.fused_attention_merge) decode_counters = prefill_counters = 0;
+  RETURN_IF_ERROR(
+      AllocateIfNeeded(decode_counters, "decode merge counters", &decode_merge_counters_));
+  RETURN_IF_ERROR(
+      AllocateIfNeeded(prefill_counters, "prefill merge counters", &prefill_merge_counters_));
+  for (DeviceBuffer* counters : {&decode_merge_counters_, &prefill_merge_counters_}) {
+    if (counters->size() > 0) {
+      CUDA_RETURN_IF_ERROR(cudaMemset(counters->data(), 0, counters->size()));
+    }
+  }
   RETURN_IF_ERROR(Record(&memory_, "attention_workspace",
-                         static_cast<int64_t>(decode_o + decode_lse + prefill_o + prefill_lse),
+                         static_cast<int64_t>(decode_o + decode_lse + prefill_o + prefill_lse +
+                                              decode_counters + prefill_counters),
                          free_bytes));
 
   // The eager arena holds the largest step (the eager key); piecewise graphs use it too.
@@ -381,9 +405,10 @@ LlamaStepArgs Runner::Args(int key_index, const StepRoute& route, void* activati
   args.last_token_rows = reinterpret_cast<const int32_t*>(base + l.last_token_rows);
   args.block_table = reinterpret_cast<const int32_t*>(base + l.block_table);
   args.max_blocks_per_seq = l.max_blocks_per_seq;
-  args.decode = PartView(plan, plan.decode, base + l.plan, decode_partial_o_, decode_partial_lse_);
-  args.prefill =
-      PartView(plan, plan.prefill, base + l.plan, prefill_partial_o_, prefill_partial_lse_);
+  args.decode = PartView(plan, plan.decode, base + l.plan, decode_partial_o_, decode_partial_lse_,
+                         decode_merge_counters_);
+  args.prefill = PartView(plan, plan.prefill, base + l.plan, prefill_partial_o_,
+                          prefill_partial_lse_, prefill_merge_counters_);
   args.activations = activations;
   args.logits = logits_.as<float>();
   args.next_tokens = next_tokens_.as<int32_t>();

@@ -112,8 +112,25 @@ struct RunnerOptions {
   bool capture_prefill = true;
   // Prefill token budgets; empty: CaptureSizes::DefaultPrefillSizes(min(512, max tokens)).
   std::vector<int> prefill_sizes;
-  // GEMMs with at most this many rows use the skinny kernel (LlamaModelOptions).
+  // GEMM paths and fusions of the model (LlamaModelOptions): rows up to which each projection
+  // uses the decode GEMM, whether the down projection there reads SiLU(gate)·up itself, RoPE and
+  // the KV append as one kernel, and the skinny kernel up to skinny_gemm_max_rows elsewhere.
+  DecodeGemmRows decode_gemm_rows;
+  bool silu_in_down = true;
+  bool fuse_rope_append = true;
   int skinny_gemm_max_rows = 2;
+  // Split decode attention tiles are merged by the decode kernel itself (merge counters), not by
+  // a separate merge launch.
+  bool fused_attention_merge = true;
+  // The shortest KV chunk of a split decode tile (SplitKvPlanner's decode.min_kv_chunk, a
+  // multiple of 64). 64: a batch of one sequence of 1024 tokens splits over 16 chunks per KV
+  // head, one 64-token step per warp, instead of 4 chunks of four serial steps (16 µs less per
+  // step at batch 1 on an H200, runtime/runner/NOTES.md).
+  int decode_min_kv_chunk = 64;
+  // Resident decode-attention CTAs per SM the split aims to fill (SplitKvPlanner's
+  // decode.ctas_per_sm). 2: on an H200 (1B, 1024 tokens) 6, which splits batches of 16 and 32
+  // into 3–6 chunks, was slower at every batch from 2 to 32 (runtime/runner/NOTES.md).
+  int decode_ctas_per_sm = 2;
   // Benchmarks only: leave attention out of every step (LlamaModelOptions::run_attention), to
   // time the rest. The tokens are then not the model's.
   bool skip_attention = false;
@@ -316,6 +333,7 @@ class Runner {
   PinnedHostBuffer metadata_host_;
   DeviceBuffer metadata_device_;
   DeviceBuffer decode_partial_o_, decode_partial_lse_, prefill_partial_o_, prefill_partial_lse_;
+  DeviceBuffer decode_merge_counters_, prefill_merge_counters_;  // zero between launches
   DeviceBuffer arena_;
   std::optional<GraphMemoryPool> pool_;
   DeviceBuffer logits_;       // float [max_num_seqs, vocab]

@@ -1,7 +1,11 @@
 // Decode-step latency of the 1B-class Llama (hidden 2048, 16 layers, 32/8 heads of 64, ffn 8192,
 // vocab 128256, random bf16 weights) through the Runner, as CUDA graphs and eagerly at the same
 // padded sizes, at batch 1, 8, 32 and 128 with 1024 tokens of context; the capture time of every
-// default decode size up to 256 and prefill budget up to 512 tokens; and the same step with cuBLASLt for every GEMM (no skinny kernel).
+// default decode size up to 256 and prefill budget up to 512 tokens; the step without attention;
+// the step by GEMM path for small batches (as configured, the skinny kernel with cuBLASLt,
+// cuBLASLt alone); and with --ablate, the step with one fusion or choice changed at a time. The
+// --decode_*, --skinny_rows flags set the model's GEMM paths and the attention split for every
+// table (defaults: RunnerOptions').
 //
 //   bazel run -c opt //runtime/runner:runner_benchmark [-- --batches=1,8 --context=1024]
 //
@@ -17,6 +21,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -37,7 +42,22 @@
 ABSL_FLAG(std::string, batches, "1,8,32,128", "Decode batch sizes");
 ABSL_FLAG(int, context, 1024, "Tokens of context per sequence");
 ABSL_FLAG(int, steps, 30, "Timed steps per measurement");
-ABSL_FLAG(bool, compare_cublas, true, "Also time batch 1 and 8 with cuBLASLt for every GEMM");
+ABSL_FLAG(bool, compare_cublas, true,
+          "Also time batches 1..32 with the earlier GEMM paths (skinny + cuBLASLt, cuBLASLt)");
+ABSL_FLAG(bool, ablate, false,
+          "Also time batches 1, 2, 4, 8, 16, 32 with each fusion turned off and other GEMM paths");
+// The model's GEMM paths for every table (RunnerOptions; defaults: the runner's).
+ABSL_FLAG(int, decode_qkv_rows, kiln::DecodeGemmRows{}.qkv, "Decode GEMM rows: QKV projection");
+ABSL_FLAG(int, decode_o_rows, kiln::DecodeGemmRows{}.o, "Decode GEMM rows: O projection");
+ABSL_FLAG(int, decode_gate_up_rows, kiln::DecodeGemmRows{}.gate_up,
+          "Decode GEMM rows: gate-up projection");
+ABSL_FLAG(int, decode_down_rows, kiln::DecodeGemmRows{}.down, "Decode GEMM rows: down projection");
+ABSL_FLAG(int, decode_lm_head_rows, kiln::DecodeGemmRows{}.lm_head, "Decode GEMM rows: LM head");
+ABSL_FLAG(int, skinny_rows, kiln::RunnerOptions{}.skinny_gemm_max_rows, "Skinny GEMM rows");
+ABSL_FLAG(int, decode_min_kv_chunk, kiln::RunnerOptions{}.decode_min_kv_chunk,
+          "Shortest KV chunk of a split decode attention tile");
+ABSL_FLAG(int, decode_ctas_per_sm, kiln::RunnerOptions{}.decode_ctas_per_sm,
+          "Decode attention CTAs per SM the KV split aims to fill");
 
 namespace kiln {
 namespace {
@@ -130,6 +150,14 @@ Timing TimeDecode(Runner& runner, int batch, int context, int steps, bool eager_
 
 RunnerOptions BenchmarkOptions() {
   RunnerOptions o;
+  o.decode_gemm_rows.qkv = absl::GetFlag(FLAGS_decode_qkv_rows);
+  o.decode_gemm_rows.o = absl::GetFlag(FLAGS_decode_o_rows);
+  o.decode_gemm_rows.gate_up = absl::GetFlag(FLAGS_decode_gate_up_rows);
+  o.decode_gemm_rows.down = absl::GetFlag(FLAGS_decode_down_rows);
+  o.decode_gemm_rows.lm_head = absl::GetFlag(FLAGS_decode_lm_head_rows);
+  o.skinny_gemm_max_rows = absl::GetFlag(FLAGS_skinny_rows);
+  o.decode_min_kv_chunk = absl::GetFlag(FLAGS_decode_min_kv_chunk);
+  o.decode_ctas_per_sm = absl::GetFlag(FLAGS_decode_ctas_per_sm);
   o.config.set_model_preset("llama-3.2-1b");
   o.config.set_max_num_seqs(256);
   o.config.set_max_num_batched_tokens(8192);
@@ -214,24 +242,66 @@ int Main(int argc, char** argv) {
     }
   }
 
+  // A small runner that captures only `sizes`, for the comparisons below.
+  auto small_runner = [&](const std::vector<int>& sizes, const std::function<void(RunnerOptions&)>& edit) {
+    RunnerOptions o = BenchmarkOptions();
+    o.config.set_max_num_batched_tokens(512);
+    o.max_kv_blocks = 1200;
+    o.capture_prefill = false;
+    for (int b : sizes) o.config.mutable_graph()->add_capture_sizes(b);
+    edit(o);
+    std::unique_ptr<Runner> runner = ValueOrDie(Runner::Create(o));
+    CHECK_OK(runner->Capture().status());
+    return runner;
+  };
+
   if (absl::GetFlag(FLAGS_compare_cublas)) {
-    // The skinny GEMM against cuBLASLt for small batches, whole steps as graphs.
-    const std::vector<int> small = {1, 2, 4, 8};
-    std::map<int, std::map<int, double>> ms;  // threshold -> batch -> ms
-    for (int threshold : {8, 0}) {
-      RunnerOptions o = BenchmarkOptions();
-      o.skinny_gemm_max_rows = threshold;
-      o.config.set_max_num_batched_tokens(512);
-      o.max_kv_blocks = 400;
-      o.capture_prefill = false;
-      for (int b : small) o.config.mutable_graph()->add_capture_sizes(b);
-      std::unique_ptr<Runner> runner = ValueOrDie(Runner::Create(o));
-      CHECK_OK(runner->Capture().status());
-      for (int b : small) ms[threshold][b] = TimeDecode(*runner, b, context, steps, false).graph_ms;
+    // The GEMM paths for small batches, whole steps as graphs: the options above, the skinny
+    // kernel up to 2 rows with cuBLASLt above (no decode GEMM), cuBLASLt for every GEMM.
+    const std::vector<int> small = {1, 2, 4, 8, 16, 32};
+    const char* names[] = {"as configured", "skinny+cuBLASLt", "cuBLASLt"};
+    std::map<int, std::map<int, double>> ms;  // path -> batch -> ms
+    for (int i = 0; i < 3; ++i) {
+      std::unique_ptr<Runner> runner = small_runner(small, [&](RunnerOptions& o) {
+        if (i > 0) o.decode_gemm_rows = DecodeGemmRows{0, 0, 0, 0, 0};
+        if (i == 2) o.skinny_gemm_max_rows = 0;
+      });
+      for (int b : small) ms[i][b] = TimeDecode(*runner, b, context, steps, false).graph_ms;
     }
-    std::printf("\nDecode step (graph ms) by GEMM path for small batches\n%6s %12s %12s\n",
-                "batch", "skinny", "cuBLASLt");
-    for (int b : small) std::printf("%6d %12.3f %12.3f\n", b, ms[8][b], ms[0][b]);
+    std::printf("\nDecode step (graph ms) by GEMM path for small batches\n%6s %16s %16s %16s\n",
+                "batch", names[0], names[1], names[2]);
+    for (int b : small) std::printf("%6d %16.3f %16.3f %16.3f\n", b, ms[0][b], ms[1][b], ms[2][b]);
+  }
+
+  if (absl::GetFlag(FLAGS_ablate)) {
+    // One change at a time from the options above (graph ms).
+    const std::vector<int> sizes = {1, 2, 4, 8, 16, 32};
+    struct Variant {
+      const char* name;
+      std::function<void(RunnerOptions&)> edit;
+    };
+    const Variant variants[] = {
+        {"as configured", [](RunnerOptions&) {}},
+        {"SiLU kernel", [](RunnerOptions& o) { o.silu_in_down = false; }},
+        {"RoPE+append apart", [](RunnerOptions& o) { o.fuse_rope_append = false; }},
+        {"merge kernel", [](RunnerOptions& o) { o.fused_attention_merge = false; }},
+        {"KV chunk >= 256", [](RunnerOptions& o) { o.decode_min_kv_chunk = 256; }},
+        {"attn split 6 CTA/SM", [](RunnerOptions& o) { o.decode_ctas_per_sm = 6; }},
+        {"decode qkv,o,down<=8",
+         [](RunnerOptions& o) { o.decode_gemm_rows = DecodeGemmRows{8, 8, 0, 8, 0}; }},
+        {"decode all <=32",
+         [](RunnerOptions& o) { o.decode_gemm_rows = DecodeGemmRows{32, 32, 32, 32, 32}; }},
+    };
+    std::printf("\nDecode step (graph ms), one change at a time\n%-22s", "variant");
+    for (int b : sizes) std::printf(" %5s%-3d", "b", b);
+    std::printf("\n");
+    for (const Variant& v : variants) {
+      std::unique_ptr<Runner> runner = small_runner(sizes, v.edit);
+      std::printf("%-22s", v.name);
+      for (int b : sizes) std::printf(" %8.3f", TimeDecode(*runner, b, context, steps, false).graph_ms);
+      std::printf("\n");
+      std::fflush(stdout);
+    }
   }
   return 0;
 }

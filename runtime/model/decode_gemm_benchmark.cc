@@ -1,0 +1,235 @@
+// Times the decode GEMM against cuBLASLt and the skinny kernel on the 1B model's projections.
+//
+//   bazel run -c opt //runtime/model:decode_gemm_benchmark [-- --rows=1,8,32 --sweep=true]
+//
+// For each projection (qkv, o, gate_up, down, down through SiLU·mul, the float LM head) and each
+// row count: microseconds per GEMM of cuBLASLt, of the skinny kernel (up to 8 rows), of the
+// decode GEMM with ChooseDecodeGemmConfig's configuration, and (with --sweep) of the fastest of
+// every configuration, with the weight-read bandwidth. Each time is the median replay of a CUDA
+// graph of back-to-back GEMMs that cycle over enough weight copies (>= 256 MiB) to defeat the L2
+// cache, divided by the GEMMs in it; the decode GEMMs run with programmatic dependent launch as
+// in a model step, so one GEMM's first weights stream in while the one before finishes. Random
+// data, never zeros. Exits non-zero on any error.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "runtime/cuda/device_buffer.h"
+#include "runtime/cuda/device_info.h"
+#include "runtime/cuda/event.h"
+#include "runtime/cuda/status.h"
+#include "runtime/cuda/stream.h"
+#include "runtime/model/decode_gemm.h"
+#include "runtime/model/gemm.h"
+#include "runtime/model/skinny_gemm.h"
+
+ABSL_FLAG(std::string, rows, "1,2,4,8,16,32", "Rows of x (decode batch sizes)");
+ABSL_FLAG(bool, sweep, true, "Also time every decode GEMM configuration and report the fastest");
+
+namespace kiln {
+namespace {
+
+#define CHECK_OK(expr)                                                                       \
+  do {                                                                                       \
+    const absl::Status check_status_ = (expr);                                               \
+    if (!check_status_.ok()) {                                                               \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, check_status_.ToString().c_str()); \
+      std::exit(1);                                                                          \
+    }                                                                                        \
+  } while (false)
+
+#define CHECK_CUDA(expr) CHECK_OK(ToStatus((expr), #expr))
+
+template <typename T>
+T ValueOrDie(absl::StatusOr<T> v) {
+  CHECK_OK(v.status());
+  return *std::move(v);
+}
+
+constexpr int kWarmup = 3;
+constexpr int kReplays = 15;
+
+// Captures `body` into a graph and returns the median milliseconds of a replay.
+double TimeGraph(cudaStream_t stream, const std::function<void()>& body) {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  body();
+  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  Event start = ValueOrDie(Event::Create(Event::kTiming));
+  Event stop = ValueOrDie(Event::Create(Event::kTiming));
+  std::vector<double> ms;
+  for (int i = 0; i < kWarmup + kReplays; ++i) {
+    CHECK_OK(start.Record(stream));
+    CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    CHECK_OK(stop.Record(stream));
+    const float t = ValueOrDie(Event::ElapsedMs(start, stop));
+    if (i >= kWarmup) ms.push_back(t);
+  }
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// Fills a buffer with bf16 values in [-1, 1) (never zeros: they can run faster than real data).
+void FillRandom(DeviceBuffer& buf, cudaStream_t stream, uint64_t seed) {
+  std::vector<uint16_t> host(buf.size() / 2);
+  uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (auto& v : host) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    v = static_cast<uint16_t>(((x >> 63) << 15) | ((0x78 + (x >> 40) % 7) << 7) |
+                              ((x >> 20) & 0x7f));
+  }
+  CHECK_OK(CopyHostToDevice(buf.data(), host.data(), buf.size(), stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+}
+
+struct Proj {
+  const char* name;
+  int n, k;
+  DecodeGemmInput input;
+  bool float_output;
+};
+
+int Main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  std::vector<int> rows;
+  for (absl::string_view piece : absl::StrSplit(absl::GetFlag(FLAGS_rows), ',')) {
+    int m = 0;
+    if (!absl::SimpleAtoi(piece, &m) || m < 1 || m > kDecodeGemmMaxRows) {
+      std::fprintf(stderr, "--rows: bad row count \"%s\"\n", std::string(piece).c_str());
+      return 2;
+    }
+    rows.push_back(m);
+  }
+  const bool sweep = absl::GetFlag(FLAGS_sweep);
+  const DeviceInfo info = ValueOrDie(DeviceInfo::Query(0));
+  std::printf("device: %s\n", info.ToString().c_str());
+  Stream stream_owner = ValueOrDie(Stream::Create());
+  cudaStream_t stream = stream_owner.get();
+  std::unique_ptr<Gemm> gemm = ValueOrDie(Gemm::Create());
+
+  // The 1B model: hidden 2048, 32/8 heads of 64, ffn 8192, vocab 128256.
+  const Proj projs[] = {{"qkv", 3072, 2048, DecodeGemmInput::kPlain, false},
+                        {"o", 2048, 2048, DecodeGemmInput::kPlain, false},
+                        {"gate_up", 16384, 2048, DecodeGemmInput::kPlain, false},
+                        {"down", 2048, 8192, DecodeGemmInput::kPlain, false},
+                        {"down+silu", 2048, 8192, DecodeGemmInput::kSiluMul, false},
+                        {"lm_head", 128256, 2048, DecodeGemmInput::kPlain, true}};
+  const int max_m = *std::max_element(rows.begin(), rows.end());
+  DeviceBuffer workspace = ValueOrDie(
+      DeviceBuffer::Allocate(size_t{8} * max_m * 128256 * sizeof(float), "workspace"));
+  DeviceBuffer counters =
+      ValueOrDie(DeviceBuffer::Allocate(128256 / 16 * sizeof(int32_t), "counters"));
+  CHECK_CUDA(cudaMemset(counters.data(), 0, counters.size()));
+
+  std::printf("\nus per GEMM (graph of back-to-back GEMMs, L2 defeated); GB/s of weights for the "
+              "decode GEMM's chosen config\n");
+  std::printf("%-10s %3s %9s %9s %9s %7s %9s %-6s %8s\n", "proj", "m", "cuBLASLt", "skinny",
+              "decode", "config", "best", "best", "GB/s");
+  for (const Proj& p : projs) {
+    const size_t weight_bytes = static_cast<size_t>(p.n) * p.k * 2;
+    const int copies =
+        static_cast<int>(std::clamp<size_t>((256u << 20) / weight_bytes + 1, 1, 16));
+    std::vector<DeviceBuffer> weights;
+    for (int c = 0; c < copies; ++c) {
+      weights.push_back(ValueOrDie(DeviceBuffer::Allocate(weight_bytes, "weights")));
+      FillRandom(weights.back(), stream, c + 1);
+    }
+    const int launches = std::max(copies, 8);
+    const int x_cols = p.input == DecodeGemmInput::kSiluMul ? 2 * p.k : p.k;
+    for (int m : rows) {
+      DeviceBuffer x = ValueOrDie(DeviceBuffer::Allocate(size_t{2} * m * x_cols, "x"));
+      DeviceBuffer act = ValueOrDie(DeviceBuffer::Allocate(size_t{2} * m * p.k, "act"));
+      DeviceBuffer y = ValueOrDie(DeviceBuffer::Allocate(size_t{4} * m * p.n, "y"));
+      FillRandom(x, stream, 99);
+      FillRandom(act, stream, 98);
+      const auto* xp = x.as<__nv_bfloat16>();
+      const auto* ap = act.as<__nv_bfloat16>();  // cuBLASLt and skinny: an x of k columns
+      const GemmOutput out = p.float_output ? GemmOutput::kFloat32 : GemmOutput::kBf16;
+
+      CHECK_OK(gemm->Prepare(m, p.n, p.k, out));
+      const double cublas_us = 1e3 / launches * TimeGraph(stream, [&] {
+        for (int i = 0; i < launches; ++i) {
+          CHECK_OK(gemm->Run(ap, weights[i % copies].as<__nv_bfloat16>(), y.data(), m, p.n, p.k,
+                             stream, out));
+        }
+      });
+      double skinny_us = std::numeric_limits<double>::quiet_NaN();
+      if (m <= kSkinnyGemmMaxRows) {
+        skinny_us = 1e3 / launches * TimeGraph(stream, [&] {
+          for (int i = 0; i < launches; ++i) {
+            CHECK_CUDA(LaunchSkinnyGemm(ap, weights[i % copies].as<__nv_bfloat16>(), y.data(), m,
+                                        p.n, p.k, p.float_output, stream));
+          }
+        });
+      }
+      auto time_decode = [&](const DecodeGemmConfig& config) {
+        DecodeGemmArgs a;
+        a.x = xp;
+        a.y = y.data();
+        a.m = m;
+        a.n = p.n;
+        a.k = p.k;
+        a.input = p.input;
+        a.float_output = p.float_output;
+        a.w = weights[0].as<__nv_bfloat16>();
+        if (!DecodeGemmSupports(a, config)) return std::numeric_limits<double>::quiet_NaN();
+        // One eager launch first: it sets the kernel's shared-memory limit where needed.
+        CHECK_CUDA(LaunchDecodeGemm(a, config, workspace.as<float>(), counters.as<int32_t>(),
+                                    stream));
+        return 1e3 / launches * TimeGraph(stream, [&] {
+          for (int i = 0; i < launches; ++i) {
+            a.w = weights[i % copies].as<__nv_bfloat16>();
+            CHECK_CUDA(LaunchDecodeGemm(a, config, workspace.as<float>(),
+                                        counters.as<int32_t>(), stream));
+          }
+        });
+      };
+      const DecodeGemmConfig chosen = ChooseDecodeGemmConfig(m, p.n, p.k, info.sm_count);
+      const double decode_us = time_decode(chosen);
+      double best_us = decode_us;
+      DecodeGemmConfig best = chosen;
+      if (sweep) {
+        for (int row_warps : {1, 2, 4}) {
+          for (int splits : {1, 2, 4, 8}) {
+            const DecodeGemmConfig c{row_warps, splits};
+            const double us = time_decode(c);
+            if (us < best_us) {
+              best_us = us;
+              best = c;
+            }
+          }
+        }
+      }
+      std::printf("%-10s %3d %9.2f %9.2f %9.2f %7s %9.2f %-6s %8.0f\n", p.name, m, cublas_us,
+                  skinny_us, decode_us, chosen.ToString().c_str(), best_us,
+                  best.ToString().c_str(), weight_bytes / (decode_us * 1e3));
+    }
+  }
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  return 0;
+}
+
+}  // namespace
+}  // namespace kiln
+
+int main(int argc, char** argv) { return kiln::Main(argc, argv); }

@@ -1,0 +1,61 @@
+// Programmatic dependent launch (PDL) for //runtime/model's kernels: every kernel of a decode
+// step is launched with cudaLaunchAttributeProgrammaticStreamSerialization, calls
+// AllowDependentLaunch() (vec.cuh) at its start, and WaitForPrerequisites() before it touches
+// anything an earlier kernel of the step writes. The next kernel is then already resident while
+// this one runs, and runs its independent prologue (a GEMM streams its first weights, the RoPE
+// kernel builds its cos/sin table) before the wait.
+//
+// The rules every kernel launched this way keeps:
+//   - before the wait it reads only memory no kernel of the step writes (weights, and step
+//     metadata a copy uploaded before the step's first kernel) and writes nothing;
+//   - every CTA waits (also one that has nothing to do), so the kernel completes only after the
+//     one before it: completion stays transitive along the stream, and a kernel waiting for its
+//     predecessor also waits for everything earlier.
+// Included by .cu files only.
+#ifndef KILN_RUNTIME_MODEL_INTERNAL_PDL_LAUNCH_CUH_
+#define KILN_RUNTIME_MODEL_INTERNAL_PDL_LAUNCH_CUH_
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace kiln {
+namespace internal {
+
+// Returns whether the current device runs programmatic dependent launches (compute capability
+// 9.0 or later). Asked once per process: kiln runs on one kind of GPU at a time.
+inline bool SupportsProgrammaticLaunch() {
+  static const bool supported = [] {
+    int device = 0, major = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return major >= 9;
+  }();
+  return supported;
+}
+
+// Enqueues `kernel` on `stream` with programmatic dependent launch where the GPU supports it
+// (an ordinary launch elsewhere). Returns the launch's error. Callable during capture.
+template <typename... KernelArgs, typename... Args>
+cudaError_t LaunchWithPdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
+                          size_t shared_bytes, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = SupportsProgrammaticLaunch() ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace internal
+}  // namespace kiln
+
+#endif  // KILN_RUNTIME_MODEL_INTERNAL_PDL_LAUNCH_CUH_
