@@ -26,6 +26,7 @@
 #include "runtime/cuda/event.h"
 #include "runtime/cuda/status.h"
 #include "runtime/cuda/stream.h"
+#include "runtime/model/internal/benchmark_util.h"
 #include "runtime/model/device_weights.h"
 #include "runtime/model/embedding.h"
 #include "runtime/model/gemm.h"
@@ -38,48 +39,14 @@
 namespace kiln {
 namespace {
 
-#define CHECK_OK(expr)                                                                   \
-  do {                                                                                   \
-    const absl::Status check_status_ = (expr);                                           \
-    if (!check_status_.ok()) {                                                           \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, check_status_.ToString().c_str()); \
-      std::exit(1);                                                                      \
-    }                                                                                    \
-  } while (false)
-
-#define CHECK_CUDA(expr) CHECK_OK(ToStatus((expr), #expr))
-
-template <typename T>
-T ValueOrDie(absl::StatusOr<T> v) {
-  CHECK_OK(v.status());
-  return *std::move(v);
-}
+using benchmark_internal::ValueOrDie;
 
 constexpr int kWarmup = 3;
 constexpr int kReplays = 20;
 
 // Captures `body` into a graph and returns the median milliseconds of a replay.
 double TimeGraph(cudaStream_t stream, const std::function<void()>& body) {
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  body();
-  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  Event start = ValueOrDie(Event::Create(Event::kTiming));
-  Event stop = ValueOrDie(Event::Create(Event::kTiming));
-  std::vector<double> ms;
-  for (int i = 0; i < kWarmup + kReplays; ++i) {
-    CHECK_OK(start.Record(stream));
-    CHECK_CUDA(cudaGraphLaunch(exec, stream));
-    CHECK_OK(stop.Record(stream));
-    const float t = ValueOrDie(Event::ElapsedMs(start, stop));
-    if (i >= kWarmup) ms.push_back(t);
-  }
-  CHECK_CUDA(cudaGraphExecDestroy(exec));
-  CHECK_CUDA(cudaGraphDestroy(graph));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  return benchmark_internal::TimeGraph(stream, body, kWarmup, kReplays);
 }
 
 // Returns the median milliseconds of `body` run eagerly.
