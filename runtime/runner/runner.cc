@@ -161,6 +161,25 @@ absl::Status Runner::Init(const RunnerOptions& options) {
   return AgreeOnStatus(bootstrap, status, "Runner setup");
 }
 
+config::PlannerConfig Runner::PlannerConfigFor(const RunnerOptions& options) {
+  config::PlannerConfig config = options.config;
+  config::GraphConfig* graph = config.mutable_graph();
+  if (options.graphs == GraphExecution::kPiecewise) {
+    graph->set_execution(config::GRAPH_EXECUTION_PIECEWISE);
+  } else if (options.graphs == GraphExecution::kFull) {
+    graph->set_execution(config::GRAPH_EXECUTION_FULL);
+  }
+  graph->set_capture_prefill(options.capture_prefill);
+  // In GRAPH_MODE_PREFILL_ONLY the budgets are the capture sizes themselves (and the Runner
+  // ignores prefill_sizes, as the planner refuses them there).
+  if (!options.prefill_sizes.empty() && graph->mode() != config::GRAPH_MODE_PREFILL_ONLY) {
+    graph->clear_prefill_sizes();
+    for (int size : options.prefill_sizes) graph->add_prefill_sizes(size);
+  }
+  config.set_max_model_len(options.max_model_len);
+  return config;
+}
+
 absl::Status Runner::InitPlan(const RunnerOptions& options) {
   if (options.max_model_len < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -171,7 +190,7 @@ absl::Status Runner::InitPlan(const RunnerOptions& options) {
   sm_count_ = device.sm_count;
 
   // The planner sizes memory for the GPU it is told about; by default, this one.
-  config::PlannerConfig config = options.config;
+  config::PlannerConfig config = PlannerConfigFor(options);
   if (config.gpu_preset() == "auto" || (!config.has_gpu_preset() && !config.gpu().has_total_bytes())) {
     config.clear_gpu_preset();
     config::GpuSpec gpu;

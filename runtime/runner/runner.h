@@ -222,6 +222,13 @@ class Runner {
   // collective, creates the communicator, and every rank returns the same error.
   static absl::StatusOr<std::unique_ptr<Runner>> Create(const RunnerOptions& options);
 
+  // Returns options.config with the Runner's own graph choices written in — piecewise
+  // execution, whether prefill budgets are captured, their sizes, max_model_len — so the memory
+  // planner counts the graphs, pool and block tables this Runner will create. kNone keeps the
+  // config's graphs: the planner then reserves for graphs that are never captured, which is
+  // safe. Host-only; thread-safe.
+  static config::PlannerConfig PlannerConfigFor(const RunnerOptions& options);
+
   ~Runner();
   Runner(const Runner&) = delete;
   Runner& operator=(const Runner&) = delete;
