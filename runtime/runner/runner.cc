@@ -127,6 +127,23 @@ absl::StatusOr<LlamaShape> LlamaShapeFromConfig(const config::ModelShape& m) {
   return s;
 }
 
+config::ModelShape ModelShapeFromLlamaShape(const LlamaShape& t, absl::string_view name) {
+  config::ModelShape m;
+  m.set_name(std::string(name));
+  m.set_hidden_size(t.hidden);
+  m.set_num_layers(t.layers);
+  m.set_num_heads(t.heads);
+  m.set_num_kv_heads(t.kv_heads);
+  m.set_head_dim(t.head_dim);
+  m.set_intermediate_size(t.ffn);
+  m.set_vocab_size(t.vocab);
+  m.set_dtype(config::DTYPE_BF16);
+  m.set_tie_embeddings(t.tie_embeddings);
+  m.set_rope_theta(t.rope_theta);
+  m.set_rms_norm_eps(t.rms_eps);
+  return m;
+}
+
 absl::StatusOr<std::unique_ptr<Runner>> Runner::Create(const RunnerOptions& options) {
   std::unique_ptr<Runner> runner(new Runner());
   RETURN_IF_ERROR(runner->Init(options));

@@ -62,6 +62,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "attention/split_kv_planner.h"
 #include "collectives/allreduce_config.pb.h"
@@ -357,6 +358,10 @@ class Runner {
 // Returns the LlamaShape of a resolved config::ModelShape. InvalidArgument for what kiln's model
 // does not run: a dtype other than bf16, attention bias.
 absl::StatusOr<LlamaShape> LlamaShapeFromConfig(const config::ModelShape& model);
+
+// Returns the config::ModelShape (bf16) of `shape`, named `name`: the inverse of
+// LlamaShapeFromConfig, for configs built from a LlamaShape (tests, benchmarks).
+config::ModelShape ModelShapeFromLlamaShape(const LlamaShape& shape, absl::string_view name);
 
 }  // namespace kiln
 

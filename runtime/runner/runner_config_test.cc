@@ -14,6 +14,25 @@ config::PlannerConfig OneBillion() {
   return config;
 }
 
+TEST(RunnerConfigTest, ModelShapeRoundTripsThroughTheConfig) {
+  for (const LlamaShape& shape : {LlamaShape::Tiny(), LlamaShape::Llama1B()}) {
+    const config::ModelShape m = ModelShapeFromLlamaShape(shape, "x");
+    EXPECT_EQ(m.name(), "x");
+    absl::StatusOr<LlamaShape> back = LlamaShapeFromConfig(m);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->hidden, shape.hidden);
+    EXPECT_EQ(back->layers, shape.layers);
+    EXPECT_EQ(back->heads, shape.heads);
+    EXPECT_EQ(back->kv_heads, shape.kv_heads);
+    EXPECT_EQ(back->head_dim, shape.head_dim);
+    EXPECT_EQ(back->ffn, shape.ffn);
+    EXPECT_EQ(back->vocab, shape.vocab);
+    EXPECT_EQ(back->tie_embeddings, shape.tie_embeddings);
+    EXPECT_EQ(back->rope_theta, shape.rope_theta);
+    EXPECT_EQ(back->rms_eps, shape.rms_eps);
+  }
+}
+
 TEST(RunnerConfigTest, WritesTheRunnersGraphChoicesIntoThePlannerConfig) {
   RunnerOptions options;
   options.config = OneBillion();

@@ -33,23 +33,7 @@ constexpr int kMaxTokens = 640;
 constexpr int kBlockSize = 16;
 constexpr int kMaxModelLen = 1024;
 
-config::ModelShape TinyModel() {
-  const LlamaShape t = LlamaShape::Tiny();
-  config::ModelShape m;
-  m.set_name("tiny");
-  m.set_hidden_size(t.hidden);
-  m.set_num_layers(t.layers);
-  m.set_num_heads(t.heads);
-  m.set_num_kv_heads(t.kv_heads);
-  m.set_head_dim(t.head_dim);
-  m.set_intermediate_size(t.ffn);
-  m.set_vocab_size(t.vocab);
-  m.set_dtype(config::DTYPE_BF16);
-  m.set_tie_embeddings(t.tie_embeddings);
-  m.set_rope_theta(t.rope_theta);
-  m.set_rms_norm_eps(t.rms_eps);
-  return m;
-}
+config::ModelShape TinyModel() { return ModelShapeFromLlamaShape(LlamaShape::Tiny(), "tiny"); }
 
 RunnerOptions TinyOptions(GraphExecution graphs, uint64_t seed) {
   RunnerOptions o;
