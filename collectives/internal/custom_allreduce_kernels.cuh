@@ -47,10 +47,13 @@
 // table, which the host writes between replays and no kernel writes; everything else (the
 // control block the previous all-reduce advanced, `in`, `out`, staging, peers) comes after the
 // wait, which returns once the previous grid finished and its writes are visible. After its last
-// barrier the kernel lets the next kernel start its own preamble (griddepcontrol.launch_dependents);
-// that kernel waits for this one to finish before it touches memory. Since a kernel of call N + 1
-// passes the wait only after call N ended on that rank, the staging-half argument above holds
-// block by block, whatever the grids of the two calls.
+// barrier the kernel lets the next kernel start its own preamble
+// (griddepcontrol.launch_dependents); that kernel waits for this one to finish before it
+// touches memory. Since a kernel of call N + 1 passes the wait only after call N ended on that
+// rank, the staging-half argument above holds block by block, whatever the grids of the two
+// calls. Any other kernel that shares these halves and this control block must keep the same
+// two rules: each of its blocks meets every peer at a barrier, and it touches staging or peer
+// memory only after the previous kernel of the stream ended (stream order or the wait).
 #ifndef KILN_COLLECTIVES_INTERNAL_CUSTOM_ALLREDUCE_KERNELS_CUH_
 #define KILN_COLLECTIVES_INTERNAL_CUSTOM_ALLREDUCE_KERNELS_CUH_
 
