@@ -1,8 +1,9 @@
 // All-reduce benchmark in nccl-tests' format: one-shot, registered one-shot (graphs only),
 // two-shot, auto (AutoCommunicator's choice) and NCCL, eager and in CUDA graphs, 4 KB to 64 MB.
-// It starts one process per visible GPU itself (collectives/testing/process_group.h); rank 0
-// prints. Every output is checked against the exact sum of integer-valued inputs; the program
-// exits non-zero if any value is wrong on any rank, or if a rank fails.
+// It starts one process per visible GPU itself (RunBenchmarkOnEveryGpu in
+// collectives/testing/multiprocess_benchmark_util.h); rank 0 prints. Every output is checked
+// against the exact sum of integer-valued inputs; the program exits non-zero if any value is
+// wrong on any rank (3), or if a rank fails (1).
 //
 //   bazel run -c opt //collectives:allreduce_benchmark -- --world_size=4
 //   .gpu_collectives/bin/collectives_allreduce_benchmark --modes=graph --max_bytes=4194304
@@ -33,6 +34,7 @@
 #include "collectives/auto_communicator.h"
 #include "collectives/communicator.h"
 #include "collectives/custom_allreduce.h"
+#include "collectives/testing/multiprocess_benchmark_util.h"
 #include "collectives/testing/process_group.h"
 #include "google/protobuf/text_format.h"
 #include "runtime/cuda/device_info.h"
@@ -344,60 +346,19 @@ absl::Status RunRank(testing::ProcessGroupMember& member, int64_t* total_wrong) 
   return absl::OkStatus();
 }
 
-int ChildMain() {
-  absl::StatusOr<testing::ProcessGroupMember> member = testing::JoinProcessGroup();
-  if (!member.ok()) {
-    std::fprintf(stderr, "allreduce_benchmark: %s\n", member.status().ToString().c_str());
-    return 1;
-  }
-  int64_t wrong = 0;
-  absl::Status status = RunRank(*member, &wrong);
-  if (!status.ok()) {
-    std::fprintf(stderr, "allreduce_benchmark rank %d: %s\n", member->rank,
-                 status.ToString().c_str());
-    return 1;
-  }
-  return wrong == 0 ? 0 : 3;
-}
-
-int ParentMain(int argc, char** argv) {
-  int world = absl::GetFlag(FLAGS_world_size);
-  if (world <= 0) world = DeviceCount();
-  if (world < 2) {
-    std::fprintf(stderr,
-                 "allreduce_benchmark: needs at least 2 GPUs (found %d); pass --world_size\n",
-                 world);
-    return 2;
-  }
-  testing::ProcessGroupOptions options;
-  options.world_size = world;
-  options.argv.assign(argv, argv + argc);
-  options.passthrough_rank = 0;
-  options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
-  absl::StatusOr<std::vector<testing::RankOutcome>> outcomes = testing::RunProcessGroup(options);
-  if (!outcomes.ok()) {
-    std::fprintf(stderr, "allreduce_benchmark: %s\n", outcomes.status().ToString().c_str());
-    return 1;
-  }
-  int rc = 0;
-  for (const testing::RankOutcome& o : *outcomes) {
-    if (o.exited && o.exit_code == 0) continue;
-    rc = (o.exited && o.exit_code == 3) ? 3 : 1;
-    std::fprintf(stderr, "allreduce_benchmark: %s%s\n", testing::DescribeOutcome(o).c_str(),
-                 o.exit_code == 3 ? " (wrong values)" : "");
-    if (!o.log_path.empty()) {
-      std::fprintf(stderr, "---- log of rank %d ----\n%s\n", o.rank,
-                   testing::ReadFileTail(o.log_path).c_str());
-    }
-  }
-  return rc;
-}
-
 }  // namespace
 }  // namespace kiln
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  if (kiln::testing::IsProcessGroupChild()) return kiln::ChildMain();
-  return kiln::ParentMain(argc, argv);
+  kiln::testing::BenchmarkGroupOptions options;
+  options.name = "allreduce_benchmark";
+  options.world_size = absl::GetFlag(FLAGS_world_size);
+  options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  return kiln::testing::RunBenchmarkOnEveryGpu(
+      argc, argv, options, [](kiln::testing::ProcessGroupMember& member) -> absl::StatusOr<int> {
+        int64_t wrong = 0;
+        RETURN_IF_ERROR(kiln::RunRank(member, &wrong));
+        return wrong == 0 ? 0 : kiln::testing::kWrongValuesExitCode;
+      });
 }

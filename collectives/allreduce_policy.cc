@@ -71,6 +71,12 @@ absl::Status ValidateAllReduceConfig(const AllReduceConfig& config) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "AllReduceConfig.threads_per_block %d must be a multiple of 32 in 64..1024", threads));
   }
+  const int min_threads = config.min_threads_per_block();
+  if (min_threads < 64 || min_threads > 1024 || min_threads % 32 != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "AllReduceConfig.min_threads_per_block %d must be a multiple of 32 in 64..1024",
+        min_threads));
+  }
   if (config.max_blocks() < 1 || config.max_blocks() > 128) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "AllReduceConfig.max_blocks %d must be in 1..128", config.max_blocks()));
@@ -130,6 +136,25 @@ AllReducePlan SelectAllReduce(const AllReduceConfig& config, const AllReduceRequ
   }
   plan.input = ChooseAllReduceInput(config, plan.algorithm, request);
   return plan;
+}
+
+CustomLaunchShape ChooseCustomLaunchShape(const AllReduceConfig& config,
+                                          AllReduceAlgorithm algorithm, size_t bytes,
+                                          int world_size) {
+  const int64_t packs = static_cast<int64_t>(bytes / 16);
+  const int64_t work = algorithm == AllReduceAlgorithm::kTwoShot && world_size > 0
+                           ? (packs + world_size - 1) / world_size
+                           : packs;
+  const int64_t max_blocks = std::max(1, config.max_blocks());
+  const int64_t max_threads = config.threads_per_block();
+  const int64_t min_threads = std::min<int64_t>(config.min_threads_per_block(), max_threads);
+  // Threads per block to cover the work with max_blocks blocks, in whole warps, within limits.
+  const int64_t per_block = ((work + max_blocks - 1) / max_blocks + 31) / 32 * 32;
+  CustomLaunchShape shape;
+  shape.threads = static_cast<int>(std::clamp(per_block, min_threads, max_threads));
+  shape.blocks = static_cast<int>(
+      std::clamp<int64_t>((work + shape.threads - 1) / shape.threads, 1, max_blocks));
+  return shape;
 }
 
 }  // namespace kiln

@@ -76,8 +76,8 @@ int64_t OneShotMaxBytes(const AllReduceConfig& config, int world_size);
 int64_t TwoShotMaxBytes(const AllReduceConfig& config, int world_size);
 
 // Returns InvalidArgument naming the first field out of range (buffer_bytes a positive multiple
-// of 16, threads_per_block a multiple of 32 in 64..1024, max_blocks in 1..128, positive
-// timeouts and max_graph_inputs, crossovers not negative).
+// of 16, threads_per_block and min_threads_per_block multiples of 32 in 64..1024, max_blocks in
+// 1..128, positive timeouts and max_graph_inputs, crossovers not negative).
 absl::Status ValidateAllReduceConfig(const AllReduceConfig& config);
 
 // Returns whether the custom all-reduce may take `request` at all (eligibility only: world size,
@@ -90,6 +90,22 @@ AllReduceInput ChooseAllReduceInput(const AllReduceConfig& config, AllReduceAlgo
 
 // Returns the plan for `request` under `config`.
 AllReducePlan SelectAllReduce(const AllReduceConfig& config, const AllReduceRequest& request);
+
+// The grid of one custom kernel launch.
+struct CustomLaunchShape {
+  int blocks = 1;
+  int threads = 0;  // per block
+};
+
+// Returns the grid for a custom call of `bytes` (a positive multiple of 16) with `algorithm`
+// (kOneShot or kTwoShot) on `world_size` ranks. Each thread takes one 16-byte pack per pass over
+// the work (all packs for one-shot, a shard of ceil(packs / world_size) for two-shot); the
+// threads are spread over as many blocks as max_blocks allows, cutting threads per block from
+// threads_per_block down to min_threads_per_block (or threads_per_block, if smaller) first, and
+// only then capping the blocks. Every rank computes the same shape (same config, same size).
+CustomLaunchShape ChooseCustomLaunchShape(const AllReduceConfig& config,
+                                          AllReduceAlgorithm algorithm, size_t bytes,
+                                          int world_size);
 
 }  // namespace kiln
 

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "collectives/allreduce_config.pb.h"
@@ -152,6 +153,10 @@ TEST(AllReducePolicyTest, ValidationNamesTheBadField) {
   EXPECT_THAT(std::string(ValidateAllReduceConfig(config).message()),
               HasSubstr("threads_per_block 100"));
   config = AllReduceConfig();
+  config.set_min_threads_per_block(48);
+  EXPECT_THAT(std::string(ValidateAllReduceConfig(config).message()),
+              HasSubstr("min_threads_per_block 48"));
+  config = AllReduceConfig();
   config.set_max_blocks(129);
   EXPECT_THAT(std::string(ValidateAllReduceConfig(config).message()), HasSubstr("max_blocks 129"));
   config = AllReduceConfig();
@@ -163,6 +168,57 @@ TEST(AllReducePolicyTest, ValidationNamesTheBadField) {
   config = AllReduceConfig();
   config.set_max_graph_inputs(0);
   EXPECT_EQ(ValidateAllReduceConfig(config).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(AllReducePolicyTest, LaunchShapeSpreadsThreadsOverBlocksFirst) {
+  AllReduceConfig config;
+  config.set_max_blocks(128);
+  config.set_threads_per_block(512);
+  config.set_min_threads_per_block(128);
+  auto shape = [&](AllReduceAlgorithm algorithm, size_t bytes, int world) {
+    const CustomLaunchShape s = ChooseCustomLaunchShape(config, algorithm, bytes, world);
+    return std::make_pair(s.blocks, s.threads);
+  };
+  const AllReduceAlgorithm one = AllReduceAlgorithm::kOneShot;
+  const AllReduceAlgorithm two = AllReduceAlgorithm::kTwoShot;
+  EXPECT_EQ(shape(one, 16, 4), std::make_pair(1, 128));             // 1 pack
+  EXPECT_EQ(shape(one, 4096, 4), std::make_pair(2, 128));           // 256 packs
+  EXPECT_EQ(shape(one, 256 << 10, 4), std::make_pair(128, 128));    // 16384 packs
+  EXPECT_EQ(shape(one, 1 << 20, 2), std::make_pair(128, 512));      // 65536 packs
+  EXPECT_EQ(shape(one, 8 << 20, 2), std::make_pair(128, 512));      // 8 passes
+  EXPECT_EQ(shape(two, 1 << 20, 4), std::make_pair(128, 128));      // shard of 16384 packs
+  EXPECT_EQ(shape(two, 16 * 65537, 4), std::make_pair(103, 160));   // shard of 16385 packs
+  EXPECT_EQ(shape(two, 4 << 20, 8), std::make_pair(128, 256));      // shard of 32768 packs
+
+  // min_threads_per_block at threads_per_block: full blocks, fewer of them (the old shape).
+  config.set_min_threads_per_block(512);
+  EXPECT_EQ(shape(two, 1 << 20, 4), std::make_pair(32, 512));
+  EXPECT_EQ(shape(one, 4096, 4), std::make_pair(1, 512));
+  // A minimum above threads_per_block acts as threads_per_block.
+  config.set_min_threads_per_block(1024);
+  config.set_threads_per_block(256);
+  EXPECT_EQ(shape(two, 1 << 20, 4), std::make_pair(64, 256));
+
+  // Any size: whole warps within the limits, enough threads for one pack each unless the
+  // blocks are capped.
+  config.set_max_blocks(7);
+  config.set_threads_per_block(96);
+  config.set_min_threads_per_block(64);
+  for (int world : {2, 4, 6, 8}) {
+    for (size_t bytes = 16; bytes <= (size_t{8} << 20); bytes = bytes * 3 + 16) {
+      for (AllReduceAlgorithm algorithm : {one, two}) {
+        const CustomLaunchShape s = ChooseCustomLaunchShape(config, algorithm, bytes, world);
+        const size_t work = algorithm == two ? (bytes / 16 + world - 1) / world : bytes / 16;
+        EXPECT_GE(s.blocks, 1);
+        EXPECT_LE(s.blocks, 7);
+        EXPECT_EQ(s.threads % 32, 0);
+        EXPECT_GE(s.threads, 64);
+        EXPECT_LE(s.threads, 96);
+        EXPECT_TRUE(static_cast<size_t>(s.blocks) * s.threads >= work || s.blocks == 7)
+            << bytes << " bytes, world " << world;
+      }
+    }
+  }
 }
 
 TEST(AllReducePolicyTest, ConfigParsesFromTextproto) {

@@ -387,11 +387,13 @@ absl::Status CustomAllReduce::AllReduce(const void* in, void* out, size_t count,
   args.timeout_ns = static_cast<uint64_t>(config_.barrier_timeout_ms()) * 1000000ull;
   args.rank = rank_;
   args.slot = slot;
-  const int threads = config_.threads_per_block();
-  const uint64_t work = two_shot ? (args.packs + world_size_ - 1) / world_size_ : args.packs;
-  const int blocks = static_cast<int>(
-      std::max<uint64_t>(1, std::min<uint64_t>((work + threads - 1) / threads,
-                                               static_cast<uint64_t>(config_.max_blocks()))));
+  const bool push_inputs =
+      two_shot ? config_.two_shot_push_inputs() : config_.one_shot_push_inputs();
+  args.push_inputs =
+      push_inputs && internal::PushedInputsFit(args.packs, world_size_, two_shot, half_bytes_);
+  args.push_gather = two_shot && config_.two_shot_push_gather();
+  const CustomLaunchShape shape =
+      ChooseCustomLaunchShape(config_, plan.algorithm, bytes, world_size_);
   internal::KernelDtype kernel_dtype = internal::KernelDtype::kBf16;
   switch (dtype) {
     case DataType::kBf16:
@@ -405,7 +407,8 @@ absl::Status CustomAllReduce::AllReduce(const void* in, void* out, size_t count,
       break;
   }
   return ToStatus(internal::LaunchCustomAllReduce(args, kernel_dtype, world_size_, two_shot,
-                                                  blocks, threads, stream),
+                                                  shape.blocks, shape.threads,
+                                                  config_.programmatic_dependent_launch(), stream),
                   "custom all-reduce launch");
 }
 

@@ -62,6 +62,24 @@ AllReduceConfig TestConfig() {
   return config;
 }
 
+// TestConfig with the kernel's other code paths: the options not taken by default (programmatic
+// launch, push or pull of inputs and of the two-shot gather), and a small odd grid (7 blocks of
+// 96 or 64 threads) so every size above a few KiB takes several passes and ends in a partial
+// unrolled step. Pushed inputs fit the 4 MiB test buffer up to 1 MiB (one-shot, world 4) or
+// 2 MiB (two-shot): the larger test sizes pull either way.
+AllReduceConfig AlternateConfig() {
+  const AllReduceConfig defaults;
+  AllReduceConfig config = TestConfig();
+  config.set_programmatic_dependent_launch(!defaults.programmatic_dependent_launch());
+  config.set_one_shot_push_inputs(!defaults.one_shot_push_inputs());
+  config.set_two_shot_push_inputs(!defaults.two_shot_push_inputs());
+  config.set_two_shot_push_gather(!defaults.two_shot_push_gather());
+  config.set_max_blocks(7);
+  config.set_threads_per_block(96);
+  config.set_min_threads_per_block(64);
+  return config;
+}
+
 // ---- host-side element encoding ----------------------------------------------------------
 
 std::vector<uint8_t> Encode(const std::vector<double>& values, DataType dtype) {
@@ -224,11 +242,11 @@ constexpr DataType kDtypes[] = {DataType::kBf16, DataType::kFp16, DataType::kFp3
 
 // ---- tests ------------------------------------------------------------------------------------
 
-TEST(CustomAllReduceMultiGpuTest, EagerKernelsEqualNcclForEveryDtypeAndSize) {
-  KILN_REQUIRE_GPUS(2);
-  RunOnEveryGpu([](RankContext& ctx) {
+// Runs every dtype and size through both kernels eagerly under `config` and compares with NCCL.
+void EagerKernelsEqualNccl(const AllReduceConfig& config) {
+  RunOnEveryGpu([&config](RankContext& ctx) {
     RankRig rig;
-    ASSERT_NO_FATAL_FAILURE(MakeRig(ctx, TestConfig(), &rig));
+    ASSERT_NO_FATAL_FAILURE(MakeRig(ctx, config, &rig));
     const uint64_t seed = SharedSeed(ctx);
     const cudaStream_t s = rig.stream.get();
     DeviceBuffer in = Alloc(kBufferBytes, "in");
@@ -281,6 +299,16 @@ TEST(CustomAllReduceMultiGpuTest, EagerKernelsEqualNcclForEveryDtypeAndSize) {
   }, Options());
 }
 
+TEST(CustomAllReduceMultiGpuTest, EagerKernelsEqualNcclForEveryDtypeAndSize) {
+  KILN_REQUIRE_GPUS(2);
+  EagerKernelsEqualNccl(TestConfig());
+}
+
+TEST(CustomAllReduceMultiGpuTest, EagerKernelsEqualNcclWithTheOtherLaunchOptions) {
+  KILN_REQUIRE_GPUS(2);
+  EagerKernelsEqualNccl(AlternateConfig());
+}
+
 TEST(CustomAllReduceMultiGpuTest, RealValuedSumsAreBitwiseIdenticalOnEveryRank) {
   KILN_REQUIRE_GPUS(2);
   RunOnEveryGpu([](RankContext& ctx) {
@@ -330,11 +358,12 @@ TEST(CustomAllReduceMultiGpuTest, RealValuedSumsAreBitwiseIdenticalOnEveryRank) 
   }, Options());
 }
 
-TEST(CustomAllReduceMultiGpuTest, GraphReplaysWithInputsChangedAfterCapture) {
-  KILN_REQUIRE_GPUS(2);
-  RunOnEveryGpu([](RankContext& ctx) {
+// Captures a graph of custom (registered and staged) and NCCL all-reduces under `config`,
+// registers it and replays it with new inputs, interleaved with eager calls.
+void GraphReplaysWithInputsChangedAfterCapture(const AllReduceConfig& config) {
+  RunOnEveryGpu([&config](RankContext& ctx) {
     RankRig rig;
-    ASSERT_NO_FATAL_FAILURE(MakeRig(ctx, TestConfig(), &rig));
+    ASSERT_NO_FATAL_FAILURE(MakeRig(ctx, config, &rig));
     const cudaStream_t s = rig.stream.get();
     struct Op {
       const char* name;
@@ -462,6 +491,16 @@ TEST(CustomAllReduceMultiGpuTest, GraphReplaysWithInputsChangedAfterCapture) {
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
   }, Options());
+}
+
+TEST(CustomAllReduceMultiGpuTest, GraphReplaysWithInputsChangedAfterCapture) {
+  KILN_REQUIRE_GPUS(2);
+  GraphReplaysWithInputsChangedAfterCapture(TestConfig());
+}
+
+TEST(CustomAllReduceMultiGpuTest, GraphReplaysWithTheOtherLaunchOptions) {
+  KILN_REQUIRE_GPUS(2);
+  GraphReplaysWithInputsChangedAfterCapture(AlternateConfig());
 }
 
 TEST(CustomAllReduceMultiGpuTest, ReplayBeforeRegistrationIsFailedPrecondition) {

@@ -5,9 +5,10 @@ namespace kiln {
 namespace internal {
 
 cudaError_t LaunchCustomAllReduceBf16(const CustomAllReduceArgs& args, int world_size,
-                                      bool two_shot, int blocks, int threads,
+                                      bool two_shot, int blocks, int threads, bool programmatic,
                                       cudaStream_t stream) {
-  return LaunchForType<__nv_bfloat16>(args, world_size, two_shot, blocks, threads, stream);
+  return LaunchForType<__nv_bfloat16>(args, world_size, two_shot, blocks, threads, programmatic,
+                                      stream);
 }
 
 }  // namespace internal

@@ -5,9 +5,9 @@ namespace kiln {
 namespace internal {
 
 cudaError_t LaunchCustomAllReduceFp32(const CustomAllReduceArgs& args, int world_size,
-                                      bool two_shot, int blocks, int threads,
+                                      bool two_shot, int blocks, int threads, bool programmatic,
                                       cudaStream_t stream) {
-  return LaunchForType<float>(args, world_size, two_shot, blocks, threads, stream);
+  return LaunchForType<float>(args, world_size, two_shot, blocks, threads, programmatic, stream);
 }
 
 }  // namespace internal

@@ -70,24 +70,36 @@ struct CustomAllReduceArgs {
   uint64_t timeout_ns;                    // barrier wait limit
   int rank;
   int slot;                               // table slot, for error messages
+  int push_inputs;  // write inputs into the peers' staging (the caller checked they fit)
+  int push_gather;  // two-shot: write reduced shards into the peers' staging
 };
+
+// Returns whether a call of `packs` may push its inputs into a staging half of `half_bytes`
+// (see custom_allreduce_kernels.cuh: one-shot needs W * packs, two-shot 2 * W * shard).
+inline bool PushedInputsFit(uint64_t packs, int world_size, bool two_shot, uint64_t half_bytes) {
+  const uint64_t w = static_cast<uint64_t>(world_size);
+  const uint64_t needed = two_shot ? 2 * w * ((packs + w - 1) / w) : w * packs;
+  return needed * 16 <= half_bytes;
+}
 
 enum class KernelDtype { kBf16, kFp16, kFp32 };
 
-// Launches the one-shot (two_shot false) or two-shot kernel for `world_size` ranks.
+// Launches the one-shot (two_shot false) or two-shot kernel for `world_size` ranks, as a
+// programmatic dependent of the stream's previous kernel when `programmatic` (it overlaps that
+// kernel's tail and waits for it on the device before touching memory).
 cudaError_t LaunchCustomAllReduce(const CustomAllReduceArgs& args, KernelDtype dtype,
                                   int world_size, bool two_shot, int blocks, int threads,
-                                  cudaStream_t stream);
+                                  bool programmatic, cudaStream_t stream);
 
 // Per-dtype launchers (one .cu file each so the instantiations build in parallel).
 cudaError_t LaunchCustomAllReduceBf16(const CustomAllReduceArgs& args, int world_size,
-                                      bool two_shot, int blocks, int threads,
+                                      bool two_shot, int blocks, int threads, bool programmatic,
                                       cudaStream_t stream);
 cudaError_t LaunchCustomAllReduceFp16(const CustomAllReduceArgs& args, int world_size,
-                                      bool two_shot, int blocks, int threads,
+                                      bool two_shot, int blocks, int threads, bool programmatic,
                                       cudaStream_t stream);
 cudaError_t LaunchCustomAllReduceFp32(const CustomAllReduceArgs& args, int world_size,
-                                      bool two_shot, int blocks, int threads,
+                                      bool two_shot, int blocks, int threads, bool programmatic,
                                       cudaStream_t stream);
 
 // Writes {kProbeMagic, rank, peer, nonce} into probe slot `rank` of every peer's region

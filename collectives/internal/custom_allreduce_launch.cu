@@ -29,14 +29,17 @@ __global__ void P2pProbeKernel(const ProbeArgs args, int world_size, int rank, u
 
 cudaError_t LaunchCustomAllReduce(const CustomAllReduceArgs& args, KernelDtype dtype,
                                   int world_size, bool two_shot, int blocks, int threads,
-                                  cudaStream_t stream) {
+                                  bool programmatic, cudaStream_t stream) {
   switch (dtype) {
     case KernelDtype::kBf16:
-      return LaunchCustomAllReduceBf16(args, world_size, two_shot, blocks, threads, stream);
+      return LaunchCustomAllReduceBf16(args, world_size, two_shot, blocks, threads, programmatic,
+                                       stream);
     case KernelDtype::kFp16:
-      return LaunchCustomAllReduceFp16(args, world_size, two_shot, blocks, threads, stream);
+      return LaunchCustomAllReduceFp16(args, world_size, two_shot, blocks, threads, programmatic,
+                                       stream);
     case KernelDtype::kFp32:
-      return LaunchCustomAllReduceFp32(args, world_size, two_shot, blocks, threads, stream);
+      return LaunchCustomAllReduceFp32(args, world_size, two_shot, blocks, threads, programmatic,
+                                       stream);
   }
   return cudaErrorInvalidValue;  // unsupported dtype
 }
