@@ -151,6 +151,11 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
         prefetch.gate_up, ", down ", prefetch.down, ", lm_head ", prefetch.lm_head,
         ") must lie in [0, ", kPrefetchGemmMaxRows, "]"));
   }
+  if (options.prefetch_gemm_ctas_per_sm < 1 || options.prefetch_gemm_ctas_per_sm > 2) {
+    return absl::InvalidArgumentError(absl::StrCat("prefetch_gemm_ctas_per_sm ",
+                                                   options.prefetch_gemm_ctas_per_sm,
+                                                   " must be 1 or 2"));
+  }
   const DecodeGemmRows& rows = options.decode_gemm_rows;
   if (std::min({rows.qkv, rows.o, rows.gate_up, rows.down, rows.lm_head}) < 0 ||
       MaxRows(rows) > kDecodeGemmMaxRows) {
@@ -189,6 +194,10 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
   }
   // The prefetch GEMM's shared-memory limits are raised here, outside any capture.
   if (MaxRows(prefetch) > 0) CUDA_RETURN_IF_ERROR(PreparePrefetchGemm());
+  // The device-wide cache preference every later launch (and capture) uses.
+  CUDA_RETURN_IF_ERROR(cudaDeviceSetCacheConfig(options.prefer_shared_memory
+                                                    ? cudaFuncCachePreferShared
+                                                    : cudaFuncCachePreferNone));
   DeviceBuffer decode_workspace, decode_counters;
   if (workspace_bytes > 0) {
     ASSIGN_OR_RETURN(decode_workspace,
@@ -233,7 +242,8 @@ bool LlamaModel::UsesPrefetchGemm(Proj proj, int64_t m, int64_t n, int64_t k,
   if (input == DecodeGemmInput::kSiluMul && !options_.silu_in_down) return false;
   if (n > 0x7fffffff || k > 0x7fffffff) return false;
   const PrefetchGemmConfig c = ChoosePrefetchGemmConfig(static_cast<int>(m), static_cast<int>(n),
-                                                        static_cast<int>(k), sm_count_);
+                                                        static_cast<int>(k), sm_count_,
+                                                        options_.prefetch_gemm_ctas_per_sm);
   return PrefetchGemmSupportsShape(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
                                    c);
 }
@@ -285,7 +295,8 @@ absl::Status LlamaModel::Linear(Proj proj, const bf16* x, const bf16* w, void* y
     args.input = input == DecodeGemmInput::kSiluMul ? PrefetchGemmInput::kSiluMul
                                                     : PrefetchGemmInput::kPlain;
     args.float_output = float_output;
-    const PrefetchGemmConfig c = ChoosePrefetchGemmConfig(args.m, args.n, args.k, sm_count_);
+    const PrefetchGemmConfig c = ChoosePrefetchGemmConfig(args.m, args.n, args.k, sm_count_,
+                                                          options_.prefetch_gemm_ctas_per_sm);
     if (PrefetchGemmSupports(args, c)) {
       return ToStatus(LaunchPrefetchGemm(args, c, stream), "prefetch GEMM");
     }

@@ -45,8 +45,9 @@
 // GEMM up to options.decode_gemm_rows (decode_gemm.h: tensor cores, split-K, weights streamed from
 // before the previous kernel ends), the skinny kernel up to options.skinny_gemm_max_rows, cuBLASLt
 // above; every choice depends only on the projection and (m, n, k), so an eager step at a graph's
-// padded size computes the same bits as the graph. Every kiln kernel of the step is launched with programmatic dependent
-// launch (internal/pdl_launch.cuh), so each starts while the one before it finishes.
+// padded size computes the same bits as the graph. Every kiln kernel of the step is launched with
+// programmatic dependent launch (internal/pdl_launch.cuh), so each starts while the one before it
+// finishes.
 //
 // Tensor parallelism: with LlamaModelOptions::communicator set, the weights are one rank's shard
 // (runtime/model/tensor_parallel.h: heads and MLP columns split, the rest replicated) and the O
@@ -100,7 +101,7 @@ struct PrefetchGemmRows {
   int qkv = 8;
   int o = 8;
   int gate_up = 8;
-  int down = 8;
+  int down = 1;
   int lm_head = 0;
 };
 
@@ -109,6 +110,16 @@ struct LlamaModelOptions {
   int block_size = 64;    // tokens per KV block: a power of two >= 16
   // Rows up to which each projection uses the prefetch GEMM (each at most kPrefetchGemmMaxRows).
   PrefetchGemmRows prefetch_gemm_rows;
+  // Prefetch GEMM CTAs per SM, 1 or 2 (ChoosePrefetchGemmConfig): with 1, the next projection's
+  // CTAs fit beside this one's and prefetch while it streams; with 2, each projection keeps
+  // twice the weights in flight but none prefetches before the previous one's CTAs leave.
+  int prefetch_gemm_ctas_per_sm = 1;
+  // Create sets the device's cache preference (cudaDeviceSetCacheConfig, process-wide) to
+  // prefer shared memory when true, to no preference when false. An SM whose L1/shared split
+  // differs from what a kernel prefers cannot take that kernel's CTAs before it drains, which
+  // would keep the prefetch GEMM (which asks for the largest split) from overlapping the norms,
+  // RoPE and attention kernels around it.
+  bool prefer_shared_memory = false;
   // Rows up to which each projection uses the decode GEMM (each at most kDecodeGemmMaxRows).
   DecodeGemmRows decode_gemm_rows;
   // A down projection on the prefetch or decode GEMM reads SiLU(gate)·up itself, so the SiLU·mul

@@ -17,7 +17,9 @@
 // Pipeline. Stage i goes to slot i % S and completes on the slot's mbarrier (phase i / S). The
 // first S stages are issued before griddepcontrol.wait; after each stage every thread passes a
 // CTA barrier (all reads of the slot are done) and warp 0 refills the slot with stage i + S. x is
-// staged after the wait: it is the previous kernel's output.
+// staged after the wait (it is the previous kernel's output): one bulk copy per row on its own
+// mbarrier, so all of it is one L2 round trip; through SiLU·mul, the threads load gate and up and
+// store SiLU(gate)·up.
 #include "runtime/model/prefetch_gemm.h"
 
 #include <cuda_bf16.h>
@@ -43,8 +45,9 @@ constexpr size_t kStageBytes = size_t{kGroupRows} * kStageRowElems * sizeof(__nv
 constexpr int kChunksPerWarp = kStageK / 32 / kWarps;  // 32-k chunks of a stage per warp
 constexpr int kScratchStride = 9;  // floats per scratch row: 8 columns + 1 against bank conflicts
 constexpr size_t kScratchBytes = size_t{kWarps} * kGroupRows * kScratchStride * sizeof(float);
-constexpr size_t kBarrierBytes = 128;  // kPrefetchGemmMaxStages 8-byte mbarriers
-static_assert(kPrefetchGemmMaxStages * 8 <= kBarrierBytes, "barrier area too small");
+// kPrefetchGemmMaxStages 8-byte mbarriers for the ring, then one for x.
+constexpr size_t kBarrierBytes = 256;
+static_assert((kPrefetchGemmMaxStages + 1) * 8 <= kBarrierBytes, "barrier area too small");
 static_assert(kChunksPerWarp * 32 * kWarps == kStageK, "a stage must split evenly over warps");
 
 size_t RoundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
@@ -157,6 +160,7 @@ template <bool kSiluMul, typename OutT>
 __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p) {
   extern __shared__ __align__(128) unsigned char shared[];
   uint64_t* full = reinterpret_cast<uint64_t*>(shared);  // [stages]
+  uint64_t* x_full = full + kPrefetchGemmMaxStages;
   float* scratch = reinterpret_cast<float*>(shared + kBarrierBytes);
   __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(shared + kBarrierBytes + kScratchBytes);
   unsigned char* ring = shared + kBarrierBytes + kScratchBytes + p.x_bytes;
@@ -178,6 +182,7 @@ __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) MbarrierInit(SharedAddress(full + s), 1);
+    MbarrierInit(SharedAddress(x_full), 1);
     FenceBarrierInit();
   }
   __syncthreads();
@@ -207,13 +212,25 @@ __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p
   // Everything below reads what earlier kernels wrote (every CTA waits, see pdl_launch.cuh).
   internal::WaitForPrerequisites();
 
-  // Stage x (m rows of k), through SiLU·mul where asked; several vectors per thread in flight
-  // (fewer with SiLU·mul, which loads two per vector, to stay within the register budget).
-  {
+  // Stage x (m rows of k).
+  if constexpr (!kSiluMul) {
+    if (warp == 0) {
+      const uint32_t bar = SharedAddress(x_full);
+      const uint32_t row_bytes = static_cast<uint32_t>(p.k) * 2u;
+      if (lane == 0) MbarrierArriveExpectTx(bar, row_bytes * p.m);
+      __syncwarp();
+      if (lane < p.m) {
+        BulkCopyToShared(SharedAddress(xs + lane * XRowElems(p.k)), p.x + lane * p.x_stride,
+                         row_bytes, bar);
+      }
+    }
+    MbarrierWait(SharedAddress(x_full), 0);
+  } else {
+    // Through SiLU·mul: several vectors per thread in flight (gate and up for each).
     const int row_elems = XRowElems(p.k);
     const int vectors_per_row = p.k / 8;
     const int vectors = p.m * vectors_per_row;
-    constexpr int kBatch = kSiluMul ? 2 : 4;
+    constexpr int kBatch = 4;
     for (int base = threadIdx.x; base < vectors; base += kThreads * kBatch) {
       uint4 first[kBatch], second[kBatch];
 #pragma unroll
@@ -223,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p
           const int r = i / vectors_per_row;
           const __nv_bfloat16* src = p.x + r * p.x_stride + 8 * (i - r * vectors_per_row);
           first[u] = LoadCoherent(src);
-          if constexpr (kSiluMul) second[u] = LoadCoherent(src + p.k);
+          second[u] = LoadCoherent(src + p.k);
         }
       }
 #pragma unroll
@@ -231,14 +248,13 @@ __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p
         const int i = base + u * kThreads;
         if (i < vectors) {
           const int r = i / vectors_per_row;
-          uint4 value = first[u];
-          if constexpr (kSiluMul) value = SiluMul(first[u], second[u]);
-          *reinterpret_cast<uint4*>(xs + r * row_elems + 8 * (i - r * vectors_per_row)) = value;
+          *reinterpret_cast<uint4*>(xs + r * row_elems + 8 * (i - r * vectors_per_row)) =
+              SiluMul(first[u], second[u]);
         }
       }
     }
+    __syncthreads();
   }
-  __syncthreads();
 
   const int x_row_elems = XRowElems(p.k);
   const __nv_bfloat16* x_row = xs + g * x_row_elems;  // read only by lanes with g < m
@@ -262,7 +278,9 @@ __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p
       const uint4 zero = make_uint4(0, 0, 0, 0);
       lo[c] = hi[c] = b[c] = zero;
       if (v < vectors) {
-        if (g < group_rows) lo[c] = *reinterpret_cast<const uint4*>(ws + g * kStageRowElems + 8 * v);
+        if (g < group_rows) {
+          lo[c] = *reinterpret_cast<const uint4*>(ws + g * kStageRowElems + 8 * v);
+        }
         if (g + 8 < group_rows) {
           hi[c] = *reinterpret_cast<const uint4*>(ws + (g + 8) * kStageRowElems + 8 * v);
         }
@@ -335,8 +353,9 @@ cudaError_t SetAttributes() {
 cudaError_t Prepare() {
   static const cudaError_t prepared = [] {
     if (!DeviceHasBulkCopy()) return cudaSuccess;
-    for (cudaError_t e : {SetAttributes<false, __nv_bfloat16>(), SetAttributes<true, __nv_bfloat16>(),
-                          SetAttributes<false, float>(), SetAttributes<true, float>()}) {
+    for (cudaError_t e :
+         {SetAttributes<false, __nv_bfloat16>(), SetAttributes<true, __nv_bfloat16>(),
+          SetAttributes<false, float>(), SetAttributes<true, float>()}) {
       if (e != cudaSuccess) return e;
     }
     return cudaSuccess;
@@ -360,19 +379,22 @@ size_t PrefetchGemmSharedBytes(int m, int k, int stages) {
   return kBarrierBytes + kScratchBytes + XBytes(m, k) + static_cast<size_t>(stages) * kStageBytes;
 }
 
-PrefetchGemmConfig ChoosePrefetchGemmConfig(int m, int n, int k, int sm_count) {
+PrefetchGemmConfig ChoosePrefetchGemmConfig(int m, int n, int k, int sm_count, int ctas_per_sm,
+                                            size_t shared_budget) {
   PrefetchGemmConfig c;
-  if (m < 1 || n < 1 || k < 1) return c;
-  c.ctas = std::max(1, std::min(sm_count, n));
+  if (m < 1 || n < 1 || k < 1 || ctas_per_sm < 1) return c;
+  c.ctas = static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>(int64_t{sm_count} * ctas_per_sm, n)));
   // The stages one CTA walks through: all of them in the ring means all of its W is copied
   // before the wait.
   const int64_t rows = (int64_t{n} + c.ctas - 1) / c.ctas;
-  const int64_t needed = (rows + kGroupRows - 1) / kGroupRows * ((int64_t{k} + kStageK - 1) / kStageK);
+  const int64_t needed =
+      (rows + kGroupRows - 1) / kGroupRows * ((int64_t{k} + kStageK - 1) / kStageK);
   const size_t fixed = PrefetchGemmSharedBytes(m, k, 0);
   auto fit = [&](size_t budget) {
     return budget > fixed ? static_cast<int64_t>((budget - fixed) / kStageBytes) : int64_t{0};
   };
-  int64_t stages = fit(kPrefetchGemmCoResidentBytes);
+  int64_t stages = fit(shared_budget);
   // Two stages at least overlap a stage's copy with the previous one's MMAs.
   if (stages < 2 && needed >= 2) stages = fit(kPrefetchGemmMaxSharedBytes);
   stages = std::min<int64_t>({stages, needed, kPrefetchGemmMaxStages});

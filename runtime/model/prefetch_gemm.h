@@ -71,11 +71,13 @@ struct PrefetchGemmConfig {
   std::string ToString() const;  // "c132s3"
 };
 
-// Returns the configuration for the shape on a GPU of `sm_count` multiprocessors: one CTA per SM
-// (at most n), and as many ring stages as a CTA's rows need, within kPrefetchGemmCoResidentBytes
-// when at least two fit there, else within kPrefetchGemmMaxSharedBytes. stages is 0 when not
-// even one stage fits beside the staged x.
-PrefetchGemmConfig ChoosePrefetchGemmConfig(int m, int n, int k, int sm_count);
+// Returns the configuration for the shape on a GPU of `sm_count` multiprocessors: `ctas_per_sm`
+// CTAs per SM (at most n), and as many ring stages as a CTA's rows need, within `shared_budget`
+// bytes when at least two fit there, else within kPrefetchGemmMaxSharedBytes. stages is 0 when
+// not even one stage fits beside the staged x.
+PrefetchGemmConfig ChoosePrefetchGemmConfig(int m, int n, int k, int sm_count,
+                                            int ctas_per_sm = 1,
+                                            size_t shared_budget = kPrefetchGemmCoResidentBytes);
 
 // Returns the dynamic shared memory of a launch: the staged x (m rows of k, padded), the
 // reduction scratch, the ring and its barriers.
