@@ -151,6 +151,10 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
         prefetch.gate_up, ", down ", prefetch.down, ", lm_head ", prefetch.lm_head,
         ") must lie in [0, ", kPrefetchGemmMaxRows, "]"));
   }
+  if (options.prefetch_gemm_min_rows < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prefetch_gemm_min_rows ", options.prefetch_gemm_min_rows, " must be at least 1"));
+  }
   if (options.prefetch_gemm_ctas_per_sm < 1 || options.prefetch_gemm_ctas_per_sm > 2) {
     return absl::InvalidArgumentError(absl::StrCat("prefetch_gemm_ctas_per_sm ",
                                                    options.prefetch_gemm_ctas_per_sm,
@@ -238,7 +242,9 @@ bool LlamaModel::UsesSkinny(int64_t m) const { return m <= options_.skinny_gemm_
 
 bool LlamaModel::UsesPrefetchGemm(Proj proj, int64_t m, int64_t n, int64_t k,
                                   DecodeGemmInput input) const {
-  if (m > RowLimit(options_.prefetch_gemm_rows, proj)) return false;
+  if (m > RowLimit(options_.prefetch_gemm_rows, proj) || m < options_.prefetch_gemm_min_rows) {
+    return false;
+  }
   if (input == DecodeGemmInput::kSiluMul && !options_.silu_in_down) return false;
   if (n > 0x7fffffff || k > 0x7fffffff) return false;
   const PrefetchGemmConfig c = ChoosePrefetchGemmConfig(static_cast<int>(m), static_cast<int>(n),
@@ -295,8 +301,9 @@ absl::Status LlamaModel::Linear(Proj proj, const bf16* x, const bf16* w, void* y
     args.input = input == DecodeGemmInput::kSiluMul ? PrefetchGemmInput::kSiluMul
                                                     : PrefetchGemmInput::kPlain;
     args.float_output = float_output;
-    const PrefetchGemmConfig c = ChoosePrefetchGemmConfig(args.m, args.n, args.k, sm_count_,
-                                                          options_.prefetch_gemm_ctas_per_sm);
+    PrefetchGemmConfig c = ChoosePrefetchGemmConfig(args.m, args.n, args.k, sm_count_,
+                                                    options_.prefetch_gemm_ctas_per_sm);
+    c.early_dependents = options_.prefetch_gemm_early_dependents;
     if (PrefetchGemmSupports(args, c)) {
       return ToStatus(LaunchPrefetchGemm(args, c, stream), "prefetch GEMM");
     }

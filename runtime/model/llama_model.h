@@ -113,7 +113,11 @@ struct LlamaModelOptions {
   // Prefetch GEMM CTAs per SM, 1 or 2 (ChoosePrefetchGemmConfig): with 1, the next projection's
   // CTAs fit beside this one's and prefetch while it streams; with 2, each projection keeps
   // twice the weights in flight but none prefetches before the previous one's CTAs leave.
-  int prefetch_gemm_ctas_per_sm = 1;
+  int prefetch_gemm_ctas_per_sm = 2;
+  // The prefetch GEMM serves a projection from this many rows on (up to its prefetch_gemm_rows).
+  int prefetch_gemm_min_rows = 1;
+  // PrefetchGemmConfig::early_dependents: the next kernel may launch as the prefetch GEMM starts.
+  bool prefetch_gemm_early_dependents = true;
   // Create sets the device's cache preference (cudaDeviceSetCacheConfig, process-wide) to
   // prefer shared memory when true, to no preference when false. An SM whose L1/shared split
   // differs from what a kernel prefers cannot take that kernel's CTAs before it drains, which

@@ -68,6 +68,7 @@ struct Params {
   int64_t x_stride;  // elements between rows of x
   int stages;        // ring slots
   int x_bytes;       // shared bytes of the staged x (XBytes)
+  int early_dependents;  // PrefetchGemmConfig::early_dependents
 };
 
 __device__ __forceinline__ uint32_t SharedAddress(const void* p) {
@@ -171,7 +172,7 @@ __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p
   const int t = lane % 4;
 
   // The next kernel may become resident now and start its own independent prologue.
-  internal::AllowDependentLaunch();
+  if (p.early_dependents) internal::AllowDependentLaunch();
 
   const int64_t row_begin = static_cast<int64_t>(blockIdx.x) * p.n / gridDim.x;
   const int rows = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * p.n / gridDim.x -
@@ -211,6 +212,7 @@ __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p
 
   // Everything below reads what earlier kernels wrote (every CTA waits, see pdl_launch.cuh).
   internal::WaitForPrerequisites();
+  if (!p.early_dependents) internal::AllowDependentLaunch();
 
   // Stage x (m rows of k).
   if constexpr (!kSiluMul) {
@@ -372,7 +374,8 @@ cudaError_t Launch(const Params& p, int ctas, size_t shared, cudaStream_t stream
 }  // namespace
 
 std::string PrefetchGemmConfig::ToString() const {
-  return "c" + std::to_string(ctas) + "s" + std::to_string(stages);
+  return "c" + std::to_string(ctas) + "s" + std::to_string(stages) +
+         (early_dependents ? "" : "w");
 }
 
 size_t PrefetchGemmSharedBytes(int m, int k, int stages) {
@@ -432,6 +435,7 @@ cudaError_t LaunchPrefetchGemm(const PrefetchGemmArgs& a, const PrefetchGemmConf
   p.x_stride = a.input == PrefetchGemmInput::kSiluMul ? 2 * int64_t{a.k} : a.k;
   p.stages = c.stages;
   p.x_bytes = static_cast<int>(XBytes(a.m, a.k));
+  p.early_dependents = c.early_dependents ? 1 : 0;
   const size_t shared = PrefetchGemmSharedBytes(a.m, a.k, c.stages);
   const bool silu = a.input == PrefetchGemmInput::kSiluMul;
   if (a.float_output) {

@@ -241,10 +241,12 @@ TEST_F(PrefetchGemmGpuTest, SecondLaunchReadsTheFirstOnesOutput) {
     PrefetchGemmArgs a = first.Args(m, PrefetchGemmInput::kPlain, false);
     PrefetchGemmArgs b = second.Args(m, PrefetchGemmInput::kPlain, false);
     b.x = reinterpret_cast<const __nv_bfloat16*>(first.y().get());
-    ASSERT_EQ(LaunchPrefetchGemm(a, ChoosePrefetchGemmConfig(m, n1, k, kSmCount), stream()),
-              cudaSuccess);
-    ASSERT_EQ(LaunchPrefetchGemm(b, ChoosePrefetchGemmConfig(m, n2, n1, kSmCount), stream()),
-              cudaSuccess);
+    // Round 0: one CTA per SM; 1: two; 2: two, the next kernel launched only after the wait.
+    PrefetchGemmConfig ca = ChoosePrefetchGemmConfig(m, n1, k, kSmCount, round == 0 ? 1 : 2);
+    PrefetchGemmConfig cb = ChoosePrefetchGemmConfig(m, n2, n1, kSmCount, round == 0 ? 1 : 2);
+    ca.early_dependents = cb.early_dependents = round < 2;
+    ASSERT_EQ(LaunchPrefetchGemm(a, ca, stream()), cudaSuccess);
+    ASSERT_EQ(LaunchPrefetchGemm(b, cb, stream()), cudaSuccess);
     // The reference of the second product starts from the first one's bf16 output.
     const std::vector<float> y1_raw = first.y().Download(stream());
     std::vector<uint16_t> y1(static_cast<size_t>(m) * n1);

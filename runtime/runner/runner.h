@@ -118,7 +118,9 @@ struct RunnerOptions {
   // SiLU(gate)·up itself, RoPE and the KV append as one kernel, and the skinny kernel up to
   // skinny_gemm_max_rows elsewhere.
   PrefetchGemmRows prefetch_gemm_rows;
-  int prefetch_gemm_ctas_per_sm = 1;
+  int prefetch_gemm_ctas_per_sm = 2;
+  int prefetch_gemm_min_rows = 1;
+  bool prefetch_gemm_early_dependents = true;
   bool prefer_shared_memory = false;  // LlamaModelOptions::prefer_shared_memory
   DecodeGemmRows decode_gemm_rows;
   bool silu_in_down = true;

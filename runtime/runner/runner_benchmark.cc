@@ -61,6 +61,10 @@ ABSL_FLAG(int, prefetch_lm_head_rows, kiln::PrefetchGemmRows{}.lm_head,
           "Prefetch GEMM rows: LM head");
 ABSL_FLAG(int, prefetch_ctas_per_sm, kiln::RunnerOptions{}.prefetch_gemm_ctas_per_sm,
           "Prefetch GEMM CTAs per SM (1 or 2)");
+ABSL_FLAG(int, prefetch_min_rows, kiln::RunnerOptions{}.prefetch_gemm_min_rows,
+          "Rows from which the prefetch GEMM serves a projection");
+ABSL_FLAG(bool, prefetch_early_dependents, kiln::RunnerOptions{}.prefetch_gemm_early_dependents,
+          "The prefetch GEMM lets the next kernel launch as it starts");
 ABSL_FLAG(bool, prefer_shared_memory, kiln::RunnerOptions{}.prefer_shared_memory,
           "Set the device's cache preference to shared memory (LlamaModelOptions)");
 ABSL_FLAG(int, decode_qkv_rows, kiln::DecodeGemmRows{}.qkv, "Decode GEMM rows: QKV projection");
@@ -172,6 +176,8 @@ RunnerOptions BenchmarkOptions() {
   o.prefetch_gemm_rows.down = absl::GetFlag(FLAGS_prefetch_down_rows);
   o.prefetch_gemm_rows.lm_head = absl::GetFlag(FLAGS_prefetch_lm_head_rows);
   o.prefetch_gemm_ctas_per_sm = absl::GetFlag(FLAGS_prefetch_ctas_per_sm);
+  o.prefetch_gemm_min_rows = absl::GetFlag(FLAGS_prefetch_min_rows);
+  o.prefetch_gemm_early_dependents = absl::GetFlag(FLAGS_prefetch_early_dependents);
   o.prefer_shared_memory = absl::GetFlag(FLAGS_prefer_shared_memory);
   o.decode_gemm_rows.qkv = absl::GetFlag(FLAGS_decode_qkv_rows);
   o.decode_gemm_rows.o = absl::GetFlag(FLAGS_decode_o_rows);
@@ -324,53 +330,36 @@ int Main(int argc, char** argv) {
         {"attn split 6 CTA/SM", [](RunnerOptions& o) { o.decode_ctas_per_sm = 6; }},
         {"no prefetch",
          [](RunnerOptions& o) { o.prefetch_gemm_rows = PrefetchGemmRows{0, 0, 0, 0, 0}; }},
-        {"no prefetch, shared",
+        {"prefetch 1 CTA/SM", [](RunnerOptions& o) { o.prefetch_gemm_ctas_per_sm = 1; }},
+        {"prefetch late dependents",
+         [](RunnerOptions& o) { o.prefetch_gemm_early_dependents = false; }},
+        {"prefetch 1 CTA/SM, late dependents",
          [](RunnerOptions& o) {
-           o.prefetch_gemm_rows = PrefetchGemmRows{0, 0, 0, 0, 0};
-           o.prefer_shared_memory = true;
+           o.prefetch_gemm_ctas_per_sm = 1;
+           o.prefetch_gemm_early_dependents = false;
          }},
-        {"prefetch, shared", [](RunnerOptions& o) { o.prefer_shared_memory = true; }},
-        {"prefetch 2 CTA/SM", [](RunnerOptions& o) { o.prefetch_gemm_ctas_per_sm = 2; }},
-        {"prefetch 2 CTA/SM, shared",
+        {"prefetch from 3 rows", [](RunnerOptions& o) { o.prefetch_gemm_min_rows = 3; }},
+        {"prefetch from 3 rows, no gate_up",
          [](RunnerOptions& o) {
-           o.prefetch_gemm_ctas_per_sm = 2;
-           o.prefer_shared_memory = true;
+           o.prefetch_gemm_min_rows = 3;
+           o.prefetch_gemm_rows.gate_up = 0;
          }},
-        {"prefetch down<=8", [](RunnerOptions& o) { o.prefetch_gemm_rows.down = 8; }},
-        {"prefetch down<=8, shared",
+        {"prefetch qkv,o only",
          [](RunnerOptions& o) {
-           o.prefetch_gemm_rows.down = 8;
-           o.prefer_shared_memory = true;
+           o.prefetch_gemm_rows.gate_up = 0;
+           o.prefetch_gemm_rows.down = 0;
          }},
         {"no prefetch qkv", [](RunnerOptions& o) { o.prefetch_gemm_rows.qkv = 0; }},
         {"no prefetch o", [](RunnerOptions& o) { o.prefetch_gemm_rows.o = 0; }},
         {"no prefetch gate_up", [](RunnerOptions& o) { o.prefetch_gemm_rows.gate_up = 0; }},
         {"no prefetch down", [](RunnerOptions& o) { o.prefetch_gemm_rows.down = 0; }},
-        {"no prefetch qkv, shared",
+        {"prefetch down<=8, SiLU kernel",
          [](RunnerOptions& o) {
-           o.prefetch_gemm_rows.qkv = 0;
-           o.prefer_shared_memory = true;
+           o.prefetch_gemm_rows.down = 8;
+           o.silu_in_down = false;
          }},
-        {"no prefetch o, shared",
-         [](RunnerOptions& o) {
-           o.prefetch_gemm_rows.o = 0;
-           o.prefer_shared_memory = true;
-         }},
-        {"no prefetch gate_up, shared",
-         [](RunnerOptions& o) {
-           o.prefetch_gemm_rows.gate_up = 0;
-           o.prefer_shared_memory = true;
-         }},
-        {"no prefetch down, shared",
-         [](RunnerOptions& o) {
-           o.prefetch_gemm_rows.down = 0;
-           o.prefer_shared_memory = true;
-         }},
-        {"prefetch lm_head, shared",
-         [](RunnerOptions& o) {
-           o.prefetch_gemm_rows.lm_head = kPrefetchGemmMaxRows;
-           o.prefer_shared_memory = true;
-         }},
+        {"prefetch lm_head", [](RunnerOptions& o) { o.prefetch_gemm_rows.lm_head = 8; }},
+        {"prefetch, shared carveout", [](RunnerOptions& o) { o.prefer_shared_memory = true; }},
         {"decode qkv,o,down<=8",
          [](RunnerOptions& o) {
            o.prefetch_gemm_rows = PrefetchGemmRows{0, 0, 0, 0, 0};
@@ -382,14 +371,14 @@ int Main(int argc, char** argv) {
            o.decode_gemm_rows = DecodeGemmRows{32, 32, 32, 32, 32};
          }},
     };
-    std::printf("\nDecode step (graph ms), one change at a time\n%-28s", "variant");
+    std::printf("\nDecode step (graph ms), one change at a time\n%-34s", "variant");
     for (int b : sizes) std::printf(" %5s%-3d", "b", b);
     std::printf("\n");
     const std::string only = absl::GetFlag(FLAGS_ablate_only);
     for (const Variant& v : variants) {
       if (&v != &variants[0] && std::string(v.name).find(only) == std::string::npos) continue;
       std::unique_ptr<Runner> runner = small_runner(sizes, v.edit);
-      std::printf("%-28s", v.name);
+      std::printf("%-34s", v.name);
       for (int b : sizes) std::printf(" %8.3f", TimeDecode(*runner, b, context, steps, false).graph_ms);
       std::printf("\n");
       std::fflush(stdout);
