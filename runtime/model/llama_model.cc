@@ -151,10 +151,6 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
         prefetch.gate_up, ", down ", prefetch.down, ", lm_head ", prefetch.lm_head,
         ") must lie in [0, ", kPrefetchGemmMaxRows, "]"));
   }
-  if (options.prefetch_gemm_min_rows < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prefetch_gemm_min_rows ", options.prefetch_gemm_min_rows, " must be at least 1"));
-  }
   if (options.prefetch_gemm_ctas_per_sm < 1 || options.prefetch_gemm_ctas_per_sm > 2) {
     return absl::InvalidArgumentError(absl::StrCat("prefetch_gemm_ctas_per_sm ",
                                                    options.prefetch_gemm_ctas_per_sm,
@@ -198,10 +194,6 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
   }
   // The prefetch GEMM's shared-memory limits are raised here, outside any capture.
   if (MaxRows(prefetch) > 0) CUDA_RETURN_IF_ERROR(PreparePrefetchGemm());
-  // The device-wide cache preference every later launch (and capture) uses.
-  CUDA_RETURN_IF_ERROR(cudaDeviceSetCacheConfig(options.prefer_shared_memory
-                                                    ? cudaFuncCachePreferShared
-                                                    : cudaFuncCachePreferNone));
   DeviceBuffer decode_workspace, decode_counters;
   if (workspace_bytes > 0) {
     ASSIGN_OR_RETURN(decode_workspace,
@@ -242,10 +234,11 @@ bool LlamaModel::UsesSkinny(int64_t m) const { return m <= options_.skinny_gemm_
 
 bool LlamaModel::UsesPrefetchGemm(Proj proj, int64_t m, int64_t n, int64_t k,
                                   DecodeGemmInput input) const {
-  if (m > RowLimit(options_.prefetch_gemm_rows, proj) || m < options_.prefetch_gemm_min_rows) {
+  if (m > RowLimit(options_.prefetch_gemm_rows, proj)) return false;
+  if (input == DecodeGemmInput::kSiluMul &&
+      (!options_.silu_in_down || !options_.prefetch_gemm_silu)) {
     return false;
   }
-  if (input == DecodeGemmInput::kSiluMul && !options_.silu_in_down) return false;
   if (n > 0x7fffffff || k > 0x7fffffff) return false;
   const PrefetchGemmConfig c = ChoosePrefetchGemmConfig(static_cast<int>(m), static_cast<int>(n),
                                                         static_cast<int>(k), sm_count_,
@@ -255,8 +248,12 @@ bool LlamaModel::UsesPrefetchGemm(Proj proj, int64_t m, int64_t n, int64_t k,
 }
 
 bool LlamaModel::FusesSiluMul(int64_t m, int64_t n, int64_t k) const {
-  return UsesPrefetchGemm(Proj::kDown, m, n, k, DecodeGemmInput::kSiluMul) ||
-         UsesDecodeGemm(Proj::kDown, m, n, k, DecodeGemmInput::kSiluMul);
+  // Where the prefetch GEMM takes the down projection, it fuses SiLU·mul only if asked to;
+  // elsewhere the decode GEMM does where it runs.
+  if (UsesPrefetchGemm(Proj::kDown, m, n, k, DecodeGemmInput::kPlain)) {
+    return UsesPrefetchGemm(Proj::kDown, m, n, k, DecodeGemmInput::kSiluMul);
+  }
+  return UsesDecodeGemm(Proj::kDown, m, n, k, DecodeGemmInput::kSiluMul);
 }
 
 bool LlamaModel::UsesDecodeGemm(Proj proj, int64_t m, int64_t n, int64_t k,
@@ -301,9 +298,8 @@ absl::Status LlamaModel::Linear(Proj proj, const bf16* x, const bf16* w, void* y
     args.input = input == DecodeGemmInput::kSiluMul ? PrefetchGemmInput::kSiluMul
                                                     : PrefetchGemmInput::kPlain;
     args.float_output = float_output;
-    PrefetchGemmConfig c = ChoosePrefetchGemmConfig(args.m, args.n, args.k, sm_count_,
-                                                    options_.prefetch_gemm_ctas_per_sm);
-    c.early_dependents = options_.prefetch_gemm_early_dependents;
+    const PrefetchGemmConfig c = ChoosePrefetchGemmConfig(args.m, args.n, args.k, sm_count_,
+                                                          options_.prefetch_gemm_ctas_per_sm);
     if (PrefetchGemmSupports(args, c)) {
       return ToStatus(LaunchPrefetchGemm(args, c, stream), "prefetch GEMM");
     }

@@ -96,13 +96,14 @@ struct DecodeGemmRows {
 // The most rows each projection runs through the prefetch GEMM (prefetch_gemm.h); 0: never; at
 // most kPrefetchGemmMaxRows. It comes before the decode GEMM: a projection it takes at m rows
 // uses neither the decode GEMM, the skinny kernel nor cuBLASLt. The defaults follow
-// runtime/model/NOTES.md (H200, 1B shape).
+// runtime/model/NOTES.md (H200, 1B shape): every projection up to 8 rows but the down one,
+// which from 4 rows was faster on the decode GEMM (through SiLU·mul) and cuBLASLt.
 struct PrefetchGemmRows {
   int qkv = 8;
   int o = 8;
   int gate_up = 8;
-  int down = 1;
-  int lm_head = 0;
+  int down = 2;
+  int lm_head = 8;
 };
 
 struct LlamaModelOptions {
@@ -112,22 +113,19 @@ struct LlamaModelOptions {
   PrefetchGemmRows prefetch_gemm_rows;
   // Prefetch GEMM CTAs per SM, 1 or 2 (ChoosePrefetchGemmConfig): with 1, the next projection's
   // CTAs fit beside this one's and prefetch while it streams; with 2, each projection keeps
-  // twice the weights in flight but none prefetches before the previous one's CTAs leave.
+  // twice the weights in flight but none prefetches before the previous one's CTAs leave. 2 was
+  // faster at every batch (runtime/model/NOTES.md).
   int prefetch_gemm_ctas_per_sm = 2;
-  // The prefetch GEMM serves a projection from this many rows on (up to its prefetch_gemm_rows).
-  int prefetch_gemm_min_rows = 1;
-  // PrefetchGemmConfig::early_dependents: the next kernel may launch as the prefetch GEMM starts.
-  bool prefetch_gemm_early_dependents = true;
-  // Create sets the device's cache preference (cudaDeviceSetCacheConfig, process-wide) to
-  // prefer shared memory when true, to no preference when false. An SM whose L1/shared split
-  // differs from what a kernel prefers cannot take that kernel's CTAs before it drains, which
-  // would keep the prefetch GEMM (which asks for the largest split) from overlapping the norms,
-  // RoPE and attention kernels around it.
-  bool prefer_shared_memory = false;
+  // A down projection on the prefetch GEMM reads SiLU(gate)·up itself (with silu_in_down);
+  // false: the SiLU·mul kernel runs first and the prefetch GEMM bulk-copies its output. false
+  // measured faster (runtime/model/NOTES.md): the fused x is loaded through registers, a
+  // latency-bound prologue after the wait.
+  bool prefetch_gemm_silu = false;
   // Rows up to which each projection uses the decode GEMM (each at most kDecodeGemmMaxRows).
   DecodeGemmRows decode_gemm_rows;
-  // A down projection on the prefetch or decode GEMM reads SiLU(gate)·up itself, so the SiLU·mul
-  // kernel drops out (every CTA recomputes SiLU for its slice of x, cheap at few rows).
+  // A down projection on the decode GEMM (or on the prefetch GEMM with prefetch_gemm_silu) reads
+  // SiLU(gate)·up itself, so the SiLU·mul kernel drops out (every CTA recomputes SiLU for its
+  // slice of x, cheap at few rows).
   bool silu_in_down = true;
   // RoPE and the KV append run as one kernel (rope_kv_append.h) where it takes the shape.
   bool fuse_rope_append = true;

@@ -68,7 +68,6 @@ struct Params {
   int64_t x_stride;  // elements between rows of x
   int stages;        // ring slots
   int x_bytes;       // shared bytes of the staged x (XBytes)
-  int early_dependents;  // PrefetchGemmConfig::early_dependents
 };
 
 __device__ __forceinline__ uint32_t SharedAddress(const void* p) {
@@ -172,7 +171,7 @@ __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p
   const int t = lane % 4;
 
   // The next kernel may become resident now and start its own independent prologue.
-  if (p.early_dependents) internal::AllowDependentLaunch();
+  internal::AllowDependentLaunch();
 
   const int64_t row_begin = static_cast<int64_t>(blockIdx.x) * p.n / gridDim.x;
   const int rows = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * p.n / gridDim.x -
@@ -212,7 +211,6 @@ __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p
 
   // Everything below reads what earlier kernels wrote (every CTA waits, see pdl_launch.cuh).
   internal::WaitForPrerequisites();
-  if (!p.early_dependents) internal::AllowDependentLaunch();
 
   // Stage x (m rows of k).
   if constexpr (!kSiluMul) {
@@ -374,8 +372,7 @@ cudaError_t Launch(const Params& p, int ctas, size_t shared, cudaStream_t stream
 }  // namespace
 
 std::string PrefetchGemmConfig::ToString() const {
-  return "c" + std::to_string(ctas) + "s" + std::to_string(stages) +
-         (early_dependents ? "" : "w");
+  return "c" + std::to_string(ctas) + "s" + std::to_string(stages);
 }
 
 size_t PrefetchGemmSharedBytes(int m, int k, int stages) {
@@ -386,22 +383,29 @@ PrefetchGemmConfig ChoosePrefetchGemmConfig(int m, int n, int k, int sm_count, i
                                             size_t shared_budget) {
   PrefetchGemmConfig c;
   if (m < 1 || n < 1 || k < 1 || ctas_per_sm < 1) return c;
-  c.ctas = static_cast<int>(
-      std::max<int64_t>(1, std::min<int64_t>(int64_t{sm_count} * ctas_per_sm, n)));
+  auto ctas_for = [&](int per_sm) {
+    return static_cast<int>(
+        std::max<int64_t>(1, std::min<int64_t>(int64_t{std::max(sm_count, 1)} * per_sm, n)));
+  };
   // The stages one CTA walks through: all of them in the ring means all of its W is copied
   // before the wait.
-  const int64_t rows = (int64_t{n} + c.ctas - 1) / c.ctas;
-  const int64_t needed =
-      (rows + kGroupRows - 1) / kGroupRows * ((int64_t{k} + kStageK - 1) / kStageK);
+  auto needed = [&](int ctas) {
+    const int64_t rows = (int64_t{n} + ctas - 1) / ctas;
+    return (rows + kGroupRows - 1) / kGroupRows * ((int64_t{k} + kStageK - 1) / kStageK);
+  };
   const size_t fixed = PrefetchGemmSharedBytes(m, k, 0);
   auto fit = [&](size_t budget) {
     return budget > fixed ? static_cast<int64_t>((budget - fixed) / kStageBytes) : int64_t{0};
   };
+  c.ctas = ctas_for(ctas_per_sm);
   int64_t stages = fit(shared_budget);
-  // Two stages at least overlap a stage's copy with the previous one's MMAs.
-  if (stages < 2 && needed >= 2) stages = fit(kPrefetchGemmMaxSharedBytes);
-  stages = std::min<int64_t>({stages, needed, kPrefetchGemmMaxStages});
-  c.stages = static_cast<int>(stages);
+  // Two stages at least overlap a stage's copy with the previous one's MMAs: past the budget
+  // (a large x), one CTA per SM with the whole of its shared memory.
+  if (stages < 2 && needed(c.ctas) >= 2) {
+    c.ctas = ctas_for(1);
+    stages = fit(kPrefetchGemmMaxSharedBytes);
+  }
+  c.stages = static_cast<int>(std::min<int64_t>({stages, needed(c.ctas), kPrefetchGemmMaxStages}));
   return c;
 }
 
@@ -435,7 +439,6 @@ cudaError_t LaunchPrefetchGemm(const PrefetchGemmArgs& a, const PrefetchGemmConf
   p.x_stride = a.input == PrefetchGemmInput::kSiluMul ? 2 * int64_t{a.k} : a.k;
   p.stages = c.stages;
   p.x_bytes = static_cast<int>(XBytes(a.m, a.k));
-  p.early_dependents = c.early_dependents ? 1 : 0;
   const size_t shared = PrefetchGemmSharedBytes(a.m, a.k, c.stages);
   const bool silu = a.input == PrefetchGemmInput::kSiluMul;
   if (a.float_output) {

@@ -67,19 +67,17 @@ struct PrefetchGemmArgs {
 struct PrefetchGemmConfig {
   int ctas = 0;    // CTAs (the grid); each owns n / ctas rows of W (± 1)
   int stages = 0;  // shared-memory ring stages of 16 rows × 1024 k (33 KiB each)
-  // The kernel lets the next one launch (griddepcontrol.launch_dependents) as it starts; false:
-  // only once the kernel before it has completed, as the skinny kernel does.
-  bool early_dependents = true;
 
-  std::string ToString() const;  // "c132s3", with "w" when !early_dependents
+  std::string ToString() const;  // "c264s2"
 };
 
 // Returns the configuration for the shape on a GPU of `sm_count` multiprocessors: `ctas_per_sm`
 // CTAs per SM (at most n), and as many ring stages as a CTA's rows need, within `shared_budget`
-// bytes when at least two fit there, else within kPrefetchGemmMaxSharedBytes; early dependents.
-// stages is 0 when not even one stage fits beside the staged x.
+// bytes when at least two fit there; else one CTA per SM within kPrefetchGemmMaxSharedBytes.
+// stages is 0 when not even one stage fits beside the staged x. Two CTAs per SM (the default)
+// measured faster in the 1B decode step on an H200 than one (runtime/model/NOTES.md).
 PrefetchGemmConfig ChoosePrefetchGemmConfig(int m, int n, int k, int sm_count,
-                                            int ctas_per_sm = 1,
+                                            int ctas_per_sm = 2,
                                             size_t shared_budget = kPrefetchGemmCoResidentBytes);
 
 // Returns the dynamic shared memory of a launch: the staged x (m rows of k, padded), the

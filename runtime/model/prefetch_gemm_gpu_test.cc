@@ -192,7 +192,10 @@ TEST_F(PrefetchGemmGpuTest, ModelShapesWithChosenConfigsMatchFloat64) {
       const PrefetchGemmConfig config = ChoosePrefetchGemmConfig(m, s.n, s.k, kSmCount);
       SCOPED_TRACE(::testing::Message() << "n=" << s.n << " k=" << s.k << " m=" << m << " "
                                         << config.ToString());
-      EXPECT_EQ(config.ctas, kSmCount);
+      // Two CTAs per SM, but one where the staged x leaves no room for two (down at 8 rows).
+      const bool two_fit =
+          PrefetchGemmSharedBytes(m, s.k, config.stages) <= kPrefetchGemmCoResidentBytes;
+      EXPECT_EQ(config.ctas, two_fit ? 2 * kSmCount : kSmCount);
       EXPECT_GE(config.stages, 2);
       EXPECT_LT(Check(problem, problem.Args(m, s.input, s.float_output), config,
                       Product(Operand(x, m, s.k, s.input), w, m, s.n, s.k)),
@@ -202,8 +205,8 @@ TEST_F(PrefetchGemmGpuTest, ModelShapesWithChosenConfigsMatchFloat64) {
 }
 
 TEST_F(PrefetchGemmGpuTest, ChosenConfigsFitTheCoResidentBudget) {
-  // The 1B model's projections keep two CTAs per SM possible with at least two stages (but the
-  // down projection from 4 rows, whose staged x alone is 64 KiB and more).
+  // The 1B model's projections fit two CTAs per SM with at least two stages each (but the down
+  // projection from 4 rows, whose staged x alone is 64 KiB and more).
   struct Case {
     int m, n, k;
   };
@@ -215,10 +218,15 @@ TEST_F(PrefetchGemmGpuTest, ChosenConfigsFitTheCoResidentBudget) {
     EXPECT_GE(config.stages, 2);
     EXPECT_LE(PrefetchGemmSharedBytes(c.m, c.k, config.stages), kPrefetchGemmCoResidentBytes);
   }
-  // O at one row: 16 rows × 2048 k per CTA, two stages, all of it.
+  // O at one row: 8 rows × 2048 k per CTA, two stages, all of it.
   EXPECT_EQ(ChoosePrefetchGemmConfig(1, 2048, 2048, kSmCount).stages, 2);
-  // Down at 8 rows: x is 128 KiB; the ring goes past the co-resident budget.
+  // One CTA per SM asked for: the ring takes up to the budget (QKV: 3 of a CTA's 4 stages).
+  const PrefetchGemmConfig qkv1 = ChoosePrefetchGemmConfig(1, 3072, 2048, kSmCount, 1);
+  EXPECT_EQ(qkv1.ctas, kSmCount);
+  EXPECT_EQ(qkv1.stages, 3);
+  // Down at 8 rows: x is 128 KiB; one CTA per SM, the ring past the co-resident budget.
   const PrefetchGemmConfig down8 = ChoosePrefetchGemmConfig(8, 2048, 8192, kSmCount);
+  EXPECT_EQ(down8.ctas, kSmCount);
   EXPECT_GE(down8.stages, 2);
   EXPECT_GT(PrefetchGemmSharedBytes(8, 8192, down8.stages), kPrefetchGemmCoResidentBytes);
   EXPECT_LE(PrefetchGemmSharedBytes(8, 8192, down8.stages), kPrefetchGemmMaxSharedBytes);
@@ -241,10 +249,10 @@ TEST_F(PrefetchGemmGpuTest, SecondLaunchReadsTheFirstOnesOutput) {
     PrefetchGemmArgs a = first.Args(m, PrefetchGemmInput::kPlain, false);
     PrefetchGemmArgs b = second.Args(m, PrefetchGemmInput::kPlain, false);
     b.x = reinterpret_cast<const __nv_bfloat16*>(first.y().get());
-    // Round 0: one CTA per SM; 1: two; 2: two, the next kernel launched only after the wait.
-    PrefetchGemmConfig ca = ChoosePrefetchGemmConfig(m, n1, k, kSmCount, round == 0 ? 1 : 2);
-    PrefetchGemmConfig cb = ChoosePrefetchGemmConfig(m, n2, n1, kSmCount, round == 0 ? 1 : 2);
-    ca.early_dependents = cb.early_dependents = round < 2;
+    // One CTA per SM (the second launch's CTAs fit beside the first's), then two.
+    const int per_sm = round == 0 ? 1 : 2;
+    const PrefetchGemmConfig ca = ChoosePrefetchGemmConfig(m, n1, k, kSmCount, per_sm);
+    const PrefetchGemmConfig cb = ChoosePrefetchGemmConfig(m, n2, n1, kSmCount, per_sm);
     ASSERT_EQ(LaunchPrefetchGemm(a, ca, stream()), cudaSuccess);
     ASSERT_EQ(LaunchPrefetchGemm(b, cb, stream()), cudaSuccess);
     // The reference of the second product starts from the first one's bf16 output.

@@ -313,9 +313,7 @@ absl::Status Runner::InitAllocations(const RunnerOptions& options) {
   model_options.skinny_gemm_max_rows = options.skinny_gemm_max_rows;
   model_options.prefetch_gemm_rows = options.prefetch_gemm_rows;
   model_options.prefetch_gemm_ctas_per_sm = options.prefetch_gemm_ctas_per_sm;
-  model_options.prefetch_gemm_min_rows = options.prefetch_gemm_min_rows;
-  model_options.prefetch_gemm_early_dependents = options.prefetch_gemm_early_dependents;
-  model_options.prefer_shared_memory = options.prefer_shared_memory;
+  model_options.prefetch_gemm_silu = options.prefetch_gemm_silu;
   model_options.decode_gemm_rows = options.decode_gemm_rows;
   model_options.silu_in_down = options.silu_in_down;
   model_options.fuse_rope_append = options.fuse_rope_append;

@@ -119,9 +119,7 @@ struct RunnerOptions {
   // skinny_gemm_max_rows elsewhere.
   PrefetchGemmRows prefetch_gemm_rows;
   int prefetch_gemm_ctas_per_sm = 2;
-  int prefetch_gemm_min_rows = 1;
-  bool prefetch_gemm_early_dependents = true;
-  bool prefer_shared_memory = false;  // LlamaModelOptions::prefer_shared_memory
+  bool prefetch_gemm_silu = false;
   DecodeGemmRows decode_gemm_rows;
   bool silu_in_down = true;
   bool fuse_rope_append = true;

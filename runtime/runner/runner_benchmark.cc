@@ -2,8 +2,8 @@
 // vocab 128256, random bf16 weights) through the Runner, as CUDA graphs and eagerly at the same
 // padded sizes, at batch 1, 8, 32 and 128 with 1024 tokens of context; the capture time of every
 // default decode size up to 256 and prefill budget up to 512 tokens; the step without attention;
-// the step by GEMM path for small batches (as configured, without the prefetch GEMM, with it for
-// the LM head too, the skinny kernel with cuBLASLt, cuBLASLt alone); and with --ablate, the step
+// the step by GEMM path for small batches (as configured, without the prefetch GEMM, the skinny
+// kernel with cuBLASLt, cuBLASLt alone); and with --ablate, the step
 // with one fusion or choice changed at a time. The --prefetch_*, --decode_*, --skinny_rows flags
 // set the model's GEMM paths and the attention split for every table (defaults: RunnerOptions').
 //
@@ -43,8 +43,8 @@ ABSL_FLAG(std::string, batches, "1,8,32,128", "Decode batch sizes");
 ABSL_FLAG(int, context, 1024, "Tokens of context per sequence");
 ABSL_FLAG(int, steps, 30, "Timed steps per measurement");
 ABSL_FLAG(bool, compare_cublas, true,
-          "Also time batches 1..32 with other GEMM paths (no prefetch GEMM, prefetch GEMM for the "
-          "LM head too, skinny + cuBLASLt, cuBLASLt)");
+          "Also time batches 1..32 with other GEMM paths (no prefetch GEMM, skinny + cuBLASLt, "
+          "cuBLASLt)");
 ABSL_FLAG(bool, ablate, false,
           "Also time batches 1, 2, 4, 8, 16, 32 with each fusion turned off and other GEMM paths");
 ABSL_FLAG(std::string, ablate_only, "",
@@ -61,12 +61,8 @@ ABSL_FLAG(int, prefetch_lm_head_rows, kiln::PrefetchGemmRows{}.lm_head,
           "Prefetch GEMM rows: LM head");
 ABSL_FLAG(int, prefetch_ctas_per_sm, kiln::RunnerOptions{}.prefetch_gemm_ctas_per_sm,
           "Prefetch GEMM CTAs per SM (1 or 2)");
-ABSL_FLAG(int, prefetch_min_rows, kiln::RunnerOptions{}.prefetch_gemm_min_rows,
-          "Rows from which the prefetch GEMM serves a projection");
-ABSL_FLAG(bool, prefetch_early_dependents, kiln::RunnerOptions{}.prefetch_gemm_early_dependents,
-          "The prefetch GEMM lets the next kernel launch as it starts");
-ABSL_FLAG(bool, prefer_shared_memory, kiln::RunnerOptions{}.prefer_shared_memory,
-          "Set the device's cache preference to shared memory (LlamaModelOptions)");
+ABSL_FLAG(bool, prefetch_silu, kiln::RunnerOptions{}.prefetch_gemm_silu,
+          "The prefetch GEMM reads SiLU(gate)·up itself for the down projection");
 ABSL_FLAG(int, decode_qkv_rows, kiln::DecodeGemmRows{}.qkv, "Decode GEMM rows: QKV projection");
 ABSL_FLAG(int, decode_o_rows, kiln::DecodeGemmRows{}.o, "Decode GEMM rows: O projection");
 ABSL_FLAG(int, decode_gate_up_rows, kiln::DecodeGemmRows{}.gate_up,
@@ -176,9 +172,7 @@ RunnerOptions BenchmarkOptions() {
   o.prefetch_gemm_rows.down = absl::GetFlag(FLAGS_prefetch_down_rows);
   o.prefetch_gemm_rows.lm_head = absl::GetFlag(FLAGS_prefetch_lm_head_rows);
   o.prefetch_gemm_ctas_per_sm = absl::GetFlag(FLAGS_prefetch_ctas_per_sm);
-  o.prefetch_gemm_min_rows = absl::GetFlag(FLAGS_prefetch_min_rows);
-  o.prefetch_gemm_early_dependents = absl::GetFlag(FLAGS_prefetch_early_dependents);
-  o.prefer_shared_memory = absl::GetFlag(FLAGS_prefer_shared_memory);
+  o.prefetch_gemm_silu = absl::GetFlag(FLAGS_prefetch_silu);
   o.decode_gemm_rows.qkv = absl::GetFlag(FLAGS_decode_qkv_rows);
   o.decode_gemm_rows.o = absl::GetFlag(FLAGS_decode_o_rows);
   o.decode_gemm_rows.gate_up = absl::GetFlag(FLAGS_decode_gate_up_rows);
@@ -286,20 +280,17 @@ int Main(int argc, char** argv) {
 
   if (absl::GetFlag(FLAGS_compare_cublas)) {
     // The GEMM paths for small batches, whole steps as graphs: the options above; without the
-    // prefetch GEMM (the earlier defaults); with the prefetch GEMM for the LM head too; the
-    // skinny kernel up to 2 rows with cuBLASLt above (no prefetch or decode GEMM); cuBLASLt for
-    // every GEMM.
+    // prefetch GEMM (the earlier defaults); the skinny kernel up to 2 rows with cuBLASLt above (no
+    // prefetch or decode GEMM); cuBLASLt for every GEMM.
     const std::vector<int> small = {1, 2, 4, 8, 16, 32};
-    const char* names[] = {"as configured", "no prefetch", "prefetch+lm_head", "skinny+cuBLASLt",
-                           "cuBLASLt"};
-    constexpr int kPaths = 5;
+    const char* names[] = {"as configured", "no prefetch", "skinny+cuBLASLt", "cuBLASLt"};
+    constexpr int kPaths = 4;
     std::map<int, std::map<int, double>> ms;  // path -> batch -> ms
     for (int i = 0; i < kPaths; ++i) {
       std::unique_ptr<Runner> runner = small_runner(small, [&](RunnerOptions& o) {
-        if (i == 1 || i >= 3) o.prefetch_gemm_rows = PrefetchGemmRows{0, 0, 0, 0, 0};
-        if (i == 2) o.prefetch_gemm_rows.lm_head = kPrefetchGemmMaxRows;
-        if (i >= 3) o.decode_gemm_rows = DecodeGemmRows{0, 0, 0, 0, 0};
-        if (i == 4) o.skinny_gemm_max_rows = 0;
+        if (i >= 1) o.prefetch_gemm_rows = PrefetchGemmRows{0, 0, 0, 0, 0};
+        if (i >= 2) o.decode_gemm_rows = DecodeGemmRows{0, 0, 0, 0, 0};
+        if (i == 3) o.skinny_gemm_max_rows = 0;
       });
       for (int b : small) ms[i][b] = TimeDecode(*runner, b, context, steps, false).graph_ms;
     }
@@ -331,35 +322,13 @@ int Main(int argc, char** argv) {
         {"no prefetch",
          [](RunnerOptions& o) { o.prefetch_gemm_rows = PrefetchGemmRows{0, 0, 0, 0, 0}; }},
         {"prefetch 1 CTA/SM", [](RunnerOptions& o) { o.prefetch_gemm_ctas_per_sm = 1; }},
-        {"prefetch late dependents",
-         [](RunnerOptions& o) { o.prefetch_gemm_early_dependents = false; }},
-        {"prefetch 1 CTA/SM, late dependents",
-         [](RunnerOptions& o) {
-           o.prefetch_gemm_ctas_per_sm = 1;
-           o.prefetch_gemm_early_dependents = false;
-         }},
-        {"prefetch from 3 rows", [](RunnerOptions& o) { o.prefetch_gemm_min_rows = 3; }},
-        {"prefetch from 3 rows, no gate_up",
-         [](RunnerOptions& o) {
-           o.prefetch_gemm_min_rows = 3;
-           o.prefetch_gemm_rows.gate_up = 0;
-         }},
-        {"prefetch qkv,o only",
-         [](RunnerOptions& o) {
-           o.prefetch_gemm_rows.gate_up = 0;
-           o.prefetch_gemm_rows.down = 0;
-         }},
+        {"prefetch down with fused SiLU", [](RunnerOptions& o) { o.prefetch_gemm_silu = true; }},
+        {"prefetch down<=8", [](RunnerOptions& o) { o.prefetch_gemm_rows.down = 8; }},
         {"no prefetch qkv", [](RunnerOptions& o) { o.prefetch_gemm_rows.qkv = 0; }},
         {"no prefetch o", [](RunnerOptions& o) { o.prefetch_gemm_rows.o = 0; }},
         {"no prefetch gate_up", [](RunnerOptions& o) { o.prefetch_gemm_rows.gate_up = 0; }},
         {"no prefetch down", [](RunnerOptions& o) { o.prefetch_gemm_rows.down = 0; }},
-        {"prefetch down<=8, SiLU kernel",
-         [](RunnerOptions& o) {
-           o.prefetch_gemm_rows.down = 8;
-           o.silu_in_down = false;
-         }},
-        {"prefetch lm_head", [](RunnerOptions& o) { o.prefetch_gemm_rows.lm_head = 8; }},
-        {"prefetch, shared carveout", [](RunnerOptions& o) { o.prefer_shared_memory = true; }},
+        {"no prefetch lm_head", [](RunnerOptions& o) { o.prefetch_gemm_rows.lm_head = 0; }},
         {"decode qkv,o,down<=8",
          [](RunnerOptions& o) {
            o.prefetch_gemm_rows = PrefetchGemmRows{0, 0, 0, 0, 0};
