@@ -96,13 +96,13 @@ struct DecodeGemmRows {
 // The most rows each projection runs through the prefetch GEMM (prefetch_gemm.h); 0: never; at
 // most kPrefetchGemmMaxRows. It comes before the decode GEMM: a projection it takes at m rows
 // uses neither the decode GEMM, the skinny kernel nor cuBLASLt. The defaults follow
-// runtime/model/NOTES.md (H200, 1B shape): every projection up to 8 rows but the down one,
-// which from 4 rows was faster on the decode GEMM (through SiLU·mul) and cuBLASLt.
+// runtime/model/NOTES.md (H200, 1B shape): every projection up to 8 rows, the down one after the
+// SiLU·mul kernel (prefetch_gemm_silu).
 struct PrefetchGemmRows {
   int qkv = 8;
   int o = 8;
   int gate_up = 8;
-  int down = 2;
+  int down = 8;
   int lm_head = 8;
 };
 

@@ -172,13 +172,14 @@ TEST_F(PrefetchGemmGpuTest, ModelShapesWithChosenConfigsMatchFloat64) {
     bool float_output;
     std::vector<int> rows;
   };
-  // The 1B model's projections (the down one through SiLU·mul of gate_up: 8 rows of it need
-  // more than the co-resident budget) and an LM head of a 32064-token vocabulary.
+  // The 1B model's projections (the down one also through SiLU·mul of gate_up; from 4 rows its
+  // staged x leaves room for one CTA per SM) and an LM head of a 32064-token vocabulary.
   const std::vector<Shape> shapes = {
       {3072, 2048, PrefetchGemmInput::kPlain, false, {1, 5, 8}},
       {2048, 2048, PrefetchGemmInput::kPlain, false, {1, 8}},
       {16384, 2048, PrefetchGemmInput::kPlain, false, {1, 8}},
       {2048, 8192, PrefetchGemmInput::kSiluMul, false, {1, 2, 8}},
+      {2048, 8192, PrefetchGemmInput::kPlain, false, {4, 8}},
       {32064, 2048, PrefetchGemmInput::kPlain, true, {1, 3}},
   };
   for (const Shape& s : shapes) {
