@@ -2,7 +2,8 @@
 // shared memory before the kernel waits for the one before it: x [m, k] bf16, W [n, k] bf16
 // (PyTorch's Linear layout), y [m, n] bf16 or float, float accumulation. op is the identity, or
 // SiLU(gate)·up for the down projection, whose x is then the gate-up projection's output [m, 2k]
-// (gate first), so the SiLU·mul kernel drops out of the step.
+// (gate first), so the SiLU·mul kernel drops out of the step (slower in a decode step than that
+// kernel followed by a plain launch: runtime/model/NOTES.md).
 //
 //   kiln::PrefetchGemmConfig config = kiln::ChoosePrefetchGemmConfig(m, n, k, sm_count);
 //   kiln::PrefetchGemmArgs args{x, w, y, m, n, k};
@@ -12,15 +13,15 @@
 //
 // Why: at m ≤ 8 a projection's time is its weight bytes over memory bandwidth plus what it costs
 // to start and finish. The weights do not depend on the kernel before, only x does. Each CTA
-// (one per SM) owns a contiguous range of W's rows, which it streams through a ring of
-// shared-memory stages (16 rows × 1024 k each) with the bulk-copy engine (cp.async.bulk,
-// completing on an mbarrier). Launched with programmatic dependent launch, the CTAs become
-// resident while the kernels before them still run and fill the whole ring (up to ~100 KiB per
-// SM: all of a 1B model's QKV or O projection) before griddepcontrol.wait; only then do they read
-// x (staged once per CTA in shared memory, through SiLU·mul where asked), multiply on the tensor
-// cores (mma.m16n8k16, x padded to 8 rows) and write y. The ring is sized so that two such
-// CTAs fit on one SM (ChoosePrefetchGemmConfig): the next projection prefetches while this one
-// streams.
+// owns a contiguous range of W's rows, which it streams through a ring of shared-memory stages
+// (16 rows × 1024 k each) with the bulk-copy engine (cp.async.bulk, completing on an mbarrier).
+// Launched with programmatic dependent launch, the CTAs become resident while the kernels before
+// them still run and fill the ring (up to ~100 KiB per CTA) before griddepcontrol.wait; only then
+// do they read x (one bulk copy per row, or through SiLU·mul where asked), multiply on the tensor
+// cores (mma.m16n8k16, x padded to 8 rows) and write y. ChoosePrefetchGemmConfig sizes the ring
+// so that two CTAs fit on one SM: two of this projection by default; with one CTA per SM, the
+// next projection's CTAs fit beside this one's and prefetch while it streams, which measured
+// slower in a decode step (runtime/model/NOTES.md, with the per-projection figures).
 //
 // Every sum has a fixed order (k in stage order, then the 8 warps in warp order), so y is bitwise
 // reproducible for a given (m, n, k, config): an eager run and a graph agree bit for bit. Needs
@@ -44,8 +45,8 @@ inline constexpr int kPrefetchGemmMaxRows = 8;
 inline constexpr int kPrefetchGemmMaxStages = 16;
 // The most dynamic shared memory a CTA may use: the opt-in limit of an H100 / H200 block.
 inline constexpr size_t kPrefetchGemmMaxSharedBytes = 227 * 1024;
-// The shared memory ChoosePrefetchGemmConfig aims to stay within: two CTAs of this kernel (this
-// projection and the next) plus a small kernel's CTA fit in an SM's 228 KiB.
+// The shared memory ChoosePrefetchGemmConfig aims to stay within: two CTAs of this kernel plus a
+// small kernel's CTA fit in an SM's 228 KiB.
 inline constexpr size_t kPrefetchGemmCoResidentBytes = 111 * 1024;
 
 enum class PrefetchGemmInput {
