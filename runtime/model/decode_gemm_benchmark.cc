@@ -1,19 +1,24 @@
-// Times the decode GEMM against cuBLASLt and the skinny kernel on the 1B model's projections.
+// Times the decode and prefetch GEMMs against cuBLASLt and the skinny kernel on the 1B model's
+// projections.
 //
 //   bazel run -c opt //runtime/model:decode_gemm_benchmark [-- --rows=1,8,32 --sweep=true]
 //
 // For each projection (qkv, o, gate_up, down, down through SiLU·mul, the float LM head) and each
 // row count: microseconds per GEMM of cuBLASLt, of the skinny kernel (up to 8 rows), of the
 // decode GEMM with ChooseDecodeGemmConfig's configuration, and (with --sweep) of the fastest of
-// every configuration, with the weight-read bandwidth. Each time is the median replay of a CUDA
+// every configuration, with the weight-read bandwidth; then (up to 8 rows) of the prefetch GEMM
+// with ChoosePrefetchGemmConfig's configuration and (with --prefetch_sweep) the fastest of one or
+// two CTAs per SM with 1 to 6 ring stages. Each time is the median replay of a CUDA
 // graph of back-to-back GEMMs that cycle over enough weight copies (>= 256 MiB) to defeat the L2
-// cache, divided by the GEMMs in it; the decode GEMMs run with programmatic dependent launch as
-// in a model step, so one GEMM's first weights stream in while the one before finishes. Random
+// cache, divided by the GEMMs in it; the decode, skinny and prefetch GEMMs run with programmatic
+// dependent launch as in a model step, so one GEMM's first weights stream in while the one before
+// finishes. Random
 // data, never zeros. Exits non-zero on any error.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -36,10 +41,13 @@
 #include "runtime/model/internal/benchmark_util.h"
 #include "runtime/model/decode_gemm.h"
 #include "runtime/model/gemm.h"
+#include "runtime/model/prefetch_gemm.h"
 #include "runtime/model/skinny_gemm.h"
 
 ABSL_FLAG(std::string, rows, "1,2,4,8,16,32", "Rows of x (decode batch sizes)");
 ABSL_FLAG(bool, sweep, true, "Also time every decode GEMM configuration and report the fastest");
+ABSL_FLAG(bool, prefetch_sweep, true,
+          "Also time the prefetch GEMM at 1 and 2 CTAs per SM with 1 to 6 stages");
 
 namespace kiln {
 namespace {
@@ -108,10 +116,12 @@ int Main(int argc, char** argv) {
       ValueOrDie(DeviceBuffer::Allocate(128256 / 16 * sizeof(int32_t), "counters"));
   CHECK_CUDA(cudaMemset(counters.data(), 0, counters.size()));
 
+  const bool prefetch_sweep = absl::GetFlag(FLAGS_prefetch_sweep);
   std::printf("\nus per GEMM (graph of back-to-back GEMMs, L2 defeated); GB/s of weights for the "
-              "decode GEMM's chosen config\n");
-  std::printf("%-10s %3s %9s %9s %9s %7s %9s %-6s %8s\n", "proj", "m", "cuBLASLt", "skinny",
-              "decode", "config", "best", "best", "GB/s");
+              "decode and prefetch GEMMs' chosen configs\n");
+  std::printf("%-10s %3s %9s %9s %9s %7s %9s %-6s %8s %9s %-8s %9s %-8s %8s\n", "proj", "m",
+              "cuBLASLt", "skinny", "decode", "config", "best", "best", "GB/s", "prefetch",
+              "config", "pf best", "pf best", "GB/s");
   for (const Proj& p : projs) {
     const size_t weight_bytes = static_cast<size_t>(p.n) * p.k * 2;
     const int copies =
@@ -187,9 +197,48 @@ int Main(int argc, char** argv) {
           }
         }
       }
-      std::printf("%-10s %3d %9.2f %9.2f %9.2f %7s %9.2f %-6s %8.0f\n", p.name, m, cublas_us,
-                  skinny_us, decode_us, chosen.ToString().c_str(), best_us,
-                  best.ToString().c_str(), weight_bytes / (decode_us * 1e3));
+      auto time_prefetch = [&](const PrefetchGemmConfig& config) {
+        PrefetchGemmArgs a;
+        a.x = xp;
+        a.y = y.data();
+        a.m = m;
+        a.n = p.n;
+        a.k = p.k;
+        a.input = p.input == DecodeGemmInput::kSiluMul ? PrefetchGemmInput::kSiluMul
+                                                       : PrefetchGemmInput::kPlain;
+        a.float_output = p.float_output;
+        a.w = weights[0].as<__nv_bfloat16>();
+        if (!PrefetchGemmSupports(a, config)) return std::numeric_limits<double>::quiet_NaN();
+        CHECK_CUDA(LaunchPrefetchGemm(a, config, stream));  // eager first: shared-memory limits
+        return 1e3 / launches * TimeGraph(stream, [&] {
+          for (int i = 0; i < launches; ++i) {
+            a.w = weights[i % copies].as<__nv_bfloat16>();
+            CHECK_CUDA(LaunchPrefetchGemm(a, config, stream));
+          }
+        });
+      };
+      const PrefetchGemmConfig pf_chosen = ChoosePrefetchGemmConfig(m, p.n, p.k, info.sm_count);
+      const double pf_us = time_prefetch(pf_chosen);
+      double pf_best_us = pf_us;
+      PrefetchGemmConfig pf_best = pf_chosen;
+      if (prefetch_sweep && m <= kPrefetchGemmMaxRows) {
+        for (int ctas : {info.sm_count, 2 * info.sm_count}) {
+          for (int stages = 1; stages <= 6; ++stages) {
+            const PrefetchGemmConfig c{ctas, stages};
+            const double us = time_prefetch(c);
+            if (!std::isnan(us) && (std::isnan(pf_best_us) || us < pf_best_us)) {
+              pf_best_us = us;
+              pf_best = c;
+            }
+          }
+        }
+      }
+      std::printf("%-10s %3d %9.2f %9.2f %9.2f %7s %9.2f %-6s %8.0f %9.2f %-8s %9.2f %-8s %8.0f\n",
+                  p.name, m, cublas_us, skinny_us, decode_us, chosen.ToString().c_str(), best_us,
+                  best.ToString().c_str(), weight_bytes / (decode_us * 1e3), pf_us,
+                  pf_chosen.ToString().c_str(), pf_best_us, pf_best.ToString().c_str(),
+                  weight_bytes / (pf_us * 1e3));
+      std::fflush(stdout);
     }
   }
   CHECK_CUDA(cudaStreamSynchronize(stream));

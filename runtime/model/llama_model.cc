@@ -12,6 +12,7 @@
 #include "runtime/cuda/status_macros.h"
 #include "runtime/model/decode_gemm.h"
 #include "runtime/model/embedding.h"
+#include "runtime/model/prefetch_gemm.h"
 #include "runtime/model/rms_norm.h"
 #include "runtime/model/rope.h"
 #include "runtime/model/rope_kv_append.h"
@@ -77,12 +78,15 @@ std::vector<Projection> Projections(const LlamaShape& s) {
           {P::kLmHead, s.vocab, s.hidden, DecodeGemmInput::kPlain, true}};
 }
 
-int MaxRows(const DecodeGemmRows& rows) {
+// Rows is DecodeGemmRows or PrefetchGemmRows.
+template <typename Rows>
+int MaxRows(const Rows& rows) {
   return std::max({rows.qkv, rows.o, rows.gate_up, rows.down, rows.lm_head});
 }
 
-// The most rows `proj` runs through the decode GEMM.
-int RowLimit(const DecodeGemmRows& rows, LlamaModel::Proj proj) {
+// The most rows `proj` runs through the decode or prefetch GEMM.
+template <typename Rows>
+int RowLimit(const Rows& rows, LlamaModel::Proj proj) {
   switch (proj) {
     case LlamaModel::Proj::kQkv: return rows.qkv;
     case LlamaModel::Proj::kO: return rows.o;
@@ -139,6 +143,19 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
         absl::StrCat("skinny_gemm_max_rows ", options.skinny_gemm_max_rows, " is outside [0, ",
                      kSkinnyGemmMaxRows, "]"));
   }
+  const PrefetchGemmRows& prefetch = options.prefetch_gemm_rows;
+  if (std::min({prefetch.qkv, prefetch.o, prefetch.gate_up, prefetch.down, prefetch.lm_head}) < 0 ||
+      MaxRows(prefetch) > kPrefetchGemmMaxRows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prefetch_gemm_rows (qkv ", prefetch.qkv, ", o ", prefetch.o, ", gate_up ",
+        prefetch.gate_up, ", down ", prefetch.down, ", lm_head ", prefetch.lm_head,
+        ") must lie in [0, ", kPrefetchGemmMaxRows, "]"));
+  }
+  if (options.prefetch_gemm_ctas_per_sm < 1 || options.prefetch_gemm_ctas_per_sm > 2) {
+    return absl::InvalidArgumentError(absl::StrCat("prefetch_gemm_ctas_per_sm ",
+                                                   options.prefetch_gemm_ctas_per_sm,
+                                                   " must be 1 or 2"));
+  }
   const DecodeGemmRows& rows = options.decode_gemm_rows;
   if (std::min({rows.qkv, rows.o, rows.gate_up, rows.down, rows.lm_head}) < 0 ||
       MaxRows(rows) > kDecodeGemmMaxRows) {
@@ -175,6 +192,8 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
       counters = std::max(counters, DecodeGemmCounters(p.n, c));
     }
   }
+  // The prefetch GEMM's shared-memory limits are raised here, outside any capture.
+  if (MaxRows(prefetch) > 0) CUDA_RETURN_IF_ERROR(PreparePrefetchGemm());
   DeviceBuffer decode_workspace, decode_counters;
   if (workspace_bytes > 0) {
     ASSIGN_OR_RETURN(decode_workspace,
@@ -213,6 +232,30 @@ void* LlamaModel::v_cache(int layer) const {
 
 bool LlamaModel::UsesSkinny(int64_t m) const { return m <= options_.skinny_gemm_max_rows; }
 
+bool LlamaModel::UsesPrefetchGemm(Proj proj, int64_t m, int64_t n, int64_t k,
+                                  DecodeGemmInput input) const {
+  if (m > RowLimit(options_.prefetch_gemm_rows, proj)) return false;
+  if (input == DecodeGemmInput::kSiluMul &&
+      (!options_.silu_in_down || !options_.prefetch_gemm_silu)) {
+    return false;
+  }
+  if (n > 0x7fffffff || k > 0x7fffffff) return false;
+  const PrefetchGemmConfig c = ChoosePrefetchGemmConfig(static_cast<int>(m), static_cast<int>(n),
+                                                        static_cast<int>(k), sm_count_,
+                                                        options_.prefetch_gemm_ctas_per_sm);
+  return PrefetchGemmSupportsShape(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                                   c);
+}
+
+bool LlamaModel::FusesSiluMul(int64_t m, int64_t n, int64_t k) const {
+  // Where the prefetch GEMM takes the down projection, it fuses SiLU·mul only if asked to;
+  // elsewhere the decode GEMM does where it runs.
+  if (UsesPrefetchGemm(Proj::kDown, m, n, k, DecodeGemmInput::kPlain)) {
+    return UsesPrefetchGemm(Proj::kDown, m, n, k, DecodeGemmInput::kSiluMul);
+  }
+  return UsesDecodeGemm(Proj::kDown, m, n, k, DecodeGemmInput::kSiluMul);
+}
+
 bool LlamaModel::UsesDecodeGemm(Proj proj, int64_t m, int64_t n, int64_t k,
                                 DecodeGemmInput input) const {
   if (m > RowLimit(options_.decode_gemm_rows, proj)) return false;
@@ -230,7 +273,10 @@ absl::Status LlamaModel::Prepare(int num_tokens, int num_rows) {
   for (const Projection& p : Projections(s)) {
     if (p.input == DecodeGemmInput::kSiluMul) continue;  // falls back to the plain down GEMM
     const int64_t m = p.float_output ? num_rows : num_tokens;
-    if (UsesDecodeGemm(p.proj, m, p.n, p.k, p.input) || UsesSkinny(m)) continue;
+    if (UsesPrefetchGemm(p.proj, m, p.n, p.k, p.input) ||
+        UsesDecodeGemm(p.proj, m, p.n, p.k, p.input) || UsesSkinny(m)) {
+      continue;
+    }
     RETURN_IF_ERROR(gemm_->Prepare(m, p.n, p.k,
                                    p.float_output ? GemmOutput::kFloat32 : GemmOutput::kBf16));
   }
@@ -241,6 +287,23 @@ absl::Status LlamaModel::Linear(Proj proj, const bf16* x, const bf16* w, void* y
                                 int64_t n, int64_t k, cudaStream_t stream,
                                 DecodeGemmInput input) {
   const bool float_output = proj == Proj::kLmHead;
+  if (UsesPrefetchGemm(proj, m, n, k, input)) {
+    PrefetchGemmArgs args;
+    args.x = x;
+    args.w = w;
+    args.y = y;
+    args.m = static_cast<int>(m);
+    args.n = static_cast<int>(n);
+    args.k = static_cast<int>(k);
+    args.input = input == DecodeGemmInput::kSiluMul ? PrefetchGemmInput::kSiluMul
+                                                    : PrefetchGemmInput::kPlain;
+    args.float_output = float_output;
+    const PrefetchGemmConfig c = ChoosePrefetchGemmConfig(args.m, args.n, args.k, sm_count_,
+                                                          options_.prefetch_gemm_ctas_per_sm);
+    if (PrefetchGemmSupports(args, c)) {
+      return ToStatus(LaunchPrefetchGemm(args, c, stream), "prefetch GEMM");
+    }
+  }
   if (UsesDecodeGemm(proj, m, n, k, input)) {
     DecodeGemmArgs args;
     args.x = x;
@@ -385,7 +448,7 @@ absl::Status LlamaModel::PostAttention(int layer, const LlamaStepArgs& args, con
                                              s.hidden, eps, stream));
   RETURN_IF_ERROR(Linear(Proj::kGateUp, a.normed, w.gate_up(layer), a.gate_up, n,
                          2 * int64_t{s.ffn}, s.hidden, stream));
-  if (UsesDecodeGemm(Proj::kDown, n, s.hidden, s.ffn, DecodeGemmInput::kSiluMul)) {
+  if (FusesSiluMul(n, s.hidden, s.ffn)) {
     // The down GEMM reads SiLU(gate)·up of gate_up itself.
     RETURN_IF_ERROR(Linear(Proj::kDown, a.gate_up, w.down(layer), ProjectionOutput(a), n,
                            s.hidden, s.ffn, stream, DecodeGemmInput::kSiluMul));

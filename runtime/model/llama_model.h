@@ -40,11 +40,14 @@
 // Rows past a step's tokens (padding) are computed on zero embeddings and never read back; the
 // attention output is cleared once per step so padding rows hold zeros, not stale values.
 //
-// GEMMs: per projection, the decode GEMM up to options.decode_gemm_rows (decode_gemm.h: tensor
-// cores, split-K, weights streamed from before the previous kernel ends), the skinny kernel up to
-// options.skinny_gemm_max_rows, cuBLASLt above; every choice depends only on the projection and
-// (m, n, k), so an eager step at a graph's padded size computes the same bits as the graph. Every kiln kernel of the step is launched with programmatic dependent
-// launch (internal/pdl_launch.cuh), so each starts while the one before it finishes.
+// GEMMs: per projection, the prefetch GEMM up to options.prefetch_gemm_rows (prefetch_gemm.h:
+// the weights bulk-copied into shared memory before the previous kernel ends), else the decode
+// GEMM up to options.decode_gemm_rows (decode_gemm.h: tensor cores, split-K, weights streamed from
+// before the previous kernel ends), the skinny kernel up to options.skinny_gemm_max_rows, cuBLASLt
+// above; every choice depends only on the projection and (m, n, k), so an eager step at a graph's
+// padded size computes the same bits as the graph. Every kiln kernel of the step is launched with
+// programmatic dependent launch (internal/pdl_launch.cuh), so each starts while the one before it
+// finishes.
 //
 // Tensor parallelism: with LlamaModelOptions::communicator set, the weights are one rank's shard
 // (runtime/model/tensor_parallel.h: heads and MLP columns split, the rest replicated) and the O
@@ -73,6 +76,7 @@
 #include "runtime/model/device_weights.h"
 #include "runtime/model/gemm.h"
 #include "runtime/model/llama_shape.h"
+#include "runtime/model/prefetch_gemm.h"
 
 namespace kiln {
 
@@ -89,13 +93,39 @@ struct DecodeGemmRows {
   int lm_head = 0;
 };
 
+// The most rows each projection runs through the prefetch GEMM (prefetch_gemm.h); 0: never; at
+// most kPrefetchGemmMaxRows. It comes before the decode GEMM: a projection it takes at m rows
+// uses neither the decode GEMM, the skinny kernel nor cuBLASLt. The defaults follow
+// runtime/model/NOTES.md (H200, 1B shape): every projection up to 8 rows, the down one after the
+// SiLU·mul kernel (prefetch_gemm_silu).
+struct PrefetchGemmRows {
+  int qkv = 8;
+  int o = 8;
+  int gate_up = 8;
+  int down = 8;
+  int lm_head = 8;
+};
+
 struct LlamaModelOptions {
   int num_kv_blocks = 0;  // KV blocks per layer (each holds block_size tokens of K and of V)
   int block_size = 64;    // tokens per KV block: a power of two >= 16
+  // Rows up to which each projection uses the prefetch GEMM (each at most kPrefetchGemmMaxRows).
+  PrefetchGemmRows prefetch_gemm_rows;
+  // Prefetch GEMM CTAs per SM, 1 or 2 (ChoosePrefetchGemmConfig): with 1, the next projection's
+  // CTAs fit beside this one's and prefetch while it streams; with 2, each projection keeps
+  // twice the weights in flight but none prefetches before the previous one's CTAs leave. 2 was
+  // faster at every batch (runtime/model/NOTES.md).
+  int prefetch_gemm_ctas_per_sm = 2;
+  // A down projection on the prefetch GEMM reads SiLU(gate)·up itself (with silu_in_down);
+  // false: the SiLU·mul kernel runs first and the prefetch GEMM bulk-copies its output. false
+  // measured faster (runtime/model/NOTES.md): the fused x is loaded through registers, a
+  // latency-bound prologue after the wait.
+  bool prefetch_gemm_silu = false;
   // Rows up to which each projection uses the decode GEMM (each at most kDecodeGemmMaxRows).
   DecodeGemmRows decode_gemm_rows;
-  // A down projection on the decode GEMM reads SiLU(gate)·up itself, so the SiLU·mul kernel
-  // drops out (every CTA recomputes SiLU for its slice of x, cheap at few rows).
+  // A down projection on the decode GEMM (or on the prefetch GEMM with prefetch_gemm_silu) reads
+  // SiLU(gate)·up itself, so the SiLU·mul kernel drops out (every CTA recomputes SiLU for its
+  // slice of x, cheap at few rows).
   bool silu_in_down = true;
   // RoPE and the KV append run as one kernel (rope_kv_append.h) where it takes the shape.
   bool fuse_rope_append = true;
@@ -205,13 +235,18 @@ class LlamaModel {
              int sm_count, DeviceBuffer decode_workspace, DeviceBuffer decode_counters);
 
   Activations Carve(const LlamaStepArgs& args) const;
-  // y [m, n] = op(x) [m, k] · Wᵀ through the decode GEMM, the skinny kernel or cuBLASLt (see the
-  // file comment); op is SiLU·mul only where UsesDecodeGemm(kDown, ..., kSiluMul) holds.
+  // y [m, n] = op(x) [m, k] · Wᵀ through the prefetch GEMM, the decode GEMM, the skinny kernel or
+  // cuBLASLt (see the file comment); op is SiLU·mul only where FusesSiluMul holds.
   absl::Status Linear(Proj proj, const __nv_bfloat16* x, const __nv_bfloat16* w, void* y,
                       int64_t m, int64_t n, int64_t k, cudaStream_t stream,
                       DecodeGemmInput input = DecodeGemmInput::kPlain);
+  // Returns whether the projection runs through the prefetch GEMM at m rows.
+  bool UsesPrefetchGemm(Proj proj, int64_t m, int64_t n, int64_t k, DecodeGemmInput input) const;
   // Returns whether the projection runs through the decode GEMM at m rows.
   bool UsesDecodeGemm(Proj proj, int64_t m, int64_t n, int64_t k, DecodeGemmInput input) const;
+  // Returns whether the down projection at m rows reads SiLU(gate)·up of the gate-up output
+  // itself (through the prefetch or the decode GEMM).
+  bool FusesSiluMul(int64_t m, int64_t n, int64_t k) const;
   bool UsesSkinny(int64_t m) const;
   // Layer `layer` from its input norm through the KV append.
   absl::Status PreAttention(int layer, const LlamaStepArgs& args, const Activations& a,

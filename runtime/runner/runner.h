@@ -114,8 +114,12 @@ struct RunnerOptions {
   // Prefill token budgets; empty: CaptureSizes::DefaultPrefillSizes(min(512, max tokens)).
   std::vector<int> prefill_sizes;
   // GEMM paths and fusions of the model (LlamaModelOptions): rows up to which each projection
-  // uses the decode GEMM, whether the down projection there reads SiLU(gate)·up itself, RoPE and
-  // the KV append as one kernel, and the skinny kernel up to skinny_gemm_max_rows elsewhere.
+  // uses the prefetch GEMM, then the decode GEMM, whether the down projection there reads
+  // SiLU(gate)·up itself, RoPE and the KV append as one kernel, and the skinny kernel up to
+  // skinny_gemm_max_rows elsewhere.
+  PrefetchGemmRows prefetch_gemm_rows;
+  int prefetch_gemm_ctas_per_sm = 2;
+  bool prefetch_gemm_silu = false;
   DecodeGemmRows decode_gemm_rows;
   bool silu_in_down = true;
   bool fuse_rope_append = true;

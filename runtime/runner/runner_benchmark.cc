@@ -2,10 +2,10 @@
 // vocab 128256, random bf16 weights) through the Runner, as CUDA graphs and eagerly at the same
 // padded sizes, at batch 1, 8, 32 and 128 with 1024 tokens of context; the capture time of every
 // default decode size up to 256 and prefill budget up to 512 tokens; the step without attention;
-// the step by GEMM path for small batches (as configured, the skinny kernel with cuBLASLt,
-// cuBLASLt alone); and with --ablate, the step with one fusion or choice changed at a time. The
-// --decode_*, --skinny_rows flags set the model's GEMM paths and the attention split for every
-// table (defaults: RunnerOptions').
+// the step by GEMM path for small batches (as configured, without the prefetch GEMM, the skinny
+// kernel with cuBLASLt, cuBLASLt alone); and with --ablate, the step
+// with one fusion or choice changed at a time. The --prefetch_*, --decode_*, --skinny_rows flags
+// set the model's GEMM paths and the attention split for every table (defaults: RunnerOptions').
 //
 //   bazel run -c opt //runtime/runner:runner_benchmark [-- --batches=1,8 --context=1024]
 //
@@ -43,10 +43,26 @@ ABSL_FLAG(std::string, batches, "1,8,32,128", "Decode batch sizes");
 ABSL_FLAG(int, context, 1024, "Tokens of context per sequence");
 ABSL_FLAG(int, steps, 30, "Timed steps per measurement");
 ABSL_FLAG(bool, compare_cublas, true,
-          "Also time batches 1..32 with the earlier GEMM paths (skinny + cuBLASLt, cuBLASLt)");
+          "Also time batches 1..32 with other GEMM paths (no prefetch GEMM, skinny + cuBLASLt, "
+          "cuBLASLt)");
 ABSL_FLAG(bool, ablate, false,
           "Also time batches 1, 2, 4, 8, 16, 32 with each fusion turned off and other GEMM paths");
+ABSL_FLAG(std::string, ablate_only, "",
+          "With --ablate, only the variants whose name contains this (and the configured one)");
 // The model's GEMM paths for every table (RunnerOptions; defaults: the runner's).
+ABSL_FLAG(int, prefetch_qkv_rows, kiln::PrefetchGemmRows{}.qkv,
+          "Prefetch GEMM rows: QKV projection");
+ABSL_FLAG(int, prefetch_o_rows, kiln::PrefetchGemmRows{}.o, "Prefetch GEMM rows: O projection");
+ABSL_FLAG(int, prefetch_gate_up_rows, kiln::PrefetchGemmRows{}.gate_up,
+          "Prefetch GEMM rows: gate-up projection");
+ABSL_FLAG(int, prefetch_down_rows, kiln::PrefetchGemmRows{}.down,
+          "Prefetch GEMM rows: down projection");
+ABSL_FLAG(int, prefetch_lm_head_rows, kiln::PrefetchGemmRows{}.lm_head,
+          "Prefetch GEMM rows: LM head");
+ABSL_FLAG(int, prefetch_ctas_per_sm, kiln::RunnerOptions{}.prefetch_gemm_ctas_per_sm,
+          "Prefetch GEMM CTAs per SM (1 or 2)");
+ABSL_FLAG(bool, prefetch_silu, kiln::RunnerOptions{}.prefetch_gemm_silu,
+          "The prefetch GEMM reads SiLU(gate)·up itself for the down projection");
 ABSL_FLAG(int, decode_qkv_rows, kiln::DecodeGemmRows{}.qkv, "Decode GEMM rows: QKV projection");
 ABSL_FLAG(int, decode_o_rows, kiln::DecodeGemmRows{}.o, "Decode GEMM rows: O projection");
 ABSL_FLAG(int, decode_gate_up_rows, kiln::DecodeGemmRows{}.gate_up,
@@ -150,6 +166,13 @@ Timing TimeDecode(Runner& runner, int batch, int context, int steps, bool eager_
 
 RunnerOptions BenchmarkOptions() {
   RunnerOptions o;
+  o.prefetch_gemm_rows.qkv = absl::GetFlag(FLAGS_prefetch_qkv_rows);
+  o.prefetch_gemm_rows.o = absl::GetFlag(FLAGS_prefetch_o_rows);
+  o.prefetch_gemm_rows.gate_up = absl::GetFlag(FLAGS_prefetch_gate_up_rows);
+  o.prefetch_gemm_rows.down = absl::GetFlag(FLAGS_prefetch_down_rows);
+  o.prefetch_gemm_rows.lm_head = absl::GetFlag(FLAGS_prefetch_lm_head_rows);
+  o.prefetch_gemm_ctas_per_sm = absl::GetFlag(FLAGS_prefetch_ctas_per_sm);
+  o.prefetch_gemm_silu = absl::GetFlag(FLAGS_prefetch_silu);
   o.decode_gemm_rows.qkv = absl::GetFlag(FLAGS_decode_qkv_rows);
   o.decode_gemm_rows.o = absl::GetFlag(FLAGS_decode_o_rows);
   o.decode_gemm_rows.gate_up = absl::GetFlag(FLAGS_decode_gate_up_rows);
@@ -256,21 +279,30 @@ int Main(int argc, char** argv) {
   };
 
   if (absl::GetFlag(FLAGS_compare_cublas)) {
-    // The GEMM paths for small batches, whole steps as graphs: the options above, the skinny
-    // kernel up to 2 rows with cuBLASLt above (no decode GEMM), cuBLASLt for every GEMM.
+    // The GEMM paths for small batches, whole steps as graphs: the options above; without the
+    // prefetch GEMM (the earlier defaults); the skinny kernel up to 2 rows with cuBLASLt above (no
+    // prefetch or decode GEMM); cuBLASLt for every GEMM.
     const std::vector<int> small = {1, 2, 4, 8, 16, 32};
-    const char* names[] = {"as configured", "skinny+cuBLASLt", "cuBLASLt"};
+    const char* names[] = {"as configured", "no prefetch", "skinny+cuBLASLt", "cuBLASLt"};
+    constexpr int kPaths = 4;
     std::map<int, std::map<int, double>> ms;  // path -> batch -> ms
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < kPaths; ++i) {
       std::unique_ptr<Runner> runner = small_runner(small, [&](RunnerOptions& o) {
-        if (i > 0) o.decode_gemm_rows = DecodeGemmRows{0, 0, 0, 0, 0};
-        if (i == 2) o.skinny_gemm_max_rows = 0;
+        if (i >= 1) o.prefetch_gemm_rows = PrefetchGemmRows{0, 0, 0, 0, 0};
+        if (i >= 2) o.decode_gemm_rows = DecodeGemmRows{0, 0, 0, 0, 0};
+        if (i == 3) o.skinny_gemm_max_rows = 0;
       });
       for (int b : small) ms[i][b] = TimeDecode(*runner, b, context, steps, false).graph_ms;
     }
-    std::printf("\nDecode step (graph ms) by GEMM path for small batches\n%6s %16s %16s %16s\n",
-                "batch", names[0], names[1], names[2]);
-    for (int b : small) std::printf("%6d %16.3f %16.3f %16.3f\n", b, ms[0][b], ms[1][b], ms[2][b]);
+    std::printf("\nDecode step (graph ms) by GEMM path for small batches\n%6s", "batch");
+    for (const char* name : names) std::printf(" %16s", name);
+    std::printf("\n");
+    for (int b : small) {
+      std::printf("%6d", b);
+      for (int i = 0; i < kPaths; ++i) std::printf(" %16.3f", ms[i][b]);
+      std::printf("\n");
+    }
+    std::fflush(stdout);
   }
 
   if (absl::GetFlag(FLAGS_ablate)) {
@@ -287,17 +319,35 @@ int Main(int argc, char** argv) {
         {"merge kernel", [](RunnerOptions& o) { o.fused_attention_merge = false; }},
         {"KV chunk >= 256", [](RunnerOptions& o) { o.decode_min_kv_chunk = 256; }},
         {"attn split 6 CTA/SM", [](RunnerOptions& o) { o.decode_ctas_per_sm = 6; }},
+        {"no prefetch",
+         [](RunnerOptions& o) { o.prefetch_gemm_rows = PrefetchGemmRows{0, 0, 0, 0, 0}; }},
+        {"prefetch 1 CTA/SM", [](RunnerOptions& o) { o.prefetch_gemm_ctas_per_sm = 1; }},
+        {"prefetch down with fused SiLU", [](RunnerOptions& o) { o.prefetch_gemm_silu = true; }},
+        {"prefetch down<=8", [](RunnerOptions& o) { o.prefetch_gemm_rows.down = 8; }},
+        {"no prefetch qkv", [](RunnerOptions& o) { o.prefetch_gemm_rows.qkv = 0; }},
+        {"no prefetch o", [](RunnerOptions& o) { o.prefetch_gemm_rows.o = 0; }},
+        {"no prefetch gate_up", [](RunnerOptions& o) { o.prefetch_gemm_rows.gate_up = 0; }},
+        {"no prefetch down", [](RunnerOptions& o) { o.prefetch_gemm_rows.down = 0; }},
+        {"no prefetch lm_head", [](RunnerOptions& o) { o.prefetch_gemm_rows.lm_head = 0; }},
         {"decode qkv,o,down<=8",
-         [](RunnerOptions& o) { o.decode_gemm_rows = DecodeGemmRows{8, 8, 0, 8, 0}; }},
+         [](RunnerOptions& o) {
+           o.prefetch_gemm_rows = PrefetchGemmRows{0, 0, 0, 0, 0};
+           o.decode_gemm_rows = DecodeGemmRows{8, 8, 0, 8, 0};
+         }},
         {"decode all <=32",
-         [](RunnerOptions& o) { o.decode_gemm_rows = DecodeGemmRows{32, 32, 32, 32, 32}; }},
+         [](RunnerOptions& o) {
+           o.prefetch_gemm_rows = PrefetchGemmRows{0, 0, 0, 0, 0};
+           o.decode_gemm_rows = DecodeGemmRows{32, 32, 32, 32, 32};
+         }},
     };
-    std::printf("\nDecode step (graph ms), one change at a time\n%-22s", "variant");
+    std::printf("\nDecode step (graph ms), one change at a time\n%-34s", "variant");
     for (int b : sizes) std::printf(" %5s%-3d", "b", b);
     std::printf("\n");
+    const std::string only = absl::GetFlag(FLAGS_ablate_only);
     for (const Variant& v : variants) {
+      if (&v != &variants[0] && std::string(v.name).find(only) == std::string::npos) continue;
       std::unique_ptr<Runner> runner = small_runner(sizes, v.edit);
-      std::printf("%-22s", v.name);
+      std::printf("%-34s", v.name);
       for (int b : sizes) std::printf(" %8.3f", TimeDecode(*runner, b, context, steps, false).graph_ms);
       std::printf("\n");
       std::fflush(stdout);

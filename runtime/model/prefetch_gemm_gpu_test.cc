@@ -1,0 +1,352 @@
+// The prefetch GEMM against a CPU float64 product: every row count, plain and SiLU·mul inputs,
+// bf16 and float outputs, on shapes whose k is not a multiple of the 1024-k stage (nor of the
+// 32-k chunk) and whose n is not a multiple of the 16-row group or of the CTA count, with
+// several ring depths and grid sizes; the 1B model's projections with the chosen
+// configurations; two launches back to back where the second reads the first's output (the
+// programmatic-launch wait); graph replay equal to eager and repeats equal bit for bit;
+// unsupported shapes refused.
+#include "runtime/model/prefetch_gemm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "runtime/model/bf16.h"
+#include "runtime/model/internal/gpu_test_helpers.h"
+
+namespace kiln {
+namespace {
+
+using testing_internal::DeviceVector;
+using testing_internal::GpuTest;
+using testing_internal::RelativeError;
+
+constexpr int kSmCount = 132;
+
+// x as the GEMM reads it, in float64: x itself, or SiLU(gate)·up of x [m, 2k].
+std::vector<double> Operand(const std::vector<uint16_t>& x, int m, int k, PrefetchGemmInput input) {
+  std::vector<double> a(static_cast<size_t>(m) * k);
+  for (int i = 0; i < m; ++i) {
+    for (int e = 0; e < k; ++e) {
+      if (input == PrefetchGemmInput::kPlain) {
+        a[static_cast<size_t>(i) * k + e] = Bf16BitsToFloat(x[static_cast<size_t>(i) * k + e]);
+      } else {
+        const double g = Bf16BitsToFloat(x[static_cast<size_t>(i) * 2 * k + e]);
+        const double u = Bf16BitsToFloat(x[static_cast<size_t>(i) * 2 * k + k + e]);
+        a[static_cast<size_t>(i) * k + e] = g / (1.0 + std::exp(-g)) * u;
+      }
+    }
+  }
+  return a;
+}
+
+std::vector<double> Product(const std::vector<double>& a, const std::vector<uint16_t>& w, int m,
+                            int n, int k) {
+  std::vector<float> wf(w.size());
+  for (size_t i = 0; i < w.size(); ++i) wf[i] = Bf16BitsToFloat(w[i]);
+  std::vector<double> y(static_cast<size_t>(m) * n);
+  for (int i = 0; i < m; ++i) {
+    const double* ai = a.data() + static_cast<size_t>(i) * k;
+    for (int j = 0; j < n; ++j) {
+      const float* wj = wf.data() + static_cast<size_t>(j) * k;
+      double sum = 0.0;
+      for (int e = 0; e < k; ++e) sum += ai[e] * wj[e];
+      y[static_cast<size_t>(i) * n + j] = sum;
+    }
+  }
+  return y;
+}
+
+// Device buffers of one shape: x (room for SiLU·mul's [m, 2k]), W, y (room for float).
+class Problem {
+ public:
+  Problem(int max_m, int n, int k)
+      : n_(n),
+        k_(k),
+        x_(static_cast<size_t>(max_m) * 2 * k),
+        w_(static_cast<size_t>(n) * k),
+        y_(static_cast<size_t>(max_m) * n) {}
+
+  PrefetchGemmArgs Args(int m, PrefetchGemmInput input, bool float_output) const {
+    PrefetchGemmArgs a;
+    a.x = reinterpret_cast<const __nv_bfloat16*>(x_.get());
+    a.w = reinterpret_cast<const __nv_bfloat16*>(w_.get());
+    a.y = y_.get();
+    a.m = m;
+    a.n = n_;
+    a.k = k_;
+    a.input = input;
+    a.float_output = float_output;
+    return a;
+  }
+
+  // Returns y [m, n] as float64 (poisoned elements are NaN).
+  std::vector<double> Output(int m, bool float_output, cudaStream_t stream) const {
+    const std::vector<float> raw = y_.Download(stream);
+    std::vector<double> got(static_cast<size_t>(m) * n_);
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (float_output) {
+        got[i] = raw[i];
+      } else {
+        uint16_t bits;
+        std::memcpy(&bits, reinterpret_cast<const char*>(raw.data()) + 2 * i, 2);
+        got[i] = Bf16BitsToFloat(bits);
+      }
+    }
+    return got;
+  }
+
+  DeviceVector<uint16_t>& x() { return x_; }
+  DeviceVector<uint16_t>& w() { return w_; }
+  DeviceVector<float>& y() { return y_; }
+
+ private:
+  int n_, k_;
+  DeviceVector<uint16_t> x_, w_;
+  DeviceVector<float> y_;
+};
+
+class PrefetchGemmGpuTest : public GpuTest {
+ protected:
+  // Runs `config` (poisoned output first) and returns the relative error against `ref`.
+  double Check(Problem& problem, const PrefetchGemmArgs& args, const PrefetchGemmConfig& config,
+               const std::vector<double>& ref) {
+    problem.y().Poison(stream());
+    EXPECT_TRUE(PrefetchGemmSupports(args, config)) << config.ToString();
+    EXPECT_EQ(LaunchPrefetchGemm(args, config, stream()), cudaSuccess) << config.ToString();
+    return RelativeError(problem.Output(args.m, args.float_output, stream()), ref);
+  }
+
+  // float output: only float rounding of the sum; bf16: one rounding of y (and of SiLU·mul,
+  // which the kernel rounds to bf16 like the activation it replaces).
+  static double Tolerance(PrefetchGemmInput input, bool float_output) {
+    if (float_output) return input == PrefetchGemmInput::kPlain ? 1e-5 : 6e-3;
+    return input == PrefetchGemmInput::kPlain ? 6e-3 : 1e-2;
+  }
+};
+
+TEST_F(PrefetchGemmGpuTest, EdgeShapesMatchFloat64) {
+  struct Shape {
+    int n, k;
+  };
+  // k = 8: one vector; k = 1000: one partial stage with a partial 32-k chunk (and the one-stage
+  // reduction path); k = 2056: a 1024-k stage, another and 8 k; n = 333 and 17: partial groups,
+  // and more CTAs than 16-row groups.
+  for (const Shape& s : {Shape{40, 8}, Shape{300, 1000}, Shape{333, 2056}, Shape{17, 3080}}) {
+    Problem problem(kPrefetchGemmMaxRows, s.n, s.k);
+    const std::vector<uint16_t> w = RandomBf16(static_cast<size_t>(s.n) * s.k);
+    problem.w().Upload(w, stream());
+    for (int m = 1; m <= kPrefetchGemmMaxRows; ++m) {
+      for (PrefetchGemmInput input : {PrefetchGemmInput::kPlain, PrefetchGemmInput::kSiluMul}) {
+        const int x_cols = input == PrefetchGemmInput::kPlain ? s.k : 2 * s.k;
+        const std::vector<uint16_t> x = RandomBf16(static_cast<size_t>(m) * x_cols, -3.f, 3.f);
+        problem.x().Upload(x, stream());
+        const std::vector<double> ref = Product(Operand(x, m, s.k, input), w, m, s.n, s.k);
+        for (bool float_output : {false, true}) {
+          const PrefetchGemmArgs args = problem.Args(m, input, float_output);
+          const PrefetchGemmConfig chosen = ChoosePrefetchGemmConfig(m, s.n, s.k, kSmCount);
+          // The chosen ring, a single slot (every stage waits for its copy), two slots on a few
+          // CTAs (many stages each, slots reused many times) and every row in one CTA.
+          for (const PrefetchGemmConfig& config :
+               {chosen, PrefetchGemmConfig{chosen.ctas, 1}, PrefetchGemmConfig{std::min(s.n, 3), 2},
+                PrefetchGemmConfig{1, 3}}) {
+            SCOPED_TRACE(::testing::Message()
+                         << "n=" << s.n << " k=" << s.k << " m=" << m
+                         << " silu=" << (input == PrefetchGemmInput::kSiluMul)
+                         << " float=" << float_output << " " << config.ToString());
+            EXPECT_LT(Check(problem, args, config, ref), Tolerance(input, float_output));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(PrefetchGemmGpuTest, ModelShapesWithChosenConfigsMatchFloat64) {
+  struct Shape {
+    int n, k;
+    PrefetchGemmInput input;
+    bool float_output;
+    std::vector<int> rows;
+  };
+  // The 1B model's projections (the down one also through SiLU·mul of gate_up; from 4 rows its
+  // staged x leaves room for one CTA per SM) and an LM head of a 32064-token vocabulary.
+  const std::vector<Shape> shapes = {
+      {3072, 2048, PrefetchGemmInput::kPlain, false, {1, 5, 8}},
+      {2048, 2048, PrefetchGemmInput::kPlain, false, {1, 8}},
+      {16384, 2048, PrefetchGemmInput::kPlain, false, {1, 8}},
+      {2048, 8192, PrefetchGemmInput::kSiluMul, false, {1, 2, 8}},
+      {2048, 8192, PrefetchGemmInput::kPlain, false, {4, 8}},
+      {32064, 2048, PrefetchGemmInput::kPlain, true, {1, 3}},
+  };
+  for (const Shape& s : shapes) {
+    Problem problem(kPrefetchGemmMaxRows, s.n, s.k);
+    const std::vector<uint16_t> w = RandomBf16(static_cast<size_t>(s.n) * s.k);
+    problem.w().Upload(w, stream());
+    for (int m : s.rows) {
+      const int x_cols = s.input == PrefetchGemmInput::kPlain ? s.k : 2 * s.k;
+      const std::vector<uint16_t> x = RandomBf16(static_cast<size_t>(m) * x_cols, -3.f, 3.f);
+      problem.x().Upload(x, stream());
+      const PrefetchGemmConfig config = ChoosePrefetchGemmConfig(m, s.n, s.k, kSmCount);
+      SCOPED_TRACE(::testing::Message() << "n=" << s.n << " k=" << s.k << " m=" << m << " "
+                                        << config.ToString());
+      // Two CTAs per SM, but one where the staged x leaves no room for two (down at 8 rows).
+      const bool two_fit =
+          PrefetchGemmSharedBytes(m, s.k, config.stages) <= kPrefetchGemmCoResidentBytes;
+      EXPECT_EQ(config.ctas, two_fit ? 2 * kSmCount : kSmCount);
+      EXPECT_GE(config.stages, 2);
+      EXPECT_LT(Check(problem, problem.Args(m, s.input, s.float_output), config,
+                      Product(Operand(x, m, s.k, s.input), w, m, s.n, s.k)),
+                Tolerance(s.input, s.float_output));
+    }
+  }
+}
+
+TEST_F(PrefetchGemmGpuTest, ChosenConfigsFitTheCoResidentBudget) {
+  // The 1B model's projections fit two CTAs per SM with at least two stages each (but the down
+  // projection from 4 rows, whose staged x alone is 64 KiB and more).
+  struct Case {
+    int m, n, k;
+  };
+  for (const Case& c : {Case{1, 3072, 2048}, Case{8, 3072, 2048}, Case{1, 2048, 2048},
+                        Case{8, 16384, 2048}, Case{1, 2048, 8192}, Case{2, 2048, 8192}}) {
+    const PrefetchGemmConfig config = ChoosePrefetchGemmConfig(c.m, c.n, c.k, kSmCount);
+    SCOPED_TRACE(::testing::Message() << c.m << "x" << c.n << "x" << c.k << " "
+                                      << config.ToString());
+    EXPECT_GE(config.stages, 2);
+    EXPECT_LE(PrefetchGemmSharedBytes(c.m, c.k, config.stages), kPrefetchGemmCoResidentBytes);
+  }
+  // O at one row: 8 rows × 2048 k per CTA, two stages, all of it.
+  EXPECT_EQ(ChoosePrefetchGemmConfig(1, 2048, 2048, kSmCount).stages, 2);
+  // One CTA per SM asked for: the ring takes up to the budget (QKV: 3 of a CTA's 4 stages).
+  const PrefetchGemmConfig qkv1 = ChoosePrefetchGemmConfig(1, 3072, 2048, kSmCount, 1);
+  EXPECT_EQ(qkv1.ctas, kSmCount);
+  EXPECT_EQ(qkv1.stages, 3);
+  // Down at 8 rows: x is 128 KiB; one CTA per SM, the ring past the co-resident budget.
+  const PrefetchGemmConfig down8 = ChoosePrefetchGemmConfig(8, 2048, 8192, kSmCount);
+  EXPECT_EQ(down8.ctas, kSmCount);
+  EXPECT_GE(down8.stages, 2);
+  EXPECT_GT(PrefetchGemmSharedBytes(8, 8192, down8.stages), kPrefetchGemmCoResidentBytes);
+  EXPECT_LE(PrefetchGemmSharedBytes(8, 8192, down8.stages), kPrefetchGemmMaxSharedBytes);
+}
+
+TEST_F(PrefetchGemmGpuTest, SecondLaunchReadsTheFirstOnesOutput) {
+  // y1 = x · W1ᵀ, then y2 = y1 · W2ᵀ, enqueued back to back (the second's weights stream in
+  // while the first runs; it must read y1 only after the first completes). y1 is poisoned
+  // first: a read before the first kernel's writes would make y2 NaN.
+  const int m = 4, k = 2048, n1 = 2048, n2 = 3072;
+  Problem first(m, n1, k), second(m, n2, n1);
+  const std::vector<uint16_t> w1 = RandomBf16(static_cast<size_t>(n1) * k);
+  const std::vector<uint16_t> w2 = RandomBf16(static_cast<size_t>(n2) * n1);
+  first.w().Upload(w1, stream());
+  second.w().Upload(w2, stream());
+  for (int round = 0; round < 3; ++round) {
+    first.x().Upload(RandomBf16(static_cast<size_t>(m) * k), stream());
+    first.y().Poison(stream());
+    second.y().Poison(stream());
+    PrefetchGemmArgs a = first.Args(m, PrefetchGemmInput::kPlain, false);
+    PrefetchGemmArgs b = second.Args(m, PrefetchGemmInput::kPlain, false);
+    b.x = reinterpret_cast<const __nv_bfloat16*>(first.y().get());
+    // One CTA per SM (the second launch's CTAs fit beside the first's), then two.
+    const int per_sm = round == 0 ? 1 : 2;
+    const PrefetchGemmConfig ca = ChoosePrefetchGemmConfig(m, n1, k, kSmCount, per_sm);
+    const PrefetchGemmConfig cb = ChoosePrefetchGemmConfig(m, n2, n1, kSmCount, per_sm);
+    ASSERT_EQ(LaunchPrefetchGemm(a, ca, stream()), cudaSuccess);
+    ASSERT_EQ(LaunchPrefetchGemm(b, cb, stream()), cudaSuccess);
+    // The reference of the second product starts from the first one's bf16 output.
+    const std::vector<float> y1_raw = first.y().Download(stream());
+    std::vector<uint16_t> y1(static_cast<size_t>(m) * n1);
+    std::memcpy(y1.data(), y1_raw.data(), y1.size() * sizeof(uint16_t));
+    for (uint16_t v : y1) ASSERT_TRUE(std::isfinite(Bf16BitsToFloat(v)));
+    EXPECT_LT(RelativeError(second.Output(m, false, stream()),
+                            Product(Operand(y1, m, n1, PrefetchGemmInput::kPlain), w2, m, n2, n1)),
+              6e-3)
+        << "round " << round;
+  }
+}
+
+TEST_F(PrefetchGemmGpuTest, GraphReplayAndRepeatsAreBitwiseEqual) {
+  const int n = 3072, k = 2048;
+  Problem problem(kPrefetchGemmMaxRows, n, k);
+  problem.w().Upload(RandomBf16(static_cast<size_t>(n) * k), stream());
+  ASSERT_EQ(PreparePrefetchGemm(), cudaSuccess);
+  for (int m : {1, 8}) {
+    problem.x().Upload(RandomBf16(static_cast<size_t>(m) * k), stream());
+    const PrefetchGemmConfig config = ChoosePrefetchGemmConfig(m, n, k, kSmCount);
+    SCOPED_TRACE(::testing::Message() << "m=" << m << " " << config.ToString());
+    const PrefetchGemmArgs args = problem.Args(m, PrefetchGemmInput::kPlain, false);
+    problem.y().Poison(stream());
+    ASSERT_EQ(LaunchPrefetchGemm(args, config, stream()), cudaSuccess);
+    const std::vector<float> eager = problem.y().Download(stream());
+    problem.y().Poison(stream());
+    ASSERT_EQ(LaunchPrefetchGemm(args, config, stream()), cudaSuccess);
+    const std::vector<float> again = problem.y().Download(stream());
+
+    cudaGraph_t graph;
+    ASSERT_EQ(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeGlobal), cudaSuccess);
+    for (int i = 0; i < 3; ++i) ASSERT_EQ(LaunchPrefetchGemm(args, config, stream()), cudaSuccess);
+    ASSERT_EQ(cudaStreamEndCapture(stream(), &graph), cudaSuccess);
+    cudaGraphExec_t exec;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    problem.y().Poison(stream());
+    for (int replay = 0; replay < 3; ++replay) {
+      ASSERT_EQ(cudaGraphLaunch(exec, stream()), cudaSuccess);
+    }
+    const std::vector<float> replayed = problem.y().Download(stream());
+    ASSERT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+    ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+
+    const size_t bytes = static_cast<size_t>(m) * n * sizeof(uint16_t);
+    for (double v : problem.Output(m, false, stream())) ASSERT_TRUE(std::isfinite(v));
+    EXPECT_EQ(std::memcmp(eager.data(), again.data(), bytes), 0);
+    EXPECT_EQ(std::memcmp(eager.data(), replayed.data(), bytes), 0);
+  }
+}
+
+TEST_F(PrefetchGemmGpuTest, RefusesUnsupportedShapes) {
+  DeviceVector<uint16_t> buf(1 << 16);
+  auto* p = reinterpret_cast<const __nv_bfloat16*>(buf.get());
+  PrefetchGemmArgs a;
+  a.x = p;
+  a.w = p;
+  a.y = buf.get();
+  a.m = 1;
+  a.n = 64;
+  a.k = 256;
+  const PrefetchGemmConfig ok{16, 2};
+  EXPECT_TRUE(PrefetchGemmSupports(a, ok));
+  PrefetchGemmArgs bad = a;
+  bad.m = 0;
+  EXPECT_FALSE(PrefetchGemmSupports(bad, ok));
+  bad.m = kPrefetchGemmMaxRows + 1;
+  EXPECT_FALSE(PrefetchGemmSupports(bad, ok));
+  bad = a;
+  bad.k = 260;  // not a multiple of 8
+  EXPECT_FALSE(PrefetchGemmSupports(bad, ok));
+  bad = a;
+  bad.n = 0;
+  EXPECT_FALSE(PrefetchGemmSupports(bad, ok));
+  EXPECT_FALSE(PrefetchGemmSupports(a, PrefetchGemmConfig{65, 2}));  // more CTAs than rows
+  EXPECT_FALSE(PrefetchGemmSupports(a, PrefetchGemmConfig{16, 0}));
+  EXPECT_FALSE(PrefetchGemmSupports(a, PrefetchGemmConfig{16, kPrefetchGemmMaxStages + 1}));
+  bad = a;
+  bad.x = p + 1;
+  EXPECT_FALSE(PrefetchGemmSupports(bad, ok));
+  bad = a;
+  bad.y = buf.get() + 4;  // 8 bytes in
+  EXPECT_FALSE(PrefetchGemmSupports(bad, ok));
+  bad = a;
+  bad.m = 8;
+  bad.k = 16384;  // a staged x of 256 KiB
+  EXPECT_FALSE(PrefetchGemmSupports(bad, ok));
+  EXPECT_EQ(ChoosePrefetchGemmConfig(8, 64, 16384, kSmCount).stages, 0);
+  EXPECT_EQ(LaunchPrefetchGemm(bad, ok, stream()), cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchPrefetchGemm(a, PrefetchGemmConfig{16, 7}, stream()), cudaErrorInvalidValue)
+      << "7 stages of 33 KiB exceed the shared-memory limit";
+}
+
+}  // namespace
+}  // namespace kiln
