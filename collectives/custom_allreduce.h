@@ -95,6 +95,23 @@ class CustomAllReduce {
   absl::Status AllReduce(const void* in, void* out, size_t count, DataType dtype,
                          const AllReducePlan& plan, cudaStream_t stream);
 
+  // Returns whether AllReduceAddRmsNorm's kernel takes these rows: bf16, hidden a positive
+  // multiple of 8 of at most kFusedAddRmsNormMaxHidden, tokens * hidden * 2 bytes at most
+  // max_bytes(). (AutoCommunicator also applies its one-shot crossover.) Thread-compatible.
+  bool SupportsAddRmsNorm(int64_t tokens, int64_t hidden, DataType dtype) const;
+
+  // Enqueues the one-shot all-reduce of args.partial fused with the residual add and RMSNorm
+  // (communicator.h, AllReduceAddRmsNormArgs), reading the input as `input` says, with
+  // programmatic dependent launch (the kernel starts while the one before it finishes and lets
+  // the next one start early). Checks on every call, capturing or not: SupportsAddRmsNorm,
+  // 16-byte-aligned pointers, residual and weight overlapping nothing else, out either exactly
+  // partial (staged only) or disjoint from it, and a registered input only while `stream` is
+  // capturing (InvalidArgument otherwise). Capture state, graph-input recording (Unavailable
+  // when some rank could not export its input: retry staged), registration, the epoch and
+  // DeadlineExceeded are as for AllReduce; a fused call is one more call of the same sequence.
+  absl::Status AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs& args, AllReduceInput input,
+                                   cudaStream_t stream);
+
   // Exchanges the IPC handles of every input captured since the last call and fills their table
   // slots on every rank. Collective; call after capture, before the first replay; a no-op (still
   // collective) when nothing is pending. FailedPrecondition during capture or when the ranks

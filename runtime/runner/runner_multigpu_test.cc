@@ -340,8 +340,11 @@ void GenerationMatchesOneGpu(RankContext& ctx, const AllReduceConfig& allreduce,
   if (expect_custom) {
     EXPECT_TRUE(comm->custom_available()) << comm->custom_unavailable_reason();
     EXPECT_GT(custom, 0);
+    // Every step's size takes the fused all-reduce + add + RMSNorm (tiny rows, one-shot).
+    EXPECT_GT(stats.fused_add_rms_norm, 0);
   } else {
     EXPECT_EQ(custom, 0);
+    EXPECT_EQ(stats.fused_add_rms_norm, 0);
     EXPECT_GT(stats.nccl, 0);
   }
 
@@ -387,6 +390,52 @@ TEST(RunnerMultiGpuTest, GenerationWithNcclOnlyMatchesOneGpu) {
     RunOnEveryGpu([](RankContext& ctx) { GenerationMatchesOneGpu(ctx, NcclOnlyConfig(), false); },
                   Options(tp));
   }
+}
+
+// The fused all-reduce + add + RMSNorm gives the bits of the all-reduce followed by
+// runtime/model's own add + RMSNorm kernels: the whole generation script with the fusion, as full
+// graphs and as piecewise graphs (pieces end after the fused call that replaces the next
+// layer's input norm), against the unfused step, logits and tokens bit for bit, on every rank.
+TEST(RunnerMultiGpuTest, FusedAllReduceNormEqualsUnfusedBitForBit) {
+  KILN_REQUIRE_GPUS(2);
+  RunOnEveryGpu([](RankContext& ctx) {
+    ASSERT_EQ(cudaSetDevice(ctx.device()), cudaSuccess);
+    const uint64_t seed = SharedSeed(ctx);
+    SCOPED_TRACE(absl::StrCat("seed ", seed, ", rank ", ctx.rank));
+    std::vector<Outcome> unfused;
+    {
+      RunnerOptions options = TpOptions(seed, AutoConfig(), &ctx);
+      options.fuse_allreduce_norm = false;
+      std::unique_ptr<Runner> runner = MakeRunner(options);
+      ASSERT_NE(runner, nullptr);
+      unfused = RunScript(*runner, seed, nullptr);
+      EXPECT_EQ(runner->communicator()->stats().fused_add_rms_norm, 0);
+    }
+    ASSERT_EQ(unfused.size(), GenerationScript().size());
+    for (GraphExecution graphs : {GraphExecution::kFull, GraphExecution::kPiecewise}) {
+      const char* name = graphs == GraphExecution::kFull ? "full graphs" : "piecewise graphs";
+      RunnerOptions options = TpOptions(seed, AutoConfig(), &ctx);
+      options.graphs = graphs;
+      std::unique_ptr<Runner> runner = MakeRunner(options);
+      ASSERT_NE(runner, nullptr);
+      const std::vector<Outcome> fused = RunScript(*runner, seed, &unfused);
+      const AllReduceStats& stats = runner->communicator()->stats();
+      EXPECT_GT(stats.fused_add_rms_norm, 0) << name;
+      EXPECT_EQ(stats.nccl, 0) << name << ": every all-reduce of the tiny model is custom";
+      ASSERT_EQ(fused.size(), unfused.size()) << name;
+      int replayed = 0;
+      for (size_t step = 0; step < fused.size(); ++step) {
+        replayed += fused[step].info.replayed;
+        EXPECT_EQ(fused[step].tokens, unfused[step].tokens) << name << ", step " << step;
+        EXPECT_TRUE(fused[step].logits.size() == unfused[step].logits.size() &&
+                    std::memcmp(fused[step].logits.data(), unfused[step].logits.data(),
+                                fused[step].logits.size() * sizeof(float)) == 0)
+            << name << ", step " << step << ": fused logits differ from unfused";
+      }
+      EXPECT_GT(replayed, 10) << name;
+      ExpectSameOnEveryRank(ctx, fused, name);
+    }
+  }, Options());
 }
 
 TEST(RunnerMultiGpuTest, EveryCapturedSizeReplaysLikeEagerOnEveryRank) {
