@@ -12,7 +12,8 @@
 //   - a CPU float64 reference from the raw inputs, by relative error;
 //   - every other rank: the same bits everywhere.
 // Outputs are poisoned (NaN) before every call; graphs are replayed with inputs rewritten after
-// capture, with staged and with registered inputs.
+// capture, with staged and with registered inputs. Shapes up to 512 KiB take the push kernel,
+// larger ones the pull kernel (CustomAllReduce::AddRmsNormPushes); both are covered.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -26,6 +27,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "collectives/allreduce_config.pb.h"
 #include "collectives/allreduce_policy.h"
@@ -379,7 +381,9 @@ void CheckCall(RankContext& ctx, const CallBuffers& c, const Inputs& in,
 
 // Token counts and widths: one row, a few, one per block, more rows than blocks (256 > 128);
 // the 1B model's 2048 and a 4096 width; odd pack counts, partial warps and several chunks per
-// thread (264: 33 packs on 64 threads; 12288: 1536 packs, two chunks of 1024 threads).
+// thread (264: 33 packs on 64 threads; 12288: 1536 packs, two chunks of 1024 threads). 256 rows
+// of 2048 or 4096 take the pull kernel, the rest the push kernel (160 x 1024: more rows than
+// blocks there).
 std::vector<Shape> Shapes() {
   std::vector<Shape> shapes;
   for (int64_t hidden : {2048, 4096}) {
@@ -387,6 +391,7 @@ std::vector<Shape> Shapes() {
   }
   shapes.push_back({7, 264});
   shapes.push_back({3, 12288});
+  shapes.push_back({160, 1024});
   return shapes;
 }
 
@@ -422,6 +427,8 @@ TEST(AllReduceRmsNormMultiGpuTest, EagerFusedEqualsUnfusedAndFloat64Reference) {
         const std::vector<uint16_t> sum = Download(sum_buffer.data(), c.count(), s);
         ASSERT_TRUE(sum == EmulateSum(in)) << "the plain one-shot sum is not the rank-order sum";
 
+        EXPECT_EQ(rig.comm->custom()->AddRmsNormPushes(shape.tokens, shape.hidden),
+                  shape.tokens * shape.hidden * 2 <= (512 << 10));
         const int64_t fused_before = rig.comm->stats().fused_add_rms_norm;
         ASSERT_NO_FATAL_FAILURE(Load(c, in, ctx.rank, s));
         absl::Status status = rig.comm->AllReduceAddRmsNorm(c.Args(), s);
@@ -441,6 +448,7 @@ void GraphReplays(RankContext& ctx, bool registered) {
   RankRig rig;
   ASSERT_NO_FATAL_FAILURE(MakeRig(ctx, TestConfig(registered), &rig));
   const cudaStream_t s = rig.stream.get();
+  // Push kernel except 256 x 2048 (pull: registered when the config says so).
   const std::vector<Shape> shapes = {{1, 2048}, {7, 2048}, {64, 2048}, {256, 2048},
                                      {1, 4096}, {64, 4096}, {7, 264}};
   std::vector<CallBuffers> calls;
@@ -507,11 +515,18 @@ void GraphReplays(RankContext& ctx, bool registered) {
   const AllReduceStats& after = rig.comm->stats();
   const int64_t fused = static_cast<int64_t>(calls.size());
   EXPECT_EQ(after.fused_add_rms_norm - before.fused_add_rms_norm, fused);
-  // Out-of-place calls (fused - 1 fused ones and the plain one) read registered inputs when
-  // the config says so; the in-place fused call never does.
-  EXPECT_EQ(after.one_shot_registered - before.one_shot_registered, registered ? fused : 0);
-  EXPECT_EQ(after.one_shot_staged - before.one_shot_staged, registered ? 1 : fused + 1);
-  EXPECT_EQ(rig.comm->custom()->pending_graph_inputs(), registered ? fused : 0);
+  // With the config's registered one-shot, the out-of-place calls of the pull kernel (256 x
+  // 2048, and the plain all-reduce) read registered inputs; push and in-place calls never do.
+  int64_t pull_out_of_place = 1;  // the plain all-reduce
+  for (const CallBuffers& c : calls) {
+    pull_out_of_place +=
+        !c.in_place && !rig.comm->custom()->AddRmsNormPushes(c.shape.tokens, c.shape.hidden);
+  }
+  EXPECT_EQ(pull_out_of_place, 2);
+  const int64_t want_registered = registered ? pull_out_of_place : 0;
+  EXPECT_EQ(after.one_shot_registered - before.one_shot_registered, want_registered);
+  EXPECT_EQ(after.one_shot_staged - before.one_shot_staged, fused + 1 - want_registered);
+  EXPECT_EQ(rig.comm->custom()->pending_graph_inputs(), want_registered);
 
   cudaGraphExec_t exec = nullptr;
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
@@ -546,6 +561,53 @@ TEST(AllReduceRmsNormMultiGpuTest, GraphReplaysWithStagedInputsChangedAfterCaptu
 TEST(AllReduceRmsNormMultiGpuTest, GraphReplaysWithRegisteredInputsChangedAfterCapture) {
   KILN_REQUIRE_GPUS(2);
   RunOnEveryGpu([](RankContext& ctx) { GraphReplays(ctx, /*registered=*/true); }, Options());
+}
+
+// Real data that holds the push kernel's sentinel (bf16 0xffff, a NaN) must not look like "not
+// arrived yet": the call finishes at once, rows with a NaN come out NaN on every rank alike, the
+// other rows are right.
+TEST(AllReduceRmsNormMultiGpuTest, SentinelBitsInTheDataDoNotStallThePushKernel) {
+  KILN_REQUIRE_GPUS(2);
+  RunOnEveryGpu([](RankContext& ctx) {
+    RankRig rig;
+    ASSERT_NO_FATAL_FAILURE(MakeRig(ctx, TestConfig(false), &rig));
+    const cudaStream_t s = rig.stream.get();
+    const Shape shape{4, 2048};
+    ASSERT_TRUE(rig.comm->custom()->AddRmsNormPushes(shape.tokens, shape.hidden));
+    Inputs in = MakeInputs(shape, ctx.world_size, SharedSeed(ctx));
+    // Row 1 of every rank and row 3 of the last rank carry sentinel lanes.
+    for (int r = 0; r < ctx.world_size; ++r) {
+      in.partial[r][1 * 2048 + 5 + r] = 0xffff;
+      if (r == ctx.world_size - 1) in.partial[r][3 * 2048 + 2047] = 0xffff;
+    }
+    CallBuffers c = MakeCall(shape, false);
+    ASSERT_NO_FATAL_FAILURE(Load(c, in, ctx.rank, s));
+    const absl::Time start = absl::Now();
+    ASSERT_TRUE(rig.comm->AllReduceAddRmsNorm(c.Args(), s).ok());
+    const std::vector<uint16_t> out = Download(c.out(), c.count(), s);
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "the reader waited for real data";
+    EXPECT_TRUE(rig.comm->CheckAsyncErrors().ok());
+    const Normed want = EmulateAddRmsNorm(shape, EmulateSum(in), in);
+    for (int64_t row = 0; row < shape.tokens; ++row) {
+      size_t nan = 0, off = 0;
+      for (int64_t i = 0; i < shape.hidden; ++i) {
+        const uint16_t got = out[row * shape.hidden + i];
+        nan += (got & 0x7f80) == 0x7f80 && (got & 0x7f) != 0;
+        off += UlpDistance(got, want.out[row * shape.hidden + i]) > 1;
+      }
+      if (row == 1 || row == 3) {
+        EXPECT_EQ(nan, static_cast<size_t>(shape.hidden)) << "row " << row;
+      } else {
+        EXPECT_EQ(off, 0u) << "row " << row;
+      }
+    }
+    EXPECT_EQ(RanksDisagreeing(ctx, out), 0);
+    // The buffers are clean afterwards: a normal call right after is right.
+    const Inputs fresh = MakeInputs(shape, ctx.world_size, SharedSeed(ctx));
+    ASSERT_NO_FATAL_FAILURE(Load(c, fresh, ctx.rank, s));
+    ASSERT_TRUE(rig.comm->AllReduceAddRmsNorm(c.Args(), s).ok());
+    CheckCall(ctx, c, fresh, EmulateSum(fresh), s, "after sentinel data");
+  }, Options());
 }
 
 TEST(AllReduceRmsNormMultiGpuTest, UnsupportedShapesAndBuffersAreReported) {

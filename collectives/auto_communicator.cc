@@ -128,7 +128,10 @@ absl::Status AutoCommunicator::AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs
   }
   request.capturing = status != cudaStreamCaptureStatusNone ||
                       CaptureContext::Phase() == CapturePhase::kCapture;
-  AllReduceInput input = ChooseAllReduceInput(config_, AllReduceAlgorithm::kOneShot, request);
+  // The push kernel copies the input into the peers' buffers itself: nothing to register.
+  AllReduceInput input = custom_->AddRmsNormPushes(args.tokens, args.hidden)
+                             ? AllReduceInput::kStaged
+                             : ChooseAllReduceInput(config_, AllReduceAlgorithm::kOneShot, request);
   absl::Status result = custom_->AllReduceAddRmsNorm(args, input, stream);
   if (absl::IsUnavailable(result) && input == AllReduceInput::kRegistered) {
     // Some rank could not export its captured input, and all ranks agreed on it: all of them

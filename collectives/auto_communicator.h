@@ -75,11 +75,12 @@ class AutoCommunicator : public Communicator {
   // created, so every rank, capture and replay agree. Thread-compatible.
   bool SupportsAllReduceAddRmsNorm(int64_t tokens, int64_t hidden, DataType dtype) const override;
 
-  // Enqueues the fused one-shot all-reduce + residual add + RMSNorm (CustomAllReduce). Under
-  // capture it reads a registered input where the policy would for a plain one-shot call
-  // (ChooseAllReduceInput), else the staging copy; a captured input that some rank cannot export
-  // falls back to staged on every rank. InvalidArgument where SupportsAllReduceAddRmsNorm says
-  // no. Legal during capture.
+  // Enqueues the fused one-shot all-reduce + residual add + RMSNorm (CustomAllReduce). Rows of
+  // at most 512 KiB take the push kernel (nothing to register; counted as one-shot staged);
+  // larger ones the pull kernel, which under capture reads a registered input where the policy
+  // would for a plain one-shot call (ChooseAllReduceInput), else the staging copy, and falls
+  // back to staged on every rank when some rank cannot export its captured input.
+  // InvalidArgument where SupportsAllReduceAddRmsNorm says no. Legal during capture.
   absl::Status AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs& args,
                                    cudaStream_t stream) override;
 

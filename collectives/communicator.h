@@ -54,7 +54,7 @@ const char* DataTypeName(DataType dtype);
 //   residual = sum + residual                          (rounded to dtype, written back)
 //   out      = residual / sqrt(mean(residual²) + eps) · weight   (rounded to dtype)
 // the same arithmetic, rounding and reduction order as an AllReduce followed by runtime/model's
-// LaunchFusedAddRmsNorm, so both forms give the same bits, on every rank.
+// LaunchFusedAddRmsNorm, so both forms give the same bits (NaN payloads aside), on every rank.
 struct AllReduceAddRmsNormArgs {
   const void* partial = nullptr;  // [tokens, hidden] this rank's partial sums
   void* residual = nullptr;       // [tokens, hidden] read and updated; must not overlap the rest

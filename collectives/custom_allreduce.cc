@@ -106,6 +106,7 @@ absl::StatusOr<std::unique_ptr<CustomAllReduce>> CustomAllReduce::Create(
   RETURN_IF_ERROR(CheckNotCapturing(cudaStreamLegacy, "CustomAllReduce::Create"));
   std::unique_ptr<CustomAllReduce> ar(new CustomAllReduce(bootstrap, device, config));
   RETURN_IF_ERROR(ar->Init());
+  RETURN_IF_ERROR(ar->InitPush());
   return ar;
 }
 
@@ -241,6 +242,7 @@ CustomAllReduce::~CustomAllReduce() {
   if (initialized_ && sticky_.ok()) bootstrap_.Barrier().IgnoreError();
   for (auto& [key, mapped] : opened_) cudaIpcCloseMemHandle(mapped);
   if (region_ != nullptr) cudaFree(region_);
+  if (push_buffer_ != nullptr) cudaFree(push_buffer_);
   if (control_ != nullptr) cudaFree(control_);
   if (table_ != nullptr) cudaFree(table_);
   if (errors_ != nullptr) cudaFreeHost(errors_);
@@ -490,6 +492,51 @@ absl::Status CustomAllReduce::RegisterGraphBuffers() {
 static_assert(internal::kRmsNormMaxHidden == kFusedAddRmsNormMaxHidden,
               "the fused kernel's row limit and the policy's disagree");
 
+absl::Status CustomAllReduce::InitPush() {
+  cudaIpcMemHandle_t handle{};
+  absl::Status local = [&]() -> absl::Status {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    const size_t bytes = internal::PushBufferBytes(world_size_);
+    CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&push_buffer_), bytes));
+    // Every byte 0xff: every bf16 lane holds the sentinel (no value pending).
+    CUDA_RETURN_IF_ERROR(cudaMemset(push_buffer_, 0xff, bytes));
+    CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&handle, push_buffer_));
+    return absl::OkStatus();
+  }();
+  std::string mine = Outcome(local);
+  mine.append(reinterpret_cast<const char*>(&handle), sizeof(handle));
+  ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap_.AllGather(mine));
+  for (int r = 0; r < world_size_; ++r) {
+    const std::string& s = all[r];
+    if (s.size() < 1 + sizeof(handle) || s[0] != '1') {
+      return absl::UnavailableError(absl::StrFormat(
+          "Custom all-reduce push buffer setup failed on rank %d: %s", r,
+          s.size() > sizeof(handle) ? absl::string_view(s).substr(1, s.size() - 1 - sizeof(handle))
+                                    : "bad reply"));
+    }
+  }
+  local = [&]() -> absl::Status {
+    for (int p = 0; p < world_size_; ++p) {
+      if (p == rank_) {
+        push_buffers_[p] = push_buffer_;
+        continue;
+      }
+      cudaIpcMemHandle_t theirs;
+      std::memcpy(&theirs, all[p].data() + all[p].size() - sizeof(theirs), sizeof(theirs));
+      ASSIGN_OR_RETURN(void* mapped, OpenPeerHandle(p, theirs));
+      push_buffers_[p] = static_cast<char*>(mapped);
+    }
+    return absl::OkStatus();
+  }();
+  return AgreeOn(bootstrap_, local, "push buffer mapping");
+}
+
+bool CustomAllReduce::AddRmsNormPushes(int64_t tokens, int64_t hidden) const {
+  return push_buffer_ != nullptr && tokens >= 1 && hidden >= 1 &&
+         tokens <= static_cast<int64_t>(internal::kPushSlotBytes) / (hidden * 2);
+}
+
 bool CustomAllReduce::SupportsAddRmsNorm(int64_t tokens, int64_t hidden, DataType dtype) const {
   return dtype == DataType::kBf16 && tokens >= 1 && hidden >= 8 && hidden % 8 == 0 &&
          hidden <= kFusedAddRmsNormMaxHidden && tokens <= 0x7fffffff &&
@@ -555,14 +602,15 @@ absl::Status CustomAllReduce::AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs&
         "An in-place fused all-reduce cannot read a registered input (peers would read data "
         "this rank is overwriting); use kStaged");
   }
+  const bool push = AddRmsNormPushes(args.tokens, args.hidden);
   int slot = -1;
-  if (registered) RETURN_IF_ERROR(RecordGraphInput(args.partial, &slot));
+  if (registered && !push) RETURN_IF_ERROR(RecordGraphInput(args.partial, &slot));
 
   internal::AllReduceRmsNormArgs k{};
   k.base.in = args.partial;
   k.base.out = args.out;
   for (int r = 0; r < world_size_; ++r) k.base.regions[r] = regions_[r];
-  k.base.registered = registered ? table_ + slot : nullptr;
+  k.base.registered = registered && !push ? table_ + slot : nullptr;
   k.base.control = control_;
   k.base.errors = errors_;
   k.base.packs = bytes / 16;
@@ -575,6 +623,9 @@ absl::Status CustomAllReduce::AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs&
   k.tokens = static_cast<int>(args.tokens);
   k.hidden = static_cast<int>(args.hidden);
   k.eps = args.eps;
+  if (push) {
+    for (int r = 0; r < world_size_; ++r) k.push[r] = push_buffers_[r];
+  }
   // One block per row up to the block cap; a block owns whole rows (the norm needs them).
   const int blocks = static_cast<int>(
       std::min<int64_t>(args.tokens, std::min(config_.max_blocks(), internal::kMaxBlocks)));
