@@ -157,4 +157,19 @@ CustomLaunchShape ChooseCustomLaunchShape(const AllReduceConfig& config,
   return shape;
 }
 
+bool FusedAddRmsNormEligible(const AllReduceConfig& config, int world_size,
+                             bool custom_available, size_t custom_max_bytes, int64_t tokens,
+                             int64_t hidden) {
+  if (tokens < 1 || hidden < 8 || hidden % 8 != 0 || hidden > kFusedAddRmsNormMaxHidden ||
+      tokens > (int64_t{1} << 40) / hidden) {
+    return false;
+  }
+  AllReduceRequest request;
+  request.bytes = static_cast<size_t>(tokens * hidden * 2);
+  request.world_size = world_size;
+  request.custom_available = custom_available;
+  request.custom_max_bytes = custom_max_bytes;
+  return SelectAllReduce(config, request).algorithm == AllReduceAlgorithm::kOneShot;
+}
+
 }  // namespace kiln

@@ -107,6 +107,20 @@ CustomLaunchShape ChooseCustomLaunchShape(const AllReduceConfig& config,
                                           AllReduceAlgorithm algorithm, size_t bytes,
                                           int world_size);
 
+// The widest row the fused all-reduce + residual add + RMSNorm kernel takes (one block per row:
+// up to 4 chunks of 1024 threads of 8 elements).
+constexpr int64_t kFusedAddRmsNormMaxHidden = 32768;
+
+// Returns whether a bf16 all-reduce of `tokens` rows of `hidden` elements, followed by the
+// residual add and RMSNorm, runs as the fused custom one-shot kernel: exactly when
+// SelectAllReduce would pick the one-shot kernel for its tokens * hidden * 2 bytes (custom
+// available, world size, buffer, crossover) and hidden is a positive multiple of 8 of at most
+// kFusedAddRmsNormMaxHidden. Depends on sizes only, never on pointers or the capture state, so
+// every rank and every capture and replay get the same answer.
+bool FusedAddRmsNormEligible(const AllReduceConfig& config, int world_size,
+                             bool custom_available, size_t custom_max_bytes, int64_t tokens,
+                             int64_t hidden);
+
 }  // namespace kiln
 
 #endif  // KILN_COLLECTIVES_ALLREDUCE_POLICY_H_

@@ -235,6 +235,48 @@ TEST(AllReducePolicyTest, ConfigParsesFromTextproto) {
   EXPECT_TRUE(ValidateAllReduceConfig(config).ok());
 }
 
+TEST(AllReducePolicyTest, FusedAddRmsNormExactlyWhereOneShotIsPicked) {
+  AllReduceConfig config;
+  const size_t buffer = config.buffer_bytes();
+  // The decode shapes of a 1B model (hidden 2048) at world 2 and 4.
+  for (int64_t tokens : {1, 7, 8, 32, 64, 128}) {
+    EXPECT_TRUE(FusedAddRmsNormEligible(config, 2, true, buffer, tokens, 2048)) << tokens;
+    EXPECT_TRUE(FusedAddRmsNormEligible(config, 4, true, buffer, tokens, 2048)) << tokens;
+  }
+  // World 4 crosses to two-shot above 512 KiB (128 rows of 2048): no fusion there.
+  EXPECT_FALSE(FusedAddRmsNormEligible(config, 4, true, buffer, 129, 2048));
+  EXPECT_FALSE(FusedAddRmsNormEligible(config, 4, true, buffer, 256, 2048));
+  // At every size the answer is SelectAllReduce's one-shot choice for the same bytes.
+  for (int world : {2, 4, 6, 8}) {
+    for (int64_t tokens : {1, 3, 16, 100, 256, 1024, 2048, 2049}) {
+      for (int64_t hidden : {256, 2048, 4096}) {
+        AllReduceRequest r = Request(static_cast<size_t>(tokens * hidden * 2), world);
+        r.custom_max_bytes = buffer;
+        EXPECT_EQ(FusedAddRmsNormEligible(config, world, true, buffer, tokens, hidden),
+                  SelectAllReduce(config, r).algorithm == AllReduceAlgorithm::kOneShot)
+            << "world " << world << " tokens " << tokens << " hidden " << hidden;
+      }
+    }
+  }
+  // Beyond the buffer (world 2's one-shot crossover is the whole buffer).
+  EXPECT_TRUE(FusedAddRmsNormEligible(config, 2, true, buffer, 2048, 2048));
+  EXPECT_FALSE(FusedAddRmsNormEligible(config, 2, true, buffer, 2049, 2048));
+  // No custom all-reduce, custom disabled, or a world size without custom kernels.
+  EXPECT_FALSE(FusedAddRmsNormEligible(config, 2, false, buffer, 1, 2048));
+  EXPECT_FALSE(FusedAddRmsNormEligible(config, 3, true, buffer, 1, 2048));
+  AllReduceConfig disabled;
+  disabled.set_enable_custom(false);
+  EXPECT_FALSE(FusedAddRmsNormEligible(disabled, 2, true, buffer, 1, 2048));
+  // Rows the kernel cannot take: not a multiple of 8, too wide, empty.
+  EXPECT_FALSE(FusedAddRmsNormEligible(config, 2, true, buffer, 1, 2044));
+  EXPECT_TRUE(FusedAddRmsNormEligible(config, 2, true, buffer, 1, kFusedAddRmsNormMaxHidden));
+  EXPECT_FALSE(
+      FusedAddRmsNormEligible(config, 2, true, buffer, 1, kFusedAddRmsNormMaxHidden + 8));
+  EXPECT_FALSE(FusedAddRmsNormEligible(config, 2, true, buffer, 0, 2048));
+  EXPECT_FALSE(FusedAddRmsNormEligible(config, 2, true, buffer, 1, 0));
+  EXPECT_FALSE(FusedAddRmsNormEligible(config, 2, true, buffer, -1, 2048));
+}
+
 TEST(AllReducePolicyTest, Names) {
   EXPECT_STREQ(AllReduceAlgorithmName(AllReduceAlgorithm::kNccl), "nccl");
   EXPECT_STREQ(AllReduceAlgorithmName(AllReduceAlgorithm::kOneShot), "one-shot");

@@ -95,6 +95,61 @@ absl::Status AutoCommunicator::AllReduce(const void* in, void* out, size_t count
   return nccl_->AllReduce(in, out, count, dtype, stream);
 }
 
+bool AutoCommunicator::SupportsAllReduceAddRmsNorm(int64_t tokens, int64_t hidden,
+                                                   DataType dtype) const {
+  return dtype == DataType::kBf16 && custom_ != nullptr &&
+         FusedAddRmsNormEligible(config_, world_size(), true, custom_->max_bytes(), tokens,
+                                 hidden) &&
+         custom_->SupportsAddRmsNorm(tokens, hidden, dtype);
+}
+
+absl::Status AutoCommunicator::AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs& args,
+                                                   cudaStream_t stream) {
+  if (!SupportsAllReduceAddRmsNorm(args.tokens, args.hidden, args.dtype)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "No fused all-reduce + RMSNorm for %d x %d %s here (%s); check "
+        "SupportsAllReduceAddRmsNorm() and use AllReduce and a separate norm",
+        args.tokens, args.hidden, DataTypeName(args.dtype),
+        custom_ == nullptr ? custom_reason_ : "not the custom one-shot's size or dtype"));
+  }
+  AllReduceRequest request;
+  request.bytes = static_cast<size_t>(args.tokens * args.hidden) * DataTypeSize(args.dtype);
+  request.world_size = world_size();
+  request.in = args.partial;
+  request.out = args.out;
+  request.custom_available = true;
+  request.custom_max_bytes = custom_->max_bytes();
+  // Asked on every call, as for AllReduce.
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaError_t error = cudaStreamIsCapturing(stream, &status);
+  if (error != cudaSuccess) {
+    cudaGetLastError();
+    return ToStatus(error, "cudaStreamIsCapturing(all-reduce stream)");
+  }
+  request.capturing = status != cudaStreamCaptureStatusNone ||
+                      CaptureContext::Phase() == CapturePhase::kCapture;
+  // The push kernel copies the input into the peers' buffers itself: nothing to register.
+  AllReduceInput input = custom_->AddRmsNormPushes(args.tokens, args.hidden)
+                             ? AllReduceInput::kStaged
+                             : ChooseAllReduceInput(config_, AllReduceAlgorithm::kOneShot, request);
+  absl::Status result = custom_->AllReduceAddRmsNorm(args, input, stream);
+  if (absl::IsUnavailable(result) && input == AllReduceInput::kRegistered) {
+    // Some rank could not export its captured input, and all ranks agreed on it: all of them
+    // copy it into the staging buffer instead, which needs no export.
+    if (!logged_ipc_fallback_) {
+      logged_ipc_fallback_ = true;
+      LOG(WARNING) << "Captured fused all-reduce + RMSNorm reads a staged copy: "
+                   << result.message();
+    }
+    input = AllReduceInput::kStaged;
+    result = custom_->AllReduceAddRmsNorm(args, input, stream);
+  }
+  if (!result.ok()) return result;
+  ++stats_.fused_add_rms_norm;
+  ++(input == AllReduceInput::kStaged ? stats_.one_shot_staged : stats_.one_shot_registered);
+  return result;
+}
+
 absl::Status AutoCommunicator::CheckAsyncErrors() {
   if (custom_ != nullptr) RETURN_IF_ERROR(custom_->CheckAsyncErrors());
   return nccl_->CheckAsyncErrors();

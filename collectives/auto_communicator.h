@@ -45,6 +45,8 @@ struct AllReduceStats {
   int64_t two_shot_staged = 0;
   int64_t two_shot_registered = 0;
   int64_t ipc_fallbacks = 0;  // captured calls that wanted custom but took NCCL
+  // Fused all-reduce + add + RMSNorm calls (each also counted as one-shot staged or registered).
+  int64_t fused_add_rms_norm = 0;
 };
 
 class AutoCommunicator : public Communicator {
@@ -66,6 +68,21 @@ class AutoCommunicator : public Communicator {
   // Picks the path with SelectAllReduce and enqueues it. Legal during capture.
   absl::Status AllReduce(const void* in, void* out, size_t count, DataType dtype,
                          cudaStream_t stream) override;
+
+  // Returns whether AllReduceAddRmsNorm runs these rows fused: bf16, the custom all-reduce
+  // present, and the policy picking its one-shot kernel for their size
+  // (FusedAddRmsNormEligible). Depends only on the sizes and on how the communicator was
+  // created, so every rank, capture and replay agree. Thread-compatible.
+  bool SupportsAllReduceAddRmsNorm(int64_t tokens, int64_t hidden, DataType dtype) const override;
+
+  // Enqueues the fused one-shot all-reduce + residual add + RMSNorm (CustomAllReduce). Rows of
+  // at most 512 KiB take the push kernel (nothing to register; counted as one-shot staged);
+  // larger ones the pull kernel, which under capture reads a registered input where the policy
+  // would for a plain one-shot call (ChooseAllReduceInput), else the staging copy, and falls
+  // back to staged on every rank when some rank cannot export its captured input.
+  // InvalidArgument where SupportsAllReduceAddRmsNorm says no. Legal during capture.
+  absl::Status AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs& args,
+                                   cudaStream_t stream) override;
 
   // Returns the first error of either path (custom: DeadlineExceeded after a barrier timeout,
   // FailedPrecondition for a replay before registration).

@@ -11,12 +11,25 @@
 // AllReduce is a sum over every rank, enqueued on `stream` (asynchronous). Every rank must make
 // the same sequence of calls with the same count and dtype. Implementations say whether a call
 // may be captured into a CUDA graph (all of kiln's may).
+//
+// Some implementations also fuse the all-reduce with the residual add and RMSNorm that follow it
+// in a transformer layer (one kernel instead of two); ask first, with the step's sizes:
+//
+//   if (comm.SupportsAllReduceAddRmsNorm(tokens, hidden, kiln::DataType::kBf16)) {
+//     kiln::AllReduceAddRmsNormArgs fused;
+//     fused.partial = partial;  fused.residual = residual;  fused.weight = gamma;
+//     fused.out = normed;  fused.tokens = tokens;  fused.hidden = hidden;  fused.eps = 1e-5f;
+//     RETURN_IF_ERROR(comm.AllReduceAddRmsNorm(fused, stream));
+//   } else {
+//     ... comm.AllReduce(partial, summed, ...), then the add + RMSNorm kernel ...
+//   }
 #ifndef KILN_COLLECTIVES_COMMUNICATOR_H_
 #define KILN_COLLECTIVES_COMMUNICATOR_H_
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "absl/status/status.h"
 
@@ -34,6 +47,24 @@ size_t DataTypeSize(DataType dtype);
 
 // Returns "bf16", "fp16" or "fp32".
 const char* DataTypeName(DataType dtype);
+
+// One fused all-reduce + residual add + RMSNorm over rows of `hidden` elements (device pointers,
+// owned by the caller, 16-byte aligned):
+//   sum      = Σ over ranks of partial                 (float, ranks in a fixed order; rounded)
+//   residual = sum + residual                          (rounded to dtype, written back)
+//   out      = residual / sqrt(mean(residual²) + eps) · weight   (rounded to dtype)
+// the same arithmetic, rounding and reduction order as an AllReduce followed by runtime/model's
+// LaunchFusedAddRmsNorm, so both forms give the same bits (NaN payloads aside), on every rank.
+struct AllReduceAddRmsNormArgs {
+  const void* partial = nullptr;  // [tokens, hidden] this rank's partial sums
+  void* residual = nullptr;       // [tokens, hidden] read and updated; must not overlap the rest
+  const void* weight = nullptr;   // [hidden] the norm's weights
+  void* out = nullptr;            // [tokens, hidden] the normed rows; may be `partial` itself
+  int64_t tokens = 0;
+  int64_t hidden = 0;
+  float eps = 1e-5f;
+  DataType dtype = DataType::kBf16;
+};
 
 // A group of processes, one per GPU, that reduce together. Not copyable. Each instance is used
 // by one thread at a time, and its calls must be ordered on the device (one stream, or streams
@@ -59,6 +90,26 @@ class Communicator {
   // for them: DeadlineExceeded when a peer stopped answering. Synchronize the stream first to
   // learn about the calls enqueued on it. Legal during capture.
   virtual absl::Status CheckAsyncErrors() = 0;
+
+  // Returns whether AllReduceAddRmsNorm takes rows of this shape. The answer depends only on the
+  // arguments and on how the communicator was created, never on the capture state or on
+  // pointers, so it is the same at capture and at replay and on every rank: callers may choose
+  // between the fused and the unfused form with it. The default: never. Thread-compatible.
+  virtual bool SupportsAllReduceAddRmsNorm(int64_t tokens, int64_t hidden, DataType dtype) const {
+    return false;
+  }
+
+  // Enqueues the fused all-reduce + residual add + RMSNorm of `args` on `stream` (asynchronous,
+  // like AllReduce; every rank must make the same call). InvalidArgument when
+  // SupportsAllReduceAddRmsNorm says no for these sizes or the pointers are misaligned or
+  // overlap; the default implementation returns Unimplemented. Legal during capture where
+  // AllReduce is.
+  virtual absl::Status AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs& args,
+                                           cudaStream_t stream) {
+    return absl::UnimplementedError(
+        "This communicator has no fused all-reduce + add + RMSNorm; check "
+        "SupportsAllReduceAddRmsNorm() and use AllReduce and a separate norm");
+  }
 };
 
 }  // namespace kiln

@@ -2,11 +2,13 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "collectives/internal/allreduce_rms_norm.h"
 #include "graph/capture_context.h"
 #include "runtime/cuda/capture_check.h"
 #include "runtime/cuda/status.h"
@@ -104,6 +106,7 @@ absl::StatusOr<std::unique_ptr<CustomAllReduce>> CustomAllReduce::Create(
   RETURN_IF_ERROR(CheckNotCapturing(cudaStreamLegacy, "CustomAllReduce::Create"));
   std::unique_ptr<CustomAllReduce> ar(new CustomAllReduce(bootstrap, device, config));
   RETURN_IF_ERROR(ar->Init());
+  RETURN_IF_ERROR(ar->InitPush());
   return ar;
 }
 
@@ -239,6 +242,7 @@ CustomAllReduce::~CustomAllReduce() {
   if (initialized_ && sticky_.ok()) bootstrap_.Barrier().IgnoreError();
   for (auto& [key, mapped] : opened_) cudaIpcCloseMemHandle(mapped);
   if (region_ != nullptr) cudaFree(region_);
+  if (push_buffer_ != nullptr) cudaFree(push_buffer_);
   if (control_ != nullptr) cudaFree(control_);
   if (table_ != nullptr) cudaFree(table_);
   if (errors_ != nullptr) cudaFreeHost(errors_);
@@ -486,6 +490,150 @@ absl::Status CustomAllReduce::RegisterGraphBuffers() {
                                   cudaMemcpyHostToDevice));
   pending_.clear();
   return absl::OkStatus();
+}
+
+static_assert(internal::kRmsNormMaxHidden == kFusedAddRmsNormMaxHidden,
+              "the fused kernel's row limit and the policy's disagree");
+
+absl::Status CustomAllReduce::InitPush() {
+  cudaIpcMemHandle_t handle{};
+  absl::Status local = [&]() -> absl::Status {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    const size_t bytes = internal::PushBufferBytes(world_size_);
+    CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&push_buffer_), bytes));
+    // Every byte 0xff: every bf16 lane holds the sentinel (no value pending).
+    CUDA_RETURN_IF_ERROR(cudaMemset(push_buffer_, 0xff, bytes));
+    CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&handle, push_buffer_));
+    return absl::OkStatus();
+  }();
+  std::string mine = Outcome(local);
+  mine.append(reinterpret_cast<const char*>(&handle), sizeof(handle));
+  ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap_.AllGather(mine));
+  for (int r = 0; r < world_size_; ++r) {
+    const std::string& s = all[r];
+    if (s.size() < 1 + sizeof(handle) || s[0] != '1') {
+      return absl::UnavailableError(absl::StrFormat(
+          "Custom all-reduce push buffer setup failed on rank %d: %s", r,
+          s.size() > sizeof(handle) ? absl::string_view(s).substr(1, s.size() - 1 - sizeof(handle))
+                                    : "bad reply"));
+    }
+  }
+  local = [&]() -> absl::Status {
+    for (int p = 0; p < world_size_; ++p) {
+      if (p == rank_) {
+        push_buffers_[p] = push_buffer_;
+        continue;
+      }
+      cudaIpcMemHandle_t theirs;
+      std::memcpy(&theirs, all[p].data() + all[p].size() - sizeof(theirs), sizeof(theirs));
+      ASSIGN_OR_RETURN(void* mapped, OpenPeerHandle(p, theirs));
+      push_buffers_[p] = static_cast<char*>(mapped);
+    }
+    return absl::OkStatus();
+  }();
+  return AgreeOn(bootstrap_, local, "push buffer mapping");
+}
+
+bool CustomAllReduce::AddRmsNormPushes(int64_t tokens, int64_t hidden) const {
+  return push_buffer_ != nullptr && tokens >= 1 && hidden >= 1 &&
+         tokens <= static_cast<int64_t>(internal::kPushSlotBytes) / (hidden * 2);
+}
+
+bool CustomAllReduce::SupportsAddRmsNorm(int64_t tokens, int64_t hidden, DataType dtype) const {
+  return dtype == DataType::kBf16 && tokens >= 1 && hidden >= 8 && hidden % 8 == 0 &&
+         hidden <= kFusedAddRmsNormMaxHidden && tokens <= 0x7fffffff &&
+         tokens <= static_cast<int64_t>(half_bytes_) / (hidden * 2);
+}
+
+absl::Status CustomAllReduce::AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs& args,
+                                                  AllReduceInput input, cudaStream_t stream) {
+  RETURN_IF_ERROR(sticky_);
+  RETURN_IF_ERROR(CheckAsyncErrors());
+  // Checked on every call, capturing or not, like AllReduce's size check.
+  if (!SupportsAddRmsNorm(args.tokens, args.hidden, args.dtype)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Fused all-reduce + RMSNorm of %d x %d %s: needs bf16 rows of a multiple of 8 elements "
+        "up to %d, and at most buffer_bytes %d in all; use AllReduce and a separate norm",
+        args.tokens, args.hidden, DataTypeName(args.dtype), kFusedAddRmsNormMaxHidden,
+        half_bytes_));
+  }
+  const size_t bytes = static_cast<size_t>(args.tokens * args.hidden) * 2;
+  const size_t weight_bytes = static_cast<size_t>(args.hidden) * 2;
+  for (const void* p : {args.partial, static_cast<const void*>(args.residual), args.weight,
+                        static_cast<const void*>(args.out)}) {
+    if (p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "Fused all-reduce + RMSNorm needs non-null 16-byte-aligned buffers (partial %p, "
+          "residual %p, weight %p, out %p)",
+          args.partial, args.residual, args.weight, args.out));
+    }
+  }
+  // [a, a + a_bytes) and [b, b + b_bytes) overlap.
+  auto overlap = [](const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+    const uintptr_t x = reinterpret_cast<uintptr_t>(a);
+    const uintptr_t y = reinterpret_cast<uintptr_t>(b);
+    return x < y + b_bytes && y < x + a_bytes;
+  };
+  if (overlap(args.residual, bytes, args.partial, bytes) ||
+      overlap(args.residual, bytes, args.out, bytes) ||
+      overlap(args.weight, weight_bytes, args.residual, bytes) ||
+      overlap(args.weight, weight_bytes, args.out, bytes)) {
+    return absl::InvalidArgumentError(
+        "Fused all-reduce + RMSNorm: the residual and the weights must not overlap the other "
+        "buffers");
+  }
+  const bool in_place = args.out == args.partial;
+  if (!in_place && overlap(args.out, bytes, args.partial, bytes)) {
+    return absl::InvalidArgumentError(
+        "Fused all-reduce + RMSNorm: out must be partial itself or not overlap it");
+  }
+  ASSIGN_OR_RETURN(bool capturing, StreamCapturing(stream));
+  if (CaptureContext::Phase() == CapturePhase::kCapture && !capturing) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "CaptureContext is capturing %s but the all-reduce stream is not; enqueue the "
+        "all-reduce on the stream being captured",
+        KeyName(CaptureContext::Key())));
+  }
+  const bool registered = input == AllReduceInput::kRegistered;
+  if (registered && !capturing) {
+    return absl::InvalidArgumentError(
+        "A registered-input all-reduce is only for graph capture; eager calls use kStaged");
+  }
+  if (registered && in_place) {
+    return absl::InvalidArgumentError(
+        "An in-place fused all-reduce cannot read a registered input (peers would read data "
+        "this rank is overwriting); use kStaged");
+  }
+  const bool push = AddRmsNormPushes(args.tokens, args.hidden);
+  int slot = -1;
+  if (registered && !push) RETURN_IF_ERROR(RecordGraphInput(args.partial, &slot));
+
+  internal::AllReduceRmsNormArgs k{};
+  k.base.in = args.partial;
+  k.base.out = args.out;
+  for (int r = 0; r < world_size_; ++r) k.base.regions[r] = regions_[r];
+  k.base.registered = registered && !push ? table_ + slot : nullptr;
+  k.base.control = control_;
+  k.base.errors = errors_;
+  k.base.packs = bytes / 16;
+  k.base.half_bytes = half_bytes_;
+  k.base.timeout_ns = static_cast<uint64_t>(config_.barrier_timeout_ms()) * 1000000ull;
+  k.base.rank = rank_;
+  k.base.slot = slot;
+  k.residual = args.residual;
+  k.weight = args.weight;
+  k.tokens = static_cast<int>(args.tokens);
+  k.hidden = static_cast<int>(args.hidden);
+  k.eps = args.eps;
+  if (push) {
+    for (int r = 0; r < world_size_; ++r) k.push[r] = push_buffers_[r];
+  }
+  // One block per row up to the block cap; a block owns whole rows (the norm needs them).
+  const int blocks = static_cast<int>(
+      std::min<int64_t>(args.tokens, std::min(config_.max_blocks(), internal::kMaxBlocks)));
+  return ToStatus(internal::LaunchAllReduceRmsNorm(k, world_size_, blocks, stream),
+                  "fused all-reduce + RMSNorm launch");
 }
 
 }  // namespace kiln

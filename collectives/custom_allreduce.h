@@ -34,7 +34,8 @@
 // and must be recreated on all ranks. Host-side exchanges are bounded by the bootstrap timeout.
 //
 // Memory: one IPC region per rank of 2 * buffer_bytes + 64 KiB, shared with every peer, plus a
-// device table of max_graph_inputs * 72 bytes. Not thread-safe; calls must be ordered on the
+// device table of max_graph_inputs * 72 bytes, plus the fused all-reduce + RMSNorm's push buffer
+// of 2 * world_size * 512 KiB (also shared with every peer). Not thread-safe; calls must be ordered on the
 // device (see Communicator). The HostBootstrap must outlive this object. Destruction is
 // collective (it waits at a bootstrap barrier so no peer still reads this rank's memory).
 #ifndef KILN_COLLECTIVES_CUSTOM_ALLREDUCE_H_
@@ -95,6 +96,29 @@ class CustomAllReduce {
   absl::Status AllReduce(const void* in, void* out, size_t count, DataType dtype,
                          const AllReducePlan& plan, cudaStream_t stream);
 
+  // Returns whether AllReduceAddRmsNorm's kernel takes these rows: bf16, hidden a positive
+  // multiple of 8 of at most kFusedAddRmsNormMaxHidden, tokens * hidden * 2 bytes at most
+  // max_bytes(). (AutoCommunicator also applies its one-shot crossover.) Thread-compatible.
+  bool SupportsAddRmsNorm(int64_t tokens, int64_t hidden, DataType dtype) const;
+
+  // Returns whether AllReduceAddRmsNorm moves these rows with the push kernel (rows of at most
+  // 512 KiB in all: every rank writes its partial sums into its peers' push buffers, which the
+  // readers poll; no barrier, no graph-input registration), else the pull kernel.
+  bool AddRmsNormPushes(int64_t tokens, int64_t hidden) const;
+
+  // Enqueues the one-shot all-reduce of args.partial fused with the residual add and RMSNorm
+  // (communicator.h, AllReduceAddRmsNormArgs), with programmatic dependent launch (the kernel
+  // starts while the one before it finishes; the next one may start before it ends). Rows that
+  // AddRmsNormPushes take the push kernel and `input` only has to pass the checks below; larger
+  // ones the pull kernel, reading the input as `input` says. Checks on every call, capturing or not: SupportsAddRmsNorm,
+  // 16-byte-aligned pointers, residual and weight overlapping nothing else, out either exactly
+  // partial (staged only) or disjoint from it, and a registered input only while `stream` is
+  // capturing (InvalidArgument otherwise). Capture state, graph-input recording (Unavailable
+  // when some rank could not export its input: retry staged), registration, the epoch and
+  // DeadlineExceeded are as for AllReduce; a fused call is one more call of the same sequence.
+  absl::Status AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs& args, AllReduceInput input,
+                                   cudaStream_t stream);
+
   // Exchanges the IPC handles of every input captured since the last call and fills their table
   // slots on every rank. Collective; call after capture, before the first replay; a no-op (still
   // collective) when nothing is pending. FailedPrecondition during capture or when the ranks
@@ -129,6 +153,9 @@ class CustomAllReduce {
 
   CustomAllReduce(HostBootstrap& bootstrap, int device, const AllReduceConfig& config);
   absl::Status Init();
+  // Allocates this rank's push buffer (sentinel-filled), exchanges and maps every peer's.
+  // Collective; Unavailable on every rank when any rank failed.
+  absl::Status InitPush();
   absl::Status RecordGraphInput(const void* in, int* slot);
   absl::StatusOr<void*> OpenPeerHandle(int peer, const cudaIpcMemHandle_t& handle);
   absl::StatusOr<bool> CanAccessPeerFromDevice(const std::string& bus_id);
@@ -146,6 +173,8 @@ class CustomAllReduce {
   internal::AllReduceControl* control_ = nullptr;   // device
   internal::RegisteredInput* table_ = nullptr;      // device, max_graph_inputs entries
   internal::DeviceErrorWords* errors_ = nullptr;    // host-mapped
+  char* push_buffer_ = nullptr;                     // this rank's push buffer
+  char* push_buffers_[internal::kMaxRanks] = {};    // every rank's, mapped here
   std::map<std::pair<int, std::string>, void*> opened_;  // (peer, handle bytes) -> mapping
 
   int next_slot_ = 0;

@@ -101,7 +101,8 @@ int RowLimit(const Rows& rows, LlamaModel::Proj proj) {
 
 struct LlamaModel::Activations {
   bf16* residual;  // [n, hidden]
-  bf16* hidden;    // [n, hidden]: O and down projection outputs
+  bf16* hidden;    // [n, hidden]: O and down projection outputs (summed over ranks), or with
+                   // the fused all-reduce + norm its normed output
   bf16* normed;    // [n, hidden]
   bf16* qkv;       // [n, qkv_rows]
   bf16* attn;      // [n, q_width]
@@ -350,16 +351,21 @@ absl::Status LlamaModel::PreAttention(int layer, const LlamaStepArgs& args, cons
   const LlamaDeviceWeights& w = weights_;
   const int n = args.num_tokens;
   const float eps = static_cast<float>(s.rms_eps);
+  const bf16* normed = a.normed;
   if (layer == 0) {
     CUDA_RETURN_IF_ERROR(LaunchRmsNorm(a.residual, w.input_norm(0), a.normed, n, s.hidden, eps,
                                        stream));
+  } else if (FusesAllReduceNorm(n)) {
+    // The previous layer's down-projection all-reduce already added the residual and normed it
+    // into `hidden` (PostAttention, in the same piece).
+    normed = a.hidden;
   } else {
     // residual += the previous layer's down projection; normed = RMSNorm(residual).
     CUDA_RETURN_IF_ERROR(LaunchFusedAddRmsNorm(a.hidden, a.residual, w.input_norm(layer),
                                                a.normed, n, s.hidden, eps, stream));
   }
   RETURN_IF_ERROR(
-      Linear(Proj::kQkv, a.normed, w.qkv(layer), a.qkv, n, s.qkv_rows(), s.hidden, stream));
+      Linear(Proj::kQkv, normed, w.qkv(layer), a.qkv, n, s.qkv_rows(), s.hidden, stream));
   // The per-sequence arrays are shared by both parts of a plan; either enabled part has them.
   const AttentionPlanPartDevice& plan = args.decode.work_capacity > 0 ? args.decode : args.prefill;
   if (options_.fuse_rope_append) {
@@ -435,29 +441,61 @@ absl::Status LlamaModel::AllReduceProjection(const Activations& a, int num_token
       stream);
 }
 
+bool LlamaModel::FusesAllReduceNorm(int num_tokens) const {
+  return options_.communicator != nullptr && options_.fuse_allreduce_norm &&
+         options_.communicator->SupportsAllReduceAddRmsNorm(num_tokens, shape().hidden,
+                                                            DataType::kBf16);
+}
+
+absl::Status LlamaModel::AllReduceAddRmsNorm(const Activations& a, int num_tokens,
+                                             const bf16* weight, cudaStream_t stream) {
+  AllReduceAddRmsNormArgs fused;
+  fused.partial = a.normed;  // ProjectionOutput
+  fused.residual = a.residual;
+  fused.weight = weight;
+  fused.out = a.hidden;  // out of place, so a graph may read the partial sums registered
+  fused.tokens = num_tokens;
+  fused.hidden = shape().hidden;
+  fused.eps = static_cast<float>(shape().rms_eps);
+  fused.dtype = DataType::kBf16;
+  return options_.communicator->AllReduceAddRmsNorm(fused, stream);
+}
+
 absl::Status LlamaModel::PostAttention(int layer, const LlamaStepArgs& args, const Activations& a,
                                        cudaStream_t stream) {
   const LlamaShape& s = shape();
   const LlamaDeviceWeights& w = weights_;
   const int n = args.num_tokens;
   const float eps = static_cast<float>(s.rms_eps);
+  // With the fused all-reduce + norm, each projection's all-reduce also adds the residual and
+  // applies the norm that follows: the post-attention norm after O, and after down the next
+  // layer's input norm (PreAttention then skips it) or, after the last layer, the final norm
+  // (RunPiece then skips it). The normed rows land in `hidden`, not `normed`.
+  const bool fused = FusesAllReduceNorm(n);
   RETURN_IF_ERROR(
       Linear(Proj::kO, a.attn, w.o(layer), ProjectionOutput(a), n, s.hidden, s.q_width(), stream));
-  RETURN_IF_ERROR(AllReduceProjection(a, n, stream));
-  CUDA_RETURN_IF_ERROR(LaunchFusedAddRmsNorm(a.hidden, a.residual, w.post_norm(layer), a.normed, n,
-                                             s.hidden, eps, stream));
-  RETURN_IF_ERROR(Linear(Proj::kGateUp, a.normed, w.gate_up(layer), a.gate_up, n,
+  if (fused) {
+    RETURN_IF_ERROR(AllReduceAddRmsNorm(a, n, w.post_norm(layer), stream));
+  } else {
+    RETURN_IF_ERROR(AllReduceProjection(a, n, stream));
+    CUDA_RETURN_IF_ERROR(LaunchFusedAddRmsNorm(a.hidden, a.residual, w.post_norm(layer), a.normed,
+                                               n, s.hidden, eps, stream));
+  }
+  const bf16* normed = fused ? a.hidden : a.normed;
+  RETURN_IF_ERROR(Linear(Proj::kGateUp, normed, w.gate_up(layer), a.gate_up, n,
                          2 * int64_t{s.ffn}, s.hidden, stream));
   if (FusesSiluMul(n, s.hidden, s.ffn)) {
     // The down GEMM reads SiLU(gate)·up of gate_up itself.
     RETURN_IF_ERROR(Linear(Proj::kDown, a.gate_up, w.down(layer), ProjectionOutput(a), n,
                            s.hidden, s.ffn, stream, DecodeGemmInput::kSiluMul));
-    return AllReduceProjection(a, n, stream);
+  } else {
+    CUDA_RETURN_IF_ERROR(LaunchSiluMul(a.gate_up, a.act, n, s.ffn, stream));
+    RETURN_IF_ERROR(Linear(Proj::kDown, a.act, w.down(layer), ProjectionOutput(a), n, s.hidden,
+                           s.ffn, stream));
   }
-  CUDA_RETURN_IF_ERROR(LaunchSiluMul(a.gate_up, a.act, n, s.ffn, stream));
-  RETURN_IF_ERROR(Linear(Proj::kDown, a.act, w.down(layer), ProjectionOutput(a), n, s.hidden,
-                         s.ffn, stream));
-  return AllReduceProjection(a, n, stream);
+  if (!fused) return AllReduceProjection(a, n, stream);
+  const bf16* next_norm = layer + 1 < s.layers ? w.input_norm(layer + 1) : w.final_norm();
+  return AllReduceAddRmsNorm(a, n, next_norm, stream);
 }
 
 absl::Status LlamaModel::RunPiece(int piece, const LlamaStepArgs& args, cudaStream_t stream) {
@@ -485,10 +523,17 @@ absl::Status LlamaModel::RunPiece(int piece, const LlamaStepArgs& args, cudaStre
   RETURN_IF_ERROR(PostAttention(piece - 1, args, a, stream));
   if (piece < s.layers) return PreAttention(piece, args, a, stream);
 
-  // The last piece: final norm, each sequence's last token, logits, greedy tokens.
-  CUDA_RETURN_IF_ERROR(LaunchFusedAddRmsNorm(a.hidden, a.residual, weights_.final_norm(), a.normed,
-                                             n, s.hidden, static_cast<float>(s.rms_eps), stream));
-  CUDA_RETURN_IF_ERROR(LaunchEmbeddingGather(a.normed, n, s.hidden, args.last_token_rows,
+  // The last piece: final norm (done by the last all-reduce when fused), each sequence's last
+  // token, logits, greedy tokens.
+  const bf16* normed = a.normed;
+  if (FusesAllReduceNorm(n)) {
+    normed = a.hidden;
+  } else {
+    CUDA_RETURN_IF_ERROR(LaunchFusedAddRmsNorm(a.hidden, a.residual, weights_.final_norm(),
+                                               a.normed, n, s.hidden,
+                                               static_cast<float>(s.rms_eps), stream));
+  }
+  CUDA_RETURN_IF_ERROR(LaunchEmbeddingGather(normed, n, s.hidden, args.last_token_rows,
                                              args.num_rows, a.last, stream));
   RETURN_IF_ERROR(Linear(Proj::kLmHead, a.last, weights_.lm_head(), args.logits, args.num_rows,
                          s.vocab, s.hidden, stream));

@@ -51,8 +51,12 @@
 //
 // Tensor parallelism: with LlamaModelOptions::communicator set, the weights are one rank's shard
 // (runtime/model/tensor_parallel.h: heads and MLP columns split, the rest replicated) and the O
-// and down projections' partial sums are all-reduced into `hidden` (the only change to the step;
-// see PostAttention). Every rank then makes the same calls in the same order.
+// and down projections' partial sums are all-reduced into `hidden` (see PostAttention). Every
+// rank then makes the same calls in the same order. Where the communicator supports it for the
+// step's token count (and fuse_allreduce_norm is on), each all-reduce also does the residual add
+// and the RMSNorm after it in the same kernel: after O the post-attention norm, after down the
+// next layer's input norm (or the final norm), writing the normed rows into `hidden`; the
+// separate norm kernels drop out. Same bits as the unfused step.
 //
 // Not thread-safe (one stream at a time). The model owns the weights, the KV cache and the GEMM
 // workspace; graphs captured over it must not outlive it.
@@ -140,6 +144,11 @@ struct LlamaModelOptions {
   // Tensor parallelism (not owned; must outlive the model): the weights are this rank's shard
   // and the O and down projections are all-reduced over it. Null: one GPU, full weights.
   Communicator* communicator = nullptr;
+  // With tensor parallelism, each all-reduce runs fused with the residual add + RMSNorm after it
+  // (Communicator::AllReduceAddRmsNorm, one kernel instead of two) for the steps whose token
+  // count the communicator supports it for; the results are the same bits either way. false:
+  // always the all-reduce and a separate norm (for comparisons).
+  bool fuse_allreduce_norm = true;
 };
 
 // The device views one step reads and writes. All pointers are device memory owned by the
@@ -259,6 +268,14 @@ class LlamaModel {
   __nv_bfloat16* ProjectionOutput(const Activations& a) const;
   // With tensor parallelism: hidden = the sum over ranks of the projection's partial sums.
   absl::Status AllReduceProjection(const Activations& a, int num_tokens, cudaStream_t stream);
+  // Returns whether a step of num_tokens rows fuses each all-reduce with the add + RMSNorm after
+  // it (the same answer for every layer and piece of the step, on every rank, at capture and
+  // replay: it depends only on the sizes and the communicator).
+  bool FusesAllReduceNorm(int num_tokens) const;
+  // The fused form: residual += the sum over ranks of the partial sums (in `normed`); hidden =
+  // RMSNorm(residual) * weight.
+  absl::Status AllReduceAddRmsNorm(const Activations& a, int num_tokens,
+                                   const __nv_bfloat16* weight, cudaStream_t stream);
 
   LlamaDeviceWeights weights_;
   LlamaModelOptions options_;

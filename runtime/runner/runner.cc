@@ -319,6 +319,7 @@ absl::Status Runner::InitAllocations(const RunnerOptions& options) {
   model_options.fuse_rope_append = options.fuse_rope_append;
   model_options.run_attention = !options.skip_attention;
   model_options.communicator = options.skip_allreduce ? nullptr : comm_.get();
+  model_options.fuse_allreduce_norm = options.fuse_allreduce_norm;
   ASSIGN_OR_RETURN(model_, LlamaModel::Create(std::move(weights), model_options, std::move(gemm)));
   RETURN_IF_ERROR(Record(&memory_, "kv_cache", static_cast<int64_t>(model_->kv_cache_bytes()),
                          free_bytes));

@@ -156,6 +156,10 @@ struct RunnerOptions {
   int device = 0;
   // The all-reduce's tuning (enable_custom: false sends every call to NCCL).
   AllReduceConfig allreduce;
+  // With tensor parallelism, each all-reduce also does the residual add + RMSNorm after it in
+  // one kernel where the communicator supports it (LlamaModelOptions::fuse_allreduce_norm; the
+  // same bits either way). false: separate norm kernels, for comparisons.
+  bool fuse_allreduce_norm = true;
   // With tensor parallelism, Capture ends with RegisterGraphBuffers(); false leaves that to the
   // caller, and replays are refused until it is called.
   bool register_graph_buffers = true;

@@ -5,7 +5,10 @@
 //     error, tokens where TP=1's top-2 margin is clear) and is bitwise identical on every rank,
 //     with the custom all-reduce (auto) and with NCCL only, each path checked by its call counts;
 //   - on every rank, a graph equals an eager run of the same key bit for bit, for every captured
-//     size, with one-shot all-reduces reading registered graph inputs;
+//     size, with one-shot all-reduces reading registered graph inputs, and with the fused
+//     all-reduce + add + RMSNorm;
+//   - the fused all-reduce + add + RMSNorm gives the unfused step's bits (full and piecewise
+//     graphs);
 //   - a step that would replay graphs before RegisterGraphBuffers() is FailedPrecondition;
 //   - a capture that fails on one rank fails Capture() on every rank with the same Status;
 //   - a killed rank ends the others' next step in DeadlineExceeded within a bounded time;
@@ -340,8 +343,11 @@ void GenerationMatchesOneGpu(RankContext& ctx, const AllReduceConfig& allreduce,
   if (expect_custom) {
     EXPECT_TRUE(comm->custom_available()) << comm->custom_unavailable_reason();
     EXPECT_GT(custom, 0);
+    // Every step's size takes the fused all-reduce + add + RMSNorm (tiny rows, one-shot).
+    EXPECT_GT(stats.fused_add_rms_norm, 0);
   } else {
     EXPECT_EQ(custom, 0);
+    EXPECT_EQ(stats.fused_add_rms_norm, 0);
     EXPECT_GT(stats.nccl, 0);
   }
 
@@ -389,63 +395,125 @@ TEST(RunnerMultiGpuTest, GenerationWithNcclOnlyMatchesOneGpu) {
   }
 }
 
-TEST(RunnerMultiGpuTest, EveryCapturedSizeReplaysLikeEagerOnEveryRank) {
+// The fused all-reduce + add + RMSNorm gives the bits of the all-reduce followed by
+// runtime/model's own add + RMSNorm kernels: the whole generation script with the fusion, as full
+// graphs and as piecewise graphs (pieces end after the fused call that replaces the next
+// layer's input norm), against the unfused step, logits and tokens bit for bit, on every rank.
+TEST(RunnerMultiGpuTest, FusedAllReduceNormEqualsUnfusedBitForBit) {
   KILN_REQUIRE_GPUS(2);
   RunOnEveryGpu([](RankContext& ctx) {
     ASSERT_EQ(cudaSetDevice(ctx.device()), cudaSuccess);
     const uint64_t seed = SharedSeed(ctx);
     SCOPED_TRACE(absl::StrCat("seed ", seed, ", rank ", ctx.rank));
-    std::unique_ptr<Runner> runner = MakeRunner(TpOptions(seed, RegisteredConfig(), &ctx));
-    ASSERT_NE(runner, nullptr);
-    std::mt19937_64 rng(seed);
-    auto token = [&] { return static_cast<int32_t>(rng() % TpTinyShape().vocab); };
-    // Eight live sequences for the decode sizes.
-    std::vector<SequenceTokens> prompts;
-    for (int64_t id = 0; id < kMaxSeqs; ++id) {
-      prompts.push_back({id, {token(), token(), token()}});
+    std::vector<Outcome> unfused;
+    {
+      RunnerOptions options = TpOptions(seed, AutoConfig(), &ctx);
+      options.fuse_allreduce_norm = false;
+      std::unique_ptr<Runner> runner = MakeRunner(options);
+      ASSERT_NE(runner, nullptr);
+      unfused = RunScript(*runner, seed, nullptr);
+      EXPECT_EQ(runner->communicator()->stats().fused_add_rms_norm, 0);
     }
-    StepOptions eager;
-    eager.force_eager = true;
-    ASSERT_EQ(RunStep(*runner, prompts, eager).tokens.size(), prompts.size());
+    ASSERT_EQ(unfused.size(), GenerationScript().size());
+    for (GraphExecution graphs : {GraphExecution::kFull, GraphExecution::kPiecewise}) {
+      const char* name = graphs == GraphExecution::kFull ? "full graphs" : "piecewise graphs";
+      RunnerOptions options = TpOptions(seed, AutoConfig(), &ctx);
+      options.graphs = graphs;
+      std::unique_ptr<Runner> runner = MakeRunner(options);
+      ASSERT_NE(runner, nullptr);
+      const std::vector<Outcome> fused = RunScript(*runner, seed, &unfused);
+      const AllReduceStats& stats = runner->communicator()->stats();
+      EXPECT_GT(stats.fused_add_rms_norm, 0) << name;
+      EXPECT_EQ(stats.nccl, 0) << name << ": every all-reduce of the tiny model is custom";
+      ASSERT_EQ(fused.size(), unfused.size()) << name;
+      int replayed = 0;
+      for (size_t step = 0; step < fused.size(); ++step) {
+        replayed += fused[step].info.replayed;
+        EXPECT_EQ(fused[step].tokens, unfused[step].tokens) << name << ", step " << step;
+        EXPECT_TRUE(fused[step].logits.size() == unfused[step].logits.size() &&
+                    std::memcmp(fused[step].logits.data(), unfused[step].logits.data(),
+                                fused[step].logits.size() * sizeof(float)) == 0)
+            << name << ", step " << step << ": fused logits differ from unfused";
+      }
+      EXPECT_GT(replayed, 10) << name;
+      ExpectSameOnEveryRank(ctx, fused, name);
+    }
+  }, Options());
+}
 
-    std::vector<Outcome> graphs;
-    auto expect_graph_equals_eager = [&](const std::vector<SequenceTokens>& batch) {
-      StepOptions graph_options;
-      graph_options.commit = false;
-      const Outcome graph = RunStep(*runner, batch, graph_options);
-      const Outcome eager_run = RunStep(*runner, batch, eager);
-      EXPECT_TRUE(graph.info.replayed) << KeyName(graph.info.key) << " did not replay";
-      EXPECT_FALSE(eager_run.info.replayed);
-      EXPECT_EQ(graph.info.key, eager_run.info.key);
-      EXPECT_EQ(graph.tokens, eager_run.tokens) << KeyName(graph.info.key);
-      EXPECT_TRUE(graph.logits.size() == eager_run.logits.size() &&
-                  std::memcmp(graph.logits.data(), eager_run.logits.data(),
-                              graph.logits.size() * sizeof(float)) == 0)
-          << "graph replay of " << KeyName(graph.info.key) << " differs from eager";
-      graphs.push_back(graph);
-    };
-    int64_t id = 100;
-    for (int n : runner->prefill_sizes()->sizes()) {
-      SequenceTokens one{id++, {}};
-      for (int i = 0; i < n; ++i) one.tokens.push_back(token());
-      expect_graph_equals_eager({one});
-      EXPECT_EQ(runner->last_step().padded_tokens, n);
-    }
-    for (int b : runner->decode_sizes()->sizes()) {
-      std::vector<SequenceTokens> batch;
-      for (int i = 0; i < b; ++i) batch.push_back({i, {token()}});
-      expect_graph_equals_eager(batch);
-      EXPECT_EQ(runner->last_step().key, (CaptureKey{GraphMode::kDecode, b}));
-    }
-    ExpectSameOnEveryRank(ctx, graphs, "graph replays");
+// Without the fused all-reduce + norm (the one-shot all-reduces of the graphs read registered
+// inputs) and with it (the fused push kernel reads none).
+void EveryCapturedSizeReplaysLikeEager(RankContext& ctx, bool fuse) {
+  ASSERT_EQ(cudaSetDevice(ctx.device()), cudaSuccess);
+  const uint64_t seed = SharedSeed(ctx);
+  SCOPED_TRACE(absl::StrCat("seed ", seed, ", rank ", ctx.rank, fuse ? ", fused" : ""));
+  RunnerOptions options = TpOptions(seed, RegisteredConfig(), &ctx);
+  options.fuse_allreduce_norm = fuse;
+  std::unique_ptr<Runner> runner = MakeRunner(options);
+  ASSERT_NE(runner, nullptr);
+  std::mt19937_64 rng(seed);
+  auto token = [&] { return static_cast<int32_t>(rng() % TpTinyShape().vocab); };
+  // Eight live sequences for the decode sizes.
+  std::vector<SequenceTokens> prompts;
+  for (int64_t id = 0; id < kMaxSeqs; ++id) {
+    prompts.push_back({id, {token(), token(), token()}});
+  }
+  StepOptions eager;
+  eager.force_eager = true;
+  ASSERT_EQ(RunStep(*runner, prompts, eager).tokens.size(), prompts.size());
+
+  std::vector<Outcome> graphs;
+  auto expect_graph_equals_eager = [&](const std::vector<SequenceTokens>& batch) {
+    StepOptions graph_options;
+    graph_options.commit = false;
+    const Outcome graph = RunStep(*runner, batch, graph_options);
+    const Outcome eager_run = RunStep(*runner, batch, eager);
+    EXPECT_TRUE(graph.info.replayed) << KeyName(graph.info.key) << " did not replay";
+    EXPECT_FALSE(eager_run.info.replayed);
+    EXPECT_EQ(graph.info.key, eager_run.info.key);
+    EXPECT_EQ(graph.tokens, eager_run.tokens) << KeyName(graph.info.key);
+    EXPECT_TRUE(graph.logits.size() == eager_run.logits.size() &&
+                std::memcmp(graph.logits.data(), eager_run.logits.data(),
+                            graph.logits.size() * sizeof(float)) == 0)
+        << "graph replay of " << KeyName(graph.info.key) << " differs from eager";
+    graphs.push_back(graph);
+  };
+  int64_t id = 100;
+  for (int n : runner->prefill_sizes()->sizes()) {
+    SequenceTokens one{id++, {}};
+    for (int i = 0; i < n; ++i) one.tokens.push_back(token());
+    expect_graph_equals_eager({one});
+    EXPECT_EQ(runner->last_step().padded_tokens, n);
+  }
+  for (int b : runner->decode_sizes()->sizes()) {
+    std::vector<SequenceTokens> batch;
+    for (int i = 0; i < b; ++i) batch.push_back({i, {token()}});
+    expect_graph_equals_eager(batch);
+    EXPECT_EQ(runner->last_step().key, (CaptureKey{GraphMode::kDecode, b}));
+  }
+  ExpectSameOnEveryRank(ctx, graphs, "graph replays");
+  const AutoCommunicator* comm = runner->communicator();
+  ASSERT_NE(comm, nullptr);
+  ASSERT_NE(comm->custom(), nullptr) << comm->custom_unavailable_reason();
+  if (fuse) {
+    // Every all-reduce of the tiny model is fused, and pushed: nothing to register.
+    EXPECT_GT(comm->stats().fused_add_rms_norm, 0);
+    EXPECT_EQ(comm->stats().one_shot_registered + comm->stats().two_shot_registered, 0);
+  } else {
     // The graphs' one-shot all-reduces read registered inputs.
-    const AutoCommunicator* comm = runner->communicator();
-    ASSERT_NE(comm, nullptr);
-    ASSERT_NE(comm->custom(), nullptr) << comm->custom_unavailable_reason();
+    EXPECT_EQ(comm->stats().fused_add_rms_norm, 0);
     EXPECT_GT(comm->stats().one_shot_registered + comm->stats().two_shot_registered, 0);
     EXPECT_GT(comm->custom()->registered_graph_inputs(), 0);
-    EXPECT_EQ(comm->custom()->pending_graph_inputs(), 0);
-  }, Options());
+  }
+  EXPECT_EQ(comm->custom()->pending_graph_inputs(), 0);
+}
+
+TEST(RunnerMultiGpuTest, EveryCapturedSizeReplaysLikeEagerOnEveryRank) {
+  KILN_REQUIRE_GPUS(2);
+  for (bool fuse : {false, true}) {
+    RunOnEveryGpu([fuse](RankContext& ctx) { EveryCapturedSizeReplaysLikeEager(ctx, fuse); },
+                  Options());
+  }
 }
 
 TEST(RunnerMultiGpuTest, ReplayBeforeRegistrationIsRefused) {
@@ -461,6 +529,8 @@ TEST(RunnerMultiGpuTest, ReplayBeforeRegistrationIsRefused) {
 
     RunnerOptions options = TpOptions(seed, RegisteredConfig(), &ctx);
     options.register_graph_buffers = false;
+    // Registered graph inputs come from the unfused all-reduces (the fused push kernel has none).
+    options.fuse_allreduce_norm = false;
     absl::StatusOr<std::unique_ptr<Runner>> created = Runner::Create(options);
     ASSERT_TRUE(created.ok()) << created.status();
     Runner& runner = **created;

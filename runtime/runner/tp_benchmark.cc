@@ -1,9 +1,11 @@
 // Decode-step latency of the 1B-class Llama (hidden 2048, 16 layers, 32/8 heads of 64, ffn 8192,
 // vocab 128256, random bf16 weights) with tensor parallelism, as CUDA graphs: TP=1, and
-// TP=world with the custom all-reduce (AutoCommunicator's choice per call), with NCCL only, with
-// the custom one-shot reading registered graph inputs, and with no all-reduce at all (the floor
-// the collectives add to), at batch 1, 8 and 32 with 1024 tokens of context. It starts one process per visible GPU itself
-// (collectives/testing/process_group.h); rank 0 prints the table.
+// TP=world with the custom all-reduce (AutoCommunicator's choice per call, fused with the
+// residual add + RMSNorm after it where it takes the step's size), the same without that fusion
+// (all-reduce, then a separate norm kernel), with NCCL only, with the unfused custom one-shot
+// reading registered graph inputs, and with no all-reduce at all (the floor the collectives add
+// to), at batch 1, 8 and 32 with 1024 tokens of context. It starts one process per visible GPU
+// itself (collectives/testing/process_group.h); rank 0 prints the table.
 //
 //   bazel run -c opt //runtime/runner:tp_benchmark [-- --world_size=4 --batches=1,8,32]
 //   .gpu_tp/bin/runtime_runner_tp_benchmark
@@ -11,7 +13,8 @@
 // A step is timed on rank 0's device with CUDA events from the metadata upload to the copy of the
 // sampled tokens (RunnerOptions::time_steps), after warm-up; the table shows medians. The ranks'
 // sampled tokens must agree at every step (they compute the same logits bit for bit); the program
-// exits non-zero if they do not, if a step did not replay its graph, or if a rank fails.
+// exits non-zero if they do not, if a step did not replay its graph, or if a rank fails. (The
+// fused and unfused steps compute the same bits: runtime/runner/runner_multigpu_test.cc.)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -126,7 +129,8 @@ absl::Status RunColumn(const RunnerOptions& options, const std::vector<int>& bat
   if (const AutoCommunicator* comm = runner->communicator()) {
     const AllReduceStats& s = comm->stats();
     column->paths = absl::StrCat(column->name, ": ", s.one_shot_staged, " one-shot staged, ",
-                                 s.one_shot_registered, " one-shot registered, ",
+                                 s.one_shot_registered, " one-shot registered (",
+                                 s.fused_add_rms_norm, " of them fused with the norm), ",
                                  s.two_shot_staged + s.two_shot_registered, " two-shot, ", s.nccl,
                                  " NCCL calls enqueued (captures count once)",
                                  comm->custom_available()
@@ -164,17 +168,22 @@ absl::Status RunRank(testing::ProcessGroupMember& member) {
   RETURN_IF_ERROR(bootstrap.Barrier());
   columns.push_back(one);
 
-  // TP=world: custom (auto), NCCL only, custom one-shot reading registered graph inputs, and no
-  // all-reduce at all (what the collectives cost; tokens not the model's, so not compared).
-  enum Variant { kAuto, kNccl, kRegistered, kNone };
-  for (Variant v : {kAuto, kNccl, kRegistered, kNone}) {
+  // TP=world: custom (auto, fused with the norms), custom without the fusion, NCCL only, custom
+  // one-shot reading registered graph inputs, and no all-reduce at all (what the collectives
+  // cost; tokens not the model's, so not compared).
+  enum Variant { kAuto, kUnfused, kNccl, kRegistered, kNone };
+  for (Variant v : {kAuto, kUnfused, kNccl, kRegistered, kNone}) {
     RunnerOptions options = BenchmarkOptions(batches, context);
     options.bootstrap = &bootstrap;
     options.device = member.rank;
     options.allreduce.set_enable_custom(v != kNccl);
     options.allreduce.set_graph_one_shot_registered(v == kRegistered);
+    // The fused kernel pushes decode-sized rows (no registered inputs): the registered column
+    // measures the unfused one-shot reading registered inputs.
+    options.fuse_allreduce_norm = v != kUnfused && v != kRegistered;
     options.skip_allreduce = v == kNone;
-    const char* names[] = {" custom (auto)", " NCCL", " custom registered", " no all-reduce"};
+    const char* names[] = {" custom (auto)", " custom, unfused", " NCCL",
+                           " custom registered, unfused", " no all-reduce"};
     Column column{absl::StrCat("TP=", world, names[v]), {}, ""};
     RETURN_IF_ERROR(RunColumn(options, batches, v == kNone ? nullptr : &bootstrap, &column));
     columns.push_back(column);
@@ -188,14 +197,15 @@ absl::Status RunRank(testing::ProcessGroupMember& member) {
                 context, absl::GetFlag(FLAGS_steps));
     std::printf("| batch |");
     for (const Column& c : columns) std::printf(" %s |", c.name.c_str());
-    std::printf(" NCCL / custom | TP=1 / custom |\n|------:|");
-    for (size_t c = 0; c < columns.size() + 2; ++c) std::printf("------:|");
+    std::printf(" NCCL / custom | unfused / custom | TP=1 / custom |\n|------:|");
+    for (size_t c = 0; c < columns.size() + 3; ++c) std::printf("------:|");
     std::printf("\n");
     for (int b : batches) {
       std::printf("| %d |", b);
       for (Column& c : columns) std::printf(" %.3f |", c.ms[b]);
       const double custom = columns[1].ms[b];
-      std::printf(" %.2fx | %.2fx |\n", columns[2].ms[b] / custom, columns[0].ms[b] / custom);
+      std::printf(" %.2fx | %.2fx | %.2fx |\n", columns[3].ms[b] / custom,
+                  columns[2].ms[b] / custom, columns[0].ms[b] / custom);
     }
     for (size_t c = 1; c < columns.size(); ++c) {
       if (!columns[c].paths.empty()) std::printf("%s\n", columns[c].paths.c_str());
