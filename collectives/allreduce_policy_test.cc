@@ -241,10 +241,11 @@ TEST(AllReducePolicyTest, FusedAddRmsNormExactlyWhereOneShotIsPicked) {
   // The decode shapes of a 1B model (hidden 2048) at world 2 and 4.
   for (int64_t tokens : {1, 7, 8, 32, 64, 128}) {
     EXPECT_TRUE(FusedAddRmsNormEligible(config, 2, true, buffer, tokens, 2048)) << tokens;
-    EXPECT_TRUE(FusedAddRmsNormEligible(config, 4, true, buffer, tokens, 2048)) << tokens;
+    EXPECT_EQ(FusedAddRmsNormEligible(config, 4, true, buffer, tokens, 2048), tokens <= 64)
+        << tokens;
   }
-  // World 4 crosses to two-shot above 512 KiB (128 rows of 2048): no fusion there.
-  EXPECT_FALSE(FusedAddRmsNormEligible(config, 4, true, buffer, 129, 2048));
+  // World 4 crosses to two-shot above 256 KiB (64 rows of 2048): no fusion there.
+  EXPECT_FALSE(FusedAddRmsNormEligible(config, 4, true, buffer, 65, 2048));
   EXPECT_FALSE(FusedAddRmsNormEligible(config, 4, true, buffer, 256, 2048));
   // At every size the answer is SelectAllReduce's one-shot choice for the same bytes.
   for (int world : {2, 4, 6, 8}) {
