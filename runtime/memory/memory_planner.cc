@@ -66,6 +66,10 @@ constexpr int64_t kCublasLtWorkspaceBytes = 32 * kMiB;
 // messages go to NCCL. Peers' buffers are mapped through CUDA IPC and cost no local memory.
 constexpr int64_t kCustomAllReduceBufferBytes = 8 * kMiB;
 constexpr int64_t kCustomAllReduceBuffers = 2;
+// The fused all-reduce + residual add + RMSNorm's push buffer: per epoch parity, one 512 KiB slot
+// per rank that peers write their partial sums into.
+constexpr int64_t kFusedNormPushSlotBytes = 512 * 1024;
+constexpr int64_t kFusedNormPushParities = 2;
 
 // NCCL's device buffers: per channel and peer connection a buffer per protocol, 4 MiB for the
 // Simple protocol (NCCL_BUFFSIZE's default) and less for LL/LL128. Measured by the tensor-parallel
@@ -845,10 +849,11 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlannerConfig& config) {
 
   // Collectives, only with tensor parallelism.
   if (parallel) {
-    add("custom_allreduce", kCustomAllReduceBuffers * e.custom_allreduce_buffer_bytes,
+    const int64_t push_bytes = kFusedNormPushParities * tp * kFusedNormPushSlotBytes;
+    add("custom_allreduce", kCustomAllReduceBuffers * e.custom_allreduce_buffer_bytes + push_bytes,
         absl::StrCat(kCustomAllReduceBuffers, " x ", FormatBytes(e.custom_allreduce_buffer_bytes),
-                     ": IPC staging buffer and two-shot scratch",
-                     source(cal.has_custom_allreduce_buffer_bytes())));
+                     ": IPC staging buffer and two-shot scratch, + ", FormatBytes(push_bytes),
+                     " fused-norm push slots", source(cal.has_custom_allreduce_buffer_bytes())));
     add("nccl", e.nccl_bytes,
         absl::StrCat("NCCL channel buffers among ", tp, " ranks", source(cal.has_nccl_bytes())));
   } else {
