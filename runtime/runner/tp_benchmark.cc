@@ -5,7 +5,8 @@
 // (all-reduce, then a separate norm kernel), with NCCL only, with the unfused custom one-shot
 // reading registered graph inputs, and with no all-reduce at all (the floor the collectives add
 // to), at batch 1, 8 and 32 with 1024 tokens of context. It starts one process per visible GPU
-// itself (collectives/testing/process_group.h); rank 0 prints the table.
+// itself (RunBenchmarkOnEveryGpu, collectives/testing/multiprocess_benchmark_util.h); rank 0
+// prints the table.
 //
 //   bazel run -c opt //runtime/runner:tp_benchmark [-- --world_size=4 --batches=1,8,32]
 //   .gpu_tp/bin/runtime_runner_tp_benchmark
@@ -34,6 +35,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "collectives/allreduce_config.pb.h"
+#include "collectives/testing/multiprocess_benchmark_util.h"
 #include "collectives/testing/process_group.h"
 #include "runtime/cuda/device_info.h"
 #include "runtime/cuda/status.h"
@@ -214,57 +216,19 @@ absl::Status RunRank(testing::ProcessGroupMember& member) {
   return absl::OkStatus();
 }
 
-int ChildMain() {
-  absl::StatusOr<testing::ProcessGroupMember> member =
-      testing::JoinProcessGroup(absl::Seconds(300));
-  if (!member.ok()) {
-    std::fprintf(stderr, "tp_benchmark: %s\n", member.status().ToString().c_str());
-    return 1;
-  }
-  const absl::Status status = RunRank(*member);
-  if (!status.ok()) {
-    std::fprintf(stderr, "tp_benchmark rank %d: %s\n", member->rank, status.ToString().c_str());
-    return 1;
-  }
-  return 0;
-}
-
-int ParentMain(int argc, char** argv) {
-  int world = absl::GetFlag(FLAGS_world_size);
-  if (world <= 0) world = DeviceCount();
-  if (world < 2) {
-    std::fprintf(stderr, "tp_benchmark: needs at least 2 GPUs (found %d); pass --world_size\n",
-                 world);
-    return 2;
-  }
-  testing::ProcessGroupOptions options;
-  options.world_size = world;
-  options.argv.assign(argv, argv + argc);
-  options.passthrough_rank = 0;
-  options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
-  absl::StatusOr<std::vector<testing::RankOutcome>> outcomes = testing::RunProcessGroup(options);
-  if (!outcomes.ok()) {
-    std::fprintf(stderr, "tp_benchmark: %s\n", outcomes.status().ToString().c_str());
-    return 1;
-  }
-  int rc = 0;
-  for (const testing::RankOutcome& o : *outcomes) {
-    if (o.exited && o.exit_code == 0) continue;
-    rc = 1;
-    std::fprintf(stderr, "tp_benchmark: %s\n", testing::DescribeOutcome(o).c_str());
-    if (!o.log_path.empty()) {
-      std::fprintf(stderr, "---- log of rank %d ----\n%s\n", o.rank,
-                   testing::ReadFileTail(o.log_path).c_str());
-    }
-  }
-  return rc;
-}
-
 }  // namespace
 }  // namespace kiln
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  if (kiln::testing::IsProcessGroupChild()) return kiln::ChildMain();
-  return kiln::ParentMain(argc, argv);
+  kiln::testing::BenchmarkGroupOptions options;
+  options.name = "tp_benchmark";
+  options.world_size = absl::GetFlag(FLAGS_world_size);
+  options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  options.bootstrap_timeout = absl::Seconds(300);
+  return kiln::testing::RunBenchmarkOnEveryGpu(
+      argc, argv, options, [](kiln::testing::ProcessGroupMember& member) -> absl::StatusOr<int> {
+        RETURN_IF_ERROR(kiln::RunRank(member));
+        return 0;
+      });
 }
