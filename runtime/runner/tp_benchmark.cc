@@ -47,6 +47,8 @@ ABSL_FLAG(std::string, batches, "1,8,32", "Decode batch sizes");
 ABSL_FLAG(int, context, 1024, "Tokens of context per sequence");
 ABSL_FLAG(int, steps, 30, "Timed steps per measurement");
 ABSL_FLAG(int, timeout_s, 540, "Kill the ranks after this many seconds");
+ABSL_FLAG(bool, prefetch_gemm, true,
+          "Use the prefetch GEMM for small batches (false: the skinny, decode and cuBLASLt GEMMs)");
 
 namespace kiln {
 namespace {
@@ -84,6 +86,7 @@ RunnerOptions BenchmarkOptions(const std::vector<int>& batches, int context) {
   o.max_kv_blocks = int64_t{max_batch} * ((context + kBlockSize) / kBlockSize + 1);
   o.time_steps = true;
   o.progress = CaptureProgress::kNone;
+  if (!absl::GetFlag(FLAGS_prefetch_gemm)) o.prefetch_gemm_rows = PrefetchGemmRows{0, 0, 0, 0, 0};
   return o;
 }
 
