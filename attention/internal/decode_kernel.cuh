@@ -33,6 +33,7 @@
 #include "attention/internal/kernel_args.h"
 #include "attention/internal/merge.cuh"
 #include "attention/internal/mma.cuh"
+#include "runtime/cuda/compute_capability.h"
 
 namespace kiln {
 namespace attention_internal {
@@ -55,18 +56,7 @@ __device__ __forceinline__ void DecodeWaitForPrerequisites() {
 
 // Returns whether the current device runs programmatic dependent launches (compute capability
 // 9.0 or later); asked once per process.
-inline bool DecodeSupportsProgrammaticLaunch() {
-  static const bool supported = [] {
-    int device = 0, major = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return major >= 9;
-  }();
-  return supported;
-}
+inline bool DecodeSupportsProgrammaticLaunch() { return CurrentDeviceIsSm90OrLater(); }
 
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = kDecodeWarps * 32;

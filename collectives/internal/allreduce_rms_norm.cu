@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "collectives/internal/allreduce_rms_norm.cuh"
+#include "runtime/cuda/compute_capability.h"
 
 namespace kiln {
 namespace internal {
@@ -115,18 +116,7 @@ struct PullKernel {
 
 }  // namespace
 
-bool RmsNormSupportsProgrammaticLaunch() {
-  static const bool supported = [] {
-    int device = 0, major = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return major >= 9;
-  }();
-  return supported;
-}
+bool RmsNormSupportsProgrammaticLaunch() { return CurrentDeviceIsSm90OrLater(); }
 
 int AllReduceRmsNormThreads(int hidden) {
   // rms_norm.cu: WarpRoundedThreads(hidden / 8, 1024).

@@ -20,6 +20,7 @@
 // staged after the wait (it is the previous kernel's output): one bulk copy per row on its own
 // mbarrier, so all of it is one L2 round trip; through SiLU·mul, the threads load gate and up and
 // store SiLU(gate)·up.
+#include "runtime/cuda/compute_capability.h"
 #include "runtime/model/prefetch_gemm.h"
 
 #include <cuda_bf16.h>
@@ -326,18 +327,7 @@ __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p
 
 // Returns whether the current device has the bulk-copy engine (compute capability 9.0 or
 // later). Asked once per process: kiln runs on one kind of GPU at a time.
-bool DeviceHasBulkCopy() {
-  static const bool has = [] {
-    int device = 0, major = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return major >= 9;
-  }();
-  return has;
-}
+bool DeviceHasBulkCopy() { return CurrentDeviceIsSm90OrLater(); }
 
 template <bool kSiluMul, typename OutT>
 cudaError_t SetAttributes() {

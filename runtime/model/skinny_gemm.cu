@@ -1,3 +1,4 @@
+#include "runtime/cuda/compute_capability.h"
 #include "runtime/model/skinny_gemm.h"
 
 #include <cuda_bf16.h>
@@ -115,18 +116,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // Returns whether the current device runs programmatic dependent launches (compute capability 9.0
 // or later). Asked once per process: kiln runs on one kind of GPU at a time.
-bool SupportsProgrammaticLaunch() {
-  static const bool supported = [] {
-    int device = 0, major = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return major >= 9;
-  }();
-  return supported;
-}
+bool SupportsProgrammaticLaunch() { return CurrentDeviceIsSm90OrLater(); }
 
 template <int M, typename OutT>
 cudaError_t Launch(const __nv_bfloat16* x, const __nv_bfloat16* w, OutT* y, int64_t n, int64_t k,

@@ -19,23 +19,14 @@
 
 #include <utility>
 
+#include "runtime/cuda/compute_capability.h"
+
 namespace kiln {
 namespace internal {
 
 // Returns whether the current device runs programmatic dependent launches (compute capability
 // 9.0 or later). Asked once per process: kiln runs on one kind of GPU at a time.
-inline bool SupportsProgrammaticLaunch() {
-  static const bool supported = [] {
-    int device = 0, major = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return major >= 9;
-  }();
-  return supported;
-}
+inline bool SupportsProgrammaticLaunch() { return CurrentDeviceIsSm90OrLater(); }
 
 // Enqueues `kernel` on `stream` with programmatic dependent launch where the GPU supports it
 // (an ordinary launch elsewhere). Returns the launch's error. Callable during capture.
