@@ -18,43 +18,15 @@ namespace kiln {
 namespace {
 
 using testing_internal::DeviceVector;
+using testing_internal::GemmProduct;
 using testing_internal::GpuTest;
 using testing_internal::RelativeError;
 
 constexpr int kSmCount = 132;
 
-// x as the GEMM reads it, in float64: x itself, or SiLU(gate)·up of x [m, 2k].
+// x as the GEMM reads it, in float64.
 std::vector<double> Operand(const std::vector<uint16_t>& x, int m, int k, DecodeGemmInput input) {
-  std::vector<double> a(static_cast<size_t>(m) * k);
-  for (int i = 0; i < m; ++i) {
-    for (int e = 0; e < k; ++e) {
-      if (input == DecodeGemmInput::kPlain) {
-        a[static_cast<size_t>(i) * k + e] = Bf16BitsToFloat(x[static_cast<size_t>(i) * k + e]);
-      } else {
-        const double g = Bf16BitsToFloat(x[static_cast<size_t>(i) * 2 * k + e]);
-        const double u = Bf16BitsToFloat(x[static_cast<size_t>(i) * 2 * k + k + e]);
-        a[static_cast<size_t>(i) * k + e] = g / (1.0 + std::exp(-g)) * u;
-      }
-    }
-  }
-  return a;
-}
-
-std::vector<double> Product(const std::vector<double>& a, const std::vector<uint16_t>& w, int m,
-                            int n, int k) {
-  std::vector<float> wf(w.size());
-  for (size_t i = 0; i < w.size(); ++i) wf[i] = Bf16BitsToFloat(w[i]);
-  std::vector<double> y(static_cast<size_t>(m) * n);
-  for (int i = 0; i < m; ++i) {
-    const double* ai = a.data() + static_cast<size_t>(i) * k;
-    for (int j = 0; j < n; ++j) {
-      const float* wj = wf.data() + static_cast<size_t>(j) * k;
-      double sum = 0.0;
-      for (int e = 0; e < k; ++e) sum += ai[e] * wj[e];
-      y[static_cast<size_t>(i) * n + j] = sum;
-    }
-  }
-  return y;
+  return testing_internal::GemmOperand(x, m, k, input != DecodeGemmInput::kPlain);
 }
 
 // Device buffers of one shape: x, W, y (room for float), split workspace and counters.
@@ -144,7 +116,7 @@ TEST_F(DecodeGemmGpuTest, EveryConfigMatchesFloat64) {
       const int x_cols = input == DecodeGemmInput::kPlain ? k : 2 * k;
       const std::vector<uint16_t> x = RandomBf16(static_cast<size_t>(m) * x_cols, -3.f, 3.f);
       problem.x().Upload(x, stream());
-      const std::vector<double> ref = Product(Operand(x, m, k, input), w, m, n, k);
+      const std::vector<double> ref = GemmProduct(Operand(x, m, k, input), w, m, n, k);
       for (bool float_output : {false, true}) {
         if (float_output && input == DecodeGemmInput::kSiluMul) continue;
         const DecodeGemmArgs args = problem.Args(m, input, float_output);
@@ -187,7 +159,7 @@ TEST_F(DecodeGemmGpuTest, ModelShapesWithChosenConfigsMatchFloat64) {
       SCOPED_TRACE(::testing::Message() << "n=" << s.n << " k=" << s.k << " m=" << m << " "
                                         << config.ToString());
       const DecodeGemmArgs args = problem.Args(m, s.input, false);
-      EXPECT_LT(Check(problem, args, config, Product(Operand(x, m, s.k, s.input), w, m, s.n, s.k)),
+      EXPECT_LT(Check(problem, args, config, GemmProduct(Operand(x, m, s.k, s.input), w, m, s.n, s.k)),
                 s.input == DecodeGemmInput::kPlain ? 6e-3 : 1e-2);
     }
   }
@@ -204,7 +176,7 @@ TEST_F(DecodeGemmGpuTest, LogitsLikeShapeMatchesFloat64) {
   const DecodeGemmConfig config = ChooseDecodeGemmConfig(m, n, k, kSmCount);
   EXPECT_EQ(config.splits, 1);
   const DecodeGemmArgs args = problem.Args(m, DecodeGemmInput::kPlain, true);
-  EXPECT_LT(Check(problem, args, config, Product(Operand(x, m, k, DecodeGemmInput::kPlain), w, m,
+  EXPECT_LT(Check(problem, args, config, GemmProduct(Operand(x, m, k, DecodeGemmInput::kPlain), w, m,
                                                  n, k)),
             1e-5);
 }

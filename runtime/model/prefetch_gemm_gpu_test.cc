@@ -21,43 +21,15 @@ namespace kiln {
 namespace {
 
 using testing_internal::DeviceVector;
+using testing_internal::GemmProduct;
 using testing_internal::GpuTest;
 using testing_internal::RelativeError;
 
 constexpr int kSmCount = 132;
 
-// x as the GEMM reads it, in float64: x itself, or SiLU(gate)·up of x [m, 2k].
+// x as the GEMM reads it, in float64.
 std::vector<double> Operand(const std::vector<uint16_t>& x, int m, int k, PrefetchGemmInput input) {
-  std::vector<double> a(static_cast<size_t>(m) * k);
-  for (int i = 0; i < m; ++i) {
-    for (int e = 0; e < k; ++e) {
-      if (input == PrefetchGemmInput::kPlain) {
-        a[static_cast<size_t>(i) * k + e] = Bf16BitsToFloat(x[static_cast<size_t>(i) * k + e]);
-      } else {
-        const double g = Bf16BitsToFloat(x[static_cast<size_t>(i) * 2 * k + e]);
-        const double u = Bf16BitsToFloat(x[static_cast<size_t>(i) * 2 * k + k + e]);
-        a[static_cast<size_t>(i) * k + e] = g / (1.0 + std::exp(-g)) * u;
-      }
-    }
-  }
-  return a;
-}
-
-std::vector<double> Product(const std::vector<double>& a, const std::vector<uint16_t>& w, int m,
-                            int n, int k) {
-  std::vector<float> wf(w.size());
-  for (size_t i = 0; i < w.size(); ++i) wf[i] = Bf16BitsToFloat(w[i]);
-  std::vector<double> y(static_cast<size_t>(m) * n);
-  for (int i = 0; i < m; ++i) {
-    const double* ai = a.data() + static_cast<size_t>(i) * k;
-    for (int j = 0; j < n; ++j) {
-      const float* wj = wf.data() + static_cast<size_t>(j) * k;
-      double sum = 0.0;
-      for (int e = 0; e < k; ++e) sum += ai[e] * wj[e];
-      y[static_cast<size_t>(i) * n + j] = sum;
-    }
-  }
-  return y;
+  return testing_internal::GemmOperand(x, m, k, input != PrefetchGemmInput::kPlain);
 }
 
 // Device buffers of one shape: x (room for SiLU·mul's [m, 2k]), W, y (room for float).
@@ -144,7 +116,7 @@ TEST_F(PrefetchGemmGpuTest, EdgeShapesMatchFloat64) {
         const int x_cols = input == PrefetchGemmInput::kPlain ? s.k : 2 * s.k;
         const std::vector<uint16_t> x = RandomBf16(static_cast<size_t>(m) * x_cols, -3.f, 3.f);
         problem.x().Upload(x, stream());
-        const std::vector<double> ref = Product(Operand(x, m, s.k, input), w, m, s.n, s.k);
+        const std::vector<double> ref = GemmProduct(Operand(x, m, s.k, input), w, m, s.n, s.k);
         for (bool float_output : {false, true}) {
           const PrefetchGemmArgs args = problem.Args(m, input, float_output);
           const PrefetchGemmConfig chosen = ChoosePrefetchGemmConfig(m, s.n, s.k, kSmCount);
@@ -199,7 +171,7 @@ TEST_F(PrefetchGemmGpuTest, ModelShapesWithChosenConfigsMatchFloat64) {
       EXPECT_EQ(config.ctas, two_fit ? 2 * kSmCount : kSmCount);
       EXPECT_GE(config.stages, 2);
       EXPECT_LT(Check(problem, problem.Args(m, s.input, s.float_output), config,
-                      Product(Operand(x, m, s.k, s.input), w, m, s.n, s.k)),
+                      GemmProduct(Operand(x, m, s.k, s.input), w, m, s.n, s.k)),
                 Tolerance(s.input, s.float_output));
     }
   }
@@ -262,7 +234,7 @@ TEST_F(PrefetchGemmGpuTest, SecondLaunchReadsTheFirstOnesOutput) {
     std::memcpy(y1.data(), y1_raw.data(), y1.size() * sizeof(uint16_t));
     for (uint16_t v : y1) ASSERT_TRUE(std::isfinite(Bf16BitsToFloat(v)));
     EXPECT_LT(RelativeError(second.Output(m, false, stream()),
-                            Product(Operand(y1, m, n1, PrefetchGemmInput::kPlain), w2, m, n2, n1)),
+                            GemmProduct(Operand(y1, m, n1, PrefetchGemmInput::kPlain), w2, m, n2, n1)),
               6e-3)
         << "round " << round;
   }

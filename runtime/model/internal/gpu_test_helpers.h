@@ -114,6 +114,43 @@ inline std::vector<double> Bf16ToDouble(const std::vector<uint16_t>& bits) {
   return out;
 }
 
+// x as a decode-time GEMM reads it, in float64: x [m, k] itself, or, with silu_mul, SiLU(gate)·up
+// of x [m, 2k] (gate the first k columns of a row, up the last k).
+inline std::vector<double> GemmOperand(const std::vector<uint16_t>& x, int m, int k,
+                                       bool silu_mul) {
+  std::vector<double> a(static_cast<size_t>(m) * k);
+  for (int i = 0; i < m; ++i) {
+    for (int e = 0; e < k; ++e) {
+      if (!silu_mul) {
+        a[static_cast<size_t>(i) * k + e] = Bf16BitsToFloat(x[static_cast<size_t>(i) * k + e]);
+      } else {
+        const double g = Bf16BitsToFloat(x[static_cast<size_t>(i) * 2 * k + e]);
+        const double u = Bf16BitsToFloat(x[static_cast<size_t>(i) * 2 * k + k + e]);
+        a[static_cast<size_t>(i) * k + e] = g / (1.0 + std::exp(-g)) * u;
+      }
+    }
+  }
+  return a;
+}
+
+// Returns y [m, n] = a [m, k] · W^T in float64, W [n, k] in bf16 bits.
+inline std::vector<double> GemmProduct(const std::vector<double>& a,
+                                       const std::vector<uint16_t>& w, int m, int n, int k) {
+  std::vector<float> wf(w.size());
+  for (size_t i = 0; i < w.size(); ++i) wf[i] = Bf16BitsToFloat(w[i]);
+  std::vector<double> y(static_cast<size_t>(m) * n);
+  for (int i = 0; i < m; ++i) {
+    const double* ai = a.data() + static_cast<size_t>(i) * k;
+    for (int j = 0; j < n; ++j) {
+      const float* wj = wf.data() + static_cast<size_t>(j) * k;
+      double sum = 0.0;
+      for (int e = 0; e < k; ++e) sum += ai[e] * wj[e];
+      y[static_cast<size_t>(i) * n + j] = sum;
+    }
+  }
+  return y;
+}
+
 }  // namespace testing_internal
 }  // namespace kiln
 
