@@ -284,7 +284,24 @@ absl::Status CustomAllReduce::CheckReplayable() const {
       pending_.size(), pending_.front().key));
 }
 
-absl::Status CustomAllReduce::RecordGraphInput(const void* in, int* slot) {
+namespace {
+
+// Finds the allocation holding `address` and its IPC handle: `offset` is address - base.
+absl::Status ExportForIpc(const void* address, cudaIpcMemHandle_t* handle, uint64_t* offset) {
+  RelaxedCaptureMode relaxed;
+  ASSIGN_OR_RETURN(GetAddressRangeFn range, AddressRangeFunction());
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  RETURN_IF_ERROR(ToStatus(range(&base, &size, reinterpret_cast<CUdeviceptr>(address)),
+                           "cuMemGetAddressRange(all-reduce buffer)"));
+  CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(handle, reinterpret_cast<void*>(base)));
+  *offset = reinterpret_cast<uintptr_t>(address) - static_cast<uintptr_t>(base);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CustomAllReduce::RecordGraphInput(const void* in, void* out, int* slot) {
   PendingInput entry{};
   entry.slot = next_slot_;
   entry.address = in;
@@ -297,24 +314,24 @@ absl::Status CustomAllReduce::RecordGraphInput(const void* in, int* slot) {
           "all %d graph input slots are used; raise AllReduceConfig.max_graph_inputs",
           config_.max_graph_inputs()));
     }
-    RelaxedCaptureMode relaxed;
-    ASSIGN_OR_RETURN(GetAddressRangeFn range, AddressRangeFunction());
-    CUdeviceptr base = 0;
-    size_t size = 0;
-    RETURN_IF_ERROR(ToStatus(range(&base, &size, reinterpret_cast<CUdeviceptr>(in)),
-                             "cuMemGetAddressRange(all-reduce input)"));
-    CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&entry.handle, reinterpret_cast<void*>(base)));
-    entry.offset = reinterpret_cast<uintptr_t>(in) - static_cast<uintptr_t>(base);
-    return absl::OkStatus();
+    return ExportForIpc(in, &entry.handle, &entry.offset);
   }();
+  // An output that cannot be exported only means this call gathers into staging.
+  const bool output_exported =
+      local.ok() && out != nullptr &&
+      ExportForIpc(out, &entry.output_handle, &entry.output_offset).ok();
   // The ranks must agree before any of them records a kernel that waits for the others.
+  // Message: outcome, then one byte (output exported), then the slot.
+  constexpr size_t kTail = 1 + sizeof(int);
   std::string mine = Outcome(local);
+  mine.push_back(output_exported ? '1' : '0');
   mine.append(reinterpret_cast<const char*>(&next_slot_), sizeof(next_slot_));
   ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap_.AllGather(mine));
+  bool every_output = out != nullptr;
   for (int r = 0; r < world_size_; ++r) {
     const std::string& s = all[r];
     int their_slot = -1;
-    if (s.size() >= sizeof(int)) {
+    if (s.size() >= 1 + kTail) {
       std::memcpy(&their_slot, s.data() + s.size() - sizeof(int), sizeof(int));
     }
     if (their_slot != next_slot_) {
@@ -323,13 +340,15 @@ absl::Status CustomAllReduce::RecordGraphInput(const void* in, int* slot) {
           "must capture the same sequence of calls",
           rank_, next_slot_, r, their_slot));
     }
-    if (s.empty() || s[0] != '1') {
+    if (s[0] != '1') {
       return absl::UnavailableError(absl::StrFormat(
           "Rank %d could not register a captured all-reduce input: %s", r,
-          s.size() > sizeof(int) ? absl::string_view(s).substr(1, s.size() - 1 - sizeof(int))
-                                 : "no reason given"));
+          absl::string_view(s).substr(1, s.size() - 1 - kTail)));
     }
+    every_output = every_output && s[s.size() - kTail] == '1';
   }
+  entry.has_output = every_output;
+  entry.output = every_output ? out : nullptr;
   pending_.push_back(entry);
   *slot = next_slot_++;
   return absl::OkStatus();
@@ -377,7 +396,10 @@ absl::Status CustomAllReduce::AllReduce(const void* in, void* out, size_t count,
         "data this rank is overwriting); use kStaged");
   }
   int slot = -1;
-  if (registered) RETURN_IF_ERROR(RecordGraphInput(in, &slot));
+  if (registered) {
+    const bool gather_to_outputs = two_shot && config_.two_shot_gather_to_outputs();
+    RETURN_IF_ERROR(RecordGraphInput(in, gather_to_outputs ? out : nullptr, &slot));
+  }
 
   internal::CustomAllReduceArgs args{};
   args.in = in;
@@ -435,7 +457,8 @@ absl::Status CustomAllReduce::RegisterGraphBuffers() {
   }
   RETURN_IF_ERROR(CheckNotCapturing(cudaStreamLegacy, "RegisterGraphBuffers"));
   RETURN_IF_ERROR(sticky_);
-  constexpr size_t kEntry = sizeof(cudaIpcMemHandle_t) + sizeof(uint64_t);
+  // Per input: its handle and offset, then its output's (zeros where it has none).
+  constexpr size_t kEntry = 2 * (sizeof(cudaIpcMemHandle_t) + sizeof(uint64_t));
   std::string mine;
   const int first = pending_.empty() ? next_slot_ : pending_.front().slot;
   const int n = static_cast<int>(pending_.size());
@@ -444,6 +467,8 @@ absl::Status CustomAllReduce::RegisterGraphBuffers() {
   for (const PendingInput& p : pending_) {
     mine.append(reinterpret_cast<const char*>(&p.handle), sizeof(p.handle));
     mine.append(reinterpret_cast<const char*>(&p.offset), sizeof(p.offset));
+    mine.append(reinterpret_cast<const char*>(&p.output_handle), sizeof(p.output_handle));
+    mine.append(reinterpret_cast<const char*>(&p.output_offset), sizeof(p.output_offset));
   }
   ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap_.AllGather(mine));
   for (int r = 0; r < world_size_; ++r) {
@@ -468,9 +493,11 @@ absl::Status CustomAllReduce::RegisterGraphBuffers() {
     for (int i = 0; i < n; ++i) {
       RegisteredInput& e = entries[i];
       std::memset(&e, 0, sizeof(e));
+      const PendingInput& p = pending_[i];
       for (int r = 0; r < world_size_; ++r) {
         if (r == rank_) {
-          e.ptrs[r] = pending_[i].address;
+          e.ptrs[r] = p.address;
+          e.outs[r] = p.output;
           continue;
         }
         const char* rec = all[r].data() + 2 * sizeof(int) + i * kEntry;
@@ -480,6 +507,14 @@ absl::Status CustomAllReduce::RegisterGraphBuffers() {
         std::memcpy(&offset, rec + sizeof(handle), sizeof(offset));
         ASSIGN_OR_RETURN(void* base, OpenPeerHandle(r, handle));
         e.ptrs[r] = static_cast<const char*>(base) + offset;
+        // has_output was agreed by every rank when the call was captured.
+        if (p.has_output) {
+          rec += sizeof(handle) + sizeof(offset);
+          std::memcpy(&handle, rec, sizeof(handle));
+          std::memcpy(&offset, rec + sizeof(handle), sizeof(offset));
+          ASSIGN_OR_RETURN(void* out_base, OpenPeerHandle(r, handle));
+          e.outs[r] = static_cast<char*>(out_base) + offset;
+        }
       }
       e.ready = 1;
     }
@@ -607,7 +642,7 @@ absl::Status CustomAllReduce::AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs&
   }
   const bool push = AddRmsNormPushes(args.tokens, args.hidden);
   int slot = -1;
-  if (registered && !push) RETURN_IF_ERROR(RecordGraphInput(args.partial, &slot));
+  if (registered && !push) RETURN_IF_ERROR(RecordGraphInput(args.partial, nullptr, &slot));
 
   internal::AllReduceRmsNormArgs k{};
   k.base.in = args.partial;

@@ -34,7 +34,7 @@
 // and must be recreated on all ranks. Host-side exchanges are bounded by the bootstrap timeout.
 //
 // Memory: one IPC region per rank of 2 * buffer_bytes + 64 KiB, shared with every peer, plus a
-// device table of max_graph_inputs * 72 bytes, plus the fused all-reduce + RMSNorm's push buffer
+// device table of max_graph_inputs * 136 bytes, plus the fused all-reduce + RMSNorm's push buffer
 // of 2 * world_size * 512 KiB (also shared with every peer). Not thread-safe; calls must be ordered on the
 // device (see Communicator). The HostBootstrap must outlive this object. Destruction is
 // collective (it waits at a bootstrap barrier so no peer still reads this rank's memory).
@@ -148,6 +148,11 @@ class CustomAllReduce {
     const void* address;      // this rank's input
     cudaIpcMemHandle_t handle;  // of the allocation holding it
     uint64_t offset;          // of `address` within that allocation
+    // Where the call gathers into outputs (every rank exported its output): this rank's.
+    bool has_output;
+    void* output;
+    cudaIpcMemHandle_t output_handle;
+    uint64_t output_offset;
     std::string key;          // capture key, for messages
   };
 
@@ -156,7 +161,9 @@ class CustomAllReduce {
   // Allocates this rank's push buffer (sentinel-filled), exchanges and maps every peer's.
   // Collective; Unavailable on every rank when any rank failed.
   absl::Status InitPush();
-  absl::Status RecordGraphInput(const void* in, int* slot);
+  // Records a captured call's input, and its output when `out` is not null (a two-shot call
+  // that may gather into outputs; used only if every rank can export its output).
+  absl::Status RecordGraphInput(const void* in, void* out, int* slot);
   absl::StatusOr<void*> OpenPeerHandle(int peer, const cudaIpcMemHandle_t& handle);
   absl::StatusOr<bool> CanAccessPeerFromDevice(const std::string& bus_id);
 

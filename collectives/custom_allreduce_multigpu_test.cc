@@ -63,9 +63,9 @@ AllReduceConfig TestConfig() {
 }
 
 // TestConfig with the kernel's other code paths: the options not taken by default (programmatic
-// launch, push or pull of inputs and of the two-shot gather), and a small odd grid (7 blocks of
-// 96 or 64 threads) so every size above a few KiB takes several passes and ends in a partial
-// unrolled step. Pushed inputs fit the 4 MiB test buffer up to 1 MiB (one-shot, world 4) or
+// launch, push or pull of inputs and of the two-shot gather; registered two-shot calls still
+// gather into outputs), and a small odd grid (7 blocks of 96 or 64 threads) so every size above
+// a few KiB takes several passes and ends in a partial unrolled step. Pushed inputs fit the 4 MiB test buffer up to 1 MiB (one-shot, world 4) or
 // 2 MiB (two-shot): the larger test sizes pull either way.
 AllReduceConfig AlternateConfig() {
   const AllReduceConfig defaults;
@@ -501,6 +501,15 @@ TEST(CustomAllReduceMultiGpuTest, GraphReplaysWithInputsChangedAfterCapture) {
 TEST(CustomAllReduceMultiGpuTest, GraphReplaysWithTheOtherLaunchOptions) {
   KILN_REQUIRE_GPUS(2);
   GraphReplaysWithInputsChangedAfterCapture(AlternateConfig());
+}
+
+// The default gathers registered two-shot calls into the peers' outputs (with pulled inputs in
+// TestConfig, pushed ones in AlternateConfig); this runs the same graphs gathering into staging.
+TEST(CustomAllReduceMultiGpuTest, GraphReplaysGatheringIntoStaging) {
+  KILN_REQUIRE_GPUS(2);
+  AllReduceConfig config = TestConfig();
+  config.set_two_shot_gather_to_outputs(false);
+  GraphReplaysWithInputsChangedAfterCapture(config);
 }
 
 TEST(CustomAllReduceMultiGpuTest, ReplayBeforeRegistrationIsFailedPrecondition) {

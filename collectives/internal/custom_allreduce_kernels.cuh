@@ -36,6 +36,9 @@
 //                            gather area of every peer's half (offset W * shard with
 //                            push_inputs, else 0: where the peer's staged input of the same pack
 //                            was, which only this thread read, just before).
+//   two-shot, gather to outputs (registered calls whose table entry holds every rank's
+//                            output): the owner writes the reduced pack straight into every
+//                            peer's output, and the call ends at its second barrier.
 // Pushing inputs writes into a peer's half before the first barrier of the call. That is safe
 // for the reason the halves alternate at all: this rank started call N only after every block
 // of its call N - 1 met every peer at a barrier, which each peer reached only after its call
@@ -289,6 +292,7 @@ __global__ void __launch_bounds__(1024) CustomAllReduceKernel(const CustomAllRed
   __shared__ uint64_t s_epoch;
   __shared__ int s_skip;
   __shared__ const uint4* s_inputs[W];
+  __shared__ uint4* s_outputs[W];
   const bool registered = a.registered != nullptr;
   // The table entry is written by the host (RegisterGraphBuffers), never by a kernel, so it is
   // read before the wait, in parallel with the control block after it.
@@ -296,6 +300,7 @@ __global__ void __launch_bounds__(1024) CustomAllReduceKernel(const CustomAllRed
   if (registered) {
     if (threadIdx.x < W) {
       s_inputs[threadIdx.x] = static_cast<const uint4*>(a.registered->ptrs[threadIdx.x]);
+      s_outputs[threadIdx.x] = static_cast<uint4*>(a.registered->outs[threadIdx.x]);
     }
     if (threadIdx.x == 0) ready = a.registered->ready;
   }
@@ -408,6 +413,9 @@ __global__ void __launch_bounds__(1024) CustomAllReduceKernel(const CustomAllRed
                              : StagingHalf(a.regions[w], set, a.half_bytes);
     }
     const uint64_t gather = push_inputs ? W * shard : 0;  // gather area, in packs
+    // Gather into the peers' outputs (registered with the inputs): see the comment at the
+    // all-gather below.
+    const bool to_outputs = registered && s_outputs[rank] != nullptr;
     if (push_inputs || !registered) {
       // Each piece of this rank's input goes to its shard's owner: into the owner's inbox
       // (push) or into this rank's staging for the owner to read (staged). This rank's own
@@ -453,7 +461,12 @@ __global__ void __launch_bounds__(1024) CustomAllReduceKernel(const CustomAllRed
         if (j0 + u * stride >= shard || g >= n) continue;
         const uint4 r = ReduceRanks<T, W>(v[u]);
         out[g] = r;
-        if (a.push_gather) {
+        if (to_outputs) {
+#pragma unroll
+          for (int p = 0; p < W; ++p) {
+            if (p != rank) s_outputs[p][g] = r;
+          }
+        } else if (a.push_gather) {
 #pragma unroll
           for (int p = 0; p < W; ++p) {
             if (p != rank) StagingHalf(a.regions[p], set, a.half_bytes)[gather + g] = r;
@@ -466,7 +479,12 @@ __global__ void __launch_bounds__(1024) CustomAllReduceKernel(const CustomAllRed
     if (!BlockBarrier<W>(a, set, value + 1, 1)) return;
     LaunchDependentGrids();
     counter.Start(a);
-    for (uint64_t j0 = tid; j0 < shard; j0 += kU * stride) {
+    // Gathered into outputs: every peer wrote its shard into this rank's output before the
+    // barrier, so the output is whole. Pack g of peer p's output is written only by the owner
+    // of g's shard; where the output is the input (in place), that pack of p's input was read
+    // only by that owner, by the same thread, before it wrote it; and no peer writes here
+    // before this rank passed its first barrier, after the previous kernel of its stream ended.
+    for (uint64_t j0 = to_outputs ? shard : tid; j0 < shard; j0 += kU * stride) {
       uint4 v[kU][W];
 #pragma unroll
       for (int u = 0; u < kU; ++u) {

@@ -41,9 +41,12 @@ struct AllReduceControl {
 };
 
 // One captured call's inputs on every rank, filled by RegisterGraphBuffers. `ready` stays 0
-// until then, and a kernel that finds it 0 touches no peer memory.
+// until then, and a kernel that finds it 0 touches no peer memory. `outs` holds every rank's
+// output where the call was captured to gather into outputs (a two-shot call whose output every
+// rank could export), else all null.
 struct RegisteredInput {
   const void* ptrs[kMaxRanks];
+  void* outs[kMaxRanks];
   uint64_t ready;
 };
 
