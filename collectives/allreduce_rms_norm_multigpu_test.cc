@@ -35,6 +35,7 @@
 #include "collectives/communicator.h"
 #include "collectives/custom_allreduce.h"
 #include "collectives/testing/multiprocess_test_util.h"
+#include "collectives/testing/rank_rig.h"
 #include "graph/capture_context.h"
 #include "gtest/gtest.h"
 #include "runtime/cuda/device_buffer.h"
@@ -44,7 +45,10 @@
 namespace kiln {
 namespace {
 
+using testing::AllocOrFail;
+using testing::MakeRig;
 using testing::RankContext;
+using testing::RankRig;
 using testing::RunOnEveryGpu;
 
 constexpr size_t kBufferBytes = 4 << 20;
@@ -283,29 +287,6 @@ void Poison(void* p, size_t bytes, cudaStream_t stream) {  // NaN in bf16
   ASSERT_EQ(cudaMemsetAsync(p, 0xFF, bytes, stream), cudaSuccess);
 }
 
-DeviceBuffer Alloc(size_t bytes, const char* name) {
-  auto b = DeviceBuffer::Allocate(bytes, name);
-  EXPECT_TRUE(b.ok()) << b.status();
-  return b.ok() ? std::move(b).value() : DeviceBuffer();
-}
-
-struct RankRig {
-  std::unique_ptr<AutoCommunicator> comm;
-  Stream stream;
-};
-
-void MakeRig(RankContext& ctx, const AllReduceConfig& config, RankRig* rig) {
-  ASSERT_EQ(cudaSetDevice(ctx.device()), cudaSuccess);
-  auto comm = AutoCommunicator::Create(ctx.bootstrap, ctx.device(), config);
-  ASSERT_TRUE(comm.ok()) << comm.status();
-  rig->comm = std::move(comm).value();
-  ASSERT_TRUE(rig->comm->custom_available())
-      << "P2P over NVLink is expected on these hosts: " << rig->comm->custom_unavailable_reason();
-  auto stream = Stream::Create();
-  ASSERT_TRUE(stream.ok()) << stream.status();
-  rig->stream = std::move(stream).value();
-}
-
 // Device buffers of one fused call; `out` is `partial` itself when in place.
 struct CallBuffers {
   Shape shape;
@@ -333,10 +314,10 @@ CallBuffers MakeCall(const Shape& s, bool in_place) {
   c.shape = s;
   c.in_place = in_place;
   const size_t bytes = static_cast<size_t>(s.tokens * s.hidden) * 2;
-  c.partial = Alloc(bytes, "partial");
-  c.residual = Alloc(bytes, "residual");
-  c.weight = Alloc(static_cast<size_t>(s.hidden) * 2, "weight");
-  if (!in_place) c.out_buffer = Alloc(bytes, "out");
+  c.partial = AllocOrFail(bytes, "partial");
+  c.residual = AllocOrFail(bytes, "residual");
+  c.weight = AllocOrFail(static_cast<size_t>(s.hidden) * 2, "weight");
+  if (!in_place) c.out_buffer = AllocOrFail(bytes, "out");
   return c;
 }
 
@@ -416,7 +397,7 @@ TEST(AllReduceRmsNormMultiGpuTest, EagerFusedEqualsUnfusedAndFloat64Reference) {
         CallBuffers c = MakeCall(shape, in_place);
 
         // The unfused all-reduce (custom one-shot, staged) of the same partial sums.
-        DeviceBuffer sum_buffer = Alloc(c.count() * 2, "sum");
+        DeviceBuffer sum_buffer = AllocOrFail(c.count() * 2, "sum");
         ASSERT_NO_FATAL_FAILURE(Upload(c.partial.data(), in.partial[ctx.rank], s));
         ASSERT_NO_FATAL_FAILURE(Poison(sum_buffer.data(), c.count() * 2, s));
         ASSERT_TRUE(rig.comm->custom()
@@ -455,8 +436,8 @@ void GraphReplays(RankContext& ctx, bool registered) {
   for (const Shape& shape : shapes) calls.push_back(MakeCall(shape, false));
   calls.push_back(MakeCall({8, 2048}, true));  // in place: always staged
   const size_t plain_count = 4096;
-  DeviceBuffer plain_in = Alloc(plain_count * 2, "plain in");
-  DeviceBuffer plain_out = Alloc(plain_count * 2, "plain out");
+  DeviceBuffer plain_in = AllocOrFail(plain_count * 2, "plain in");
+  DeviceBuffer plain_out = AllocOrFail(plain_count * 2, "plain out");
 
   std::vector<Inputs> inputs(calls.size());
   std::vector<uint16_t> plain_values;

@@ -24,6 +24,7 @@
 #include "collectives/communicator.h"
 #include "collectives/custom_allreduce.h"
 #include "collectives/testing/multiprocess_test_util.h"
+#include "collectives/testing/rank_rig.h"
 #include "graph/capture_context.h"
 #include "gtest/gtest.h"
 #include "runtime/cuda/device_buffer.h"
@@ -33,7 +34,10 @@
 namespace kiln {
 namespace {
 
+using testing::AllocOrFail;
+using testing::MakeRig;
 using testing::RankContext;
+using testing::RankRig;
 using testing::RunOnEveryGpu;
 
 constexpr size_t kBufferBytes = 4 << 20;  // the tests' custom buffer limit
@@ -214,30 +218,6 @@ size_t Mismatches(const std::vector<uint8_t>& got, const std::vector<double>& wa
   return bad;
 }
 
-struct RankRig {
-  std::unique_ptr<AutoCommunicator> comm;
-  Stream stream;
-};
-
-// Creates this rank's communicator (custom all-reduce required) and a stream.
-void MakeRig(RankContext& ctx, const AllReduceConfig& config, RankRig* rig) {
-  ASSERT_EQ(cudaSetDevice(ctx.device()), cudaSuccess);
-  auto comm = AutoCommunicator::Create(ctx.bootstrap, ctx.device(), config);
-  ASSERT_TRUE(comm.ok()) << comm.status();
-  rig->comm = std::move(comm).value();
-  ASSERT_TRUE(rig->comm->custom_available())
-      << "P2P over NVLink is expected on these hosts: " << rig->comm->custom_unavailable_reason();
-  auto stream = Stream::Create();
-  ASSERT_TRUE(stream.ok()) << stream.status();
-  rig->stream = std::move(stream).value();
-}
-
-DeviceBuffer Alloc(size_t bytes, const char* name) {
-  auto b = DeviceBuffer::Allocate(bytes, name);
-  EXPECT_TRUE(b.ok()) << b.status();
-  return b.ok() ? std::move(b).value() : DeviceBuffer();
-}
-
 constexpr DataType kDtypes[] = {DataType::kBf16, DataType::kFp16, DataType::kFp32};
 
 // ---- tests ------------------------------------------------------------------------------------
@@ -249,9 +229,9 @@ void EagerKernelsEqualNccl(const AllReduceConfig& config) {
     ASSERT_NO_FATAL_FAILURE(MakeRig(ctx, config, &rig));
     const uint64_t seed = SharedSeed(ctx);
     const cudaStream_t s = rig.stream.get();
-    DeviceBuffer in = Alloc(kBufferBytes, "in");
-    DeviceBuffer out = Alloc(kBufferBytes, "out");
-    DeviceBuffer ref = Alloc(kBufferBytes, "nccl out");
+    DeviceBuffer in = AllocOrFail(kBufferBytes, "in");
+    DeviceBuffer out = AllocOrFail(kBufferBytes, "out");
+    DeviceBuffer ref = AllocOrFail(kBufferBytes, "nccl out");
     // 16 bytes to the limit, odd multiples of 16 included.
     const size_t sizes[] = {16,          48,          208,          4096,
                             16 * 1001,   65536 + 48,  262144,       16 * 65537,
@@ -317,8 +297,8 @@ TEST(CustomAllReduceMultiGpuTest, RealValuedSumsAreBitwiseIdenticalOnEveryRank) 
     const uint64_t seed = SharedSeed(ctx);
     const cudaStream_t s = rig.stream.get();
     const size_t bytes = 16 * 40961;  // odd number of packs
-    DeviceBuffer in = Alloc(bytes, "in");
-    DeviceBuffer out = Alloc(bytes, "out");
+    DeviceBuffer in = AllocOrFail(bytes, "in");
+    DeviceBuffer out = AllocOrFail(bytes, "out");
     for (DataType dtype : kDtypes) {
       const size_t count = bytes / DataTypeSize(dtype);
       // Every rank's input (rounded to the dtype), and the float64 sum of those.
@@ -391,8 +371,8 @@ void GraphReplaysWithInputsChangedAfterCapture(const AllReduceConfig& config) {
     const DataType dtype = DataType::kBf16;
     std::vector<DeviceBuffer> ins, outs;
     for (const Op& op : ops) {
-      ins.push_back(Alloc(op.bytes + op.in_offset, "graph in"));
-      outs.push_back(op.in_place ? DeviceBuffer() : Alloc(op.bytes + op.in_offset, "graph out"));
+      ins.push_back(AllocOrFail(op.bytes + op.in_offset, "graph in"));
+      outs.push_back(op.in_place ? DeviceBuffer() : AllocOrFail(op.bytes + op.in_offset, "graph out"));
     }
     auto in_ptr = [&](int i) { return static_cast<char*>(ins[i].data()) + ops[i].in_offset; };
     auto out_ptr = [&](int i) {
@@ -520,8 +500,8 @@ TEST(CustomAllReduceMultiGpuTest, ReplayBeforeRegistrationIsFailedPrecondition) 
     const cudaStream_t s = rig.stream.get();
     const size_t bytes = 512 << 10;  // two-shot, registered under capture
     const size_t count = bytes / 2;
-    DeviceBuffer in = Alloc(bytes, "in");
-    DeviceBuffer out = Alloc(bytes, "out");
+    DeviceBuffer in = AllocOrFail(bytes, "in");
+    DeviceBuffer out = AllocOrFail(bytes, "out");
     uint64_t seed = SharedSeed(ctx);
     Upload(in.data(), Encode(IntegerInputs(count, ctx.rank, seed), DataType::kBf16), s);
     ASSERT_TRUE(rig.comm->AllReduce(in.data(), out.data(), count, DataType::kBf16, s).ok());
@@ -581,8 +561,8 @@ TEST(CustomAllReduceMultiGpuTest, UnalignedAndOversizeEagerCallsTakeNccl) {
     RankRig rig;
     ASSERT_NO_FATAL_FAILURE(MakeRig(ctx, TestConfig(), &rig));
     const cudaStream_t s = rig.stream.get();
-    DeviceBuffer in = Alloc(kBufferBytes + 64, "in");
-    DeviceBuffer out = Alloc(kBufferBytes + 64, "out");
+    DeviceBuffer in = AllocOrFail(kBufferBytes + 64, "in");
+    DeviceBuffer out = AllocOrFail(kBufferBytes + 64, "out");
     const uint64_t seed = SharedSeed(ctx);
     struct Case {
       const char* name;
@@ -630,8 +610,8 @@ TEST(CustomAllReduceMultiGpuTest, DeadPeerEndsInDeadlineExceeded) {
         ASSERT_NO_FATAL_FAILURE(MakeRig(ctx, config, &rig));
         const cudaStream_t s = rig.stream.get();
         const size_t count = 4096;
-        DeviceBuffer in = Alloc(count * 2, "in");
-        DeviceBuffer out = Alloc(count * 2, "out");
+        DeviceBuffer in = AllocOrFail(count * 2, "in");
+        DeviceBuffer out = AllocOrFail(count * 2, "out");
         const uint64_t seed = SharedSeed(ctx);
         Upload(in.data(), Encode(IntegerInputs(count, ctx.rank, seed), DataType::kBf16), s);
         for (int i = 0; i < 3; ++i) {
