@@ -68,8 +68,14 @@ absl::StatusOr<AllReducePlan> AutoCommunicator::Plan(const void* in, const void*
   return SelectAllReduce(config_, request);
 }
 
+void AutoCommunicator::AbortAfterTimeout(const absl::Status& error) {
+  aborted_ = error;
+  nccl_->Abort(error);
+}
+
 absl::Status AutoCommunicator::AllReduce(const void* in, void* out, size_t count,
                                          DataType dtype, cudaStream_t stream) {
+  RETURN_IF_ERROR(aborted_);
   ASSIGN_OR_RETURN(AllReducePlan plan, Plan(in, out, count, dtype, stream));
   if (plan.algorithm != AllReduceAlgorithm::kNccl) {
     absl::Status status = custom_->AllReduce(in, out, count, dtype, plan, stream);
@@ -105,6 +111,7 @@ bool AutoCommunicator::SupportsAllReduceAddRmsNorm(int64_t tokens, int64_t hidde
 
 absl::Status AutoCommunicator::AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs& args,
                                                    cudaStream_t stream) {
+  RETURN_IF_ERROR(aborted_);
   if (!SupportsAllReduceAddRmsNorm(args.tokens, args.hidden, args.dtype)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "No fused all-reduce + RMSNorm for %d x %d %s here (%s); check "
@@ -151,6 +158,7 @@ absl::Status AutoCommunicator::AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs
 }
 
 absl::Status AutoCommunicator::CheckAsyncErrors() {
+  RETURN_IF_ERROR(aborted_);
   if (custom_ != nullptr) RETURN_IF_ERROR(custom_->CheckAsyncErrors());
   return nccl_->CheckAsyncErrors();
 }

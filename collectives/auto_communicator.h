@@ -111,10 +111,13 @@ class AutoCommunicator : public Communicator {
  private:
   AutoCommunicator(const AllReduceConfig& config, std::unique_ptr<NcclCommunicator> nccl)
       : config_(config), nccl_(std::move(nccl)) {}
+  // Aborts NCCL; every later call returns `error`.
+  void AbortAfterTimeout(const absl::Status& error) override;
 
   AllReduceConfig config_;
   std::unique_ptr<NcclCommunicator> nccl_;
   std::unique_ptr<CustomAllReduce> custom_;  // destroyed first (collective barrier)
+  absl::Status aborted_;  // set by SynchronizeStream's timeout
   std::string custom_reason_;
   AllReduceStats stats_;
   bool logged_ipc_fallback_ = false;

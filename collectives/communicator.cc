@@ -1,5 +1,13 @@
 #include "collectives/communicator.h"
 
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "runtime/cuda/capture_check.h"
+#include "runtime/cuda/status.h"
+#include "runtime/cuda/status_macros.h"
+
 namespace kiln {
 
 size_t DataTypeSize(DataType dtype) {
@@ -23,6 +31,37 @@ const char* DataTypeName(DataType dtype) {
       return "fp32";
   }
   return "unknown";
+}
+
+absl::Status Communicator::SynchronizeStream(cudaStream_t stream, absl::Duration timeout) {
+  RETURN_IF_ERROR(CheckNotCapturing(stream, "Communicator::SynchronizeStream"));
+  // Polls: a blocking wait could not be given up. Spins for the first millisecond (a decode
+  // step's wait), then sleeps between polls.
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + timeout;
+  for (int polls = 0;; ++polls) {
+    const cudaError_t state = cudaStreamQuery(stream);
+    if (state == cudaSuccess) return CheckAsyncErrors();
+    if (state != cudaErrorNotReady) return ToStatus(state, "cudaStreamQuery");
+    const absl::Time now = absl::Now();
+    if (now >= deadline) break;
+    if (now - start < absl::Milliseconds(1)) {
+      std::this_thread::yield();
+    } else {
+      absl::SleepFor(absl::Microseconds(polls < 1000 ? 20 : 200));
+    }
+  }
+  const absl::Status error = absl::DeadlineExceededError(absl::StrFormat(
+      "Rank %d of %d: the stream's collectives did not finish within %s; a peer process died or "
+      "is stuck. The communicator was aborted: recreate it on every rank",
+      rank(), world_size(), absl::FormatDuration(timeout)));
+  AbortAfterTimeout(error);
+  // Aborted kernels return; give them the same time again so the caller may free its buffers.
+  const absl::Time drain = absl::Now() + timeout;
+  while (cudaStreamQuery(stream) == cudaErrorNotReady && absl::Now() < drain) {
+    absl::SleepFor(absl::Microseconds(200));
+  }
+  return error;
 }
 
 }  // namespace kiln

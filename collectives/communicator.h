@@ -5,8 +5,8 @@
 //   RETURN_IF_ERROR(comm.AllReduce(partial, summed, hidden * tokens, kiln::DataType::kBf16,
 //                                  stream));
 //   ...
-//   RETURN_IF_ERROR(stream.Synchronize());
-//   RETURN_IF_ERROR(comm.CheckAsyncErrors());   // a peer that died or hung shows up here
+//   // Waits for the stream, bounded: a peer that died or hung shows up here as DeadlineExceeded.
+//   RETURN_IF_ERROR(comm.SynchronizeStream(stream, absl::Seconds(30)));
 //
 // AllReduce is a sum over every rank, enqueued on `stream` (asynchronous). Every rank must make
 // the same sequence of calls with the same count and dtype. Implementations say whether a call
@@ -32,6 +32,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 
 namespace kiln {
 
@@ -91,6 +92,14 @@ class Communicator {
   // learn about the calls enqueued on it. Legal during capture.
   virtual absl::Status CheckAsyncErrors() = 0;
 
+  // Waits up to `timeout` for the work enqueued on `stream` so far (graph replays included),
+  // then returns CheckAsyncErrors(). When the work has not finished by then, a peer died or
+  // hung: aborts this communicator (NCCL's kernels wait for their peers without a limit; aborted,
+  // they return) and returns DeadlineExceeded; the communicator is unusable afterwards (every
+  // later call fails; recreate it on every rank). Use it instead of cudaStreamSynchronize where
+  // a peer may die. Not during capture.
+  absl::Status SynchronizeStream(cudaStream_t stream, absl::Duration timeout);
+
   // Returns whether AllReduceAddRmsNorm takes rows of this shape. The answer depends only on the
   // arguments and on how the communicator was created, never on the capture state or on
   // pointers, so it is the same at capture and at replay and on every rank: callers may choose
@@ -110,6 +119,12 @@ class Communicator {
         "This communicator has no fused all-reduce + add + RMSNorm; check "
         "SupportsAllReduceAddRmsNorm() and use AllReduce and a separate norm");
   }
+
+ protected:
+  // Called by SynchronizeStream when the stream did not finish in time, with the error every
+  // later call must return: stops whatever waits for the peers without a limit. Default:
+  // nothing (implementations whose waits are all bounded).
+  virtual void AbortAfterTimeout(const absl::Status& error) {}
 };
 
 }  // namespace kiln

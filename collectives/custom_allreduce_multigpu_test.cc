@@ -643,5 +643,57 @@ TEST(CustomAllReduceMultiGpuTest, DeadPeerEndsInDeadlineExceeded) {
       options);
 }
 
+// NCCL's kernels have no timeout of their own: SynchronizeStream bounds the wait, aborts the
+// communicator and reports DeadlineExceeded; the aborted kernels return.
+TEST(CustomAllReduceMultiGpuTest, DeadPeerInNcclEndsInDeadlineExceededFromSynchronizeStream) {
+  KILN_REQUIRE_GPUS(2);
+  testing::MultiProcessTestOptions options = Options();
+  options.final_barrier = false;  // one rank exits on purpose
+  RunOnEveryGpu(
+      [](RankContext& ctx) {
+        AllReduceConfig config = TestConfig();
+        config.set_bootstrap_timeout_ms(5000);
+        RankRig rig;
+        ASSERT_NO_FATAL_FAILURE(MakeRig(ctx, config, &rig));
+        const cudaStream_t s = rig.stream.get();
+        const size_t count = kBufferBytes / 2 + 4096;  // above the custom buffer: NCCL
+        DeviceBuffer in = AllocOrFail(count * 2, "in");
+        DeviceBuffer out = AllocOrFail(count * 2, "out");
+        const uint64_t seed = SharedSeed(ctx);
+        Upload(in.data(), Encode(IntegerInputs(count, ctx.rank, seed), DataType::kBf16), s);
+        for (int i = 0; i < 3; ++i) {
+          ASSERT_TRUE(rig.comm->AllReduce(in.data(), out.data(), count, DataType::kBf16, s).ok());
+        }
+        const int64_t nccl_calls = rig.comm->stats().nccl;
+        EXPECT_EQ(nccl_calls, 3);
+        absl::Status ok = rig.comm->SynchronizeStream(s, absl::Seconds(20));
+        ASSERT_TRUE(ok.ok()) << ok;
+        // The results are right before anyone dies.
+        EXPECT_EQ(Mismatches(Download(out.data(), count * 2, s),
+                             IntegerSum(count, ctx.world_size, seed), DataType::kBf16),
+                  0u);
+        ASSERT_TRUE(ctx.bootstrap.Barrier().ok());
+        if (ctx.rank == ctx.world_size - 1) ctx.ExitProcessNow();  // dies between collectives
+
+        absl::SleepFor(absl::Milliseconds(300));
+        ASSERT_TRUE(rig.comm->AllReduce(in.data(), out.data(), count, DataType::kBf16, s).ok());
+        const absl::Time start = absl::Now();
+        absl::Status status = rig.comm->SynchronizeStream(s, absl::Seconds(2));
+        const absl::Duration waited = absl::Now() - start;
+        EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+        EXPECT_GE(waited, absl::Milliseconds(1900));
+        EXPECT_LT(waited, absl::Seconds(8)) << "the timeout, then the aborted kernel's return";
+        EXPECT_EQ(cudaStreamQuery(s), cudaSuccess) << "the aborted NCCL kernel must return";
+        // Sticky: later calls fail at once with the same error.
+        EXPECT_EQ(rig.comm->AllReduce(in.data(), out.data(), count, DataType::kBf16, s).code(),
+                  absl::StatusCode::kDeadlineExceeded);
+        EXPECT_EQ(rig.comm->CheckAsyncErrors().code(), absl::StatusCode::kDeadlineExceeded);
+        // The custom all-reduce's teardown is collective (it would wait for the dead peer); the
+        // process is about to exit, so leave it to the driver.
+        rig.comm.release();
+      },
+      options);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -115,9 +116,10 @@ NcclCommunicator::~NcclCommunicator() {
   }
 }
 
-void NcclCommunicator::Abort() {
+void NcclCommunicator::Abort(absl::Status reason) {
   if (comm_ != nullptr) ncclCommAbort(comm_);
   comm_ = nullptr;
+  if (aborted_.ok()) aborted_ = std::move(reason);
 }
 
 absl::Status NcclCommunicator::Await(ncclResult_t result, const char* what) {
@@ -128,13 +130,13 @@ absl::Status NcclCommunicator::Await(ncclResult_t result, const char* what) {
 
 absl::Status NcclCommunicator::AllReduce(const void* in, void* out, size_t count, DataType dtype,
                                          cudaStream_t stream) {
-  if (comm_ == nullptr) return absl::FailedPreconditionError("The NCCL communicator was aborted");
+  if (comm_ == nullptr) return aborted_;
   return Await(ncclAllReduce(in, out, count, ToNccl(dtype), ncclSum, comm_, stream),
                "ncclAllReduce");
 }
 
 absl::Status NcclCommunicator::CheckAsyncErrors() {
-  if (comm_ == nullptr) return absl::FailedPreconditionError("The NCCL communicator was aborted");
+  if (comm_ == nullptr) return aborted_;
   ncclResult_t state = ncclSuccess;
   NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(comm_, &state));
   if (state == ncclSuccess || state == ncclInProgress) return absl::OkStatus();

@@ -8,8 +8,10 @@
 //
 // AllReduce may be captured into a CUDA graph (make one eager call of each size first, so NCCL
 // connects outside the capture). NCCL's kernels have no timeout: a peer that dies inside an
-// NCCL collective hangs it (AutoCommunicator prefers the custom all-reduce, which has one,
-// wherever it applies). Not thread-safe; the bootstrap is needed only during Create.
+// NCCL collective hangs it until the communicator is aborted: wait for the stream with
+// SynchronizeStream(stream, timeout), which aborts it after the timeout (AutoCommunicator also
+// prefers the custom all-reduce, whose waits are bounded, wherever it applies). Not
+// thread-safe; the bootstrap is needed only during Create.
 #ifndef KILN_COLLECTIVES_NCCL_COMMUNICATOR_H_
 #define KILN_COLLECTIVES_NCCL_COMMUNICATOR_H_
 
@@ -51,8 +53,10 @@ class NcclCommunicator : public Communicator {
   absl::Status CheckAsyncErrors() override;
 
   // Aborts the communicator now (ncclCommAbort) instead of finalizing it with its peers on
-  // destruction: for when a peer is known to be gone. Later calls fail.
-  void Abort();
+  // destruction: for when a peer is known to be gone. NCCL kernels still waiting for peers
+  // return. Later calls return `reason`.
+  void Abort(absl::Status reason =
+                 absl::FailedPreconditionError("The NCCL communicator was aborted"));
 
   // Returns the raw communicator; this object keeps ownership.
   ncclComm_t comm() const { return comm_; }
@@ -61,11 +65,13 @@ class NcclCommunicator : public Communicator {
   NcclCommunicator(ncclComm_t comm, int rank, int world_size, absl::Duration timeout)
       : comm_(comm), rank_(rank), world_size_(world_size), timeout_(timeout) {}
   absl::Status Await(ncclResult_t result, const char* what);
+  void AbortAfterTimeout(const absl::Status& error) override { Abort(error); }
 
   ncclComm_t comm_;
   int rank_;
   int world_size_;
   absl::Duration timeout_;
+  absl::Status aborted_;  // what every call returns once aborted
 };
 
 }  // namespace kiln
