@@ -55,7 +55,7 @@
 // (at most kPrefetchGemmMaxRows rows) and fold_norm_into_gemm is on (and the all-reduce does not
 // already do the norms, below), the residual add + RMSNorm before each runs in that GEMM's
 // prologue (PrefetchGemmInput::kAddRmsNorm; layer 0's plain RMSNorm as kRmsNorm): the two norm
-// kernels per layer drop out, with the same bits. Every CTA of the GEMM reads the residual, so
+// kernels per layer drop out, with the same bits (off by default: not faster, see the option). Every CTA of the GEMM reads the residual, so
 // the one that adds to it writes the sum elsewhere: the QKV GEMM from `residual` into
 // mid_residual, the gate-up GEMM back into `residual`, so every layer (and piece) starts with the
 // residual in `residual`, folded or not.
@@ -162,8 +162,11 @@ struct LlamaModelOptions {
   bool fuse_allreduce_norm = true;
   // Where a step's QKV and gate-up projections both take the prefetch GEMM, the residual add +
   // RMSNorm before each runs in that GEMM's prologue instead of its own kernel (see the file
-  // comment); the results are the same bits either way. false: always the norm kernels.
-  bool fold_norm_into_gemm = true;
+  // comment); the results are the same bits either way. Off by default: on an H200 (1B shape)
+  // the step was as fast at batch 1 and slower at 2 to 8 (1.240 against 1.170 ms at 8): without
+  // the norm kernel between them, a GEMM's CTAs find no room beside the previous GEMM's and
+  // cannot fill their ring before the wait (runtime/model/NOTES.md).
+  bool fold_norm_into_gemm = false;
 };
 
 // The device views one step reads and writes. All pointers are device memory owned by the

@@ -121,7 +121,7 @@ struct RunnerOptions {
   PrefetchGemmRows prefetch_gemm_rows;
   int prefetch_gemm_ctas_per_sm = 2;
   bool prefetch_gemm_silu = false;
-  bool fold_norm_into_gemm = true;
+  bool fold_norm_into_gemm = false;
   DecodeGemmRows decode_gemm_rows;
   bool silu_in_down = true;
   bool fuse_rope_append = true;

@@ -319,7 +319,7 @@ int Main(int argc, char** argv) {
     const Variant variants[] = {
         {"as configured", [](RunnerOptions&) {}},
         {"SiLU kernel", [](RunnerOptions& o) { o.silu_in_down = false; }},
-        {"norm fold off (norm kernels)", [](RunnerOptions& o) { o.fold_norm_into_gemm = false; }},
+        {"norm fold flipped", [](RunnerOptions& o) { o.fold_norm_into_gemm = !o.fold_norm_into_gemm; }},
         {"RoPE+append apart", [](RunnerOptions& o) { o.fuse_rope_append = false; }},
         {"merge kernel", [](RunnerOptions& o) { o.fused_attention_merge = false; }},
         {"KV chunk >= 256", [](RunnerOptions& o) { o.decode_min_kv_chunk = 256; }},
