@@ -27,9 +27,10 @@
 // them still run and fill the ring (up to ~100 KiB per CTA) before griddepcontrol.wait; only then
 // do they read x (one bulk copy per row, or through SiLU·mul or the norm where asked), multiply
 // on the tensor cores (mma.m16n8k16, x padded to 8 rows) and write y. Through the norm, every CTA
-// computes the whole normed x [m, k] in shared memory (a few KiB of L2 reads, far fewer bytes than
-// its share of W) and CTA 0 alone writes the new residual, so the residual it reads and the one it
-// writes must be different buffers. ChoosePrefetchGemmConfig sizes the ring
+// computes the whole normed x [m, k] in shared memory (2 × m rows of k read from L2 through
+// registers: at 8 rows as many bytes as a CTA's share of the QKV weights, one reason the fold did
+// not speed up the 1B step, runtime/model/NOTES.md) and CTA 0 alone writes the new residual, so
+// the residual it reads and the one it writes must be different buffers. ChoosePrefetchGemmConfig sizes the ring
 // so that two CTAs fit on one SM: two of this projection by default; with one CTA per SM, the
 // next projection's CTAs fit beside this one's and prefetch while it streams, which measured
 // slower in a decode step (runtime/model/NOTES.md, with the per-projection figures).
