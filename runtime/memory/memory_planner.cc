@@ -94,6 +94,9 @@ constexpr int kPrefillTileRows = 64;
 // (runtime/runner/step_plan.cc, MetadataLayout; runtime/model/llama_model.cc, Offsets).
 constexpr int64_t kMetadataAlign = 256;
 constexpr int64_t kActivationAlign = 256;
+// The most token rows whose norms the model folds into its GEMMs (kPrefetchGemmMaxRows in
+// runtime/model/prefetch_gemm.h): the rows of its mid_residual buffer.
+constexpr int64_t kFoldedNormMaxRows = 8;
 
 // Prefill-only graphs are captured up to this many tokens by default (DESIGN.md, graph/).
 constexpr int kDefaultPrefillCaptureLimit = 512;
@@ -451,6 +454,8 @@ int64_t KvBytesPerToken(const ModelShape& model, DType kv_dtype, int tp) {
 //   attention output                               [T, heads / rank × head_dim]
 //   gate-up, SiLU·mul                              [T, 2F / rank], [T, F / rank]
 //   each sequence's last token                     [rows, H]
+//   the residual between the QKV and gate-up GEMMs [min(T, 8), H]
+//     where they fold the norms (only at ≤ 8 rows: kPrefetchGemmMaxRows)
 // With tensor parallelism each rank runs the model on its shard (runtime/model/tensor_parallel.h),
 // with these per-rank widths; the O and down projections' partial sums use the normed buffer
 // before the all-reduce writes the output buffer, so the layout is the same.
@@ -483,7 +488,8 @@ int64_t ActivationArenaBytes(const ModelShape& model, int tp, int64_t num_tokens
   auto aligned = [](int64_t bytes) { return CeilDiv(bytes, kActivationAlign) * kActivationAlign; };
   return 3 * aligned(num_tokens * w.hidden * e) + aligned(num_tokens * w.qkv * e) +
          aligned(num_tokens * w.attn * e) + aligned(num_tokens * w.gate_up * e) +
-         aligned(num_tokens * w.act * e) + aligned(num_rows * w.hidden * e);
+         aligned(num_tokens * w.act * e) + aligned(num_rows * w.hidden * e) +
+         aligned(std::min(num_tokens, kFoldedNormMaxRows) * w.hidden * e);
 }
 
 int64_t GraphNodesOutsideAttention(const ModelShape& model, int tp) {
@@ -768,7 +774,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlannerConfig& config) {
                          FormatBytes(per_token), ": eager steps (calibrated)")
           : absl::StrCat(Thousands(eager.max_tokens), " tokens x ",
                          FormatBytes(ActivationBytesPerToken(m, tp)), " + ", eager.max_rows,
-                         " last-token rows x ", FormatBytes(row_bytes),
+                         " last-token + ", std::min<int64_t>(eager.max_tokens, kFoldedNormMaxRows),
+                         " mid-residual rows x ", FormatBytes(row_bytes),
                          ": the model's layout (3 x hidden, QKV, attention, gate-up, SiLU), "
                          "eager steps"));
 

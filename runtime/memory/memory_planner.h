@@ -168,7 +168,8 @@ int64_t ActivationBytesPerToken(const config::ModelShape& model, int tp);
 // Returns the bytes of the model's activation region for a step of `num_tokens` token rows and
 // `num_rows` sequences (logits rows) on one rank: the sections of LlamaModel::ActivationBytes
 // (runtime/model/llama_model.cc, Offsets), each 256-byte aligned, ending with num_rows
-// hidden-wide last-token rows.
+// hidden-wide last-token rows and min(num_tokens, 8) hidden-wide rows of the residual between
+// the QKV and gate-up GEMMs (where they fold the norms).
 int64_t ActivationArenaBytes(const config::ModelShape& model, int tp, int64_t num_tokens,
                              int64_t num_rows);
 

@@ -101,27 +101,34 @@ TEST(MemoryPlannerTest, ActivationBytesPerTokenFollowsTheModel) {
             (3 * 4096 + 24 * 128 + 16 * 128 + 3 * 7168) * 2);
 }
 
-// Pins the mirror of LlamaModel::ActivationBytes (runtime/model/llama_model.cc, Offsets): eight
-// 256-byte aligned sections, the last one num_rows hidden-wide rows. The figures are what the
-// Runner allocated on an H200 for the 1B model (runtime/runner/NOTES.md): a 561 MiB eager arena
-// (562 MiB in 2 MiB steps) for 8192 tokens and 256 sequences, and a 36.0 MiB graph pool, the
-// 512-token prefill key's activations. Change this test and the model together.
+// Pins the mirror of LlamaModel::ActivationBytes (runtime/model/llama_model.cc, Offsets): nine
+// 256-byte aligned sections, then num_rows hidden-wide rows and min(num_tokens, 8) hidden-wide
+// rows (the residual between the QKV and gate-up GEMMs where they fold the norms). The figures
+// are what the Runner allocated on an H200 for the 1B model (runtime/runner/NOTES.md) before
+// that last section (32 KiB): a 561 MiB eager arena (562 MiB in 2 MiB steps) for 8192 tokens
+// and 256 sequences, and a 36.0 MiB graph pool, the 512-token prefill key's activations. Change
+// this test and the model together.
 TEST(MemoryPlannerTest, ActivationLayoutMatchesTheModel) {
   const config::ModelShape m = Preset("llama-3.2-1b");
   auto mib = [](int64_t bytes) { return static_cast<double>(bytes) / kMiB; };
   //                      residual, O/down, normed  QKV       attention  gate-up    SiLU       last
   EXPECT_EQ(ActivationArenaBytes(m, 1, 8192, 256),
             3 * 8192 * 2048 * 2 + 8192 * 3072 * 2 + 8192 * 2048 * 2 + 8192 * 16384 * 2 +
-                8192 * 8192 * 2 + 256 * 2048 * 2);
-  EXPECT_EQ(mib(ActivationArenaBytes(m, 1, 8192, 256)), 561.0);
-  EXPECT_EQ(mib(ActivationArenaBytes(m, 1, 512, 256)), 36.0);   // prefill/512
-  EXPECT_EQ(mib(ActivationArenaBytes(m, 1, 256, 256)), 18.5);   // decode/256
+                8192 * 8192 * 2 + 256 * 2048 * 2 + 8 * 2048 * 2);  // ... mid residual
+  constexpr double kMidResidualMiB = 8 * 2048 * 2 / 1048576.0;
+  EXPECT_EQ(mib(ActivationArenaBytes(m, 1, 8192, 256)), 561.0 + kMidResidualMiB);
+  EXPECT_EQ(mib(ActivationArenaBytes(m, 1, 512, 256)), 36.0 + kMidResidualMiB);  // prefill/512
+  EXPECT_EQ(mib(ActivationArenaBytes(m, 1, 256, 256)), 18.5 + kMidResidualMiB);  // decode/256
+  // Fewer token rows than the fold's most: as many mid-residual rows as tokens.
+  EXPECT_EQ(ActivationArenaBytes(m, 1, 3, 3),
+            3 * 3 * 2048 * 2 + 3 * 3072 * 2 + 3 * 2048 * 2 + 3 * 16384 * 2 + 3 * 8192 * 2 +
+                3 * 2048 * 2 + 3 * 2048 * 2);
   // Each section is aligned on its own: with a 100-wide hidden and MLP, one token's 200 B rows
   // round up to 256 B (QKV and attention output, 3072 and 2048 wide, are aligned already).
   config::ModelShape odd = m;
   odd.set_hidden_size(100);
   odd.set_intermediate_size(100);
-  EXPECT_EQ(ActivationArenaBytes(odd, 1, 1, 1), 3 * 256 + 6144 + 4096 + 512 + 256 + 256);
+  EXPECT_EQ(ActivationArenaBytes(odd, 1, 1, 1), 3 * 256 + 6144 + 4096 + 512 + 256 + 256 + 256);
 }
 
 // The Runner's step keys (runtime/runner/step_plan.cc, StepKeys::Create) in each graph mode.
@@ -219,13 +226,17 @@ TEST(MemoryPlannerTest, DefaultPlanByHand) {
 
   const int64_t per_token = (3 * 4096 + 48 * 128 + 32 * 128 + 3 * 14336) * 2;  // 131072
   const int64_t weights = 8030261248LL * 2;
-  const int64_t arena = 8192 * per_token + 256 * 4096 * 2;  // the eager key: 8192 tokens, 256 rows
+  // The eager key: 8192 tokens, 256 rows, and 8 rows of the residual between the QKV and gate-up
+  // GEMMs (where they fold the norms).
+  const int64_t mid_residual = 8 * 4096 * 2;
+  const int64_t arena = 8192 * per_token + 256 * 4096 * 2 + mid_residual;
   // 33 = ceil(2 × 132 SMs / 8 KV heads) split slots per part, decode rows G = 4, prefill rows 64,
   // and the eager key's step metadata: token ids, positions, last-token rows, plan, block table.
   const int64_t partials = 33 * 8LL * (4 + 64) * (128 + 1) * 4;
   const int64_t metadata = 2 * 8192 * 4 + 256 * 4 + EagerPlanBytes(32, 8, 128, 132) + 256 * 64 * 4;
   const int64_t attention = partials + metadata;
-  const int64_t pool = 512 * per_token + 256 * 4096 * 2;  // prefill/512, the largest captured key
+  // prefill/512, the largest captured key.
+  const int64_t pool = 512 * per_token + 256 * 4096 * 2 + mid_residual;
   // 27 decode graphs of 32 × (9 + 2) + 6 nodes, 14 prefill graphs of 32 × (9 + 4) + 6.
   const int64_t executables = 41 * 128 * 1024 + (27 * 358 + 14 * 422) * 3072LL;
   const int64_t workspace = 32 * kMiB;
@@ -455,7 +466,7 @@ TEST(MemoryPlannerTest, PiecewiseGraphsHaveNoPoolAndOneGraphPerPiece) {
   EXPECT_EQ(piecewise.Find("graph_executables")->bytes,
             41 * 17 * 128 * 1024 + 41 * (16 * 9 + 6) * 3072LL);
   EXPECT_EQ(piecewise.Find("activation_arena")->bytes, full.Find("activation_arena")->bytes);
-  EXPECT_EQ(full.Find("graph_pool")->bytes, 36 * kMiB);
+  EXPECT_EQ(full.Find("graph_pool")->bytes, 36 * kMiB + 8 * 2048 * 2);  // + the mid residual
 }
 
 TEST(MemoryPlannerTest, MaxCaptureSizeCropsLikeFastDeploy) {

@@ -31,7 +31,7 @@ size_t AlignUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 // Byte offsets of each activation inside the step's region.
 struct ActivationOffsets {
-  size_t residual, hidden, normed, qkv, attn, gate_up, act, last, total;
+  size_t residual, hidden, normed, qkv, attn, gate_up, act, last, mid_residual, total;
 };
 
 ActivationOffsets Offsets(const LlamaShape& s, int num_tokens, int num_rows) {
@@ -52,6 +52,9 @@ ActivationOffsets Offsets(const LlamaShape& s, int num_tokens, int num_rows) {
   o.gate_up = take(n * 2 * s.ffn * e);
   o.act = take(n * s.ffn * e);
   o.last = take(static_cast<size_t>(num_rows) * s.hidden * e);
+  // Folded norms run only where the prefetch GEMM takes the step's rows.
+  o.mid_residual =
+      take(std::min<size_t>(n, static_cast<size_t>(kPrefetchGemmMaxRows)) * s.hidden * e);
   o.total = at;
   return o;
 }
@@ -109,6 +112,8 @@ struct LlamaModel::Activations {
   bf16* gate_up;   // [n, 2 ffn]
   bf16* act;       // [n, ffn]
   bf16* last;      // [rows, hidden]
+  bf16* mid_residual;  // [min(n, kPrefetchGemmMaxRows), hidden]: the residual between a layer's
+                       // QKV and gate-up GEMMs where they fold the norms
 };
 
 size_t LlamaModel::ActivationBytes(const LlamaShape& shape, int num_tokens, int num_rows) {
@@ -116,7 +121,7 @@ size_t LlamaModel::ActivationBytes(const LlamaShape& shape, int num_tokens, int 
 }
 
 int64_t LlamaModel::ActivationBytesPerToken(const LlamaShape& s) {
-  return (4 * int64_t{s.hidden} + s.qkv_rows() + s.q_width() + 3 * int64_t{s.ffn}) *
+  return (5 * int64_t{s.hidden} + s.qkv_rows() + s.q_width() + 3 * int64_t{s.ffn}) *
          static_cast<int64_t>(sizeof(bf16));
 }
 
@@ -248,6 +253,25 @@ bool LlamaModel::UsesPrefetchGemm(Proj proj, int64_t m, int64_t n, int64_t k,
                                    c);
 }
 
+bool LlamaModel::PrefetchGemmTakesNorm(Proj proj, int64_t m, int64_t n, int64_t k) const {
+  if (!UsesPrefetchGemm(proj, m, n, k, DecodeGemmInput::kPlain)) return false;
+  const PrefetchGemmConfig c = ChoosePrefetchGemmConfig(static_cast<int>(m), static_cast<int>(n),
+                                                        static_cast<int>(k), sm_count_,
+                                                        options_.prefetch_gemm_ctas_per_sm);
+  return PrefetchGemmSupportsNormShape(static_cast<int>(m), static_cast<int>(n),
+                                       static_cast<int>(k), c);
+}
+
+bool LlamaModel::FoldsNorms(int num_tokens) const {
+  // Both projections or neither: the residual moves to mid_residual in the QKV GEMM and back in
+  // the gate-up GEMM, so a layer that moved it one way only would end with it in the wrong place.
+  const LlamaShape& s = shape();
+  return options_.fold_norm_into_gemm && !FusesAllReduceNorm(num_tokens) &&
+         num_tokens <= kPrefetchGemmMaxRows &&
+         PrefetchGemmTakesNorm(Proj::kQkv, num_tokens, s.qkv_rows(), s.hidden) &&
+         PrefetchGemmTakesNorm(Proj::kGateUp, num_tokens, 2 * int64_t{s.ffn}, s.hidden);
+}
+
 bool LlamaModel::FusesSiluMul(int64_t m, int64_t n, int64_t k) const {
   // Where the prefetch GEMM takes the down projection, it fuses SiLU·mul only if asked to;
   // elsewhere the decode GEMM does where it runs.
@@ -332,6 +356,33 @@ absl::Status LlamaModel::Linear(Proj proj, const bf16* x, const bf16* w, void* y
                     float_output ? GemmOutput::kFloat32 : GemmOutput::kBf16);
 }
 
+absl::Status LlamaModel::FoldedNormLinear(const bf16* x, const bf16* residual_in,
+                                          bf16* residual_out, const bf16* norm_weight,
+                                          const bf16* w, void* y, int64_t m, int64_t n, int64_t k,
+                                          cudaStream_t stream) {
+  PrefetchGemmArgs args;
+  args.x = x;
+  args.w = w;
+  args.y = y;
+  args.m = static_cast<int>(m);
+  args.n = static_cast<int>(n);
+  args.k = static_cast<int>(k);
+  args.input =
+      residual_in != nullptr ? PrefetchGemmInput::kAddRmsNorm : PrefetchGemmInput::kRmsNorm;
+  args.residual_in = residual_in;
+  args.residual_out = residual_out;
+  args.norm_weight = norm_weight;
+  args.eps = static_cast<float>(shape().rms_eps);
+  const PrefetchGemmConfig c = ChoosePrefetchGemmConfig(args.m, args.n, args.k, sm_count_,
+                                                        options_.prefetch_gemm_ctas_per_sm);
+  if (!PrefetchGemmSupports(args, c)) {
+    return absl::InternalError(absl::StrCat("The prefetch GEMM refuses a folded norm at ", m,
+                                            " x ", n, " x ", k, " (", c.ToString(),
+                                            ") that FoldsNorms chose"));
+  }
+  return ToStatus(LaunchPrefetchGemm(args, c, stream), "prefetch GEMM with folded norm");
+}
+
 LlamaModel::Activations LlamaModel::Carve(const LlamaStepArgs& args) const {
   const ActivationOffsets o = Offsets(shape(), args.num_tokens, args.num_rows);
   char* base = static_cast<char*>(args.activations);
@@ -342,7 +393,8 @@ LlamaModel::Activations LlamaModel::Carve(const LlamaStepArgs& args) const {
                      reinterpret_cast<bf16*>(base + o.attn),
                      reinterpret_cast<bf16*>(base + o.gate_up),
                      reinterpret_cast<bf16*>(base + o.act),
-                     reinterpret_cast<bf16*>(base + o.last)};
+                     reinterpret_cast<bf16*>(base + o.last),
+                     reinterpret_cast<bf16*>(base + o.mid_residual)};
 }
 
 absl::Status LlamaModel::PreAttention(int layer, const LlamaStepArgs& args, const Activations& a,
@@ -352,20 +404,29 @@ absl::Status LlamaModel::PreAttention(int layer, const LlamaStepArgs& args, cons
   const int n = args.num_tokens;
   const float eps = static_cast<float>(s.rms_eps);
   const bf16* normed = a.normed;
-  if (layer == 0) {
-    CUDA_RETURN_IF_ERROR(LaunchRmsNorm(a.residual, w.input_norm(0), a.normed, n, s.hidden, eps,
-                                       stream));
-  } else if (FusesAllReduceNorm(n)) {
-    // The previous layer's down-projection all-reduce already added the residual and normed it
-    // into `hidden` (PostAttention, in the same piece).
-    normed = a.hidden;
+  if (FoldsNorms(n)) {
+    // The QKV GEMM norms its input itself: mid_residual = residual (+ the previous layer's down
+    // projection); its x = RMSNorm(mid_residual). The gate-up GEMM moves the residual back.
+    const bool first = layer == 0;
+    RETURN_IF_ERROR(FoldedNormLinear(first ? a.residual : a.hidden, first ? nullptr : a.residual,
+                                     a.mid_residual, w.input_norm(layer), w.qkv(layer), a.qkv, n,
+                                     s.qkv_rows(), s.hidden, stream));
   } else {
-    // residual += the previous layer's down projection; normed = RMSNorm(residual).
-    CUDA_RETURN_IF_ERROR(LaunchFusedAddRmsNorm(a.hidden, a.residual, w.input_norm(layer),
-                                               a.normed, n, s.hidden, eps, stream));
+    if (layer == 0) {
+      CUDA_RETURN_IF_ERROR(LaunchRmsNorm(a.residual, w.input_norm(0), a.normed, n, s.hidden, eps,
+                                         stream));
+    } else if (FusesAllReduceNorm(n)) {
+      // The previous layer's down-projection all-reduce already added the residual and normed
+      // it into `hidden` (PostAttention, in the same piece).
+      normed = a.hidden;
+    } else {
+      // residual += the previous layer's down projection; normed = RMSNorm(residual).
+      CUDA_RETURN_IF_ERROR(LaunchFusedAddRmsNorm(a.hidden, a.residual, w.input_norm(layer),
+                                                 a.normed, n, s.hidden, eps, stream));
+    }
+    RETURN_IF_ERROR(
+        Linear(Proj::kQkv, normed, w.qkv(layer), a.qkv, n, s.qkv_rows(), s.hidden, stream));
   }
-  RETURN_IF_ERROR(
-      Linear(Proj::kQkv, normed, w.qkv(layer), a.qkv, n, s.qkv_rows(), s.hidden, stream));
   // The per-sequence arrays are shared by both parts of a plan; either enabled part has them.
   const AttentionPlanPartDevice& plan = args.decode.work_capacity > 0 ? args.decode : args.prefill;
   if (options_.fuse_rope_append) {
@@ -474,16 +535,27 @@ absl::Status LlamaModel::PostAttention(int layer, const LlamaStepArgs& args, con
   const bool fused = FusesAllReduceNorm(n);
   RETURN_IF_ERROR(
       Linear(Proj::kO, a.attn, w.o(layer), ProjectionOutput(a), n, s.hidden, s.q_width(), stream));
+  const bool folded = FoldsNorms(n);
   if (fused) {
     RETURN_IF_ERROR(AllReduceAddRmsNorm(a, n, w.post_norm(layer), stream));
   } else {
     RETURN_IF_ERROR(AllReduceProjection(a, n, stream));
-    CUDA_RETURN_IF_ERROR(LaunchFusedAddRmsNorm(a.hidden, a.residual, w.post_norm(layer), a.normed,
-                                               n, s.hidden, eps, stream));
+    if (!folded) {
+      CUDA_RETURN_IF_ERROR(LaunchFusedAddRmsNorm(a.hidden, a.residual, w.post_norm(layer),
+                                                 a.normed, n, s.hidden, eps, stream));
+    }
   }
-  const bf16* normed = fused ? a.hidden : a.normed;
-  RETURN_IF_ERROR(Linear(Proj::kGateUp, normed, w.gate_up(layer), a.gate_up, n,
-                         2 * int64_t{s.ffn}, s.hidden, stream));
+  if (folded) {
+    // residual = mid_residual (from the QKV GEMM) + the O projection; the gate-up GEMM's x =
+    // RMSNorm(residual).
+    RETURN_IF_ERROR(FoldedNormLinear(a.hidden, a.mid_residual, a.residual, w.post_norm(layer),
+                                     w.gate_up(layer), a.gate_up, n, 2 * int64_t{s.ffn}, s.hidden,
+                                     stream));
+  } else {
+    const bf16* normed = fused ? a.hidden : a.normed;
+    RETURN_IF_ERROR(Linear(Proj::kGateUp, normed, w.gate_up(layer), a.gate_up, n,
+                           2 * int64_t{s.ffn}, s.hidden, stream));
+  }
   if (FusesSiluMul(n, s.hidden, s.ffn)) {
     // The down GEMM reads SiLU(gate)·up of gate_up itself.
     RETURN_IF_ERROR(Linear(Proj::kDown, a.gate_up, w.down(layer), ProjectionOutput(a), n,

@@ -1,8 +1,9 @@
 // One forward step of a Llama-family decoder over a paged KV cache, in bf16 with float
 // accumulation: embedding, per layer [RMSNorm (fused with the residual add after the first),
 // QKV GEMM, RoPE + KV append (one kernel), split-kv attention, O GEMM, add + RMSNorm, gate-up
-// GEMM, SiLU·mul, down GEMM (for few rows one kernel: the down GEMM reads SiLU(gate)·up)], final
-// add + RMSNorm, the last token of each sequence, float logits, greedy argmax.
+// GEMM, SiLU·mul, down GEMM (for few rows one kernel: the down GEMM reads SiLU(gate)·up; for
+// few rows the norms run inside the QKV and gate-up GEMMs, "Folded norms" below)], final add +
+// RMSNorm, the last token of each sequence, float logits, greedy argmax.
 //
 //   ASSIGN_OR_RETURN(kiln::LlamaDeviceWeights w, kiln::LlamaDeviceWeights::Random(shape, 1, s));
 //   kiln::LlamaModelOptions options;
@@ -37,6 +38,7 @@
 //   attention output          [num_tokens, heads * head_dim]
 //   gate_up, act              [num_tokens, 2 ffn], [num_tokens, ffn]
 //   last                      [num_rows, hidden]
+//   mid_residual              [min(num_tokens, kPrefetchGemmMaxRows), hidden]
 // Rows past a step's tokens (padding) are computed on zero embeddings and never read back; the
 // attention output is cleared once per step so padding rows hold zeros, not stale values.
 //
@@ -48,6 +50,15 @@
 // padded size computes the same bits as the graph. Every kiln kernel of the step is launched with
 // programmatic dependent launch (internal/pdl_launch.cuh), so each starts while the one before it
 // finishes.
+//
+// Folded norms: where a step's QKV and gate-up projections both run through the prefetch GEMM
+// (at most kPrefetchGemmMaxRows rows) and fold_norm_into_gemm is on (and the all-reduce does not
+// already do the norms, below), the residual add + RMSNorm before each runs in that GEMM's
+// prologue (PrefetchGemmInput::kAddRmsNorm; layer 0's plain RMSNorm as kRmsNorm): the two norm
+// kernels per layer drop out, with the same bits (off by default: not faster, see the option). Every CTA of the GEMM reads the residual, so
+// the one that adds to it writes the sum elsewhere: the QKV GEMM from `residual` into
+// mid_residual, the gate-up GEMM back into `residual`, so every layer (and piece) starts with the
+// residual in `residual`, folded or not.
 //
 // Tensor parallelism: with LlamaModelOptions::communicator set, the weights are one rank's shard
 // (runtime/model/tensor_parallel.h: heads and MLP columns split, the rest replicated) and the O
@@ -149,6 +160,13 @@ struct LlamaModelOptions {
   // count the communicator supports it for; the results are the same bits either way. false:
   // always the all-reduce and a separate norm (for comparisons).
   bool fuse_allreduce_norm = true;
+  // Where a step's QKV and gate-up projections both take the prefetch GEMM, the residual add +
+  // RMSNorm before each runs in that GEMM's prologue instead of its own kernel (see the file
+  // comment); the results are the same bits either way. Off by default: on an H200 (1B shape)
+  // the step was as fast at batch 1 and slower at 2 to 8 (1.240 against 1.170 ms at 8): without
+  // the norm kernel between them, a GEMM's CTAs find no room beside the previous GEMM's and
+  // cannot fill their ring before the wait (runtime/model/NOTES.md).
+  bool fold_norm_into_gemm = false;
 };
 
 // The device views one step reads and writes. All pointers are device memory owned by the
@@ -186,12 +204,13 @@ class LlamaModel {
   static size_t ActivationBytes(const LlamaShape& shape, int num_tokens, int num_rows);
 
   // Returns the activation bytes per token, without alignment padding:
-  // (4 hidden + qkv_rows + q_width + 3 ffn) × 2, counting the last-token rows as one hidden row
-  // per token (num_rows ≤ num_tokens). ActivationBytes(n, r ≤ n) ≤ this × n + kActivationSlack.
+  // (5 hidden + qkv_rows + q_width + 3 ffn) × 2, counting the last-token rows and the
+  // mid_residual rows as one hidden row per token each (num_rows ≤ num_tokens; mid_residual has
+  // at most kPrefetchGemmMaxRows rows). ActivationBytes(n, r ≤ n) ≤ this × n + kActivationSlack.
   static int64_t ActivationBytesPerToken(const LlamaShape& shape);
 
   // Alignment padding ActivationBytes may add on top of ActivationBytesPerToken × num_tokens.
-  static constexpr size_t kActivationSlack = 8 * 256;
+  static constexpr size_t kActivationSlack = 9 * 256;
 
   // Returns the KV cache bytes one block of every layer takes (K and V): what the memory planner
   // calls the block size in bytes.
@@ -204,6 +223,11 @@ class LlamaModel {
   // Chooses the GEMM algorithms for a step of these padded sizes. Not during capture; a step
   // whose sizes were not prepared prepares them when run eagerly.
   absl::Status Prepare(int num_tokens, int num_rows);
+
+  // Returns whether a step of num_tokens (padded) rows folds the add + RMSNorm before the QKV and
+  // gate-up projections into their prefetch GEMMs (see the file comment): the same answer for
+  // every layer and piece of the step, at capture and replay.
+  bool FoldsNorms(int num_tokens) const;
 
   // Enqueues the whole step. Callable during capture for prepared sizes.
   absl::Status Forward(const LlamaStepArgs& args, cudaStream_t stream);
@@ -249,8 +273,18 @@ class LlamaModel {
   absl::Status Linear(Proj proj, const __nv_bfloat16* x, const __nv_bfloat16* w, void* y,
                       int64_t m, int64_t n, int64_t k, cudaStream_t stream,
                       DecodeGemmInput input = DecodeGemmInput::kPlain);
+  // y [m, n] = (RMSNorm(h) * norm_weight) · Wᵀ through the prefetch GEMM with the norm in its
+  // prologue: h = x (residual_in null) or bf16(x + residual_in); h goes to residual_out. Only
+  // where FoldsNorms holds.
+  absl::Status FoldedNormLinear(const __nv_bfloat16* x, const __nv_bfloat16* residual_in,
+                                __nv_bfloat16* residual_out, const __nv_bfloat16* norm_weight,
+                                const __nv_bfloat16* w, void* y, int64_t m, int64_t n, int64_t k,
+                                cudaStream_t stream);
   // Returns whether the projection runs through the prefetch GEMM at m rows.
   bool UsesPrefetchGemm(Proj proj, int64_t m, int64_t n, int64_t k, DecodeGemmInput input) const;
+  // Returns whether the projection runs through the prefetch GEMM at m rows and that takes a
+  // norm input there.
+  bool PrefetchGemmTakesNorm(Proj proj, int64_t m, int64_t n, int64_t k) const;
   // Returns whether the projection runs through the decode GEMM at m rows.
   bool UsesDecodeGemm(Proj proj, int64_t m, int64_t n, int64_t k, DecodeGemmInput input) const;
   // Returns whether the down projection at m rows reads SiLU(gate)·up of the gate-up output

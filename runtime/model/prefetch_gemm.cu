@@ -20,6 +20,15 @@
 // staged after the wait (it is the previous kernel's output): one bulk copy per row on its own
 // mbarrier, so all of it is one L2 round trip; through SiLU·mul, the threads load gate and up and
 // store SiLU(gate)·up.
+//
+// The norm inputs (NormInput below). LaunchFusedAddRmsNorm runs one block of T = 32·ceil(k/8/32)
+// threads per row for k ≤ 8192: thread v owns the 8-element vector v, sums its squares in
+// element order (float, contracted to FMAs), the block adds them warp by warp (xor butterfly),
+// then across warps (the warp sums in lanes 0..T/32-1, zeros above, a butterfly again). The GEMM
+// repeats exactly that: its thread v (and v + 256, ...) takes vector v of every row, adds the
+// residual, rounds, stores h into the staged x, squares and butterflies within its warp (the same
+// 32 vectors as the norm kernel's warp), and the warps' sums per row meet in shared memory; then
+// x = h · rsqrt(Σ/k + eps) · weight, rounded, in place.
 #include "runtime/cuda/compute_capability.h"
 #include "runtime/model/prefetch_gemm.h"
 
@@ -61,6 +70,9 @@ size_t XBytes(int m, int k) {
   return RoundUp(static_cast<size_t>(m) * XRowElems(k) * sizeof(__nv_bfloat16), 128);
 }
 
+// How the kernel stages x: a bulk copy, through SiLU·mul, or through the (add +) RMSNorm.
+enum class Staging { kCopy, kSiluMul, kNorm };
+
 struct Params {
   const __nv_bfloat16* x;  // [m, x_stride]: x, or gate (first k) and up (next k) for SiLU·mul
   const __nv_bfloat16* w;  // [n, k]
@@ -69,6 +81,11 @@ struct Params {
   int64_t x_stride;  // elements between rows of x
   int stages;        // ring slots
   int x_bytes;       // shared bytes of the staged x (XBytes)
+  // kNorm only: residual_in null is kRmsNorm (h = x), else h = bf16(x + residual_in).
+  const __nv_bfloat16* residual_in;   // [m, k]
+  __nv_bfloat16* residual_out;        // [m, k] or null: h, written by CTA 0
+  const __nv_bfloat16* norm_weight;   // [k]
+  float eps;
 };
 
 __device__ __forceinline__ uint32_t SharedAddress(const void* p) {
@@ -144,6 +161,114 @@ __device__ __forceinline__ uint4 SiluMul(const uint4& gate, const uint4& up) {
   return out;
 }
 
+// Sums `value` over the 32 lanes of the warp by an xor butterfly (internal::BlockSum's first
+// stage, so the same order and bits); every lane gets the sum.
+__device__ __forceinline__ float WarpSum(float value) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+// Stages x = RMSNorm(h) * weight into xs with h = x or bf16(x + residual_in) (see the file
+// comment for why this order of sums gives LaunchRmsNorm's and LaunchFusedAddRmsNorm's bits).
+// `weight_first` holds this thread's first weight vector, loaded before the wait. `partial`
+// ([m][32] floats) and `row_scale` ([m]) are shared scratch. Ends with a CTA barrier.
+__device__ __forceinline__ void StageNormedX(const Params& p, __nv_bfloat16* xs,
+                                             const uint4& weight_first, float* partial,
+                                             float* row_scale) {
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int vectors = p.k / 8;                      // per row: the norm kernel's busy threads
+  const int norm_threads = (vectors + 31) / 32 * 32;  // its block (WarpRoundedThreads)
+  const int row_elems = XRowElems(p.k);
+  const bool add = p.residual_in != nullptr;
+  const bool write_residual = p.residual_out != nullptr && blockIdx.x == 0;
+  // Four rows' loads in flight per thread at a time.
+  constexpr int kBatch = 4;
+  // The loop bounds are the same for every thread, so whole warps reach the shuffles.
+  for (int base = 0; base < norm_threads; base += kThreads) {
+    const int v = base + threadIdx.x;
+    const bool mine = v < vectors;
+    for (int r0 = 0; r0 < p.m; r0 += kBatch) {
+      uint4 delta[kBatch], residual[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int r = r0 + u;
+        if (mine && r < p.m) {
+          delta[u] = LoadCoherent(p.x + r * p.x_stride + 8 * v);
+          if (add) residual[u] = LoadCoherent(p.residual_in + r * int64_t{p.k} + 8 * v);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int r = r0 + u;
+        if (r >= p.m) break;
+        float sum_sq = 0.0f;
+        if (mine) {
+          // rms_norm.cu: v = x (+ residual, stored and re-read as bf16), sum_sq += v * v.
+          float h[8];
+          uint4 h_bits = delta[u];
+          const __nv_bfloat162* d2 = reinterpret_cast<const __nv_bfloat162*>(&delta[u]);
+          if (add) {
+            const __nv_bfloat162* r2 = reinterpret_cast<const __nv_bfloat162*>(&residual[u]);
+            __nv_bfloat162* h2 = reinterpret_cast<__nv_bfloat162*>(&h_bits);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const float2 a = __bfloat1622float2(d2[i]);
+              const float2 b = __bfloat1622float2(r2[i]);
+              h2[i] = __floats2bfloat162_rn(a.x + b.x, a.y + b.y);
+            }
+          }
+          const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&h_bits);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const float2 f = __bfloat1622float2(h2[i]);
+            h[2 * i] = f.x;
+            h[2 * i + 1] = f.y;
+          }
+#pragma unroll
+          for (int i = 0; i < 8; ++i) sum_sq += h[i] * h[i];
+          *reinterpret_cast<uint4*>(xs + r * row_elems + 8 * v) = h_bits;
+          if (write_residual) {
+            *reinterpret_cast<uint4*>(p.residual_out + r * int64_t{p.k} + 8 * v) = h_bits;
+          }
+        }
+        // The norm kernel's warp base / 32 + warp: its sum of squares (zeros past the row).
+        sum_sq = WarpSum(sum_sq);
+        if (lane == 0 && v < norm_threads) partial[r * 32 + v / 32] = sum_sq;
+      }
+    }
+  }
+  __syncthreads();
+  if (warp < p.m) {
+    // internal::BlockSum's second stage, then rms_norm.cu's scale.
+    const float total = WarpSum(lane < norm_threads / 32 ? partial[warp * 32 + lane] : 0.0f);
+    if (lane == 0) row_scale[warp] = rsqrtf(total / static_cast<float>(p.k) + p.eps);
+  }
+  __syncthreads();
+  for (int v = threadIdx.x; v < vectors; v += kThreads) {
+    const uint4 w_bits =
+        v == threadIdx.x ? weight_first
+                         : *reinterpret_cast<const uint4*>(p.norm_weight + 8 * v);
+    const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&w_bits);
+    for (int r = 0; r < p.m; ++r) {
+      const float scale = row_scale[r];
+      uint4* slot = reinterpret_cast<uint4*>(xs + r * row_elems + 8 * v);
+      uint4 bits = *slot;
+      __nv_bfloat162* h2 = reinterpret_cast<__nv_bfloat162*>(&bits);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 h = __bfloat1622float2(h2[i]);
+        const float2 w = __bfloat1622float2(w2[i]);
+        // rms_norm.cu: v * scale * weight, left to right, one rounding.
+        h2[i] = __floats2bfloat162_rn(h.x * scale * w.x, h.y * scale * w.y);
+      }
+      *slot = bits;
+    }
+  }
+  __syncthreads();
+}
+
 __device__ __forceinline__ void Mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                     uint32_t a3, uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -157,7 +282,7 @@ __device__ __forceinline__ void Store(__nv_bfloat16* p, float v) { *p = __float2
 
 // At most 80 registers (three CTAs' worth): two CTAs of this kernel and a decode-attention CTA
 // (128 threads × 168 registers) fit in an SM's 64 K registers.
-template <bool kSiluMul, typename OutT>
+template <Staging kStaging, typename OutT>
 __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p) {
   extern __shared__ __align__(128) unsigned char shared[];
   uint64_t* full = reinterpret_cast<uint64_t*>(shared);  // [stages]
@@ -209,12 +334,22 @@ __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p
   if (warp == 0) {
     for (int i = 0; i < min(stages, total); ++i) issue(i);
   }
+  // The norm's weights are written by no kernel either.
+  uint4 norm_weight_first = make_uint4(0, 0, 0, 0);
+  if constexpr (kStaging == Staging::kNorm) {
+    if (threadIdx.x < p.k / 8) {
+      norm_weight_first = *reinterpret_cast<const uint4*>(p.norm_weight + 8 * threadIdx.x);
+    }
+  }
 
   // Everything below reads what earlier kernels wrote (every CTA waits, see pdl_launch.cuh).
   internal::WaitForPrerequisites();
 
   // Stage x (m rows of k).
-  if constexpr (!kSiluMul) {
+  if constexpr (kStaging == Staging::kNorm) {
+    // The scratch is free until the first group's end.
+    StageNormedX(p, xs, norm_weight_first, scratch, scratch + kPrefetchGemmMaxRows * 32);
+  } else if constexpr (kStaging == Staging::kCopy) {
     if (warp == 0) {
       const uint32_t bar = SharedAddress(x_full);
       const uint32_t row_bytes = static_cast<uint32_t>(p.k) * 2u;
@@ -329,9 +464,9 @@ __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p
 // later). Asked once per process: kiln runs on one kind of GPU at a time.
 bool DeviceHasBulkCopy() { return CurrentDeviceIsSm90OrLater(); }
 
-template <bool kSiluMul, typename OutT>
+template <Staging kStaging, typename OutT>
 cudaError_t SetAttributes() {
-  auto kernel = PrefetchGemmKernel<kSiluMul, OutT>;
+  auto kernel = PrefetchGemmKernel<kStaging, OutT>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(kPrefetchGemmMaxSharedBytes));
   if (e != cudaSuccess) return e;
@@ -343,9 +478,12 @@ cudaError_t SetAttributes() {
 cudaError_t Prepare() {
   static const cudaError_t prepared = [] {
     if (!DeviceHasBulkCopy()) return cudaSuccess;
-    for (cudaError_t e :
-         {SetAttributes<false, __nv_bfloat16>(), SetAttributes<true, __nv_bfloat16>(),
-          SetAttributes<false, float>(), SetAttributes<true, float>()}) {
+    for (cudaError_t e : {SetAttributes<Staging::kCopy, __nv_bfloat16>(),
+                          SetAttributes<Staging::kSiluMul, __nv_bfloat16>(),
+                          SetAttributes<Staging::kNorm, __nv_bfloat16>(),
+                          SetAttributes<Staging::kCopy, float>(),
+                          SetAttributes<Staging::kSiluMul, float>(),
+                          SetAttributes<Staging::kNorm, float>()}) {
       if (e != cudaSuccess) return e;
     }
     return cudaSuccess;
@@ -353,10 +491,22 @@ cudaError_t Prepare() {
   return prepared;
 }
 
-template <bool kSiluMul, typename OutT>
-cudaError_t Launch(const Params& p, int ctas, size_t shared, cudaStream_t stream) {
-  return internal::LaunchWithPdl(PrefetchGemmKernel<kSiluMul, OutT>, dim3(ctas), dim3(kThreads),
-                                 shared, stream, p);
+template <typename OutT>
+cudaError_t Launch(Staging staging, const Params& p, int ctas, size_t shared,
+                   cudaStream_t stream) {
+  auto kernel = staging == Staging::kNorm      ? PrefetchGemmKernel<Staging::kNorm, OutT>
+                : staging == Staging::kSiluMul ? PrefetchGemmKernel<Staging::kSiluMul, OutT>
+                                               : PrefetchGemmKernel<Staging::kCopy, OutT>;
+  return internal::LaunchWithPdl(kernel, dim3(ctas), dim3(kThreads), shared, stream, p);
+}
+
+bool IsNorm(PrefetchGemmInput input) {
+  return input == PrefetchGemmInput::kRmsNorm || input == PrefetchGemmInput::kAddRmsNorm;
+}
+
+// Returns whether the `count` elements at `a` and at `b` share any byte.
+bool Overlap(const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t count) {
+  return a < b + count && b < a + count;
 }
 
 }  // namespace
@@ -406,10 +556,28 @@ bool PrefetchGemmSupportsShape(int m, int n, int k, const PrefetchGemmConfig& c)
          DeviceHasBulkCopy();
 }
 
+bool PrefetchGemmSupportsNormShape(int m, int n, int k, const PrefetchGemmConfig& c) {
+  return k <= kPrefetchGemmMaxNormK && PrefetchGemmSupportsShape(m, n, k, c);
+}
+
 bool PrefetchGemmSupports(const PrefetchGemmArgs& a, const PrefetchGemmConfig& c) {
-  return PrefetchGemmSupportsShape(a.m, a.n, a.k, c) && a.x != nullptr && a.w != nullptr &&
-         a.y != nullptr && internal::Aligned16(a.x) && internal::Aligned16(a.w) &&
-         internal::Aligned16(a.y);
+  const bool shape = IsNorm(a.input) ? PrefetchGemmSupportsNormShape(a.m, a.n, a.k, c)
+                                     : PrefetchGemmSupportsShape(a.m, a.n, a.k, c);
+  if (!shape || a.x == nullptr || a.w == nullptr || a.y == nullptr || !internal::Aligned16(a.x) ||
+      !internal::Aligned16(a.w) || !internal::Aligned16(a.y)) {
+    return false;
+  }
+  if (!IsNorm(a.input)) return true;
+  const bool add = a.input == PrefetchGemmInput::kAddRmsNorm;
+  if (a.norm_weight == nullptr || !internal::Aligned16(a.norm_weight)) return false;
+  if (add && (a.residual_in == nullptr || a.residual_out == nullptr ||
+              !internal::Aligned16(a.residual_in))) {
+    return false;
+  }
+  if (a.residual_out == nullptr) return true;
+  const int64_t count = int64_t{a.m} * a.k;
+  return internal::Aligned16(a.residual_out) && !Overlap(a.residual_out, a.x, count) &&
+         !(add && Overlap(a.residual_out, a.residual_in, count));
 }
 
 cudaError_t PreparePrefetchGemm() { return Prepare(); }
@@ -429,14 +597,16 @@ cudaError_t LaunchPrefetchGemm(const PrefetchGemmArgs& a, const PrefetchGemmConf
   p.x_stride = a.input == PrefetchGemmInput::kSiluMul ? 2 * int64_t{a.k} : a.k;
   p.stages = c.stages;
   p.x_bytes = static_cast<int>(XBytes(a.m, a.k));
+  p.residual_in = a.input == PrefetchGemmInput::kAddRmsNorm ? a.residual_in : nullptr;
+  p.residual_out = IsNorm(a.input) ? a.residual_out : nullptr;
+  p.norm_weight = a.norm_weight;
+  p.eps = a.eps;
   const size_t shared = PrefetchGemmSharedBytes(a.m, a.k, c.stages);
-  const bool silu = a.input == PrefetchGemmInput::kSiluMul;
-  if (a.float_output) {
-    return silu ? Launch<true, float>(p, c.ctas, shared, stream)
-                : Launch<false, float>(p, c.ctas, shared, stream);
-  }
-  return silu ? Launch<true, __nv_bfloat16>(p, c.ctas, shared, stream)
-              : Launch<false, __nv_bfloat16>(p, c.ctas, shared, stream);
+  const Staging staging = IsNorm(a.input)                       ? Staging::kNorm
+                          : a.input == PrefetchGemmInput::kSiluMul ? Staging::kSiluMul
+                                                                 : Staging::kCopy;
+  return a.float_output ? Launch<float>(staging, p, c.ctas, shared, stream)
+                        : Launch<__nv_bfloat16>(staging, p, c.ctas, shared, stream);
 }
 
 }  // namespace kiln

@@ -1,15 +1,23 @@
 // y = op(x) · Wᵀ for the few rows of a decode step (m ≤ 8), with the weights bulk-copied into
 // shared memory before the kernel waits for the one before it: x [m, k] bf16, W [n, k] bf16
-// (PyTorch's Linear layout), y [m, n] bf16 or float, float accumulation. op is the identity, or
+// (PyTorch's Linear layout), y [m, n] bf16 or float, float accumulation. op is the identity;
 // SiLU(gate)·up for the down projection, whose x is then the gate-up projection's output [m, 2k]
 // (gate first), so the SiLU·mul kernel drops out of the step (slower in a decode step than that
-// kernel followed by a plain launch: runtime/model/NOTES.md).
+// kernel followed by a plain launch: runtime/model/NOTES.md); or the RMSNorm that precedes the
+// QKV and gate-up projections, alone or after the residual add, so the norm kernel drops out.
 //
 //   kiln::PrefetchGemmConfig config = kiln::ChoosePrefetchGemmConfig(m, n, k, sm_count);
 //   kiln::PrefetchGemmArgs args{x, w, y, m, n, k};
 //   if (kiln::PrefetchGemmSupports(args, config)) {
 //     CUDA_RETURN_IF_ERROR(kiln::LaunchPrefetchGemm(args, config, stream));
 //   }
+//   // residual_b = bf16(delta + residual_a); y = (RMSNorm(residual_b) * post_norm) · Wᵀ: the bits
+//   // of LaunchFusedAddRmsNorm (rms_norm.h) followed by the plain GEMM, one kernel.
+//   kiln::PrefetchGemmArgs fold{delta, w, y, m, n, k, kiln::PrefetchGemmInput::kAddRmsNorm};
+//   fold.residual_in = residual_a;
+//   fold.residual_out = residual_b;  // not residual_a: every CTA reads that one
+//   fold.norm_weight = post_norm;
+//   fold.eps = 1e-5f;
 //
 // Why: at m ≤ 8 a projection's time is its weight bytes over memory bandwidth plus what it costs
 // to start and finish. The weights do not depend on the kernel before, only x does. Each CTA
@@ -17,14 +25,20 @@
 // (16 rows × 1024 k each) with the bulk-copy engine (cp.async.bulk, completing on an mbarrier).
 // Launched with programmatic dependent launch, the CTAs become resident while the kernels before
 // them still run and fill the ring (up to ~100 KiB per CTA) before griddepcontrol.wait; only then
-// do they read x (one bulk copy per row, or through SiLU·mul where asked), multiply on the tensor
-// cores (mma.m16n8k16, x padded to 8 rows) and write y. ChoosePrefetchGemmConfig sizes the ring
+// do they read x (one bulk copy per row, or through SiLU·mul or the norm where asked), multiply
+// on the tensor cores (mma.m16n8k16, x padded to 8 rows) and write y. Through the norm, every CTA
+// computes the whole normed x [m, k] in shared memory (2 × m rows of k read from L2 through
+// registers: at 8 rows as many bytes as a CTA's share of the QKV weights, one reason the fold did
+// not speed up the 1B step, runtime/model/NOTES.md) and CTA 0 alone writes the new residual, so
+// the residual it reads and the one it writes must be different buffers. ChoosePrefetchGemmConfig sizes the ring
 // so that two CTAs fit on one SM: two of this projection by default; with one CTA per SM, the
 // next projection's CTAs fit beside this one's and prefetch while it streams, which measured
 // slower in a decode step (runtime/model/NOTES.md, with the per-projection figures).
 //
 // Every sum has a fixed order (k in stage order, then the 8 warps in warp order), so y is bitwise
-// reproducible for a given (m, n, k, config): an eager run and a graph agree bit for bit. Needs
+// reproducible for a given (m, n, k, config): an eager run and a graph agree bit for bit. The norm
+// repeats rms_norm.cu's arithmetic and its reduction order (that kernel's block of
+// ceil(k / 8 / 32) warps, emulated), so its rows are the norm kernel's bits. Needs
 // compute capability 9.0 (PrefetchGemmSupports is false elsewhere). Callable during capture once
 // PreparePrefetchGemm has run (or any launch ran eagerly); thread-safe.
 #ifndef KILN_RUNTIME_MODEL_PREFETCH_GEMM_H_
@@ -49,9 +63,20 @@ inline constexpr size_t kPrefetchGemmMaxSharedBytes = 227 * 1024;
 // small kernel's CTA fit in an SM's 228 KiB.
 inline constexpr size_t kPrefetchGemmCoResidentBytes = 111 * 1024;
 
+// The largest k the norm inputs take: one 8-element vector per thread of the norm kernel's block
+// (rms_norm.cu), whose reduction order the GEMM repeats.
+inline constexpr int kPrefetchGemmMaxNormK = 8192;
+
 enum class PrefetchGemmInput {
   kPlain,    // x [m, k]
   kSiluMul,  // x [m, 2k] = [gate | up]; the GEMM reads SiLU(gate)·up, rounded to bf16
+  // The GEMM reads RMSNorm(x) * norm_weight, rounded to bf16: LaunchRmsNorm's bits (rms_norm.h).
+  // residual_out, when set, receives x unchanged (CTA 0 writes it).
+  kRmsNorm,
+  // x is the delta added to the residual: h = bf16(x + residual_in) goes to residual_out (CTA 0
+  // writes it; required), and the GEMM reads RMSNorm(h) * norm_weight, rounded to bf16:
+  // LaunchFusedAddRmsNorm's bits (rms_norm.h).
+  kAddRmsNorm,
 };
 
 struct PrefetchGemmArgs {
@@ -63,6 +88,13 @@ struct PrefetchGemmArgs {
   int k = 0;
   PrefetchGemmInput input = PrefetchGemmInput::kPlain;
   bool float_output = false;  // y is float (logits), else bf16
+  // The norm inputs only (kRmsNorm, kAddRmsNorm):
+  const __nv_bfloat16* residual_in = nullptr;  // [m, k]: kAddRmsNorm's residual before the add
+  // [m, k]: the residual after the add (kAddRmsNorm, required) or x (kRmsNorm, optional); must
+  // not overlap x or residual_in, which every CTA reads while CTA 0 writes this.
+  __nv_bfloat16* residual_out = nullptr;
+  const __nv_bfloat16* norm_weight = nullptr;  // [k]
+  float eps = 1e-5f;
 };
 
 struct PrefetchGemmConfig {
@@ -91,7 +123,13 @@ size_t PrefetchGemmSharedBytes(int m, int k, int stages);
 // kPrefetchGemmMaxSharedBytes.
 bool PrefetchGemmSupportsShape(int m, int n, int k, const PrefetchGemmConfig& config);
 
-// Returns PrefetchGemmSupportsShape for `args` and whether x, w and y are 16-byte aligned.
+// Returns whether the norm inputs (kRmsNorm, kAddRmsNorm) take this shape: PrefetchGemmSupportsShape
+// and k ≤ kPrefetchGemmMaxNormK.
+bool PrefetchGemmSupportsNormShape(int m, int n, int k, const PrefetchGemmConfig& config);
+
+// Returns PrefetchGemmSupportsShape (PrefetchGemmSupportsNormShape for a norm input) for `args`
+// and whether x, w, y and the norm input's buffers are set, 16-byte aligned and residual_out
+// overlaps neither x nor residual_in.
 bool PrefetchGemmSupports(const PrefetchGemmArgs& args, const PrefetchGemmConfig& config);
 
 // Raises the kernels' shared-memory limits (once per process; later calls return the first

@@ -4,7 +4,9 @@
 // several ring depths and grid sizes; the 1B model's projections with the chosen
 // configurations; two launches back to back where the second reads the first's output (the
 // programmatic-launch wait); graph replay equal to eager and repeats equal bit for bit;
-// unsupported shapes refused.
+// unsupported shapes refused. The norm inputs (RMSNorm, residual add + RMSNorm folded into the
+// GEMM) against a float64 reference and bit for bit against the norm kernels followed by the
+// plain GEMM, with the new residual the norm kernel's bits.
 #include "runtime/model/prefetch_gemm.h"
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "runtime/model/bf16.h"
 #include "runtime/model/internal/gpu_test_helpers.h"
+#include "runtime/model/rms_norm.h"
 
 namespace kiln {
 namespace {
@@ -24,6 +27,7 @@ using testing_internal::DeviceVector;
 using testing_internal::GemmProduct;
 using testing_internal::GpuTest;
 using testing_internal::RelativeError;
+using testing_internal::ToDouble;
 
 constexpr int kSmCount = 132;
 
@@ -276,6 +280,183 @@ TEST_F(PrefetchGemmGpuTest, GraphReplayAndRepeatsAreBitwiseEqual) {
     EXPECT_EQ(std::memcmp(eager.data(), again.data(), bytes), 0);
     EXPECT_EQ(std::memcmp(eager.data(), replayed.data(), bytes), 0);
   }
+}
+
+// The norm inputs' operand in float64 and the new residual's bits: h = x, or bf16(x + residual)
+// (the sum of two bf16 values is exact in float64; float(sum) is the kernel's float add), then
+// h / sqrt(mean(h²) + eps) · weight per row.
+struct NormReference {
+  std::vector<double> operand;   // [m, k]
+  std::vector<uint16_t> h;       // [m, k]
+};
+
+NormReference NormOperand(const std::vector<uint16_t>& x, const std::vector<uint16_t>* residual,
+                          const std::vector<uint16_t>& weight, int m, int k, float eps) {
+  NormReference ref{std::vector<double>(static_cast<size_t>(m) * k),
+                    std::vector<uint16_t>(static_cast<size_t>(m) * k)};
+  for (int r = 0; r < m; ++r) {
+    double sum_sq = 0.0;
+    for (int e = 0; e < k; ++e) {
+      const size_t i = static_cast<size_t>(r) * k + e;
+      ref.h[i] = residual == nullptr
+                     ? x[i]
+                     : FloatToBf16Bits(static_cast<float>(ToDouble(x[i]) + ToDouble((*residual)[i])));
+      sum_sq += ToDouble(ref.h[i]) * ToDouble(ref.h[i]);
+    }
+    const double scale = 1.0 / std::sqrt(sum_sq / k + eps);
+    for (int e = 0; e < k; ++e) {
+      const size_t i = static_cast<size_t>(r) * k + e;
+      ref.operand[i] = ToDouble(ref.h[i]) * scale * ToDouble(weight[e]);
+    }
+  }
+  return ref;
+}
+
+TEST_F(PrefetchGemmGpuTest, NormInputsMatchFloat64AndTheNormKernelsBitForBit) {
+  struct Shape {
+    int n, k;
+  };
+  // The 1B model's QKV and gate-up projections (k = 2048: one norm vector per thread), k = 1000
+  // (not a multiple of the stage or of 32 norm vectors: a partial norm warp), k = 3080 (two
+  // CTA-wide passes over the vectors, the second partial), k = 8192 (the most, four passes), and
+  // k = 8 (one vector per row).
+  const float eps = 1e-5f;
+  for (const Shape& s : {Shape{3072, 2048}, Shape{16384, 2048}, Shape{300, 1000},
+                         Shape{333, 3080}, Shape{96, 8192}, Shape{40, 8}}) {
+    const size_t rows_k = static_cast<size_t>(kPrefetchGemmMaxRows) * s.k;
+    Problem problem(kPrefetchGemmMaxRows, s.n, s.k);
+    Problem unfused(kPrefetchGemmMaxRows, s.n, s.k);  // its x: the norm kernel's output
+    DeviceVector<uint16_t> residual_in(rows_k), residual_out(rows_k), norm_residual(rows_k);
+    DeviceVector<uint16_t> norm_weight(s.k);
+    const std::vector<uint16_t> w = RandomBf16(static_cast<size_t>(s.n) * s.k);
+    problem.w().Upload(w, stream());
+    unfused.w().Upload(w, stream());
+    for (int m : {1, 3, 8}) {
+      for (PrefetchGemmInput input : {PrefetchGemmInput::kAddRmsNorm, PrefetchGemmInput::kRmsNorm}) {
+        const bool add = input == PrefetchGemmInput::kAddRmsNorm;
+        const size_t count = static_cast<size_t>(m) * s.k;
+        const std::vector<uint16_t> x = RandomBf16(count, -3.f, 3.f);
+        const std::vector<uint16_t> residual = RandomBf16(count, -2.f, 2.f);
+        const std::vector<uint16_t> weight = RandomBf16(s.k, 0.5f, 1.5f);
+        problem.x().Upload(x, stream());
+        residual_in.Upload(residual, stream());
+        norm_weight.Upload(weight, stream());
+        const NormReference ref =
+            NormOperand(x, add ? &residual : nullptr, weight, m, s.k, eps);
+        const std::vector<double> y_ref = GemmProduct(ref.operand, w, m, s.n, s.k);
+        const PrefetchGemmConfig chosen = ChoosePrefetchGemmConfig(m, s.n, s.k, kSmCount);
+        // The chosen configuration, and a few CTAs with many stages each.
+        for (const PrefetchGemmConfig& config :
+             {chosen, PrefetchGemmConfig{std::min(s.n, 24), 2}}) {
+          // kRmsNorm without residual_out on the second configuration.
+          const bool write_residual = add || config.ctas == chosen.ctas;
+          SCOPED_TRACE(::testing::Message() << "n=" << s.n << " k=" << s.k << " m=" << m
+                                            << " add=" << add << " write_residual="
+                                            << write_residual << " " << config.ToString());
+          PrefetchGemmArgs args = problem.Args(m, input, /*float_output=*/false);
+          args.residual_in = add ? reinterpret_cast<const __nv_bfloat16*>(residual_in.get())
+                                 : nullptr;
+          args.residual_out =
+              write_residual ? reinterpret_cast<__nv_bfloat16*>(residual_out.get()) : nullptr;
+          args.norm_weight = reinterpret_cast<const __nv_bfloat16*>(norm_weight.get());
+          args.eps = eps;
+          residual_out.Poison(stream());
+          const double error = Check(problem, args, config, y_ref);
+          EXPECT_LT(error, Tolerance(PrefetchGemmInput::kSiluMul, false));
+          const std::vector<float> folded_y = problem.y().Download(stream());
+          const std::vector<uint16_t> got_residual = residual_out.Download(stream());
+          const std::vector<uint16_t> read_residual = residual_in.Download(stream());
+          EXPECT_TRUE(std::equal(residual.begin(), residual.end(), read_residual.begin()))
+              << "residual_in was written";
+          if (write_residual) {
+            EXPECT_TRUE(std::equal(ref.h.begin(), ref.h.end(), got_residual.begin()))
+                << "residual_out is not bf16(x + residual)";
+          } else {
+            for (size_t i = 0; i < count; ++i) ASSERT_EQ(got_residual[i], 0xFFFF) << i;
+          }
+
+          // The unfused step: the norm kernel into `normed`, then the plain GEMM.
+          norm_residual.Upload(residual, stream());
+          unfused.x().Poison(stream());
+          unfused.y().Poison(stream());
+          auto* normed = reinterpret_cast<__nv_bfloat16*>(unfused.x().get());
+          const auto* bf_x = reinterpret_cast<const __nv_bfloat16*>(problem.x().get());
+          const auto* bf_weight = reinterpret_cast<const __nv_bfloat16*>(norm_weight.get());
+          ASSERT_EQ(add ? LaunchFusedAddRmsNorm(bf_x,
+                                                reinterpret_cast<__nv_bfloat16*>(norm_residual.get()),
+                                                bf_weight, normed, m, s.k, eps, stream())
+                        : LaunchRmsNorm(bf_x, bf_weight, normed, m, s.k, eps, stream()),
+                    cudaSuccess);
+          ASSERT_EQ(LaunchPrefetchGemm(unfused.Args(m, PrefetchGemmInput::kPlain, false), config,
+                                       stream()),
+                    cudaSuccess);
+          const std::vector<float> unfused_y = unfused.y().Download(stream());
+          const size_t y_bytes = static_cast<size_t>(m) * s.n * sizeof(uint16_t);
+          EXPECT_EQ(std::memcmp(folded_y.data(), unfused_y.data(), y_bytes), 0)
+              << "y differs from the norm kernel + plain GEMM";
+          if (add) {
+            const std::vector<uint16_t> kernel_residual = norm_residual.Download(stream());
+            EXPECT_EQ(std::memcmp(got_residual.data(), kernel_residual.data(), count * 2), 0)
+                << "residual_out differs from the norm kernel's residual";
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(PrefetchGemmGpuTest, NormInputsRefuseBadBuffers) {
+  DeviceVector<uint16_t> buf(1 << 16);
+  auto* p = reinterpret_cast<__nv_bfloat16*>(buf.get());
+  const int m = 2, n = 64, k = 256;
+  PrefetchGemmArgs a;
+  a.x = p;
+  a.w = p + 4096;
+  a.y = p + 8 * 4096;
+  a.m = m;
+  a.n = n;
+  a.k = k;
+  a.input = PrefetchGemmInput::kAddRmsNorm;
+  a.residual_in = p + 2 * 4096;
+  a.residual_out = p + 3 * 4096;
+  a.norm_weight = p + 4 * 4096;
+  const PrefetchGemmConfig ok{16, 2};
+  EXPECT_TRUE(PrefetchGemmSupports(a, ok));
+  PrefetchGemmArgs bad = a;
+  bad.residual_out = const_cast<__nv_bfloat16*>(a.residual_in);  // CTA 0 would write what all read
+  EXPECT_FALSE(PrefetchGemmSupports(bad, ok));
+  bad.residual_out = const_cast<__nv_bfloat16*>(a.residual_in) + k;  // overlaps row 1
+  EXPECT_FALSE(PrefetchGemmSupports(bad, ok));
+  bad.residual_out = const_cast<__nv_bfloat16*>(a.x) + 8;
+  EXPECT_FALSE(PrefetchGemmSupports(bad, ok));
+  bad = a;
+  bad.residual_out = nullptr;  // the add needs somewhere to put the new residual
+  EXPECT_FALSE(PrefetchGemmSupports(bad, ok));
+  bad.input = PrefetchGemmInput::kRmsNorm;  // ... the plain norm does not
+  EXPECT_TRUE(PrefetchGemmSupports(bad, ok));
+  bad = a;
+  bad.residual_in = nullptr;
+  EXPECT_FALSE(PrefetchGemmSupports(bad, ok));
+  bad = a;
+  bad.norm_weight = nullptr;
+  EXPECT_FALSE(PrefetchGemmSupports(bad, ok));
+  bad = a;
+  bad.norm_weight = a.norm_weight + 1;
+  EXPECT_FALSE(PrefetchGemmSupports(bad, ok));
+  bad = a;
+  bad.residual_in = a.residual_in + 4;
+  EXPECT_FALSE(PrefetchGemmSupports(bad, ok));
+  // k past the norm kernel's one vector per thread.
+  bad = a;
+  bad.m = 1;
+  bad.k = kPrefetchGemmMaxNormK + 8;
+  bad.residual_in = p + 16384;
+  bad.residual_out = p + 2 * 16384;
+  bad.norm_weight = p + 3 * 16384;
+  EXPECT_FALSE(PrefetchGemmSupportsNormShape(1, n, bad.k, ok));
+  EXPECT_TRUE(PrefetchGemmSupportsShape(1, n, bad.k, ok));
+  EXPECT_FALSE(PrefetchGemmSupports(bad, ok));
+  EXPECT_EQ(LaunchPrefetchGemm(bad, ok, stream()), cudaErrorInvalidValue);
 }
 
 TEST_F(PrefetchGemmGpuTest, RefusesUnsupportedShapes) {

@@ -115,11 +115,13 @@ struct RunnerOptions {
   std::vector<int> prefill_sizes;
   // GEMM paths and fusions of the model (LlamaModelOptions): rows up to which each projection
   // uses the prefetch GEMM, then the decode GEMM, whether the down projection there reads
-  // SiLU(gate)·up itself, RoPE and the KV append as one kernel, and the skinny kernel up to
-  // skinny_gemm_max_rows elsewhere.
+  // SiLU(gate)·up itself, RoPE and the KV append as one kernel, the skinny kernel up to
+  // skinny_gemm_max_rows elsewhere, and whether the QKV and gate-up prefetch GEMMs do the add +
+  // RMSNorm before them (fold_norm_into_gemm; the same bits either way).
   PrefetchGemmRows prefetch_gemm_rows;
   int prefetch_gemm_ctas_per_sm = 2;
   bool prefetch_gemm_silu = false;
+  bool fold_norm_into_gemm = false;
   DecodeGemmRows decode_gemm_rows;
   bool silu_in_down = true;
   bool fuse_rope_append = true;

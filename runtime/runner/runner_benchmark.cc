@@ -4,8 +4,9 @@
 // default decode size up to 256 and prefill budget up to 512 tokens; the step without attention;
 // the step by GEMM path for small batches (as configured, without the prefetch GEMM, the skinny
 // kernel with cuBLASLt, cuBLASLt alone); and with --ablate, the step
-// with one fusion or choice changed at a time. The --prefetch_*, --decode_*, --skinny_rows flags
-// set the model's GEMM paths and the attention split for every table (defaults: RunnerOptions').
+// with one fusion or choice changed at a time. The --prefetch_*, --fold_norm, --decode_*,
+// --skinny_rows flags set the model's GEMM paths and the attention split for every table
+// (defaults: RunnerOptions').
 //
 //   bazel run -c opt //runtime/runner:runner_benchmark [-- --batches=1,8 --context=1024]
 //
@@ -63,6 +64,8 @@ ABSL_FLAG(int, prefetch_ctas_per_sm, kiln::RunnerOptions{}.prefetch_gemm_ctas_pe
           "Prefetch GEMM CTAs per SM (1 or 2)");
 ABSL_FLAG(bool, prefetch_silu, kiln::RunnerOptions{}.prefetch_gemm_silu,
           "The prefetch GEMM reads SiLU(gate)·up itself for the down projection");
+ABSL_FLAG(bool, fold_norm, kiln::RunnerOptions{}.fold_norm_into_gemm,
+          "The QKV and gate-up prefetch GEMMs do the add + RMSNorm before them");
 ABSL_FLAG(int, decode_qkv_rows, kiln::DecodeGemmRows{}.qkv, "Decode GEMM rows: QKV projection");
 ABSL_FLAG(int, decode_o_rows, kiln::DecodeGemmRows{}.o, "Decode GEMM rows: O projection");
 ABSL_FLAG(int, decode_gate_up_rows, kiln::DecodeGemmRows{}.gate_up,
@@ -173,6 +176,7 @@ RunnerOptions BenchmarkOptions() {
   o.prefetch_gemm_rows.lm_head = absl::GetFlag(FLAGS_prefetch_lm_head_rows);
   o.prefetch_gemm_ctas_per_sm = absl::GetFlag(FLAGS_prefetch_ctas_per_sm);
   o.prefetch_gemm_silu = absl::GetFlag(FLAGS_prefetch_silu);
+  o.fold_norm_into_gemm = absl::GetFlag(FLAGS_fold_norm);
   o.decode_gemm_rows.qkv = absl::GetFlag(FLAGS_decode_qkv_rows);
   o.decode_gemm_rows.o = absl::GetFlag(FLAGS_decode_o_rows);
   o.decode_gemm_rows.gate_up = absl::GetFlag(FLAGS_decode_gate_up_rows);
@@ -315,6 +319,7 @@ int Main(int argc, char** argv) {
     const Variant variants[] = {
         {"as configured", [](RunnerOptions&) {}},
         {"SiLU kernel", [](RunnerOptions& o) { o.silu_in_down = false; }},
+        {"norm fold flipped", [](RunnerOptions& o) { o.fold_norm_into_gemm = !o.fold_norm_into_gemm; }},
         {"RoPE+append apart", [](RunnerOptions& o) { o.fuse_rope_append = false; }},
         {"merge kernel", [](RunnerOptions& o) { o.fused_attention_merge = false; }},
         {"KV chunk >= 256", [](RunnerOptions& o) { o.decode_min_kv_chunk = 256; }},

@@ -3,6 +3,8 @@
 //     size and for 1000 random batch compositions (decode-only, prefill-only, mixed; lengths at
 //     block boundaries);
 //   - piecewise graphs and graph-free runs equal full graphs, bit for bit;
+//   - folding the add + RMSNorm into the QKV and gate-up GEMMs (steps of up to 8 tokens) gives
+//     the norm kernels' bits, in full graphs, piecewise graphs and eager steps;
 //   - steps on the eager key (above every captured size) and greedy generation match the CPU
 //     float64 reference decoder (logits by relative error, tokens where the reference's top-2
 //     margin is clear);
@@ -306,6 +308,70 @@ TEST_F(RunnerGpuTest, PiecewiseAndGraphFreeStepsEqualFullGraphs) {
     if (HasFailure()) break;
   }
   EXPECT_GT(piecewise_replays, 100);
+}
+
+TEST_F(RunnerGpuTest, FoldedNormsGiveTheNormKernelsBits) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  RunnerOptions options = TinyOptions(GraphExecution::kFull, seed);
+  options.fold_norm_into_gemm = true;
+  std::unique_ptr<Runner> folded = MakeRunner(options);
+  options.graphs = GraphExecution::kPiecewise;
+  std::unique_ptr<Runner> piecewise = MakeRunner(options);
+  options.graphs = GraphExecution::kFull;
+  options.fold_norm_into_gemm = false;
+  std::unique_ptr<Runner> unfolded = MakeRunner(options);
+  ASSERT_TRUE(folded && piecewise && unfolded);
+  if (!folded->model().FoldsNorms(1)) {
+    GTEST_SKIP() << "The fold runs in the prefetch GEMM, which needs compute capability 9.0";
+  }
+  EXPECT_TRUE(folded->model().FoldsNorms(8));
+  EXPECT_FALSE(folded->model().FoldsNorms(16));  // past the prefetch GEMM's rows
+  EXPECT_FALSE(unfolded->model().FoldsNorms(1));
+  Traffic traffic(seed);
+  int folded_graphs = 0, folded_eager = 0, folded_pieces = 0;
+  for (int step = 0; step < 160; ++step) {
+    // Three steps in four of at most 8 tokens (decodes of 1 to 8 sequences, short prefills),
+    // where the fold applies; every second step eager.
+    std::vector<SequenceTokens> batch;
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      batch = traffic.Next(static_cast<Traffic::Kind>(traffic.rng()() % 3), *folded);
+      int tokens = 0;
+      for (const SequenceTokens& s : batch) tokens += static_cast<int>(s.tokens.size());
+      if (step % 4 == 0 || tokens <= 8) break;
+    }
+    for (int64_t id : traffic.TakeReleases()) {
+      ASSERT_TRUE(folded->Release(id).ok());
+      ASSERT_TRUE(piecewise->Release(id).ok());
+      ASSERT_TRUE(unfolded->Release(id).ok());
+    }
+    SCOPED_TRACE(absl::StrCat("step ", step, " batch ", Describe(batch)));
+    StepOptions step_options;
+    step_options.force_eager = step % 2 == 1;
+    const Outcome a = RunStep(*folded, batch, step_options);
+    const Outcome b = RunStep(*unfolded, batch, step_options);
+    const Outcome c = RunStep(*piecewise, batch, step_options);
+    if (folded->model().FoldsNorms(a.info.padded_tokens)) {
+      ++(a.info.replayed ? folded_graphs : folded_eager);
+      folded_pieces += c.info.replayed;
+    }
+    EXPECT_EQ(a.info.key, b.info.key);
+    EXPECT_EQ(a.tokens, b.tokens);
+    EXPECT_EQ(c.tokens, b.tokens);
+    ASSERT_EQ(a.logits.size(), b.logits.size());
+    ASSERT_EQ(c.logits.size(), b.logits.size());
+    EXPECT_EQ(std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * 4), 0)
+        << "the folded norms differ from the norm kernels at " << KeyName(a.info.key)
+        << (a.info.replayed ? " (graph)" : " (eager)");
+    EXPECT_EQ(std::memcmp(c.logits.data(), b.logits.data(), c.logits.size() * 4), 0)
+        << "piecewise graphs with folded norms differ from the norm kernels at "
+        << KeyName(c.info.key);
+    traffic.Committed(batch);
+    if (HasFailure()) break;
+  }
+  EXPECT_GT(folded_graphs, 30);
+  EXPECT_GT(folded_eager, 30);
+  EXPECT_GT(folded_pieces, 30);
 }
 
 // Compares each sequence's logits row with the reference's, and the sampled token with the
