@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/time.h"
 #include "graph/capture_context.h"
 #include "runtime/cuda/device_info.h"
 #include "runtime/cuda/status.h"
@@ -640,6 +641,9 @@ absl::StatusOr<std::vector<int32_t>> Runner::Step(absl::Span<const SequenceToken
       replay = piece_graphs_.front()->Contains(key.key);
     }
   }
+  // After a peer was lost the communicator may be aborted: a replay would launch NCCL kernels
+  // of a destroyed communicator. Report the sticky error instead.
+  if (comm_ != nullptr) RETURN_IF_ERROR(comm_->CheckAsyncErrors());
   if (replay && comm_ != nullptr) {
     // The graphs' all-reduces read peers' buffers only once every rank registered them.
     if (!graphs_registered_) {
@@ -669,9 +673,14 @@ absl::StatusOr<std::vector<int32_t>> Runner::Step(absl::Span<const SequenceToken
   RETURN_IF_ERROR(CopyDeviceToHost(next_tokens_host_.data(), next_tokens_.data(),
                                    sizeof(int32_t) * num_seqs, stream_.get()));
   if (options_.time_steps) RETURN_IF_ERROR(step_stop_.Record(stream_.get()));
-  RETURN_IF_ERROR(stream_.Synchronize());
-  // A peer that died or hangs: the custom all-reduce gave up waiting (DeadlineExceeded).
-  if (comm_ != nullptr) RETURN_IF_ERROR(comm_->CheckAsyncErrors());
+  if (comm_ != nullptr) {
+    // A peer that died or hangs: the custom all-reduce gives up waiting at its barriers, and
+    // NCCL is aborted after the same time (DeadlineExceeded either way).
+    RETURN_IF_ERROR(comm_->SynchronizeStream(
+        stream_.get(), absl::Milliseconds(options_.allreduce.barrier_timeout_ms())));
+  } else {
+    RETURN_IF_ERROR(stream_.Synchronize());
+  }
   last_.device_ms = 0;
   if (options_.time_steps) {
     ASSIGN_OR_RETURN(last_.device_ms, Event::ElapsedMs(step_start_, step_stop_));

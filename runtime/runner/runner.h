@@ -43,7 +43,8 @@
 //   Graph states: none ──Capture──► captured ──RegisterGraphBuffers──► registered
 //   A step that would replay a graph before registration is FailedPrecondition. A peer that died
 //   or hangs ends the next step in DeadlineExceeded within AllReduceConfig.barrier_timeout_ms
-//   (custom all-reduce; NCCL has no timeout, so a config without the custom path can hang).
+//   (the custom all-reduce's barriers give up; NCCL is aborted when the step's stream has not
+//   finished by then, Communicator::SynchronizeStream); the runner is unusable afterwards.
 //
 // Step states: a sequence id first seen in Step starts empty; each Step adds its tokens; Release
 // frees its KV blocks. Step synchronises the stream before returning the tokens.

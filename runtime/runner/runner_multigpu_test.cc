@@ -11,7 +11,8 @@
 //     graphs);
 //   - a step that would replay graphs before RegisterGraphBuffers() is FailedPrecondition;
 //   - a capture that fails on one rank fails Capture() on every rank with the same Status;
-//   - a killed rank ends the others' next step in DeadlineExceeded within a bounded time;
+//   - a killed rank ends the others' next step in DeadlineExceeded within a bounded time, with
+//     the custom all-reduce and with NCCL alone;
 //   - the weights and KV cache each rank allocates are what the memory planner planned per rank.
 #include <algorithm>
 #include <cmath>
@@ -595,18 +596,21 @@ TEST(RunnerMultiGpuTest, CaptureFailingOnOneRankFailsEveryRankAlike) {
   }, Options());
 }
 
-TEST(RunnerMultiGpuTest, KilledRankEndsTheOthersWithDeadlineExceeded) {
-  KILN_REQUIRE_GPUS(2);
+// One rank exits between steps; the others' next step must end in DeadlineExceeded, bounded by
+// the all-reduce timeout: through the custom all-reduce's barriers, or, NCCL only, by aborting
+// NCCL when the step's stream has not finished in time.
+void KilledRankEndsTheOthersWithDeadlineExceeded(bool custom) {
   testing::MultiProcessTestOptions options = Options();
   options.final_barrier = false;  // one rank exits on purpose
-  RunOnEveryGpu([](RankContext& ctx) {
+  RunOnEveryGpu([custom](RankContext& ctx) {
     ASSERT_EQ(cudaSetDevice(ctx.device()), cudaSuccess);
     const uint64_t seed = SharedSeed(ctx);
     AllReduceConfig config;
     config.set_barrier_timeout_ms(2000);
+    config.set_enable_custom(custom);
     std::unique_ptr<Runner> runner = MakeRunner(TpOptions(seed, config, &ctx));
     ASSERT_NE(runner, nullptr);
-    ASSERT_TRUE(runner->communicator()->custom_available())
+    ASSERT_EQ(runner->communicator()->custom_available(), custom)
         << runner->communicator()->custom_unavailable_reason();
     ASSERT_TRUE(runner->Step({{1, {3, 4, 5}}, {2, {6, 7}}}).ok());
     ASSERT_TRUE(runner->Step({{1, {8}}, {2, {9}}}).ok());
@@ -628,6 +632,16 @@ TEST(RunnerMultiGpuTest, KilledRankEndsTheOthersWithDeadlineExceeded) {
     // wait for it); the process is about to exit, so leave the runner to the driver.
     runner.release();
   }, options);
+}
+
+TEST(RunnerMultiGpuTest, KilledRankEndsTheOthersWithDeadlineExceeded) {
+  KILN_REQUIRE_GPUS(2);
+  KilledRankEndsTheOthersWithDeadlineExceeded(/*custom=*/true);
+}
+
+TEST(RunnerMultiGpuTest, KilledRankEndsTheOthersWithDeadlineExceededWithNcclOnly) {
+  KILN_REQUIRE_GPUS(2);
+  KilledRankEndsTheOthersWithDeadlineExceeded(/*custom=*/false);
 }
 
 }  // namespace
