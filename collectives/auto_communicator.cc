@@ -70,7 +70,7 @@ absl::StatusOr<AllReducePlan> AutoCommunicator::Plan(const void* in, const void*
 
 void AutoCommunicator::AbortAfterTimeout(const absl::Status& error) {
   aborted_ = error;
-  nccl_->Abort(error);
+  nccl_->AbortWithoutWaiting(error);
 }
 
 absl::Status AutoCommunicator::AllReduce(const void* in, void* out, size_t count,

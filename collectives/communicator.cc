@@ -2,6 +2,7 @@
 
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "runtime/cuda/capture_check.h"
@@ -56,10 +57,16 @@ absl::Status Communicator::SynchronizeStream(cudaStream_t stream, absl::Duration
       "is stuck. The communicator was aborted: recreate it on every rank",
       rank(), world_size(), absl::FormatDuration(timeout)));
   AbortAfterTimeout(error);
-  // Aborted kernels return; give them the same time again so the caller may free its buffers.
+  // Aborted kernels of eager calls return; give them the same time again so the caller may free
+  // its buffers. Those of a CUDA graph may not (NCCL 2.28): say so.
   const absl::Time drain = absl::Now() + timeout;
   while (cudaStreamQuery(stream) == cudaErrorNotReady && absl::Now() < drain) {
     absl::SleepFor(absl::Microseconds(200));
+  }
+  if (cudaStreamQuery(stream) == cudaErrorNotReady) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        error.message(), ". The stream's work is still waiting for the lost peer: exit the "
+        "process (the GPU's work ends with it)"));
   }
   return error;
 }

@@ -94,10 +94,12 @@ class Communicator {
 
   // Waits up to `timeout` for the work enqueued on `stream` so far (graph replays included),
   // then returns CheckAsyncErrors(). When the work has not finished by then, a peer died or
-  // hung: aborts this communicator (NCCL's kernels wait for their peers without a limit; aborted,
-  // they return) and returns DeadlineExceeded; the communicator is unusable afterwards (every
-  // later call fails; recreate it on every rank). Use it instead of cudaStreamSynchronize where
-  // a peer may die. Not during capture.
+  // hung: aborts this communicator (NCCL's kernels wait for their peers without a limit) and,
+  // within another `timeout`, returns DeadlineExceeded; the communicator is unusable afterwards
+  // (every later call fails; recreate it on every rank). Aborted NCCL kernels of eager calls
+  // return; those launched from a CUDA graph may keep waiting (NCCL 2.28), which the message
+  // then says: the process should exit. Use it instead of cudaStreamSynchronize where a peer may
+  // die. Not during capture.
   absl::Status SynchronizeStream(cudaStream_t stream, absl::Duration timeout);
 
   // Returns whether AllReduceAddRmsNorm takes rows of this shape. The answer depends only on the

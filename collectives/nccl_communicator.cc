@@ -122,6 +122,14 @@ void NcclCommunicator::Abort(absl::Status reason) {
   if (aborted_.ok()) aborted_ = std::move(reason);
 }
 
+void NcclCommunicator::AbortWithoutWaiting(absl::Status reason) {
+  if (aborted_.ok()) aborted_ = std::move(reason);
+  if (comm_ == nullptr) return;
+  ncclComm_t comm = comm_;
+  comm_ = nullptr;
+  std::thread([comm] { ncclCommAbort(comm); }).detach();
+}
+
 absl::Status NcclCommunicator::Await(ncclResult_t result, const char* what) {
   if (result == ncclSuccess) return absl::OkStatus();
   if (result != ncclInProgress) return ToStatus(result, what);

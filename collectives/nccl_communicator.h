@@ -58,6 +58,12 @@ class NcclCommunicator : public Communicator {
   void Abort(absl::Status reason =
                  absl::FailedPreconditionError("The NCCL communicator was aborted"));
 
+  // Like Abort, but ncclCommAbort runs on a detached thread of its own and this returns at once:
+  // with NCCL 2.28, ncclCommAbort blocks while kernels launched from a CUDA graph still wait for
+  // a dead peer (kernels of eager calls return and it completes). Later calls return `reason`.
+  // If those kernels never end, the process cannot use this GPU any more and should exit.
+  void AbortWithoutWaiting(absl::Status reason);
+
   // Returns the raw communicator; this object keeps ownership.
   ncclComm_t comm() const { return comm_; }
 
@@ -65,7 +71,7 @@ class NcclCommunicator : public Communicator {
   NcclCommunicator(ncclComm_t comm, int rank, int world_size, absl::Duration timeout)
       : comm_(comm), rank_(rank), world_size_(world_size), timeout_(timeout) {}
   absl::Status Await(ncclResult_t result, const char* what);
-  void AbortAfterTimeout(const absl::Status& error) override { Abort(error); }
+  void AbortAfterTimeout(const absl::Status& error) override { AbortWithoutWaiting(error); }
 
   ncclComm_t comm_;
   int rank_;
