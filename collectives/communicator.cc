@@ -60,10 +60,11 @@ absl::Status Communicator::SynchronizeStream(cudaStream_t stream, absl::Duration
   // Aborted kernels of eager calls return; give them the same time again so the caller may free
   // its buffers. Those of a CUDA graph may not (NCCL 2.28): say so.
   const absl::Time drain = absl::Now() + timeout;
-  while (cudaStreamQuery(stream) == cudaErrorNotReady && absl::Now() < drain) {
+  bool stuck = true;
+  while ((stuck = cudaStreamQuery(stream) == cudaErrorNotReady) && absl::Now() < drain) {
     absl::SleepFor(absl::Microseconds(200));
   }
-  if (cudaStreamQuery(stream) == cudaErrorNotReady) {
+  if (stuck) {
     return absl::DeadlineExceededError(absl::StrCat(
         error.message(), ". The stream's work is still waiting for the lost peer: exit the "
         "process (the GPU's work ends with it)"));

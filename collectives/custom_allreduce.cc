@@ -500,20 +500,20 @@ absl::Status CustomAllReduce::RegisterGraphBuffers() {
           e.outs[r] = p.output;
           continue;
         }
-        const char* rec = all[r].data() + 2 * sizeof(int) + i * kEntry;
-        cudaIpcMemHandle_t handle;
-        uint64_t offset = 0;
-        std::memcpy(&handle, rec, sizeof(handle));
-        std::memcpy(&offset, rec + sizeof(handle), sizeof(offset));
-        ASSIGN_OR_RETURN(void* base, OpenPeerHandle(r, handle));
-        e.ptrs[r] = static_cast<const char*>(base) + offset;
-        // has_output was agreed by every rank when the call was captured.
-        if (p.has_output) {
-          rec += sizeof(handle) + sizeof(offset);
+        // Maps the (handle, offset) pair at `rec` of rank r's record.
+        auto open = [&](const char* rec) -> absl::StatusOr<char*> {
+          cudaIpcMemHandle_t handle;
+          uint64_t offset = 0;
           std::memcpy(&handle, rec, sizeof(handle));
           std::memcpy(&offset, rec + sizeof(handle), sizeof(offset));
-          ASSIGN_OR_RETURN(void* out_base, OpenPeerHandle(r, handle));
-          e.outs[r] = static_cast<char*>(out_base) + offset;
+          ASSIGN_OR_RETURN(void* base, OpenPeerHandle(r, handle));
+          return static_cast<char*>(base) + offset;
+        };
+        const char* rec = all[r].data() + 2 * sizeof(int) + i * kEntry;
+        ASSIGN_OR_RETURN(e.ptrs[r], open(rec));
+        // has_output was agreed by every rank when the call was captured.
+        if (p.has_output) {
+          ASSIGN_OR_RETURN(e.outs[r], open(rec + kEntry / 2));
         }
       }
       e.ready = 1;

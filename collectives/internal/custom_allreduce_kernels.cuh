@@ -479,12 +479,16 @@ __global__ void __launch_bounds__(1024) CustomAllReduceKernel(const CustomAllRed
     if (!BlockBarrier<W>(a, set, value + 1, 1)) return;
     LaunchDependentGrids();
     counter.Start(a);
-    // Gathered into outputs: every peer wrote its shard into this rank's output before the
-    // barrier, so the output is whole. Pack g of peer p's output is written only by the owner
-    // of g's shard; where the output is the input (in place), that pack of p's input was read
-    // only by that owner, by the same thread, before it wrote it; and no peer writes here
-    // before this rank passed its first barrier, after the previous kernel of its stream ended.
-    for (uint64_t j0 = to_outputs ? shard : tid; j0 < shard; j0 += kU * stride) {
+    if (to_outputs) {
+      // Every peer wrote its shard into this rank's output before the barrier: the output is
+      // whole. Pack g of peer p's output is written only by the owner of g's shard; where the
+      // output is the input (in place), that pack of p's input was read only by that owner, by
+      // the same thread, before it wrote it; and no peer writes here before this rank passed its
+      // first barrier, after the previous kernel of its stream ended.
+      counter.Finish(a, epoch);
+      return;
+    }
+    for (uint64_t j0 = tid; j0 < shard; j0 += kU * stride) {
       uint4 v[kU][W];
 #pragma unroll
       for (int u = 0; u < kU; ++u) {

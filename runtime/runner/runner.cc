@@ -642,8 +642,8 @@ absl::StatusOr<std::vector<int32_t>> Runner::Step(absl::Span<const SequenceToken
     }
   }
   // After a peer was lost the communicator may be aborted: a replay would launch NCCL kernels
-  // of a destroyed communicator. Report the sticky error instead.
-  if (comm_ != nullptr) RETURN_IF_ERROR(comm_->CheckAsyncErrors());
+  // of a destroyed communicator. Report the lost peer again instead.
+  RETURN_IF_ERROR(peer_lost_);
   if (replay && comm_ != nullptr) {
     // The graphs' all-reduces read peers' buffers only once every rank registered them.
     if (!graphs_registered_) {
@@ -676,8 +676,10 @@ absl::StatusOr<std::vector<int32_t>> Runner::Step(absl::Span<const SequenceToken
   if (comm_ != nullptr) {
     // A peer that died or hangs: the custom all-reduce gives up waiting at its barriers, and
     // NCCL is aborted after the same time (DeadlineExceeded either way).
-    RETURN_IF_ERROR(comm_->SynchronizeStream(
-        stream_.get(), absl::Milliseconds(options_.allreduce.barrier_timeout_ms())));
+    absl::Status synced = comm_->SynchronizeStream(
+        stream_.get(), absl::Milliseconds(options_.allreduce.barrier_timeout_ms()));
+    if (absl::IsDeadlineExceeded(synced)) peer_lost_ = synced;
+    RETURN_IF_ERROR(synced);
   } else {
     RETURN_IF_ERROR(stream_.Synchronize());
   }

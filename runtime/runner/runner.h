@@ -335,6 +335,7 @@ class Runner {
   RunnerOptions options_;
   LlamaShape full_shape_;
   std::unique_ptr<AutoCommunicator> comm_;  // tensor parallel; outlives the model and graphs
+  absl::Status peer_lost_;  // a step's collectives timed out: every later step returns this
   bool graphs_registered_ = false;
   MemoryPlan plan_;
   int sm_count_ = 0;
