@@ -6,130 +6,27 @@
 #include <cstdint>
 
 #include "runtime/model/internal/pdl_launch.cuh"
+#include "runtime/model/internal/rope_kv_append.cuh"
 #include "runtime/model/internal/vec.cuh"
 
 namespace kiln {
 namespace {
 
-constexpr int kMaxHalf = 128;  // head_dim <= 256
 constexpr int kMaxThreads = 512;
 
-struct KernelArgs {
-  __nv_bfloat16* qkv;
-  const int32_t* positions;
-  int heads, kv_heads, head_dim;
-  double log2_theta;
-  const int32_t* seq_q_start;
-  const int32_t* seq_kv_len;
-  int max_seqs;
-  uint16_t* k_cache;
-  uint16_t* v_cache;
-  const int32_t* block_table;
-  int max_blocks_per_seq;
-  int log2_block_size;
-};
-
-// Returns the cache slot of `token` (block << log2_block_size | offset), or -1 when it is not
-// appended: the owner is the last sequence s with seq_q_start[s] <= token (empty sequences share
-// their start with the next), as attention's append kernel finds it.
-__device__ int64_t SlotOf(const KernelArgs& a, int token) {
-  if (token >= a.seq_q_start[a.max_seqs]) return -1;  // padding row
-  int lo = 0;
-  int hi = a.max_seqs - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (a.seq_q_start[mid] <= token) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  const int q_start = a.seq_q_start[lo];
-  const int q_len = a.seq_q_start[lo + 1] - q_start;
-  const int pos = a.seq_kv_len[lo] - q_len + (token - q_start);
-  if (pos < 0) return -1;
-  const int32_t block =
-      a.block_table[static_cast<int64_t>(lo) * a.max_blocks_per_seq + (pos >> a.log2_block_size)];
-  if (block < 0) return -1;
-  return (static_cast<int64_t>(block) << a.log2_block_size) +
-         (pos & ((1 << a.log2_block_size) - 1));
-}
-
-// One CTA per token. Units of work: a rotation of 8 pairs of one q or k head (the 8 values at i
-// and their partners at i + d/2), or a 16-byte copy of v.
-__global__ void __launch_bounds__(kMaxThreads) RopeKvAppendKernel(const KernelArgs a) {
-  __shared__ float cos_table[kMaxHalf];
-  __shared__ float sin_table[kMaxHalf];
+// One CTA per token.
+__global__ void __launch_bounds__(kMaxThreads) RopeKvAppendKernel(const internal::RopeKvArgs a) {
+  __shared__ float cos_table[internal::kRopeMaxHalf];
+  __shared__ float sin_table[internal::kRopeMaxHalf];
   __shared__ int64_t slot_shared;
   const int token = blockIdx.x;
-  const int half = a.head_dim / 2;
-
   internal::AllowDependentLaunch();
-  // Positions, the plan and the block table come from the step's upload, not from a kernel of
-  // the step: prepared while the QKV projection finishes.
-  const double position = static_cast<double>(a.positions[token]);
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    // As RopeKernel: theta^(-2i/d) and the angle in double.
-    const double freq = exp2(-2.0 * i / a.head_dim * a.log2_theta);
-    double s, c;
-    sincos(position * freq, &s, &c);
-    cos_table[i] = static_cast<float>(c);
-    sin_table[i] = static_cast<float>(s);
-  }
-  if (threadIdx.x == 0) slot_shared = SlotOf(a, token);
+  // Prepared while the QKV projection finishes.
+  internal::RopePrologue(a, token, cos_table, sin_table, &slot_shared, threadIdx.x, blockDim.x);
   __syncthreads();
   const int64_t slot = slot_shared;
   internal::WaitForPrerequisites();  // qkv comes from the QKV projection
-
-  const int row_width = (a.heads + 2 * a.kv_heads) * a.head_dim;
-  __nv_bfloat16* row = a.qkv + static_cast<int64_t>(token) * row_width;
-  const int units_per_head = half / 8;
-  const int rotations = (a.heads + a.kv_heads) * units_per_head;
-  const int copies = a.kv_heads * (a.head_dim / 8);
-  const int64_t block = slot >> a.log2_block_size;
-  const int64_t offset = slot & ((1 << a.log2_block_size) - 1);
-  // Element offset of kv head `h`'s row for this token in either pool.
-  auto cache_at = [&](int h) {
-    return (((block * a.kv_heads + h) << a.log2_block_size) + offset) * a.head_dim;
-  };
-  for (int u = threadIdx.x; u < rotations + copies; u += blockDim.x) {
-    if (u < rotations) {
-      const int head = u / units_per_head;  // q heads, then k heads
-      const int i = (u - head * units_per_head) * 8;
-      const bool is_k = head >= a.heads;
-      if (is_k && slot < 0) continue;
-      __nv_bfloat16* lo = row + head * a.head_dim + i;
-      __nv_bfloat16* hi = lo + half;
-      float x[8], y[8];
-      internal::LoadBf16<8>(lo, x);
-      internal::LoadBf16<8>(hi, y);
-      float out_lo[8], out_hi[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float c = cos_table[i + j];
-        const float s = sin_table[i + j];
-        out_lo[j] = x[j] * c - y[j] * s;
-        out_hi[j] = y[j] * c + x[j] * s;
-      }
-      if (!is_k) {
-        internal::StoreBf16<8>(lo, out_lo);
-        internal::StoreBf16<8>(hi, out_hi);
-      } else {
-        __nv_bfloat16* dst =
-            reinterpret_cast<__nv_bfloat16*>(a.k_cache) + cache_at(head - a.heads) + i;
-        internal::StoreBf16<8>(dst, out_lo);
-        internal::StoreBf16<8>(dst + half, out_hi);
-      }
-    } else {
-      if (slot < 0) continue;
-      const int c = u - rotations;
-      const int h = c / (a.head_dim / 8);
-      const int d = (c - h * (a.head_dim / 8)) * 8;
-      const uint4 v = *reinterpret_cast<const uint4*>(
-          row + (a.heads + a.kv_heads) * a.head_dim + h * a.head_dim + d);
-      *reinterpret_cast<uint4*>(a.v_cache + cache_at(h) + d) = v;
-    }
-  }
+  internal::RopeAppendToken(a, token, slot, cos_table, sin_table, threadIdx.x, blockDim.x);
 }
 
 int Log2(int power_of_two) {
@@ -143,7 +40,7 @@ int Log2(int power_of_two) {
 bool RopeKvAppendSupports(const RopeKvAppendParams& p) {
   const int bs = p.kv.block_size;
   return p.num_tokens > 0 && p.heads > 0 && p.kv_heads > 0 && p.head_dim > 0 &&
-         p.head_dim % 16 == 0 && p.head_dim / 2 <= kMaxHalf && p.theta > 0.0 &&
+         p.head_dim % 16 == 0 && p.head_dim / 2 <= internal::kRopeMaxHalf && p.theta > 0.0 &&
          p.qkv != nullptr && internal::Aligned16(p.qkv) && p.positions != nullptr &&
          p.plan.seq_q_start != nullptr && p.plan.seq_kv_len != nullptr && p.plan.max_seqs > 0 &&
          p.kv.k_cache != nullptr && p.kv.v_cache != nullptr && p.kv.block_table != nullptr &&
@@ -152,7 +49,7 @@ bool RopeKvAppendSupports(const RopeKvAppendParams& p) {
 
 cudaError_t LaunchRopeKvAppend(const RopeKvAppendParams& p, cudaStream_t stream) {
   if (!RopeKvAppendSupports(p)) return cudaErrorInvalidValue;
-  KernelArgs a;
+  internal::RopeKvArgs a;
   a.qkv = p.qkv;
   a.positions = p.positions;
   a.heads = p.heads;

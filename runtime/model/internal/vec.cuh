@@ -71,20 +71,24 @@ inline int WarpRoundedThreads(long long n, int limit) {
   return static_cast<int>(t);
 }
 
-// Sums `value` over the block (blockDim.x a multiple of 32, at most 1024) in a fixed order, so
-// the result is the same on every run; every thread receives the sum. `scratch` holds 32 floats.
-__device__ __forceinline__ float BlockSum(float value, float* scratch) {
+// Sums `value` over the 32 lanes of the warp by an xor butterfly; every lane gets the sum.
+__device__ __forceinline__ float WarpSum(float value) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+// Sums `value` over the block (blockDim.x a multiple of 32, at most 1024) in a fixed order (each
+// warp's butterfly, then a butterfly over the warp sums), so the result is the same on every
+// run; every thread receives the sum. `scratch` holds 32 floats.
+__device__ __forceinline__ float BlockSum(float value, float* scratch) {
+  value = WarpSum(value);
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (lane == 0) scratch[warp] = value;
   __syncthreads();
   const int warps = blockDim.x / 32;
-  value = lane < warps ? scratch[lane] : 0.0f;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
-  return value;
+  return WarpSum(lane < warps ? scratch[lane] : 0.0f);
 }
 
 }  // namespace internal

@@ -1,0 +1,141 @@
+// RoPE and the paged-KV append of one token row (rope_kv_append.h), as device functions: the
+// RoPE + KV append kernel runs them with one CTA per token, the decode layer kernel
+// (decode_layer.cu) with its compute threads after its QKV projection. Same arithmetic in both,
+// so the same bits. Included by .cu files only.
+#ifndef KILN_RUNTIME_MODEL_INTERNAL_ROPE_KV_APPEND_CUH_
+#define KILN_RUNTIME_MODEL_INTERNAL_ROPE_KV_APPEND_CUH_
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "runtime/model/internal/vec.cuh"
+
+namespace kiln {
+namespace internal {
+
+constexpr int kRopeMaxHalf = 128;  // head_dim <= 256
+
+struct RopeKvArgs {
+  __nv_bfloat16* qkv;
+  const int32_t* positions;
+  int heads, kv_heads, head_dim;
+  double log2_theta;
+  const int32_t* seq_q_start;
+  const int32_t* seq_kv_len;
+  int max_seqs;
+  uint16_t* k_cache;
+  uint16_t* v_cache;
+  const int32_t* block_table;
+  int max_blocks_per_seq;
+  int log2_block_size;
+};
+
+// Returns the cache slot of `token` (block << log2_block_size | offset), or -1 when it is not
+// appended: the owner is the last sequence s with seq_q_start[s] <= token (empty sequences share
+// their start with the next), as attention's append kernel finds it.
+__device__ __forceinline__ int64_t SlotOf(const RopeKvArgs& a, int token) {
+  if (token >= a.seq_q_start[a.max_seqs]) return -1;  // padding row
+  int lo = 0;
+  int hi = a.max_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (a.seq_q_start[mid] <= token) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int q_start = a.seq_q_start[lo];
+  const int q_len = a.seq_q_start[lo + 1] - q_start;
+  const int pos = a.seq_kv_len[lo] - q_len + (token - q_start);
+  if (pos < 0) return -1;
+  const int32_t block =
+      a.block_table[static_cast<int64_t>(lo) * a.max_blocks_per_seq + (pos >> a.log2_block_size)];
+  if (block < 0) return -1;
+  return (static_cast<int64_t>(block) << a.log2_block_size) +
+         (pos & ((1 << a.log2_block_size) - 1));
+}
+
+// Before the wait (positions, the plan and the block table come from the step's upload, not
+// from a kernel of the step): fills cos/sin [head_dim / 2] for `token` (threads `tid` of
+// `threads`) and returns its cache slot (SlotOf) from thread 0 into *slot. The caller
+// synchronises its threads before reading them.
+__device__ __forceinline__ void RopePrologue(const RopeKvArgs& a, int token, float* cos_table,
+                                             float* sin_table, int64_t* slot, int tid,
+                                             int threads) {
+  const int half = a.head_dim / 2;
+  const double position = static_cast<double>(a.positions[token]);
+  for (int i = tid; i < half; i += threads) {
+    // As RopeKernel: theta^(-2i/d) and the angle in double.
+    const double freq = exp2(-2.0 * i / a.head_dim * a.log2_theta);
+    double s, c;
+    sincos(position * freq, &s, &c);
+    cos_table[i] = static_cast<float>(c);
+    sin_table[i] = static_cast<float>(s);
+  }
+  if (tid == 0) *slot = SlotOf(a, token);
+}
+
+// After the wait: rotates q of `token`'s QKV row in place and writes the rotated k and the v
+// into the cache slot `slot` (none when negative). Units of work: a rotation of 8 pairs of one
+// q or k head (the 8 values at i and their partners at i + d/2), or a 16-byte copy of v.
+__device__ __forceinline__ void RopeAppendToken(const RopeKvArgs& a, int token, int64_t slot,
+                                                const float* cos_table, const float* sin_table,
+                                                int tid, int threads) {
+  const int half = a.head_dim / 2;
+  const int row_width = (a.heads + 2 * a.kv_heads) * a.head_dim;
+  __nv_bfloat16* row = a.qkv + static_cast<int64_t>(token) * row_width;
+  const int units_per_head = half / 8;
+  const int rotations = (a.heads + a.kv_heads) * units_per_head;
+  const int copies = a.kv_heads * (a.head_dim / 8);
+  const int64_t block = slot >> a.log2_block_size;
+  const int64_t offset = slot & ((1 << a.log2_block_size) - 1);
+  // Element offset of kv head `h`'s row for this token in either pool.
+  auto cache_at = [&](int h) {
+    return (((block * a.kv_heads + h) << a.log2_block_size) + offset) * a.head_dim;
+  };
+  for (int u = tid; u < rotations + copies; u += threads) {
+    if (u < rotations) {
+      const int head = u / units_per_head;  // q heads, then k heads
+      const int i = (u - head * units_per_head) * 8;
+      const bool is_k = head >= a.heads;
+      if (is_k && slot < 0) continue;
+      __nv_bfloat16* lo = row + head * a.head_dim + i;
+      __nv_bfloat16* hi = lo + half;
+      float x[8], y[8];
+      internal::LoadBf16<8>(lo, x);
+      internal::LoadBf16<8>(hi, y);
+      float out_lo[8], out_hi[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float c = cos_table[i + j];
+        const float s = sin_table[i + j];
+        out_lo[j] = x[j] * c - y[j] * s;
+        out_hi[j] = y[j] * c + x[j] * s;
+      }
+      if (!is_k) {
+        internal::StoreBf16<8>(lo, out_lo);
+        internal::StoreBf16<8>(hi, out_hi);
+      } else {
+        __nv_bfloat16* dst =
+            reinterpret_cast<__nv_bfloat16*>(a.k_cache) + cache_at(head - a.heads) + i;
+        internal::StoreBf16<8>(dst, out_lo);
+        internal::StoreBf16<8>(dst + half, out_hi);
+      }
+    } else {
+      if (slot < 0) continue;
+      const int c = u - rotations;
+      const int h = c / (a.head_dim / 8);
+      const int d = (c - h * (a.head_dim / 8)) * 8;
+      const uint4 v = *reinterpret_cast<const uint4*>(
+          row + (a.heads + a.kv_heads) * a.head_dim + h * a.head_dim + d);
+      *reinterpret_cast<uint4*>(a.v_cache + cache_at(h) + d) = v;
+    }
+  }
+}
+
+}  // namespace internal
+}  // namespace kiln
+
+#endif  // KILN_RUNTIME_MODEL_INTERNAL_ROPE_KV_APPEND_CUH_
