@@ -11,6 +11,7 @@
 #include "runtime/cuda/status.h"
 #include "runtime/cuda/status_macros.h"
 #include "runtime/model/decode_gemm.h"
+#include "runtime/model/decode_layer.h"
 #include "runtime/model/embedding.h"
 #include "runtime/model/prefetch_gemm.h"
 #include "runtime/model/rms_norm.h"
@@ -57,6 +58,19 @@ ActivationOffsets Offsets(const LlamaShape& s, int num_tokens, int num_rows) {
       take(std::min<size_t>(n, static_cast<size_t>(kPrefetchGemmMaxRows)) * s.hidden * e);
   o.total = at;
   return o;
+}
+
+DecodeLayerShape LayerShape(const LlamaShape& s) {
+  DecodeLayerShape l;
+  l.hidden = s.hidden;
+  l.q_width = s.q_width();
+  l.ffn = s.ffn;
+  l.heads = s.heads;
+  l.kv_heads = s.kv_heads;
+  l.head_dim = s.head_dim;
+  l.eps = static_cast<float>(s.rms_eps);
+  l.theta = s.rope_theta;
+  return l;
 }
 
 bool DecodeKernelSupportsGroup(int group) {
@@ -162,6 +176,10 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
                                                    options.prefetch_gemm_ctas_per_sm,
                                                    " must be 1 or 2"));
   }
+  if (options.layer_kernel_rows < 0 || options.layer_kernel_rows > kDecodeLayerMaxRows) {
+    return absl::InvalidArgumentError(absl::StrCat("layer_kernel_rows ", options.layer_kernel_rows,
+                                                   " is outside [0, ", kDecodeLayerMaxRows, "]"));
+  }
   const DecodeGemmRows& rows = options.decode_gemm_rows;
   if (std::min({rows.qkv, rows.o, rows.gate_up, rows.down, rows.lm_head}) < 0 ||
       MaxRows(rows) > kDecodeGemmMaxRows) {
@@ -200,6 +218,19 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
   }
   // The prefetch GEMM's shared-memory limits are raised here, outside any capture.
   if (MaxRows(prefetch) > 0) CUDA_RETURN_IF_ERROR(PreparePrefetchGemm());
+  // The decode layer kernel's launch shapes (they query the device, so not during capture) and
+  // its grid barrier's state.
+  LayerKernel layer_kernel;
+  if (options.communicator == nullptr) {
+    for (int m = 1; m <= options.layer_kernel_rows; ++m) {
+      layer_kernel.configs[m] = ChooseDecodeLayerConfig(m, LayerShape(s), sm_count);
+    }
+  }
+  if (options.layer_kernel_rows > 0) {
+    ASSIGN_OR_RETURN(layer_kernel.sync,
+                     DeviceBuffer::Allocate(kDecodeLayerSyncBytes, "decode layer grid barrier"));
+    CUDA_RETURN_IF_ERROR(cudaMemset(layer_kernel.sync.data(), 0, layer_kernel.sync.size()));
+  }
   DeviceBuffer decode_workspace, decode_counters;
   if (workspace_bytes > 0) {
     ASSIGN_OR_RETURN(decode_workspace,
@@ -210,12 +241,13 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
   }
   return std::unique_ptr<LlamaModel>(new LlamaModel(
       std::move(weights), options, layout, std::move(kv), std::move(gemm), sm_count,
-      std::move(decode_workspace), std::move(decode_counters)));
+      std::move(decode_workspace), std::move(decode_counters), std::move(layer_kernel)));
 }
 
 LlamaModel::LlamaModel(LlamaDeviceWeights weights, const LlamaModelOptions& options,
                        const PagedKvLayout& kv_layout, DeviceBuffer kv, std::unique_ptr<Gemm> gemm,
-                       int sm_count, DeviceBuffer decode_workspace, DeviceBuffer decode_counters)
+                       int sm_count, DeviceBuffer decode_workspace, DeviceBuffer decode_counters,
+                       LayerKernel layer_kernel)
     : weights_(std::move(weights)),
       options_(options),
       kv_layout_(kv_layout),
@@ -223,7 +255,8 @@ LlamaModel::LlamaModel(LlamaDeviceWeights weights, const LlamaModelOptions& opti
       gemm_(std::move(gemm)),
       sm_count_(sm_count),
       decode_workspace_(std::move(decode_workspace)),
-      decode_counters_(std::move(decode_counters)) {}
+      decode_counters_(std::move(decode_counters)),
+      layer_kernel_(std::move(layer_kernel)) {}
 
 LlamaModel::~LlamaModel() = default;
 
@@ -262,11 +295,17 @@ bool LlamaModel::PrefetchGemmTakesNorm(Proj proj, int64_t m, int64_t n, int64_t 
                                        static_cast<int>(k), c);
 }
 
+bool LlamaModel::UsesLayerKernel(int num_tokens) const {
+  return num_tokens >= 1 && num_tokens <= options_.layer_kernel_rows &&
+         layer_kernel_.configs[num_tokens].stages > 0 && options_.communicator == nullptr;
+}
+
 bool LlamaModel::FoldsNorms(int num_tokens) const {
   // Both projections or neither: the residual moves to mid_residual in the QKV GEMM and back in
   // the gate-up GEMM, so a layer that moved it one way only would end with it in the wrong place.
   const LlamaShape& s = shape();
-  return options_.fold_norm_into_gemm && !FusesAllReduceNorm(num_tokens) &&
+  return options_.fold_norm_into_gemm && !UsesLayerKernel(num_tokens) &&
+         !FusesAllReduceNorm(num_tokens) &&
          num_tokens <= kPrefetchGemmMaxRows &&
          PrefetchGemmTakesNorm(Proj::kQkv, num_tokens, s.qkv_rows(), s.hidden) &&
          PrefetchGemmTakesNorm(Proj::kGateUp, num_tokens, 2 * int64_t{s.ffn}, s.hidden);
@@ -583,6 +622,7 @@ absl::Status LlamaModel::RunPiece(int piece, const LlamaStepArgs& args, cudaStre
   }
   const Activations a = Carve(args);
   const int n = args.num_tokens;
+  if (UsesLayerKernel(n)) return RunLayerKernelPiece(piece, args, a, stream);
   if (piece == 0) {
     // Attention writes only the rows of real tokens; clear the padding rows' output once per
     // step so the O projection never reads stale values.
@@ -605,6 +645,13 @@ absl::Status LlamaModel::RunPiece(int piece, const LlamaStepArgs& args, cudaStre
                                                a.normed, n, s.hidden,
                                                static_cast<float>(s.rms_eps), stream));
   }
+  return Head(args, a, normed, stream);
+}
+
+absl::Status LlamaModel::Head(const LlamaStepArgs& args, const Activations& a, const bf16* normed,
+                              cudaStream_t stream) {
+  const LlamaShape& s = shape();
+  const int n = args.num_tokens;
   CUDA_RETURN_IF_ERROR(LaunchEmbeddingGather(normed, n, s.hidden, args.last_token_rows,
                                              args.num_rows, a.last, stream));
   RETURN_IF_ERROR(Linear(Proj::kLmHead, a.last, weights_.lm_head(), args.logits, args.num_rows,
@@ -612,6 +659,66 @@ absl::Status LlamaModel::RunPiece(int piece, const LlamaStepArgs& args, cudaStre
   return ToStatus(
       LaunchGreedySample(args.logits, args.num_rows, s.vocab, args.next_tokens, stream),
       "greedy sampling");
+}
+
+absl::Status LlamaModel::RunLayerKernelPiece(int piece, const LlamaStepArgs& args,
+                                             const Activations& a, cudaStream_t stream) {
+  const LlamaShape& s = shape();
+  const LlamaDeviceWeights& w = weights_;
+  const int n = args.num_tokens;
+  DecodeLayerArgs l;
+  l.m = n;
+  l.shape = LayerShape(s);
+  l.attn = a.attn;
+  l.hidden = a.hidden;
+  l.residual = a.residual;
+  l.mid_residual = a.mid_residual;
+  l.act = a.act;
+  l.qkv = a.qkv;
+  l.normed = a.normed;
+  l.grid_sync = layer_kernel_.sync.as<uint32_t>();
+  // Consecutive launches use different work counters, also from a step's last piece to the next
+  // step's first: pieces alternate between sets 0 and 1, the last piece takes set 2.
+  auto work_set = [&](int p) { return p == s.layers ? 2 : p % 2; };
+  l.work_set = work_set(piece);
+  l.previous_work_set = work_set(piece == 0 ? s.layers : piece - 1);
+  if (piece == 0) {
+    // As RunPiece: clear the padding rows' attention output, then the embeddings.
+    CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(a.attn, 0, static_cast<size_t>(n) * s.q_width() * sizeof(bf16), stream));
+    CUDA_RETURN_IF_ERROR(LaunchEmbeddingGather(weights_.embedding(), s.vocab, s.hidden,
+                                               args.token_ids, n, a.residual, stream));
+  } else {
+    l.finish = true;
+    l.o = w.o(piece - 1);
+    l.post_norm = w.post_norm(piece - 1);
+    l.gate_up = w.gate_up(piece - 1);
+    l.down = w.down(piece - 1);
+  }
+  if (piece < s.layers) {
+    l.start = true;
+    l.norm = w.input_norm(piece);
+    l.qkv_w = w.qkv(piece);
+    l.positions = args.positions;
+    // The per-sequence arrays are shared by both parts of a plan; either enabled part has them.
+    l.plan = args.decode.work_capacity > 0 ? args.decode : args.prefill;
+    l.kv.k_cache = k_cache(piece);
+    l.kv.v_cache = v_cache(piece);
+    l.kv.block_table = args.block_table;
+    l.kv.max_blocks_per_seq = args.max_blocks_per_seq;
+    l.kv.block_size = kv_layout_.block_size;
+  } else {
+    l.final_norm = true;
+    l.norm = w.final_norm();
+  }
+  const DecodeLayerConfig& c = layer_kernel_.configs[n];
+  if (!DecodeLayerSupports(l, c)) {
+    return absl::InternalError(absl::StrCat("The decode layer kernel does not take piece ", piece,
+                                            " of a ", n, "-row step (", c.ToString(), ")"));
+  }
+  CUDA_RETURN_IF_ERROR(LaunchDecodeLayer(l, c, stream));
+  if (piece < s.layers) return absl::OkStatus();
+  return Head(args, a, a.normed, stream);
 }
 
 absl::Status LlamaModel::Forward(const LlamaStepArgs& args, cudaStream_t stream) {

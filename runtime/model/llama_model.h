@@ -27,7 +27,9 @@
 // Pieces: Forward is RunPiece(0), RunAttention(0), RunPiece(1), ..., RunAttention(L-1),
 // RunPiece(L). Piece 0 is the embedding and layer 0 up to its KV append; piece l (0 < l < L)
 // finishes layer l-1 after attention and runs layer l up to its KV append; piece L finishes the
-// last layer and produces logits and tokens. Piecewise CUDA graphs capture the pieces and run
+// last layer and produces logits and tokens. With layer_kernel_rows, a step of that many rows
+// or fewer runs each piece's layer work as one decode layer kernel launch (decode_layer.h),
+// with the same bits. Piecewise CUDA graphs capture the pieces and run
 // attention eagerly between them; the kernels and their order are the same as Forward's, so the
 // results are identical bit for bit.
 //
@@ -88,6 +90,7 @@
 #include "collectives/communicator.h"
 #include "runtime/cuda/device_buffer.h"
 #include "runtime/model/decode_gemm.h"
+#include "runtime/model/decode_layer.h"
 #include "runtime/model/device_weights.h"
 #include "runtime/model/gemm.h"
 #include "runtime/model/llama_shape.h"
@@ -167,6 +170,15 @@ struct LlamaModelOptions {
   // the norm kernel between them, a GEMM's CTAs find no room beside the previous GEMM's and
   // cannot fill their ring before the wait (runtime/model/NOTES.md).
   bool fold_norm_into_gemm = false;
+  // Steps of at most this many token rows (at most kDecodeLayerMaxRows; 0: none) run each piece
+  // as one launch of the decode layer kernel (decode_layer.h: the previous layer from its O
+  // projection through its down projection, then the next layer's QKV projection with its RoPE +
+  // KV append, or the final norm; the weights stream across the projections). The same bits as
+  // the kernel-per-operation step. Not with tensor parallelism. Off by default: on an H200 (1B
+  // shape) the step was slower at every batch up to 8 (1.086 against 0.991 ms at batch 1): its
+  // four grid barriers per layer cost more than the kernel boundaries they replace
+  // (runtime/model/NOTES.md).
+  int layer_kernel_rows = 0;
 };
 
 // The device views one step reads and writes. All pointers are device memory owned by the
@@ -229,6 +241,10 @@ class LlamaModel {
   // every layer and piece of the step, at capture and replay.
   bool FoldsNorms(int num_tokens) const;
 
+  // Returns whether a step of num_tokens (padded) rows runs its pieces through the decode layer
+  // kernel (LlamaModelOptions::layer_kernel_rows): the same answer at capture and replay.
+  bool UsesLayerKernel(int num_tokens) const;
+
   // Enqueues the whole step. Callable during capture for prepared sizes.
   absl::Status Forward(const LlamaStepArgs& args, cudaStream_t stream);
 
@@ -262,10 +278,17 @@ class LlamaModel {
 
  private:
   struct Activations;
+  // The decode layer kernel's launch shape per row count (stages 0: not taken) and its grid
+  // barrier's state.
+  struct LayerKernel {
+    DecodeLayerConfig configs[kDecodeLayerMaxRows + 1];
+    DeviceBuffer sync;
+  };
 
   LlamaModel(LlamaDeviceWeights weights, const LlamaModelOptions& options,
              const PagedKvLayout& kv_layout, DeviceBuffer kv, std::unique_ptr<Gemm> gemm,
-             int sm_count, DeviceBuffer decode_workspace, DeviceBuffer decode_counters);
+             int sm_count, DeviceBuffer decode_workspace, DeviceBuffer decode_counters,
+             LayerKernel layer_kernel);
 
   Activations Carve(const LlamaStepArgs& args) const;
   // y [m, n] = op(x) [m, k] · Wᵀ through the prefetch GEMM, the decode GEMM, the skinny kernel or
@@ -294,6 +317,13 @@ class LlamaModel {
   // Layer `layer` from its input norm through the KV append.
   absl::Status PreAttention(int layer, const LlamaStepArgs& args, const Activations& a,
                             cudaStream_t stream);
+  // Piece `piece` where UsesLayerKernel holds: one launch of the decode layer kernel (after the
+  // embeddings in piece 0; before the head in the last piece).
+  absl::Status RunLayerKernelPiece(int piece, const LlamaStepArgs& args, const Activations& a,
+                                   cudaStream_t stream);
+  // The last piece's end: each sequence's last token of `normed`, logits, greedy tokens.
+  absl::Status Head(const LlamaStepArgs& args, const Activations& a, const __nv_bfloat16* normed,
+                    cudaStream_t stream);
   // Layer `layer` from the O projection through the down projection.
   absl::Status PostAttention(int layer, const LlamaStepArgs& args, const Activations& a,
                              cudaStream_t stream);
@@ -319,6 +349,7 @@ class LlamaModel {
   int sm_count_;
   DeviceBuffer decode_workspace_;  // float split-K partials of the decode GEMM
   DeviceBuffer decode_counters_;   // int32 split counters, zero between launches
+  LayerKernel layer_kernel_;
 };
 
 }  // namespace kiln

@@ -123,6 +123,9 @@ struct RunnerOptions {
   int prefetch_gemm_ctas_per_sm = 2;
   bool prefetch_gemm_silu = false;
   bool fold_norm_into_gemm = false;
+  // Steps of at most this many token rows run each piece as one decode layer kernel launch
+  // (LlamaModelOptions::layer_kernel_rows; the same bits either way).
+  int layer_kernel_rows = LlamaModelOptions{}.layer_kernel_rows;
   DecodeGemmRows decode_gemm_rows;
   bool silu_in_down = true;
   bool fuse_rope_append = true;

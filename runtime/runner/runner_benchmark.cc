@@ -66,6 +66,8 @@ ABSL_FLAG(bool, prefetch_silu, kiln::RunnerOptions{}.prefetch_gemm_silu,
           "The prefetch GEMM reads SiLU(gate)·up itself for the down projection");
 ABSL_FLAG(bool, fold_norm, kiln::RunnerOptions{}.fold_norm_into_gemm,
           "The QKV and gate-up prefetch GEMMs do the add + RMSNorm before them");
+ABSL_FLAG(int, layer_kernel_rows, kiln::RunnerOptions{}.layer_kernel_rows,
+          "Steps of at most this many rows run each piece as one decode layer kernel (0: none)");
 ABSL_FLAG(int, decode_qkv_rows, kiln::DecodeGemmRows{}.qkv, "Decode GEMM rows: QKV projection");
 ABSL_FLAG(int, decode_o_rows, kiln::DecodeGemmRows{}.o, "Decode GEMM rows: O projection");
 ABSL_FLAG(int, decode_gate_up_rows, kiln::DecodeGemmRows{}.gate_up,
@@ -177,6 +179,7 @@ RunnerOptions BenchmarkOptions() {
   o.prefetch_gemm_ctas_per_sm = absl::GetFlag(FLAGS_prefetch_ctas_per_sm);
   o.prefetch_gemm_silu = absl::GetFlag(FLAGS_prefetch_silu);
   o.fold_norm_into_gemm = absl::GetFlag(FLAGS_fold_norm);
+  o.layer_kernel_rows = absl::GetFlag(FLAGS_layer_kernel_rows);
   o.decode_gemm_rows.qkv = absl::GetFlag(FLAGS_decode_qkv_rows);
   o.decode_gemm_rows.o = absl::GetFlag(FLAGS_decode_o_rows);
   o.decode_gemm_rows.gate_up = absl::GetFlag(FLAGS_decode_gate_up_rows);
@@ -320,6 +323,10 @@ int Main(int argc, char** argv) {
         {"as configured", [](RunnerOptions&) {}},
         {"SiLU kernel", [](RunnerOptions& o) { o.silu_in_down = false; }},
         {"norm fold flipped", [](RunnerOptions& o) { o.fold_norm_into_gemm = !o.fold_norm_into_gemm; }},
+        {"layer kernel<=1", [](RunnerOptions& o) { o.layer_kernel_rows = 1; }},
+        {"layer kernel<=2", [](RunnerOptions& o) { o.layer_kernel_rows = 2; }},
+        {"layer kernel<=4", [](RunnerOptions& o) { o.layer_kernel_rows = 4; }},
+        {"layer kernel<=8", [](RunnerOptions& o) { o.layer_kernel_rows = 8; }},
         {"RoPE+append apart", [](RunnerOptions& o) { o.fuse_rope_append = false; }},
         {"merge kernel", [](RunnerOptions& o) { o.fused_attention_merge = false; }},
         {"KV chunk >= 256", [](RunnerOptions& o) { o.decode_min_kv_chunk = 256; }},

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -24,6 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "runtime/cuda/gpu_test_util.h"
+#include "runtime/model/decode_layer.h"
 #include "runtime/model/llama_weights.h"
 #include "runtime/model/reference_decoder.h"
 
@@ -310,50 +312,46 @@ TEST_F(RunnerGpuTest, PiecewiseAndGraphFreeStepsEqualFullGraphs) {
   EXPECT_GT(piecewise_replays, 100);
 }
 
-TEST_F(RunnerGpuTest, FoldedNormsGiveTheNormKernelsBits) {
-  const uint64_t seed = FreshSeed();
-  SCOPED_TRACE(absl::StrCat("seed ", seed));
-  RunnerOptions options = TinyOptions(GraphExecution::kFull, seed);
-  options.fold_norm_into_gemm = true;
-  std::unique_ptr<Runner> folded = MakeRunner(options);
+// Runs 160 steps of random traffic (three in four of at most 8 tokens: decodes of 1 to 8
+// sequences and short prefills; every second step eager) through runners made with `variant`
+// applied to `base` (full graphs, and piecewise graphs) and one made with `base`, and expects the
+// same tokens and logits bit for bit. `applies(model, tokens)` says whether the variant changes
+// a step of that many padded tokens; at least 30 such steps must run each way.
+void ExpectVariantGivesBaseBits(RunnerOptions base,
+                                const std::function<void(RunnerOptions&)>& variant,
+                                const std::function<bool(const LlamaModel&, int)>& applies,
+                                const char* what, uint64_t seed) {
+  RunnerOptions options = base;
+  variant(options);
+  std::unique_ptr<Runner> changed = MakeRunner(options);
   options.graphs = GraphExecution::kPiecewise;
   std::unique_ptr<Runner> piecewise = MakeRunner(options);
-  options.graphs = GraphExecution::kFull;
-  options.fold_norm_into_gemm = false;
-  std::unique_ptr<Runner> unfolded = MakeRunner(options);
-  ASSERT_TRUE(folded && piecewise && unfolded);
-  if (!folded->model().FoldsNorms(1)) {
-    GTEST_SKIP() << "The fold runs in the prefetch GEMM, which needs compute capability 9.0";
-  }
-  EXPECT_TRUE(folded->model().FoldsNorms(8));
-  EXPECT_FALSE(folded->model().FoldsNorms(16));  // past the prefetch GEMM's rows
-  EXPECT_FALSE(unfolded->model().FoldsNorms(1));
+  std::unique_ptr<Runner> reference = MakeRunner(base);
+  ASSERT_TRUE(changed && piecewise && reference);
   Traffic traffic(seed);
-  int folded_graphs = 0, folded_eager = 0, folded_pieces = 0;
+  int changed_graphs = 0, changed_eager = 0, changed_pieces = 0;
   for (int step = 0; step < 160; ++step) {
-    // Three steps in four of at most 8 tokens (decodes of 1 to 8 sequences, short prefills),
-    // where the fold applies; every second step eager.
     std::vector<SequenceTokens> batch;
     for (int attempt = 0; attempt < 50; ++attempt) {
-      batch = traffic.Next(static_cast<Traffic::Kind>(traffic.rng()() % 3), *folded);
+      batch = traffic.Next(static_cast<Traffic::Kind>(traffic.rng()() % 3), *changed);
       int tokens = 0;
       for (const SequenceTokens& s : batch) tokens += static_cast<int>(s.tokens.size());
       if (step % 4 == 0 || tokens <= 8) break;
     }
     for (int64_t id : traffic.TakeReleases()) {
-      ASSERT_TRUE(folded->Release(id).ok());
+      ASSERT_TRUE(changed->Release(id).ok());
       ASSERT_TRUE(piecewise->Release(id).ok());
-      ASSERT_TRUE(unfolded->Release(id).ok());
+      ASSERT_TRUE(reference->Release(id).ok());
     }
     SCOPED_TRACE(absl::StrCat("step ", step, " batch ", Describe(batch)));
     StepOptions step_options;
     step_options.force_eager = step % 2 == 1;
-    const Outcome a = RunStep(*folded, batch, step_options);
-    const Outcome b = RunStep(*unfolded, batch, step_options);
+    const Outcome a = RunStep(*changed, batch, step_options);
+    const Outcome b = RunStep(*reference, batch, step_options);
     const Outcome c = RunStep(*piecewise, batch, step_options);
-    if (folded->model().FoldsNorms(a.info.padded_tokens)) {
-      ++(a.info.replayed ? folded_graphs : folded_eager);
-      folded_pieces += c.info.replayed;
+    if (applies(changed->model(), a.info.padded_tokens)) {
+      ++(a.info.replayed ? changed_graphs : changed_eager);
+      changed_pieces += c.info.replayed;
     }
     EXPECT_EQ(a.info.key, b.info.key);
     EXPECT_EQ(a.tokens, b.tokens);
@@ -361,17 +359,79 @@ TEST_F(RunnerGpuTest, FoldedNormsGiveTheNormKernelsBits) {
     ASSERT_EQ(a.logits.size(), b.logits.size());
     ASSERT_EQ(c.logits.size(), b.logits.size());
     EXPECT_EQ(std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * 4), 0)
-        << "the folded norms differ from the norm kernels at " << KeyName(a.info.key)
+        << what << " differs from the reference at " << KeyName(a.info.key)
         << (a.info.replayed ? " (graph)" : " (eager)");
     EXPECT_EQ(std::memcmp(c.logits.data(), b.logits.data(), c.logits.size() * 4), 0)
-        << "piecewise graphs with folded norms differ from the norm kernels at "
-        << KeyName(c.info.key);
+        << what << " in piecewise graphs differs from the reference at " << KeyName(c.info.key);
     traffic.Committed(batch);
-    if (HasFailure()) break;
+    if (::testing::Test::HasFailure()) break;
   }
-  EXPECT_GT(folded_graphs, 30);
-  EXPECT_GT(folded_eager, 30);
-  EXPECT_GT(folded_pieces, 30);
+  EXPECT_GT(changed_graphs, 30);
+  EXPECT_GT(changed_eager, 30);
+  EXPECT_GT(changed_pieces, 30);
+}
+
+TEST_F(RunnerGpuTest, FoldedNormsGiveTheNormKernelsBits) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  RunnerOptions base = TinyOptions(GraphExecution::kFull, seed);
+  base.fold_norm_into_gemm = false;
+  base.layer_kernel_rows = 0;  // it would take the steps the fold applies to
+  RunnerOptions folded = base;
+  folded.fold_norm_into_gemm = true;
+  std::unique_ptr<Runner> probe = MakeRunner(folded);
+  ASSERT_NE(probe, nullptr);
+  if (!probe->model().FoldsNorms(1)) {
+    GTEST_SKIP() << "The fold runs in the prefetch GEMM, which needs compute capability 9.0";
+  }
+  EXPECT_TRUE(probe->model().FoldsNorms(8));
+  EXPECT_FALSE(probe->model().FoldsNorms(16));  // past the prefetch GEMM's rows
+  probe.reset();
+  ExpectVariantGivesBaseBits(
+      base, [](RunnerOptions& o) { o.fold_norm_into_gemm = true; },
+      [](const LlamaModel& m, int tokens) { return m.FoldsNorms(tokens); }, "the folded norm",
+      seed);
+}
+
+// The decode layer kernel against the kernel-per-operation step, bit for bit, over `model`.
+void ExpectLayerKernelGivesKernelPerOperationBits(const config::ModelShape& model, uint64_t seed) {
+  RunnerOptions base = TinyOptions(GraphExecution::kFull, seed);
+  *base.config.mutable_model() = model;
+  base.layer_kernel_rows = 0;
+  RunnerOptions layered = base;
+  layered.layer_kernel_rows = kDecodeLayerMaxRows;
+  std::unique_ptr<Runner> probe = MakeRunner(layered);
+  ASSERT_NE(probe, nullptr);
+  if (!probe->model().UsesLayerKernel(1)) {
+    GTEST_SKIP() << "The decode layer kernel needs compute capability 9.0";
+  }
+  for (int m = 1; m <= kDecodeLayerMaxRows; ++m) EXPECT_TRUE(probe->model().UsesLayerKernel(m));
+  EXPECT_FALSE(probe->model().UsesLayerKernel(kDecodeLayerMaxRows + 1));
+  probe.reset();
+  ExpectVariantGivesBaseBits(
+      base, [](RunnerOptions& o) { o.layer_kernel_rows = kDecodeLayerMaxRows; },
+      [](const LlamaModel& m, int tokens) { return m.UsesLayerKernel(tokens); },
+      "the decode layer kernel", seed);
+}
+
+TEST_F(RunnerGpuTest, LayerKernelGivesTheKernelPerOperationBits) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  ExpectLayerKernelGivesKernelPerOperationBits(TinyModel(), seed);
+}
+
+// Rows of k = 2048 and 8192 (several ring stages per row group; the down projection's x at the
+// kernel's widest) and head_dim 128.
+TEST_F(RunnerGpuTest, LayerKernelGivesTheKernelPerOperationBitsAtWideShapes) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  LlamaShape wide = LlamaShape::Tiny();
+  wide.hidden = 2048;
+  wide.heads = 16;
+  wide.kv_heads = 4;
+  wide.head_dim = 128;
+  wide.ffn = 8192;
+  ExpectLayerKernelGivesKernelPerOperationBits(ModelShapeFromLlamaShape(wide, "wide"), seed);
 }
 
 // Compares each sequence's logits row with the reference's, and the sampled token with the
