@@ -35,11 +35,12 @@
 //   const kiln::DecodeLayerConfig c = kiln::ChooseDecodeLayerConfig(a.m, a.shape, sm_count);
 //   if (kiln::DecodeLayerSupports(a, c)) CUDA_RETURN_IF_ERROR(kiln::LaunchDecodeLayer(a, c, s));
 //
-// Speed (H200, 1B shape, runtime/model/NOTES.md): 46–52 µs per launch at one row, against about
-// 45 µs for the same work as a chain of kernels with programmatic dependent launch; the products
-// run at ~4.8 TB/s from the prefilled ring, but each of the four grid barriers costs 2–6 µs
-// (arrival skew plus the barrier's own L2 round trips while the other SMs stream), more than a
-// kernel boundary in the chain. LlamaModelOptions::layer_kernel_rows leaves it off by default.
+// Speed (H200, 1B shape, runtime/model/NOTES.md): 43.4 µs per launch at one row (2.8 TB/s of
+// weights), against about 45 µs for the same work as a chain of kernels with programmatic
+// dependent launch; the products run at ~4.8 TB/s from the prefilled ring, and each of the four
+// grid barriers costs 2–5 µs (arrival skew, then a trip to L2 and a poll while the other SMs
+// stream). The decode step is 3% faster with it at one row and 2% at two, slower from four rows
+// (x takes more shared memory, the ring gets shallower): LlamaModelOptions::layer_kernel_rows.
 //
 // Needs compute capability 9.0. Callable during capture once PrepareDecodeLayer has run; one
 // launch at a time per grid_sync buffer (the stream orders them).
@@ -59,8 +60,8 @@ namespace kiln {
 
 // The most token rows one launch takes (the N of the tensor-core tile).
 inline constexpr int kDecodeLayerMaxRows = 8;
-// Bytes of the launches' shared state: the grid barrier and three work counters (zeros before
-// the first launch).
+// Bytes of the launches' shared state: the grid barrier's arrival count and three work counters
+// (zeros before the first launch; launches sharing it must have the same grid size).
 inline constexpr size_t kDecodeLayerSyncBytes = 32;
 // Work counter sets in the shared state.
 inline constexpr int kDecodeLayerWorkSets = 3;
@@ -108,7 +109,7 @@ struct DecodeLayerArgs {
   __nv_bfloat16* act = nullptr;          // ffn: SiLU(gate)·up
   __nv_bfloat16* qkv = nullptr;          // qkv_rows (start)
   __nv_bfloat16* normed = nullptr;       // hidden: the final norm's output (final_norm)
-  uint32_t* grid_sync = nullptr;         // kDecodeLayerSyncBytes, 4-byte aligned
+  uint32_t* grid_sync = nullptr;         // kDecodeLayerSyncBytes, 8-byte aligned
   // The gate-up rows are claimed by the CTAs from a counter, so that an SM that streams faster
   // takes more of them: counter work_set (of kDecodeLayerWorkSets) of grid_sync. Consecutive
   // launches on grid_sync must use different sets, and each names its predecessor's set in
@@ -125,12 +126,12 @@ struct DecodeLayerArgs {
 inline constexpr int kDecodeLayerTraceSlots = 2 + 3 * 4;
 
 struct DecodeLayerConfig {
-  int ctas = 0;     // one per SM (any count whose CTAs are all resident at once works)
+  int ctas = 0;     // one per SM
   int stages = 0;   // ring slots of 16 rows × 1024 k
   size_t shared_bytes = 0;
   // Stages of a phase the producer may issue before the grid barrier that ends the phase before
   // it (≥ stages: no limit, the ring runs ahead through the barrier).
-  int run_ahead = kDecodeLayerMaxStages;
+  int run_ahead = 2;
   std::string ToString() const;
 };
 
@@ -148,8 +149,8 @@ size_t DecodeLayerSharedBytes(int m, const DecodeLayerShape& shape, int stages);
 // Returns whether LaunchDecodeLayer takes `args` with `config`: compute capability 9.0, 1 ≤ m ≤
 // kDecodeLayerMaxRows, widths multiples of 16 with hidden, q_width and ffn at most 8192, head_dim
 // a multiple of 16 up to 256, at least two stages and more than half of an SM's shared memory
-// (two launches' CTAs never share an SM), the pointers of the parts asked for set and 16-byte
-// aligned, finish or start asked for, valid work sets.
+// (two launches' CTAs never share an SM), one CTA per SM of the current device, the pointers of
+// the parts asked for set and aligned, finish or start asked for, valid work sets.
 bool DecodeLayerSupports(const DecodeLayerArgs& args, const DecodeLayerConfig& config);
 
 // Sets the kernel's shared-memory limit; not during capture. Idempotent.

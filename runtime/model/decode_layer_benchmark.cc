@@ -6,8 +6,9 @@
 //   bazel run -c opt //runtime/model:decode_layer_benchmark [-- --rows=1,8 --stages=2,3,5]
 //
 // Prints microseconds per launch and the weight-read bandwidth (121.6 MB per launch). The
-// launch shape ChooseDecodeLayerConfig picks is marked; --ctas_per_sm=2 also times two CTAs per
-// SM (where they fit). Exits non-zero on any error.
+// launch shape ChooseDecodeLayerConfig picks is marked and traced (where each phase's time goes);
+// --stages and --run_ahead time other ring depths and run-ahead limits. Exits non-zero on any
+// error.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -30,7 +31,6 @@
 
 ABSL_FLAG(std::string, rows, "1,2,4,8", "Token rows per launch");
 ABSL_FLAG(std::string, stages, "", "Ring stages to time besides the chosen ones (e.g. 2,3,5)");
-ABSL_FLAG(std::string, ctas_per_sm, "1", "CTAs per SM to time with --stages (1, 2)");
 ABSL_FLAG(bool, trace, true, "Also print where the chosen launch shape's time goes");
 ABSL_FLAG(std::string, run_ahead, "",
           "Run-ahead limits (stages past a phase's start before its barrier) to time with the "
@@ -203,15 +203,11 @@ int Main() {
       c.run_ahead = r;
       configs.push_back(c);
     }
-    for (int per_sm : ParseList(absl::GetFlag(FLAGS_ctas_per_sm))) {
-      std::vector<int> stages = ParseList(absl::GetFlag(FLAGS_stages));
-      for (int st : stages) {
-        DecodeLayerConfig c;
-        c.ctas = per_sm * sms;
-        c.stages = st;
-        c.shared_bytes = DecodeLayerSharedBytes(m, s, st);
-        configs.push_back(c);
-      }
+    for (int st : ParseList(absl::GetFlag(FLAGS_stages))) {
+      DecodeLayerConfig c = chosen;
+      c.stages = st;
+      c.shared_bytes = DecodeLayerSharedBytes(m, s, st);
+      configs.push_back(c);
     }
     for (size_t ci = 0; ci < configs.size(); ++ci) {
       const DecodeLayerConfig& c = configs[ci];
@@ -266,7 +262,7 @@ int Main() {
                   c.shared_bytes / 1024, us, weight_bytes / (us * 1e-6) / 1e12,
                   ci == 0 ? "  (chosen)" : "");
       std::fflush(stdout);
-      if (absl::GetFlag(FLAGS_trace) && (ci == 0 || c.run_ahead < c.stages)) {
+      if (absl::GetFlag(FLAGS_trace)) {
         PrintTrace(launches, c, stream.get());
       }
     }
