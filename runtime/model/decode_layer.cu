@@ -8,11 +8,12 @@
 // one at a time: a static split ends with its slowest SM (4 µs after the median one in a 15 µs
 // phase on an H200), a claimed one within about a unit. The producer walks the same sequence of
 // stages over all phases (writing each claimed unit's number beside its slot, and -1 in one
-// empty slot at the phase's end) and
-// issues stage i into ring slot i % S once the compute warps have released the slot's previous
-// stage (an "empty" mbarrier per slot, one arrival per compute warp); the stage completes on the
-// slot's "full" mbarrier. The producer waits for nothing but the ring, so it runs ahead through
-// the phase boundaries and the grid barriers, and before griddepcontrol.wait.
+// empty slot at the phase's end) and issues stage i into ring slot i % S once the compute warps
+// have released the slot's previous stage (an "empty" mbarrier per slot, one arrival per compute
+// warp); the stage completes on the slot's "full" mbarrier. The producer needs no activation, so
+// it starts before griddepcontrol.wait and runs ahead through the phase boundaries, up to
+// DecodeLayerConfig::run_ahead stages of a phase before the grid barrier that precedes it (the
+// barrier passes faster with less traffic in flight).
 //
 // A phase: stage x (a copy of m rows from global memory through L2, or the (add +) RMSNorm of
 // internal/prefetch_stage.cuh), then for every stage wait, multiply, release; at each group's end
@@ -58,7 +59,7 @@ constexpr int kThreads = kStageThreads + 32;  // + the producer warp
 constexpr int kMaxPhases = 4;
 constexpr int kMaxWidth = 8192;  // hidden, q_width and ffn (the norm staging's limit)
 
-// Shared memory: barriers, the group scratch, gate sums, RoPE tables, x, then the ring.
+// Shared memory: barriers, the group scratch, the RoPE tables, x, then the ring.
 // full and empty mbarriers per slot, the claimed unit of each slot (int32), the count of grid
 // barriers passed (int32, padded).
 constexpr size_t kBarrierBytes = 2 * kDecodeLayerMaxStages * 8 + kDecodeLayerMaxStages * 4 + 16;
@@ -251,9 +252,9 @@ __device__ void Produce(const Params& p, Ring ring) {
       const int64_t gate0 = int64_t{u} * kUnitPairs;
       for (int ks = 0; ks < k_stages; ++ks) {
         gate();
-        ring.Issue(ph, ks * kStageK, kGroupRows,
-                   [&](int r) { return r < kUnitPairs ? gate0 + r : ph.n + gate0 + r - kUnitPairs; },
-                   u);
+        ring.Issue(
+            ph, ks * kStageK, kGroupRows,
+            [&](int r) { return r < kUnitPairs ? gate0 + r : ph.n + gate0 + r - kUnitPairs; }, u);
       }
     }
     gate();

@@ -29,9 +29,11 @@
 //   kiln::DecodeLayerArgs a;
 //   a.m = 1;  a.shape = {hidden, q_width, ffn, heads, kv_heads, head_dim, eps, theta};
 //   a.finish = true;  a.o = ...; a.post_norm = ...; a.gate_up = ...; a.down = ...;
-//   a.start = true;   a.input_norm = ...; a.qkv_w = ...; a.positions = ...; a.plan = ...; a.kv = ...;
+//   a.start = true;   a.norm = ...; a.qkv_w = ...;   // the next layer's input norm and QKV
+//   a.positions = ...; a.plan = ...; a.kv = ...;       // as RopeKvAppendParams
 //   a.attn = ...; a.hidden = ...; a.residual = ...; a.mid_residual = ...; a.act = ...; a.qkv = ...;
 //   a.grid_sync = sync;   // kDecodeLayerSyncBytes of zeros, owned by the caller
+//   a.work_set = launch % 2;  a.previous_work_set = 1 - launch % 2;   // alternate per launch
 //   const kiln::DecodeLayerConfig c = kiln::ChooseDecodeLayerConfig(a.m, a.shape, sm_count);
 //   if (kiln::DecodeLayerSupports(a, c)) CUDA_RETURN_IF_ERROR(kiln::LaunchDecodeLayer(a, c, s));
 //

@@ -296,8 +296,17 @@ bool LlamaModel::PrefetchGemmTakesNorm(Proj proj, int64_t m, int64_t n, int64_t 
 }
 
 bool LlamaModel::UsesLayerKernel(int num_tokens) const {
-  return num_tokens >= 1 && num_tokens <= options_.layer_kernel_rows &&
-         layer_kernel_.configs[num_tokens].stages > 0 && options_.communicator == nullptr;
+  if (num_tokens < 1 || num_tokens > options_.layer_kernel_rows ||
+      layer_kernel_.configs[num_tokens].stages == 0 || options_.communicator != nullptr) {
+    return false;
+  }
+  // It repeats the prefetch GEMM's arithmetic: only where that is the step's path.
+  const LlamaShape& s = shape();
+  const DecodeGemmInput plain = DecodeGemmInput::kPlain;
+  return UsesPrefetchGemm(Proj::kQkv, num_tokens, s.qkv_rows(), s.hidden, plain) &&
+         UsesPrefetchGemm(Proj::kO, num_tokens, s.hidden, s.q_width(), plain) &&
+         UsesPrefetchGemm(Proj::kGateUp, num_tokens, 2 * int64_t{s.ffn}, s.hidden, plain) &&
+         UsesPrefetchGemm(Proj::kDown, num_tokens, s.hidden, s.ffn, plain);
 }
 
 bool LlamaModel::FoldsNorms(int num_tokens) const {

@@ -174,10 +174,11 @@ struct LlamaModelOptions {
   // as one launch of the decode layer kernel (decode_layer.h: the previous layer from its O
   // projection through its down projection, then the next layer's QKV projection with its RoPE +
   // KV append, or the final norm; the weights stream across the projections). The same bits as
-  // the kernel-per-operation step. Not with tensor parallelism. 2: on an H200 (1B shape) the step
-  // was faster with it at 1 and 2 rows (0.961 against 0.994 ms, 1.016 against 1.040) and slower at
-  // 4 (1.141 against 1.100), where x takes more shared memory and the ring gets shallower
-  // (runtime/model/NOTES.md).
+  // the kernel-per-operation step; only where every projection of the layer takes the prefetch
+  // GEMM at that row count (whose arithmetic it repeats), and not with tensor parallelism. 2: on
+  // an H200 (1B shape) the step was faster with it at 1 and 2 rows (0.961 against 0.994 ms,
+  // 1.016 against 1.040) and slower at 4 (1.141 against 1.100), where x takes more shared memory
+  // and the ring gets shallower (runtime/model/NOTES.md).
   int layer_kernel_rows = 2;
 };
 

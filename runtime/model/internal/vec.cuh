@@ -74,7 +74,9 @@ inline int WarpRoundedThreads(long long n, int limit) {
 // Sums `value` over the 32 lanes of the warp by an xor butterfly; every lane gets the sum.
 __device__ __forceinline__ float WarpSum(float value) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  }
   return value;
 }
 
