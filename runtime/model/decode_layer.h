@@ -1,11 +1,11 @@
 // The decode layer kernel: everything of a Llama decoder step between two attentions in one
 // persistent launch, for steps of at most kDecodeLayerMaxRows token rows. One CTA per SM; each
-// CTA owns a fixed share of every projection's rows, and a producer warp streams the CTA's
-// share of all of the launch's weights (O, gate-up, down, then the next layer's QKV) through one
-// ring of shared memory with the bulk-copy engine, from the kernel's start and straight across
-// the phase boundaries: the weights depend on no activation. The 8 compute warps run the phases
-// in order and meet at a grid barrier after each projection (its output is the next phase's
-// input on every CTA):
+// CTA owns a fixed share of the O, down and QKV rows and claims gate-up rows from a counter, and
+// a producer warp streams the CTA's share of the launch's weights (O, gate-up, down, then the
+// next layer's QKV) through one ring of shared memory with the bulk-copy engine, from the
+// kernel's start and across the phase boundaries: the weights depend on no activation. The 8
+// compute warps run the phases in order and meet at a grid barrier after each projection (its
+// output is the next phase's input on every CTA):
 //
 //   finish (layer l−1, after its attention):
 //     O:        hidden = attn · Woᵀ
@@ -22,9 +22,10 @@
 // kernels' arithmetic, in the same order (internal/prefetch_stage.cuh), so the results are those
 // of the separate kernels; every order is fixed, so an eager run and a graph agree bit for bit.
 // The kernel is launched with programmatic dependent launch: its weights stream while the
-// kernel before it (attention) finishes. It needs every CTA resident at once (one per SM, which
-// DecodeLayerSupports checks for the launch's shared memory); no other kernel of the stream runs
-// beside it except the ones launched after it, which wait for it.
+// kernel before it (attention) finishes. It needs every CTA resident at once: one per SM
+// (ChooseDecodeLayerConfig checks that one fits; DecodeLayerSupports that the grid has one per SM
+// and that each takes more than half an SM's shared memory, so two launches never share one). No
+// other kernel of the stream runs beside it except the ones launched after it, which wait for it.
 //
 //   kiln::DecodeLayerArgs a;
 //   a.m = 1;  a.shape = {hidden, q_width, ffn, heads, kv_heads, head_dim, eps, theta};
