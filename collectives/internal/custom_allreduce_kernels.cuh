@@ -115,47 +115,55 @@ __device__ __forceinline__ uint4* StagingHalf(char* region, uint64_t set, uint64
 template <typename T>
 struct PackMath;
 
+// Conversions of a pair of 16-bit values, per pair type.
+template <typename Pair>
+struct PairConvert;
+
 template <>
-struct PackMath<__nv_bfloat16> {
+struct PairConvert<__nv_bfloat162> {
+  __device__ __forceinline__ static float2 ToFloats(const __nv_bfloat162& v) {
+    return __bfloat1622float2(v);
+  }
+  __device__ __forceinline__ static __nv_bfloat162 FromFloats(float a, float b) {
+    return __floats2bfloat162_rn(a, b);
+  }
+};
+
+template <>
+struct PairConvert<__half2> {
+  __device__ __forceinline__ static float2 ToFloats(const __half2& v) { return __half22float2(v); }
+  __device__ __forceinline__ static __half2 FromFloats(float a, float b) {
+    return __floats2half2_rn(a, b);
+  }
+};
+
+// A pack of four pairs of 16-bit values (bf16 or fp16).
+template <typename Pair>
+struct PairPackMath {
   static constexpr int kFloats = 8;
   __device__ __forceinline__ static void Add(const uint4& p, float (&acc)[8], bool first) {
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&p);
+    const Pair* h = reinterpret_cast<const Pair*>(&p);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float2 v = __bfloat1622float2(h[i]);
+      const float2 v = PairConvert<Pair>::ToFloats(h[i]);
       acc[2 * i] = first ? v.x : acc[2 * i] + v.x;
       acc[2 * i + 1] = first ? v.y : acc[2 * i + 1] + v.y;
     }
   }
   __device__ __forceinline__ static uint4 Pack(const float (&acc)[8]) {
     uint4 p;
-    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&p);
+    Pair* h = reinterpret_cast<Pair*>(&p);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
+    for (int i = 0; i < 4; ++i) h[i] = PairConvert<Pair>::FromFloats(acc[2 * i], acc[2 * i + 1]);
     return p;
   }
 };
 
 template <>
-struct PackMath<__half> {
-  static constexpr int kFloats = 8;
-  __device__ __forceinline__ static void Add(const uint4& p, float (&acc)[8], bool first) {
-    const __half2* h = reinterpret_cast<const __half2*>(&p);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 v = __half22float2(h[i]);
-      acc[2 * i] = first ? v.x : acc[2 * i] + v.x;
-      acc[2 * i + 1] = first ? v.y : acc[2 * i + 1] + v.y;
-    }
-  }
-  __device__ __forceinline__ static uint4 Pack(const float (&acc)[8]) {
-    uint4 p;
-    __half2* h = reinterpret_cast<__half2*>(&p);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(acc[2 * i], acc[2 * i + 1]);
-    return p;
-  }
-};
+struct PackMath<__nv_bfloat16> : PairPackMath<__nv_bfloat162> {};
+
+template <>
+struct PackMath<__half> : PairPackMath<__half2> {};
 
 template <>
 struct PackMath<float> {
