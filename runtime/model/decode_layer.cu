@@ -34,7 +34,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -464,12 +463,6 @@ __global__ void __maxnreg__(128) DecodeLayerKernel(const Params p) {
 
 bool DeviceHasBulkCopy() { return CurrentDeviceIsSm90OrLater(); }
 
-int Log2(int power_of_two) {
-  int log = 0;
-  while ((1 << log) < power_of_two) ++log;
-  return log;
-}
-
 bool Aligned(const void* p) { return p != nullptr && internal::Aligned16(p); }
 
 bool WidthOk(int width) { return width >= 16 && width % 16 == 0 && width <= kMaxWidth; }
@@ -526,21 +519,17 @@ void BuildPhases(const DecodeLayerArgs& a, Params& p) {
                                         ? norm(a.hidden, a.mid_residual, a.residual, a.norm)
                                         : norm(a.residual, nullptr, nullptr, a.norm);
     add(a.qkv_w, s.qkv_rows(), s.hidden, 1, Staging::kNorm, x, a.qkv);
-    internal::RopeKvArgs& r = p.rope;
+    RopeKvAppendParams r;
     r.qkv = a.qkv;
     r.positions = a.positions;
+    r.num_tokens = a.m;
     r.heads = s.heads;
     r.kv_heads = s.kv_heads;
     r.head_dim = s.head_dim;
-    r.log2_theta = std::log2(s.theta);
-    r.seq_q_start = a.plan.seq_q_start;
-    r.seq_kv_len = a.plan.seq_kv_len;
-    r.max_seqs = a.plan.max_seqs;
-    r.k_cache = static_cast<uint16_t*>(const_cast<void*>(a.kv.k_cache));
-    r.v_cache = static_cast<uint16_t*>(const_cast<void*>(a.kv.v_cache));
-    r.block_table = a.kv.block_table;
-    r.max_blocks_per_seq = a.kv.max_blocks_per_seq;
-    r.log2_block_size = Log2(a.kv.block_size);
+    r.theta = s.theta;
+    r.plan = a.plan;
+    r.kv = a.kv;
+    p.rope = internal::MakeRopeKvArgs(r);
   } else if (a.final_norm) {
     p.final = norm(a.hidden, a.mid_residual, a.residual, a.norm);
     p.normed = a.normed;

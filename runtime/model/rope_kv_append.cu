@@ -2,7 +2,6 @@
 
 #include <cuda_bf16.h>
 
-#include <cmath>
 #include <cstdint>
 
 #include "runtime/model/internal/pdl_launch.cuh"
@@ -29,12 +28,6 @@ __global__ void __launch_bounds__(kMaxThreads) RopeKvAppendKernel(const internal
   internal::RopeAppendToken(a, token, slot, cos_table, sin_table, threadIdx.x, blockDim.x);
 }
 
-int Log2(int power_of_two) {
-  int log = 0;
-  while ((1 << log) < power_of_two) ++log;
-  return log;
-}
-
 }  // namespace
 
 bool RopeKvAppendSupports(const RopeKvAppendParams& p) {
@@ -49,21 +42,7 @@ bool RopeKvAppendSupports(const RopeKvAppendParams& p) {
 
 cudaError_t LaunchRopeKvAppend(const RopeKvAppendParams& p, cudaStream_t stream) {
   if (!RopeKvAppendSupports(p)) return cudaErrorInvalidValue;
-  internal::RopeKvArgs a;
-  a.qkv = p.qkv;
-  a.positions = p.positions;
-  a.heads = p.heads;
-  a.kv_heads = p.kv_heads;
-  a.head_dim = p.head_dim;
-  a.log2_theta = std::log2(p.theta);
-  a.seq_q_start = p.plan.seq_q_start;
-  a.seq_kv_len = p.plan.seq_kv_len;
-  a.max_seqs = p.plan.max_seqs;
-  a.k_cache = static_cast<uint16_t*>(const_cast<void*>(p.kv.k_cache));
-  a.v_cache = static_cast<uint16_t*>(const_cast<void*>(p.kv.v_cache));
-  a.block_table = p.kv.block_table;
-  a.max_blocks_per_seq = p.kv.max_blocks_per_seq;
-  a.log2_block_size = Log2(p.kv.block_size);
+  const internal::RopeKvArgs a = internal::MakeRopeKvArgs(p);
   const int units = (p.heads + p.kv_heads) * (p.head_dim / 16) + p.kv_heads * (p.head_dim / 8);
   const int threads = internal::WarpRoundedThreads(units, kMaxThreads);
   return internal::LaunchWithPdl(RopeKvAppendKernel, dim3(p.num_tokens), dim3(threads), 0, stream,

@@ -1,10 +1,10 @@
-#include "runtime/cuda/compute_capability.h"
 #include "runtime/model/skinny_gemm.h"
 
 #include <cuda_bf16.h>
 
 #include <cstdint>
 
+#include "runtime/model/internal/pdl_launch.cuh"
 #include "runtime/model/internal/vec.cuh"
 
 namespace kiln {
@@ -114,26 +114,14 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Returns whether the current device runs programmatic dependent launches (compute capability 9.0
-// or later). Asked once per process: kiln runs on one kind of GPU at a time.
-bool SupportsProgrammaticLaunch() { return CurrentDeviceIsSm90OrLater(); }
-
 template <int M, typename OutT>
 cudaError_t Launch(const __nv_bfloat16* x, const __nv_bfloat16* w, OutT* y, int64_t n, int64_t k,
                    cudaStream_t stream) {
   const int64_t blocks = (n + kWarpsPerBlock - 1) / kWarpsPerBlock;
   // Programmatic dependent launch: the kernel may start while the one before it finishes (see
   // the kernel); Hopper and later only.
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(blocks));
-  config.blockDim = dim3(kThreads);
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = SupportsProgrammaticLaunch() ? 1 : 0;
-  return cudaLaunchKernelEx(&config, SkinnyGemmKernel<M, OutT>, x, w, y, n, k);
+  return internal::LaunchWithPdl(SkinnyGemmKernel<M, OutT>, dim3(static_cast<unsigned>(blocks)),
+                                 dim3(kThreads), 0, stream, x, w, y, n, k);
 }
 
 template <typename OutT>

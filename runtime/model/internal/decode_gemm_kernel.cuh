@@ -88,31 +88,6 @@ __device__ __forceinline__ float DgLoadCoherentFloat(const float* p) {
   return v;
 }
 
-__device__ __forceinline__ void DgMma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                      uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// SiLU(gate)·up of 8 packed bf16 pairs, rounded to bf16 as the separate SiLU·mul kernel does.
-__device__ __forceinline__ uint4 DgSiluMul(const uint4& gate, const uint4& up) {
-  const __nv_bfloat162* g2 = reinterpret_cast<const __nv_bfloat162*>(&gate);
-  const __nv_bfloat162* u2 = reinterpret_cast<const __nv_bfloat162*>(&up);
-  uint4 out;
-  __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(&out);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 g = __bfloat1622float2(g2[i]);
-    const float2 u = __bfloat1622float2(u2[i]);
-    const float lo = g.x / (1.0f + expf(-g.x)) * u.x;
-    const float hi = g.y / (1.0f + expf(-g.y)) * u.y;
-    o2[i] = __floats2bfloat162_rn(lo, hi);
-  }
-  return out;
-}
-
 __device__ __forceinline__ void DgStore(float* p, float v) { *p = v; }
 __device__ __forceinline__ void DgStore(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
@@ -198,7 +173,7 @@ __global__ void __launch_bounds__(kDgThreads, 2)
         if (i < vectors) {
           const int r = i / vectors_per_row;
           uint4 value = first[u];
-          if constexpr (kSiluMul) value = DgSiluMul(first[u], second[u]);
+          if constexpr (kSiluMul) value = SiluMul(first[u], second[u]);
           *reinterpret_cast<uint4*>(xs + r * row_elems + 8 * (i - r * vectors_per_row)) = value;
         }
       }
@@ -230,8 +205,8 @@ __global__ void __launch_bounds__(kDgThreads, 2)
           const uint4 hi = wr[d][c][1];
 #pragma unroll
           for (int xt = 0; xt < kXTiles; ++xt) {
-            DgMma(acc[xt], lo.x, hi.x, lo.y, hi.y, b[xt].x, b[xt].y);
-            DgMma(acc[xt], lo.z, hi.z, lo.w, hi.w, b[xt].z, b[xt].w);
+            Mma(acc[xt], lo.x, hi.x, lo.y, hi.y, b[xt].x, b[xt].y);
+            Mma(acc[xt], lo.z, hi.z, lo.w, hi.w, b[xt].z, b[xt].w);
           }
         }
         if (i + kDgDepth < my_groups) load_group(wr[d], k_warp + (i + kDgDepth) * kKWarps);

@@ -115,28 +115,6 @@ __device__ __forceinline__ uint4 LoadCoherent(const void* p) {
   return v;
 }
 
-// SiLU(gate)·up of 8 packed bf16 values, rounded to bf16 as the SiLU·mul kernel does.
-__device__ __forceinline__ uint4 SiluMul(const uint4& gate, const uint4& up) {
-  const __nv_bfloat162* g2 = reinterpret_cast<const __nv_bfloat162*>(&gate);
-  const __nv_bfloat162* u2 = reinterpret_cast<const __nv_bfloat162*>(&up);
-  uint4 out;
-  __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(&out);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 g = __bfloat1622float2(g2[i]);
-    const float2 u = __bfloat1622float2(u2[i]);
-    o2[i] = __floats2bfloat162_rn(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y);
-  }
-  return out;
-}
-
-// SiLU(gate)·up of one pair of bf16 values, as SiluMul.
-__device__ __forceinline__ __nv_bfloat16 SiluMul(__nv_bfloat16 gate, __nv_bfloat16 up) {
-  const float g = __bfloat162float(gate);
-  const float u = __bfloat162float(up);
-  return __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
-}
-
 // x [m, k] = RMSNorm(h) · weight staged for the MMAs, h = x or bf16(x + residual_in).
 struct NormStaging {
   const __nv_bfloat16* x;             // [m, x_stride]
@@ -248,14 +226,6 @@ __device__ __forceinline__ void StageNormedX(const NormStaging& p, __nv_bfloat16
     }
   }
   sync();
-}
-
-__device__ __forceinline__ void Mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                    uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // acc += this warp's share of one stage: W rows [0, group_rows) of the slot `ws` times x rows

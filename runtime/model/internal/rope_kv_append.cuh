@@ -7,9 +7,11 @@
 
 #include <cuda_bf16.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "runtime/model/internal/vec.cuh"
+#include "runtime/model/rope_kv_append.h"
 
 namespace kiln {
 namespace internal {
@@ -30,6 +32,33 @@ struct RopeKvArgs {
   int max_blocks_per_seq;
   int log2_block_size;
 };
+
+// Returns log2 of a power of two.
+inline int Log2OfPowerOfTwo(int power_of_two) {
+  int log = 0;
+  while ((1 << log) < power_of_two) ++log;
+  return log;
+}
+
+// The device functions' arguments for `p` (which RopeKvAppendSupports takes).
+inline RopeKvArgs MakeRopeKvArgs(const RopeKvAppendParams& p) {
+  RopeKvArgs a;
+  a.qkv = p.qkv;
+  a.positions = p.positions;
+  a.heads = p.heads;
+  a.kv_heads = p.kv_heads;
+  a.head_dim = p.head_dim;
+  a.log2_theta = std::log2(p.theta);
+  a.seq_q_start = p.plan.seq_q_start;
+  a.seq_kv_len = p.plan.seq_kv_len;
+  a.max_seqs = p.plan.max_seqs;
+  a.k_cache = static_cast<uint16_t*>(const_cast<void*>(p.kv.k_cache));
+  a.v_cache = static_cast<uint16_t*>(const_cast<void*>(p.kv.v_cache));
+  a.block_table = p.kv.block_table;
+  a.max_blocks_per_seq = p.kv.max_blocks_per_seq;
+  a.log2_block_size = Log2OfPowerOfTwo(p.kv.block_size);
+  return a;
+}
 
 // Returns the cache slot of `token` (block << log2_block_size | offset), or -1 when it is not
 // appended: the owner is the last sequence s with seq_q_start[s] <= token (empty sequences share
