@@ -142,6 +142,11 @@ struct RunnerOptions {
   // decode.ctas_per_sm). 2: on an H200 (1B, 1024 tokens) 6, which splits batches of 16 and 32
   // into 3–6 chunks, was slower at every batch from 2 to 32 (runtime/runner/NOTES.md).
   int decode_ctas_per_sm = 2;
+  // Per capture key, by its sequence capacity, the decode split's aim instead of
+  // decode_ctas_per_sm (DecodeCtasPerSm: the first rule that holds the key). {2, 2}, {8, 4}: on
+  // an H200 (1B, 1024 tokens) splitting for 4 CTAs per SM was faster at batches 4 and 8 (1.140
+  // against 1.171 ms at 8), no faster at 2, slower at 1 and from 16 on (runtime/runner/NOTES.md).
+  std::vector<DecodeSplitRule> decode_split_by_rows = {{2, 2}, {8, 4}};
   // Benchmarks only: leave attention out of every step (LlamaModelOptions::run_attention), to
   // time the rest. The tokens are then not the model's.
   bool skip_attention = false;

@@ -78,10 +78,16 @@ ABSL_FLAG(int, skinny_rows, kiln::RunnerOptions{}.skinny_gemm_max_rows, "Skinny 
 ABSL_FLAG(int, decode_min_kv_chunk, kiln::RunnerOptions{}.decode_min_kv_chunk,
           "Shortest KV chunk of a split decode attention tile");
 ABSL_FLAG(int, decode_ctas_per_sm, kiln::RunnerOptions{}.decode_ctas_per_sm,
-          "Decode attention CTAs per SM the KV split aims to fill");
+          "Decode attention CTAs per SM the KV split aims to fill (keys past decode_split_by_rows)");
 
 namespace kiln {
 namespace {
+
+// One decode-attention split aim for every capture key.
+void UniformSplit(RunnerOptions& o, int ctas_per_sm) {
+  o.decode_ctas_per_sm = ctas_per_sm;
+  o.decode_split_by_rows.clear();
+}
 
 #define CHECK_OK(expr)                                                                       \
   do {                                                                                       \
@@ -332,9 +338,10 @@ int Main(int argc, char** argv) {
         {"merge kernel", [](RunnerOptions& o) { o.fused_attention_merge = false; }},
         {"KV chunk >= 128", [](RunnerOptions& o) { o.decode_min_kv_chunk = 128; }},
         {"KV chunk >= 256", [](RunnerOptions& o) { o.decode_min_kv_chunk = 256; }},
-        {"attn split 1 CTA/SM", [](RunnerOptions& o) { o.decode_ctas_per_sm = 1; }},
-        {"attn split 4 CTA/SM", [](RunnerOptions& o) { o.decode_ctas_per_sm = 4; }},
-        {"attn split 6 CTA/SM", [](RunnerOptions& o) { o.decode_ctas_per_sm = 6; }},
+        {"attn split 2 CTA/SM", [](RunnerOptions& o) { UniformSplit(o, 2); }},
+        {"attn split 1 CTA/SM", [](RunnerOptions& o) { UniformSplit(o, 1); }},
+        {"attn split 4 CTA/SM", [](RunnerOptions& o) { UniformSplit(o, 4); }},
+        {"attn split 6 CTA/SM", [](RunnerOptions& o) { UniformSplit(o, 6); }},
         {"no prefetch",
          [](RunnerOptions& o) { o.prefetch_gemm_rows = PrefetchGemmRows{0, 0, 0, 0, 0}; }},
         {"prefetch 1 CTA/SM", [](RunnerOptions& o) { o.prefetch_gemm_ctas_per_sm = 1; }},

@@ -145,6 +145,13 @@ SplitKvPlannerOptions PlannerOptionsFor(const StepKey& key, int num_q_heads, int
   return o;
 }
 
+int DecodeCtasPerSm(const StepKey& key, const std::vector<DecodeSplitRule>& rules, int otherwise) {
+  for (const DecodeSplitRule& rule : rules) {
+    if (key.max_rows <= rule.max_rows) return rule.ctas_per_sm;
+  }
+  return otherwise;
+}
+
 MetadataLayout MetadataLayout::Create(const StepKey& key, size_t plan_bytes,
                                       int max_blocks_per_seq) {
   MetadataLayout l;

@@ -102,6 +102,17 @@ SplitKvPlannerOptions PlannerOptionsFor(const StepKey& key, int num_q_heads, int
                                         int head_dim, int sm_count, int max_kv_len,
                                         int prefill_tile_rows = 64);
 
+// The decode-attention split's aim (SplitKvPlanner's decode.ctas_per_sm) for the keys of up to
+// max_rows sequences.
+struct DecodeSplitRule {
+  int max_rows = 0;
+  int ctas_per_sm = 0;
+};
+
+// Returns the ctas_per_sm of the first rule in `rules` whose max_rows is at least the key's
+// sequence capacity, or `otherwise` where none is.
+int DecodeCtasPerSm(const StepKey& key, const std::vector<DecodeSplitRule>& rules, int otherwise);
+
 // Where a key's step inputs sit in the metadata blob (byte offsets, each 256-byte aligned):
 //   token_ids        int32 [max_tokens]            -1 past the step's tokens
 //   positions        int32 [max_tokens]            0 past the step's tokens

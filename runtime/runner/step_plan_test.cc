@@ -113,6 +113,20 @@ TEST(StepPlanTest, PlannerOptionsFollowTheKey) {
   ASSERT_TRUE(SplitKvPlanner::Create(o).ok());
 }
 
+TEST(StepPlanTest, DecodeSplitFollowsTheFirstRuleThatHoldsTheKey) {
+  Fixture f;
+  const std::vector<DecodeSplitRule> rules = {{2, 3}, {8, 4}};
+  auto ctas = [&](CaptureKey k) { return DecodeCtasPerSm(f.keys.key(f.keys.Find(k)), rules, 5); };
+  EXPECT_EQ(ctas({GraphMode::kDecode, 1}), 3);
+  EXPECT_EQ(ctas({GraphMode::kDecode, 2}), 3);
+  EXPECT_EQ(ctas({GraphMode::kDecode, 4}), 4);
+  EXPECT_EQ(ctas({GraphMode::kDecode, 8}), 4);
+  EXPECT_EQ(ctas({GraphMode::kDecode, 16}), 5);
+  // A prefill key holds up to 64 sequences (PlannerOptionsFollowTheKey).
+  EXPECT_EQ(ctas({GraphMode::kPrefill, 96}), 5);
+  EXPECT_EQ(DecodeCtasPerSm(f.keys.key(f.keys.Find({GraphMode::kDecode, 1})), {}, 5), 5);
+}
+
 TEST(StepPlanTest, MetadataLayoutIsAlignedAndTheTableComesLast) {
   Fixture f;
   const StepKey& k = f.keys.key(f.keys.Find({GraphMode::kDecode, 8}));
