@@ -78,7 +78,8 @@ ABSL_FLAG(int, skinny_rows, kiln::RunnerOptions{}.skinny_gemm_max_rows, "Skinny 
 ABSL_FLAG(int, decode_min_kv_chunk, kiln::RunnerOptions{}.decode_min_kv_chunk,
           "Shortest KV chunk of a split decode attention tile");
 ABSL_FLAG(int, decode_ctas_per_sm, kiln::RunnerOptions{}.decode_ctas_per_sm,
-          "Decode attention CTAs per SM the KV split aims to fill (keys past decode_split_by_rows)");
+          "Decode attention CTAs per SM the KV split aims to fill (keys past "
+          "decode_split_by_rows)");
 
 namespace kiln {
 namespace {
