@@ -16,33 +16,13 @@ constexpr int kThreads = kWarpsPerBlock * 32;
 // flight per warp, a whole row of a k = 2048 projection.
 constexpr int kUnroll = 8;
 
-// A 16-byte load that skips L1: each weight is read exactly once, so caching it would only evict
-// x, which every warp re-reads.
-__device__ __forceinline__ uint4 LoadStreaming(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ void Unpack(const uint4& raw, float (&out)[8]) {
-  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(pairs[i]);
-    out[2 * i] = f.x;
-    out[2 * i + 1] = f.y;
-  }
-}
-
 // Loads the kUnroll weight vectors of this lane starting at vector `base` of the row.
 __device__ __forceinline__ void LoadWeights(const uint4* w_row, int64_t base, int64_t vectors,
                                             int lane, uint4 (&wv)[kUnroll]) {
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
     const int64_t v = base + u * 32 + lane;
-    wv[u] = v < vectors ? LoadStreaming(w_row + v) : make_uint4(0, 0, 0, 0);
+    wv[u] = v < vectors ? internal::LoadStreaming(w_row + v) : make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -87,11 +67,11 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t v = base + u * 32 + lane;
       if (v < vectors) {
         float wf[8];
-        Unpack(wv[u], wf);
+        internal::UnpackBf16x8(wv[u], wf);
 #pragma unroll
         for (int i = 0; i < M; ++i) {
           float xf[8];
-          Unpack(__ldg(x_rows + i * vectors + v), xf);
+          internal::UnpackBf16x8(__ldg(x_rows + i * vectors + v), xf);
 #pragma unroll
           for (int e = 0; e < 8; ++e) acc[i] = fmaf(wf[e], xf[e], acc[i]);
         }

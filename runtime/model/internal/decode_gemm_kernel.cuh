@@ -61,27 +61,7 @@ constexpr int kDgDepth = 2;     // groups of W in flight per warp
 constexpr int kDgPad = 32;      // bf16 padding per staged x row: rows alternate bank halves
 constexpr int kDgStageBatch = 4;  // x vectors a thread loads before it stores the first
 
-// A 16-byte load of W: read once, so it skips L1. volatile keeps it in program order with
-// griddepcontrol.wait (it is legal before the wait: W is not written by any kernel).
-__device__ __forceinline__ uint4 DgLoadWeights(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-// A 16-byte load of data an earlier kernel (or another CTA of this one) wrote: from L2, never
-// moved before griddepcontrol.wait (volatile, memory clobber).
-__device__ __forceinline__ uint4 DgLoadCoherent(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");
-  return v;
-}
-
+// LoadCoherent of one float (the split-K partials other CTAs wrote).
 __device__ __forceinline__ float DgLoadCoherentFloat(const float* p) {
   float v;
   asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
@@ -135,8 +115,8 @@ __global__ void __launch_bounds__(kDgThreads, 2)
     const int64_t at = static_cast<int64_t>(group) * (kDgGroupK / 8);
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      dst[c][0] = DgLoadWeights(w_lo + at + 4 * c);
-      dst[c][1] = DgLoadWeights(w_hi + at + 4 * c);
+      dst[c][0] = LoadStreaming(w_lo + at + 4 * c);
+      dst[c][1] = LoadStreaming(w_hi + at + 4 * c);
     }
   };
 #pragma unroll
@@ -163,8 +143,8 @@ __global__ void __launch_bounds__(kDgThreads, 2)
           const int r = i / vectors_per_row;
           const __nv_bfloat16* src =
               p.x + r * p.x_stride + k_begin + 8 * (i - r * vectors_per_row);
-          first[u] = DgLoadCoherent(src);
-          if constexpr (kSiluMul) second[u] = DgLoadCoherent(src + p.k);
+          first[u] = LoadCoherent(src);
+          if constexpr (kSiluMul) second[u] = LoadCoherent(src + p.k);
         }
       }
 #pragma unroll

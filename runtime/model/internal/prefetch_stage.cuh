@@ -103,18 +103,6 @@ __device__ __forceinline__ void BulkCopyToShared(uint32_t dst, const void* src, 
       : "memory");
 }
 
-// A 16-byte load of data another kernel (or another CTA, after a grid barrier) wrote: from L2
-// (this SM's L1 may hold older lines of the same buffer), never moved before a preceding wait
-// (volatile, memory clobber).
-__device__ __forceinline__ uint4 LoadCoherent(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");
-  return v;
-}
-
 // x [m, k] = RMSNorm(h) · weight staged for the MMAs, h = x or bf16(x + residual_in).
 struct NormStaging {
   const __nv_bfloat16* x;             // [m, x_stride]

@@ -11,17 +11,44 @@
 namespace kiln {
 namespace internal {
 
+// The 8 bf16 values of a 16-byte vector as floats.
+__device__ __forceinline__ void UnpackBf16x8(const uint4& raw, float (&out)[8]) {
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(pairs[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+// A 16-byte load of weights: each is read once, so it skips L1 (caching it would only evict
+// activations). volatile keeps it in program order with griddepcontrol.wait (it is legal before
+// the wait: no kernel writes weights).
+__device__ __forceinline__ uint4 LoadStreaming(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// A 16-byte load of data an earlier kernel (or another CTA of this one, after a grid barrier)
+// wrote: from L2 (this SM's L1 may hold older lines of the same buffer), never moved before a
+// preceding wait (volatile, memory clobber).
+__device__ __forceinline__ uint4 LoadCoherent(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
 template <int V>
 __device__ __forceinline__ void LoadBf16(const __nv_bfloat16* p, float (&out)[V]) {
   if constexpr (V == 8) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);
-    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __bfloat1622float2(pairs[i]);
-      out[2 * i] = f.x;
-      out[2 * i + 1] = f.y;
-    }
+    UnpackBf16x8(*reinterpret_cast<const uint4*>(p), out);
   } else {
     static_assert(V == 1, "vector width must be 8 or 1");
     out[0] = __bfloat162float(*p);
