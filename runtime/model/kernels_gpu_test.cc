@@ -244,15 +244,23 @@ int32_t HostArgmax(const std::vector<float>& row) {
 
 class GreedySampleGpuTest : public GpuTest {
  protected:
-  // Fills rows with random logits and plants ties, NaNs and degenerate rows.
-  std::vector<std::vector<float>> MakeRows(int rows, int vocab, bool bf16) {
+  // Returns `rows` rows of random logits, rounded to bf16 values when `bf16`.
+  std::vector<std::vector<float>> RandomRows(int rows, int vocab, bool bf16) {
     std::vector<std::vector<float>> out(rows, std::vector<float>(vocab));
     std::uniform_real_distribution<float> dist(-8, 8);
-    for (int r = 0; r < rows; ++r) {
-      for (float& v : out[r]) {
+    for (auto& row : out) {
+      for (float& v : row) {
         v = dist(rng_);
         if (bf16) v = Bf16BitsToFloat(FloatToBf16Bits(v));
       }
+    }
+    return out;
+  }
+
+  // Fills rows with random logits and plants ties, NaNs and degenerate rows.
+  std::vector<std::vector<float>> MakeRows(int rows, int vocab, bool bf16) {
+    std::vector<std::vector<float>> out = RandomRows(rows, vocab, bf16);
+    for (int r = 0; r < rows; ++r) {
       const int kind = r % 5;
       if (kind == 1 && vocab > 2) {  // tie between two random positions: the lower must win
         const int a = RandomInt(0, vocab - 1), b = RandomInt(0, vocab - 1);
@@ -272,10 +280,30 @@ class GreedySampleGpuTest : public GpuTest {
     return out;
   }
 
+  // Rows whose maxima sit where a row is split between blocks (on sm_90+ a cluster of 8 scans
+  // it in 8 slices of about vocab / 8): at the ends of the row, around the first slice's edge,
+  // and ties across slices that the lowest index must win.
+  std::vector<std::vector<float>> SliceEdgeRows(int vocab, bool bf16) {
+    std::vector<std::vector<float>> out = RandomRows(8, vocab, bf16);
+    const int eighth = vocab / 8;
+    out[0][3] = out[0][vocab - 2] = 9.0f;  // far apart: 3 wins
+    out[1][0] = 9.0f;
+    out[2][vocab - 1] = 9.0f;
+    out[3][eighth - 1] = 9.0f;  // vocab / 8 is the first slice's end, or one short of it
+    out[4][eighth] = 9.0f;
+    out[5][eighth + 1] = 9.0f;
+    for (int k = 0; k < 8; ++k) out[6][k * vocab / 8 + eighth / 2] = 9.0f;  // one per slice
+    for (float& v : out[7]) v = std::numeric_limits<float>::quiet_NaN();
+    out[7][vocab - 1] = -1.0f;  // NaN everywhere but the last element
+    return out;
+  }
+
+  // Launches the kernel over `logits` (rounded to bf16 values for T = uint16_t) into a
+  // poisoned output and compares each row with HostArgmax.
   template <typename T>
-  void Check(int rows, int vocab) {
-    const bool bf16 = sizeof(T) == 2;
-    const std::vector<std::vector<float>> logits = MakeRows(rows, vocab, bf16);
+  void Run(const std::vector<std::vector<float>>& logits) {
+    const int rows = static_cast<int>(logits.size());
+    const int vocab = static_cast<int>(logits[0].size());
     std::vector<T> flat(size_t{1} * rows * vocab);
     for (int r = 0; r < rows; ++r) {
       for (int j = 0; j < vocab; ++j) {
@@ -300,6 +328,11 @@ class GreedySampleGpuTest : public GpuTest {
     const std::vector<int32_t> tokens = d_tokens.Download(stream());
     for (int r = 0; r < rows; ++r) EXPECT_EQ(tokens[r], HostArgmax(logits[r])) << "row " << r;
   }
+
+  template <typename T>
+  void Check(int rows, int vocab) {
+    Run<T>(MakeRows(rows, vocab, sizeof(T) == 2));
+  }
 };
 
 TEST_F(GreedySampleGpuTest, Bf16ArgmaxWithLowestIndexTies) {
@@ -314,6 +347,34 @@ TEST_F(GreedySampleGpuTest, FloatArgmaxWithLowestIndexTies) {
     SCOPED_TRACE(vocab);
     for (int rows : {1, 8, 17}) Check<float>(rows, vocab);
   }
+}
+
+// 8 and 9 leave most blocks of a cluster an empty slice (fewer elements than blocks × vector
+// width); 128257 takes the scalar path over slices of odd length.
+TEST_F(GreedySampleGpuTest, Bf16MaximaAtSliceEdges) {
+  for (int vocab : {128256, 128257, 8, 9}) {
+    SCOPED_TRACE(vocab);
+    Run<uint16_t>(SliceEdgeRows(vocab, /*bf16=*/true));
+  }
+}
+
+TEST_F(GreedySampleGpuTest, FloatMaximaAtSliceEdges) {
+  for (int vocab : {128256, 128257, 8, 9}) {
+    SCOPED_TRACE(vocab);
+    Run<float>(SliceEdgeRows(vocab, /*bf16=*/false));
+  }
+}
+
+TEST_F(GreedySampleGpuTest, RefusesBadSizes) {
+  DeviceVector<float> d_logits(16);
+  DeviceVector<int32_t> d_tokens(1);
+  EXPECT_EQ(LaunchGreedySample(d_logits.get(), -1, 16, d_tokens.get(), stream()),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchGreedySample(d_logits.get(), 65536, 16, d_tokens.get(), stream()),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchGreedySample(d_logits.get(), 1, 0, d_tokens.get(), stream()),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchGreedySample(d_logits.get(), 0, 16, d_tokens.get(), stream()), cudaSuccess);
 }
 
 // ---------------------------------------------------------------- graph replay

@@ -1,5 +1,6 @@
 #include "runtime/model/sampling.h"
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -9,8 +10,6 @@
 
 namespace kiln {
 namespace {
-
-constexpr int kThreads = 1024;
 
 struct Best {
   float value;
@@ -31,12 +30,13 @@ __device__ __forceinline__ void Offer(float value, int32_t index, Best& best) {
 template <typename T>
 struct Loader;
 
-// 8 bf16 values per 16-byte load.
+// 8 bf16 values per 16-byte load. __ldg, not internal::LoadBf16<8>: once inlined, the latter's
+// uint4 is split into four 4-byte loads, and the scan is bound by the loads in flight.
 template <>
 struct Loader<__nv_bfloat16> {
   static constexpr int kVec = 8;
   __device__ static void Load(const __nv_bfloat16* p, float (&out)[kVec]) {
-    internal::LoadBf16<8>(p, out);
+    internal::UnpackBf16x8(__ldg(reinterpret_cast<const uint4*>(p)), out);
   }
   __device__ static float LoadOne(const __nv_bfloat16* p) { return __bfloat162float(*p); }
 };
@@ -55,59 +55,131 @@ struct Loader<float> {
   __device__ static float LoadOne(const float* p) { return *p; }
 };
 
-template <typename T, bool kVector>
-__global__ void __launch_bounds__(kThreads)
-    GreedySampleKernel(const T* __restrict__ logits, int vocab, int32_t* __restrict__ tokens) {
-  constexpr int kVec = Loader<T>::kVec;
-  internal::AllowDependentLaunch();
-  internal::WaitForPrerequisites();  // the logits come from the GEMM before
-  const T* row = logits + int64_t{blockIdx.x} * vocab;
-  Best best{0.0f, -1};
-  // Each thread visits its indices in increasing order, so among its own ties it keeps the
-  // lowest; the cross-thread reduction below breaks remaining ties by index.
-  if constexpr (kVector) {
-    const int vectors = vocab / kVec;
-    for (int v = threadIdx.x; v < vectors; v += kThreads) {
-      float x[kVec];
-      Loader<T>::Load(row + v * kVec, x);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) Offer(x[i], v * kVec + i, best);
-    }
-  } else {
-    for (int j = threadIdx.x; j < vocab; j += kThreads) Offer(Loader<T>::LoadOne(row + j), j, best);
-  }
-  // Warp, then block reduction of (value, index) pairs.
+// One 1024-thread block per row, each thread waiting on one 16-byte load at a time (~31 of them
+// for a 128256-wide float row), took 21.5 us on an H200 for 1 row and for 32: latency, not
+// bandwidth. A cluster of 8 CTAs per row (the portable cluster size) cuts each CTA's slice to an
+// eighth, and each thread issues all its loads of a round before it compares any, so one round
+// of 8 × 512 × 32 elements covers a whole Llama 3 row (131072 ≥ 128256).
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / 32;
+constexpr int kClusterCtas = 8;
+constexpr int kRoundElements = 32;  // elements each thread loads before it reduces them
+constexpr int kMaxRows = 65535;     // rows lie along the grid's y extent
+
+// Reduces `best` over the warp's lanes by an xor butterfly; every lane gets the result, which
+// does not depend on the order since Beats orders any two seen entries the same way.
+__device__ __forceinline__ Best WarpBest(Best best) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
     const float other_value = __shfl_xor_sync(0xffffffffu, best.value, offset);
     const int32_t other_index = __shfl_xor_sync(0xffffffffu, best.index, offset);
     if (other_index >= 0) Offer(other_value, other_index, best);
   }
-  __shared__ Best warp_best[kThreads / 32];
+  return best;
+}
+
+// grid (CTAs per row, num_rows), kThreads threads. With CTAs per row > 1 (sm_90+ only) the
+// launch groups a row's CTAs into one cluster: CTA c scans the c-th slice of the row and rank 0
+// combines the CTAs' results through distributed shared memory. With 1 (below sm_90, where
+// there are no clusters) the CTA scans the whole row.
+template <typename T, bool kVector>
+__global__ void __launch_bounds__(kThreads)
+    GreedySampleKernel(const T* __restrict__ logits, int vocab, int32_t* __restrict__ tokens) {
+  constexpr int kWidth = kVector ? Loader<T>::kVec : 1;  // elements per load
+  constexpr int kLoads = kRoundElements / kWidth;        // loads in flight per thread
+  internal::AllowDependentLaunch();
+  internal::WaitForPrerequisites();  // the logits come from the GEMM before
+  const int row_index = blockIdx.y;
+  const int ctas = gridDim.x;  // CTAs per row
+  const T* row = logits + int64_t{row_index} * vocab;
+  // This CTA's slice, in loads: whole vectors, so 16-byte loads stay aligned. Rounding the
+  // slice up leaves the last CTAs a shorter slice, or none when the row is tiny.
+  const int loads = vocab / kWidth;  // exact: the vector path needs vocab % kVec == 0
+  const int slice = (loads + ctas - 1) / ctas;
+  const int begin = min(static_cast<int>(blockIdx.x) * slice, loads);
+  const int end = min(begin + slice, loads);
+  Best best{0.0f, -1};
+  // Each thread visits its indices in increasing order, so among its own ties it keeps the
+  // lowest; the reductions below break remaining ties by index.
+  for (int first = begin + threadIdx.x; first < end; first += kLoads * kThreads) {
+    float x[kLoads][kWidth];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int v = first + u * kThreads;
+      if (v >= end) {
+#pragma unroll
+        for (int i = 0; i < kWidth; ++i) x[u][i] = __int_as_float(0x7fc00000);  // NaN never wins
+      } else if constexpr (kVector) {
+        Loader<T>::Load(row + v * kWidth, x[u]);
+      } else {
+        x[u][0] = Loader<T>::LoadOne(row + v);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+#pragma unroll
+      for (int i = 0; i < kWidth; ++i) Offer(x[u][i], (first + u * kThreads) * kWidth + i, best);
+    }
+  }
+  // Warp, then block reduction of (value, index) pairs: warp 0 ends with the CTA's best.
+  __shared__ Best warp_best[kWarps];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
+  best = WarpBest(best);
   if (lane == 0) warp_best[warp] = best;
   __syncthreads();
-  if (warp == 0) {
-    best = warp_best[lane];
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      const float other_value = __shfl_xor_sync(0xffffffffu, best.value, offset);
-      const int32_t other_index = __shfl_xor_sync(0xffffffffu, best.index, offset);
-      if (other_index >= 0) Offer(other_value, other_index, best);
+  if (warp == 0) best = WarpBest(lane < kWarps ? warp_best[lane] : Best{0.0f, -1});
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (ctas > 1) {
+    namespace cg = cooperative_groups;
+    const cg::cluster_group cluster = cg::this_cluster();
+    __shared__ Best cta_best;
+    if (threadIdx.x == 0) cta_best = best;
+    cluster.sync();  // every CTA's cta_best is written (and every CTA of the cluster started)
+    if (cluster.block_rank() == 0 && warp == 0) {
+      const Best other = lane < ctas ? *cluster.map_shared_rank(&cta_best, lane) : Best{0.0f, -1};
+      best = WarpBest(other);
+      if (lane == 0) tokens[row_index] = best.index;
     }
-    if (lane == 0) tokens[blockIdx.x] = best.index;
+    cluster.sync();  // no CTA exits, freeing its shared memory, while rank 0 still reads it
+    return;
   }
+#endif
+  if (threadIdx.x == 0) tokens[row_index] = best.index;
+}
+
+// Enqueues `kernel` with programmatic dependent launch (as LaunchWithPdl) and, on sm_90+, a
+// cluster of kClusterCtas CTAs per row; below sm_90, where neither exists, one CTA per row. The
+// shape depends only on num_rows and the GPU, so a captured graph replays for any contents.
+template <typename T>
+cudaError_t LaunchClustered(void (*kernel)(const T*, int, int32_t*), int num_rows,
+                            cudaStream_t stream, const T* logits, int vocab, int32_t* tokens) {
+  const bool sm90 = internal::SupportsProgrammaticLaunch();
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(sm90 ? kClusterCtas : 1, num_rows);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[2];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  attribute[1].id = cudaLaunchAttributeClusterDimension;
+  attribute[1].val.clusterDim.x = kClusterCtas;
+  attribute[1].val.clusterDim.y = 1;
+  attribute[1].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = sm90 ? 2 : 0;
+  return cudaLaunchKernelEx(&config, kernel, logits, vocab, tokens);
 }
 
 template <typename T>
 cudaError_t Launch(const T* logits, int num_rows, int vocab, int32_t* tokens, cudaStream_t stream) {
-  if (num_rows < 0 || vocab <= 0) return cudaErrorInvalidValue;
+  if (num_rows < 0 || num_rows > kMaxRows || vocab <= 0) return cudaErrorInvalidValue;
   if (num_rows == 0) return cudaSuccess;
   // A row stays 16-byte aligned only if vocab is a multiple of the vector width.
   const bool vec = vocab % Loader<T>::kVec == 0 && internal::Aligned16(logits);
-  return internal::LaunchWithPdl(vec ? GreedySampleKernel<T, true> : GreedySampleKernel<T, false>,
-                                 dim3(num_rows), dim3(kThreads), 0, stream, logits, vocab, tokens);
+  return LaunchClustered(vec ? GreedySampleKernel<T, true> : GreedySampleKernel<T, false>,
+                         num_rows, stream, logits, vocab, tokens);
 }
 
 }  // namespace

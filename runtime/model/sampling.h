@@ -4,9 +4,11 @@
 //   CUDA_RETURN_IF_ERROR(kiln::LaunchGreedySample(logits, num_rows, vocab, next_tokens, stream));
 //
 // Ties go to the lowest index, so the result does not depend on the reduction order; NaN
-// never wins; a row with no non-NaN value gives -1. One block of 1024 threads per row,
-// 16-byte loads when rows are 16-byte aligned; the launch shape depends only on num_rows and
-// vocab. Callable during capture; thread-safe.
+// never wins; a row with no non-NaN value gives -1. On sm_90+ each row is split over a
+// cluster of 8 blocks of 512 threads, which combine their results through distributed shared
+// memory; below sm_90 one block of 512 threads scans the row. 16-byte loads when rows are
+// 16-byte aligned; num_rows at most 65535 (the grid's y extent); the launch shape depends only
+// on num_rows and vocab. Callable during capture; thread-safe.
 #ifndef KILN_RUNTIME_MODEL_SAMPLING_H_
 #define KILN_RUNTIME_MODEL_SAMPLING_H_
 
@@ -18,7 +20,7 @@
 namespace kiln {
 
 // Enqueues tokens[r] = argmax_j logits[r, j] on `stream`. Returns cudaErrorInvalidValue for a
-// negative num_rows or a non-positive vocab, else the launch's error.
+// num_rows outside [0, 65535] or a non-positive vocab, else the launch's error.
 cudaError_t LaunchGreedySample(const __nv_bfloat16* logits,  // [num_rows, vocab]
                                int num_rows, int vocab,
                                int32_t* tokens,               // [num_rows]
