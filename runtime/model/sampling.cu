@@ -148,38 +148,19 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) tokens[row_index] = best.index;
 }
 
-// Enqueues `kernel` with programmatic dependent launch (as LaunchWithPdl) and, on sm_90+, a
-// cluster of kClusterCtas CTAs per row; below sm_90, where neither exists, one CTA per row. The
-// shape depends only on num_rows and the GPU, so a captured graph replays for any contents.
-template <typename T>
-cudaError_t LaunchClustered(void (*kernel)(const T*, int, int32_t*), int num_rows,
-                            cudaStream_t stream, const T* logits, int vocab, int32_t* tokens) {
-  const bool sm90 = internal::SupportsProgrammaticLaunch();
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(sm90 ? kClusterCtas : 1, num_rows);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[2];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  attribute[1].id = cudaLaunchAttributeClusterDimension;
-  attribute[1].val.clusterDim.x = kClusterCtas;
-  attribute[1].val.clusterDim.y = 1;
-  attribute[1].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = sm90 ? 2 : 0;
-  return cudaLaunchKernelEx(&config, kernel, logits, vocab, tokens);
-}
-
 template <typename T>
 cudaError_t Launch(const T* logits, int num_rows, int vocab, int32_t* tokens, cudaStream_t stream) {
   if (num_rows < 0 || num_rows > kMaxRows || vocab <= 0) return cudaErrorInvalidValue;
   if (num_rows == 0) return cudaSuccess;
   // A row stays 16-byte aligned only if vocab is a multiple of the vector width.
   const bool vec = vocab % Loader<T>::kVec == 0 && internal::Aligned16(logits);
-  return LaunchClustered(vec ? GreedySampleKernel<T, true> : GreedySampleKernel<T, false>,
-                         num_rows, stream, logits, vocab, tokens);
+  // On sm_90+ a cluster of kClusterCtas CTAs per row; below, where there are no clusters, one
+  // CTA per row. The shape depends only on num_rows and the GPU, so a captured graph replays for
+  // any contents.
+  const unsigned ctas = internal::SupportsProgrammaticLaunch() ? kClusterCtas : 1;
+  return internal::LaunchWithPdlInClusters(
+      vec ? GreedySampleKernel<T, true> : GreedySampleKernel<T, false>, dim3(ctas, num_rows),
+      dim3(kThreads), ctas, 0, stream, logits, vocab, tokens);
 }
 
 }  // namespace

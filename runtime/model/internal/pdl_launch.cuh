@@ -29,21 +29,43 @@ namespace internal {
 inline bool SupportsProgrammaticLaunch() { return CurrentDeviceIsSm90OrLater(); }
 
 // Enqueues `kernel` on `stream` with programmatic dependent launch where the GPU supports it
-// (an ordinary launch elsewhere). Returns the launch's error. Callable during capture.
+// (an ordinary launch elsewhere), its CTAs grouped into clusters of `cluster_x` along x when
+// cluster_x > 1 (sm_90+ only: the caller asks for clusters only where
+// SupportsProgrammaticLaunch()). Returns the launch's error. Callable during capture.
 template <typename... KernelArgs, typename... Args>
-cudaError_t LaunchWithPdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
-                          size_t shared_bytes, cudaStream_t stream, Args&&... args) {
+cudaError_t LaunchWithPdlInClusters(void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
+                                    unsigned cluster_x, size_t shared_bytes, cudaStream_t stream,
+                                    Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attribute[2];
+  unsigned count = 0;
+  if (SupportsProgrammaticLaunch()) {
+    attribute[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[count].val.programmaticStreamSerializationAllowed = 1;
+    ++count;
+  }
+  if (cluster_x > 1) {
+    attribute[count].id = cudaLaunchAttributeClusterDimension;
+    attribute[count].val.clusterDim.x = cluster_x;
+    attribute[count].val.clusterDim.y = 1;
+    attribute[count].val.clusterDim.z = 1;
+    ++count;
+  }
   config.attrs = attribute;
-  config.numAttrs = SupportsProgrammaticLaunch() ? 1 : 0;
+  config.numAttrs = count;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+// The same without clusters.
+template <typename... KernelArgs, typename... Args>
+cudaError_t LaunchWithPdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
+                          size_t shared_bytes, cudaStream_t stream, Args&&... args) {
+  return LaunchWithPdlInClusters(kernel, grid, block, 1, shared_bytes, stream,
+                                 std::forward<Args>(args)...);
 }
 
 }  // namespace internal
