@@ -1,6 +1,7 @@
 // Decode attention throughput: KV bytes read per second for the batch × context shapes that
 // matter (GQA 32/8, head_dim 128, bf16, blocks of 16 and 64 tokens scattered randomly over the
-// pool), plus the planner's host time for 256 sequences.
+// pool), the 1B model's decode shapes (head_dim 64, blocks of 64, context 1024, batch 1 to 128),
+// plus the planner's host time for 256 sequences.
 //
 //   bazel build -c opt //attention:attention_decode_benchmark
 //   bazel-bin/attention/attention_decode_benchmark
@@ -8,7 +9,7 @@
 // Method: the planner's plan for the shape, decode kernel and merge captured 24 times
 // back to back in one CUDA graph (as consecutive layers would run), timed with CUDA events after
 // warm-up; the median over 7 replays, divided by 24, is the time per call. Each call reads the
-// sequences' K and V once: batch × context × 8 KV heads × 128 × 2 bytes × 2. Calls rotate over
+// sequences' K and V once: batch × context × 8 KV heads × head_dim × 2 bytes × 2. Calls rotate over
 // copies of the KV (separate blocks, separate block tables) so the working set is at least
 // 512 MB and the 60 MB L2 cannot serve it. Exits non-zero if anything fails. --explore adds a
 // breakdown of the small shapes (merge fused or separate, split widths).
@@ -40,6 +41,8 @@ namespace {
 constexpr int kQHeads = 32;
 constexpr int kKvHeads = 8;
 constexpr int kHeadDim = 128;
+constexpr int kModelHeadDim = 64;  // the 1B model of runtime/runner
+constexpr int kModelBlockSize = 64;
 constexpr int kCallsPerGraph = 24;
 constexpr int kReplays = 7;
 constexpr size_t kMinWorkingSet = size_t{512} << 20;
@@ -60,6 +63,7 @@ struct Variant {
 };
 
 struct Result {
+  int head_dim;
   int block_size;
   Shape shape;
   int items;
@@ -70,11 +74,12 @@ struct Result {
 };
 
 SplitKvPlannerOptions PlannerOptions(int sm_count, int max_seqs, int max_kv,
-                                     const Variant& variant = Variant()) {
+                                     const Variant& variant = Variant(),
+                                     int head_dim = kHeadDim) {
   SplitKvPlannerOptions o;
   o.num_q_heads = kQHeads;
   o.num_kv_heads = kKvHeads;
-  o.head_dim = kHeadDim;
+  o.head_dim = head_dim;
   o.sm_count = sm_count;
   o.key = {max_seqs, max_seqs, max_kv};
   o.decode.tile_rows = kQHeads / kKvHeads;
@@ -92,14 +97,15 @@ absl::Status RunVariant(const DecodeAttentionParams& p, const Variant& variant,
 }
 
 absl::StatusOr<Result> Measure(const DeviceInfo& info, int block_size, Shape shape,
-                               const Variant& variant, Stream& stream) {
+                               const Variant& variant, Stream& stream,
+                               int head_dim = kHeadDim) {
   const size_t kv_bytes =
-      size_t{2} * shape.batch * shape.context * kKvHeads * kHeadDim * 2;  // K and V, bf16
+      size_t{2} * shape.batch * shape.context * kKvHeads * head_dim * 2;  // K and V, bf16
   const int copies =
       static_cast<int>(std::min<size_t>(8, (kMinWorkingSet + kv_bytes - 1) / kv_bytes));
   const int blocks_per_seq = shape.context / block_size;
   const int num_blocks = copies * shape.batch * blocks_per_seq;
-  const size_t pool_elems = static_cast<size_t>(num_blocks) * kKvHeads * block_size * kHeadDim;
+  const size_t pool_elems = static_cast<size_t>(num_blocks) * kKvHeads * block_size * head_dim;
   ASSIGN_OR_RETURN(DeviceBuffer k, DeviceBuffer::Allocate(pool_elems * 2, "bench K"));
   ASSIGN_OR_RETURN(DeviceBuffer v, DeviceBuffer::Allocate(pool_elems * 2, "bench V"));
   RETURN_IF_ERROR(ToStatus(attention_internal::FillRandom16(k.data(), pool_elems, 1, true,
@@ -122,7 +128,7 @@ absl::StatusOr<Result> Measure(const DeviceInfo& info, int block_size, Shape sha
                                         cudaMemcpyHostToDevice),
                              "upload table"));
   }
-  const size_t q_elems = static_cast<size_t>(shape.batch) * kQHeads * kHeadDim;
+  const size_t q_elems = static_cast<size_t>(shape.batch) * kQHeads * head_dim;
   ASSIGN_OR_RETURN(DeviceBuffer q, DeviceBuffer::Allocate(q_elems * 2, "bench q"));
   ASSIGN_OR_RETURN(DeviceBuffer o, DeviceBuffer::Allocate(q_elems * 2, "bench o"));
   RETURN_IF_ERROR(ToStatus(attention_internal::FillRandom16(q.data(), q_elems, 3, true,
@@ -131,7 +137,7 @@ absl::StatusOr<Result> Measure(const DeviceInfo& info, int block_size, Shape sha
 
   ASSIGN_OR_RETURN(SplitKvPlanner planner,
                    SplitKvPlanner::Create(PlannerOptions(info.sm_count, shape.batch,
-                                                         shape.context, variant)));
+                                                         shape.context, variant, head_dim)));
   ASSIGN_OR_RETURN(PlanBuffers buffers, PlanBuffers::Create(planner.layout()));
   const std::vector<SeqLens> seqs(shape.batch, SeqLens{1, shape.context});
   ASSIGN_OR_RETURN(PlanSummary summary, planner.Plan(seqs, buffers.host_plan()));
@@ -141,7 +147,7 @@ absl::StatusOr<Result> Measure(const DeviceInfo& info, int block_size, Shape sha
   p.dtype = AttentionDtype::kBf16;
   p.num_q_heads = kQHeads;
   p.num_kv_heads = kKvHeads;
-  p.head_dim = kHeadDim;
+  p.head_dim = head_dim;
   p.q = q.data();
   p.o = o.data();
   p.kv.k_cache = k.data();
@@ -185,7 +191,8 @@ absl::StatusOr<Result> Measure(const DeviceInfo& info, int block_size, Shape sha
   std::sort(per_call_us.begin(), per_call_us.end());
   const double us = per_call_us[per_call_us.size() / 2];
   const double read = static_cast<double>(kv_bytes);
-  return Result{block_size,
+  return Result{head_dim,
+                block_size,
                 shape,
                 summary.decode.num_work_items,
                 summary.decode.num_merge_items,
@@ -274,13 +281,29 @@ int Main(bool explore) {
       std::fflush(stdout);
     }
   }
+  for (int batch : {1, 8, 32, 128}) {
+    const Shape shape = {batch, 1024};
+    auto r = Measure(*info, kModelBlockSize, shape, Variant(), *stream, kModelHeadDim);
+    if (!r.ok()) {
+      std::fprintf(stderr, "head_dim %d batch %d ctx %d: %s\n", kModelHeadDim, shape.batch,
+                   shape.context, std::string(r.status().message()).c_str());
+      return 1;
+    }
+    results.push_back(*r);
+    std::printf("head_dim %d block %2d  batch %3d  ctx %5d: %8.2f us  %5.2f TB/s\n",
+                kModelHeadDim, kModelBlockSize, shape.batch, shape.context, r->us, r->tbps);
+    std::fflush(stdout);
+  }
   auto planner_us = PlannerMicros(info->sm_count);
   if (!planner_us.ok()) return 1;
-  std::printf("\n| block | batch × context | work items | merges | chunk | us/call | KV TB/s |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "\n| head_dim | block | batch × context | work items | merges | chunk | us/call | KV TB/s "
+      "|\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
   for (const Result& r : results) {
-    std::printf("| %d | %d × %d | %d | %d | %d | %.2f | %.2f |\n", r.block_size, r.shape.batch,
-                r.shape.context, r.items, r.merges, r.chunk, r.us, r.tbps);
+    std::printf("| %d | %d | %d × %d | %d | %d | %d | %.2f | %.2f |\n", r.head_dim,
+                r.block_size, r.shape.batch, r.shape.context, r.items, r.merges, r.chunk, r.us,
+                r.tbps);
   }
   std::printf("\nplanner, 256 sequences: %.2f us (median of 2000)\n", *planner_us);
   return explore ? Explore(*info, *stream) : 0;

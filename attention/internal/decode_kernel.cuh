@@ -19,9 +19,11 @@
 //         (h, e) is then dimension 64h + 8gid + e, so each lane ends with 16 contiguous
 //         dimensions of its rows.
 // A step of 16 tokens lies inside one block (block_size is a power of two >= 16 and steps are
-// 16-aligned), so one block-table entry per step serves all its loads; it is fetched two steps
-// ahead. The next step's K (V) is loaded right after this step's K (V) was consumed, so a step's
-// loads fly while the previous step computes.
+// 16-aligned), so one block-table entry per step serves all its loads; it is fetched a round
+// ahead. A warp holds kBuffers steps' K and V in registers (two for head_dim 64, one for 128):
+// a set's next K (V) is loaded right after its K (V) was consumed, so kBuffers steps of loads fly
+// while the warp computes. Two sets took the 1B model's batch-32 call (head_dim 64, 1024 tokens)
+// from 21.7 to 20.6 us on an H200 (decode_perf_notes.md); head_dim 128 has no registers to spare.
 #ifndef KILN_ATTENTION_INTERNAL_DECODE_KERNEL_CUH_
 #define KILN_ATTENTION_INTERNAL_DECODE_KERNEL_CUH_
 
@@ -63,9 +65,9 @@ constexpr int kDecodeThreads = kDecodeWarps * 32;
 constexpr int kDecodeRows = 16;  // M of the MMA tile: the most rows a work item may have
 constexpr int kStepTokens = 16;  // KV tokens per warp step (two n-tiles of 8)
 
-// Resident CTAs per SM: 2 for head_dim 128 (212 registers); 3 for head_dim 64, which needs 180
-// registers uncapped and 168 at 3 CTAs (a few spilled bytes outside the KV loop): a decode step is
-// bound by the serial 16-token steps of each warp, so a third of the warps more in flight cuts it.
+// Resident CTAs per SM: 2 for head_dim 128 (212 registers); 3 for head_dim 64 (168 registers with
+// its two register sets, none spilled): a decode step is bound by the serial 16-token steps of
+// each warp, so a third of the warps more in flight cuts it.
 template <AttentionDtype kDtype, int kHeadDim, int kGroup>
 __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
     DecodeAttentionKernel(const DecodeKernelArgs args) {
@@ -147,10 +149,16 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
   const uint16_t* k_pool = static_cast<const uint16_t*>(args.k_cache) + head_offset;
   const uint16_t* v_pool = static_cast<const uint16_t*>(args.v_cache) + head_offset;
 
-  uint32_t kr[2][kKLoads][4];  // [n-tile][load][word]
-  uint32_t vr[4][kVLoads][4];  // [token 2tig, 2tig+1, 2tig+8, 2tig+9][load][word]
+  // kBuffers register sets of a step's K and V: a warp walks its steps in rounds of kBuffers,
+  // and each set is refilled with the step kBuffers rounds ahead as soon as it is consumed, so
+  // kBuffers steps of loads fly per warp. Two for head_dim 64 (32 more registers); one for 128,
+  // which has no registers to spare.
+  constexpr int kBuffers = kHeadDim == 64 ? 2 : 1;
+  constexpr int kStride = kBuffers * kDecodeWarps;  // steps between a set's refills
+  uint32_t kr[kBuffers][2][kKLoads][4];  // [set][n-tile][load][word]
+  uint32_t vr[kBuffers][4][kVLoads][4];  // [set][token 2tig, 2tig+1, 2tig+8, 2tig+9][load][word]
 
-  auto load_k = [&](int block, int base) {
+  auto load_k = [&](uint32_t (&dst)[2][kKLoads][4], int block, int base) {
     const uint16_t* p = k_pool + static_cast<int64_t>(block) * block_stride +
                         static_cast<int64_t>((base & in_block_mask) + gid) * kHeadDim + 8 * tig;
 #pragma unroll
@@ -158,14 +166,14 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
 #pragma unroll
       for (int c = 0; c < kKLoads; ++c) {
         const uint4 v = LoadStreaming(p + t * 8 * kHeadDim + 32 * c);
-        kr[t][c][0] = v.x;
-        kr[t][c][1] = v.y;
-        kr[t][c][2] = v.z;
-        kr[t][c][3] = v.w;
+        dst[t][c][0] = v.x;
+        dst[t][c][1] = v.y;
+        dst[t][c][2] = v.z;
+        dst[t][c][3] = v.w;
       }
     }
   };
-  auto load_v = [&](int block, int base) {
+  auto load_v = [&](uint32_t (&dst)[4][kVLoads][4], int block, int base) {
     const uint16_t* p = v_pool + static_cast<int64_t>(block) * block_stride +
                         static_cast<int64_t>((base & in_block_mask) + 2 * tig) * kHeadDim +
                         8 * gid;
@@ -175,120 +183,129 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
 #pragma unroll
       for (int c = 0; c < kVLoads; ++c) {
         const uint4 v = LoadStreaming(p + token * kHeadDim + 64 * c);
-        vr[u][c][0] = v.x;
-        vr[u][c][1] = v.y;
-        vr[u][c][2] = v.z;
-        vr[u][c][3] = v.w;
+        dst[u][c][0] = v.x;
+        dst[u][c][1] = v.y;
+        dst[u][c][2] = v.z;
+        dst[u][c][3] = v.w;
       }
     }
   };
+  // The block-table entry of a step (one per step: a step lies inside one block).
+  auto block_of = [&](int step) { return table[(base0 + step * kStepTokens) >> log2_bs]; };
 
   // Every load of a step stays inside the step's block, which holds at least one token of
-  // [kv_begin, kv_end): tokens outside that range are read (in bounds) and masked.
-  int step = warp;
-  int block_next = 0;
-  if (step < num_steps) {
-    const int base = base0 + step * kStepTokens;
-    const int block = table[base >> log2_bs];
-    load_k(block, base);
-    load_v(block, base);
-    if (step + kDecodeWarps < num_steps) {
-      block_next = table[(base + kDecodeWarps * kStepTokens) >> log2_bs];
+  // [kv_begin, kv_end): tokens outside that range are read (in bounds) and masked. block_next[b]
+  // is the block of the step set b is refilled with next, fetched one round ahead.
+  int block_next[kBuffers];
+#pragma unroll
+  for (int b = 0; b < kBuffers; ++b) {
+    const int step = warp + b * kDecodeWarps;
+    block_next[b] = 0;
+    if (step < num_steps) {
+      const int block = block_of(step);
+      load_k(kr[b], block, base0 + step * kStepTokens);
+      load_v(vr[b], block, base0 + step * kStepTokens);
+      if (step + kStride < num_steps) block_next[b] = block_of(step + kStride);
     }
   }
-  for (; step < num_steps; step += kDecodeWarps) {
-    const int base = base0 + step * kStepTokens;
-    const int next_base = base + kDecodeWarps * kStepTokens;
-    const bool has_next = step + kDecodeWarps < num_steps;
-    const int block_after = step + 2 * kDecodeWarps < num_steps
-                                ? table[(next_base + kDecodeWarps * kStepTokens) >> log2_bs]
-                                : 0;
+  for (int round = warp; round < num_steps; round += kStride) {
+#pragma unroll
+    for (int b = 0; b < kBuffers; ++b) {
+      const int step = round + b * kDecodeWarps;
+      if (step >= num_steps) break;
+      const int base = base0 + step * kStepTokens;
+      const int next_base = base + kStride * kStepTokens;
+      const bool has_next = step + kStride < num_steps;
+      const int block_after = step + 2 * kStride < num_steps ? block_of(step + 2 * kStride) : 0;
 
-    // S = Q K^T for tokens base + [0, 8) (n-tile 0) and base + [8, 16) (n-tile 1).
-    float s[2][4];
+      // S = Q K^T for tokens base + [0, 8) (n-tile 0) and base + [8, 16) (n-tile 1).
+      float s[2][4];
 #pragma unroll
-    for (int t = 0; t < 2; ++t) {
-      s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
+      for (int t = 0; t < 2; ++t) {
+        s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
 #pragma unroll
-      for (int c = 0; c < kKLoads; ++c) {
-        const uint32_t a0[4] = {qf[c][0][0], qf[c][1][0], qf[c][0][1], qf[c][1][1]};
-        Ops::Mma(s[t], a0, kr[t][c][0], kr[t][c][1]);
-        const uint32_t a1[4] = {qf[c][0][2], qf[c][1][2], qf[c][0][3], qf[c][1][3]};
-        Ops::Mma(s[t], a1, kr[t][c][2], kr[t][c][3]);
+        for (int c = 0; c < kKLoads; ++c) {
+          const uint32_t a0[4] = {qf[c][0][0], qf[c][1][0], qf[c][0][1], qf[c][1][1]};
+          Ops::Mma(s[t], a0, kr[b][t][c][0], kr[b][t][c][1]);
+          const uint32_t a1[4] = {qf[c][0][2], qf[c][1][2], qf[c][0][3], qf[c][1][3]};
+          Ops::Mma(s[t], a1, kr[b][t][c][2], kr[b][t][c][3]);
+        }
       }
-    }
-    if (has_next) load_k(block_next, next_base);
+      if (has_next) load_k(kr[b], block_next[b], next_base);
 
-    // Online softmax in base 2. s[t][i]: row gid + 8 * (i >> 1), token base + 8t + 2tig + (i & 1).
-#pragma unroll
-    for (int t = 0; t < 2; ++t) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) s[t][i] *= args.scale_log2;
-    }
-    if (base < kv_begin || base + kStepTokens > unmasked_end) {
+      // Online softmax in base 2. s[t][i]: row gid + 8 * (i >> 1), token base + 8t + 2tig + (i & 1).
 #pragma unroll
       for (int t = 0; t < 2; ++t) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int token = base + 8 * t + 2 * tig + (i & 1);
-          if (token < kv_begin || token >= limit[i >> 1]) s[t][i] = NegativeInfinity();
+        for (int i = 0; i < 4; ++i) s[t][i] *= args.scale_log2;
+      }
+      if (base < kv_begin || base + kStepTokens > unmasked_end) {
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int token = base + 8 * t + 2 * tig + (i & 1);
+            if (token < kv_begin || token >= limit[i >> 1]) s[t][i] = NegativeInfinity();
+          }
         }
       }
-    }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 2));
-      const float new_max = fmaxf(row_max[h], mx);
-      // A row with nothing visible yet keeps max -inf; subtracting 0 keeps its p at 0, not NaN.
-      const float shift = new_max == NegativeInfinity() ? 0.f : new_max;
-      const float alpha = FastExp2(row_max[h] - shift);
-      row_max[h] = new_max;
-      float sum = 0.f;
+      for (int h = 0; h < 2; ++h) {
+        float mx = fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 2));
+        const float new_max = fmaxf(row_max[h], mx);
+        // A row with nothing visible yet keeps max -inf; subtracting 0 keeps its p at 0, not NaN.
+        const float shift = new_max == NegativeInfinity() ? 0.f : new_max;
+        const float alpha = FastExp2(row_max[h] - shift);
+        row_max[h] = new_max;
+        float sum = 0.f;
 #pragma unroll
-      for (int t = 0; t < 2; ++t) {
-        s[t][2 * h] = FastExp2(s[t][2 * h] - shift);
-        s[t][2 * h + 1] = FastExp2(s[t][2 * h + 1] - shift);
-        sum += s[t][2 * h] + s[t][2 * h + 1];
+        for (int t = 0; t < 2; ++t) {
+          s[t][2 * h] = FastExp2(s[t][2 * h] - shift);
+          s[t][2 * h + 1] = FastExp2(s[t][2 * h + 1] - shift);
+          sum += s[t][2 * h] + s[t][2 * h + 1];
+        }
+        row_sum[h] = row_sum[h] * alpha + sum;
+#pragma unroll
+        for (int n = 0; n < kOTiles; ++n) {
+          o[n][2 * h] *= alpha;
+          o[n][2 * h + 1] *= alpha;
+        }
       }
-      row_sum[h] = row_sum[h] * alpha + sum;
-#pragma unroll
-      for (int n = 0; n < kOTiles; ++n) {
-        o[n][2 * h] *= alpha;
-        o[n][2 * h + 1] *= alpha;
-      }
-    }
-    // P as the A fragment: k = token, rows as in S (the accumulator layout of two n-tiles is
-    // the A layout of one k16 step).
-    const uint32_t pa[4] = {Ops::Pack(s[0][0], s[0][1]), Ops::Pack(s[0][2], s[0][3]),
-                            Ops::Pack(s[1][0], s[1][1]), Ops::Pack(s[1][2], s[1][3])};
+      // P as the A fragment: k = token, rows as in S (the accumulator layout of two n-tiles is
+      // the A layout of one k16 step).
+      const uint32_t pa[4] = {Ops::Pack(s[0][0], s[0][1]), Ops::Pack(s[0][2], s[0][3]),
+                              Ops::Pack(s[1][0], s[1][1]), Ops::Pack(s[1][2], s[1][3])};
 
-    // Tokens outside [kv_begin, kv_end) may hold stale bits (even NaN): zero their V so that
-    // p = 0 contributes exactly nothing.
-    if (base < kv_begin || base + kStepTokens > kv_end) {
+      // Tokens outside [kv_begin, kv_end) may hold stale bits (even NaN): zero their V so that
+      // p = 0 contributes exactly nothing.
+      if (base < kv_begin || base + kStepTokens > kv_end) {
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int token = base + (u >> 1) * 8 + 2 * tig + (u & 1);
-        if (token < kv_begin || token >= kv_end) {
+        for (int u = 0; u < 4; ++u) {
+          const int token = base + (u >> 1) * 8 + 2 * tig + (u & 1);
+          if (token < kv_begin || token >= kv_end) {
 #pragma unroll
-          for (int c = 0; c < kVLoads; ++c) vr[u][c][0] = vr[u][c][1] = vr[u][c][2] = vr[u][c][3] = 0u;
+            for (int c = 0; c < kVLoads; ++c) {
+              vr[b][u][c][0] = vr[b][u][c][1] = vr[b][u][c][2] = vr[b][u][c][3] = 0u;
+            }
+          }
         }
       }
-    }
-    // O += P V: n-tile (c, e) takes element e of each lane's 8 dimensions.
+      // O += P V: n-tile (c, e) takes element e of each lane's 8 dimensions.
 #pragma unroll
-    for (int c = 0; c < kVLoads; ++c) {
+      for (int c = 0; c < kVLoads; ++c) {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const unsigned selector = (e & 1) ? 0x7632u : 0x5410u;
-        const uint32_t b0 = __byte_perm(vr[0][c][e >> 1], vr[1][c][e >> 1], selector);
-        const uint32_t b1 = __byte_perm(vr[2][c][e >> 1], vr[3][c][e >> 1], selector);
-        Ops::Mma(o[c * 8 + e], pa, b0, b1);
+        for (int e = 0; e < 8; ++e) {
+          const unsigned selector = (e & 1) ? 0x7632u : 0x5410u;
+          const uint32_t b0 = __byte_perm(vr[b][0][c][e >> 1], vr[b][1][c][e >> 1], selector);
+          const uint32_t b1 = __byte_perm(vr[b][2][c][e >> 1], vr[b][3][c][e >> 1], selector);
+          Ops::Mma(o[c * 8 + e], pa, b0, b1);
+        }
       }
+      if (has_next) load_v(vr[b], block_next[b], next_base);
+      block_next[b] = block_after;
     }
-    if (has_next) load_v(block_next, next_base);
-    block_next = block_after;
   }
 
   // Combine the four warps: each row's maximum, rescaled sums and outputs.
