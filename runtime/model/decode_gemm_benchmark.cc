@@ -44,10 +44,12 @@
 #include "runtime/model/prefetch_gemm.h"
 #include "runtime/model/skinny_gemm.h"
 
-ABSL_FLAG(std::string, rows, "1,2,4,8,16,32", "Rows of x (decode batch sizes)");
+ABSL_FLAG(std::string, rows, "1,2,4,8,16,32", "Rows of x (decode batch sizes, at most 256)");
 ABSL_FLAG(bool, sweep, true, "Also time every decode GEMM configuration and report the fastest");
 ABSL_FLAG(bool, prefetch_sweep, true,
           "Also time the prefetch GEMM at 1 and 2 CTAs per SM with 1 to 6 stages");
+ABSL_FLAG(int, cublas_candidates, 0,
+          "Also time up to this many of cuBLASLt's heuristic candidates per plain shape");
 
 namespace kiln {
 namespace {
@@ -89,7 +91,7 @@ int Main(int argc, char** argv) {
   std::vector<int> rows;
   for (absl::string_view piece : absl::StrSplit(absl::GetFlag(FLAGS_rows), ',')) {
     int m = 0;
-    if (!absl::SimpleAtoi(piece, &m) || m < 1 || m > kDecodeGemmMaxRows) {
+    if (!absl::SimpleAtoi(piece, &m) || m < 1 || m > 256) {
       std::fprintf(stderr, "--rows: bad row count \"%s\"\n", std::string(piece).c_str());
       return 2;
     }
@@ -239,6 +241,24 @@ int Main(int argc, char** argv) {
                   pf_chosen.ToString().c_str(), pf_best_us, pf_best.ToString().c_str(),
                   weight_bytes / (pf_us * 1e3));
       std::fflush(stdout);
+      const int max_candidates = absl::GetFlag(FLAGS_cublas_candidates);
+      if (max_candidates > 0 && p.input == DecodeGemmInput::kPlain) {
+        const std::vector<GemmAlgorithmInfo> candidates =
+            ValueOrDie(gemm->Candidates(m, p.n, p.k, out, max_candidates));
+        for (int c = 0; c < static_cast<int>(candidates.size()); ++c) {
+          CHECK_OK(gemm->UseCandidate(m, p.n, p.k, out, c));
+          const double us = 1e3 / launches * TimeGraph(stream, [&] {
+            for (int i = 0; i < launches; ++i) {
+              CHECK_OK(gemm->Run(ap, weights[i % copies].as<__nv_bfloat16>(), y.data(), m, p.n,
+                                 p.k, stream, out));
+            }
+          });
+          std::printf("  candidate %2d: %8.2f us %6.0f GB/s  %s\n", c, us,
+                      weight_bytes / (us * 1e3), candidates[c].ToString().c_str());
+        }
+        CHECK_OK(gemm->UseCandidate(m, p.n, p.k, out, 0));
+        std::fflush(stdout);
+      }
     }
   }
   CHECK_CUDA(cudaStreamSynchronize(stream));

@@ -2,11 +2,13 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -29,6 +31,24 @@ std::string ShapeName(int64_t m, int64_t n, int64_t k, GemmOutput output) {
 }
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+GemmAlgorithmInfo Describe(const cublasLtMatmulAlgo_t& algo, size_t workspace) {
+  GemmAlgorithmInfo info;
+  info.workspace_bytes = workspace;
+  auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr, int& out) {
+    uint32_t value = 0;
+    size_t written = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &value, sizeof(value), &written) ==
+        CUBLAS_STATUS_SUCCESS) {
+      out = static_cast<int>(value);
+    }
+  };
+  get(CUBLASLT_ALGO_CONFIG_ID, info.algo_id);
+  get(CUBLASLT_ALGO_CONFIG_TILE_ID, info.tile_id);
+  get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, info.splitk);
+  get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, info.reduction_scheme);
+  return info;
+}
 
 // The descriptors and algorithm of one shape. Owns the cuBLASLt descriptors.
 struct Plan {
@@ -63,7 +83,11 @@ struct Gemm::Impl {
 
   absl::StatusOr<const Plan*> Get(int64_t m, int64_t n, int64_t k, GemmOutput output,
                                   cudaStream_t stream);
-  absl::StatusOr<std::unique_ptr<Plan>> Build(int64_t m, int64_t n, int64_t k, GemmOutput output);
+  // Builds the shape's descriptors and asks the heuristic for up to `count` algorithms, best
+  // guess first; the plan takes the first and `found` (when set) receives them all.
+  absl::StatusOr<std::unique_ptr<Plan>> Build(
+      int64_t m, int64_t n, int64_t k, GemmOutput output, int count = 1,
+      std::vector<cublasLtMatmulHeuristicResult_t>* found = nullptr);
 };
 
 std::string GemmAlgorithmInfo::ToString() const {
@@ -87,8 +111,9 @@ absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(size_t workspace_bytes) {
 size_t Gemm::workspace_bytes() const { return impl_->workspace.size(); }
 size_t Gemm::prepared_shapes() const { return impl_->plans.size(); }
 
-absl::StatusOr<std::unique_ptr<Plan>> Gemm::Impl::Build(int64_t m, int64_t n, int64_t k,
-                                                        GemmOutput output) {
+absl::StatusOr<std::unique_ptr<Plan>> Gemm::Impl::Build(
+    int64_t m, int64_t n, int64_t k, GemmOutput output, int count,
+    std::vector<cublasLtMatmulHeuristicResult_t>* found) {
   auto plan = std::make_unique<Plan>();
   const cudaDataType_t out_type = output == GemmOutput::kBf16 ? CUDA_R_16BF : CUDA_R_32F;
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -125,18 +150,26 @@ absl::StatusOr<std::unique_ptr<Plan>> Gemm::Impl::Build(int64_t m, int64_t n, in
     CUBLAS_RETURN_IF_ERROR(
         cublasLtMatmulPreferenceSetAttribute(pref, attr, &alignment, sizeof(alignment)));
   }
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-      handle, plan->desc, plan->a, plan->b, plan->d, plan->d, pref, 1, &result, &found);
-  if (status != CUBLAS_STATUS_SUCCESS || found == 0 || result.state != CUBLAS_STATUS_SUCCESS) {
+  std::vector<cublasLtMatmulHeuristicResult_t> results(std::max(count, 1));
+  int returned = 0;
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->d, plan->d, pref,
+                                     static_cast<int>(results.size()), results.data(), &returned);
+  if (status != CUBLAS_STATUS_SUCCESS || returned == 0 ||
+      results[0].state != CUBLAS_STATUS_SUCCESS) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cuBLASLt has no algorithm for ", ShapeName(m, n, k, output), " within a ",
         workspace.size(), "-byte workspace (", CublasStatusName(status),
         "); use sizes that keep rows 16-byte aligned (multiples of 8) or a larger workspace"));
   }
-  plan->algo = result.algo;
-  plan->workspace = result.workspaceSize;
+  plan->algo = results[0].algo;
+  plan->workspace = results[0].workspaceSize;
+  if (found != nullptr) {
+    found->clear();
+    for (int i = 0; i < returned; ++i) {
+      if (results[i].state == CUBLAS_STATUS_SUCCESS) found->push_back(results[i]);
+    }
+  }
   return plan;
 }
 
@@ -189,22 +222,42 @@ absl::StatusOr<GemmAlgorithmInfo> Gemm::Algorithm(int64_t m, int64_t n, int64_t 
   if (it == impl_->plans.end()) {
     return absl::NotFoundError(absl::StrCat(ShapeName(m, n, k, output), " is not prepared"));
   }
-  const Plan& plan = *it->second;
-  GemmAlgorithmInfo info;
-  info.workspace_bytes = plan.workspace;
-  auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr, int& out) {
-    uint32_t value = 0;
-    size_t written = 0;
-    if (cublasLtMatmulAlgoConfigGetAttribute(&plan.algo, attr, &value, sizeof(value), &written) ==
-        CUBLAS_STATUS_SUCCESS) {
-      out = static_cast<int>(value);
-    }
-  };
-  get(CUBLASLT_ALGO_CONFIG_ID, info.algo_id);
-  get(CUBLASLT_ALGO_CONFIG_TILE_ID, info.tile_id);
-  get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, info.splitk);
-  get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, info.reduction_scheme);
-  return info;
+  return Describe(it->second->algo, it->second->workspace);
+}
+
+absl::StatusOr<std::vector<GemmAlgorithmInfo>> Gemm::Candidates(int64_t m, int64_t n, int64_t k,
+                                                                GemmOutput output,
+                                                                int max_count) {
+  RETURN_IF_ERROR(CheckNotCapturing(nullptr, "Gemm::Candidates"));
+  if (m <= 0 || n <= 0 || k <= 0 || max_count < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        ShapeName(m, n, k, output), " with max_count ", max_count,
+        ": sizes and the count must be > 0"));
+  }
+  std::vector<cublasLtMatmulHeuristicResult_t> found;
+  RETURN_IF_ERROR(impl_->Build(m, n, k, output, max_count, &found).status());
+  std::vector<GemmAlgorithmInfo> infos;
+  for (const auto& r : found) infos.push_back(Describe(r.algo, r.workspaceSize));
+  return infos;
+}
+
+absl::Status Gemm::UseCandidate(int64_t m, int64_t n, int64_t k, GemmOutput output, int index) {
+  RETURN_IF_ERROR(CheckNotCapturing(nullptr, "Gemm::UseCandidate"));
+  if (m <= 0 || n <= 0 || k <= 0 || index < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(ShapeName(m, n, k, output), " candidate ",
+                                                   index, ": sizes and index must be >= 0"));
+  }
+  std::vector<cublasLtMatmulHeuristicResult_t> found;
+  ASSIGN_OR_RETURN(std::unique_ptr<Plan> plan, impl_->Build(m, n, k, output, index + 1, &found));
+  if (index >= static_cast<int>(found.size())) {
+    return absl::OutOfRangeError(absl::StrCat(ShapeName(m, n, k, output), " has ", found.size(),
+                                              " candidates; candidate ", index,
+                                              " does not exist"));
+  }
+  plan->algo = found[index].algo;
+  plan->workspace = found[index].workspaceSize;
+  impl_->plans[ShapeKey{m, n, k, static_cast<int>(output)}] = std::move(plan);
+  return absl::OkStatus();
 }
 
 }  // namespace kiln

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -85,6 +86,15 @@ class Gemm {
   // Returns the algorithm chosen for a prepared shape, or NotFound.
   absl::StatusOr<GemmAlgorithmInfo> Algorithm(int64_t m, int64_t n, int64_t k,
                                               GemmOutput output = GemmOutput::kBf16) const;
+
+  // Returns up to `max_count` algorithms cuBLASLt's heuristic offers for the shape, its best
+  // guess (what Prepare takes) first, for benchmarks that time them. Outside capture only.
+  absl::StatusOr<std::vector<GemmAlgorithmInfo>> Candidates(int64_t m, int64_t n, int64_t k,
+                                                            GemmOutput output, int max_count);
+
+  // Makes candidate `index` of Candidates(m, n, k, output, ...) the shape's algorithm from now
+  // on. OutOfRange when the heuristic offers fewer; outside capture only.
+  absl::Status UseCandidate(int64_t m, int64_t n, int64_t k, GemmOutput output, int index);
 
   // Returns how many shapes are prepared.
   size_t prepared_shapes() const;

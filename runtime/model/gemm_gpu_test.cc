@@ -153,6 +153,45 @@ TEST_F(GemmGpuTest, CapturedGraphReplaysTheSameBits) {
   EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
 }
 
+TEST_F(GemmGpuTest, EveryCandidateMatchesReferenceAndSticks) {
+  // The decode shapes whose algorithm the decode GEMM benchmark compares: each candidate the
+  // heuristic offers computes the product, and UseCandidate pins it (Algorithm reports it).
+  for (const Shape s : {Shape{32, 3072, 2048}, Shape{128, 2048, 8192}, Shape{5, 33, 67}}) {
+    SCOPED_TRACE(::testing::Message() << "m " << s.m << " n " << s.n << " k " << s.k);
+    const std::vector<uint16_t> x = RandomBf16(s.m * s.k, -1, 1);
+    const std::vector<uint16_t> w = RandomBf16(s.n * s.k, -1, 1);
+    const std::vector<double> reference = Reference(x, w, s.m, s.n, s.k);
+    DeviceVector<uint16_t> d_x(x, stream()), d_w(w, stream()), d_y(s.m * s.n);
+    absl::StatusOr<std::vector<GemmAlgorithmInfo>> candidates =
+        gemm_->Candidates(s.m, s.n, s.k, GemmOutput::kBf16, 8);
+    ASSERT_TRUE(candidates.ok()) << candidates.status();
+    ASSERT_FALSE(candidates->empty());
+    ASSERT_LE(candidates->size(), 8u);
+    for (int c = 0; c < static_cast<int>(candidates->size()); ++c) {
+      SCOPED_TRACE(::testing::Message() << "candidate " << c << ": " << (*candidates)[c].ToString());
+      ASSERT_TRUE(gemm_->UseCandidate(s.m, s.n, s.k, GemmOutput::kBf16, c).ok());
+      absl::StatusOr<GemmAlgorithmInfo> used = gemm_->Algorithm(s.m, s.n, s.k);
+      ASSERT_TRUE(used.ok());
+      EXPECT_EQ(used->algo_id, (*candidates)[c].algo_id);
+      EXPECT_EQ(used->tile_id, (*candidates)[c].tile_id);
+      EXPECT_EQ(used->splitk, (*candidates)[c].splitk);
+      d_y.Poison(stream());
+      absl::Status status =
+          gemm_->Run(Bf(d_x.get()), Bf(d_w.get()), d_y.get(), s.m, s.n, s.k, stream());
+      ASSERT_TRUE(status.ok()) << status;
+      EXPECT_LT(RelativeError(Bf16ToDouble(d_y.Download(stream())), reference), 4e-3);
+    }
+    const int count = static_cast<int>(candidates->size());
+    absl::Status past = gemm_->UseCandidate(s.m, s.n, s.k, GemmOutput::kBf16, count + 100);
+    EXPECT_EQ(past.code(), absl::StatusCode::kOutOfRange) << past;
+    EXPECT_THAT(std::string(past.message()), HasSubstr("does not exist"));
+  }
+  EXPECT_EQ(gemm_->Candidates(4, 8, 8, GemmOutput::kBf16, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gemm_->UseCandidate(4, 8, 8, GemmOutput::kBf16, -1).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(GemmGpuTest, ReportsBadArguments) {
   DeviceVector<uint16_t> buf(4096);
   const __nv_bfloat16* p = Bf(buf.get());
