@@ -460,7 +460,9 @@ absl::Status LlamaModel::PreAttention(int layer, const LlamaStepArgs& args, cons
                                      a.mid_residual, w.input_norm(layer), w.qkv(layer), a.qkv, n,
                                      s.qkv_rows(), s.hidden, stream));
   } else {
-    if (layer == 0) {
+    if (!options_.run_norms) {
+      // A benchmark times the step without its norm kernels.
+    } else if (layer == 0) {
       CUDA_RETURN_IF_ERROR(LaunchRmsNorm(a.residual, w.input_norm(0), a.normed, n, s.hidden, eps,
                                          stream));
     } else if (FusesAllReduceNorm(n)) {
@@ -475,6 +477,7 @@ absl::Status LlamaModel::PreAttention(int layer, const LlamaStepArgs& args, cons
     RETURN_IF_ERROR(
         Linear(Proj::kQkv, normed, w.qkv(layer), a.qkv, n, s.qkv_rows(), s.hidden, stream));
   }
+  if (!options_.run_rope_append) return absl::OkStatus();
   // The per-sequence arrays are shared by both parts of a plan; either enabled part has them.
   const AttentionPlanPartDevice& plan = args.decode.work_capacity > 0 ? args.decode : args.prefill;
   if (options_.fuse_rope_append) {
@@ -588,7 +591,7 @@ absl::Status LlamaModel::PostAttention(int layer, const LlamaStepArgs& args, con
     RETURN_IF_ERROR(AllReduceAddRmsNorm(a, n, w.post_norm(layer), stream));
   } else {
     RETURN_IF_ERROR(AllReduceProjection(a, n, stream));
-    if (!folded) {
+    if (!folded && options_.run_norms) {
       CUDA_RETURN_IF_ERROR(LaunchFusedAddRmsNorm(a.hidden, a.residual, w.post_norm(layer),
                                                  a.normed, n, s.hidden, eps, stream));
     }
@@ -609,7 +612,9 @@ absl::Status LlamaModel::PostAttention(int layer, const LlamaStepArgs& args, con
     RETURN_IF_ERROR(Linear(Proj::kDown, a.gate_up, w.down(layer), ProjectionOutput(a), n,
                            s.hidden, s.ffn, stream, DecodeGemmInput::kSiluMul));
   } else {
-    CUDA_RETURN_IF_ERROR(LaunchSiluMul(a.gate_up, a.act, n, s.ffn, stream));
+    if (options_.run_silu_mul) {
+      CUDA_RETURN_IF_ERROR(LaunchSiluMul(a.gate_up, a.act, n, s.ffn, stream));
+    }
     RETURN_IF_ERROR(Linear(Proj::kDown, a.act, w.down(layer), ProjectionOutput(a), n, s.hidden,
                            s.ffn, stream));
   }
@@ -649,7 +654,7 @@ absl::Status LlamaModel::RunPiece(int piece, const LlamaStepArgs& args, cudaStre
   const bf16* normed = a.normed;
   if (FusesAllReduceNorm(n)) {
     normed = a.hidden;
-  } else {
+  } else if (options_.run_norms) {
     CUDA_RETURN_IF_ERROR(LaunchFusedAddRmsNorm(a.hidden, a.residual, weights_.final_norm(),
                                                a.normed, n, s.hidden,
                                                static_cast<float>(s.rms_eps), stream));

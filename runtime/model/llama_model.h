@@ -155,6 +155,13 @@ struct LlamaModelOptions {
   // false leaves attention out of Forward (its output stays zero): only for benchmarks that time
   // the rest of the step. The results are then not the model's.
   bool run_attention = true;
+  // Likewise for benchmarks only, false leaves a kind of small kernel out of the steps that run
+  // without the decode layer kernel (more rows than layer_kernel_rows, one GPU): RoPE with the
+  // KV append; the RMSNorm and add + RMSNorm kernels (not the folded or all-reduce ones); the
+  // SiLU·mul kernel. Their readers then read stale values.
+  bool run_rope_append = true;
+  bool run_norms = true;
+  bool run_silu_mul = true;
   // Tensor parallelism (not owned; must outlive the model): the weights are this rank's shard
   // and the O and down projections are all-reduced over it. Null: one GPU, full weights.
   Communicator* communicator = nullptr;

@@ -321,6 +321,9 @@ absl::Status Runner::InitAllocations(const RunnerOptions& options) {
   model_options.silu_in_down = options.silu_in_down;
   model_options.fuse_rope_append = options.fuse_rope_append;
   model_options.run_attention = !options.skip_attention;
+  model_options.run_rope_append = !options.skip_rope_append;
+  model_options.run_norms = !options.skip_norms;
+  model_options.run_silu_mul = !options.skip_silu_mul;
   model_options.communicator = options.skip_allreduce ? nullptr : comm_.get();
   model_options.fuse_allreduce_norm = options.fuse_allreduce_norm;
   ASSIGN_OR_RETURN(model_, LlamaModel::Create(std::move(weights), model_options, std::move(gemm)));

@@ -150,6 +150,11 @@ struct RunnerOptions {
   // Benchmarks only: leave attention out of every step (LlamaModelOptions::run_attention), to
   // time the rest. The tokens are then not the model's.
   bool skip_attention = false;
+  // Benchmarks only, likewise: leave out RoPE with the KV append, the norm kernels or the
+  // SiLU·mul kernel (LlamaModelOptions::run_rope_append, run_norms, run_silu_mul).
+  bool skip_rope_append = false;
+  bool skip_norms = false;
+  bool skip_silu_mul = false;
   // Query rows per prefill attention tile: 64 or 128.
   int prefill_tile_rows = 64;
   // Time every step on the device with CUDA events (StepInfo::device_ms), from the metadata

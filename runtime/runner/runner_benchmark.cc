@@ -1,7 +1,8 @@
 // Decode-step latency of the 1B-class Llama (hidden 2048, 16 layers, 32/8 heads of 64, ffn 8192,
 // vocab 128256, random bf16 weights) through the Runner, as CUDA graphs and eagerly at the same
 // padded sizes, at batch 1, 8, 32 and 128 with 1024 tokens of context; the capture time of every
-// default decode size up to 256 and prefill budget up to 512 tokens; the step without attention;
+// default decode size up to 256 and prefill budget up to 512 tokens; the step without attention
+// (with --where, also without RoPE + KV append, the norm kernels or SiLU·mul);
 // the step by GEMM path for small batches (as configured, without the prefetch GEMM, the skinny
 // kernel with cuBLASLt, cuBLASLt alone); and with --ablate, the step
 // with one fusion or choice changed at a time. The --prefetch_*, --fold_norm, --decode_*,
@@ -77,6 +78,9 @@ ABSL_FLAG(int, decode_lm_head_rows, kiln::DecodeGemmRows{}.lm_head, "Decode GEMM
 ABSL_FLAG(int, skinny_rows, kiln::RunnerOptions{}.skinny_gemm_max_rows, "Skinny GEMM rows");
 ABSL_FLAG(int, decode_min_kv_chunk, kiln::RunnerOptions{}.decode_min_kv_chunk,
           "Shortest KV chunk of a split decode attention tile");
+ABSL_FLAG(bool, where, false,
+          "Also time the step without RoPE + KV append, without the norm kernels and without "
+          "SiLU·mul (each from layer_kernel_rows + 1 rows), not only without attention");
 ABSL_FLAG(int, decode_ctas_per_sm, kiln::RunnerOptions{}.decode_ctas_per_sm,
           "Decode attention CTAs per SM the KV split aims to fill (keys past "
           "decode_split_by_rows)");
@@ -261,18 +265,30 @@ int Main(int argc, char** argv) {
     }
   }
 
-  // Where the time goes: the same step without attention.
-  {
+  // Where the time goes: the same step without attention, then without each kind of small kernel
+  // (from layer_kernel_rows + 1 rows: the layer kernel does its own).
+  struct Without {
+    const char* what;
+    std::function<void(RunnerOptions&)> edit;
+  };
+  const Without withouts[] = {
+      {"attention", [](RunnerOptions& o) { o.skip_attention = true; }},
+      {"RoPE + KV append", [](RunnerOptions& o) { o.skip_rope_append = true; }},
+      {"norm kernels", [](RunnerOptions& o) { o.skip_norms = true; }},
+      {"SiLU·mul", [](RunnerOptions& o) { o.skip_silu_mul = true; }},
+  };
+  const int where_count = absl::GetFlag(FLAGS_where) ? 4 : 1;
+  for (int i = 0; i < where_count; ++i) {
     RunnerOptions o = BenchmarkOptions();
-    o.skip_attention = true;
+    withouts[i].edit(o);
     o.config.set_max_num_batched_tokens(512);
     o.max_kv_blocks = 2600;
     o.capture_prefill = false;
     for (int b : batches) o.config.mutable_graph()->add_capture_sizes(b);
     std::unique_ptr<Runner> runner = ValueOrDie(Runner::Create(o));
     CHECK_OK(runner->Capture().status());
-    std::printf("\nThe same step without attention (graph ms): what attention and the KV append "
-                "cost is the difference\n");
+    std::printf("\nThe same step without %s (graph ms): what it costs is the difference\n",
+                withouts[i].what);
     for (int b : batches) {
       const Timing t = TimeDecode(*runner, b, context, steps, /*eager_too=*/false);
       std::printf("%6d %10.3f\n", b, t.graph_ms);
