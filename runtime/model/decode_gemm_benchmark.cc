@@ -97,6 +97,12 @@ int Main(int argc, char** argv) {
     }
     rows.push_back(m);
   }
+  const int max_candidates = absl::GetFlag(FLAGS_cublas_candidates);
+  if (max_candidates < 0 || max_candidates > kMaxGemmCandidates) {
+    std::fprintf(stderr, "--cublas_candidates: %d is outside [0, %d]\n", max_candidates,
+                 kMaxGemmCandidates);
+    return 2;
+  }
   const bool sweep = absl::GetFlag(FLAGS_sweep);
   const DeviceInfo info = ValueOrDie(DeviceInfo::Query(0));
   std::printf("device: %s\n", info.ToString().c_str());
@@ -241,7 +247,6 @@ int Main(int argc, char** argv) {
                   pf_chosen.ToString().c_str(), pf_best_us, pf_best.ToString().c_str(),
                   weight_bytes / (pf_us * 1e3));
       std::fflush(stdout);
-      const int max_candidates = absl::GetFlag(FLAGS_cublas_candidates);
       if (max_candidates > 0 && p.input == DecodeGemmInput::kPlain) {
         const std::vector<GemmAlgorithmInfo> candidates =
             ValueOrDie(gemm->Candidates(m, p.n, p.k, out, max_candidates));

@@ -229,10 +229,10 @@ absl::StatusOr<std::vector<GemmAlgorithmInfo>> Gemm::Candidates(int64_t m, int64
                                                                 GemmOutput output,
                                                                 int max_count) {
   RETURN_IF_ERROR(CheckNotCapturing(nullptr, "Gemm::Candidates"));
-  if (m <= 0 || n <= 0 || k <= 0 || max_count < 1) {
+  if (m <= 0 || n <= 0 || k <= 0 || max_count < 1 || max_count > kMaxGemmCandidates) {
     return absl::InvalidArgumentError(absl::StrCat(
         ShapeName(m, n, k, output), " with max_count ", max_count,
-        ": sizes and the count must be > 0"));
+        ": sizes must be > 0 and the count in [1, ", kMaxGemmCandidates, "]"));
   }
   std::vector<cublasLtMatmulHeuristicResult_t> found;
   RETURN_IF_ERROR(impl_->Build(m, n, k, output, max_count, &found).status());
@@ -245,7 +245,12 @@ absl::Status Gemm::UseCandidate(int64_t m, int64_t n, int64_t k, GemmOutput outp
   RETURN_IF_ERROR(CheckNotCapturing(nullptr, "Gemm::UseCandidate"));
   if (m <= 0 || n <= 0 || k <= 0 || index < 0) {
     return absl::InvalidArgumentError(absl::StrCat(ShapeName(m, n, k, output), " candidate ",
-                                                   index, ": sizes and index must be >= 0"));
+                                                   index, ": sizes must be > 0, the index >= 0"));
+  }
+  if (index >= kMaxGemmCandidates) {
+    return absl::OutOfRangeError(absl::StrCat(ShapeName(m, n, k, output), " candidate ", index,
+                                              " does not exist (at most ", kMaxGemmCandidates,
+                                              " are asked for)"));
   }
   std::vector<cublasLtMatmulHeuristicResult_t> found;
   ASSIGN_OR_RETURN(std::unique_ptr<Plan> plan, impl_->Build(m, n, k, output, index + 1, &found));

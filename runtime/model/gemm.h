@@ -42,6 +42,9 @@ enum class GemmOutput {
   kFloat32,  // y is float (logits for exact greedy sampling)
 };
 
+// The most candidates Gemm::Candidates asks cuBLASLt's heuristic for.
+inline constexpr int kMaxGemmCandidates = 256;
+
 // What cuBLASLt chose for one shape, for logs and tests.
 struct GemmAlgorithmInfo {
   int algo_id = 0;

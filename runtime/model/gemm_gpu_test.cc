@@ -188,8 +188,12 @@ TEST_F(GemmGpuTest, EveryCandidateMatchesReferenceAndSticks) {
   }
   EXPECT_EQ(gemm_->Candidates(4, 8, 8, GemmOutput::kBf16, 0).status().code(),
             absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gemm_->Candidates(4, 8, 8, GemmOutput::kBf16, kMaxGemmCandidates + 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(gemm_->UseCandidate(4, 8, 8, GemmOutput::kBf16, -1).code(),
             absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gemm_->UseCandidate(4, 8, 8, GemmOutput::kBf16, 2147483647).code(),
+            absl::StatusCode::kOutOfRange);
 }
 
 TEST_F(GemmGpuTest, ReportsBadArguments) {
