@@ -51,6 +51,7 @@ using internal::kStageBytes;
 using internal::kStageK;
 using internal::kStageRowElems;
 using internal::kStageThreads;
+using internal::XBytes;
 using internal::XRowElems;
 
 constexpr int kComputeWarps = internal::kStageWarps;
@@ -71,12 +72,6 @@ constexpr int kUnitPairs = kGroupRows / 2;
 constexpr size_t kPreferredSharedBytes = 188 * 1024;
 constexpr size_t kMaxSharedBytes = 227 * 1024;
 constexpr int kDefaultRunAhead = 2;
-
-size_t RoundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
-
-size_t XBytes(int m, int max_k) {
-  return RoundUp(static_cast<size_t>(m) * XRowElems(max_k) * sizeof(__nv_bfloat16), 128);
-}
 
 enum class Staging : int { kCopy, kNorm };
 

@@ -35,6 +35,7 @@ using internal::kGroupRows;
 using internal::kStageBytes;
 using internal::kStageK;
 using internal::kStageRowElems;
+using internal::XBytes;
 using internal::XRowElems;
 
 constexpr int kThreads = internal::kStageThreads;
@@ -42,12 +43,6 @@ constexpr size_t kScratchBytes = internal::kScratchBytes;
 // kPrefetchGemmMaxStages 8-byte mbarriers for the ring, then one for x.
 constexpr size_t kBarrierBytes = 256;
 static_assert((kPrefetchGemmMaxStages + 1) * 8 <= kBarrierBytes, "barrier area too small");
-
-size_t RoundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
-
-size_t XBytes(int m, int k) {
-  return RoundUp(static_cast<size_t>(m) * XRowElems(k) * sizeof(__nv_bfloat16), 128);
-}
 
 // How the kernel stages x: a bulk copy, through SiLU·mul, or through the (add +) RMSNorm.
 enum class Staging { kCopy, kSiluMul, kNorm };

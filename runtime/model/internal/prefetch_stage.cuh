@@ -27,6 +27,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "runtime/model/internal/vec.cuh"
@@ -50,6 +51,12 @@ static_assert(kChunksPerWarp * 32 * kStageWarps == kStageK, "a stage must split 
 // bf16 elements per staged x row: k rounded up to 64 plus 32, so consecutive rows start 64
 // bytes apart modulo 128 (the fragment loads of rows g and g + 1 then use disjoint banks).
 __host__ __device__ constexpr int XRowElems(int k) { return (k + 63) / 64 * 64 + 32; }
+
+// Shared bytes of m staged x rows of k, rounded up to 128 (what follows stays 128-byte aligned).
+inline size_t XBytes(int m, int k) {
+  const size_t bytes = static_cast<size_t>(m) * XRowElems(k) * sizeof(__nv_bfloat16);
+  return (bytes + 127) / 128 * 128;
+}
 
 __device__ __forceinline__ uint32_t SharedAddress(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -166,13 +173,7 @@ __device__ __forceinline__ void StageNormedX(const NormStaging& p, __nv_bfloat16
               h2[i] = __floats2bfloat162_rn(a.x + b.x, a.y + b.y);
             }
           }
-          const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&h_bits);
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const float2 f = __bfloat1622float2(h2[i]);
-            h[2 * i] = f.x;
-            h[2 * i + 1] = f.y;
-          }
+          UnpackBf16x8(h_bits, h);
 #pragma unroll
           for (int i = 0; i < 8; ++i) sum_sq += h[i] * h[i];
           *reinterpret_cast<uint4*>(xs + r * row_elems + 8 * v) = h_bits;
