@@ -48,7 +48,8 @@ ABSL_FLAG(bool, compare_cublas, true,
           "Also time batches 1..32 with other GEMM paths (no prefetch GEMM, skinny + cuBLASLt, "
           "cuBLASLt)");
 ABSL_FLAG(bool, ablate, false,
-          "Also time batches 1, 2, 4, 8, 16, 32 with each fusion turned off and other GEMM paths");
+          "Also time --ablate_batches with each fusion turned off and other GEMM paths");
+ABSL_FLAG(std::string, ablate_batches, "1,2,4,8,16,32", "With --ablate, the batch sizes");
 ABSL_FLAG(std::string, ablate_only, "",
           "With --ablate, only the variants whose name contains this (and the configured one)");
 // The model's GEMM paths for every table (RunnerOptions; defaults: the runner's).
@@ -209,16 +210,27 @@ RunnerOptions BenchmarkOptions() {
   return o;
 }
 
-int Main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  std::vector<int> batches;
-  for (absl::string_view piece : absl::StrSplit(absl::GetFlag(FLAGS_batches), ',')) {
+// Parses a comma-separated list of batch sizes in [1, 256] into `out`; false (after printing
+// what is wrong) for a bad one.
+bool ParseBatches(const char* flag, const std::string& text, std::vector<int>* out) {
+  for (absl::string_view piece : absl::StrSplit(text, ',')) {
     int b = 0;
     if (!absl::SimpleAtoi(piece, &b) || b < 1 || b > 256) {
-      std::fprintf(stderr, "--batches: bad size \"%s\"\n", std::string(piece).c_str());
-      return 2;
+      std::fprintf(stderr, "--%s: bad size \"%s\" (want sizes in [1, 256])\n", flag,
+                   std::string(piece).c_str());
+      return false;
     }
-    batches.push_back(b);
+    out->push_back(b);
+  }
+  return true;
+}
+
+int Main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  std::vector<int> batches, ablate_batches;
+  if (!ParseBatches("batches", absl::GetFlag(FLAGS_batches), &batches) ||
+      !ParseBatches("ablate_batches", absl::GetFlag(FLAGS_ablate_batches), &ablate_batches)) {
+    return 2;
   }
   const int context = absl::GetFlag(FLAGS_context);
   const int steps = absl::GetFlag(FLAGS_steps);
@@ -299,7 +311,7 @@ int Main(int argc, char** argv) {
   auto small_runner = [&](const std::vector<int>& sizes, const std::function<void(RunnerOptions&)>& edit) {
     RunnerOptions o = BenchmarkOptions();
     o.config.set_max_num_batched_tokens(512);
-    o.max_kv_blocks = 1200;
+    o.max_kv_blocks = 2600;
     o.capture_prefill = false;
     for (int b : sizes) o.config.mutable_graph()->add_capture_sizes(b);
     edit(o);
@@ -337,7 +349,7 @@ int Main(int argc, char** argv) {
 
   if (absl::GetFlag(FLAGS_ablate)) {
     // One change at a time from the options above (graph ms).
-    const std::vector<int> sizes = {1, 2, 4, 8, 16, 32};
+    const std::vector<int>& sizes = ablate_batches;
     struct Variant {
       const char* name;
       std::function<void(RunnerOptions&)> edit;
