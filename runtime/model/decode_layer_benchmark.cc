@@ -28,6 +28,8 @@
 #include "runtime/cuda/stream.h"
 #include "runtime/model/decode_layer.h"
 #include "runtime/model/internal/benchmark_util.h"
+#include "runtime/model/llama_model.h"
+#include "runtime/model/llama_shape.h"
 
 ABSL_FLAG(std::string, rows, "1,2,4,8", "Token rows per launch");
 ABSL_FLAG(std::string, stages, "", "Ring stages to time besides the chosen ones (e.g. 2,3,5)");
@@ -138,15 +140,7 @@ void PrintTrace(std::vector<DecodeLayerArgs> launches, const DecodeLayerConfig& 
 }
 
 int Main() {
-  DecodeLayerShape s;
-  s.hidden = 2048;
-  s.q_width = 2048;
-  s.ffn = 8192;
-  s.heads = 32;
-  s.kv_heads = 8;
-  s.head_dim = 64;
-  s.eps = 1e-5f;
-  s.theta = 500000.0;
+  const DecodeLayerShape s = DecodeLayerShapeOf(LlamaShape::Llama1B());
   int device = 0, sms = 0;
   CHECK_CUDA(cudaGetDevice(&device));
   CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));

@@ -60,19 +60,6 @@ ActivationOffsets Offsets(const LlamaShape& s, int num_tokens, int num_rows) {
   return o;
 }
 
-DecodeLayerShape LayerShape(const LlamaShape& s) {
-  DecodeLayerShape l;
-  l.hidden = s.hidden;
-  l.q_width = s.q_width();
-  l.ffn = s.ffn;
-  l.heads = s.heads;
-  l.kv_heads = s.kv_heads;
-  l.head_dim = s.head_dim;
-  l.eps = static_cast<float>(s.rms_eps);
-  l.theta = s.rope_theta;
-  return l;
-}
-
 bool DecodeKernelSupportsGroup(int group) {
   return group == 1 || group == 2 || group == 4 || group == 5 || group == 8;
 }
@@ -114,6 +101,22 @@ int RowLimit(const Rows& rows, LlamaModel::Proj proj) {
   return 0;
 }
 
+// Returns the prefetch or decode GEMM's arguments for y [m, n] = x [m, k] · Wᵀ (their fields
+// share these names); the caller sets the input.
+template <typename Args>
+Args GemmArgs(const bf16* x, const bf16* w, void* y, int64_t m, int64_t n, int64_t k,
+              bool float_output) {
+  Args args;
+  args.x = x;
+  args.w = w;
+  args.y = y;
+  args.m = static_cast<int>(m);
+  args.n = static_cast<int>(n);
+  args.k = static_cast<int>(k);
+  args.float_output = float_output;
+  return args;
+}
+
 }  // namespace
 
 struct LlamaModel::Activations {
@@ -129,6 +132,19 @@ struct LlamaModel::Activations {
   bf16* mid_residual;  // [min(n, kPrefetchGemmMaxRows), hidden]: the residual between a layer's
                        // QKV and gate-up GEMMs where they fold the norms
 };
+
+DecodeLayerShape DecodeLayerShapeOf(const LlamaShape& s) {
+  DecodeLayerShape l;
+  l.hidden = s.hidden;
+  l.q_width = s.q_width();
+  l.ffn = s.ffn;
+  l.heads = s.heads;
+  l.kv_heads = s.kv_heads;
+  l.head_dim = s.head_dim;
+  l.eps = static_cast<float>(s.rms_eps);
+  l.theta = s.rope_theta;
+  return l;
+}
 
 size_t LlamaModel::ActivationBytes(const LlamaShape& shape, int num_tokens, int num_rows) {
   return Offsets(shape, num_tokens, num_rows).total;
@@ -223,7 +239,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
   LayerKernel layer_kernel;
   if (options.communicator == nullptr) {
     for (int m = 1; m <= options.layer_kernel_rows; ++m) {
-      layer_kernel.configs[m] = ChooseDecodeLayerConfig(m, LayerShape(s), sm_count);
+      layer_kernel.configs[m] = ChooseDecodeLayerConfig(m, DecodeLayerShapeOf(s), sm_count);
     }
   }
   if (options.layer_kernel_rows > 0) {
@@ -361,16 +377,9 @@ absl::Status LlamaModel::Linear(Proj proj, const bf16* x, const bf16* w, void* y
                                 DecodeGemmInput input) {
   const bool float_output = proj == Proj::kLmHead;
   if (UsesPrefetchGemm(proj, m, n, k, input)) {
-    PrefetchGemmArgs args;
-    args.x = x;
-    args.w = w;
-    args.y = y;
-    args.m = static_cast<int>(m);
-    args.n = static_cast<int>(n);
-    args.k = static_cast<int>(k);
+    PrefetchGemmArgs args = GemmArgs<PrefetchGemmArgs>(x, w, y, m, n, k, float_output);
     args.input = input == DecodeGemmInput::kSiluMul ? PrefetchGemmInput::kSiluMul
                                                     : PrefetchGemmInput::kPlain;
-    args.float_output = float_output;
     const PrefetchGemmConfig c = ChoosePrefetchGemmConfig(args.m, args.n, args.k, sm_count_,
                                                           options_.prefetch_gemm_ctas_per_sm);
     if (PrefetchGemmSupports(args, c)) {
@@ -378,15 +387,8 @@ absl::Status LlamaModel::Linear(Proj proj, const bf16* x, const bf16* w, void* y
     }
   }
   if (UsesDecodeGemm(proj, m, n, k, input)) {
-    DecodeGemmArgs args;
-    args.x = x;
-    args.w = w;
-    args.y = y;
-    args.m = static_cast<int>(m);
-    args.n = static_cast<int>(n);
-    args.k = static_cast<int>(k);
+    DecodeGemmArgs args = GemmArgs<DecodeGemmArgs>(x, w, y, m, n, k, float_output);
     args.input = input;
-    args.float_output = float_output;
     const DecodeGemmConfig c = ChooseDecodeGemmConfig(args.m, args.n, args.k, sm_count_);
     if (DecodeGemmSupports(args, c)) {
       return ToStatus(LaunchDecodeGemm(args, c, decode_workspace_.as<float>(),
@@ -408,13 +410,7 @@ absl::Status LlamaModel::FoldedNormLinear(const bf16* x, const bf16* residual_in
                                           bf16* residual_out, const bf16* norm_weight,
                                           const bf16* w, void* y, int64_t m, int64_t n, int64_t k,
                                           cudaStream_t stream) {
-  PrefetchGemmArgs args;
-  args.x = x;
-  args.w = w;
-  args.y = y;
-  args.m = static_cast<int>(m);
-  args.n = static_cast<int>(n);
-  args.k = static_cast<int>(k);
+  PrefetchGemmArgs args = GemmArgs<PrefetchGemmArgs>(x, w, y, m, n, k, /*float_output=*/false);
   args.input =
       residual_in != nullptr ? PrefetchGemmInput::kAddRmsNorm : PrefetchGemmInput::kRmsNorm;
   args.residual_in = residual_in;
@@ -682,7 +678,7 @@ absl::Status LlamaModel::RunLayerKernelPiece(int piece, const LlamaStepArgs& arg
   const int n = args.num_tokens;
   DecodeLayerArgs l;
   l.m = n;
-  l.shape = LayerShape(s);
+  l.shape = DecodeLayerShapeOf(s);
   l.attn = a.attn;
   l.hidden = a.hidden;
   l.residual = a.residual;

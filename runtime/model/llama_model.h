@@ -98,6 +98,9 @@
 
 namespace kiln {
 
+// Returns the decode layer kernel's view of one layer of `shape` (decode_layer.h).
+DecodeLayerShape DecodeLayerShapeOf(const LlamaShape& shape);
+
 // The most rows each projection runs through the decode GEMM (decode_gemm.h); 0: never. A
 // projection with more rows, or one the decode GEMM does not take, uses the skinny kernel up to
 // skinny_gemm_max_rows and cuBLASLt above. The defaults follow runtime/runner/NOTES.md (H200,
