@@ -368,6 +368,8 @@ int Main(int argc, char** argv) {
         {"KV chunk >= 128", [](RunnerOptions& o) { o.decode_min_kv_chunk = 128; }},
         {"KV chunk >= 256", [](RunnerOptions& o) { o.decode_min_kv_chunk = 256; }},
         {"attn split 2 CTA/SM", [](RunnerOptions& o) { UniformSplit(o, 2); }},
+        {"attn split 1 CTA/SM for 9-24 rows",
+         [](RunnerOptions& o) { o.decode_split_by_rows.push_back(DecodeSplitRule{24, 1}); }},
         {"attn split 1 CTA/SM", [](RunnerOptions& o) { UniformSplit(o, 1); }},
         {"attn split 4 CTA/SM", [](RunnerOptions& o) { UniformSplit(o, 4); }},
         {"attn split 6 CTA/SM", [](RunnerOptions& o) { UniformSplit(o, 6); }},
