@@ -1,6 +1,7 @@
 #include "runtime/model/llama_model.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -287,28 +288,35 @@ void* LlamaModel::v_cache(int layer) const {
 
 bool LlamaModel::UsesSkinny(int64_t m) const { return m <= options_.skinny_gemm_max_rows; }
 
-bool LlamaModel::UsesPrefetchGemm(Proj proj, int64_t m, int64_t n, int64_t k,
-                                  DecodeGemmInput input) const {
-  if (m > RowLimit(options_.prefetch_gemm_rows, proj)) return false;
+std::optional<PrefetchGemmConfig> LlamaModel::PrefetchGemmFor(Proj proj, int64_t m, int64_t n,
+                                                              int64_t k,
+                                                              DecodeGemmInput input) const {
+  if (m > RowLimit(options_.prefetch_gemm_rows, proj)) return std::nullopt;
   if (input == DecodeGemmInput::kSiluMul &&
       (!options_.silu_in_down || !options_.prefetch_gemm_silu)) {
-    return false;
+    return std::nullopt;
   }
-  if (n > 0x7fffffff || k > 0x7fffffff) return false;
+  if (n > 0x7fffffff || k > 0x7fffffff) return std::nullopt;
   const PrefetchGemmConfig c = ChoosePrefetchGemmConfig(static_cast<int>(m), static_cast<int>(n),
                                                         static_cast<int>(k), sm_count_,
                                                         options_.prefetch_gemm_ctas_per_sm);
-  return PrefetchGemmSupportsShape(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-                                   c);
+  if (!PrefetchGemmSupportsShape(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                                 c)) {
+    return std::nullopt;
+  }
+  return c;
+}
+
+bool LlamaModel::UsesPrefetchGemm(Proj proj, int64_t m, int64_t n, int64_t k,
+                                  DecodeGemmInput input) const {
+  return PrefetchGemmFor(proj, m, n, k, input).has_value();
 }
 
 bool LlamaModel::PrefetchGemmTakesNorm(Proj proj, int64_t m, int64_t n, int64_t k) const {
-  if (!UsesPrefetchGemm(proj, m, n, k, DecodeGemmInput::kPlain)) return false;
-  const PrefetchGemmConfig c = ChoosePrefetchGemmConfig(static_cast<int>(m), static_cast<int>(n),
-                                                        static_cast<int>(k), sm_count_,
-                                                        options_.prefetch_gemm_ctas_per_sm);
-  return PrefetchGemmSupportsNormShape(static_cast<int>(m), static_cast<int>(n),
-                                       static_cast<int>(k), c);
+  const std::optional<PrefetchGemmConfig> c =
+      PrefetchGemmFor(proj, m, n, k, DecodeGemmInput::kPlain);
+  return c.has_value() && PrefetchGemmSupportsNormShape(static_cast<int>(m), static_cast<int>(n),
+                                                        static_cast<int>(k), *c);
 }
 
 bool LlamaModel::UsesLayerKernel(int num_tokens) const {
@@ -345,16 +353,25 @@ bool LlamaModel::FusesSiluMul(int64_t m, int64_t n, int64_t k) const {
   return UsesDecodeGemm(Proj::kDown, m, n, k, DecodeGemmInput::kSiluMul);
 }
 
-bool LlamaModel::UsesDecodeGemm(Proj proj, int64_t m, int64_t n, int64_t k,
-                                DecodeGemmInput input) const {
-  if (m > RowLimit(options_.decode_gemm_rows, proj)) return false;
-  if (input == DecodeGemmInput::kSiluMul && !options_.silu_in_down) return false;
-  if (n > 0x7fffffff || k > 0x7fffffff) return false;
+std::optional<DecodeGemmConfig> LlamaModel::DecodeGemmFor(Proj proj, int64_t m, int64_t n,
+                                                          int64_t k,
+                                                          DecodeGemmInput input) const {
+  if (m > RowLimit(options_.decode_gemm_rows, proj)) return std::nullopt;
+  if (input == DecodeGemmInput::kSiluMul && !options_.silu_in_down) return std::nullopt;
+  if (n > 0x7fffffff || k > 0x7fffffff) return std::nullopt;
   const bool float_output = proj == Proj::kLmHead;
   const DecodeGemmConfig c = ChooseDecodeGemmConfig(static_cast<int>(m), static_cast<int>(n),
                                                     static_cast<int>(k), sm_count_);
-  return DecodeGemmSupportsShape(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-                                 input, float_output, c);
+  if (!DecodeGemmSupportsShape(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                               input, float_output, c)) {
+    return std::nullopt;
+  }
+  return c;
+}
+
+bool LlamaModel::UsesDecodeGemm(Proj proj, int64_t m, int64_t n, int64_t k,
+                                DecodeGemmInput input) const {
+  return DecodeGemmFor(proj, m, n, k, input).has_value();
 }
 
 absl::Status LlamaModel::Prepare(int num_tokens, int num_rows) {
@@ -376,22 +393,19 @@ absl::Status LlamaModel::Linear(Proj proj, const bf16* x, const bf16* w, void* y
                                 int64_t n, int64_t k, cudaStream_t stream,
                                 DecodeGemmInput input) {
   const bool float_output = proj == Proj::kLmHead;
-  if (UsesPrefetchGemm(proj, m, n, k, input)) {
+  if (const std::optional<PrefetchGemmConfig> c = PrefetchGemmFor(proj, m, n, k, input)) {
     PrefetchGemmArgs args = GemmArgs<PrefetchGemmArgs>(x, w, y, m, n, k, float_output);
     args.input = input == DecodeGemmInput::kSiluMul ? PrefetchGemmInput::kSiluMul
                                                     : PrefetchGemmInput::kPlain;
-    const PrefetchGemmConfig c = ChoosePrefetchGemmConfig(args.m, args.n, args.k, sm_count_,
-                                                          options_.prefetch_gemm_ctas_per_sm);
-    if (PrefetchGemmSupports(args, c)) {
-      return ToStatus(LaunchPrefetchGemm(args, c, stream), "prefetch GEMM");
+    if (PrefetchGemmSupports(args, *c)) {
+      return ToStatus(LaunchPrefetchGemm(args, *c, stream), "prefetch GEMM");
     }
   }
-  if (UsesDecodeGemm(proj, m, n, k, input)) {
+  if (const std::optional<DecodeGemmConfig> c = DecodeGemmFor(proj, m, n, k, input)) {
     DecodeGemmArgs args = GemmArgs<DecodeGemmArgs>(x, w, y, m, n, k, float_output);
     args.input = input;
-    const DecodeGemmConfig c = ChooseDecodeGemmConfig(args.m, args.n, args.k, sm_count_);
-    if (DecodeGemmSupports(args, c)) {
-      return ToStatus(LaunchDecodeGemm(args, c, decode_workspace_.as<float>(),
+    if (DecodeGemmSupports(args, *c)) {
+      return ToStatus(LaunchDecodeGemm(args, *c, decode_workspace_.as<float>(),
                                        decode_counters_.as<int32_t>(), stream),
                       "decode GEMM");
     }

@@ -82,6 +82,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -314,11 +315,18 @@ class LlamaModel {
                                 __nv_bfloat16* residual_out, const __nv_bfloat16* norm_weight,
                                 const __nv_bfloat16* w, void* y, int64_t m, int64_t n, int64_t k,
                                 cudaStream_t stream);
+  // Returns the prefetch GEMM's launch shape for the projection at m rows, or nullopt where the
+  // projection does not run through it.
+  std::optional<PrefetchGemmConfig> PrefetchGemmFor(Proj proj, int64_t m, int64_t n, int64_t k,
+                                                    DecodeGemmInput input) const;
   // Returns whether the projection runs through the prefetch GEMM at m rows.
   bool UsesPrefetchGemm(Proj proj, int64_t m, int64_t n, int64_t k, DecodeGemmInput input) const;
   // Returns whether the projection runs through the prefetch GEMM at m rows and that takes a
   // norm input there.
   bool PrefetchGemmTakesNorm(Proj proj, int64_t m, int64_t n, int64_t k) const;
+  // The same for the decode GEMM.
+  std::optional<DecodeGemmConfig> DecodeGemmFor(Proj proj, int64_t m, int64_t n, int64_t k,
+                                                DecodeGemmInput input) const;
   // Returns whether the projection runs through the decode GEMM at m rows.
   bool UsesDecodeGemm(Proj proj, int64_t m, int64_t n, int64_t k, DecodeGemmInput input) const;
   // Returns whether the down projection at m rows reads SiLU(gate)·up of the gate-up output
