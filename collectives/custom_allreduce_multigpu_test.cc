@@ -598,6 +598,35 @@ TEST(CustomAllReduceMultiGpuTest, UnalignedAndOversizeEagerCallsTakeNccl) {
   }, Options());
 }
 
+// The dead-peer tests' common start: a rig with `config`, `count` integer inputs, three
+// all-reduces of them enqueued.
+struct DeadPeerCase {
+  RankRig rig;
+  DeviceBuffer in, out;
+  uint64_t seed = 0;
+};
+
+void StartDeadPeerCase(RankContext& ctx, const AllReduceConfig& config, size_t count,
+                       DeadPeerCase* c) {
+  ASSERT_NO_FATAL_FAILURE(MakeRig(ctx, config, &c->rig));
+  const cudaStream_t s = c->rig.stream.get();
+  c->in = AllocOrFail(count * 2, "in");
+  c->out = AllocOrFail(count * 2, "out");
+  c->seed = SharedSeed(ctx);
+  Upload(c->in.data(), Encode(IntegerInputs(count, ctx.rank, c->seed), DataType::kBf16), s);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(
+        c->rig.comm->AllReduce(c->in.data(), c->out.data(), count, DataType::kBf16, s).ok());
+  }
+}
+
+// Every rank meets the others once more, then the last one exits; the others give it time to.
+void LastRankDies(RankContext& ctx) {
+  ASSERT_TRUE(ctx.bootstrap.Barrier().ok());
+  if (ctx.rank == ctx.world_size - 1) ctx.ExitProcessNow();  // dies between collectives
+  absl::SleepFor(absl::Milliseconds(300));
+}
+
 TEST(CustomAllReduceMultiGpuTest, DeadPeerEndsInDeadlineExceeded) {
   KILN_REQUIRE_GPUS(2);
   testing::MultiProcessTestOptions options = Options();
@@ -606,22 +635,15 @@ TEST(CustomAllReduceMultiGpuTest, DeadPeerEndsInDeadlineExceeded) {
       [](RankContext& ctx) {
         AllReduceConfig config = TestConfig();
         config.set_barrier_timeout_ms(2000);
-        RankRig rig;
-        ASSERT_NO_FATAL_FAILURE(MakeRig(ctx, config, &rig));
-        const cudaStream_t s = rig.stream.get();
         const size_t count = 4096;
-        DeviceBuffer in = AllocOrFail(count * 2, "in");
-        DeviceBuffer out = AllocOrFail(count * 2, "out");
-        const uint64_t seed = SharedSeed(ctx);
-        Upload(in.data(), Encode(IntegerInputs(count, ctx.rank, seed), DataType::kBf16), s);
-        for (int i = 0; i < 3; ++i) {
-          ASSERT_TRUE(rig.comm->AllReduce(in.data(), out.data(), count, DataType::kBf16, s).ok());
-        }
+        DeadPeerCase c;
+        ASSERT_NO_FATAL_FAILURE(StartDeadPeerCase(ctx, config, count, &c));
+        RankRig& rig = c.rig;
+        DeviceBuffer& in = c.in;
+        DeviceBuffer& out = c.out;
+        const cudaStream_t s = rig.stream.get();
         ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-        ASSERT_TRUE(ctx.bootstrap.Barrier().ok());
-        if (ctx.rank == ctx.world_size - 1) ctx.ExitProcessNow();  // dies between collectives
-
-        absl::SleepFor(absl::Milliseconds(300));
+        ASSERT_NO_FATAL_FAILURE(LastRankDies(ctx));
         const absl::Time start = absl::Now();
         // Several calls queued behind the stuck one: they must not each wait out the timeout.
         for (int i = 0; i < 3; ++i) {
@@ -653,29 +675,22 @@ TEST(CustomAllReduceMultiGpuTest, DeadPeerInNcclEndsInDeadlineExceededFromSynchr
       [](RankContext& ctx) {
         AllReduceConfig config = TestConfig();
         config.set_bootstrap_timeout_ms(5000);
-        RankRig rig;
-        ASSERT_NO_FATAL_FAILURE(MakeRig(ctx, config, &rig));
-        const cudaStream_t s = rig.stream.get();
         const size_t count = kBufferBytes / 2 + 4096;  // above the custom buffer: NCCL
-        DeviceBuffer in = AllocOrFail(count * 2, "in");
-        DeviceBuffer out = AllocOrFail(count * 2, "out");
-        const uint64_t seed = SharedSeed(ctx);
-        Upload(in.data(), Encode(IntegerInputs(count, ctx.rank, seed), DataType::kBf16), s);
-        for (int i = 0; i < 3; ++i) {
-          ASSERT_TRUE(rig.comm->AllReduce(in.data(), out.data(), count, DataType::kBf16, s).ok());
-        }
+        DeadPeerCase c;
+        ASSERT_NO_FATAL_FAILURE(StartDeadPeerCase(ctx, config, count, &c));
+        RankRig& rig = c.rig;
+        DeviceBuffer& in = c.in;
+        DeviceBuffer& out = c.out;
+        const cudaStream_t s = rig.stream.get();
         const int64_t nccl_calls = rig.comm->stats().nccl;
         EXPECT_EQ(nccl_calls, 3);
         absl::Status ok = rig.comm->SynchronizeStream(s, absl::Seconds(20));
         ASSERT_TRUE(ok.ok()) << ok;
         // The results are right before anyone dies.
         EXPECT_EQ(Mismatches(Download(out.data(), count * 2, s),
-                             IntegerSum(count, ctx.world_size, seed), DataType::kBf16),
+                             IntegerSum(count, ctx.world_size, c.seed), DataType::kBf16),
                   0u);
-        ASSERT_TRUE(ctx.bootstrap.Barrier().ok());
-        if (ctx.rank == ctx.world_size - 1) ctx.ExitProcessNow();  // dies between collectives
-
-        absl::SleepFor(absl::Milliseconds(300));
+        ASSERT_NO_FATAL_FAILURE(LastRankDies(ctx));
         ASSERT_TRUE(rig.comm->AllReduce(in.data(), out.data(), count, DataType::kBf16, s).ok());
         const absl::Time start = absl::Now();
         absl::Status status = rig.comm->SynchronizeStream(s, absl::Seconds(2));
