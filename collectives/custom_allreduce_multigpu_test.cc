@@ -602,22 +602,26 @@ TEST(CustomAllReduceMultiGpuTest, UnalignedAndOversizeEagerCallsTakeNccl) {
 // all-reduces of them enqueued.
 struct DeadPeerCase {
   RankRig rig;
+  size_t count = 0;
   DeviceBuffer in, out;
   uint64_t seed = 0;
+
+  // Enqueues one all-reduce of in into out on the rig's stream.
+  absl::Status AllReduce() {
+    return rig.comm->AllReduce(in.data(), out.data(), count, DataType::kBf16, rig.stream.get());
+  }
 };
 
 void StartDeadPeerCase(RankContext& ctx, const AllReduceConfig& config, size_t count,
                        DeadPeerCase* c) {
   ASSERT_NO_FATAL_FAILURE(MakeRig(ctx, config, &c->rig));
-  const cudaStream_t s = c->rig.stream.get();
+  c->count = count;
   c->in = AllocOrFail(count * 2, "in");
   c->out = AllocOrFail(count * 2, "out");
   c->seed = SharedSeed(ctx);
-  Upload(c->in.data(), Encode(IntegerInputs(count, ctx.rank, c->seed), DataType::kBf16), s);
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(
-        c->rig.comm->AllReduce(c->in.data(), c->out.data(), count, DataType::kBf16, s).ok());
-  }
+  Upload(c->in.data(), Encode(IntegerInputs(count, ctx.rank, c->seed), DataType::kBf16),
+         c->rig.stream.get());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(c->AllReduce().ok());
 }
 
 // Every rank meets the others once more, then the last one exits; the others give it time to.
@@ -638,29 +642,23 @@ TEST(CustomAllReduceMultiGpuTest, DeadPeerEndsInDeadlineExceeded) {
         const size_t count = 4096;
         DeadPeerCase c;
         ASSERT_NO_FATAL_FAILURE(StartDeadPeerCase(ctx, config, count, &c));
-        RankRig& rig = c.rig;
-        DeviceBuffer& in = c.in;
-        DeviceBuffer& out = c.out;
-        const cudaStream_t s = rig.stream.get();
+        const cudaStream_t s = c.rig.stream.get();
         ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
         ASSERT_NO_FATAL_FAILURE(LastRankDies(ctx));
         const absl::Time start = absl::Now();
         // Several calls queued behind the stuck one: they must not each wait out the timeout.
-        for (int i = 0; i < 3; ++i) {
-          ASSERT_TRUE(rig.comm->AllReduce(in.data(), out.data(), count, DataType::kBf16, s).ok());
-        }
+        for (int i = 0; i < 3; ++i) ASSERT_TRUE(c.AllReduce().ok());
         ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess) << "the kernel must end, not fault";
         const absl::Duration waited = absl::Now() - start;
-        absl::Status status = rig.comm->CheckAsyncErrors();
+        absl::Status status = c.rig.comm->CheckAsyncErrors();
         EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
         EXPECT_GE(waited, absl::Milliseconds(1800));
         EXPECT_LT(waited, absl::Seconds(6)) << "bounded by one barrier timeout, not three";
         // Sticky: later calls fail at once.
-        EXPECT_EQ(rig.comm->AllReduce(in.data(), out.data(), count, DataType::kBf16, s).code(),
-                  absl::StatusCode::kDeadlineExceeded);
+        EXPECT_EQ(c.AllReduce().code(), absl::StatusCode::kDeadlineExceeded);
         // A communicator with a dead peer cannot be torn down collectively (NCCL's finalize
         // would wait for it); the process is about to exit, so leave it to the driver.
-        rig.comm.release();
+        c.rig.comm.release();
       },
       options);
 }
@@ -678,34 +676,30 @@ TEST(CustomAllReduceMultiGpuTest, DeadPeerInNcclEndsInDeadlineExceededFromSynchr
         const size_t count = kBufferBytes / 2 + 4096;  // above the custom buffer: NCCL
         DeadPeerCase c;
         ASSERT_NO_FATAL_FAILURE(StartDeadPeerCase(ctx, config, count, &c));
-        RankRig& rig = c.rig;
-        DeviceBuffer& in = c.in;
-        DeviceBuffer& out = c.out;
-        const cudaStream_t s = rig.stream.get();
-        const int64_t nccl_calls = rig.comm->stats().nccl;
+        const cudaStream_t s = c.rig.stream.get();
+        const int64_t nccl_calls = c.rig.comm->stats().nccl;
         EXPECT_EQ(nccl_calls, 3);
-        absl::Status ok = rig.comm->SynchronizeStream(s, absl::Seconds(20));
+        absl::Status ok = c.rig.comm->SynchronizeStream(s, absl::Seconds(20));
         ASSERT_TRUE(ok.ok()) << ok;
         // The results are right before anyone dies.
-        EXPECT_EQ(Mismatches(Download(out.data(), count * 2, s),
+        EXPECT_EQ(Mismatches(Download(c.out.data(), count * 2, s),
                              IntegerSum(count, ctx.world_size, c.seed), DataType::kBf16),
                   0u);
         ASSERT_NO_FATAL_FAILURE(LastRankDies(ctx));
-        ASSERT_TRUE(rig.comm->AllReduce(in.data(), out.data(), count, DataType::kBf16, s).ok());
+        ASSERT_TRUE(c.AllReduce().ok());
         const absl::Time start = absl::Now();
-        absl::Status status = rig.comm->SynchronizeStream(s, absl::Seconds(2));
+        absl::Status status = c.rig.comm->SynchronizeStream(s, absl::Seconds(2));
         const absl::Duration waited = absl::Now() - start;
         EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
         EXPECT_GE(waited, absl::Milliseconds(1900));
         EXPECT_LT(waited, absl::Seconds(8)) << "the timeout, then the aborted kernel's return";
         EXPECT_EQ(cudaStreamQuery(s), cudaSuccess) << "the aborted NCCL kernel must return";
         // Sticky: later calls fail at once with the same error.
-        EXPECT_EQ(rig.comm->AllReduce(in.data(), out.data(), count, DataType::kBf16, s).code(),
-                  absl::StatusCode::kDeadlineExceeded);
-        EXPECT_EQ(rig.comm->CheckAsyncErrors().code(), absl::StatusCode::kDeadlineExceeded);
+        EXPECT_EQ(c.AllReduce().code(), absl::StatusCode::kDeadlineExceeded);
+        EXPECT_EQ(c.rig.comm->CheckAsyncErrors().code(), absl::StatusCode::kDeadlineExceeded);
         // The custom all-reduce's teardown is collective (it would wait for the dead peer); the
         // process is about to exit, so leave it to the driver.
-        rig.comm.release();
+        c.rig.comm.release();
       },
       options);
 }

@@ -36,26 +36,17 @@
 #include "attention/internal/merge.cuh"
 #include "attention/internal/mma.cuh"
 #include "runtime/cuda/compute_capability.h"
+#include "runtime/cuda/device_helpers.cuh"
 
 namespace kiln {
 namespace attention_internal {
 
-// Programmatic dependent launch (sm_90+): the kernel is launched while the one before it
-// finishes. It reads its work item (plan metadata, uploaded before the step) first, lets the
-// next kernel launch, and waits for the kernels before it before reading q or the KV cache. Every
-// CTA waits, padding ones included, so the kernel completes only after its predecessor.
-__device__ __forceinline__ void DecodeAllowDependentLaunch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void DecodeWaitForPrerequisites() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
+// Programmatic dependent launch (sm_90+, runtime/cuda/device_helpers.cuh): the kernel is
+// launched while the one before it finishes. It reads its work item (plan metadata, uploaded
+// before the step) first, lets the next kernel launch, and waits for the kernels before it before
+// reading q or the KV cache. Every CTA waits, padding ones included, so the kernel completes only
+// after its predecessor.
+//
 // Returns whether the current device runs programmatic dependent launches (compute capability
 // 9.0 or later); asked once per process.
 inline bool DecodeSupportsProgrammaticLaunch() { return CurrentDeviceIsSm90OrLater(); }
@@ -80,8 +71,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
   constexpr unsigned kFull = 0xffffffffu;
 
   const AttentionWorkItem item = args.work_items[blockIdx.x];
-  DecodeAllowDependentLaunch();
-  DecodeWaitForPrerequisites();
+  AllowDependentLaunch();
+  WaitForPrerequisites();
   if (item.seq < 0) return;  // padding: the grid is sized by the capture key
   const int kv_head = blockIdx.y;
   const int lane = threadIdx.x & 31;
@@ -442,7 +433,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
 
 template <AttentionDtype kDtype, int kHeadDim, int kGroup>
 cudaError_t LaunchDecodeKernel(const DecodeKernelArgs& args, int grid_x, cudaStream_t stream) {
-  // With programmatic dependent launch where the GPU has it (see DecodeWaitForPrerequisites).
+  // With programmatic dependent launch where the GPU has it (see the kernel's start).
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(grid_x, args.num_kv_heads);
   config.blockDim = dim3(kDecodeThreads);

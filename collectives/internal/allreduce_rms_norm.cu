@@ -37,8 +37,8 @@ __global__ void __launch_bounds__(kRmsNormMaxThreads)
 
   uint4 gamma[kChunks];
   LoadGamma<kChunks>(p, gamma);
-  RmsNormAllowDependentLaunch();
-  RmsNormWaitForPrerequisites();  // the partial sums, the residual and the control words
+  AllowDependentLaunch();
+  WaitForPrerequisites();  // the partial sums, the residual and the control words
 
   if (threadIdx.x == 0) {
     const volatile AllReduceControl* control = a.control;
@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(kRmsNormMaxThreads)
     for (int c = 0; c < kChunks; ++c) {
       const int col = c * blockDim.x + threadIdx.x;
       // The all-reduced pack, rounded to bf16 as the plain all-reduce writes it.
-      if (col < row_packs) UnpackBf16(ReducePack<bf16, W>(src, in, rank, base + col), v[c]);
+      if (col < row_packs) UnpackBf16x8(ReducePack<bf16, W>(src, in, rank, base + col), v[c]);
     }
     AddNormRow<kChunks>(p, base, v, res, gamma, scratch);
   }

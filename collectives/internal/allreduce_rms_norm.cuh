@@ -11,67 +11,10 @@
 
 #include "collectives/internal/allreduce_rms_norm.h"
 #include "collectives/internal/custom_allreduce_kernels.cuh"
+#include "runtime/cuda/device_helpers.cuh"
 
 namespace kiln {
 namespace internal {
-
-// Programmatic dependent launch (sm_90+). The kernel after this one may start now and run its
-// independent prologue (a GEMM streams its first weights while this kernel waits on NVLink); it
-// still waits for this kernel's completion before reading what this one writes.
-__device__ __forceinline__ void RmsNormAllowDependentLaunch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-// Waits until the kernel before this one completed and its memory is visible (at once when
-// launched without PDL). Every block waits, so this kernel completes only after its
-// predecessor: completion stays transitive along the stream, which the epoch protocol (a rank
-// reaches call N + 2 only after its peers finished call N) relies on.
-__device__ __forceinline__ void RmsNormWaitForPrerequisites() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-// 16 bytes of bf16 <-> 8 floats, as runtime/model's LoadBf16<8> / StoreBf16<8>.
-__device__ __forceinline__ void UnpackBf16(const uint4& raw, float (&out)[8]) {
-  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(pairs[i]);
-    out[2 * i] = f.x;
-    out[2 * i + 1] = f.y;
-  }
-}
-
-__device__ __forceinline__ uint4 PackBf16(const float (&in)[8]) {
-  uint4 raw;
-  __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) pairs[i] = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
-  return raw;
-}
-
-// The block sum of rms_norm.cu (runtime/model/internal/vec.cuh BlockSum), in the same order:
-// a butterfly within each warp, the warps' sums through shared memory, a butterfly over them.
-__device__ __forceinline__ float RmsNormBlockSum(float value, float* scratch) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    value += __shfl_xor_sync(0xffffffffu, value, offset);
-  }
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (lane == 0) scratch[warp] = value;
-  __syncthreads();
-  const int warps = blockDim.x / 32;
-  value = lane < warps ? scratch[lane] : 0.0f;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    value += __shfl_xor_sync(0xffffffffu, value, offset);
-  }
-  return value;
-}
 
 // Loads the norm weights of this thread's packs (before griddepcontrol.wait: no kernel writes
 // them).
@@ -115,10 +58,10 @@ __device__ __forceinline__ void AddNormRow(const AllReduceRmsNormArgs& p, uint64
     const int col = c * blockDim.x + threadIdx.x;
     if (col < row_packs) {
       float r[8];
-      UnpackBf16(res[c], r);
+      UnpackBf16x8(res[c], r);
 #pragma unroll
       for (int i = 0; i < 8; ++i) v[c][i] += r[i];
-      residual[base + col] = PackBf16(v[c]);
+      residual[base + col] = PackBf16x8(v[c]);
       // Normalise the stored (rounded) residual, not the float sum.
 #pragma unroll
       for (int i = 0; i < 8; ++i) v[c][i] = __bfloat162float(__float2bfloat16_rn(v[c][i]));
@@ -126,17 +69,17 @@ __device__ __forceinline__ void AddNormRow(const AllReduceRmsNormArgs& p, uint64
       for (int i = 0; i < 8; ++i) sum_sq += v[c][i] * v[c][i];
     }
   }
-  const float total = RmsNormBlockSum(sum_sq, scratch);
+  const float total = BlockSum(sum_sq, scratch);
   const float scale = rsqrtf(total / static_cast<float>(p.hidden) + p.eps);
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int col = c * blockDim.x + threadIdx.x;
     if (col < row_packs) {
       float w[8];
-      UnpackBf16(gamma[c], w);
+      UnpackBf16x8(gamma[c], w);
 #pragma unroll
       for (int i = 0; i < 8; ++i) v[c][i] = v[c][i] * scale * w[i];
-      out[base + col] = PackBf16(v[c]);
+      out[base + col] = PackBf16x8(v[c]);
     }
   }
   __syncthreads();  // every thread read `scratch` before the next row's sum overwrites it

@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kRmsNormMaxThreads)
   // NVLink round and L2 polls run, and slows them more than its head start gains. On 2 x H200
   // (1B model, TP=2, decode graphs) launching it at the end took the step from 0.828 to 0.809 ms
   // at batch 1 and from 1.014 to 1.004 ms at batch 8 (after the push writes: 0.830 / 1.029).
-  RmsNormWaitForPrerequisites();  // the partial sums, the residual and the control words
+  WaitForPrerequisites();  // the partial sums, the residual and the control words
 
   if (threadIdx.x == 0) {
     const volatile AllReduceControl* control = a.control;
@@ -142,13 +142,13 @@ __global__ void __launch_bounds__(kRmsNormMaxThreads)
           // writes it.
           PackMath<bf16>::Add(x, acc, w == 0);
         }
-        UnpackBf16(PackMath<bf16>::Pack(acc), v[c]);
+        UnpackBf16x8(PackMath<bf16>::Pack(acc), v[c]);
       }
     }
     if (__syncthreads_or(failed)) return;  // a peer is gone: leave without writing
     AddNormRow<kChunks>(p, base, v, res, gamma, scratch);
   }
-  RmsNormAllowDependentLaunch();
+  AllowDependentLaunch();
   FinishCall(a, epoch);
 }
 

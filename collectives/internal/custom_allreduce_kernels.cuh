@@ -67,6 +67,7 @@
 #include <cstdint>
 
 #include "collectives/internal/custom_allreduce_kernels.h"
+#include "runtime/cuda/device_helpers.cuh"
 
 namespace kiln {
 namespace internal {
@@ -79,22 +80,6 @@ __device__ __forceinline__ uint64_t LoadAcquire(const uint64_t* p) {
   uint64_t v;
   asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
-}
-
-// Waits until the previous grid in the stream finished and its writes are visible (returns at
-// once when the kernel was not launched as a programmatic dependent).
-__device__ __forceinline__ void WaitForPreviousGrid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-// Lets the next kernel in the stream, if launched as a programmatic dependent, start before this
-// one ends (it still waits for this grid before reading memory). A no-op otherwise.
-__device__ __forceinline__ void LaunchDependentGrids() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
 }
 
 __device__ __forceinline__ uint64_t GlobalTimerNs() {
@@ -312,7 +297,7 @@ __global__ void __launch_bounds__(1024) CustomAllReduceKernel(const CustomAllRed
     }
     if (threadIdx.x == 0) ready = a.registered->ready;
   }
-  WaitForPreviousGrid();
+  WaitForPrerequisites();
   if (threadIdx.x == 0) {
     const volatile AllReduceControl* control = a.control;
     int skip = control->aborted != 0;
@@ -390,7 +375,7 @@ __global__ void __launch_bounds__(1024) CustomAllReduceKernel(const CustomAllRed
     }
     if (!BlockBarrier<W>(a, set, value, 0)) return;
     if (!peer_inputs) {
-      LaunchDependentGrids();
+      AllowDependentLaunch();
       counter.Start(a);
     }
     for (uint64_t i0 = tid; i0 < n; i0 += kU * stride) {
@@ -485,7 +470,7 @@ __global__ void __launch_bounds__(1024) CustomAllReduceKernel(const CustomAllRed
       }
     }
     if (!BlockBarrier<W>(a, set, value + 1, 1)) return;
-    LaunchDependentGrids();
+    AllowDependentLaunch();
     counter.Start(a);
     if (to_outputs) {
       // Every peer wrote its shard into this rank's output before the barrier: the output is

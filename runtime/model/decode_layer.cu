@@ -313,7 +313,7 @@ __global__ void __maxnreg__(128) DecodeLayerKernel(const Params p) {
   int& passed = *reinterpret_cast<int*>(unit + kDecodeLayerMaxStages);
 
   // The next kernel (attention) may become resident now; it waits for this one to complete.
-  internal::AllowDependentLaunch();
+  AllowDependentLaunch();
   Stamp(p, 0);
 
   if (threadIdx.x == 0) {
@@ -343,7 +343,7 @@ __global__ void __maxnreg__(128) DecodeLayerKernel(const Params p) {
   uint4 weight_first = FirstNormWeight(p.phases[0].x);
 
   // Everything below reads what earlier kernels wrote (every CTA waits, see pdl_launch.cuh).
-  internal::WaitForPrerequisites();
+  WaitForPrerequisites();
   Stamp(p, 1);
   uint64_t* arrivals = reinterpret_cast<uint64_t*>(p.grid_sync);
   uint64_t target = 0;

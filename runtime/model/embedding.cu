@@ -15,8 +15,8 @@ template <int V>
 __global__ void EmbeddingGatherKernel(const __nv_bfloat16* __restrict__ table, int64_t table_rows,
                                       int width, const int32_t* __restrict__ indices,
                                       __nv_bfloat16* __restrict__ out) {
-  internal::AllowDependentLaunch();
-  internal::WaitForPrerequisites();  // the table may be an activation (the last-token gather)
+  AllowDependentLaunch();
+  WaitForPrerequisites();  // the table may be an activation (the last-token gather)
   const int64_t row = blockIdx.x;
   const int32_t id = indices[row];
   const bool valid = id >= 0 && id < table_rows;

@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p
   const int g = lane / 4;
 
   // The next kernel may become resident now and start its own independent prologue.
-  internal::AllowDependentLaunch();
+  AllowDependentLaunch();
 
   const int64_t row_begin = static_cast<int64_t>(blockIdx.x) * p.n / gridDim.x;
   const int rows = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * p.n / gridDim.x -
@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p
   }
 
   // Everything below reads what earlier kernels wrote (every CTA waits, see pdl_launch.cuh).
-  internal::WaitForPrerequisites();
+  WaitForPrerequisites();
 
   // Stage x (m rows of k).
   if constexpr (kStaging == Staging::kNorm) {

@@ -18,8 +18,8 @@ __global__ void __launch_bounds__(kMaxThreads)
     RmsNormKernel(const __nv_bfloat16* x, __nv_bfloat16* residual,
                   const __nv_bfloat16* __restrict__ weight, __nv_bfloat16* out, int hidden,
                   float eps) {
-  internal::AllowDependentLaunch();  // the next GEMM may start streaming its weights
-  internal::WaitForPrerequisites();  // x and the residual come from the kernels before
+  AllowDependentLaunch();  // the next GEMM may start streaming its weights
+  WaitForPrerequisites();  // x and the residual come from the kernels before
   __shared__ float scratch[32];
   const int64_t base = int64_t{blockIdx.x} * hidden;
   float v[kChunks][V];
@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       for (int i = 0; i < V; ++i) sum_sq += v[c][i] * v[c][i];
     }
   }
-  const float total = internal::BlockSum(sum_sq, scratch);
+  const float total = BlockSum(sum_sq, scratch);
   const float scale = rsqrtf(total / static_cast<float>(hidden) + eps);
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {

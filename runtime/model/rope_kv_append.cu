@@ -19,12 +19,12 @@ __global__ void __launch_bounds__(kMaxThreads) RopeKvAppendKernel(const internal
   __shared__ float sin_table[internal::kRopeMaxHalf];
   __shared__ int64_t slot_shared;
   const int token = blockIdx.x;
-  internal::AllowDependentLaunch();
+  AllowDependentLaunch();
   // Prepared while the QKV projection finishes.
   internal::RopePrologue(a, token, cos_table, sin_table, &slot_shared, threadIdx.x, blockDim.x);
   __syncthreads();
   const int64_t slot = slot_shared;
-  internal::WaitForPrerequisites();  // qkv comes from the QKV projection
+  WaitForPrerequisites();  // qkv comes from the QKV projection
   internal::RopeAppendToken(a, token, slot, cos_table, sin_table, threadIdx.x, blockDim.x);
 }
 

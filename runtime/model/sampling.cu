@@ -36,7 +36,7 @@ template <>
 struct Loader<__nv_bfloat16> {
   static constexpr int kVec = 8;
   __device__ static void Load(const __nv_bfloat16* p, float (&out)[kVec]) {
-    internal::UnpackBf16x8(__ldg(reinterpret_cast<const uint4*>(p)), out);
+    UnpackBf16x8(__ldg(reinterpret_cast<const uint4*>(p)), out);
   }
   __device__ static float LoadOne(const __nv_bfloat16* p) { return __bfloat162float(*p); }
 };
@@ -87,8 +87,8 @@ __global__ void __launch_bounds__(kThreads)
     GreedySampleKernel(const T* __restrict__ logits, int vocab, int32_t* __restrict__ tokens) {
   constexpr int kWidth = kVector ? Loader<T>::kVec : 1;  // elements per load
   constexpr int kLoads = kRoundElements / kWidth;        // loads in flight per thread
-  internal::AllowDependentLaunch();
-  internal::WaitForPrerequisites();  // the logits come from the GEMM before
+  AllowDependentLaunch();
+  WaitForPrerequisites();  // the logits come from the GEMM before
   const int row_index = blockIdx.y;
   const int ctas = gridDim.x;  // CTAs per row
   const T* row = logits + int64_t{row_index} * vocab;

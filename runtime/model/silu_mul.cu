@@ -16,8 +16,8 @@ template <int V>
 __global__ void __launch_bounds__(kThreads)
     SiluMulKernel(const __nv_bfloat16* __restrict__ gate_up, __nv_bfloat16* __restrict__ out,
                   int ffn) {
-  internal::AllowDependentLaunch();  // the down projection may start streaming its weights
-  internal::WaitForPrerequisites();  // gate_up comes from the GEMM before
+  AllowDependentLaunch();  // the down projection may start streaming its weights
+  WaitForPrerequisites();  // gate_up comes from the GEMM before
   const int col = (blockIdx.y * kThreads + threadIdx.x) * V;
   if (col >= ffn) return;
   const int64_t row = blockIdx.x;

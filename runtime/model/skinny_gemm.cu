@@ -58,8 +58,8 @@ __global__ void __launch_bounds__(kThreads)
   // while those finish; x is read only after WaitForPrerequisites.
   uint4 wv[kUnroll];
   LoadWeights(w_row, 0, vectors, lane, wv);
-  internal::WaitForPrerequisites();
-  internal::AllowDependentLaunch();
+  WaitForPrerequisites();
+  AllowDependentLaunch();
   for (int64_t base = 0; base < vectors; base += 32 * kUnroll) {
     if (base > 0) LoadWeights(w_row, base, vectors, lane, wv);
 #pragma unroll
@@ -67,11 +67,11 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t v = base + u * 32 + lane;
       if (v < vectors) {
         float wf[8];
-        internal::UnpackBf16x8(wv[u], wf);
+        UnpackBf16x8(wv[u], wf);
 #pragma unroll
         for (int i = 0; i < M; ++i) {
           float xf[8];
-          internal::UnpackBf16x8(__ldg(x_rows + i * vectors + v), xf);
+          UnpackBf16x8(__ldg(x_rows + i * vectors + v), xf);
 #pragma unroll
           for (int e = 0; e < 8; ++e) acc[i] = fmaf(wf[e], xf[e], acc[i]);
         }

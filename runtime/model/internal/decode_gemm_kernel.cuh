@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kDgThreads, 2)
   const int my_groups =
       (n0 < p.n && k_warp < groups) ? (groups - k_warp + kKWarps - 1) / kKWarps : 0;
 
-  internal::AllowDependentLaunch();
+  AllowDependentLaunch();
 
   // W rows g and g + 8 of this warp, from this lane's 8 k of the slice's first chunk.
   const uint4* w_lo = reinterpret_cast<const uint4*>(
@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(kDgThreads, 2)
     if (d < my_groups) load_group(wr[d], k_warp + d * kKWarps);
   }
 
-  internal::WaitForPrerequisites();
+  WaitForPrerequisites();
 
   // Stage this CTA's k slice of x (m rows) in shared memory.
   __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(dg_shared);

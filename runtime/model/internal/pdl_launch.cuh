@@ -1,9 +1,9 @@
 // Programmatic dependent launch (PDL) for //runtime/model's kernels: every kernel of a decode
 // step is launched with cudaLaunchAttributeProgrammaticStreamSerialization, calls
-// AllowDependentLaunch() (vec.cuh) at its start, and WaitForPrerequisites() before it touches
-// anything an earlier kernel of the step writes. The next kernel is then already resident while
-// this one runs, and runs its independent prologue (a GEMM streams its first weights, the RoPE
-// kernel builds its cos/sin table) before the wait.
+// AllowDependentLaunch() (runtime/cuda/device_helpers.cuh) at its start, and
+// WaitForPrerequisites() before it touches anything an earlier kernel of the step writes. The
+// next kernel is then already resident while this one runs, and runs its independent prologue (a
+// GEMM streams its first weights, the RoPE kernel builds its cos/sin table) before the wait.
 //
 // The rules every kernel launched this way keeps:
 //   - before the wait it reads only memory no kernel of the step writes (weights, and step

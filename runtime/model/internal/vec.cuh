@@ -1,6 +1,7 @@
 // Vector loads and stores of V bf16 values as floats: V = 8 is one 16-byte access (the fast
 // path every kernel takes when its rows are 16-byte aligned), V = 1 the scalar fallback for
-// odd widths. Included by the .cu files of //runtime/model only.
+// odd widths; the PDL, bf16 packing and sum helpers come from runtime/cuda/device_helpers.cuh.
+// Included by the .cu files of //runtime/model only.
 #ifndef KILN_RUNTIME_MODEL_INTERNAL_VEC_CUH_
 #define KILN_RUNTIME_MODEL_INTERNAL_VEC_CUH_
 
@@ -8,19 +9,10 @@
 
 #include <cstdint>
 
+#include "runtime/cuda/device_helpers.cuh"
+
 namespace kiln {
 namespace internal {
-
-// The 8 bf16 values of a 16-byte vector as floats.
-__device__ __forceinline__ void UnpackBf16x8(const uint4& raw, float (&out)[8]) {
-  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(pairs[i]);
-    out[2 * i] = f.x;
-    out[2 * i + 1] = f.y;
-  }
-}
 
 // A 16-byte load of weights: each is read once, so it skips L1 (caching it would only evict
 // activations). volatile keeps it in program order with griddepcontrol.wait (it is legal before
@@ -58,33 +50,11 @@ __device__ __forceinline__ void LoadBf16(const __nv_bfloat16* p, float (&out)[V]
 template <int V>
 __device__ __forceinline__ void StoreBf16(__nv_bfloat16* p, const float (&in)[V]) {
   if constexpr (V == 8) {
-    uint4 raw;
-    __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) pairs[i] = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
-    *reinterpret_cast<uint4*>(p) = raw;
+    *reinterpret_cast<uint4*>(p) = PackBf16x8(in);
   } else {
     static_assert(V == 1, "vector width must be 8 or 1");
     *p = __float2bfloat16_rn(in[0]);
   }
-}
-
-// Lets a kernel launched after this one with programmatic dependent launch (PDL) start now, so
-// its independent prologue (e.g. streaming weights) overlaps this kernel; the dependent still
-// waits for this kernel's completion (griddepcontrol.wait) before it reads what this one writes.
-// A no-op when the next kernel is not launched with PDL, and before sm_90.
-__device__ __forceinline__ void AllowDependentLaunch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-// Waits until every kernel this one depends on through PDL has completed and its memory is
-// visible. Returns at once when the kernel was launched without PDL, and before sm_90.
-__device__ __forceinline__ void WaitForPrerequisites() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
 }
 
 // Returns whether `p` is 16-byte aligned.
@@ -96,28 +66,6 @@ inline int WarpRoundedThreads(long long n, int limit) {
   if (t < 32) t = 32;
   if (t > limit) t = limit;
   return static_cast<int>(t);
-}
-
-// Sums `value` over the 32 lanes of the warp by an xor butterfly; every lane gets the sum.
-__device__ __forceinline__ float WarpSum(float value) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    value += __shfl_xor_sync(0xffffffffu, value, offset);
-  }
-  return value;
-}
-
-// Sums `value` over the block (blockDim.x a multiple of 32, at most 1024) in a fixed order (each
-// warp's butterfly, then a butterfly over the warp sums), so the result is the same on every
-// run; every thread receives the sum. `scratch` holds 32 floats.
-__device__ __forceinline__ float BlockSum(float value, float* scratch) {
-  value = WarpSum(value);
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (lane == 0) scratch[warp] = value;
-  __syncthreads();
-  const int warps = blockDim.x / 32;
-  return WarpSum(lane < warps ? scratch[lane] : 0.0f);
 }
 
 // SiLU(gate)·up of 8 packed bf16 values, rounded to bf16 as the SiLU·mul kernel does.
