@@ -1,5 +1,8 @@
 // Internal to //collectives:custom_allreduce: device helpers shared by the pull and push kernels
-// of the fused all-reduce + residual add + RMSNorm (allreduce_rms_norm.h). Included by .cu files
+// of the fused all-reduce + residual add + RMSNorm (allreduce_rms_norm.h). Both kernels use
+// programmatic dependent launch (runtime/cuda/device_helpers.cuh) and every block waits for the
+// kernel before, so a kernel completes only after its predecessor: the epoch protocol (a rank
+// reaches call N + 2 only after its peers finished call N) relies on that. Included by .cu files
 // only, after custom_allreduce_kernels.cuh.
 #ifndef KILN_COLLECTIVES_INTERNAL_ALLREDUCE_RMS_NORM_CUH_
 #define KILN_COLLECTIVES_INTERNAL_ALLREDUCE_RMS_NORM_CUH_
