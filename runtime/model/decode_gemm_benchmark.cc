@@ -31,8 +31,6 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "runtime/cuda/device_buffer.h"
 #include "runtime/cuda/device_info.h"
 #include "runtime/cuda/event.h"
@@ -89,13 +87,12 @@ struct Proj {
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   std::vector<int> rows;
-  for (absl::string_view piece : absl::StrSplit(absl::GetFlag(FLAGS_rows), ',')) {
-    int m = 0;
-    if (!absl::SimpleAtoi(piece, &m) || m < 1 || m > 256) {
-      std::fprintf(stderr, "--rows: bad row count \"%s\"\n", std::string(piece).c_str());
-      return 2;
-    }
-    rows.push_back(m);
+  if (!benchmark_internal::ParseIntList("rows", absl::GetFlag(FLAGS_rows), 1, 256, &rows)) {
+    return 2;
+  }
+  if (rows.empty()) {
+    std::fprintf(stderr, "--rows: no row count given\n");
+    return 2;
   }
   const int max_candidates = absl::GetFlag(FLAGS_cublas_candidates);
   if (max_candidates < 0 || max_candidates > kMaxGemmCandidates) {

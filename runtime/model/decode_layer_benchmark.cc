@@ -22,8 +22,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "runtime/cuda/device_buffer.h"
 #include "runtime/cuda/stream.h"
 #include "runtime/model/decode_layer.h"
@@ -46,20 +44,6 @@ using benchmark_internal::ValueOrDie;
 constexpr int kLayers = 16;
 constexpr int kContext = 1024;
 constexpr int kBlockSize = 64;
-
-std::vector<int> ParseList(const std::string& text, int min = 1) {
-  std::vector<int> out;
-  for (absl::string_view piece : absl::StrSplit(text, ',', absl::SkipEmpty())) {
-    int v = 0;
-    if (!absl::SimpleAtoi(piece, &v) || v < min) {
-      std::fprintf(stderr, "bad list entry '%s' in '%s'\n", std::string(piece).c_str(),
-                   text.c_str());
-      std::exit(2);
-    }
-    out.push_back(v);
-  }
-  return out;
-}
 
 // A buffer of `elements` bf16 values of magnitude below 0.03 with varied bits (never zeros),
 // copied from one host pattern.
@@ -140,6 +124,15 @@ void PrintTrace(std::vector<DecodeLayerArgs> launches, const DecodeLayerConfig& 
 }
 
 int Main() {
+  std::vector<int> rows, run_aheads, stages;
+  if (!benchmark_internal::ParseIntList("rows", absl::GetFlag(FLAGS_rows), 1,
+                                        kDecodeLayerMaxRows, &rows) ||
+      !benchmark_internal::ParseIntList("run_ahead", absl::GetFlag(FLAGS_run_ahead), 0,
+                                        kDecodeLayerMaxStages, &run_aheads) ||
+      !benchmark_internal::ParseIntList("stages", absl::GetFlag(FLAGS_stages), 1,
+                                        kDecodeLayerMaxStages, &stages)) {
+    return 2;
+  }
   const DecodeLayerShape s = DecodeLayerShapeOf(LlamaShape::Llama1B());
   int device = 0, sms = 0;
   CHECK_CUDA(cudaGetDevice(&device));
@@ -189,15 +182,15 @@ int Main() {
   std::printf("decode layer kernel, %d SMs: 16 launches of O + gate-up + down + QKV (%.1f MB of "
               "weights each), context %d\n%5s %10s %8s %10s %8s\n",
               sms, weight_bytes / 1e6, kContext, "rows", "config", "KiB", "us/launch", "TB/s");
-  for (int m : ParseList(absl::GetFlag(FLAGS_rows))) {
+  for (int m : rows) {
     const DecodeLayerConfig chosen = ChooseDecodeLayerConfig(m, s, sms);
     std::vector<DecodeLayerConfig> configs = {chosen};
-    for (int r : ParseList(absl::GetFlag(FLAGS_run_ahead), 0)) {
+    for (int r : run_aheads) {
       DecodeLayerConfig c = chosen;
       c.run_ahead = r;
       configs.push_back(c);
     }
-    for (int st : ParseList(absl::GetFlag(FLAGS_stages))) {
+    for (int st : stages) {
       DecodeLayerConfig c = chosen;
       c.stages = st;
       c.shared_bytes = DecodeLayerSharedBytes(m, s, st);

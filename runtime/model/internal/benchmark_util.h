@@ -1,5 +1,6 @@
 // Internal: what runtime/model's benchmark binaries share — die-on-error checks (benchmarks are
-// programs, not library code, so they may exit) and the median replay time of a captured graph.
+// programs, not library code, so they may exit), the parsing of integer-list flags and the median
+// replay time of a captured graph.
 #ifndef KILN_RUNTIME_MODEL_INTERNAL_BENCHMARK_UTIL_H_
 #define KILN_RUNTIME_MODEL_INTERNAL_BENCHMARK_UTIL_H_
 
@@ -9,11 +10,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "runtime/cuda/event.h"
 #include "runtime/cuda/status.h"
 
@@ -37,6 +42,22 @@ template <typename T>
 T ValueOrDie(absl::StatusOr<T> v) {
   CHECK_OK(v.status());
   return *std::move(v);
+}
+
+// Parses the comma-separated integers of flag --`flag` (empty entries skipped) into `out`; false,
+// after printing the bad entry and the range, for one that is not an integer in [min, max].
+inline bool ParseIntList(const char* flag, const std::string& text, int min, int max,
+                         std::vector<int>* out) {
+  for (absl::string_view piece : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int v = 0;
+    if (!absl::SimpleAtoi(piece, &v) || v < min || v > max) {
+      std::fprintf(stderr, "--%s: bad entry \"%s\" (want integers in [%d, %d])\n", flag,
+                   std::string(piece).c_str(), min, max);
+      return false;
+    }
+    out->push_back(v);
+  }
+  return true;
 }
 
 // Captures `body` into a graph on `stream` and returns the median milliseconds of `replays`
