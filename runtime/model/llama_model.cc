@@ -273,7 +273,20 @@ LlamaModel::LlamaModel(LlamaDeviceWeights weights, const LlamaModelOptions& opti
       sm_count_(sm_count),
       decode_workspace_(std::move(decode_workspace)),
       decode_counters_(std::move(decode_counters)),
-      layer_kernel_(std::move(layer_kernel)) {}
+      layer_kernel_(std::move(layer_kernel)) {
+  // The layer kernel repeats the prefetch GEMM's arithmetic: only where that is the step's path
+  // for every projection.
+  const LlamaShape& s = shape();
+  const DecodeGemmInput plain = DecodeGemmInput::kPlain;
+  for (int m = 1; m <= options_.layer_kernel_rows; ++m) {
+    layer_kernel_.used[m] =
+        layer_kernel_.configs[m].stages > 0 && options_.communicator == nullptr &&
+        UsesPrefetchGemm(Proj::kQkv, m, s.qkv_rows(), s.hidden, plain) &&
+        UsesPrefetchGemm(Proj::kO, m, s.hidden, s.q_width(), plain) &&
+        UsesPrefetchGemm(Proj::kGateUp, m, 2 * int64_t{s.ffn}, s.hidden, plain) &&
+        UsesPrefetchGemm(Proj::kDown, m, s.hidden, s.ffn, plain);
+  }
+}
 
 LlamaModel::~LlamaModel() = default;
 
@@ -320,17 +333,7 @@ bool LlamaModel::PrefetchGemmTakesNorm(Proj proj, int64_t m, int64_t n, int64_t 
 }
 
 bool LlamaModel::UsesLayerKernel(int num_tokens) const {
-  if (num_tokens < 1 || num_tokens > options_.layer_kernel_rows ||
-      layer_kernel_.configs[num_tokens].stages == 0 || options_.communicator != nullptr) {
-    return false;
-  }
-  // It repeats the prefetch GEMM's arithmetic: only where that is the step's path.
-  const LlamaShape& s = shape();
-  const DecodeGemmInput plain = DecodeGemmInput::kPlain;
-  return UsesPrefetchGemm(Proj::kQkv, num_tokens, s.qkv_rows(), s.hidden, plain) &&
-         UsesPrefetchGemm(Proj::kO, num_tokens, s.hidden, s.q_width(), plain) &&
-         UsesPrefetchGemm(Proj::kGateUp, num_tokens, 2 * int64_t{s.ffn}, s.hidden, plain) &&
-         UsesPrefetchGemm(Proj::kDown, num_tokens, s.hidden, s.ffn, plain);
+  return num_tokens >= 1 && num_tokens <= kDecodeLayerMaxRows && layer_kernel_.used[num_tokens];
 }
 
 bool LlamaModel::FoldsNorms(int num_tokens) const {

@@ -294,6 +294,8 @@ class LlamaModel {
   // barrier's state.
   struct LayerKernel {
     DecodeLayerConfig configs[kDecodeLayerMaxRows + 1];
+    // Whether a step of m rows runs it (UsesLayerKernel), decided once at construction.
+    bool used[kDecodeLayerMaxRows + 1] = {};
     DeviceBuffer sync;
   };
 
