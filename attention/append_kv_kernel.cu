@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "attention/internal/kernel_args.h"
+#include "attention/paged_kv_slot.cuh"
 
 namespace kiln {
 namespace attention_internal {
@@ -19,30 +20,10 @@ __global__ void __launch_bounds__(kAppendThreads) AppendKvKernel(const AppendKer
   if (args.slot_mapping != nullptr) {
     slot = args.slot_mapping[token];
   } else {
-    // The sequence owning this token: the last s with seq_q_start[s] <= token (empty
-    // sequences share their start with the next one, so the last is the non-empty owner).
-    if (token >= args.seq_q_start[args.max_seqs]) return;  // padding row
-    int lo = 0;
-    int hi = args.max_seqs - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (args.seq_q_start[mid] <= token) {
-        lo = mid;
-      } else {
-        hi = mid - 1;
-      }
-    }
-    const int q_start = args.seq_q_start[lo];
-    const int q_len = args.seq_q_start[lo + 1] - q_start;
-    const int pos = args.seq_kv_len[lo] - q_len + (token - q_start);
-    if (pos < 0) return;
-    const int32_t block =
-        args.block_table[static_cast<int64_t>(lo) * args.max_blocks_per_seq +
-                         (pos >> args.log2_block_size)];
-    slot = (static_cast<int64_t>(block) << args.log2_block_size) +
-           (pos & ((1 << args.log2_block_size) - 1));
+    slot = PagedKvSlotOf(token, args.seq_q_start, args.max_seqs, args.seq_kv_len,
+                         args.block_table, args.max_blocks_per_seq, args.log2_block_size);
   }
-  if (slot < 0) return;
+  if (slot < 0) return;  // a padding row, or no slot
   const int64_t block = slot >> args.log2_block_size;
   const int64_t offset = slot & ((1 << args.log2_block_size) - 1);
   const int vectors_per_head = args.head_dim / 8;

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "attention/paged_kv_slot.cuh"
 #include "runtime/model/internal/vec.cuh"
 #include "runtime/model/rope_kv_append.h"
 
@@ -61,29 +62,10 @@ inline RopeKvArgs MakeRopeKvArgs(const RopeKvAppendParams& p) {
 }
 
 // Returns the cache slot of `token` (block << log2_block_size | offset), or -1 when it is not
-// appended: the owner is the last sequence s with seq_q_start[s] <= token (empty sequences share
-// their start with the next), as attention's append kernel finds it.
+// appended, as attention's append kernel finds it (attention/paged_kv_slot.cuh).
 __device__ __forceinline__ int64_t SlotOf(const RopeKvArgs& a, int token) {
-  if (token >= a.seq_q_start[a.max_seqs]) return -1;  // padding row
-  int lo = 0;
-  int hi = a.max_seqs - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (a.seq_q_start[mid] <= token) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  const int q_start = a.seq_q_start[lo];
-  const int q_len = a.seq_q_start[lo + 1] - q_start;
-  const int pos = a.seq_kv_len[lo] - q_len + (token - q_start);
-  if (pos < 0) return -1;
-  const int32_t block =
-      a.block_table[static_cast<int64_t>(lo) * a.max_blocks_per_seq + (pos >> a.log2_block_size)];
-  if (block < 0) return -1;
-  return (static_cast<int64_t>(block) << a.log2_block_size) +
-         (pos & ((1 << a.log2_block_size) - 1));
+  return PagedKvSlotOf(token, a.seq_q_start, a.max_seqs, a.seq_kv_len, a.block_table,
+                       a.max_blocks_per_seq, a.log2_block_size);
 }
 
 // Before the wait (positions, the plan and the block table come from the step's upload, not
