@@ -38,7 +38,7 @@
 //   const kiln::DecodeLayerConfig c = kiln::ChooseDecodeLayerConfig(a.m, a.shape, sm_count);
 //   if (kiln::DecodeLayerSupports(a, c)) CUDA_RETURN_IF_ERROR(kiln::LaunchDecodeLayer(a, c, s));
 //
-// Speed (H200, 1B shape, runtime/model/NOTES.md): 43.4 µs per launch at one row (2.8 TB/s of
+// Speed (H200, 1B shape, runtime/model/NOTES.md): 42.7 µs per launch at one row (2.85 TB/s of
 // weights), against about 45 µs for the same work as a chain of kernels with programmatic
 // dependent launch; the products run at ~4.8 TB/s from the prefilled ring, and each of the four
 // grid barriers costs 2–5 µs (arrival skew, then a trip to L2 and a poll while the other SMs
