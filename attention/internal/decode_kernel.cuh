@@ -400,12 +400,12 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
     }
   }
 
-  // Fused merge: the last chunk of a split tile to finish merges it (the threadFenceReduction
-  // pattern: publish the partials, count, and let the last arriver read everyone's).
+  // Fused merge: the last chunk of a split tile to finish merges it: the CTA barrier orders every
+  // thread's partials before thread 0's count, whose release publishes them and whose acquire
+  // (for the last arriver) makes everyone's visible to its CTA after the second barrier.
   if (item.partial_slot >= 0 && args.merge_counters != nullptr) {
     __shared__ int s_first_slot;
     __shared__ int s_num_slots;
-    __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
       const int chunk = args.header->kv_chunk_size;
@@ -414,14 +414,18 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
       const int num_slots = (tile_end + chunk - 1) / chunk;
       int32_t* counter =
           args.merge_counters + static_cast<int64_t>(first) * args.num_kv_heads + kv_head;
-      const bool last = atomicAdd(counter, 1) == num_slots - 1;
+      int32_t counted;
+      asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;"
+                   : "=r"(counted)
+                   : "l"(counter)
+                   : "memory");
+      const bool last = counted == num_slots - 1;
       if (last) *counter = 0;  // every chunk has counted: ready for the next launch
       s_first_slot = last ? first : -1;
       s_num_slots = num_slots;
     }
     __syncthreads();
     if (s_first_slot >= 0) {
-      __threadfence();
       MergeRows<kDtype, kHeadDim>(args.partial_o, args.partial_lse, args.num_kv_heads,
                                   args.tile_rows, s_first_slot, s_num_slots, kv_head,
                                   item.row_begin, num_rows, q_start, kGroup,
