@@ -414,12 +414,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
       const int num_slots = (tile_end + chunk - 1) / chunk;
       int32_t* counter =
           args.merge_counters + static_cast<int64_t>(first) * args.num_kv_heads + kv_head;
-      int32_t counted;
-      asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;"
-                   : "=r"(counted)
-                   : "l"(counter)
-                   : "memory");
-      const bool last = counted == num_slots - 1;
+      const bool last = CountAcqRel(counter) == num_slots - 1;
       if (last) *counter = 0;  // every chunk has counted: ready for the next launch
       s_first_slot = last ? first : -1;
       s_num_slots = num_slots;

@@ -1,5 +1,6 @@
-// Device helpers every kernel package of kiln shares: programmatic dependent launch, 16-byte
-// vectors of bf16 as floats, and warp and block sums in a fixed order. Header-only; included by
+// Device helpers every kernel package of kiln shares: programmatic dependent launch, a counter
+// for the last CTA of a split, 16-byte vectors of bf16 as floats, and warp and block sums in a
+// fixed order. Header-only; included by
 // .cu files only.
 //
 //   __global__ void Kernel(...) {
@@ -34,6 +35,19 @@ __device__ __forceinline__ void WaitForPrerequisites() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+
+// Adds one to `counter` (shared by the CTAs of a launch) and returns the value before, with
+// acquire and release at GPU scope: after a CTA barrier, one thread's count publishes its whole
+// CTA's writes, and the CTA that counts last sees every earlier counter's writes after a CTA
+// barrier following the count. The last-CTA-reduces pattern without a fence in every thread.
+__device__ __forceinline__ int32_t CountAcqRel(int32_t* counter) {
+  int32_t before;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;"
+               : "=r"(before)
+               : "l"(counter)
+               : "memory");
+  return before;
 }
 
 // The 8 bf16 values of a 16-byte vector as floats.

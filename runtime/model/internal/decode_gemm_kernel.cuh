@@ -34,6 +34,7 @@
 
 #include <cstdint>
 
+#include "runtime/cuda/device_helpers.cuh"
 #include "runtime/model/decode_gemm.h"
 #include "runtime/model/internal/pdl_launch.cuh"
 #include "runtime/model/internal/vec.cuh"
@@ -232,18 +233,18 @@ __global__ void __launch_bounds__(kDgThreads, 2)
   }
   if (p.splits == 1) return;
 
-  // The last CTA of this row tile adds the splits in order.
-  __threadfence();
+  // The last CTA of this row tile adds the splits in order. The CTA barrier orders every thread's
+  // partials before thread 0's count, whose release publishes them and whose acquire (for the last
+  // arriver) makes every split's visible to its CTA after the second barrier.
   __syncthreads();
   if (threadIdx.x == 0) {
     int32_t* counter = p.counters + tile;
-    const bool last = atomicAdd(counter, 1) == p.splits - 1;
+    const bool last = CountAcqRel(counter) == p.splits - 1;
     if (last) *counter = 0;  // every split has counted: ready for the next launch
     dg_last = last;
   }
   __syncthreads();
   if (!dg_last) return;
-  __threadfence();
   for (int e = threadIdx.x; e < outputs; e += kDgThreads) {
     const int r = e % kRows;
     const int col = e / kRows;
