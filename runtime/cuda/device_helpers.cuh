@@ -1,7 +1,6 @@
 // Device helpers every kernel package of kiln shares: programmatic dependent launch, a counter
 // for the last CTA of a split, 16-byte vectors of bf16 as floats, and warp and block sums in a
-// fixed order. Header-only; included by
-// .cu files only.
+// fixed order. Header-only; included by .cu files only.
 //
 //   __global__ void Kernel(...) {
 //     kiln::AllowDependentLaunch();   // the next kernel may start its own prologue now
