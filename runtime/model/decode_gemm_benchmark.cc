@@ -8,7 +8,9 @@
 // decode GEMM with ChooseDecodeGemmConfig's configuration, and (with --sweep) of the fastest of
 // every configuration, with the weight-read bandwidth; then (up to 8 rows) of the prefetch GEMM
 // with ChoosePrefetchGemmConfig's configuration and (with --prefetch_sweep) the fastest of one or
-// two CTAs per SM with 1 to 6 ring stages. Each time is the median replay of a CUDA
+// two CTAs per SM with 1 to 6 ring stages; then (bf16 plain projections up to 64 rows) of the
+// TMA GEMM with ChooseTmaGemmConfig's configuration at two and at one CTA per SM, and (with
+// --tma_sweep) with half and twice its k slices. Each time is the median replay of a CUDA
 // graph of back-to-back GEMMs that cycle over enough weight copies (>= 256 MiB) to defeat the L2
 // cache, divided by the GEMMs in it; the decode, skinny and prefetch GEMMs run with programmatic
 // dependent launch as in a model step, so one GEMM's first weights stream in while the one before
@@ -41,6 +43,7 @@
 #include "runtime/model/gemm.h"
 #include "runtime/model/prefetch_gemm.h"
 #include "runtime/model/skinny_gemm.h"
+#include "runtime/model/tma_gemm.h"
 
 ABSL_FLAG(std::string, rows, "1,2,4,8,16,32", "Rows of x (decode batch sizes, at most 256)");
 ABSL_FLAG(bool, sweep, true, "Also time every decode GEMM configuration and report the fastest");
@@ -48,6 +51,9 @@ ABSL_FLAG(bool, prefetch_sweep, true,
           "Also time the prefetch GEMM at 1 and 2 CTAs per SM with 1 to 6 stages");
 ABSL_FLAG(int, cublas_candidates, 0,
           "Also time up to this many of cuBLASLt's heuristic candidates per plain shape");
+ABSL_FLAG(bool, tma_sweep, true,
+          "Also time the TMA GEMM (bf16 plain projections, up to 64 rows) at 1 and 2 CTAs per "
+          "SM, with half and twice the chosen k slices");
 
 namespace kiln {
 namespace {
@@ -244,6 +250,43 @@ int Main(int argc, char** argv) {
                   pf_chosen.ToString().c_str(), pf_best_us, pf_best.ToString().c_str(),
                   weight_bytes / (pf_us * 1e3));
       std::fflush(stdout);
+      if (p.input == DecodeGemmInput::kPlain && !p.float_output && m <= kTmaGemmMaxRows) {
+        auto time_tma = [&](const TmaGemmConfig& config) {
+          TmaGemmArgs a;
+          a.x = ap;
+          a.w = weights[0].as<__nv_bfloat16>();
+          a.y = y.as<__nv_bfloat16>();
+          a.m = m;
+          a.n = p.n;
+          a.k = p.k;
+          if (!TmaGemmSupports(a, config)) return std::numeric_limits<double>::quiet_NaN();
+          CHECK_CUDA(LaunchTmaGemm(a, config, workspace.as<float>(), counters.as<int32_t>(),
+                                   stream));  // eager first: shared-memory limits
+          return 1e3 / launches * TimeGraph(stream, [&] {
+            for (int i = 0; i < launches; ++i) {
+              a.w = weights[i % copies].as<__nv_bfloat16>();
+              CHECK_CUDA(LaunchTmaGemm(a, config, workspace.as<float>(), counters.as<int32_t>(),
+                                       stream));
+            }
+          });
+        };
+        std::printf("  tma:");
+        for (int per_sm : {2, 1}) {
+          const TmaGemmConfig chosen_tma = ChooseTmaGemmConfig(m, p.n, p.k, info.sm_count, per_sm);
+          std::vector<TmaGemmConfig> configs = {chosen_tma};
+          if (absl::GetFlag(FLAGS_tma_sweep)) {
+            configs.push_back(TmaGemmConfig{std::max(1, chosen_tma.splits / 2), chosen_tma.stages});
+            configs.push_back(TmaGemmConfig{2 * chosen_tma.splits, chosen_tma.stages});
+          }
+          for (const TmaGemmConfig& c : configs) {
+            const double us = time_tma(c);
+            std::printf(" %d/SM %s %.2f us (%.0f GB/s);", per_sm, c.ToString().c_str(), us,
+                        weight_bytes / (us * 1e3));
+          }
+        }
+        std::printf("\n");
+        std::fflush(stdout);
+      }
       if (max_candidates > 0 && p.input == DecodeGemmInput::kPlain) {
         const std::vector<GemmAlgorithmInfo> candidates =
             ValueOrDie(gemm->Candidates(m, p.n, p.k, out, max_candidates));

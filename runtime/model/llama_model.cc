@@ -83,13 +83,20 @@ std::vector<Projection> Projections(const LlamaShape& s) {
           {P::kLmHead, s.vocab, s.hidden, DecodeGemmInput::kPlain, true}};
 }
 
-// Rows is DecodeGemmRows or PrefetchGemmRows.
+// The LM head's row limit: Rows is DecodeGemmRows or PrefetchGemmRows; TmaGemmRows has none.
+template <typename Rows>
+int LmHeadRows(const Rows& rows) {
+  return rows.lm_head;
+}
+int LmHeadRows(const TmaGemmRows&) { return 0; }
+
+// Rows is DecodeGemmRows, PrefetchGemmRows or TmaGemmRows.
 template <typename Rows>
 int MaxRows(const Rows& rows) {
-  return std::max({rows.qkv, rows.o, rows.gate_up, rows.down, rows.lm_head});
+  return std::max({rows.qkv, rows.o, rows.gate_up, rows.down, LmHeadRows(rows)});
 }
 
-// The most rows `proj` runs through the decode or prefetch GEMM.
+// The most rows `proj` runs through the decode, prefetch or TMA GEMM.
 template <typename Rows>
 int RowLimit(const Rows& rows, LlamaModel::Proj proj) {
   switch (proj) {
@@ -97,9 +104,22 @@ int RowLimit(const Rows& rows, LlamaModel::Proj proj) {
     case LlamaModel::Proj::kO: return rows.o;
     case LlamaModel::Proj::kGateUp: return rows.gate_up;
     case LlamaModel::Proj::kDown: return rows.down;
-    case LlamaModel::Proj::kLmHead: return rows.lm_head;
+    case LlamaModel::Proj::kLmHead: return LmHeadRows(rows);
   }
   return 0;
+}
+
+// Returns InvalidArgument naming `what` and its limits where a row limit is negative or above
+// `most`.
+template <typename Rows>
+absl::Status CheckRows(const Rows& rows, const char* what, int most) {
+  if (std::min({rows.qkv, rows.o, rows.gate_up, rows.down, LmHeadRows(rows)}) >= 0 &&
+      MaxRows(rows) <= most) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, " (qkv ", rows.qkv, ", o ", rows.o, ", gate_up ", rows.gate_up, ", down ", rows.down,
+      ", lm_head ", LmHeadRows(rows), ") must lie in [0, ", most, "]"));
 }
 
 // Returns the prefetch or decode GEMM's arguments for y [m, n] = x [m, k] · Wᵀ (their fields
@@ -181,29 +201,24 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
                      kSkinnyGemmMaxRows, "]"));
   }
   const PrefetchGemmRows& prefetch = options.prefetch_gemm_rows;
-  if (std::min({prefetch.qkv, prefetch.o, prefetch.gate_up, prefetch.down, prefetch.lm_head}) < 0 ||
-      MaxRows(prefetch) > kPrefetchGemmMaxRows) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prefetch_gemm_rows (qkv ", prefetch.qkv, ", o ", prefetch.o, ", gate_up ",
-        prefetch.gate_up, ", down ", prefetch.down, ", lm_head ", prefetch.lm_head,
-        ") must lie in [0, ", kPrefetchGemmMaxRows, "]"));
-  }
+  RETURN_IF_ERROR(CheckRows(prefetch, "prefetch_gemm_rows", kPrefetchGemmMaxRows));
   if (options.prefetch_gemm_ctas_per_sm < 1 || options.prefetch_gemm_ctas_per_sm > 2) {
     return absl::InvalidArgumentError(absl::StrCat("prefetch_gemm_ctas_per_sm ",
                                                    options.prefetch_gemm_ctas_per_sm,
                                                    " must be 1 or 2"));
+  }
+  const TmaGemmRows& tma = options.tma_gemm_rows;
+  RETURN_IF_ERROR(CheckRows(tma, "tma_gemm_rows", kTmaGemmMaxRows));
+  if (options.tma_gemm_ctas_per_sm < 1 || options.tma_gemm_ctas_per_sm > 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tma_gemm_ctas_per_sm ", options.tma_gemm_ctas_per_sm, " must be 1 or 2"));
   }
   if (options.layer_kernel_rows < 0 || options.layer_kernel_rows > kDecodeLayerMaxRows) {
     return absl::InvalidArgumentError(absl::StrCat("layer_kernel_rows ", options.layer_kernel_rows,
                                                    " is outside [0, ", kDecodeLayerMaxRows, "]"));
   }
   const DecodeGemmRows& rows = options.decode_gemm_rows;
-  if (std::min({rows.qkv, rows.o, rows.gate_up, rows.down, rows.lm_head}) < 0 ||
-      MaxRows(rows) > kDecodeGemmMaxRows) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "decode_gemm_rows (qkv ", rows.qkv, ", o ", rows.o, ", gate_up ", rows.gate_up, ", down ",
-        rows.down, ", lm_head ", rows.lm_head, ") must lie in [0, ", kDecodeGemmMaxRows, "]"));
-  }
+  RETURN_IF_ERROR(CheckRows(rows, "decode_gemm_rows", kDecodeGemmMaxRows));
   if (options.num_kv_blocks < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "num_kv_blocks ", options.num_kv_blocks, " must be positive; size it with the memory "
@@ -217,8 +232,8 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
   if (gemm == nullptr) {
     ASSIGN_OR_RETURN(gemm, Gemm::Create(options.gemm_workspace_bytes));
   }
-  // The decode GEMM's split-K partials and counters: the most any projection needs at any row
-  // count it serves (configurations depend on the SM count).
+  // The decode and TMA GEMMs' split-K partials and counters: the most any projection needs at any
+  // row count either serves (configurations depend on the SM count).
   int device = 0, sm_count = 0;
   CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
@@ -233,8 +248,20 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
       counters = std::max(counters, DecodeGemmCounters(p.n, c));
     }
   }
+  for (int m = 1; m <= MaxRows(tma); ++m) {
+    for (const Projection& p : Projections(s)) {
+      if (m > RowLimit(tma, p.proj) || p.input != DecodeGemmInput::kPlain) continue;
+      const TmaGemmConfig c =
+          ChooseTmaGemmConfig(m, p.n, p.k, sm_count, options.tma_gemm_ctas_per_sm);
+      if (!TmaGemmSupportsShape(m, p.n, p.k, c)) continue;
+      workspace_bytes = std::max(workspace_bytes, TmaGemmWorkspaceBytes(m, p.n, c));
+      counters = std::max(counters, TmaGemmCounters(p.n, c));
+    }
+  }
   // The prefetch GEMM's shared-memory limits are raised here, outside any capture.
   if (MaxRows(prefetch) > 0) CUDA_RETURN_IF_ERROR(PreparePrefetchGemm());
+  // So are the TMA GEMM's, and its tensor-map encoder is found.
+  if (MaxRows(tma) > 0) CUDA_RETURN_IF_ERROR(PrepareTmaGemm());
   // The decode layer kernel's launch shapes (they query the device, so not during capture) and
   // its grid barrier's state.
   LayerKernel layer_kernel;
@@ -356,6 +383,21 @@ bool LlamaModel::FusesSiluMul(int64_t m, int64_t n, int64_t k) const {
   return UsesDecodeGemm(Proj::kDown, m, n, k, DecodeGemmInput::kSiluMul);
 }
 
+std::optional<TmaGemmConfig> LlamaModel::TmaGemmFor(Proj proj, int64_t m, int64_t n, int64_t k,
+                                                    DecodeGemmInput input) const {
+  if (m > RowLimit(options_.tma_gemm_rows, proj) || input != DecodeGemmInput::kPlain) {
+    return std::nullopt;
+  }
+  if (n > 0x7fffffff || k > 0x7fffffff) return std::nullopt;
+  const TmaGemmConfig c = ChooseTmaGemmConfig(static_cast<int>(m), static_cast<int>(n),
+                                              static_cast<int>(k), sm_count_,
+                                              options_.tma_gemm_ctas_per_sm);
+  if (!TmaGemmSupportsShape(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), c)) {
+    return std::nullopt;
+  }
+  return c;
+}
+
 std::optional<DecodeGemmConfig> LlamaModel::DecodeGemmFor(Proj proj, int64_t m, int64_t n,
                                                           int64_t k,
                                                           DecodeGemmInput input) const {
@@ -383,6 +425,7 @@ absl::Status LlamaModel::Prepare(int num_tokens, int num_rows) {
     if (p.input == DecodeGemmInput::kSiluMul) continue;  // falls back to the plain down GEMM
     const int64_t m = p.float_output ? num_rows : num_tokens;
     if (UsesPrefetchGemm(p.proj, m, p.n, p.k, p.input) ||
+        TmaGemmFor(p.proj, m, p.n, p.k, p.input).has_value() ||
         UsesDecodeGemm(p.proj, m, p.n, p.k, p.input) || UsesSkinny(m)) {
       continue;
     }
@@ -402,6 +445,20 @@ absl::Status LlamaModel::Linear(Proj proj, const bf16* x, const bf16* w, void* y
                                                     : PrefetchGemmInput::kPlain;
     if (PrefetchGemmSupports(args, *c)) {
       return ToStatus(LaunchPrefetchGemm(args, *c, stream), "prefetch GEMM");
+    }
+  }
+  if (const std::optional<TmaGemmConfig> c = TmaGemmFor(proj, m, n, k, input)) {
+    TmaGemmArgs args;
+    args.x = x;
+    args.w = w;
+    args.y = static_cast<bf16*>(y);
+    args.m = static_cast<int>(m);
+    args.n = static_cast<int>(n);
+    args.k = static_cast<int>(k);
+    if (TmaGemmSupports(args, *c)) {
+      return ToStatus(LaunchTmaGemm(args, *c, decode_workspace_.as<float>(),
+                                    decode_counters_.as<int32_t>(), stream),
+                      "TMA GEMM");
     }
   }
   if (const std::optional<DecodeGemmConfig> c = DecodeGemmFor(proj, m, n, k, input)) {

@@ -45,8 +45,9 @@
 // attention output is cleared once per step so padding rows hold zeros, not stale values.
 //
 // GEMMs: per projection, the prefetch GEMM up to options.prefetch_gemm_rows (prefetch_gemm.h:
-// the weights bulk-copied into shared memory before the previous kernel ends), else the decode
-// GEMM up to options.decode_gemm_rows (decode_gemm.h: tensor cores, split-K, weights streamed from
+// the weights bulk-copied into shared memory before the previous kernel ends), else the TMA GEMM
+// up to options.tma_gemm_rows (tma_gemm.h: the same idea on wgmma, for tens of rows), else the
+// decode GEMM up to options.decode_gemm_rows (decode_gemm.h: tensor cores, split-K, weights streamed from
 // before the previous kernel ends), the skinny kernel up to options.skinny_gemm_max_rows, cuBLASLt
 // above; every choice depends only on the projection and (m, n, k), so an eager step at a graph's
 // padded size computes the same bits as the graph. Every kiln kernel of the step is launched with
@@ -96,6 +97,7 @@
 #include "runtime/model/gemm.h"
 #include "runtime/model/llama_shape.h"
 #include "runtime/model/prefetch_gemm.h"
+#include "runtime/model/tma_gemm.h"
 
 namespace kiln {
 
@@ -128,6 +130,20 @@ struct PrefetchGemmRows {
   int lm_head = 8;
 };
 
+// The most rows each of the bf16 projections runs through the TMA GEMM (tma_gemm.h); 0: never;
+// at most kTmaGemmMaxRows. It comes after the prefetch GEMM and before the decode GEMM: a
+// projection the prefetch GEMM does not take at m rows and this one does uses neither the decode
+// GEMM, the skinny kernel nor cuBLASLt. The LM head (float logits) never takes it. The defaults
+// follow runtime/model/NOTES.md (H200, 1B shape): every projection at 16 rows (the step 1.354 →
+// 1.247 ms against cuBLASLt), gate-up and down up to 32 (1.440 → 1.412 ms at 32 rows, where QKV
+// and O through it were slower: 1.543 ms); none at 64 rows (slower for every projection).
+struct TmaGemmRows {
+  int qkv = 16;
+  int o = 16;
+  int gate_up = 32;
+  int down = 32;
+};
+
 struct LlamaModelOptions {
   int num_kv_blocks = 0;  // KV blocks per layer (each holds block_size tokens of K and of V)
   int block_size = 64;    // tokens per KV block: a power of two >= 16
@@ -143,6 +159,10 @@ struct LlamaModelOptions {
   // measured faster (runtime/model/NOTES.md): the fused x is loaded through registers, a
   // latency-bound prologue after the wait.
   bool prefetch_gemm_silu = false;
+  // Rows up to which each bf16 projection uses the TMA GEMM (each at most kTmaGemmMaxRows).
+  TmaGemmRows tma_gemm_rows;
+  // TMA GEMM CTAs per SM, 1 or 2 (ChooseTmaGemmConfig).
+  int tma_gemm_ctas_per_sm = 2;
   // Rows up to which each projection uses the decode GEMM (each at most kDecodeGemmMaxRows).
   DecodeGemmRows decode_gemm_rows;
   // A down projection on the decode GEMM (or on the prefetch GEMM with prefetch_gemm_silu) reads
@@ -283,7 +303,7 @@ class LlamaModel {
   void* v_cache(int layer) const;
   // Returns the GEMM workspace bytes.
   size_t gemm_workspace_bytes() const { return gemm_->workspace_bytes(); }
-  // Returns the decode GEMM's device bytes (split-K partials and counters).
+  // Returns the decode and TMA GEMMs' device bytes (split-K partials and counters, shared).
   size_t decode_gemm_workspace_bytes() const {
     return decode_workspace_.size() + decode_counters_.size();
   }
@@ -305,8 +325,8 @@ class LlamaModel {
              LayerKernel layer_kernel);
 
   Activations Carve(const LlamaStepArgs& args) const;
-  // y [m, n] = op(x) [m, k] · Wᵀ through the prefetch GEMM, the decode GEMM, the skinny kernel or
-  // cuBLASLt (see the file comment); op is SiLU·mul only where FusesSiluMul holds.
+  // y [m, n] = op(x) [m, k] · Wᵀ through the prefetch GEMM, the TMA GEMM, the decode GEMM, the
+  // skinny kernel or cuBLASLt (see the file comment); op is SiLU·mul only where FusesSiluMul holds.
   absl::Status Linear(Proj proj, const __nv_bfloat16* x, const __nv_bfloat16* w, void* y,
                       int64_t m, int64_t n, int64_t k, cudaStream_t stream,
                       DecodeGemmInput input = DecodeGemmInput::kPlain);
@@ -326,6 +346,9 @@ class LlamaModel {
   // Returns whether the projection runs through the prefetch GEMM at m rows and that takes a
   // norm input there.
   bool PrefetchGemmTakesNorm(Proj proj, int64_t m, int64_t n, int64_t k) const;
+  // The same for the TMA GEMM (plain input, bf16 output only).
+  std::optional<TmaGemmConfig> TmaGemmFor(Proj proj, int64_t m, int64_t n, int64_t k,
+                                          DecodeGemmInput input) const;
   // The same for the decode GEMM.
   std::optional<DecodeGemmConfig> DecodeGemmFor(Proj proj, int64_t m, int64_t n, int64_t k,
                                                 DecodeGemmInput input) const;
@@ -368,8 +391,10 @@ class LlamaModel {
   DeviceBuffer kv_;
   std::unique_ptr<Gemm> gemm_;
   int sm_count_;
-  DeviceBuffer decode_workspace_;  // float split-K partials of the decode GEMM
-  DeviceBuffer decode_counters_;   // int32 split counters, zero between launches
+  // float split-K partials and int32 split counters (zero between launches) of the decode and
+  // TMA GEMMs: launches on the step's one stream share them.
+  DeviceBuffer decode_workspace_;
+  DeviceBuffer decode_counters_;
   LayerKernel layer_kernel_;
 };
 

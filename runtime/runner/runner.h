@@ -115,7 +115,7 @@ struct RunnerOptions {
   // Prefill token budgets; empty: CaptureSizes::DefaultPrefillSizes(min(512, max tokens)).
   std::vector<int> prefill_sizes;
   // GEMM paths and fusions of the model (LlamaModelOptions): rows up to which each projection
-  // uses the prefetch GEMM, then the decode GEMM, whether the down projection there reads
+  // uses the prefetch GEMM, then the TMA GEMM, then the decode GEMM, whether the down projection there reads
   // SiLU(gate)·up itself, RoPE and the KV append as one kernel, the skinny kernel up to
   // skinny_gemm_max_rows elsewhere, and whether the QKV and gate-up prefetch GEMMs do the add +
   // RMSNorm before them (fold_norm_into_gemm; the same bits either way).
@@ -123,6 +123,8 @@ struct RunnerOptions {
   int prefetch_gemm_ctas_per_sm = 2;
   bool prefetch_gemm_silu = false;
   bool fold_norm_into_gemm = false;
+  TmaGemmRows tma_gemm_rows;
+  int tma_gemm_ctas_per_sm = 2;
   // Steps of at most this many token rows run each piece as one decode layer kernel launch
   // (LlamaModelOptions::layer_kernel_rows; the same bits either way).
   int layer_kernel_rows = LlamaModelOptions{}.layer_kernel_rows;

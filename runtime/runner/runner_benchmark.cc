@@ -68,6 +68,13 @@ ABSL_FLAG(bool, prefetch_silu, kiln::RunnerOptions{}.prefetch_gemm_silu,
           "The prefetch GEMM reads SiLU(gate)·up itself for the down projection");
 ABSL_FLAG(bool, fold_norm, kiln::RunnerOptions{}.fold_norm_into_gemm,
           "The QKV and gate-up prefetch GEMMs do the add + RMSNorm before them");
+ABSL_FLAG(int, tma_qkv_rows, kiln::TmaGemmRows{}.qkv, "TMA GEMM rows: QKV projection");
+ABSL_FLAG(int, tma_o_rows, kiln::TmaGemmRows{}.o, "TMA GEMM rows: O projection");
+ABSL_FLAG(int, tma_gate_up_rows, kiln::TmaGemmRows{}.gate_up,
+          "TMA GEMM rows: gate-up projection");
+ABSL_FLAG(int, tma_down_rows, kiln::TmaGemmRows{}.down, "TMA GEMM rows: down projection");
+ABSL_FLAG(int, tma_ctas_per_sm, kiln::RunnerOptions{}.tma_gemm_ctas_per_sm,
+          "TMA GEMM CTAs per SM (1 or 2)");
 ABSL_FLAG(int, layer_kernel_rows, kiln::RunnerOptions{}.layer_kernel_rows,
           "Steps of at most this many rows run each piece as one decode layer kernel (0: none)");
 ABSL_FLAG(int, decode_qkv_rows, kiln::DecodeGemmRows{}.qkv, "Decode GEMM rows: QKV projection");
@@ -191,6 +198,11 @@ RunnerOptions BenchmarkOptions() {
   o.prefetch_gemm_ctas_per_sm = absl::GetFlag(FLAGS_prefetch_ctas_per_sm);
   o.prefetch_gemm_silu = absl::GetFlag(FLAGS_prefetch_silu);
   o.fold_norm_into_gemm = absl::GetFlag(FLAGS_fold_norm);
+  o.tma_gemm_rows.qkv = absl::GetFlag(FLAGS_tma_qkv_rows);
+  o.tma_gemm_rows.o = absl::GetFlag(FLAGS_tma_o_rows);
+  o.tma_gemm_rows.gate_up = absl::GetFlag(FLAGS_tma_gate_up_rows);
+  o.tma_gemm_rows.down = absl::GetFlag(FLAGS_tma_down_rows);
+  o.tma_gemm_ctas_per_sm = absl::GetFlag(FLAGS_tma_ctas_per_sm);
   o.layer_kernel_rows = absl::GetFlag(FLAGS_layer_kernel_rows);
   o.decode_gemm_rows.qkv = absl::GetFlag(FLAGS_decode_qkv_rows);
   o.decode_gemm_rows.o = absl::GetFlag(FLAGS_decode_o_rows);
@@ -323,7 +335,7 @@ int Main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_compare_cublas)) {
     // The GEMM paths for small batches, whole steps as graphs: the options above; without the
     // prefetch GEMM (the earlier defaults); the skinny kernel up to 2 rows with cuBLASLt above (no
-    // prefetch or decode GEMM); cuBLASLt for every GEMM.
+    // prefetch, TMA or decode GEMM); cuBLASLt for every GEMM.
     const std::vector<int> small = {1, 2, 4, 8, 16, 32};
     const char* names[] = {"as configured", "no prefetch", "skinny+cuBLASLt", "cuBLASLt"};
     constexpr int kPaths = 4;
@@ -331,7 +343,10 @@ int Main(int argc, char** argv) {
     for (int i = 0; i < kPaths; ++i) {
       std::unique_ptr<Runner> runner = small_runner(small, [&](RunnerOptions& o) {
         if (i >= 1) o.prefetch_gemm_rows = PrefetchGemmRows{0, 0, 0, 0, 0};
-        if (i >= 2) o.decode_gemm_rows = DecodeGemmRows{0, 0, 0, 0, 0};
+        if (i >= 2) {
+          o.decode_gemm_rows = DecodeGemmRows{0, 0, 0, 0, 0};
+          o.tma_gemm_rows = TmaGemmRows{0, 0, 0, 0};
+        }
         if (i == 3) o.skinny_gemm_max_rows = 0;
       });
       for (int b : small) ms[i][b] = TimeDecode(*runner, b, context, steps, false).graph_ms;
@@ -383,6 +398,16 @@ int Main(int argc, char** argv) {
         {"no prefetch gate_up", [](RunnerOptions& o) { o.prefetch_gemm_rows.gate_up = 0; }},
         {"no prefetch down", [](RunnerOptions& o) { o.prefetch_gemm_rows.down = 0; }},
         {"no prefetch lm_head", [](RunnerOptions& o) { o.prefetch_gemm_rows.lm_head = 0; }},
+        {"no tma", [](RunnerOptions& o) { o.tma_gemm_rows = TmaGemmRows{0, 0, 0, 0}; }},
+        {"tma 1 CTA/SM", [](RunnerOptions& o) { o.tma_gemm_ctas_per_sm = 1; }},
+        {"tma qkv,o <=32",
+         [](RunnerOptions& o) { o.tma_gemm_rows.qkv = o.tma_gemm_rows.o = 32; }},
+        {"tma qkv,o only",
+         [](RunnerOptions& o) { o.tma_gemm_rows.gate_up = o.tma_gemm_rows.down = 0; }},
+        {"tma gate_up,down only",
+         [](RunnerOptions& o) { o.tma_gemm_rows.qkv = o.tma_gemm_rows.o = 0; }},
+        {"tma all <=64",
+         [](RunnerOptions& o) { o.tma_gemm_rows = TmaGemmRows{64, 64, 64, 64}; }},
         {"decode qkv,o,down<=8",
          [](RunnerOptions& o) {
            o.prefetch_gemm_rows = PrefetchGemmRows{0, 0, 0, 0, 0};

@@ -8,7 +8,7 @@
 //   - steps on the eager key (above every captured size) and greedy generation match the CPU
 //     float64 reference decoder (logits by relative error, tokens where the reference's top-2
 //     margin is clear);
-//   - bad batches are refused and change nothing.
+//   - bad batches are refused and change nothing; so are out-of-range GEMM path options.
 #include "runtime/runner/runner.h"
 
 #include <algorithm>
@@ -19,6 +19,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -561,6 +562,24 @@ TEST_F(RunnerGpuTest, GreedyGenerationAndEagerFallbackMatchReference) {
   std::printf("reference check: %d clear-margin tokens, %d near ties, max logits rel err %.2e\n",
               check.clear_checks(), check.near_ties(), check.max_rel());
   EXPECT_GE(check.clear_checks(), 40);
+}
+
+TEST_F(RunnerGpuTest, BadGemmPathOptionsAreRefused) {
+  const std::vector<std::pair<std::function<void(RunnerOptions&)>, std::string>> bad = {
+      {[](RunnerOptions& o) { o.tma_gemm_rows.down = kTmaGemmMaxRows + 1; }, "tma_gemm_rows"},
+      {[](RunnerOptions& o) { o.tma_gemm_rows.qkv = -1; }, "tma_gemm_rows"},
+      {[](RunnerOptions& o) { o.tma_gemm_ctas_per_sm = 3; }, "tma_gemm_ctas_per_sm 3"},
+      {[](RunnerOptions& o) { o.prefetch_gemm_rows.o = kPrefetchGemmMaxRows + 1; },
+       "prefetch_gemm_rows"},
+  };
+  for (const auto& [edit, name] : bad) {
+    RunnerOptions options = TinyOptions(GraphExecution::kFull, 5);
+    edit(options);
+    auto runner = Runner::Create(options);
+    ASSERT_FALSE(runner.ok()) << name;
+    EXPECT_EQ(runner.status().code(), absl::StatusCode::kInvalidArgument) << runner.status();
+    EXPECT_NE(runner.status().message().find(name), std::string::npos) << runner.status();
+  }
 }
 
 TEST_F(RunnerGpuTest, BadBatchesAreRefusedAndChangeNothing) {
