@@ -32,13 +32,12 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "runtime/cuda/device_buffer.h"
 #include "runtime/cuda/device_info.h"
 #include "runtime/cuda/event.h"
 #include "runtime/cuda/status.h"
 #include "runtime/cuda/stream.h"
+#include "runtime/model/internal/benchmark_util.h"
 #include "runtime/runner/runner.h"
 
 ABSL_FLAG(std::string, batches, "1,8,32,128", "Decode batch sizes");
@@ -102,20 +101,7 @@ void UniformSplit(RunnerOptions& o, int ctas_per_sm) {
   o.decode_split_by_rows.clear();
 }
 
-#define CHECK_OK(expr)                                                                       \
-  do {                                                                                       \
-    const absl::Status check_status_ = (expr);                                               \
-    if (!check_status_.ok()) {                                                               \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, check_status_.ToString().c_str()); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (false)
-
-template <typename T>
-T ValueOrDie(absl::StatusOr<T> v) {
-  CHECK_OK(v.status());
-  return *std::move(v);
-}
+using benchmark_internal::ValueOrDie;
 
 constexpr int kWarmup = 5;
 
@@ -222,26 +208,13 @@ RunnerOptions BenchmarkOptions() {
   return o;
 }
 
-// Parses a comma-separated list of batch sizes in [1, 256] into `out`; false (after printing
-// what is wrong) for a bad one.
-bool ParseBatches(const char* flag, const std::string& text, std::vector<int>* out) {
-  for (absl::string_view piece : absl::StrSplit(text, ',')) {
-    int b = 0;
-    if (!absl::SimpleAtoi(piece, &b) || b < 1 || b > 256) {
-      std::fprintf(stderr, "--%s: bad size \"%s\" (want sizes in [1, 256])\n", flag,
-                   std::string(piece).c_str());
-      return false;
-    }
-    out->push_back(b);
-  }
-  return true;
-}
-
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   std::vector<int> batches, ablate_batches;
-  if (!ParseBatches("batches", absl::GetFlag(FLAGS_batches), &batches) ||
-      !ParseBatches("ablate_batches", absl::GetFlag(FLAGS_ablate_batches), &ablate_batches)) {
+  if (!benchmark_internal::ParseIntList("batches", absl::GetFlag(FLAGS_batches), 1, 256,
+                                        &batches) ||
+      !benchmark_internal::ParseIntList("ablate_batches", absl::GetFlag(FLAGS_ablate_batches), 1,
+                                        256, &ablate_batches)) {
     return 2;
   }
   const int context = absl::GetFlag(FLAGS_context);

@@ -30,9 +30,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "collectives/allreduce_config.pb.h"
 #include "collectives/testing/multiprocess_benchmark_util.h"
@@ -40,6 +38,7 @@
 #include "runtime/cuda/device_info.h"
 #include "runtime/cuda/status.h"
 #include "runtime/cuda/status_macros.h"
+#include "runtime/model/internal/benchmark_util.h"
 #include "runtime/runner/runner.h"
 
 ABSL_FLAG(int, world_size, 0, "Ranks (one process per GPU); 0 = every visible GPU");
@@ -63,12 +62,10 @@ double Median(std::vector<double> v) {
 
 absl::StatusOr<std::vector<int>> Batches() {
   std::vector<int> batches;
-  for (absl::string_view piece : absl::StrSplit(absl::GetFlag(FLAGS_batches), ',')) {
-    int b = 0;
-    if (!absl::SimpleAtoi(piece, &b) || b < 1 || b > 256) {
-      return absl::InvalidArgumentError(absl::StrCat("--batches: bad size \"", piece, "\""));
-    }
-    batches.push_back(b);
+  if (!benchmark_internal::ParseIntList("batches", absl::GetFlag(FLAGS_batches), 1, 256,
+                                        &batches) ||
+      batches.empty()) {
+    return absl::InvalidArgumentError("--batches: want a comma-separated list of sizes in [1, 256]");
   }
   return batches;
 }

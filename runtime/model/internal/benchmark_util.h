@@ -1,4 +1,4 @@
-// Internal: what runtime/model's benchmark binaries share — die-on-error checks (benchmarks are
+// Internal: what runtime's benchmark binaries share — die-on-error checks (benchmarks are
 // programs, not library code, so they may exit), the parsing of integer-list flags and the median
 // replay time of a captured graph.
 #ifndef KILN_RUNTIME_MODEL_INTERNAL_BENCHMARK_UTIL_H_
