@@ -47,9 +47,9 @@
 // GEMMs: per projection, the prefetch GEMM up to options.prefetch_gemm_rows (prefetch_gemm.h:
 // the weights bulk-copied into shared memory before the previous kernel ends), else the TMA GEMM
 // up to options.tma_gemm_rows (tma_gemm.h: the same idea on wgmma, for tens of rows), else the
-// decode GEMM up to options.decode_gemm_rows (decode_gemm.h: tensor cores, split-K, weights streamed from
-// before the previous kernel ends), the skinny kernel up to options.skinny_gemm_max_rows, cuBLASLt
-// above; every choice depends only on the projection and (m, n, k), so an eager step at a graph's
+// decode GEMM up to options.decode_gemm_rows (decode_gemm.h: tensor cores, split-K, weights
+// streamed from before the previous kernel ends), the skinny kernel up to
+// options.skinny_gemm_max_rows, cuBLASLt above; every choice depends only on the projection and (m, n, k), so an eager step at a graph's
 // padded size computes the same bits as the graph. Every kiln kernel of the step is launched with
 // programmatic dependent launch (internal/pdl_launch.cuh), so each starts while the one before it
 // finishes.

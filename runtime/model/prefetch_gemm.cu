@@ -234,13 +234,8 @@ bool DeviceHasBulkCopy() { return CurrentDeviceIsSm90OrLater(); }
 
 template <Staging kStaging, typename OutT>
 cudaError_t SetAttributes() {
-  auto kernel = PrefetchGemmKernel<kStaging, OutT>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(kPrefetchGemmMaxSharedBytes));
-  if (e != cudaSuccess) return e;
-  // The most shared memory per SM, so that a CTA of this kernel finds room beside another.
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                              cudaSharedmemCarveoutMaxShared);
+  return internal::AllowSharedMemory(PrefetchGemmKernel<kStaging, OutT>,
+                                     kPrefetchGemmMaxSharedBytes);
 }
 
 cudaError_t Prepare() {

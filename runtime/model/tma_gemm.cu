@@ -174,8 +174,8 @@ __global__ void __launch_bounds__(kThreads, 3)
   constexpr uint32_t kXStageBytes = kRows * kXRowBytes;
   constexpr int kAcc = kRows / 2;
   // Independent accumulator sets: k step `step` of every stage adds into set step % kSets, so
-  // the four wgmmas of a stage do not wait for one another (a chain of dependent wgmmas on few
-  // rows costs each one's whole latency). 64 rows keep two sets within the register budget.
+  // the four wgmmas of a stage need not wait for one another (0.1–0.7 µs faster per GEMM than
+  // one set, runtime/model/NOTES.md). 64 rows keep two sets within the register budget.
   constexpr int kSets = kRows == 64 ? 2 : 4;
   extern __shared__ unsigned char shared_raw[];
   __shared__ __align__(8) uint64_t full[kTmaGemmMaxStages];   // the stage's copies landed
@@ -365,16 +365,6 @@ bool EncodeMap(CUtensorMap* map, const __nv_bfloat16* base, int inner, int rows,
                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int kRows>
-cudaError_t SetAttributes() {
-  auto kernel = TmaGemmKernel<kRows>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(kTmaGemmMaxSharedBytes));
-  if (e != cudaSuccess) return e;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                              cudaSharedmemCarveoutMaxShared);
-}
-
 cudaError_t Prepare() {
   static const cudaError_t prepared = [] {
     if (!CurrentDeviceIsSm90OrLater()) return cudaSuccess;
@@ -387,7 +377,10 @@ cudaError_t Prepare() {
       return cudaErrorSymbolNotFound;
     }
     encode_tiled = reinterpret_cast<EncodeTiledFn>(symbol);
-    for (cudaError_t set : {SetAttributes<16>(), SetAttributes<32>(), SetAttributes<64>()}) {
+    const size_t most = kTmaGemmMaxSharedBytes;
+    for (cudaError_t set : {internal::AllowSharedMemory(TmaGemmKernel<16>, most),
+                            internal::AllowSharedMemory(TmaGemmKernel<32>, most),
+                            internal::AllowSharedMemory(TmaGemmKernel<64>, most)}) {
       if (set != cudaSuccess) return set;
     }
     return cudaSuccess;

@@ -65,7 +65,8 @@ absl::StatusOr<std::vector<int>> Batches() {
   if (!benchmark_internal::ParseIntList("batches", absl::GetFlag(FLAGS_batches), 1, 256,
                                         &batches) ||
       batches.empty()) {
-    return absl::InvalidArgumentError("--batches: want a comma-separated list of sizes in [1, 256]");
+    return absl::InvalidArgumentError(
+        "--batches: want a comma-separated list of sizes in [1, 256]");
   }
   return batches;
 }

@@ -60,6 +60,18 @@ cudaError_t LaunchWithPdlInClusters(void (*kernel)(KernelArgs...), dim3 grid, di
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
+// Lets `kernel` take up to `dynamic_bytes` of dynamic shared memory and asks for the largest
+// shared-memory share of each SM, so that a CTA of it finds room beside another kernel's. Call
+// outside capture. Returns the first error.
+template <typename... KernelArgs>
+cudaError_t AllowSharedMemory(void (*kernel)(KernelArgs...), size_t dynamic_bytes) {
+  const cudaError_t e = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dynamic_bytes));
+  if (e != cudaSuccess) return e;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                              cudaSharedmemCarveoutMaxShared);
+}
+
 // The same without clusters.
 template <typename... KernelArgs, typename... Args>
 cudaError_t LaunchWithPdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
