@@ -17,6 +17,7 @@
 namespace kiln {
 namespace {
 
+using testing_internal::CaptureAndReplay;
 using testing_internal::DeviceVector;
 using testing_internal::GemmProduct;
 using testing_internal::GpuTest;
@@ -198,19 +199,10 @@ TEST_F(DecodeGemmGpuTest, GraphReplayAndRepeatsAreBitwiseEqual) {
       ASSERT_EQ(problem.Launch(args, config, stream()), cudaSuccess);
       const std::vector<float> again = problem.y().Download(stream());
 
-      cudaGraph_t graph;
-      ASSERT_EQ(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeGlobal), cudaSuccess);
-      ASSERT_EQ(problem.Launch(args, config, stream()), cudaSuccess);
-      ASSERT_EQ(cudaStreamEndCapture(stream(), &graph), cudaSuccess);
-      cudaGraphExec_t exec;
-      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
       problem.y().Poison(stream());
-      for (int replay = 0; replay < 3; ++replay) {
-        ASSERT_EQ(cudaGraphLaunch(exec, stream()), cudaSuccess);
-      }
+      ASSERT_NO_FATAL_FAILURE(CaptureAndReplay(
+          stream(), 1, 3, [&] { return problem.Launch(args, config, stream()); }));
       const std::vector<float> replayed = problem.y().Download(stream());
-      ASSERT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
-      ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
 
       const size_t bytes = static_cast<size_t>(m) * n * sizeof(uint16_t);
       const std::vector<double> got = problem.Output(m, false, stream());

@@ -23,6 +23,7 @@
 namespace kiln {
 namespace {
 
+using testing_internal::CaptureAndReplay;
 using testing_internal::DeviceVector;
 using testing_internal::GemmProduct;
 using testing_internal::GpuTest;
@@ -261,19 +262,10 @@ TEST_F(PrefetchGemmGpuTest, GraphReplayAndRepeatsAreBitwiseEqual) {
     ASSERT_EQ(LaunchPrefetchGemm(args, config, stream()), cudaSuccess);
     const std::vector<float> again = problem.y().Download(stream());
 
-    cudaGraph_t graph;
-    ASSERT_EQ(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeGlobal), cudaSuccess);
-    for (int i = 0; i < 3; ++i) ASSERT_EQ(LaunchPrefetchGemm(args, config, stream()), cudaSuccess);
-    ASSERT_EQ(cudaStreamEndCapture(stream(), &graph), cudaSuccess);
-    cudaGraphExec_t exec;
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
     problem.y().Poison(stream());
-    for (int replay = 0; replay < 3; ++replay) {
-      ASSERT_EQ(cudaGraphLaunch(exec, stream()), cudaSuccess);
-    }
+    ASSERT_NO_FATAL_FAILURE(CaptureAndReplay(
+        stream(), 3, 3, [&] { return LaunchPrefetchGemm(args, config, stream()); }));
     const std::vector<float> replayed = problem.y().Download(stream());
-    ASSERT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
-    ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);
 
     const size_t bytes = static_cast<size_t>(m) * n * sizeof(uint16_t);
     for (double v : problem.Output(m, false, stream())) ASSERT_TRUE(std::isfinite(v));

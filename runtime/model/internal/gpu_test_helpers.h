@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -112,6 +113,23 @@ inline std::vector<double> Bf16ToDouble(const std::vector<uint16_t>& bits) {
   std::vector<double> out(bits.size());
   for (size_t i = 0; i < bits.size(); ++i) out[i] = Bf16BitsToFloat(bits[i]);
   return out;
+}
+
+// Captures `launches` calls of `launch` on `stream` into a graph, replays it `replays` times and
+// waits for the replays; a failed step is a gtest failure (callers wrap the call in
+// ASSERT_NO_FATAL_FAILURE).
+inline void CaptureAndReplay(cudaStream_t stream, int launches, int replays,
+                             const std::function<cudaError_t()>& launch) {
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  for (int i = 0; i < launches; ++i) EXPECT_EQ(launch(), cudaSuccess) << "launch " << i;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int r = 0; r < replays; ++r) EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
 }
 
 // x as a decode-time GEMM reads it, in float64: x [m, k] itself, or, with silu_mul, SiLU(gate)·up
