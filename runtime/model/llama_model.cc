@@ -232,8 +232,8 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
   if (gemm == nullptr) {
     ASSIGN_OR_RETURN(gemm, Gemm::Create(options.gemm_workspace_bytes));
   }
-  // The decode and TMA GEMMs' split-K partials and counters: the most any projection needs at any
-  // row count either serves (configurations depend on the SM count).
+  // The decode GEMM's split-K partials and counters: the most any projection needs at any row
+  // count it serves (configurations depend on the SM count).
   int device = 0, sm_count = 0;
   CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
@@ -246,16 +246,6 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
       if (!DecodeGemmSupportsShape(m, p.n, p.k, p.input, p.float_output, c)) continue;
       workspace_bytes = std::max(workspace_bytes, DecodeGemmWorkspaceBytes(m, p.n, c));
       counters = std::max(counters, DecodeGemmCounters(p.n, c));
-    }
-  }
-  for (int m = 1; m <= MaxRows(tma); ++m) {
-    for (const Projection& p : Projections(s)) {
-      if (m > RowLimit(tma, p.proj) || p.input != DecodeGemmInput::kPlain) continue;
-      const TmaGemmConfig c =
-          ChooseTmaGemmConfig(m, p.n, p.k, sm_count, options.tma_gemm_ctas_per_sm);
-      if (!TmaGemmSupportsShape(m, p.n, p.k, c)) continue;
-      workspace_bytes = std::max(workspace_bytes, TmaGemmWorkspaceBytes(m, p.n, c));
-      counters = std::max(counters, TmaGemmCounters(p.n, c));
     }
   }
   // The prefetch GEMM's shared-memory limits are raised here, outside any capture.
@@ -456,9 +446,7 @@ absl::Status LlamaModel::Linear(Proj proj, const bf16* x, const bf16* w, void* y
     args.n = static_cast<int>(n);
     args.k = static_cast<int>(k);
     if (TmaGemmSupports(args, *c)) {
-      return ToStatus(LaunchTmaGemm(args, *c, decode_workspace_.as<float>(),
-                                    decode_counters_.as<int32_t>(), stream),
-                      "TMA GEMM");
+      return ToStatus(LaunchTmaGemm(args, *c, stream), "TMA GEMM");
     }
   }
   if (const std::optional<DecodeGemmConfig> c = DecodeGemmFor(proj, m, n, k, input)) {

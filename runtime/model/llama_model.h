@@ -134,14 +134,15 @@ struct PrefetchGemmRows {
 // at most kTmaGemmMaxRows. It comes after the prefetch GEMM and before the decode GEMM: a
 // projection the prefetch GEMM does not take at m rows and this one does uses neither the decode
 // GEMM, the skinny kernel nor cuBLASLt. The LM head (float logits) never takes it. The defaults
-// follow runtime/model/NOTES.md (H200, 1B shape): every projection at 16 rows (the step 1.354 →
-// 1.247 ms against cuBLASLt), gate-up and down up to 32 (1.440 → 1.412 ms at 32 rows, where QKV
-// and O through it were slower: 1.543 ms); none at 64 rows (slower for every projection).
+// follow runtime/model/NOTES.md (H200, 1B shape): every projection at 16 rows (the step 1.346 →
+// 1.228 ms against cuBLASLt), O up to 32 (1.396–1.399 → 1.348–1.352 ms at 32 rows against O on
+// cuBLASLt), gate-up and down up to 48 (1.580–1.591 → 1.565 at 48 rows); QKV at 32 rows and any
+// projection at 64 made the step slower.
 struct TmaGemmRows {
   int qkv = 16;
-  int o = 16;
-  int gate_up = 32;
-  int down = 32;
+  int o = 32;
+  int gate_up = 48;
+  int down = 48;
 };
 
 struct LlamaModelOptions {
@@ -303,7 +304,7 @@ class LlamaModel {
   void* v_cache(int layer) const;
   // Returns the GEMM workspace bytes.
   size_t gemm_workspace_bytes() const { return gemm_->workspace_bytes(); }
-  // Returns the decode and TMA GEMMs' device bytes (split-K partials and counters, shared).
+  // Returns the decode GEMM's device bytes (split-K partials and counters).
   size_t decode_gemm_workspace_bytes() const {
     return decode_workspace_.size() + decode_counters_.size();
   }
@@ -391,10 +392,8 @@ class LlamaModel {
   DeviceBuffer kv_;
   std::unique_ptr<Gemm> gemm_;
   int sm_count_;
-  // float split-K partials and int32 split counters (zero between launches) of the decode and
-  // TMA GEMMs: launches on the step's one stream share them.
-  DeviceBuffer decode_workspace_;
-  DeviceBuffer decode_counters_;
+  DeviceBuffer decode_workspace_;  // float split-K partials of the decode GEMM
+  DeviceBuffer decode_counters_;   // int32 split counters, zero between launches
   LayerKernel layer_kernel_;
 };
 

@@ -17,11 +17,17 @@
 // mbarrier; the producer refills a slot with stage i + S once all four warps have released it
 // (with one slot, a stage's group is waited for before its slot is released).
 //
+// Slices. The splits CTAs of a tile are one cluster, rank = slice. Each puts its partial tile
+// into its own shared memory, the cluster synchronises, and each rank adds up 1/splits of the
+// tile's elements over the ranks in rank order (distributed shared memory) and writes them to y;
+// a second cluster barrier keeps every rank's shared memory alive until the others have read it.
+//
 // Accumulators (wgmma's m64nR float layout): thread (warp w, lane = 4g + t) holds, for each 8-row
 // block j of x, d[4j + q] = row 16w + g + 8 · (q / 2) of the W tile times x row 8j + 2t + q % 2.
 #include "runtime/cuda/compute_capability.h"
 #include "runtime/model/tma_gemm.h"
 
+#include <cooperative_groups.h>
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -38,6 +44,8 @@
 namespace kiln {
 namespace {
 
+namespace cg = cooperative_groups;
+
 using internal::MbarrierArriveExpectTx;
 using internal::MbarrierInit;
 using internal::MbarrierWait;
@@ -53,9 +61,7 @@ constexpr uint32_t kXRowBytes = kTmaGemmStageK * 2;  // one swizzled row: 128 by
 constexpr size_t kAlignSlack = 1024;
 
 struct Params {
-  __nv_bfloat16* y;   // [m, n]
-  float* workspace;   // [ctas][64 · R] partial tiles, in the accumulators' order
-  int32_t* counters;  // [tiles]
+  __nv_bfloat16* y;  // [m, n]
   int m, n;
   int pieces;  // 64-k pieces of k
   int splits;
@@ -91,11 +97,6 @@ __device__ __forceinline__ void WgmmaWaitAll() {
 }
 __device__ __forceinline__ void WgmmaWaitAllButOne() {
   asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-}
-
-// A barrier over the consumer warpgroup only (the producer warp has left).
-__device__ __forceinline__ void ConsumerBarrier() {
-  asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
 }
 
 // Marks the accumulators as written here, so that the compiler reads them only after the wait
@@ -167,85 +168,20 @@ struct Wgmma<64> {
   }
 };
 
+// The consumer warpgroup's main loop: returns in `acc` this CTA's partial tile. Everything in
+// it reads what earlier kernels wrote or writes what they read.
 template <int kRows>
-__global__ void __launch_bounds__(kThreads, 3)
-    TmaGemmKernel(const __grid_constant__ CUtensorMap w_map,
-                  const __grid_constant__ CUtensorMap x_map, const Params p) {
+__device__ __forceinline__ void Consume(const Params& p, uint64_t* full, uint64_t* empty,
+                                        uint32_t w_slots, uint32_t x_slots, int count,
+                                        float (&acc)[kRows / 2]) {
   constexpr uint32_t kXStageBytes = kRows * kXRowBytes;
   constexpr int kAcc = kRows / 2;
   // Independent accumulator sets: k step `step` of every stage adds into set step % kSets, so
   // the four wgmmas of a stage need not wait for one another (0.1–0.7 µs faster per GEMM than
   // one set, runtime/model/NOTES.md). 64 rows keep two sets within the register budget.
   constexpr int kSets = kRows == 64 ? 2 : 4;
-  extern __shared__ unsigned char shared_raw[];
-  __shared__ __align__(8) uint64_t full[kTmaGemmMaxStages];   // the stage's copies landed
-  __shared__ __align__(8) uint64_t empty[kTmaGemmMaxStages];  // the 4 consumer warps read it
-  __shared__ int last_slice;
-  const uint32_t base = (SharedAddress(shared_raw) + 1023u) & ~1023u;
-  const uint32_t w_slots = base;
-  const uint32_t x_slots = base + p.stages * kWStageBytes;
-
-  // The next kernel may become resident now and start its own independent prologue.
-  AllowDependentLaunch();
-
-  const int tile = blockIdx.x / p.splits;
-  const int slice = blockIdx.x - tile * p.splits;
-  const int piece_begin = slice * p.pieces / p.splits;
-  const int count = (slice + 1) * p.pieces / p.splits - piece_begin;
-  const int row0 = tile * kTmaGemmTileRows;
-  const int stages = p.stages;
-  const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-
-  if (threadIdx.x == kConsumerThreads) {
-    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&w_map))
-                 : "memory");
-    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&x_map))
-                 : "memory");
-    for (int s = 0; s < stages; ++s) {
-      MbarrierInit(SharedAddress(full + s), 1);
-      MbarrierInit(SharedAddress(empty + s), kConsumerWarps);
-    }
-    internal::FenceBarrierInit();
-  }
-  __syncthreads();
-
-  if (warp == kConsumerWarps) {
-    // The producer warp. Its lane 0 arms stage i's slot for both copies and issues the W copy
-    // (W is written by no kernel, so this is legal before the wait); the x copy follows once x
-    // may be read. A slot is refilled once the consumers have released it.
-    auto issue_w = [&](int i) {
-      const int slot = i % stages;
-      const uint32_t bar = SharedAddress(full + slot);
-      MbarrierArriveExpectTx(bar, kWStageBytes + kXStageBytes);
-      TensorCopy(w_slots + slot * kWStageBytes, &w_map, (piece_begin + i) * kTmaGemmStageK, row0,
-                 bar);
-    };
-    auto issue_x = [&](int i) {
-      const int slot = i % stages;
-      TensorCopy(x_slots + slot * kXStageBytes, &x_map, (piece_begin + i) * kTmaGemmStageK, 0,
-                 SharedAddress(full + slot));
-    };
-    const int first = min(stages, count);
-    if (lane == 0) {
-      for (int i = 0; i < first; ++i) issue_w(i);
-    }
-    // Every thread waits (pdl_launch.cuh).
-    WaitForPrerequisites();
-    if (lane == 0) {
-      for (int i = 0; i < first; ++i) issue_x(i);
-      for (int i = first; i < count; ++i) {
-        MbarrierWait(SharedAddress(empty + i % stages),
-                     static_cast<uint32_t>((i / stages - 1) & 1));
-        issue_w(i);
-        issue_x(i);
-      }
-    }
-    return;
-  }
-
-  // The consumer warpgroup. Everything below reads what earlier kernels wrote or writes what
-  // they read.
+  const int stages = p.stages;
   WaitForPrerequisites();
   float sets[kSets][kAcc];
 #pragma unroll
@@ -280,7 +216,6 @@ __global__ void __launch_bounds__(kThreads, 3)
     }
   }
   WgmmaWaitAll();
-  float acc[kAcc];
 #pragma unroll
   for (int u = 0; u < kSets; ++u) FenceAccumulators(sets[u]);
 #pragma unroll
@@ -289,56 +224,136 @@ __global__ void __launch_bounds__(kThreads, 3)
 #pragma unroll
     for (int u = 1; u < kSets; ++u) acc[j] += sets[u][j];
   }
+}
 
-  const int g = lane / 4;
-  const int t = lane % 4;
-  auto store = [&](int j, float value) {
-    const int r = row0 + 16 * warp + g + 8 * ((j >> 1) & 1);
-    const int col = 8 * (j >> 2) + 2 * t + (j & 1);
+// Writes y of this CTA's tile: the consumers' `acc` at once with one slice; with several, the
+// tile's CTAs (one cluster, rank = slice) each put their partial into their own shared memory
+// (`scratch`, the ring's first bytes, free now), and each adds up 1/splits of the tile's
+// elements over the cluster's ranks in rank order (distributed shared memory) and writes them.
+// Every thread of the CTA calls it.
+template <int kRows>
+__device__ __forceinline__ void Finish(const Params& p, unsigned char* scratch, int row0,
+                                       int slice, const float (&acc)[kRows / 2]) {
+  constexpr int kAcc = kRows / 2;
+  // Accumulator j of consumer thread u: W tile row 16·(u / 32) + (u % 32) / 4 + 8·((j / 2) % 2),
+  // x row 8·(j / 4) + 2·(u % 4) + j % 2.
+  auto store = [&](int u, int j, float value) {
+    const int lane = u % 32;
+    const int r = row0 + 16 * (u / 32) + lane / 4 + 8 * ((j >> 1) & 1);
+    const int col = 8 * (j >> 2) + 2 * (lane % 4) + (j & 1);
     if (r < p.n && col < p.m) {
       p.y[static_cast<int64_t>(col) * p.n + r] = __float2bfloat16_rn(value);
     }
   };
+  const bool consumer = threadIdx.x < kConsumerThreads;
   if (p.splits == 1) {
+    if (consumer) {
 #pragma unroll
-    for (int j = 0; j < kAcc; ++j) store(j, acc[j]);
+      for (int j = 0; j < kAcc; ++j) store(threadIdx.x, j, acc[j]);
+    }
     return;
   }
-  // Partial tiles in the accumulators' order: each thread writes and reads its own floats, so
-  // the accesses of a warp are contiguous.
-  constexpr int kTileFloats = kConsumerThreads * kAcc;
-  float* mine = p.workspace + static_cast<int64_t>(blockIdx.x) * kTileFloats;
+  // Partial tiles in the accumulators' order: element e = j · 128 + u.
+  float* partial = reinterpret_cast<float*>(scratch);
+  if (consumer) {
 #pragma unroll
-  for (int j = 0; j < kAcc; ++j) __stcg(mine + j * kConsumerThreads + threadIdx.x, acc[j]);
-  ConsumerBarrier();
-  if (threadIdx.x == 0) {
-    const bool last = CountAcqRel(p.counters + tile) == p.splits - 1;
-    if (last) p.counters[tile] = 0;  // the next launch counts after this kernel completes
-    last_slice = last ? 1 : 0;
+    for (int j = 0; j < kAcc; ++j) partial[j * kConsumerThreads + threadIdx.x] = acc[j];
   }
-  ConsumerBarrier();
-  if (last_slice == 0) return;
-  // The slices' partials in slice order, all of one slice's loads in flight at once.
-  const float* partials = p.workspace + static_cast<int64_t>(tile) * p.splits * kTileFloats;
-  float sum[kAcc];
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every rank's partial is written
+  constexpr int kElements = kConsumerThreads * kAcc;
+  const int end = (slice + 1) * kElements / p.splits;
+  for (int e = slice * kElements / p.splits + threadIdx.x; e < end; e += kThreads) {
+    float part[kTmaGemmMaxSplits];
 #pragma unroll
-  for (int j = 0; j < kAcc; ++j) sum[j] = 0.f;
-  for (int s = 0; s < p.splits; ++s) {
-    float part[kAcc];
-    if (s == slice) {
+    for (int s = 0; s < kTmaGemmMaxSplits; ++s) {
+      if (s < p.splits) part[s] = *cluster.map_shared_rank(partial + e, s);
+    }
+    float sum = 0.f;
 #pragma unroll
-      for (int j = 0; j < kAcc; ++j) part[j] = acc[j];
-    } else {
-#pragma unroll
-      for (int j = 0; j < kAcc; ++j) {
-        part[j] = __ldcg(partials + s * kTileFloats + j * kConsumerThreads + threadIdx.x);
+    for (int s = 0; s < kTmaGemmMaxSplits; ++s) {
+      if (s < p.splits) sum += part[s];
+    }
+    store(e % kConsumerThreads, e / kConsumerThreads, sum);
+  }
+  cluster.sync();  // no rank exits, freeing its shared memory, while another still reads it
+}
+
+template <int kRows>
+__global__ void __launch_bounds__(kThreads, 3)
+    TmaGemmKernel(const __grid_constant__ CUtensorMap w_map,
+                  const __grid_constant__ CUtensorMap x_map, const Params p) {
+  constexpr uint32_t kXStageBytes = kRows * kXRowBytes;
+  constexpr int kAcc = kRows / 2;
+  extern __shared__ unsigned char shared_raw[];
+  __shared__ __align__(8) uint64_t full[kTmaGemmMaxStages];   // the stage's copies landed
+  __shared__ __align__(8) uint64_t empty[kTmaGemmMaxStages];  // the 4 consumer warps read it
+  const uint32_t base = (SharedAddress(shared_raw) + 1023u) & ~1023u;
+  const uint32_t w_slots = base;
+  const uint32_t x_slots = base + p.stages * kWStageBytes;
+
+  // The next kernel may become resident now and start its own independent prologue.
+  AllowDependentLaunch();
+
+  const int tile = blockIdx.x / p.splits;
+  const int slice = blockIdx.x - tile * p.splits;
+  const int piece_begin = slice * p.pieces / p.splits;
+  const int count = (slice + 1) * p.pieces / p.splits - piece_begin;
+  const int row0 = tile * kTmaGemmTileRows;
+  const int stages = p.stages;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+
+  if (threadIdx.x == kConsumerThreads) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&w_map))
+                 : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&x_map))
+                 : "memory");
+    for (int s = 0; s < stages; ++s) {
+      MbarrierInit(SharedAddress(full + s), 1);
+      MbarrierInit(SharedAddress(empty + s), kConsumerWarps);
+    }
+    internal::FenceBarrierInit();
+  }
+  __syncthreads();
+
+  float acc[kAcc] = {};  // this CTA's partial tile (consumer threads)
+  if (warp == kConsumerWarps) {
+    // The producer warp. Its lane 0 arms stage i's slot for both copies and issues the W copy
+    // (W is written by no kernel, so this is legal before the wait); the x copy follows once x
+    // may be read. A slot is refilled once the consumers have released it.
+    auto issue_w = [&](int i) {
+      const int slot = i % stages;
+      const uint32_t bar = SharedAddress(full + slot);
+      MbarrierArriveExpectTx(bar, kWStageBytes + kXStageBytes);
+      TensorCopy(w_slots + slot * kWStageBytes, &w_map, (piece_begin + i) * kTmaGemmStageK, row0,
+                 bar);
+    };
+    auto issue_x = [&](int i) {
+      const int slot = i % stages;
+      TensorCopy(x_slots + slot * kXStageBytes, &x_map, (piece_begin + i) * kTmaGemmStageK, 0,
+                 SharedAddress(full + slot));
+    };
+    const int first = min(stages, count);
+    if (lane == 0) {
+      for (int i = 0; i < first; ++i) issue_w(i);
+    }
+    // Every thread waits (pdl_launch.cuh).
+    WaitForPrerequisites();
+    if (lane == 0) {
+      for (int i = 0; i < first; ++i) issue_x(i);
+      for (int i = first; i < count; ++i) {
+        MbarrierWait(SharedAddress(empty + i % stages),
+                     static_cast<uint32_t>((i / stages - 1) & 1));
+        issue_w(i);
+        issue_x(i);
       }
     }
-#pragma unroll
-    for (int j = 0; j < kAcc; ++j) sum[j] += part[j];
+    __syncwarp();
+  } else {
+    Consume<kRows>(p, full, empty, w_slots, x_slots, count, acc);
   }
-#pragma unroll
-  for (int j = 0; j < kAcc; ++j) store(j, sum[j]);
+  Finish<kRows>(p, shared_raw + (base - SharedAddress(shared_raw)), row0, slice, acc);
 }
 
 using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
@@ -412,7 +427,9 @@ TmaGemmConfig ChooseTmaGemmConfig(int m, int n, int k, int sm_count, int ctas_pe
   c.splits = static_cast<int>(std::max<int64_t>(
       1, std::min<int64_t>({target / Tiles(n), pieces, kTmaGemmMaxSplits})));
   const int per_cta = (pieces + c.splits - 1) / c.splits;
-  const size_t budget = ctas_per_sm >= 2 ? kTmaGemmCoResidentBytes : kTmaGemmMaxSharedBytes;
+  const size_t budget = ctas_per_sm < 2   ? kTmaGemmMaxSharedBytes
+                        : c.splits > 1    ? kTmaGemmClusterBytes
+                                          : kTmaGemmCoResidentBytes;
   const size_t stage = TmaGemmSharedBytes(m, 1) - kAlignSlack;
   const int fit = static_cast<int>((budget - kAlignSlack) / stage);
   c.stages = std::min({per_cta, fit, kTmaGemmMaxStages});
@@ -433,22 +450,10 @@ bool TmaGemmSupports(const TmaGemmArgs& a, const TmaGemmConfig& c) {
          internal::Aligned16(a.y);
 }
 
-size_t TmaGemmWorkspaceBytes(int m, int n, const TmaGemmConfig& c) {
-  if (c.splits <= 1) return 0;
-  return static_cast<size_t>(Tiles(n)) * c.splits * kTmaGemmTileRows * TmaGemmPaddedRows(m) *
-         sizeof(float);
-}
-
-int TmaGemmCounters(int n, const TmaGemmConfig& c) { return c.splits <= 1 ? 0 : Tiles(n); }
-
 cudaError_t PrepareTmaGemm() { return Prepare(); }
 
-cudaError_t LaunchTmaGemm(const TmaGemmArgs& a, const TmaGemmConfig& c, float* workspace,
-                          int32_t* counters, cudaStream_t stream) {
+cudaError_t LaunchTmaGemm(const TmaGemmArgs& a, const TmaGemmConfig& c, cudaStream_t stream) {
   if (!TmaGemmSupports(a, c)) return cudaErrorInvalidValue;
-  if (c.splits > 1 && (workspace == nullptr || counters == nullptr)) {
-    return cudaErrorInvalidValue;
-  }
   const cudaError_t prepared = Prepare();
   if (prepared != cudaSuccess) return prepared;
   const int rows = TmaGemmPaddedRows(a.m);
@@ -459,8 +464,6 @@ cudaError_t LaunchTmaGemm(const TmaGemmArgs& a, const TmaGemmConfig& c, float* w
   }
   Params p;
   p.y = a.y;
-  p.workspace = workspace;
-  p.counters = counters;
   p.m = a.m;
   p.n = a.n;
   p.pieces = Pieces(a.k);
@@ -468,17 +471,13 @@ cudaError_t LaunchTmaGemm(const TmaGemmArgs& a, const TmaGemmConfig& c, float* w
   p.stages = c.stages;
   const dim3 grid(static_cast<unsigned>(Tiles(a.n) * c.splits));
   const size_t shared = TmaGemmSharedBytes(a.m, c.stages);
-  switch (rows) {
-    case 16:
-      return internal::LaunchWithPdl(TmaGemmKernel<16>, grid, dim3(kThreads), shared, stream,
-                                     w_map, x_map, p);
-    case 32:
-      return internal::LaunchWithPdl(TmaGemmKernel<32>, grid, dim3(kThreads), shared, stream,
-                                     w_map, x_map, p);
-    default:
-      return internal::LaunchWithPdl(TmaGemmKernel<64>, grid, dim3(kThreads), shared, stream,
-                                     w_map, x_map, p);
-  }
+  // A tile's slices form one cluster (rank = slice), which adds up their partials.
+  const unsigned cluster = static_cast<unsigned>(c.splits);
+  auto kernel = rows == 16   ? TmaGemmKernel<16>
+                : rows == 32 ? TmaGemmKernel<32>
+                             : TmaGemmKernel<64>;
+  return internal::LaunchWithPdlInClusters(kernel, grid, dim3(kThreads), cluster, shared, stream,
+                                           w_map, x_map, p);
 }
 
 }  // namespace kiln

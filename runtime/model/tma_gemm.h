@@ -5,10 +5,8 @@
 //
 //   kiln::TmaGemmConfig config = kiln::ChooseTmaGemmConfig(m, n, k, sm_count);
 //   kiln::TmaGemmArgs args{x, w, y, m, n, k};
-//   // workspace: TmaGemmWorkspaceBytes(m, n, config) bytes; counters: TmaGemmCounters(n,
-//   // config) int32, zeroed once (the kernel leaves them zero).
 //   if (kiln::TmaGemmSupports(args, config)) {
-//     CUDA_RETURN_IF_ERROR(kiln::LaunchTmaGemm(args, config, workspace, counters, stream));
+//     CUDA_RETURN_IF_ERROR(kiln::LaunchTmaGemm(args, config, stream));
 //   }
 //
 // Why: from 9 rows the prefetch GEMM (prefetch_gemm.h) is latency-bound (every CTA stages all of
@@ -19,17 +17,16 @@
 // a ring of shared-memory stages, issuing the whole ring before griddepcontrol.wait; after the
 // wait the matching x pieces (its m rows, zero-filled up to 16, 32 or 64) follow into the same
 // stages, and one warpgroup multiplies each stage with wgmma (W as the 64-row A operand, x as
-// the B operand, both read from shared memory). A CTA whose slice is not all of k stores its
-// partial tile to a float workspace; the last of a tile's CTAs to finish (an acq_rel count) adds
-// the partials in slice order and writes y. Launched with programmatic dependent launch.
+// the B operand, both read from shared memory). The CTAs of a tile's k slices form one cluster
+// and add up their partial tiles through distributed shared memory, each rank a share of the
+// tile's elements, in slice order. Launched with programmatic dependent launch.
 //
 // Every sum has a fixed order (k in stage order within a slice, then the slices in order), so y
 // is bitwise reproducible for a given (m, n, k, config): an eager run and a graph agree bit for
 // bit. Needs compute capability 9.0 (TmaGemmSupports is false elsewhere). The tensor maps are
 // encoded at each launch through the driver's cuTensorMapEncodeTiled (reached through the
 // runtime: kiln never links libcuda). Callable during capture once PrepareTmaGemm has run (or
-// any launch ran eagerly); thread-safe. Launches sharing a workspace and counters must be on one
-// stream.
+// any launch ran eagerly); thread-safe.
 #ifndef KILN_RUNTIME_MODEL_TMA_GEMM_H_
 #define KILN_RUNTIME_MODEL_TMA_GEMM_H_
 
@@ -47,14 +44,18 @@ inline constexpr int kTmaGemmMaxRows = 64;
 // Rows of W per CTA tile (the wgmma M) and k per stage (one 128-byte swizzle row of bf16).
 inline constexpr int kTmaGemmTileRows = 64;
 inline constexpr int kTmaGemmStageK = 64;
-// The most ring stages and k slices a configuration may have.
+// The most ring stages and k slices a configuration may have (the slices of a tile are one
+// cluster: at most the portable cluster size).
 inline constexpr int kTmaGemmMaxStages = 16;
-inline constexpr int kTmaGemmMaxSplits = 16;
+inline constexpr int kTmaGemmMaxSplits = 8;
 // The most dynamic shared memory a CTA may use: the opt-in limit of an H100 / H200 block (227
 // KiB) less 1 KiB for the kernel's static shared memory (its barriers).
 inline constexpr size_t kTmaGemmMaxSharedBytes = 226 * 1024;
-// The shared memory ChooseTmaGemmConfig aims to stay within at two CTAs per SM.
+// The shared memory ChooseTmaGemmConfig aims to stay within at two CTAs per SM: with one k slice
+// the co-resident budget; with several (a cluster per tile) less, so that three CTAs fit on an SM
+// and a GPC finds room for whole clusters.
 inline constexpr size_t kTmaGemmCoResidentBytes = 112 * 1024;
+inline constexpr size_t kTmaGemmClusterBytes = 72 * 1024;
 
 struct TmaGemmArgs {
   const __nv_bfloat16* x = nullptr;  // [m, k]
@@ -94,24 +95,16 @@ bool TmaGemmSupportsShape(int m, int n, int k, const TmaGemmConfig& config);
 // Returns TmaGemmSupportsShape for `args` and whether x, w and y are set and 16-byte aligned.
 bool TmaGemmSupports(const TmaGemmArgs& args, const TmaGemmConfig& config);
 
-// Returns the float workspace bytes a launch needs (0 with one slice): one partial tile of 64 ×
-// TmaGemmPaddedRows(m) floats per CTA.
-size_t TmaGemmWorkspaceBytes(int m, int n, const TmaGemmConfig& config);
-
-// Returns the int32 counters a launch needs (0 with one slice): one per tile of 64 rows of W.
-int TmaGemmCounters(int n, const TmaGemmConfig& config);
-
 // Raises the kernels' shared-memory limits and finds cuTensorMapEncodeTiled (once per process;
 // later calls return the first result). Call outside capture before capturing a launch;
 // cudaSuccess and nothing done on a device without compute capability 9.0.
 cudaError_t PrepareTmaGemm();
 
-// Enqueues y = x · Wᵀ on `stream` with programmatic dependent launch. `workspace` and `counters`
-// (zero before the first launch; the kernel leaves them zero) are needed only with more than one
-// slice. Returns cudaErrorInvalidValue when TmaGemmSupports is false, a needed buffer is null or
-// a tensor map cannot be encoded, else the launch's error.
-cudaError_t LaunchTmaGemm(const TmaGemmArgs& args, const TmaGemmConfig& config, float* workspace,
-                          int32_t* counters, cudaStream_t stream);
+// Enqueues y = x · Wᵀ on `stream` with programmatic dependent launch, the k slices of a tile in
+// one cluster. Returns cudaErrorInvalidValue when TmaGemmSupports is false or a tensor map cannot
+// be encoded, else the launch's error.
+cudaError_t LaunchTmaGemm(const TmaGemmArgs& args, const TmaGemmConfig& config,
+                          cudaStream_t stream);
 
 }  // namespace kiln
 

@@ -3,8 +3,8 @@
 // 64-k piece, one and several k slices, rings that are refilled and rings that hold a whole
 // slice; the 1B model's projections with the chosen configurations; two launches back to back
 // where the second reads the first's output (the programmatic-launch wait); graph replay equal
-// to eager and repeats equal bit for bit; unsupported shapes and missing buffers refused. The
-// configuration choice is checked without a GPU.
+// to eager and repeats equal bit for bit; unsupported shapes refused. The configuration choice
+// is checked without a GPU.
 #include "runtime/model/tma_gemm.h"
 
 #include <algorithm>
@@ -31,7 +31,7 @@ constexpr int kSmCount = 132;
 // One rounding of y to bf16.
 constexpr double kTolerance = 6e-3;
 
-// Device buffers of one shape, with the workspace and counters of the largest configuration.
+// Device buffers of one shape.
 class Problem {
  public:
   Problem(int max_m, int n, int k)
@@ -39,10 +39,7 @@ class Problem {
         k_(k),
         x_(static_cast<size_t>(max_m) * k),
         w_(static_cast<size_t>(n) * k),
-        y_(static_cast<size_t>(max_m) * n),
-        workspace_(static_cast<size_t>(n + kTmaGemmTileRows) * kTmaGemmMaxSplits *
-                   kTmaGemmMaxRows),
-        counters_(static_cast<size_t>(n / kTmaGemmTileRows + 1)) {}
+        y_(static_cast<size_t>(max_m) * n) {}
 
   TmaGemmArgs Args(int m) const {
     TmaGemmArgs a;
@@ -55,15 +52,6 @@ class Problem {
     return a;
   }
 
-  // Zeroes the counters (the kernel leaves them zero) and poisons the workspace.
-  void ResetScratch(cudaStream_t stream) {
-    counters_.Poison(stream, 0);
-    workspace_.Poison(stream);
-  }
-
-  cudaError_t Launch(const TmaGemmArgs& args, const TmaGemmConfig& config, cudaStream_t stream) {
-    return LaunchTmaGemm(args, config, workspace_.get(), counters_.get(), stream);
-  }
 
   // Returns y [m, n] as float64 (poisoned elements are NaN).
   std::vector<double> Output(int m, cudaStream_t stream) const {
@@ -72,8 +60,6 @@ class Problem {
     return Bf16ToDouble(y);
   }
 
-  std::vector<int32_t> Counters(cudaStream_t stream) const { return counters_.Download(stream); }
-
   DeviceVector<uint16_t>& x() { return x_; }
   DeviceVector<uint16_t>& w() { return w_; }
   DeviceVector<uint16_t>& y() { return y_; }
@@ -81,8 +67,6 @@ class Problem {
  private:
   int n_, k_;
   DeviceVector<uint16_t> x_, w_, y_;
-  DeviceVector<float> workspace_;
-  DeviceVector<int32_t> counters_;
 };
 
 class TmaGemmGpuTest : public GpuTest {
@@ -92,10 +76,8 @@ class TmaGemmGpuTest : public GpuTest {
                const std::vector<double>& ref) {
     problem.y().Poison(stream());
     EXPECT_TRUE(TmaGemmSupports(args, config)) << config.ToString();
-    EXPECT_EQ(problem.Launch(args, config, stream()), cudaSuccess) << config.ToString();
-    const double error = RelativeError(problem.Output(args.m, stream()), ref);
-    for (int32_t c : problem.Counters(stream())) EXPECT_EQ(c, 0) << "counters left set";
-    return error;
+    EXPECT_EQ(LaunchTmaGemm(args, config, stream()), cudaSuccess) << config.ToString();
+    return RelativeError(problem.Output(args.m, stream()), ref);
   }
 };
 
@@ -107,7 +89,6 @@ TEST_F(TmaGemmGpuTest, EdgeShapesMatchFloat64) {
   // 8 k; n = 100, 333 and 17: partial tiles (and fewer rows than one tile).
   for (const Shape& s : {Shape{64, 64}, Shape{17, 8}, Shape{100, 200}, Shape{333, 2056}}) {
     Problem problem(kTmaGemmMaxRows, s.n, s.k);
-    problem.ResetScratch(stream());
     const std::vector<uint16_t> w = RandomBf16(static_cast<size_t>(s.n) * s.k);
     problem.w().Upload(w, stream());
     const int pieces = (s.k + kTmaGemmStageK - 1) / kTmaGemmStageK;
@@ -137,7 +118,6 @@ TEST_F(TmaGemmGpuTest, ModelShapesWithChosenConfigsMatchFloat64) {
   for (const Shape& s : {Shape{3072, 2048}, Shape{2048, 2048}, Shape{16384, 2048},
                          Shape{2048, 8192}}) {
     Problem problem(kTmaGemmMaxRows, s.n, s.k);
-    problem.ResetScratch(stream());
     const std::vector<uint16_t> w = RandomBf16(static_cast<size_t>(s.n) * s.k);
     problem.w().Upload(w, stream());
     for (int m : {9, 24, 32, 64}) {
@@ -159,8 +139,6 @@ TEST_F(TmaGemmGpuTest, SecondLaunchReadsTheFirstOnesOutput) {
   // first: a read before the first kernel's writes would make y2 NaN.
   const int m = 32, k = 2048, n1 = 2048, n2 = 3072;
   Problem first(m, n1, k), second(m, n2, n1);
-  first.ResetScratch(stream());
-  second.ResetScratch(stream());
   const std::vector<uint16_t> w1 = RandomBf16(static_cast<size_t>(n1) * k);
   const std::vector<uint16_t> w2 = RandomBf16(static_cast<size_t>(n2) * n1);
   first.w().Upload(w1, stream());
@@ -174,9 +152,9 @@ TEST_F(TmaGemmGpuTest, SecondLaunchReadsTheFirstOnesOutput) {
     b.x = reinterpret_cast<const __nv_bfloat16*>(first.y().get());
     // One CTA per SM (the second launch's CTAs fit beside the first's), then two.
     const int per_sm = round == 0 ? 1 : 2;
-    ASSERT_EQ(first.Launch(a, ChooseTmaGemmConfig(m, n1, k, kSmCount, per_sm), stream()),
+    ASSERT_EQ(LaunchTmaGemm(a, ChooseTmaGemmConfig(m, n1, k, kSmCount, per_sm), stream()),
               cudaSuccess);
-    ASSERT_EQ(second.Launch(b, ChooseTmaGemmConfig(m, n2, n1, kSmCount, per_sm), stream()),
+    ASSERT_EQ(LaunchTmaGemm(b, ChooseTmaGemmConfig(m, n2, n1, kSmCount, per_sm), stream()),
               cudaSuccess);
     std::vector<uint16_t> y1 = first.y().Download(stream());
     y1.resize(static_cast<size_t>(m) * n1);
@@ -195,7 +173,6 @@ TEST_F(TmaGemmGpuTest, GraphReplayAndRepeatsAreBitwiseEqual) {
   // QKV (several slices: the sum over slices has a fixed order) and gate-up (one slice).
   for (const Shape& s : {Shape{3072, 2048}, Shape{16384, 2048}}) {
     Problem problem(kTmaGemmMaxRows, s.n, s.k);
-    problem.ResetScratch(stream());
     problem.w().Upload(RandomBf16(static_cast<size_t>(s.n) * s.k), stream());
     ASSERT_EQ(PrepareTmaGemm(), cudaSuccess);
     for (int m : {16, 32}) {
@@ -205,15 +182,15 @@ TEST_F(TmaGemmGpuTest, GraphReplayAndRepeatsAreBitwiseEqual) {
                                         << config.ToString());
       const TmaGemmArgs args = problem.Args(m);
       problem.y().Poison(stream());
-      ASSERT_EQ(problem.Launch(args, config, stream()), cudaSuccess);
+      ASSERT_EQ(LaunchTmaGemm(args, config, stream()), cudaSuccess);
       const std::vector<uint16_t> eager = problem.y().Download(stream());
       problem.y().Poison(stream());
-      ASSERT_EQ(problem.Launch(args, config, stream()), cudaSuccess);
+      ASSERT_EQ(LaunchTmaGemm(args, config, stream()), cudaSuccess);
       const std::vector<uint16_t> again = problem.y().Download(stream());
 
       problem.y().Poison(stream());
       ASSERT_NO_FATAL_FAILURE(CaptureAndReplay(
-          stream(), 3, 3, [&] { return problem.Launch(args, config, stream()); }));
+          stream(), 3, 3, [&] { return LaunchTmaGemm(args, config, stream()); }));
       const std::vector<uint16_t> replayed = problem.y().Download(stream());
 
       const size_t bytes = static_cast<size_t>(m) * s.n * sizeof(uint16_t);
@@ -224,7 +201,7 @@ TEST_F(TmaGemmGpuTest, GraphReplayAndRepeatsAreBitwiseEqual) {
   }
 }
 
-TEST_F(TmaGemmGpuTest, UnsupportedShapesAndMissingBuffersAreRefused) {
+TEST_F(TmaGemmGpuTest, UnsupportedShapesAreRefused) {
   Problem problem(kTmaGemmMaxRows, 256, 512);
   const TmaGemmConfig ok = ChooseTmaGemmConfig(32, 256, 512, kSmCount);
   ASSERT_GT(ok.splits, 1);
@@ -240,13 +217,17 @@ TEST_F(TmaGemmGpuTest, UnsupportedShapesAndMissingBuffersAreRefused) {
   args = problem.Args(32);
   args.x = reinterpret_cast<const __nv_bfloat16*>(problem.x().get() + 1);  // 2-byte aligned
   EXPECT_FALSE(TmaGemmSupports(args, ok));
-  EXPECT_EQ(LaunchTmaGemm(args, ok, nullptr, nullptr, stream()), cudaErrorInvalidValue);
-  // 512 k is 8 pieces: 9 slices leave one empty.
-  EXPECT_FALSE(TmaGemmSupports(problem.Args(32), TmaGemmConfig{9, 1}));
+  EXPECT_EQ(LaunchTmaGemm(args, ok, stream()), cudaErrorInvalidValue);
+  // 448 k is 7 pieces: 8 slices leave one empty.
+  args = problem.Args(32);
+  args.k = 448;
+  EXPECT_TRUE(TmaGemmSupports(args, TmaGemmConfig{7, 1}));
+  EXPECT_FALSE(TmaGemmSupports(args, TmaGemmConfig{8, 1}));
+  // More slices than a portable cluster holds.
+  EXPECT_FALSE(TmaGemmSupports(problem.Args(32), TmaGemmConfig{kTmaGemmMaxSplits + 1, 1}));
   EXPECT_FALSE(TmaGemmSupports(problem.Args(32), TmaGemmConfig{1, 0}));
   EXPECT_FALSE(TmaGemmSupports(problem.Args(32), TmaGemmConfig{1, kTmaGemmMaxStages + 1}));
-  // Several slices need the workspace and the counters.
-  EXPECT_EQ(LaunchTmaGemm(problem.Args(32), ok, nullptr, nullptr, stream()),
+  EXPECT_EQ(LaunchTmaGemm(problem.Args(32), TmaGemmConfig{1, 0}, stream()),
             cudaErrorInvalidValue);
 }
 
@@ -267,9 +248,9 @@ TEST(TmaGemmConfigTest, ChosenConfigsFillTheGpuWithinTheSharedBudget) {
     EXPECT_GE(config.stages, 2);
     EXPECT_LE(TmaGemmSharedBytes(c.m, config.stages), kTmaGemmCoResidentBytes);
   }
-  // QKV at 32 rows: 48 tiles × 5 slices of 6–7 pieces, all of a slice in the ring.
+  // QKV at 32 rows: 48 tiles × 5 slices of 6–7 pieces, 5 stages of 12 KiB (a cluster's budget).
   EXPECT_EQ(ChooseTmaGemmConfig(32, 3072, 2048, kSmCount).splits, 5);
-  EXPECT_EQ(ChooseTmaGemmConfig(32, 3072, 2048, kSmCount).stages, 7);
+  EXPECT_EQ(ChooseTmaGemmConfig(32, 3072, 2048, kSmCount).stages, 5);
   // Gate-up at 32 rows: 256 tiles, one slice of 32 pieces through 9 stages of 12 KiB.
   EXPECT_EQ(ChooseTmaGemmConfig(32, 16384, 2048, kSmCount).splits, 1);
   EXPECT_EQ(ChooseTmaGemmConfig(32, 16384, 2048, kSmCount).stages, 9);
