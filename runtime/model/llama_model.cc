@@ -89,6 +89,7 @@ int LmHeadRows(const Rows& rows) {
   return rows.lm_head;
 }
 int LmHeadRows(const TmaGemmRows&) { return 0; }
+int LmHeadRows(const TmaGemmSplits&) { return 0; }
 
 // Rows is DecodeGemmRows, PrefetchGemmRows or TmaGemmRows.
 template <typename Rows>
@@ -96,7 +97,8 @@ int MaxRows(const Rows& rows) {
   return std::max({rows.qkv, rows.o, rows.gate_up, rows.down, LmHeadRows(rows)});
 }
 
-// The most rows `proj` runs through the decode, prefetch or TMA GEMM.
+// The most rows `proj` runs through the decode, prefetch or TMA GEMM (or, for TmaGemmSplits, the
+// most k slices it gets there).
 template <typename Rows>
 int RowLimit(const Rows& rows, LlamaModel::Proj proj) {
   switch (proj) {
@@ -212,6 +214,13 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
   if (options.tma_gemm_ctas_per_sm < 1 || options.tma_gemm_ctas_per_sm > 2) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tma_gemm_ctas_per_sm ", options.tma_gemm_ctas_per_sm, " must be 1 or 2"));
+  }
+  const TmaGemmSplits& splits = options.tma_gemm_max_splits;
+  if (std::min({splits.qkv, splits.o, splits.gate_up, splits.down}) < 1 ||
+      std::max({splits.qkv, splits.o, splits.gate_up, splits.down}) > kTmaGemmMaxSplits) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tma_gemm_max_splits {", splits.qkv, ", ", splits.o, ", ", splits.gate_up, ", ",
+        splits.down, "} must each be in [1, ", kTmaGemmMaxSplits, "]"));
   }
   if (options.layer_kernel_rows < 0 || options.layer_kernel_rows > kDecodeLayerMaxRows) {
     return absl::InvalidArgumentError(absl::StrCat("layer_kernel_rows ", options.layer_kernel_rows,
@@ -381,7 +390,8 @@ std::optional<TmaGemmConfig> LlamaModel::TmaGemmFor(Proj proj, int64_t m, int64_
   if (n > 0x7fffffff || k > 0x7fffffff) return std::nullopt;
   const TmaGemmConfig c = ChooseTmaGemmConfig(static_cast<int>(m), static_cast<int>(n),
                                               static_cast<int>(k), sm_count_,
-                                              options_.tma_gemm_ctas_per_sm);
+                                              options_.tma_gemm_ctas_per_sm,
+                                              RowLimit(options_.tma_gemm_max_splits, proj));
   if (!TmaGemmSupportsShape(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), c)) {
     return std::nullopt;
   }

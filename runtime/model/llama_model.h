@@ -136,13 +136,25 @@ struct PrefetchGemmRows {
 // GEMM, the skinny kernel nor cuBLASLt. The LM head (float logits) never takes it. The defaults
 // follow runtime/model/NOTES.md (H200, 1B shape): every projection at 16 rows (the step 1.346 →
 // 1.228 ms against cuBLASLt), O up to 32 (1.396–1.399 → 1.348–1.352 ms at 32 rows against O on
-// cuBLASLt), gate-up and down up to 48 (1.580–1.591 → 1.565 at 48 rows); QKV at 32 rows and any
-// projection at 64 made the step slower.
+// cuBLASLt), gate-up and down up to 48 (1.580–1.591 → 1.565 at 48 rows), QKV up to 48 with at
+// most 4 k slices (TmaGemmSplits: 1.336–1.343 against 1.345–1.353 ms at 32 rows, 1.540 against
+// 1.584–1.589 at 48); any projection at 64 made the step slower.
 struct TmaGemmRows {
-  int qkv = 16;
+  int qkv = 48;
   int o = 32;
   int gate_up = 48;
   int down = 48;
+};
+
+// The most k slices (CTAs of a tile's cluster) ChooseTmaGemmConfig may give each projection on
+// the TMA GEMM, each in [1, kTmaGemmMaxSplits]. QKV's 48 tiles would take 5 slices at two CTAs
+// per SM; in the step 4 measured faster at every row count from 9 to 48 (up to 40 µs at 20 rows,
+// runtime/model/NOTES.md), 3 faster at 24–32 rows only, and 2 slower everywhere.
+struct TmaGemmSplits {
+  int qkv = 4;
+  int o = kTmaGemmMaxSplits;
+  int gate_up = kTmaGemmMaxSplits;
+  int down = kTmaGemmMaxSplits;
 };
 
 struct LlamaModelOptions {
@@ -162,8 +174,9 @@ struct LlamaModelOptions {
   bool prefetch_gemm_silu = false;
   // Rows up to which each bf16 projection uses the TMA GEMM (each at most kTmaGemmMaxRows).
   TmaGemmRows tma_gemm_rows;
-  // TMA GEMM CTAs per SM, 1 or 2 (ChooseTmaGemmConfig).
+  // TMA GEMM CTAs per SM, 1 or 2, and the most k slices of each projection (ChooseTmaGemmConfig).
   int tma_gemm_ctas_per_sm = 2;
+  TmaGemmSplits tma_gemm_max_splits;
   // Rows up to which each projection uses the decode GEMM (each at most kDecodeGemmMaxRows).
   DecodeGemmRows decode_gemm_rows;
   // A down projection on the decode GEMM (or on the prefetch GEMM with prefetch_gemm_silu) reads

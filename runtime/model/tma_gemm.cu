@@ -419,13 +419,17 @@ size_t TmaGemmSharedBytes(int m, int stages) {
   return kAlignSlack + static_cast<size_t>(stages) * stage;
 }
 
-TmaGemmConfig ChooseTmaGemmConfig(int m, int n, int k, int sm_count, int ctas_per_sm) {
+TmaGemmConfig ChooseTmaGemmConfig(int m, int n, int k, int sm_count, int ctas_per_sm,
+                                  int max_splits) {
   TmaGemmConfig c;
-  if (m < 1 || m > kTmaGemmMaxRows || n < 1 || k < 8 || k % 8 != 0 || ctas_per_sm < 1) return c;
+  if (m < 1 || m > kTmaGemmMaxRows || n < 1 || k < 8 || k % 8 != 0 || ctas_per_sm < 1 ||
+      max_splits < 1 || max_splits > kTmaGemmMaxSplits) {
+    return c;
+  }
   const int pieces = Pieces(k);
   const int64_t target = int64_t{std::max(sm_count, 1)} * ctas_per_sm;
-  c.splits = static_cast<int>(std::max<int64_t>(
-      1, std::min<int64_t>({target / Tiles(n), pieces, kTmaGemmMaxSplits})));
+  c.splits = static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>({target / Tiles(n), pieces, max_splits})));
   const int per_cta = (pieces + c.splits - 1) / c.splits;
   const size_t budget = ctas_per_sm < 2   ? kTmaGemmMaxSharedBytes
                         : c.splits > 1    ? kTmaGemmClusterBytes

@@ -78,10 +78,11 @@ int TmaGemmPaddedRows(int m);
 
 // Returns the configuration for the shape on a GPU of `sm_count` multiprocessors: as many k
 // slices as keep the grid within `ctas_per_sm` CTAs per SM (at least 1, at most the 64-k pieces
-// of k and kTmaGemmMaxSplits), and as many ring stages as a slice needs within
+// of k and `max_splits`), and as many ring stages as a slice needs within
 // kTmaGemmCoResidentBytes (two CTAs per SM) or kTmaGemmMaxSharedBytes (one). stages is 0 for a
-// shape the kernel does not take.
-TmaGemmConfig ChooseTmaGemmConfig(int m, int n, int k, int sm_count, int ctas_per_sm = 2);
+// shape the kernel does not take and for max_splits outside [1, kTmaGemmMaxSplits].
+TmaGemmConfig ChooseTmaGemmConfig(int m, int n, int k, int sm_count, int ctas_per_sm = 2,
+                                  int max_splits = kTmaGemmMaxSplits);
 
 // Returns the dynamic shared memory of a launch of m rows with `stages` ring stages.
 size_t TmaGemmSharedBytes(int m, int stages);

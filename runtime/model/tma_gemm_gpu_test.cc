@@ -123,12 +123,14 @@ TEST_F(TmaGemmGpuTest, ModelShapesWithChosenConfigsMatchFloat64) {
     for (int m : {9, 24, 32, 64}) {
       const std::vector<uint16_t> x = RandomBf16(static_cast<size_t>(m) * s.k, -3.f, 3.f);
       problem.x().Upload(x, stream());
-      const TmaGemmConfig config = ChooseTmaGemmConfig(m, s.n, s.k, kSmCount);
-      SCOPED_TRACE(::testing::Message() << "n=" << s.n << " k=" << s.k << " m=" << m << " "
-                                        << config.ToString());
-      EXPECT_LT(Check(problem, problem.Args(m), config,
-                      GemmProduct(Bf16ToDouble(x), w, m, s.n, s.k)),
-                kTolerance);
+      const std::vector<double> want = GemmProduct(Bf16ToDouble(x), w, m, s.n, s.k);
+      // The shape's own choice, and with at most 4 slices (the step's limit for QKV).
+      for (int max_splits : {kTmaGemmMaxSplits, 4}) {
+        const TmaGemmConfig config = ChooseTmaGemmConfig(m, s.n, s.k, kSmCount, 2, max_splits);
+        SCOPED_TRACE(::testing::Message() << "n=" << s.n << " k=" << s.k << " m=" << m << " "
+                                          << config.ToString());
+        EXPECT_LT(Check(problem, problem.Args(m), config, want), kTolerance);
+      }
     }
   }
 }
@@ -251,6 +253,15 @@ TEST(TmaGemmConfigTest, ChosenConfigsFillTheGpuWithinTheSharedBudget) {
   // QKV at 32 rows: 48 tiles × 5 slices of 6–7 pieces, 5 stages of 12 KiB (a cluster's budget).
   EXPECT_EQ(ChooseTmaGemmConfig(32, 3072, 2048, kSmCount).splits, 5);
   EXPECT_EQ(ChooseTmaGemmConfig(32, 3072, 2048, kSmCount).stages, 5);
+  // The same with at most 4 slices (the step's default for QKV): 8 pieces each, the same ring.
+  const TmaGemmConfig qkv4 = ChooseTmaGemmConfig(32, 3072, 2048, kSmCount, 2, 4);
+  EXPECT_EQ(qkv4.splits, 4);
+  EXPECT_EQ(qkv4.stages, 5);
+  // A limit above the shape's own choice changes nothing; one outside [1, 8] gets no stages.
+  EXPECT_EQ(ChooseTmaGemmConfig(32, 2048, 8192, kSmCount, 2, 8).splits, 8);
+  EXPECT_EQ(ChooseTmaGemmConfig(32, 16384, 2048, kSmCount, 2, 4).splits, 1);
+  EXPECT_EQ(ChooseTmaGemmConfig(32, 3072, 2048, kSmCount, 2, 0).stages, 0);
+  EXPECT_EQ(ChooseTmaGemmConfig(32, 3072, 2048, kSmCount, 2, kTmaGemmMaxSplits + 1).stages, 0);
   // Gate-up at 32 rows: 256 tiles, one slice of 32 pieces through 9 stages of 12 KiB.
   EXPECT_EQ(ChooseTmaGemmConfig(32, 16384, 2048, kSmCount).splits, 1);
   EXPECT_EQ(ChooseTmaGemmConfig(32, 16384, 2048, kSmCount).stages, 9);

@@ -125,6 +125,7 @@ struct RunnerOptions {
   bool fold_norm_into_gemm = false;
   TmaGemmRows tma_gemm_rows;
   int tma_gemm_ctas_per_sm = 2;
+  TmaGemmSplits tma_gemm_max_splits;
   // Steps of at most this many token rows run each piece as one decode layer kernel launch
   // (LlamaModelOptions::layer_kernel_rows; the same bits either way).
   int layer_kernel_rows = LlamaModelOptions{}.layer_kernel_rows;

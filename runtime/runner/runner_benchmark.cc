@@ -72,6 +72,11 @@ ABSL_FLAG(int, tma_o_rows, kiln::TmaGemmRows{}.o, "TMA GEMM rows: O projection")
 ABSL_FLAG(int, tma_gate_up_rows, kiln::TmaGemmRows{}.gate_up,
           "TMA GEMM rows: gate-up projection");
 ABSL_FLAG(int, tma_down_rows, kiln::TmaGemmRows{}.down, "TMA GEMM rows: down projection");
+ABSL_FLAG(int, tma_qkv_splits, kiln::TmaGemmSplits{}.qkv, "TMA GEMM k slices: QKV projection");
+ABSL_FLAG(int, tma_o_splits, kiln::TmaGemmSplits{}.o, "TMA GEMM k slices: O projection");
+ABSL_FLAG(int, tma_gate_up_splits, kiln::TmaGemmSplits{}.gate_up,
+          "TMA GEMM k slices: gate-up projection");
+ABSL_FLAG(int, tma_down_splits, kiln::TmaGemmSplits{}.down, "TMA GEMM k slices: down projection");
 ABSL_FLAG(int, tma_ctas_per_sm, kiln::RunnerOptions{}.tma_gemm_ctas_per_sm,
           "TMA GEMM CTAs per SM (1 or 2)");
 ABSL_FLAG(int, layer_kernel_rows, kiln::RunnerOptions{}.layer_kernel_rows,
@@ -189,6 +194,10 @@ RunnerOptions BenchmarkOptions() {
   o.tma_gemm_rows.gate_up = absl::GetFlag(FLAGS_tma_gate_up_rows);
   o.tma_gemm_rows.down = absl::GetFlag(FLAGS_tma_down_rows);
   o.tma_gemm_ctas_per_sm = absl::GetFlag(FLAGS_tma_ctas_per_sm);
+  o.tma_gemm_max_splits.qkv = absl::GetFlag(FLAGS_tma_qkv_splits);
+  o.tma_gemm_max_splits.o = absl::GetFlag(FLAGS_tma_o_splits);
+  o.tma_gemm_max_splits.gate_up = absl::GetFlag(FLAGS_tma_gate_up_splits);
+  o.tma_gemm_max_splits.down = absl::GetFlag(FLAGS_tma_down_splits);
   o.layer_kernel_rows = absl::GetFlag(FLAGS_layer_kernel_rows);
   o.decode_gemm_rows.qkv = absl::GetFlag(FLAGS_decode_qkv_rows);
   o.decode_gemm_rows.o = absl::GetFlag(FLAGS_decode_o_rows);
@@ -374,7 +383,9 @@ int Main(int argc, char** argv) {
         {"no tma", [](RunnerOptions& o) { o.tma_gemm_rows = TmaGemmRows{0, 0, 0, 0}; }},
         {"tma 1 CTA/SM", [](RunnerOptions& o) { o.tma_gemm_ctas_per_sm = 1; }},
         {"tma o <=16", [](RunnerOptions& o) { o.tma_gemm_rows.o = 16; }},
-        {"tma qkv <=32", [](RunnerOptions& o) { o.tma_gemm_rows.qkv = 32; }},
+        {"tma qkv <=16", [](RunnerOptions& o) { o.tma_gemm_rows.qkv = 16; }},
+        {"tma qkv 8 slices", [](RunnerOptions& o) { o.tma_gemm_max_splits.qkv = 8; }},
+        {"tma qkv 3 slices", [](RunnerOptions& o) { o.tma_gemm_max_splits.qkv = 3; }},
         {"tma gate_up,down <=32",
          [](RunnerOptions& o) { o.tma_gemm_rows.gate_up = o.tma_gemm_rows.down = 32; }},
         {"tma qkv,o only",
