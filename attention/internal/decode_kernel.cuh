@@ -43,9 +43,10 @@ namespace attention_internal {
 
 // Programmatic dependent launch (sm_90+, runtime/cuda/device_helpers.cuh): the kernel is
 // launched while the one before it finishes. It reads its work item (plan metadata, uploaded
-// before the step) first, lets the next kernel launch, and waits for the kernels before it before
-// reading q or the KV cache. Every CTA waits, padding ones included, so the kernel completes only
-// after its predecessor.
+// before the step) first, lets the next kernel launch, loads the first KV steps of tokens that
+// earlier steps wrote, and waits for the kernels before it before reading q or a step that holds
+// a token this step appends. Every CTA waits, padding ones included, so the kernel completes
+// only after its predecessor.
 //
 // Returns whether the current device runs programmatic dependent launches (compute capability
 // 9.0 or later); asked once per process.
@@ -72,8 +73,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
 
   const AttentionWorkItem item = args.work_items[blockIdx.x];
   AllowDependentLaunch();
-  WaitForPrerequisites();
-  if (item.seq < 0) return;  // padding: the grid is sized by the capture key
+  if (item.seq < 0) {  // padding: the grid is sized by the capture key
+    WaitForPrerequisites();
+    return;
+  }
   const int kv_head = blockIdx.y;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -88,46 +91,6 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
   const int kv_end = item.kv_end;
   // Token j of the sequence sees KV positions [0, causal_base + j).
   const int causal_base = kv_len - q_len + 1;
-
-  // Q fragments of rows gid and gid + 8, and each row's exclusive KV limit.
-  const uint16_t* q = static_cast<const uint16_t*>(args.q);
-  uint32_t qf[kKLoads][2][4];
-  int limit[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int m = gid + 8 * h;
-    if (m < num_rows) {
-      const int r = item.row_begin + m;
-      const int j = r / kGroup;
-      const int g = r - j * kGroup;
-      const uint16_t* row = q + static_cast<int64_t>(q_start + j) * args.q_stride +
-                            static_cast<int64_t>(kv_head * kGroup + g) * kHeadDim + 8 * tig;
-#pragma unroll
-      for (int c = 0; c < kKLoads; ++c) {
-        const uint4 v = *reinterpret_cast<const uint4*>(row + 32 * c);
-        qf[c][h][0] = v.x;
-        qf[c][h][1] = v.y;
-        qf[c][h][2] = v.z;
-        qf[c][h][3] = v.w;
-      }
-      limit[h] = min(kv_end, causal_base + j);
-    } else {
-#pragma unroll
-      for (int c = 0; c < kKLoads; ++c) {
-        qf[c][h][0] = qf[c][h][1] = qf[c][h][2] = qf[c][h][3] = 0u;
-      }
-      limit[h] = kv_end;
-    }
-  }
-  // The first row has the smallest limit: a step entirely below it (and at or after kv_begin)
-  // needs no mask.
-  const int unmasked_end = min(kv_end, causal_base + item.row_begin / kGroup);
-
-  float o[kOTiles][4];
-#pragma unroll
-  for (int t = 0; t < kOTiles; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
-  float row_max[2] = {NegativeInfinity(), NegativeInfinity()};
-  float row_sum[2] = {0.f, 0.f};
 
   const int base0 = kv_begin & ~(kStepTokens - 1);
   const int num_steps =
@@ -187,18 +150,74 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
   // Every load of a step stays inside the step's block, which holds at least one token of
   // [kv_begin, kv_end): tokens outside that range are read (in bounds) and masked. block_next[b]
   // is the block of the step set b is refilled with next, fetched one round ahead.
+  //
+  // The plan and the block table are uploaded before the step, and the KV of tokens the step
+  // did not append ([0, kv_len - q_len)) was written by earlier steps: a first step wholly below
+  // that is loaded before the wait, while the kernels before this one finish. Only steps that
+  // hold a token this step appends (written by the RoPE + KV append before) wait.
+  const int written_end = kv_len - q_len;
   int block_next[kBuffers];
+  auto load_first = [&](int b) {
+    const int step = warp + b * kDecodeWarps;
+    const int block = block_of(step);
+    load_k(kr[b], block, base0 + step * kStepTokens);
+    load_v(vr[b], block, base0 + step * kStepTokens);
+    if (step + kStride < num_steps) block_next[b] = block_of(step + kStride);
+  };
+  bool early[kBuffers];
 #pragma unroll
   for (int b = 0; b < kBuffers; ++b) {
     const int step = warp + b * kDecodeWarps;
     block_next[b] = 0;
-    if (step < num_steps) {
-      const int block = block_of(step);
-      load_k(kr[b], block, base0 + step * kStepTokens);
-      load_v(vr[b], block, base0 + step * kStepTokens);
-      if (step + kStride < num_steps) block_next[b] = block_of(step + kStride);
+    early[b] = step < num_steps && base0 + (step + 1) * kStepTokens <= written_end;
+    if (early[b]) load_first(b);
+  }
+  WaitForPrerequisites();
+#pragma unroll
+  for (int b = 0; b < kBuffers; ++b) {
+    if (!early[b] && warp + b * kDecodeWarps < num_steps) load_first(b);
+  }
+
+  // Q fragments of rows gid and gid + 8, and each row's exclusive KV limit.
+  const uint16_t* q = static_cast<const uint16_t*>(args.q);
+  uint32_t qf[kKLoads][2][4];
+  int limit[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int m = gid + 8 * h;
+    if (m < num_rows) {
+      const int r = item.row_begin + m;
+      const int j = r / kGroup;
+      const int g = r - j * kGroup;
+      const uint16_t* row = q + static_cast<int64_t>(q_start + j) * args.q_stride +
+                            static_cast<int64_t>(kv_head * kGroup + g) * kHeadDim + 8 * tig;
+#pragma unroll
+      for (int c = 0; c < kKLoads; ++c) {
+        const uint4 v = *reinterpret_cast<const uint4*>(row + 32 * c);
+        qf[c][h][0] = v.x;
+        qf[c][h][1] = v.y;
+        qf[c][h][2] = v.z;
+        qf[c][h][3] = v.w;
+      }
+      limit[h] = min(kv_end, causal_base + j);
+    } else {
+#pragma unroll
+      for (int c = 0; c < kKLoads; ++c) {
+        qf[c][h][0] = qf[c][h][1] = qf[c][h][2] = qf[c][h][3] = 0u;
+      }
+      limit[h] = kv_end;
     }
   }
+  // The first row has the smallest limit: a step entirely below it (and at or after kv_begin)
+  // needs no mask.
+  const int unmasked_end = min(kv_end, causal_base + item.row_begin / kGroup);
+
+  float o[kOTiles][4];
+#pragma unroll
+  for (int t = 0; t < kOTiles; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
+  float row_max[2] = {NegativeInfinity(), NegativeInfinity()};
+  float row_sum[2] = {0.f, 0.f};
+
   for (int round = warp; round < num_steps; round += kStride) {
 #pragma unroll
     for (int b = 0; b < kBuffers; ++b) {
