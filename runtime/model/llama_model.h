@@ -136,11 +136,12 @@ struct PrefetchGemmRows {
 // GEMM, the skinny kernel nor cuBLASLt. The LM head (float logits) never takes it. The defaults
 // follow runtime/model/NOTES.md (H200, 1B shape): every projection at 16 rows (the step 1.346 →
 // 1.228 ms against cuBLASLt), O up to 32 (1.396–1.399 → 1.348–1.352 ms at 32 rows against O on
-// cuBLASLt), gate-up and down up to 48 (1.580–1.591 → 1.565 at 48 rows), QKV up to 48 with at
+// cuBLASLt), gate-up and down up to 48 (1.580–1.591 → 1.565 at 48 rows), QKV up to 64 with at
 // most 4 k slices (TmaGemmSplits: 1.336–1.343 against 1.345–1.353 ms at 32 rows, 1.540 against
-// 1.584–1.589 at 48); any projection at 64 made the step slower.
+// 1.584–1.589 at 48, 1.785–1.789 against 1.812–1.814 at 56); the other projections past their
+// limits made the step slower or no faster.
 struct TmaGemmRows {
-  int qkv = 48;
+  int qkv = 64;
   int o = 32;
   int gate_up = 48;
   int down = 48;
