@@ -216,11 +216,11 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
         "tma_gemm_ctas_per_sm ", options.tma_gemm_ctas_per_sm, " must be 1 or 2"));
   }
   const TmaGemmSplits& splits = options.tma_gemm_max_splits;
-  if (std::min({splits.qkv, splits.o, splits.gate_up, splits.down}) < 1 ||
-      std::max({splits.qkv, splits.o, splits.gate_up, splits.down}) > kTmaGemmMaxSplits) {
+  const auto limits = {splits.qkv, splits.qkv_at_32_rows, splits.o, splits.gate_up, splits.down};
+  if (std::min(limits) < 1 || std::max(limits) > kTmaGemmMaxSplits) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "tma_gemm_max_splits {", splits.qkv, ", ", splits.o, ", ", splits.gate_up, ", ",
-        splits.down, "} must each be in [1, ", kTmaGemmMaxSplits, "]"));
+        "tma_gemm_max_splits {", splits.qkv, ", ", splits.qkv_at_32_rows, ", ", splits.o, ", ",
+        splits.gate_up, ", ", splits.down, "} must each be in [1, ", kTmaGemmMaxSplits, "]"));
   }
   if (options.layer_kernel_rows < 0 || options.layer_kernel_rows > kDecodeLayerMaxRows) {
     return absl::InvalidArgumentError(absl::StrCat("layer_kernel_rows ", options.layer_kernel_rows,
@@ -388,10 +388,13 @@ std::optional<TmaGemmConfig> LlamaModel::TmaGemmFor(Proj proj, int64_t m, int64_
     return std::nullopt;
   }
   if (n > 0x7fffffff || k > 0x7fffffff) return std::nullopt;
+  const TmaGemmSplits& splits = options_.tma_gemm_max_splits;
+  const int max_splits = proj == Proj::kQkv && TmaGemmPaddedRows(static_cast<int>(m)) == 32
+                             ? splits.qkv_at_32_rows
+                             : RowLimit(splits, proj);
   const TmaGemmConfig c = ChooseTmaGemmConfig(static_cast<int>(m), static_cast<int>(n),
                                               static_cast<int>(k), sm_count_,
-                                              options_.tma_gemm_ctas_per_sm,
-                                              RowLimit(options_.tma_gemm_max_splits, proj));
+                                              options_.tma_gemm_ctas_per_sm, max_splits);
   if (!TmaGemmSupportsShape(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), c)) {
     return std::nullopt;
   }

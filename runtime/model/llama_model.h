@@ -137,9 +137,9 @@ struct PrefetchGemmRows {
 // follow runtime/model/NOTES.md (H200, 1B shape): every projection at 16 rows (the step 1.346 →
 // 1.228 ms against cuBLASLt), O up to 32 (1.396–1.399 → 1.348–1.352 ms at 32 rows against O on
 // cuBLASLt), gate-up and down up to 48 (1.580–1.591 → 1.565 at 48 rows), QKV up to 64 with at
-// most 4 k slices (TmaGemmSplits: 1.336–1.343 against 1.345–1.353 ms at 32 rows, 1.540 against
-// 1.584–1.589 at 48, 1.785–1.789 against 1.812–1.814 at 56); the other projections past their
-// limits made the step slower or no faster.
+// most 4 k slices, 3 at 17–32 rows (TmaGemmSplits: 1.540 against 1.584–1.589 ms at 48 rows,
+// 1.785–1.789 against 1.812–1.814 at 56); the other projections past their limits made the step
+// slower or no faster.
 struct TmaGemmRows {
   int qkv = 64;
   int o = 32;
@@ -148,11 +148,14 @@ struct TmaGemmRows {
 };
 
 // The most k slices (CTAs of a tile's cluster) ChooseTmaGemmConfig may give each projection on
-// the TMA GEMM, each in [1, kTmaGemmMaxSplits]. QKV's 48 tiles would take 5 slices at two CTAs
-// per SM; in the step 4 measured faster at every row count from 9 to 48 (up to 40 µs at 20 rows,
-// runtime/model/NOTES.md), 3 faster at 24–32 rows only, and 2 slower everywhere.
+// the TMA GEMM, each in [1, kTmaGemmMaxSplits]; qkv_at_32_rows replaces qkv for launches of
+// 17–32 rows (x padded to 32). QKV's 48 tiles would take 5 slices at two CTAs per SM; in the step
+// 4 measured faster at every row count from 9 to 64 (up to 40 µs at 20 rows), 3 faster still at
+// 24–32 rows (13–27 µs at 32) and slower at 16 and 40–64, 2 slower everywhere
+// (runtime/model/NOTES.md).
 struct TmaGemmSplits {
   int qkv = 4;
+  int qkv_at_32_rows = 3;
   int o = kTmaGemmMaxSplits;
   int gate_up = kTmaGemmMaxSplits;
   int down = kTmaGemmMaxSplits;

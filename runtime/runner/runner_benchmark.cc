@@ -73,6 +73,8 @@ ABSL_FLAG(int, tma_gate_up_rows, kiln::TmaGemmRows{}.gate_up,
           "TMA GEMM rows: gate-up projection");
 ABSL_FLAG(int, tma_down_rows, kiln::TmaGemmRows{}.down, "TMA GEMM rows: down projection");
 ABSL_FLAG(int, tma_qkv_splits, kiln::TmaGemmSplits{}.qkv, "TMA GEMM k slices: QKV projection");
+ABSL_FLAG(int, tma_qkv_32_splits, kiln::TmaGemmSplits{}.qkv_at_32_rows,
+          "TMA GEMM k slices: QKV projection at 17-32 rows");
 ABSL_FLAG(int, tma_o_splits, kiln::TmaGemmSplits{}.o, "TMA GEMM k slices: O projection");
 ABSL_FLAG(int, tma_gate_up_splits, kiln::TmaGemmSplits{}.gate_up,
           "TMA GEMM k slices: gate-up projection");
@@ -195,6 +197,7 @@ RunnerOptions BenchmarkOptions() {
   o.tma_gemm_rows.down = absl::GetFlag(FLAGS_tma_down_rows);
   o.tma_gemm_ctas_per_sm = absl::GetFlag(FLAGS_tma_ctas_per_sm);
   o.tma_gemm_max_splits.qkv = absl::GetFlag(FLAGS_tma_qkv_splits);
+  o.tma_gemm_max_splits.qkv_at_32_rows = absl::GetFlag(FLAGS_tma_qkv_32_splits);
   o.tma_gemm_max_splits.o = absl::GetFlag(FLAGS_tma_o_splits);
   o.tma_gemm_max_splits.gate_up = absl::GetFlag(FLAGS_tma_gate_up_splits);
   o.tma_gemm_max_splits.down = absl::GetFlag(FLAGS_tma_down_splits);
@@ -384,7 +387,13 @@ int Main(int argc, char** argv) {
         {"tma 1 CTA/SM", [](RunnerOptions& o) { o.tma_gemm_ctas_per_sm = 1; }},
         {"tma o <=16", [](RunnerOptions& o) { o.tma_gemm_rows.o = 16; }},
         {"tma qkv <=16", [](RunnerOptions& o) { o.tma_gemm_rows.qkv = 16; }},
-        {"tma qkv 8 slices", [](RunnerOptions& o) { o.tma_gemm_max_splits.qkv = 8; }},
+        {"tma qkv 8 slices",
+         [](RunnerOptions& o) {
+           o.tma_gemm_max_splits.qkv = 8;
+           o.tma_gemm_max_splits.qkv_at_32_rows = 8;
+         }},
+        {"tma qkv 4 slices at 32 rows",
+         [](RunnerOptions& o) { o.tma_gemm_max_splits.qkv_at_32_rows = 4; }},
         {"tma qkv 3 slices", [](RunnerOptions& o) { o.tma_gemm_max_splits.qkv = 3; }},
         {"tma gate_up,down <=32",
          [](RunnerOptions& o) { o.tma_gemm_rows.gate_up = o.tma_gemm_rows.down = 32; }},

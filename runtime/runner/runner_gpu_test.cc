@@ -570,6 +570,8 @@ TEST_F(RunnerGpuTest, BadGemmPathOptionsAreRefused) {
       {[](RunnerOptions& o) { o.tma_gemm_rows.qkv = -1; }, "tma_gemm_rows"},
       {[](RunnerOptions& o) { o.tma_gemm_ctas_per_sm = 3; }, "tma_gemm_ctas_per_sm 3"},
       {[](RunnerOptions& o) { o.tma_gemm_max_splits.qkv = 0; }, "tma_gemm_max_splits {0,"},
+      {[](RunnerOptions& o) { o.tma_gemm_max_splits.qkv_at_32_rows = 0; },
+       "tma_gemm_max_splits {4, 0,"},
       {[](RunnerOptions& o) { o.tma_gemm_max_splits.down = kTmaGemmMaxSplits + 1; },
        "tma_gemm_max_splits"},
       {[](RunnerOptions& o) { o.prefetch_gemm_rows.o = kPrefetchGemmMaxRows + 1; },
