@@ -9,6 +9,7 @@
 // prints the table.
 //
 //   bazel run -c opt //runtime/runner:tp_benchmark [-- --world_size=4 --batches=1,8,32]
+//       [--columns=auto,unfused]
 //   .gpu_tp/bin/runtime_runner_tp_benchmark
 //
 // A step is timed on rank 0's device with CUDA events from the metadata upload to the copy of the
@@ -22,15 +23,20 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "collectives/allreduce_config.pb.h"
 #include "collectives/testing/multiprocess_benchmark_util.h"
@@ -46,6 +52,9 @@ ABSL_FLAG(std::string, batches, "1,8,32", "Decode batch sizes");
 ABSL_FLAG(int, context, 1024, "Tokens of context per sequence");
 ABSL_FLAG(int, steps, 30, "Timed steps per measurement");
 ABSL_FLAG(int, timeout_s, 540, "Kill the ranks after this many seconds");
+ABSL_FLAG(std::string, columns, "tp1,auto,unfused,nccl,registered,none",
+          "Columns to time, comma-separated, of tp1 (one GPU), auto (custom, fused with the "
+          "norms), unfused, nccl, registered and none (no all-reduce); ratios need auto");
 ABSL_FLAG(bool, prefetch_gemm, true,
           "Use the prefetch GEMM for small batches (false: the skinny, decode and cuBLASLt GEMMs)");
 
@@ -69,6 +78,27 @@ absl::StatusOr<std::vector<int>> Batches() {
         "--batches: want a comma-separated list of sizes in [1, 256]");
   }
   return batches;
+}
+
+constexpr const char* kColumnKeys[] = {"tp1", "auto", "unfused", "nccl", "registered", "none"};
+
+// --columns as one flag per column of kColumnKeys.
+absl::StatusOr<std::vector<bool>> Columns() {
+  std::vector<bool> on(std::size(kColumnKeys), false);
+  for (absl::string_view key :
+       absl::StrSplit(absl::GetFlag(FLAGS_columns), ',', absl::SkipEmpty())) {
+    const auto* it = std::find(std::begin(kColumnKeys), std::end(kColumnKeys), key);
+    if (it == std::end(kColumnKeys)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--columns: unknown column '", key, "'; want some of ",
+          absl::StrJoin(std::begin(kColumnKeys), std::end(kColumnKeys), ",")));
+    }
+    on[it - std::begin(kColumnKeys)] = true;
+  }
+  if (std::find(on.begin(), on.end(), true) == on.end()) {
+    return absl::InvalidArgumentError("--columns: name at least one column");
+  }
+  return on;
 }
 
 RunnerOptions BenchmarkOptions(const std::vector<int>& batches, int context) {
@@ -158,24 +188,28 @@ absl::Status RunColumn(const RunnerOptions& options, const std::vector<int>& bat
 absl::Status RunRank(testing::ProcessGroupMember& member) {
   CUDA_RETURN_IF_ERROR(cudaSetDevice(member.rank));
   ASSIGN_OR_RETURN(std::vector<int> batches, Batches());
+  ASSIGN_OR_RETURN(std::vector<bool> wanted, Columns());
   const int context = absl::GetFlag(FLAGS_context);
   const int world = member.world_size;
   HostBootstrap& bootstrap = *member.bootstrap;
-  std::vector<Column> columns;
+  // Indexed like kColumnKeys; columns not wanted stay empty.
+  std::vector<Column> columns(std::size(kColumnKeys));
 
   // TP=1 on rank 0's GPU; the other ranks wait.
-  Column one{"TP=1", {}, ""};
-  if (member.rank == 0) {
-    RETURN_IF_ERROR(RunColumn(BenchmarkOptions(batches, context), batches, nullptr, &one));
+  if (wanted[0]) {
+    columns[0].name = "TP=1";
+    if (member.rank == 0) {
+      RETURN_IF_ERROR(RunColumn(BenchmarkOptions(batches, context), batches, nullptr, &columns[0]));
+    }
+    RETURN_IF_ERROR(bootstrap.Barrier());
   }
-  RETURN_IF_ERROR(bootstrap.Barrier());
-  columns.push_back(one);
 
   // TP=world: custom (auto, fused with the norms), custom without the fusion, NCCL only, custom
   // one-shot reading registered graph inputs, and no all-reduce at all (what the collectives
   // cost; tokens not the model's, so not compared).
-  enum Variant { kAuto, kUnfused, kNccl, kRegistered, kNone };
+  enum Variant { kAuto = 1, kUnfused, kNccl, kRegistered, kNone };
   for (Variant v : {kAuto, kUnfused, kNccl, kRegistered, kNone}) {
+    if (!wanted[v]) continue;
     RunnerOptions options = BenchmarkOptions(batches, context);
     options.bootstrap = &bootstrap;
     options.device = member.rank;
@@ -185,11 +219,11 @@ absl::Status RunRank(testing::ProcessGroupMember& member) {
     // measures the unfused one-shot reading registered inputs.
     options.fuse_allreduce_norm = v != kUnfused && v != kRegistered;
     options.skip_allreduce = v == kNone;
-    const char* names[] = {" custom (auto)", " custom, unfused", " NCCL",
+    const char* names[] = {"", " custom (auto)", " custom, unfused", " NCCL",
                            " custom registered, unfused", " no all-reduce"};
-    Column column{absl::StrCat("TP=", world, names[v]), {}, ""};
+    Column& column = columns[v];
+    column.name = absl::StrCat("TP=", world, names[v]);
     RETURN_IF_ERROR(RunColumn(options, batches, v == kNone ? nullptr : &bootstrap, &column));
-    columns.push_back(column);
   }
 
   if (member.rank == 0) {
@@ -198,20 +232,37 @@ absl::Status RunRank(testing::ProcessGroupMember& member) {
     std::printf("model: 1B-class Llama (llama-3.2-1b shape, random bf16 weights), context %d, "
                 "CUDA graphs, step ms on rank 0 (median of %d)\n",
                 context, absl::GetFlag(FLAGS_steps));
+    // Ratios against the custom column, of the columns timed.
+    const std::pair<Variant, const char*> ratios[] = {
+        {kNccl, "NCCL"}, {kUnfused, "unfused"}, {static_cast<Variant>(0), "TP=1"}};
     std::printf("| batch |");
-    for (const Column& c : columns) std::printf(" %s |", c.name.c_str());
-    std::printf(" NCCL / custom | unfused / custom | TP=1 / custom |\n|------:|");
-    for (size_t c = 0; c < columns.size() + 3; ++c) std::printf("------:|");
+    int shown = 0;
+    for (const Column& c : columns) {
+      if (c.name.empty()) continue;
+      std::printf(" %s |", c.name.c_str());
+      ++shown;
+    }
+    for (const auto& [v, name] : ratios) {
+      if (!wanted[kAuto] || !wanted[v]) continue;
+      std::printf(" %s / custom |", name);
+      ++shown;
+    }
+    std::printf("\n|------:|");
+    for (int c = 0; c < shown; ++c) std::printf("------:|");
     std::printf("\n");
     for (int b : batches) {
       std::printf("| %d |", b);
-      for (Column& c : columns) std::printf(" %.3f |", c.ms[b]);
-      const double custom = columns[1].ms[b];
-      std::printf(" %.2fx | %.2fx | %.2fx |\n", columns[3].ms[b] / custom,
-                  columns[2].ms[b] / custom, columns[0].ms[b] / custom);
+      for (Column& c : columns) {
+        if (!c.name.empty()) std::printf(" %.3f |", c.ms[b]);
+      }
+      for (const auto& [v, name] : ratios) {
+        if (!wanted[kAuto] || !wanted[v]) continue;
+        std::printf(" %.2fx |", columns[v].ms[b] / columns[kAuto].ms[b]);
+      }
+      std::printf("\n");
     }
-    for (size_t c = 1; c < columns.size(); ++c) {
-      if (!columns[c].paths.empty()) std::printf("%s\n", columns[c].paths.c_str());
+    for (const Column& c : columns) {
+      if (!c.paths.empty()) std::printf("%s\n", c.paths.c_str());
     }
   }
   return absl::OkStatus();
