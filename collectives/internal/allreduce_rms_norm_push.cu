@@ -70,12 +70,15 @@ __global__ void __launch_bounds__(kRmsNormMaxThreads)
 
   uint4 gamma[kChunks];
   LoadGamma<kChunks>(p, gamma);
-  // The next kernel is launched only once this one is done with its rows (below): a GEMM let in
-  // at the start streams its weights at full DRAM bandwidth while this kernel's latency-bound
-  // NVLink round and L2 polls run, and slows them more than its head start gains. On 2 x H200
-  // (1B model, TP=2, decode graphs) launching it at the end took the step from 0.828 to 0.809 ms
-  // at batch 1 and from 1.014 to 1.004 ms at batch 8 (after the push writes: 0.830 / 1.029).
   WaitForPrerequisites();  // the partial sums, the residual and the control words
+  // The next kernel (a GEMM that streams its weights before its own wait) is let in now, so its
+  // weights arrive while this kernel's NVLink round and polls run. 4 x H200, 1B model, decode
+  // graphs, tp_benchmark, two rounds, step ms at batch 1 / 8 / 16 / 32: TP=4 0.745 / 0.847 /
+  // 0.898 / 1.04-1.13 when it was let in at this kernel's end, 0.677-0.683 / 0.793-0.804 /
+  // 0.852-0.864 / 0.955-0.972 now; TP=2 0.819 / 0.936-0.941 / 0.989-0.999 / 1.158-1.174, now
+  // 0.759-0.764 / 0.895-0.901 / 0.964-0.973 / 1.127-1.181. (On 2 x H200 with the GEMMs of an
+  // earlier version, the end had been 0.02 ms faster at batch 1.)
+  AllowDependentLaunch();
 
   if (threadIdx.x == 0) {
     const volatile AllReduceControl* control = a.control;
@@ -148,7 +151,6 @@ __global__ void __launch_bounds__(kRmsNormMaxThreads)
     if (__syncthreads_or(failed)) return;  // a peer is gone: leave without writing
     AddNormRow<kChunks>(p, base, v, res, gamma, scratch);
   }
-  AllowDependentLaunch();
   FinishCall(a, epoch);
 }
 
