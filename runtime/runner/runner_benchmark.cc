@@ -7,7 +7,11 @@
 // kernel with cuBLASLt, cuBLASLt alone); and with --ablate, the step
 // with one fusion or choice changed at a time. The --prefetch_*, --fold_norm, --decode_*,
 // --skinny_rows flags set the model's GEMM paths and the attention split for every table
-// (defaults: RunnerOptions').
+// (defaults: RunnerOptions'). --capture_sizes, --capture_prefill, --max_model_len,
+// --max_kv_blocks and --max_num_batched_tokens size the main runner as a server would; its KV
+// cache is filled with seeded values of unit scale first (--kv_fill), so attention reads numbers
+// like a real cache's. Batches run in the order given: the step of one size can depend on the
+// sizes before it and on the captured set (runtime/runner/NOTES.md, "Batch 32 in two modes").
 //
 //   bazel run -c opt //runtime/runner:runner_benchmark [-- --batches=1,8 --context=1024]
 //
@@ -43,6 +47,19 @@
 ABSL_FLAG(std::string, batches, "1,8,32,128", "Decode batch sizes");
 ABSL_FLAG(int, context, 1024, "Tokens of context per sequence");
 ABSL_FLAG(int, steps, 30, "Timed steps per measurement");
+ABSL_FLAG(int, max_model_len, 2048,
+          "Longest sequence the runner is sized for (decode attention's graph-safe split plan "
+          "depends on it); at least --context + 2 x --steps + 7, the tokens a measurement adds");
+ABSL_FLAG(int, max_kv_blocks, 4096, "KV blocks of 64 tokens the main runner allocates");
+ABSL_FLAG(int, max_num_batched_tokens, 8192, "Token rows the main runner's steps may carry");
+ABSL_FLAG(std::string, kv_fill, "random",
+          "What the main runner's KV cache holds before timing, where the steps read tokens they "
+          "did not write: random (seeded bf16 of unit scale, like real keys and values), zero, or "
+          "stale (whatever the allocation held)");
+ABSL_FLAG(std::string, capture_sizes, "",
+          "Decode sizes the main runner captures, comma-separated (empty: the runner's defaults, "
+          "up to 256); every --batches size must be among them");
+ABSL_FLAG(bool, capture_prefill, true, "Whether the main runner captures prefill graphs too");
 ABSL_FLAG(bool, compare_cublas, true,
           "Also time batches 1..32 with other GEMM paths (no prefetch GEMM, skinny + cuBLASLt, "
           "cuBLASLt)");
@@ -143,10 +160,44 @@ double CopyBandwidth() {
 struct Timing {
   double graph_ms = 0, eager_ms = 0, step_ms = 0;
   bool replayed = false;
+  int64_t no_token = 0;  // sampled rows with no token (every logit NaN): broken arithmetic
 };
 
 // Decodes `batch` sequences of `context` tokens: warm-up, then timed graph steps, then timed
 // eager steps at the same key.
+// Fills the runner's KV cache as --kv_fill says (checked in Main). A 16 MiB seeded pattern of
+// bf16 values in [-2, 2) is copied over the cache, so that attention reads numbers of a real
+// cache's scale rather than leftovers of earlier allocations.
+void FillKv(Runner& runner, const std::string& how) {
+  void* kv = runner.model().kv_cache_data();
+  const size_t bytes = runner.model().kv_cache_bytes();
+  if (how == "stale" || bytes == 0) return;
+  if (how == "zero") {
+    CHECK_CUDA(cudaMemset(kv, 0, bytes));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    return;
+  }
+  std::vector<uint16_t> pattern(std::min<size_t>(bytes, size_t{16} << 20) / 2);
+  uint32_t state = 12345;
+  for (uint16_t& v : pattern) {
+    state = state * 1664525u + 1013904223u;
+    // bf16 of a float in (-2, 2): a random sign, an exponent from 2^-7 to 2^0 and random
+    // mantissa bits.
+    const uint32_t sign = (state >> 31) << 15;
+    const uint32_t exponent = 120 + ((state >> 27) & 7);
+    const uint32_t mantissa = (state >> 20) & 0x7f;
+    v = static_cast<uint16_t>(sign | (exponent << 7) | mantissa);
+  }
+  const size_t chunk = pattern.size() * 2;
+  char* dst = static_cast<char*>(kv);
+  CHECK_CUDA(cudaMemcpy(dst, pattern.data(), chunk, cudaMemcpyHostToDevice));
+  for (size_t done = chunk; done < bytes; done += chunk) {
+    CHECK_CUDA(cudaMemcpy(dst + done, dst, std::min(chunk, bytes - done),
+                          cudaMemcpyDeviceToDevice));
+  }
+  CHECK_CUDA(cudaDeviceSynchronize());
+}
+
 Timing TimeDecode(Runner& runner, int batch, int context, int steps, bool eager_too) {
   std::vector<SequenceTokens> seqs;
   const int64_t base = int64_t{batch} * 100000;
@@ -154,6 +205,7 @@ Timing TimeDecode(Runner& runner, int batch, int context, int steps, bool eager_
     CHECK_OK(runner.SetContextForBenchmark(base + i, context - 1));
     seqs.push_back({base + i, {static_cast<int32_t>((i * 7919 + 13) % runner.shape().vocab)}});
   }
+  int64_t no_token = 0;
   auto step = [&](bool eager, std::vector<double>* device_ms, std::vector<double>* wall_ms,
                   bool* replayed) {
     StepOptions options;
@@ -161,7 +213,10 @@ Timing TimeDecode(Runner& runner, int batch, int context, int steps, bool eager_
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<int32_t> next = ValueOrDie(runner.Step(seqs, options));
     const auto t1 = std::chrono::steady_clock::now();
-    for (int i = 0; i < batch; ++i) seqs[i].tokens[0] = std::max(next[i], 0);
+    for (int i = 0; i < batch; ++i) {
+      if (next[i] < 0) ++no_token;
+      seqs[i].tokens[0] = std::max(next[i], 0);
+    }
     if (device_ms) device_ms->push_back(runner.last_step().device_ms);
     if (wall_ms) wall_ms->push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     if (replayed) *replayed = runner.last_step().replayed;
@@ -178,6 +233,7 @@ Timing TimeDecode(Runner& runner, int batch, int context, int steps, bool eager_
   t.graph_ms = Median(graph);
   t.step_ms = Median(wall);
   t.eager_ms = Median(eager);
+  t.no_token = no_token;
   return t;
 }
 
@@ -212,9 +268,15 @@ RunnerOptions BenchmarkOptions() {
   o.decode_ctas_per_sm = absl::GetFlag(FLAGS_decode_ctas_per_sm);
   o.config.set_model_preset("llama-3.2-1b");
   o.config.set_max_num_seqs(256);
-  o.config.set_max_num_batched_tokens(8192);
-  o.max_model_len = 2048;
-  o.max_kv_blocks = 4096;
+  o.config.set_max_num_batched_tokens(absl::GetFlag(FLAGS_max_num_batched_tokens));
+  o.max_model_len = absl::GetFlag(FLAGS_max_model_len);
+  o.max_kv_blocks = absl::GetFlag(FLAGS_max_kv_blocks);
+  o.capture_prefill = absl::GetFlag(FLAGS_capture_prefill);
+  std::vector<int> sizes;
+  if (benchmark_internal::ParseIntList("capture_sizes", absl::GetFlag(FLAGS_capture_sizes), 1, 256,
+                                       &sizes)) {
+    for (int b : sizes) o.config.mutable_graph()->add_capture_sizes(b);
+  }
   o.time_steps = true;
   o.progress = CaptureProgress::kNone;
   return o;
@@ -222,15 +284,32 @@ RunnerOptions BenchmarkOptions() {
 
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  std::vector<int> batches, ablate_batches;
+  std::vector<int> batches, ablate_batches, capture_sizes;
   if (!benchmark_internal::ParseIntList("batches", absl::GetFlag(FLAGS_batches), 1, 256,
                                         &batches) ||
       !benchmark_internal::ParseIntList("ablate_batches", absl::GetFlag(FLAGS_ablate_batches), 1,
-                                        256, &ablate_batches)) {
+                                        256, &ablate_batches) ||
+      !benchmark_internal::ParseIntList("capture_sizes", absl::GetFlag(FLAGS_capture_sizes), 1,
+                                        256, &capture_sizes)) {
     return 2;
   }
   const int context = absl::GetFlag(FLAGS_context);
   const int steps = absl::GetFlag(FLAGS_steps);
+  const int max_model_len = absl::GetFlag(FLAGS_max_model_len);
+  const std::string kv_fill = absl::GetFlag(FLAGS_kv_fill);
+  if (kv_fill != "random" && kv_fill != "zero" && kv_fill != "stale") {
+    std::fprintf(stderr, "--kv_fill %s: want random, zero or stale\n", kv_fill.c_str());
+    return 2;
+  }
+  // A measurement starts at `context` tokens and adds warm-ups, graph and eager steps.
+  const int64_t longest = int64_t{context} + kWarmup + 2 + 2 * int64_t{steps};
+  if (context < 1 || steps < 1 || max_model_len < longest) {
+    std::fprintf(stderr,
+                 "--context %d, --steps %d, --max_model_len %d: want context and steps >= 1 and "
+                 "max_model_len >= %lld (context + 2 x steps + 7)\n",
+                 context, steps, max_model_len, static_cast<long long>(longest));
+    return 2;
+  }
   const DeviceInfo info = ValueOrDie(DeviceInfo::Query(0));
   std::printf("device: %s\n", info.ToString().c_str());
   const double bandwidth = CopyBandwidth();
@@ -251,6 +330,7 @@ int Main(int argc, char** argv) {
                 captured.seconds, 1e3 * captured.seconds / captured.num_graphs,
                 captured.pool_bytes / 1048576.0, captured.num_nodes,
                 captured.device_bytes / 1048576.0);
+    FillKv(*runner, absl::GetFlag(FLAGS_kv_fill));
 
     std::printf("\nDecode step, context %d, ms (median of %d)\n", context, steps);
     std::printf("%6s %10s %10s %10s %10s %12s %10s\n", "batch", "graph", "eager", "step(host)",
@@ -260,6 +340,10 @@ int Main(int argc, char** argv) {
       if (!t.replayed) {
         std::fprintf(stderr, "batch %d did not replay a graph\n", b);
         return 1;
+      }
+      if (t.no_token > 0) {
+        std::printf("batch %d: %lld sampled rows had no token (every logit NaN)\n", b,
+                    static_cast<long long>(t.no_token));
       }
       const double floor_ms =
           (weight_bytes + kv_bytes_per_token * context * b) / bandwidth * 1e3;
