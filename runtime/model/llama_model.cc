@@ -458,6 +458,7 @@ absl::Status LlamaModel::Linear(Proj proj, const bf16* x, const bf16* w, void* y
     args.m = static_cast<int>(m);
     args.n = static_cast<int>(n);
     args.k = static_cast<int>(k);
+    args.next_after_wait = proj == Proj::kQkv && options_.tma_qkv_next_after_wait;
     if (TmaGemmSupports(args, *c)) {
       return ToStatus(LaunchTmaGemm(args, *c, stream), "TMA GEMM");
     }

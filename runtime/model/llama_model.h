@@ -181,6 +181,10 @@ struct LlamaModelOptions {
   // TMA GEMM CTAs per SM, 1 or 2, and the most k slices of each projection (ChooseTmaGemmConfig).
   int tma_gemm_ctas_per_sm = 2;
   TmaGemmSplits tma_gemm_max_splits;
+  // The QKV projection on the TMA GEMM lets the next kernel (RoPE + KV append, then attention)
+  // launch only once its own wait has returned (TmaGemmArgs::next_after_wait): those kernels read
+  // everything after their waits and, let in at its start, crowd the SMs while QKV streams.
+  bool tma_qkv_next_after_wait = true;
   // Rows up to which each projection uses the decode GEMM (each at most kDecodeGemmMaxRows).
   DecodeGemmRows decode_gemm_rows;
   // A down projection on the decode GEMM (or on the prefetch GEMM with prefetch_gemm_silu) reads

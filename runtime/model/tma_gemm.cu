@@ -66,6 +66,7 @@ struct Params {
   int pieces;  // 64-k pieces of k
   int splits;
   int stages;
+  bool next_after_wait;  // TmaGemmArgs::next_after_wait
 };
 
 // wgmma's shared-memory matrix descriptor of a K-major operand tile in the 128-byte swizzled
@@ -292,8 +293,9 @@ __global__ void __launch_bounds__(kThreads, 3)
   const uint32_t w_slots = base;
   const uint32_t x_slots = base + p.stages * kWStageBytes;
 
-  // The next kernel may become resident now and start its own independent prologue.
-  AllowDependentLaunch();
+  // The next kernel may become resident now and start its own independent prologue, unless it
+  // is to wait for this one's wait (below).
+  if (!p.next_after_wait) AllowDependentLaunch();
 
   const int tile = blockIdx.x / p.splits;
   const int slice = blockIdx.x - tile * p.splits;
@@ -340,6 +342,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     }
     // Every thread waits (pdl_launch.cuh).
     WaitForPrerequisites();
+    if (p.next_after_wait) AllowDependentLaunch();
     if (lane == 0) {
       for (int i = 0; i < first; ++i) issue_x(i);
       for (int i = first; i < count; ++i) {
@@ -473,6 +476,7 @@ cudaError_t LaunchTmaGemm(const TmaGemmArgs& a, const TmaGemmConfig& c, cudaStre
   p.pieces = Pieces(a.k);
   p.splits = c.splits;
   p.stages = c.stages;
+  p.next_after_wait = a.next_after_wait;
   const dim3 grid(static_cast<unsigned>(Tiles(a.n) * c.splits));
   const size_t shared = TmaGemmSharedBytes(a.m, c.stages);
   // A tile's slices form one cluster (rank = slice), which adds up their partials.

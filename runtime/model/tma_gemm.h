@@ -64,6 +64,14 @@ struct TmaGemmArgs {
   int m = 0;
   int n = 0;
   int k = 0;
+  // When the next kernel on the stream may launch (programmatic dependent launch): false, at
+  // this kernel's start, so that its own prologue overlaps this one (a GEMM streams its weights);
+  // true, only once this kernel's wait has returned. Give true where the kernels that follow read
+  // everything after their waits and would only crowd the SMs while this one streams: on an H200
+  // (1B decode step, QKV projection, then RoPE + KV append and attention) batch 32 went from
+  // 1.327-1.335 to 1.311-1.317 ms, and from 1.401-1.410 to 1.301-1.305 after a step of 8 rows
+  // (runtime/runner/NOTES.md, "Batch 32 in two modes").
+  bool next_after_wait = false;
 };
 
 struct TmaGemmConfig {

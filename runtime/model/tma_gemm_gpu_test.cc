@@ -145,15 +145,17 @@ TEST_F(TmaGemmGpuTest, SecondLaunchReadsTheFirstOnesOutput) {
   const std::vector<uint16_t> w2 = RandomBf16(static_cast<size_t>(n2) * n1);
   first.w().Upload(w1, stream());
   second.w().Upload(w2, stream());
-  for (int round = 0; round < 3; ++round) {
+  for (int round = 0; round < 4; ++round) {
     first.x().Upload(RandomBf16(static_cast<size_t>(m) * k), stream());
     first.y().Poison(stream());
     second.y().Poison(stream());
     TmaGemmArgs a = first.Args(m);
     TmaGemmArgs b = second.Args(m);
     b.x = reinterpret_cast<const __nv_bfloat16*>(first.y().get());
-    // One CTA per SM (the second launch's CTAs fit beside the first's), then two.
-    const int per_sm = round == 0 ? 1 : 2;
+    // One CTA per SM (the second launch's CTAs fit beside the first's), then two; the second
+    // launch let in at the first's start, then only after the first's wait.
+    const int per_sm = round % 2 == 0 ? 1 : 2;
+    a.next_after_wait = round >= 2;
     ASSERT_EQ(LaunchTmaGemm(a, ChooseTmaGemmConfig(m, n1, k, kSmCount, per_sm), stream()),
               cudaSuccess);
     ASSERT_EQ(LaunchTmaGemm(b, ChooseTmaGemmConfig(m, n2, n1, kSmCount, per_sm), stream()),
@@ -189,6 +191,12 @@ TEST_F(TmaGemmGpuTest, GraphReplayAndRepeatsAreBitwiseEqual) {
       problem.y().Poison(stream());
       ASSERT_EQ(LaunchTmaGemm(args, config, stream()), cudaSuccess);
       const std::vector<uint16_t> again = problem.y().Download(stream());
+      // Where the next kernel may launch changes nothing in y.
+      TmaGemmArgs late = args;
+      late.next_after_wait = true;
+      problem.y().Poison(stream());
+      ASSERT_EQ(LaunchTmaGemm(late, config, stream()), cudaSuccess);
+      const std::vector<uint16_t> after_wait = problem.y().Download(stream());
 
       problem.y().Poison(stream());
       ASSERT_NO_FATAL_FAILURE(CaptureAndReplay(
@@ -198,6 +206,7 @@ TEST_F(TmaGemmGpuTest, GraphReplayAndRepeatsAreBitwiseEqual) {
       const size_t bytes = static_cast<size_t>(m) * s.n * sizeof(uint16_t);
       for (double v : problem.Output(m, stream())) ASSERT_TRUE(std::isfinite(v));
       EXPECT_EQ(std::memcmp(eager.data(), again.data(), bytes), 0);
+      EXPECT_EQ(std::memcmp(eager.data(), after_wait.data(), bytes), 0);
       EXPECT_EQ(std::memcmp(eager.data(), replayed.data(), bytes), 0);
     }
   }

@@ -479,6 +479,7 @@ int Main(int argc, char** argv) {
         {"tma qkv 4 slices at 32 rows",
          [](RunnerOptions& o) { o.tma_gemm_max_splits.qkv_at_32_rows = 4; }},
         {"tma qkv 3 slices", [](RunnerOptions& o) { o.tma_gemm_max_splits.qkv = 3; }},
+        {"tma qkv next at start", [](RunnerOptions& o) { o.tma_qkv_next_after_wait = false; }},
         {"tma gate_up,down <=32",
          [](RunnerOptions& o) { o.tma_gemm_rows.gate_up = o.tma_gemm_rows.down = 32; }},
         {"tma qkv,o only",
