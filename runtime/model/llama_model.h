@@ -137,7 +137,7 @@ struct PrefetchGemmRows {
 // follow runtime/model/NOTES.md (H200, 1B shape): every projection at 16 rows (the step 1.346 →
 // 1.228 ms against cuBLASLt), O up to 32 (1.396–1.399 → 1.348–1.352 ms at 32 rows against O on
 // cuBLASLt), gate-up and down up to 48 (1.580–1.591 → 1.565 at 48 rows), QKV up to 64 with at
-// most 4 k slices, 3 at 17–32 rows (TmaGemmSplits: 1.540 against 1.584–1.589 ms at 48 rows,
+// most 4 k slices (TmaGemmSplits: 1.540 against 1.584–1.589 ms at 48 rows,
 // 1.785–1.789 against 1.812–1.814 at 56); the other projections past their limits made the step
 // slower or no faster.
 struct TmaGemmRows {
@@ -150,12 +150,13 @@ struct TmaGemmRows {
 // The most k slices (CTAs of a tile's cluster) ChooseTmaGemmConfig may give each projection on
 // the TMA GEMM, each in [1, kTmaGemmMaxSplits]; qkv_at_32_rows replaces qkv for launches of
 // 17–32 rows (x padded to 32). QKV's 48 tiles would take 5 slices at two CTAs per SM; in the step
-// 4 measured faster at every row count from 9 to 64 (up to 40 µs at 20 rows), 3 faster still at
-// 24–32 rows (13–27 µs at 32) and slower at 16 and 40–64, 2 slower everywhere
-// (runtime/model/NOTES.md).
+// 4 measured faster at every row count from 9 to 64 (up to 40 µs at 20 rows), 2 slower
+// everywhere. 3 had been faster at 24–32 rows while the QKV GEMM let RoPE in at its start; since
+// it lets it in after its wait (tma_qkv_next_after_wait), 4 is faster at 17–32 rows too (32 rows:
+// 1.285–1.291 against 1.302–1.304 ms, runtime/model/NOTES.md).
 struct TmaGemmSplits {
   int qkv = 4;
-  int qkv_at_32_rows = 3;
+  int qkv_at_32_rows = 4;
   int o = kTmaGemmMaxSplits;
   int gate_up = kTmaGemmMaxSplits;
   int down = kTmaGemmMaxSplits;

@@ -124,7 +124,7 @@ TEST_F(TmaGemmGpuTest, ModelShapesWithChosenConfigsMatchFloat64) {
       const std::vector<uint16_t> x = RandomBf16(static_cast<size_t>(m) * s.k, -3.f, 3.f);
       problem.x().Upload(x, stream());
       const std::vector<double> want = GemmProduct(Bf16ToDouble(x), w, m, s.n, s.k);
-      // The shape's own choice, and with at most 4 and 3 slices (the step's limits for QKV).
+      // The shape's own choice, and with at most 4 and 3 slices (limits the step has used for QKV).
       for (int max_splits : {kTmaGemmMaxSplits, 4, 3}) {
         const TmaGemmConfig config = ChooseTmaGemmConfig(m, s.n, s.k, kSmCount, 2, max_splits);
         SCOPED_TRACE(::testing::Message() << "n=" << s.n << " k=" << s.k << " m=" << m << " "

@@ -476,9 +476,13 @@ int Main(int argc, char** argv) {
            o.tma_gemm_max_splits.qkv = 8;
            o.tma_gemm_max_splits.qkv_at_32_rows = 8;
          }},
-        {"tma qkv 4 slices at 32 rows",
-         [](RunnerOptions& o) { o.tma_gemm_max_splits.qkv_at_32_rows = 4; }},
-        {"tma qkv 3 slices", [](RunnerOptions& o) { o.tma_gemm_max_splits.qkv = 3; }},
+        {"tma qkv 3 slices at 32 rows",
+         [](RunnerOptions& o) { o.tma_gemm_max_splits.qkv_at_32_rows = 3; }},
+        {"tma qkv 3 slices",
+         [](RunnerOptions& o) {
+           o.tma_gemm_max_splits.qkv = 3;
+           o.tma_gemm_max_splits.qkv_at_32_rows = 3;
+         }},
         {"tma qkv next at start", [](RunnerOptions& o) { o.tma_qkv_next_after_wait = false; }},
         {"tma gate_up,down <=32",
          [](RunnerOptions& o) { o.tma_gemm_rows.gate_up = o.tma_gemm_rows.down = 32; }},
