@@ -10,8 +10,8 @@
 // (defaults: RunnerOptions'). --capture_sizes, --capture_prefill, --max_model_len,
 // --max_kv_blocks and --max_num_batched_tokens size the main runner as a server would; its KV
 // cache is filled with seeded values of unit scale first (--kv_fill), so attention reads numbers
-// like a real cache's. Batches run in the order given: the step of one size can depend on the
-// sizes before it and on the captured set (runtime/runner/NOTES.md, "Batch 32 in two modes").
+// like a real cache's. Batches run in the order given (runtime/runner/NOTES.md, "Batch 32 in
+// two modes", shows how the sizes before a step and the captured set could matter).
 //
 //   bazel run -c opt //runtime/runner:runner_benchmark [-- --batches=1,8 --context=1024]
 //
@@ -163,8 +163,6 @@ struct Timing {
   int64_t no_token = 0;  // sampled rows with no token (every logit NaN): broken arithmetic
 };
 
-// Decodes `batch` sequences of `context` tokens: warm-up, then timed graph steps, then timed
-// eager steps at the same key.
 // Fills the runner's KV cache as --kv_fill says (checked in Main). A 16 MiB seeded pattern of
 // bf16 values in [-2, 2) is copied over the cache, so that attention reads numbers of a real
 // cache's scale rather than leftovers of earlier allocations.
@@ -198,6 +196,8 @@ void FillKv(Runner& runner, const std::string& how) {
   CHECK_CUDA(cudaDeviceSynchronize());
 }
 
+// Decodes `batch` sequences of `context` tokens: warm-up, then timed graph steps, then timed
+// eager steps at the same key.
 Timing TimeDecode(Runner& runner, int batch, int context, int steps, bool eager_too) {
   std::vector<SequenceTokens> seqs;
   const int64_t base = int64_t{batch} * 100000;
