@@ -196,10 +196,13 @@ absl::Status RunRank(testing::ProcessGroupMember& member) {
   std::vector<Column> columns(std::size(kColumnKeys));
 
   // TP=1 on rank 0's GPU; the other ranks wait.
-  if (wanted[0]) {
-    columns[0].name = "TP=1";
+  // The columns, in kColumnKeys' order.
+  enum Variant { kTp1, kAuto, kUnfused, kNccl, kRegistered, kNone };
+  if (wanted[kTp1]) {
+    columns[kTp1].name = "TP=1";
     if (member.rank == 0) {
-      RETURN_IF_ERROR(RunColumn(BenchmarkOptions(batches, context), batches, nullptr, &columns[0]));
+      RETURN_IF_ERROR(
+          RunColumn(BenchmarkOptions(batches, context), batches, nullptr, &columns[kTp1]));
     }
     RETURN_IF_ERROR(bootstrap.Barrier());
   }
@@ -207,7 +210,6 @@ absl::Status RunRank(testing::ProcessGroupMember& member) {
   // TP=world: custom (auto, fused with the norms), custom without the fusion, NCCL only, custom
   // one-shot reading registered graph inputs, and no all-reduce at all (what the collectives
   // cost; tokens not the model's, so not compared).
-  enum Variant { kAuto = 1, kUnfused, kNccl, kRegistered, kNone };
   for (Variant v : {kAuto, kUnfused, kNccl, kRegistered, kNone}) {
     if (!wanted[v]) continue;
     RunnerOptions options = BenchmarkOptions(batches, context);
@@ -234,7 +236,7 @@ absl::Status RunRank(testing::ProcessGroupMember& member) {
                 context, absl::GetFlag(FLAGS_steps));
     // Ratios against the custom column, of the columns timed.
     const std::pair<Variant, const char*> ratios[] = {
-        {kNccl, "NCCL"}, {kUnfused, "unfused"}, {static_cast<Variant>(0), "TP=1"}};
+        {kNccl, "NCCL"}, {kUnfused, "unfused"}, {kTp1, "TP=1"}};
     std::printf("| batch |");
     int shown = 0;
     for (const Column& c : columns) {
