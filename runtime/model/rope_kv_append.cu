@@ -24,11 +24,12 @@ __global__ void __launch_bounds__(kMaxThreads) RopeKvAppendKernel(const internal
   __syncthreads();
   const int64_t slot = slot_shared;
   WaitForPrerequisites();  // qkv comes from the QKV projection
-  // Attention, launched next, has nothing to read before its own wait. Letting it in only now
-  // keeps its CTAs (and the O projection's, which follow them in) off the SMs while the QKV
-  // projection still streams: with the QKV projection on the TMA GEMM the step at 16 rows took
-  // 1.230-1.237 ms with the launch allowed at the start, 1.201-1.203 with it here
-  // (runtime/model/NOTES.md).
+  // Attention, launched next, reads nothing this kernel writes before its own wait (only KV that
+  // earlier steps wrote, and its plan). Letting it in only now keeps its CTAs (and the O
+  // projection's, which follow them in) off the SMs while the QKV projection still streams
+  // (the QKV TMA GEMM lets this kernel in after its own wait for the same reason): with the
+  // QKV projection on the TMA GEMM the step at 16 rows took 1.230-1.237 ms with the launch
+  // allowed at the start, 1.201-1.203 with it here (runtime/model/NOTES.md).
   AllowDependentLaunch();
   internal::RopeAppendToken(a, token, slot, cos_table, sin_table, threadIdx.x, blockDim.x);
 }

@@ -115,9 +115,9 @@ struct RunnerOptions {
   // Prefill token budgets; empty: CaptureSizes::DefaultPrefillSizes(min(512, max tokens)).
   std::vector<int> prefill_sizes;
   // GEMM paths and fusions of the model (LlamaModelOptions): rows up to which each projection
-  // uses the prefetch GEMM, then the TMA GEMM, then the decode GEMM, whether the down projection there reads
-  // SiLU(gate)·up itself, RoPE and the KV append as one kernel, the skinny kernel up to
-  // skinny_gemm_max_rows elsewhere, and whether the QKV and gate-up prefetch GEMMs do the add +
+  // uses the prefetch GEMM, then the TMA GEMM, then the decode GEMM, whether the down projection
+  // there reads SiLU(gate)·up itself, RoPE and the KV append as one kernel, the skinny kernel up
+  // to skinny_gemm_max_rows elsewhere, and whether the QKV and gate-up prefetch GEMMs do the add +
   // RMSNorm before them (fold_norm_into_gemm; the same bits either way).
   PrefetchGemmRows prefetch_gemm_rows;
   int prefetch_gemm_ctas_per_sm = 2;
