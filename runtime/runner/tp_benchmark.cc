@@ -275,6 +275,13 @@ absl::Status RunRank(testing::ProcessGroupMember& member) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  // Bad flags fail here, once, before any rank starts.
+  for (const absl::Status& flags : {kiln::Batches().status(), kiln::Columns().status()}) {
+    if (!flags.ok()) {
+      std::fprintf(stderr, "tp_benchmark: %s\n", std::string(flags.message()).c_str());
+      return 2;
+    }
+  }
   kiln::testing::BenchmarkGroupOptions options;
   options.name = "tp_benchmark";
   options.world_size = absl::GetFlag(FLAGS_world_size);
