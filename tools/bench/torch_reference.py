@@ -1,19 +1,34 @@
 #!/usr/bin/env python3
 """PyTorch reference for kiln's decode step: the 1B-class Llama shape, eager and CUDA graph.
 
-    python3 tools/bench/torch_reference.py [--batches 1,8,32,128] [--context 1024] [--norms hf,fused]
+    python3 tools/bench/torch_reference.py [--batches 1,8,32,128] [--context 1024]
+        [--variants plain,grouped,compiled,autotuned] [--norms fused,hf]
 
 The model: hidden 2048, 16 layers, 32/8 heads of 64, ffn 8192, vocab 128256, tied embeddings,
-random bf16 weights. Written the way a Hugging Face Llama runs (RMSNorm in float32 as
-transformers writes it, or PyTorch's fused F.rms_norm; fused projections, rotate-half RoPE
-from a float32 cos/sin table, F.scaled_dot_product_attention with grouped-query attention) over a plain, non-paged KV cache of `context` positions per sequence
-that starts full of random values: each decode step writes the new K/V at position context - 1
-and attends over all `context` positions. The step ends with the logits and a greedy argmax.
+random bf16 weights, over a plain, non-paged KV cache of `context` positions per sequence that
+starts full of random values: each decode step writes the new K/V at position context - 1 and
+attends over all `context` positions. The step ends with the logits and a greedy argmax.
+
+Variants (each with every RMSNorm of --norms: hf, transformers' float32 form of six operations,
+or fused, PyTorch's F.rms_norm):
+  plain     as a Hugging Face Llama runs: fused QKV and gate-up projections, rotate-half RoPE of q
+            and of k from a cos/sin table, F.scaled_dot_product_attention with enable_gqa.
+  grouped   the same arithmetic written for speed: the G query heads of a KV head are G query
+            rows of that head, so attention needs no repeated K/V and SDPA may take a fused
+            kernel; RoPE rotates q and k in one pass.
+  compiled  grouped, with everything between two attentions (norms, projections, RoPE, residual
+            adds, SiLU·mul) and the LM head compiled by torch.compile (Inductor fuses the
+            elementwise work; the matrix products stay cuBLAS's).
+  autotuned compiled in Inductor's max-autotune-no-cudagraphs mode (matrix products also from
+            Triton templates, each timed at compile; minutes of compiling; not in the default
+            list).
 
 Times one decode step per batch size with CUDA events after warm-up and prints medians: eager,
-and replaying one torch.cuda.CUDAGraph of the step (inputs in static tensors). The floor column
-is weights + KV cache bytes read once at the measured device-to-device copy bandwidth.
-Writes the table as JSON to $OUT/torch_reference.json when $OUT is set.
+and replaying one torch.cuda.CUDAGraph of the step (inputs in static tensors); then the fastest
+graph of any variant per batch, which is the figure to compare kiln with. Each variant's tokens
+are checked against the first variant's (a note where they differ). The floor column is weights
++ KV cache bytes read once at the measured device-to-device copy bandwidth. Writes the tables as
+JSON to $OUT/torch_reference.json when $OUT is set.
 """
 import argparse
 import json
@@ -40,14 +55,55 @@ def rms_norm_fused(x, weight):
     return F.rms_norm(x, (x.shape[-1],), weight, RMS_EPS)
 
 
+NORMS = {"hf": rms_norm_hf, "fused": rms_norm_fused}
+VARIANTS = ("plain", "grouped", "compiled", "autotuned")
+DEFAULT_VARIANTS = ("plain", "grouped", "compiled")
+
+
 def rotate_half(x):
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def make_pieces(rms_norm, variant):
+    """The step's work between attentions: (before, after, head) for one variant."""
+
+    def before(x, ln, wqkv, cos, sin):
+        # x [B, H] -> q [B, HEADS, D], k and v [B, KV_HEADS, D].
+        b = x.shape[0]
+        qkv = rms_norm(x, ln) @ wqkv.t()
+        if variant == "plain":
+            q, k, v = qkv.split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], -1)
+            q = q.view(b, HEADS, HEAD_DIM)
+            k = k.view(b, KV_HEADS, HEAD_DIM)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+        else:
+            qk, v = qkv.split([(HEADS + KV_HEADS) * HEAD_DIM, KV_HEADS * HEAD_DIM], -1)
+            qk = qk.view(b, HEADS + KV_HEADS, HEAD_DIM)
+            q, k = (qk * cos + rotate_half(qk) * sin).split([HEADS, KV_HEADS], 1)
+        return q, k, v.view(b, KV_HEADS, HEAD_DIM)
+
+    def after(x, o, wo, ln, wgu, wdown):
+        x = x + o @ wo.t()
+        gate, up = (rms_norm(x, ln) @ wgu.t()).chunk(2, dim=-1)
+        return x + (F.silu(gate) * up) @ wdown.t()
+
+    def head(x, norm, embed):
+        return (rms_norm(x, norm) @ embed.t()).argmax(dim=-1)
+
+    if variant in ("compiled", "autotuned"):
+        mode = "max-autotune-no-cudagraphs" if variant == "autotuned" else None
+
+        def jit(f):
+            return torch.compile(f, fullgraph=True, dynamic=False, mode=mode)
+
+        return jit(before), jit(after), jit(head)
+    return before, after, head
+
+
 class Llama:
-    def __init__(self, max_batch, context, device, rms_norm):
-        self.rms_norm = rms_norm
+    def __init__(self, max_batch, context, device):
         g = torch.Generator(device=device).manual_seed(0)
         bf = torch.bfloat16
 
@@ -70,11 +126,17 @@ class Llama:
         cache_shape = (LAYERS, max_batch, KV_HEADS, context, HEAD_DIM)
         self.k_cache = uniform(*cache_shape, scale=1.0)
         self.v_cache = uniform(*cache_shape, scale=1.0)
-        inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, HEAD_DIM, 2, device=device).float() / HEAD_DIM))
+        dims = torch.arange(0, HEAD_DIM, 2, device=device).float()
+        inv_freq = 1.0 / (ROPE_THETA ** (dims / HEAD_DIM))
         freqs = torch.outer(torch.arange(context, device=device).float(), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos, self.sin = emb.cos().to(bf), emb.sin().to(bf)  # [context, head_dim]
         self.context = context
+        self.use(rms_norm_fused, "plain")
+
+    def use(self, rms_norm, variant):
+        self.variant = variant
+        self.before, self.after, self.head = make_pieces(rms_norm, variant)
 
     def weight_bytes(self):
         n = self.embed.numel() + self.norm.numel()
@@ -92,24 +154,20 @@ class Llama:
         cos = self.cos[pos].view(1, 1, HEAD_DIM)
         sin = self.sin[pos].view(1, 1, HEAD_DIM)
         for l, w in enumerate(self.layers):
-            h = self.rms_norm(x, w["ln1"])
-            qkv = h @ w["wqkv"].t()
-            q, k, v = qkv.split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=-1)
-            q = q.view(b, HEADS, HEAD_DIM)
-            k = k.view(b, KV_HEADS, HEAD_DIM)
-            v = v.view(b, KV_HEADS, HEAD_DIM)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
+            q, k, v = self.before(x, w["ln1"], w["wqkv"], cos, sin)
             kc, vc = self.k_cache[l, :b], self.v_cache[l, :b]  # [B, KV, T, D]
             kc.index_copy_(2, pos, k.unsqueeze(2))
             vc.index_copy_(2, pos, v.unsqueeze(2))
-            o = F.scaled_dot_product_attention(q.unsqueeze(2), kc, vc, enable_gqa=True)
-            x = x + o.reshape(b, HEADS * HEAD_DIM) @ w["wo"].t()
-            h = self.rms_norm(x, w["ln2"])
-            gate, up = (h @ w["wgu"].t()).chunk(2, dim=-1)
-            x = x + (F.silu(gate) * up) @ w["wdown"].t()
-        logits = self.rms_norm(x, self.norm) @ self.embed.t()
-        return logits.argmax(dim=-1)
+            if self.variant == "plain":
+                o = F.scaled_dot_product_attention(q.unsqueeze(2), kc, vc, enable_gqa=True)
+            else:
+                # Query head h belongs to KV head h // G (as transformers' repeat_kv): the G
+                # heads of a KV head are G rows of one query, none masked.
+                o = F.scaled_dot_product_attention(
+                    q.reshape(b, KV_HEADS, HEADS // KV_HEADS, HEAD_DIM), kc, vc)
+            x = self.after(x, o.reshape(b, HEADS * HEAD_DIM), w["wo"], w["ln2"], w["wgu"],
+                           w["wdown"])
+        return self.head(x, self.norm, self.embed)
 
 
 def median_ms(fn, warmup, reps):
@@ -133,61 +191,102 @@ def copy_bandwidth():
     return 2 * a.numel() / (ms * 1e-3)
 
 
+def parse_list(text, allowed, flag):
+    items = [t for t in text.split(",") if t]
+    bad = [t for t in items if t not in allowed]
+    if not items or bad:
+        raise SystemExit(f"torch_reference: {flag}={text!r}: expected a comma-separated list of "
+                         f"{', '.join(allowed)}")
+    return items
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batches", default="1,8,32,128")
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--norms", default="hf,fused",
-                        help="RMSNorm variants: hf (transformers' six-op form), fused (F.rms_norm)")
     parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                        help="step variants: plain, grouped, compiled, autotuned (see the "
+                        "module docstring)")
+    parser.add_argument("--norms", default="fused",
+                        help="RMSNorm forms: fused (F.rms_norm), hf (transformers' six operations)")
     args = parser.parse_args()
-    batches = [int(b) for b in args.batches.split(",")]
+    try:
+        batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        raise SystemExit(f"torch_reference: --batches={args.batches!r}: expected integers, "
+                         "e.g. 1,8,32,128")
+    if not batches or min(batches) < 1 or args.context < 2 or args.warmup < 0 or args.reps < 1:
+        raise SystemExit("torch_reference: --batches must be >= 1, --context >= 2, "
+                         "--warmup >= 0 and --reps >= 1")
+    variants = parse_list(args.variants, VARIANTS, "--variants")
+    norms = parse_list(args.norms, tuple(NORMS), "--norms")
     torch.backends.cuda.matmul.allow_tf32 = False
     device = torch.device("cuda")
     bw = copy_bandwidth()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"copy bandwidth {bw / 1e12:.2f} TB/s")
+    model = Llama(max(batches), args.context, device)
+    print(f"1B-class Llama decode step, context {args.context}, "
+          f"{model.weight_bytes() / 2**30:.2f} GiB of weights (ms, median of {args.reps})")
     rows = []
-    norms = {"hf": rms_norm_hf, "fused": rms_norm_fused}
-    for norm in args.norms.split(","):
-        model = Llama(max(batches), args.context, device, norms[norm])
-        print(f"1B-class Llama decode step, RMSNorm {norm}, context {args.context}, "
-              f"{model.weight_bytes() / 2**30:.2f} GiB of weights (ms, median of {args.reps})")
-        print(f"{'batch':>6} {'eager':>9} {'graph':>9} {'floor':>9}")
-        with torch.inference_mode():
-            for b in batches:
-                tokens = torch.randint(0, VOCAB, (b,), device=device)
-                pos = torch.tensor([args.context - 1], device=device)
-                eager = median_ms(lambda: model.step(tokens, pos), args.warmup, args.reps)
-                # Warm up on a side stream before capture, as torch.cuda.graphs recommends.
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    for _ in range(3):
-                        model.step(tokens, pos)
-                torch.cuda.current_stream().wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    out = model.step(tokens, pos)
-                graph_ms = median_ms(graph.replay, args.warmup, args.reps)
-                # The graph computes what eager does (reported, not fatal: cuBLAS may pick
-                # other kernels under capture).
-                torch.cuda.synchronize()
-                if not torch.equal(out, model.step(tokens, pos)):
-                    print(f"  note: batch {b}: graph replay tokens differ from eager")
-                floor = (model.weight_bytes() + model.kv_bytes(b)) / bw * 1e3
-                print(f"{b:>6} {eager:>9.3f} {graph_ms:>9.3f} {floor:>9.3f}")
-                rows.append(dict(norm=norm, batch=b, eager_ms=eager, graph_ms=graph_ms,
-                                 floor_ms=floor))
-                del graph
-        del model
-        torch.cuda.empty_cache()
+    reference = {}  # batch -> the first variant's tokens
+    with torch.inference_mode():
+        inputs = {b: torch.randint(0, VOCAB, (b,), device=device,
+                                   generator=torch.Generator(device=device).manual_seed(b))
+                  for b in batches}
+        pos = torch.tensor([args.context - 1], device=device)
+        for variant in variants:
+            for norm in norms:
+                model.use(NORMS[norm], variant)
+                print(f"\n{variant}, RMSNorm {norm}")
+                print(f"{'batch':>6} {'eager':>9} {'graph':>9} {'floor':>9}")
+                for b in batches:
+                    tokens = inputs[b]
+                    eager = median_ms(lambda: model.step(tokens, pos), args.warmup, args.reps)
+                    # Warm up on a side stream before capture, as torch.cuda.graphs recommends.
+                    side = torch.cuda.Stream()
+                    side.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(side):
+                        for _ in range(3):
+                            model.step(tokens, pos)
+                    torch.cuda.current_stream().wait_stream(side)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        out = model.step(tokens, pos)
+                    graph_ms = median_ms(graph.replay, args.warmup, args.reps)
+                    # The graph computes what eager does, and every variant what plain does
+                    # (reported, not fatal: other kernels may round differently).
+                    torch.cuda.synchronize()
+                    eager_out = model.step(tokens, pos)
+                    if not torch.equal(out, eager_out):
+                        print(f"  note: batch {b}: graph replay tokens differ from eager")
+                    if b in reference and not torch.equal(eager_out, reference[b]):
+                        differ = int((eager_out != reference[b]).sum())
+                        print(f"  note: batch {b}: {differ} of {b} tokens differ from the "
+                              "first variant's")
+                    reference.setdefault(b, eager_out.clone())
+                    floor = (model.weight_bytes() + model.kv_bytes(b)) / bw * 1e3
+                    print(f"{b:>6} {eager:>9.3f} {graph_ms:>9.3f} {floor:>9.3f}")
+                    rows.append(dict(variant=variant, norm=norm, batch=b, eager_ms=eager,
+                                     graph_ms=graph_ms, floor_ms=floor))
+                    del graph
+                torch.cuda.empty_cache()
+    best = {}
+    for r in rows:
+        if r["batch"] not in best or r["graph_ms"] < best[r["batch"]]["graph_ms"]:
+            best[r["batch"]] = r
+    print("\nfastest PyTorch graph per batch (ms)")
+    for b in batches:
+        r = best[b]
+        print(f"{b:>6} {r['graph_ms']:>9.3f}  {r['variant']}, RMSNorm {r['norm']}")
     out_dir = os.environ.get("OUT")
     if out_dir:
         with open(os.path.join(out_dir, "torch_reference.json"), "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                           copy_bandwidth=bw, context=args.context, rows=rows), f, indent=1)
+                           copy_bandwidth=bw, context=args.context, rows=rows,
+                           fastest_graph={str(b): best[b] for b in batches}), f, indent=1)
 
 
 if __name__ == "__main__":
