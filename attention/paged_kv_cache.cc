@@ -82,8 +82,8 @@ absl::StatusOr<PagedKvCache> PagedKvCache::Create(const PagedKvLayout& layout, i
       absl::MakeSpan(cache.table_host_.as<int32_t>(), entries), max_seqs, max_blocks_per_seq,
       layout);
   // Unassigned entries are -1 on the device too, so a stray read fails loudly.
-  RETURN_IF_ERROR(ToStatus(cudaMemset(cache.table_device_.data(), 0xff, entries * sizeof(int32_t)),
-                           "cudaMemset(kv block table)"));
+  RETURN_IF_ERROR(FillDeviceAndWait(cache.table_device_.data(), 0xff, entries * sizeof(int32_t),
+                                    "kv block table"));
   return cache;
 }
 

@@ -39,8 +39,7 @@ absl::StatusOr<PlanBuffers> PlanBuffers::Create(const PlanLayout& layout) {
                                    &buffers.prefill_counters_));
   for (const DeviceBuffer* counters : {&buffers.decode_counters_, &buffers.prefill_counters_}) {
     if (counters->size() == 0) continue;
-    RETURN_IF_ERROR(ToStatus(cudaMemset(counters->data(), 0, counters->size()),
-                             "cudaMemset(merge counters)"));
+    RETURN_IF_ERROR(FillDeviceAndWait(counters->data(), 0, counters->size(), counters->name()));
   }
   return buffers;
 }

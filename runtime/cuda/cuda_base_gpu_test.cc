@@ -90,6 +90,33 @@ TEST(CudaBaseGpuTest, PageableCopyWorksOutsideCapture) {
   EXPECT_EQ(host, back);
 }
 
+// A fill behind a long one on the default stream: without its wait, the copy on the
+// non-blocking stream would run first and read the value before.
+TEST(CudaBaseGpuTest, FillDeviceAndWaitIsSeenByNonBlockingStreams) {
+  KILN_REQUIRE_GPUS(1);
+  constexpr size_t kBig = size_t{2} << 30;  // about a millisecond of writes
+  constexpr size_t kSmall = 1 << 20;
+  absl::StatusOr<Stream> stream = Stream::Create();
+  absl::StatusOr<DeviceBuffer> big = DeviceBuffer::Allocate(kBig, "big");
+  absl::StatusOr<DeviceBuffer> small = DeviceBuffer::Allocate(kSmall, "small");
+  absl::StatusOr<PinnedHostBuffer> out = PinnedHostBuffer::Allocate(kSmall, "out");
+  ASSERT_TRUE(stream.ok() && big.ok() && small.ok() && out.ok());
+  ASSERT_TRUE(FillDeviceAndWait(small->data(), 0x11, kSmall, "small").ok());
+  for (int round = 0; round < 3; ++round) {
+    ASSERT_EQ(cudaMemsetAsync(big->data(), round, kBig, nullptr), cudaSuccess);
+    const int value = 0x5a + round;
+    ASSERT_TRUE(FillDeviceAndWait(small->data(), value, kSmall, "small").ok());
+    std::memset(out->data(), 0xA5, kSmall);
+    ASSERT_TRUE(CopyDeviceToHost(out->data(), small->data(), kSmall, stream->get()).ok());
+    ASSERT_TRUE(stream->Synchronize().ok());
+    const unsigned char* bytes = out->as<unsigned char>();
+    size_t wrong = 0;
+    for (size_t i = 0; i < kSmall; ++i) wrong += bytes[i] != value;
+    EXPECT_EQ(wrong, 0u) << "round " << round << ": byte 0 is " << int{bytes[0]};
+  }
+  EXPECT_TRUE(FillDeviceAndWait(small->data(), 0, 0, "nothing").ok());
+}
+
 TEST(CudaBaseGpuTest, IllegalOperationsDuringCaptureAreNamed) {
   KILN_REQUIRE_GPUS(1);
   absl::StatusOr<Stream> stream = Stream::Create();
@@ -112,6 +139,11 @@ TEST(CudaBaseGpuTest, IllegalOperationsDuringCaptureAreNamed) {
   NoteCaptureEnd();
   EXPECT_EQ(grow.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(grow.status().message()), HasSubstr("cudaMalloc of 'late'"));
+  NoteCaptureBegin(stream->get());
+  absl::Status fill = FillDeviceAndWait(a->data(), 0, 4096, "counters");
+  NoteCaptureEnd();
+  EXPECT_EQ(fill.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(fill.message()), HasSubstr("Filling 'counters'"));
   cudaGraph_t graph = nullptr;
   // The refusals left the capture valid: it ends cleanly.
   ASSERT_EQ(cudaStreamEndCapture(stream->get(), &graph), cudaSuccess);

@@ -77,4 +77,13 @@ absl::Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes, cudaSt
                   "cudaMemcpyAsync(device to device)");
 }
 
+absl::Status FillDeviceAndWait(void* dst, int value, size_t bytes, absl::string_view name) {
+  if (bytes == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckNotCapturing(nullptr, absl::StrCat("Filling '", name, "'")));
+  RETURN_IF_ERROR(ToStatus(cudaMemsetAsync(dst, value, bytes, nullptr),
+                           absl::StrCat("cudaMemsetAsync of ", bytes, " bytes of '", name, "'")));
+  return ToStatus(cudaStreamSynchronize(nullptr),
+                  absl::StrCat("cudaStreamSynchronize after filling '", name, "'"));
+}
+
 }  // namespace kiln

@@ -2,6 +2,7 @@
 //
 //   ASSIGN_OR_RETURN(kiln::DeviceBuffer kv, kiln::DeviceBuffer::Allocate(bytes, "kv cache"));
 //   RETURN_IF_ERROR(kiln::CopyHostToDevice(kv.data(), pinned.data(), bytes, stream));
+//   RETURN_IF_ERROR(kiln::FillDeviceAndWait(counters.data(), 0, counters.size(), "counters"));
 //
 // Allocate uses cudaMalloc and names the buffer in its ResourceExhausted message. Allocation
 // is illegal during capture (FailedPrecondition; graph memory comes from GraphMemoryPool).
@@ -63,6 +64,13 @@ absl::Status CopyDeviceToHost(void* dst, const void* src, size_t bytes, cudaStre
 
 // Copies `bytes` between device buffers on `stream`; legal during capture.
 absl::Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes, cudaStream_t stream);
+
+// Sets `bytes` bytes at device `dst` to `value` and returns once they are set, so that work on
+// any stream sees them, kiln's non-blocking streams included: a bare cudaMemset is ordered only
+// with the default stream's work and may land after a later copy or kernel on another stream
+// (it overwrote a freshly uploaded KV block table under compute-sanitizer). For state a
+// component initialises once, when it is created; not during capture. `name` appears in errors.
+absl::Status FillDeviceAndWait(void* dst, int value, size_t bytes, absl::string_view name);
 
 }  // namespace kiln
 

@@ -6,7 +6,7 @@
 //
 //   kiln::DecodeGemmConfig config = kiln::ChooseDecodeGemmConfig(m, n, k, sm_count);
 //   // workspace: DecodeGemmWorkspaceBytes(m, n, config) bytes; counters: DecodeGemmCounters(n,
-//   // config) int32, zeroed once (cudaMemset) and kept zero by the kernel between launches.
+//   // config) int32, zeroed once (FillDeviceAndWait) and kept zero by the kernel between launches.
 //   kiln::DecodeGemmArgs args{x, w, y, m, n, k};
 //   if (kiln::DecodeGemmSupports(args, config)) {
 //     CUDA_RETURN_IF_ERROR(kiln::LaunchDecodeGemm(args, config, workspace, counters, stream));

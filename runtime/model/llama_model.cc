@@ -272,7 +272,8 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
   if (options.layer_kernel_rows > 0) {
     ASSIGN_OR_RETURN(layer_kernel.sync,
                      DeviceBuffer::Allocate(kDecodeLayerSyncBytes, "decode layer grid barrier"));
-    CUDA_RETURN_IF_ERROR(cudaMemset(layer_kernel.sync.data(), 0, layer_kernel.sync.size()));
+    RETURN_IF_ERROR(FillDeviceAndWait(layer_kernel.sync.data(), 0, layer_kernel.sync.size(),
+                                      layer_kernel.sync.name()));
   }
   DeviceBuffer decode_workspace, decode_counters;
   if (workspace_bytes > 0) {
@@ -280,7 +281,8 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
                      DeviceBuffer::Allocate(workspace_bytes, "decode GEMM workspace"));
     ASSIGN_OR_RETURN(decode_counters, DeviceBuffer::Allocate(counters * sizeof(int32_t),
                                                              "decode GEMM counters"));
-    CUDA_RETURN_IF_ERROR(cudaMemset(decode_counters.data(), 0, decode_counters.size()));
+    RETURN_IF_ERROR(FillDeviceAndWait(decode_counters.data(), 0, decode_counters.size(),
+                                      decode_counters.name()));
   }
   return std::unique_ptr<LlamaModel>(new LlamaModel(
       std::move(weights), options, layout, std::move(kv), std::move(gemm), sm_count,

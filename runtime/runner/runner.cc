@@ -376,7 +376,7 @@ absl::Status Runner::InitAllocations(const RunnerOptions& options) {
       AllocateIfNeeded(prefill_counters, "prefill merge counters", &prefill_merge_counters_));
   for (DeviceBuffer* counters : {&decode_merge_counters_, &prefill_merge_counters_}) {
     if (counters->size() > 0) {
-      CUDA_RETURN_IF_ERROR(cudaMemset(counters->data(), 0, counters->size()));
+      RETURN_IF_ERROR(FillDeviceAndWait(counters->data(), 0, counters->size(), counters->name()));
     }
   }
   RETURN_IF_ERROR(Record(&memory_, "attention_workspace",
