@@ -523,6 +523,9 @@ absl::Status CustomAllReduce::RegisterGraphBuffers() {
   RETURN_IF_ERROR(AgreeOn(bootstrap_, local, "graph buffer registration"));
   CUDA_RETURN_IF_ERROR(cudaMemcpy(table_ + first, entries.data(), n * sizeof(RegisteredInput),
                                   cudaMemcpyHostToDevice));
+  // A copy from pageable memory may return before its DMA lands; replays on other (non-blocking)
+  // streams must find the entries in place.
+  CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   pending_.clear();
   return absl::OkStatus();
 }
