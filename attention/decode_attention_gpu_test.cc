@@ -197,7 +197,8 @@ absl::Status PrepareStep(Harness& s, const std::vector<SeqLens>& seqs, uint64_t 
   RETURN_IF_ERROR(s.cache.UploadBlockTable(s.stream.get()));
   RETURN_IF_ERROR(s.planner->Plan(seqs, s.buffers.host_plan()).status());
   RETURN_IF_ERROR(s.buffers.Upload(s.stream.get()));
-  return ToStatus(cudaMemset(s.o.data(), 0xff, s.o.size()), "poison o");
+  // On the stream the kernels run on: a default-stream fill could land after their writes.
+  return ToStatus(cudaMemsetAsync(s.o.data(), 0xff, s.o.size(), s.stream.get()), "poison o");
 }
 
 // Runs every enabled part of the plan through the decode kernel and the merge: fused into the
@@ -594,7 +595,7 @@ TEST(DecodeGraphGpuTest, ReplayWithOtherDistributionsMatchesEagerBitForBit) {
     ASSERT_CUDA(cudaGraphLaunch(exec, s->stream.get()));
     ASSERT_OK(s->stream.Synchronize());
     const std::vector<uint16_t> replayed = ReadOutput(*s);
-    ASSERT_CUDA(cudaMemset(s->o.data(), 0xff, s->o.size()));
+    ASSERT_CUDA(cudaMemsetAsync(s->o.data(), 0xff, s->o.size(), s->stream.get()));
     ASSERT_OK(RunParts(*s));
     ASSERT_OK(s->stream.Synchronize());
     const std::vector<uint16_t> eager = ReadOutput(*s);

@@ -122,10 +122,11 @@ class PrefillKernelGpuTest : public ::testing::Test {
       ASSERT_TRUE(qw.ok() && ow.ok());
       q_wide = std::move(qw).value();
       o_wide = std::move(ow).value();
-      ASSERT_EQ(cudaMemset(q_wide.data(), 0xFF, q_wide.size()), cudaSuccess);
-      ASSERT_EQ(cudaMemset(o_wide.data(), 0xFF, o_wide.size()), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy2D(q_wide.data(), stride * 2, params.q, row_bytes, row_bytes,
-                             batch.q_rows, cudaMemcpyDeviceToDevice),
+      // On the kernel's stream: default-stream fills and copies are not ordered with it.
+      ASSERT_EQ(cudaMemsetAsync(q_wide.data(), 0xFF, q_wide.size(), stream_.get()), cudaSuccess);
+      ASSERT_EQ(cudaMemsetAsync(o_wide.data(), 0xFF, o_wide.size(), stream_.get()), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy2DAsync(q_wide.data(), stride * 2, params.q, row_bytes, row_bytes,
+                                  batch.q_rows, cudaMemcpyDeviceToDevice, stream_.get()),
                 cudaSuccess);
       params.q = q_wide.data();
       params.q_stride = stride;
