@@ -37,6 +37,7 @@ import os
 import statistics
 
 import torch
+import torch._dynamo
 import torch.nn.functional as F
 
 HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB = 2048, 16, 32, 8, 64, 8192, 128256
@@ -135,6 +136,9 @@ class Llama:
         self.use(rms_norm_fused, "plain")
 
     def use(self, rms_norm, variant):
+        # Compiled pieces of an earlier variant share these functions' code objects: drop them,
+        # so that each variant compiles once per batch size within Dynamo's recompile limit.
+        torch._dynamo.reset()
         self.variant = variant
         self.before, self.after, self.head = make_pieces(rms_norm, variant)
 
@@ -223,6 +227,8 @@ def main():
     variants = parse_list(args.variants, VARIANTS, "--variants")
     norms = parse_list(args.norms, tuple(NORMS), "--norms")
     torch.backends.cuda.matmul.allow_tf32 = False
+    # One compilation per batch size and piece.
+    torch._dynamo.config.recompile_limit = max(8, 2 * len(batches))
     device = torch.device("cuda")
     bw = copy_bandwidth()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
