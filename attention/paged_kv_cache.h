@@ -72,7 +72,9 @@ class PagedKvCache {
   const BlockTable& block_table() const { return *table_; }
 
   // Copies the used columns of every row of the block table to the device, asynchronously
-  // (one 2-D copy). FailedPrecondition during capture.
+  // (one 2-D copy): the copy reads the pinned table when the stream reaches it, so change the
+  // table for the next step (Reserve, Release) only after that, e.g. once the step's results
+  // were synchronised. FailedPrecondition during capture.
   absl::Status UploadBlockTable(cudaStream_t stream) const;
 
   // Appends a step's K and V (see AppendKvParams). Legal during capture.
