@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "attention/rope_rotation.cuh"
 #include "runtime/model/internal/vec.cuh"
 
 namespace kiln {
@@ -21,15 +22,9 @@ __global__ void RopeKernel(__nv_bfloat16* __restrict__ qkv, const int32_t* __res
   __shared__ float cos_table[kMaxHalf];
   __shared__ float sin_table[kMaxHalf];
   const int half = head_dim / 2;
-  const double position = static_cast<double>(positions[blockIdx.x]);
+  const int position = positions[blockIdx.x];
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    // theta^(-2i/d) and the angle in double: in float, position * f loses ~1e-2 of phase at
-    // positions around 1e5.
-    const double freq = exp2(-2.0 * i / head_dim * log2_theta);
-    double s, c;
-    sincos(position * freq, &s, &c);
-    cos_table[i] = static_cast<float>(c);
-    sin_table[i] = static_cast<float>(s);
+    RopeCosSin(position, i, head_dim, log2_theta, &cos_table[i], &sin_table[i]);
   }
   __syncthreads();
   __nv_bfloat16* row = qkv + int64_t{blockIdx.x} * row_width;
@@ -46,10 +41,7 @@ __global__ void RopeKernel(__nv_bfloat16* __restrict__ qkv, const int32_t* __res
     float out_lo[V], out_hi[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      const float c = cos_table[i + j];
-      const float s = sin_table[i + j];
-      out_lo[j] = a[j] * c - b[j] * s;
-      out_hi[j] = b[j] * c + a[j] * s;
+      RopeRotate(a[j], b[j], cos_table[i + j], sin_table[i + j], &out_lo[j], &out_hi[j]);
     }
     internal::StoreBf16<V>(lo, out_lo);
     internal::StoreBf16<V>(hi, out_hi);

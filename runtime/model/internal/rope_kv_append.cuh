@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "attention/paged_kv_slot.cuh"
+#include "attention/rope_rotation.cuh"
 #include "runtime/model/internal/vec.cuh"
 #include "runtime/model/rope_kv_append.h"
 
@@ -76,14 +77,9 @@ __device__ __forceinline__ void RopePrologue(const RopeKvArgs& a, int token, flo
                                              float* sin_table, int64_t* slot, int tid,
                                              int threads) {
   const int half = a.head_dim / 2;
-  const double position = static_cast<double>(a.positions[token]);
+  const int position = a.positions[token];
   for (int i = tid; i < half; i += threads) {
-    // As RopeKernel: theta^(-2i/d) and the angle in double.
-    const double freq = exp2(-2.0 * i / a.head_dim * a.log2_theta);
-    double s, c;
-    sincos(position * freq, &s, &c);
-    cos_table[i] = static_cast<float>(c);
-    sin_table[i] = static_cast<float>(s);
+    RopeCosSin(position, i, a.head_dim, a.log2_theta, &cos_table[i], &sin_table[i]);
   }
   if (tid == 0) *slot = SlotOf(a, token);
 }
@@ -120,10 +116,7 @@ __device__ __forceinline__ void RopeAppendToken(const RopeKvArgs& a, int token, 
       float out_lo[8], out_hi[8];
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const float c = cos_table[i + j];
-        const float s = sin_table[i + j];
-        out_lo[j] = x[j] * c - y[j] * s;
-        out_hi[j] = y[j] * c + x[j] * s;
+        RopeRotate(x[j], y[j], cos_table[i + j], sin_table[i + j], &out_lo[j], &out_hi[j]);
       }
       if (!is_k) {
         internal::StoreBf16<8>(lo, out_lo);
