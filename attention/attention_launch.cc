@@ -16,7 +16,7 @@ constexpr int kDecodeKernelMaxTileRows = 16;
 bool Enabled(const AttentionPlanPartDevice& part) { return part.work_capacity > 0; }
 
 absl::Status RunDecodeKernel(const AttentionStepParams& p, const AttentionPlanPartDevice& part,
-                             cudaStream_t stream) {
+                             const DecodeRopeAppendDevice& rope_append, cudaStream_t stream) {
   DecodeAttentionParams d;
   d.dtype = p.dtype;
   d.num_q_heads = p.num_q_heads;
@@ -29,13 +29,17 @@ absl::Status RunDecodeKernel(const AttentionStepParams& p, const AttentionPlanPa
   d.o_stride = p.o_stride;
   d.kv = p.kv;
   d.plan = part;
+  d.rope_append = rope_append;
   return LaunchDecodeAttention(d, stream);
 }
 
+// rope_append: for the decode part only (its sequences have q_len 1).
 absl::Status RunPart(const AttentionStepParams& p, const AttentionPlanPartDevice& part,
-                     cudaStream_t stream) {
+                     const DecodeRopeAppendDevice& rope_append, cudaStream_t stream) {
   if (!Enabled(part)) return absl::OkStatus();
-  if (part.tile_rows <= kDecodeKernelMaxTileRows) return RunDecodeKernel(p, part, stream);
+  if (part.tile_rows <= kDecodeKernelMaxTileRows) {
+    return RunDecodeKernel(p, part, rope_append, stream);
+  }
   return LaunchPrefillAttention(PrefillParamsForPart(p, part), stream);
 }
 
@@ -97,10 +101,18 @@ absl::Status RunAttentionStep(const AttentionStepParams& params, cudaStream_t st
         "Attention step has neither a decode nor a prefill part; pass PlanBuffers::decode() "
         "and/or prefill() of an enabled plan part");
   }
+  if (params.rope_append.positions != nullptr &&
+      (!Enabled(params.decode) || Enabled(params.prefill) ||
+       params.decode.tile_rows > kDecodeKernelMaxTileRows)) {
+    return absl::InvalidArgumentError(
+        "Attention step with rope_append needs a decode-only plan (a decode part, no prefill "
+        "part, tiles of at most 16 rows): the decode kernel rotates only q_len-1 tokens; run "
+        "RoPE and the KV append before attention for other steps");
+  }
   // Both kernels first (they write disjoint rows of o and separate workspaces), then the
   // merges, which read the partials the kernels wrote earlier on this stream.
-  RETURN_IF_ERROR(RunPart(params, params.decode, stream));
-  RETURN_IF_ERROR(RunPart(params, params.prefill, stream));
+  RETURN_IF_ERROR(RunPart(params, params.decode, params.rope_append, stream));
+  RETURN_IF_ERROR(RunPart(params, params.prefill, DecodeRopeAppendDevice{}, stream));
   RETURN_IF_ERROR(MergePart(params, params.decode, stream));
   return MergePart(params, params.prefill, stream);
 }

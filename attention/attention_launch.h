@@ -47,6 +47,9 @@ struct AttentionStepParams {
   PagedKvDevice kv;          // the paged cache, already holding this step's K and V
   AttentionPlanPartDevice decode;   // PlanBuffers::decode(); all null when the plan has none
   AttentionPlanPartDevice prefill;  // PlanBuffers::prefill(); all null when the plan has none
+  // Optional, decode-only steps (no prefill part): the decode kernel does the step's RoPE and KV
+  // append itself (attention_params.h); q is then unrotated and kv need not hold the new tokens.
+  DecodeRopeAppendDevice rope_append;
 };
 
 // Enqueues on `stream`: the decode part's kernel, the prefill part's kernel, then the merge of

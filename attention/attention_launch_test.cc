@@ -22,6 +22,48 @@ TEST(AttentionLaunchTest, RejectsMissingBuffersAndParts) {
   EXPECT_THAT(s.message(), HasSubstr("neither a decode nor a prefill part"));
 }
 
+// RoPE + KV append in the decode kernel: only for decode-only steps, with the new k and v and a
+// usable theta and stride; every refusal comes before anything is launched.
+TEST(AttentionLaunchTest, RejectsRopeAppendOutsideDecodeOnlyStepsAndBadArguments) {
+  alignas(16) int buffers[16] = {};
+  AttentionStepParams p;
+  p.num_q_heads = 8;
+  p.num_kv_heads = 2;
+  p.head_dim = 64;
+  p.q = &buffers[0];
+  p.o = &buffers[4];
+  p.kv.k_cache = &buffers[8];
+  p.kv.v_cache = &buffers[8];
+  p.kv.block_table = &buffers[9];
+  p.kv.block_size = 16;
+  AttentionWorkItem item{};
+  for (AttentionPlanPartDevice* part : {&p.decode, &p.prefill}) {
+    part->work_items = &item;
+    part->seq_q_start = &buffers[10];
+    part->seq_kv_len = &buffers[11];
+    part->work_capacity = 1;
+    part->tile_rows = 4;
+  }
+  p.rope_append.positions = &buffers[12];
+  p.rope_append.theta = 10000.0;
+  absl::Status s = RunAttentionStep(p, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("decode-only"));  // a prefill part too
+  p.prefill.work_capacity = 0;
+  p.decode.tile_rows = 32;
+  EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("decode-only"));
+  p.decode.tile_rows = 4;
+  EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("new k and v"));
+  p.rope_append.k = &buffers[0];
+  p.rope_append.v = &buffers[4];
+  EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("kv_stride 0"));
+  p.rope_append.kv_stride = 132;
+  EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("kv_stride 132"));
+  p.rope_append.kv_stride = 128;
+  p.rope_append.theta = -1.0;
+  EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("theta -1"));
+}
+
 TEST(AttentionLaunchTest, PrefillParamsComeFromThePart) {
   int buffers[8] = {};
   AttentionStepParams p;

@@ -101,6 +101,21 @@ struct PagedKvDevice {
   int32_t block_size = 0;
 };
 
+// The step's RoPE and KV append, done by the decode kernel itself (a decode part: every
+// sequence has q_len 1). With positions set, the kernel reads q unrotated and rotates it as it
+// loads it (Llama's rotate-half form, attention/rope_rotation.cuh), and the chunk that holds each
+// sequence's new position kv_len − 1 takes that token's K (rotated) and V from here instead of
+// the cache and writes both into its cache slot: the same bits as a RoPE + KV append kernel run
+// before, without that kernel. The rotated q is not written back.
+struct DecodeRopeAppendDevice {
+  const int32_t* positions = nullptr;  // [tokens]: RoPE positions; null: the cache holds the
+                                       // step's K and V already and q is rotated
+  double theta = 0.0;                  // RoPE base, > 0
+  const void* k = nullptr;             // [tokens, num_kv_heads, head_dim]: the new, unrotated k
+  const void* v = nullptr;             // [tokens, num_kv_heads, head_dim]: the new v
+  int64_t kv_stride = 0;               // elements between tokens of k and of v
+};
+
 }  // namespace kiln
 
 #endif  // KILN_ATTENTION_ATTENTION_PARAMS_H_

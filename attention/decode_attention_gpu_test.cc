@@ -543,6 +543,178 @@ TEST(MergeGpuTest, HandlesEmptyAllEmptyAndSingleSplits) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// RoPE + KV append in the kernel: q arrives unrotated and each sequence's new token (position
+// kv_len − 1) only as new k and v, its cache slot stale (NaN). The output must match the float64
+// reference over the rotated q and K, the slot must then hold the rotated k and the v, and
+// nothing else in the cache may change.
+
+// A device copy of `bytes` of host data.
+absl::StatusOr<DeviceBuffer> Upload(const void* data, size_t bytes, const char* name) {
+  ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(bytes, name));
+  RETURN_IF_ERROR(
+      ToStatus(cudaMemcpy(buffer.data(), data, bytes, cudaMemcpyHostToDevice), name));
+  return buffer;
+}
+
+// x rotated in place as attention/rope_rotation.cuh does (cos/sin from double, each float
+// product and sum rounded on its own), each result rounded to `dtype`.
+void RotateRow(uint16_t* x, int head_dim, int position, double theta, AttentionDtype dtype) {
+  const int half = head_dim / 2;
+  for (int i = 0; i < half; ++i) {
+    const double angle = position * std::exp2(-2.0 * i / head_dim * std::log2(theta));
+    const float c = static_cast<float>(std::cos(angle));
+    const float sn = static_cast<float>(std::sin(angle));
+    const float a = FromBits(x[i], dtype);
+    const float b = FromBits(x[i + half], dtype);
+    const float ac = a * c, bs = b * sn, bc = b * c, as = a * sn;
+    x[i] = ToBits(ac - bs, dtype);
+    x[i + half] = ToBits(bc + as, dtype);
+  }
+}
+
+// Whether a and b are the same value or neighbours (std::cos may round a double's last bit
+// differently from the GPU's sincos, which can move the float rounding by one unit).
+bool WithinOneUnit(uint16_t a, uint16_t b) {
+  return a == b || ((a ^ b) < 0x8000 && (a > b ? a - b : b - a) == 1);
+}
+
+struct RopeCase {
+  AttentionDtype dtype;
+  int head_dim;
+  int group;
+  int block_size;
+};
+
+class DecodeRopeGpuTest : public ::testing::TestWithParam<RopeCase> {};
+
+TEST_P(DecodeRopeGpuTest, RotatesQAndAppendsTheNewTokenItself) {
+  KILN_REQUIRE_GPUS(1);
+  const RopeCase c = GetParam();
+  const double theta = 500000.0;
+  const std::vector<SeqLens> seqs = {{1, 1},   {1, 2},   {1, 16},  {1, 17}, {1, 64},
+                                     {1, 65},  {1, 300}, {1, 1000}, {1, 0}, {1, 1024}};
+  SetupSpec spec;
+  spec.dtype = c.dtype;
+  spec.head_dim = c.head_dim;
+  spec.group = c.group;
+  spec.kv_heads = 2;
+  spec.block_size = c.block_size;
+  spec.key = {static_cast<int>(seqs.size()), static_cast<int>(seqs.size()), 1024};
+  spec.decode_tile_rows = c.group;
+  spec.pool_blocks = static_cast<int>(seqs.size()) * 1024 / c.block_size + 8;
+  spec.seed = 77;
+  std::unique_ptr<Harness> s;
+  ASSERT_OK(MakeSetup(spec, &s));
+  // The first trial splits the long sequences' tiles (fused merge); the second has only short
+  // sequences, whose tiles stay whole.
+  for (int trial = 0; trial < 2; ++trial) {
+    SCOPED_TRACE(absl::StrCat("trial ", trial));
+    std::vector<SeqLens> step = seqs;
+    if (trial == 1) step.resize(3);
+    ASSERT_OK(PrepareStep(*s, step, 500 + trial));
+    const PagedKvLayout& layout = s->cache.layout();
+    const BlockTable& table = s->cache.block_table();
+    const int kv_row = s->kv_heads * s->head_dim;
+    FastRng rng(900 + trial);
+    std::vector<uint16_t> new_k(step.size() * kv_row), new_v(step.size() * kv_row);
+    for (auto& x : new_k) x = ToBits(rng.Uniform(-1.f, 1.f), s->dtype);
+    for (auto& x : new_v) x = ToBits(rng.Uniform(-1.f, 1.f), s->dtype);
+    std::vector<int32_t> positions(s->max_tokens(), 0);
+    for (size_t i = 0; i < step.size(); ++i) {
+      positions[i] = i == 0 ? 0 : static_cast<int32_t>(rng.Next() % 200000);
+    }
+    // The new slots go stale; the expected cache holds the rotated k and the v there.
+    const uint16_t nan = NanBits(s->dtype);
+    std::vector<uint16_t> expected_k = s->k_host, expected_v = s->v_host;
+    std::vector<size_t> new_rows;
+    for (size_t i = 0; i < step.size(); ++i) {
+      const int pos = step[i].kv_len - 1;
+      if (pos < 0) continue;
+      const int64_t slot =
+          static_cast<int64_t>(table.at(static_cast<int>(i), pos / s->block_size)) *
+              s->block_size + pos % s->block_size;
+      for (int h = 0; h < s->kv_heads; ++h) {
+        const size_t off = layout.ElementOffset(slot, h);
+        uint16_t* k = &new_k[i * kv_row + static_cast<size_t>(h) * s->head_dim];
+        const uint16_t* v = &new_v[i * kv_row + static_cast<size_t>(h) * s->head_dim];
+        std::vector<uint16_t> rotated(k, k + s->head_dim);
+        RotateRow(rotated.data(), s->head_dim, positions[i], theta, s->dtype);
+        for (int d = 0; d < s->head_dim; ++d) {
+          s->k_host[off + d] = s->v_host[off + d] = nan;
+          expected_k[off + d] = rotated[d];
+          expected_v[off + d] = v[d];
+        }
+        ASSERT_OK(CopyRow(*s, off));
+        s->stale_rows.push_back(off);
+        new_rows.push_back(off);
+      }
+    }
+    absl::StatusOr<DeviceBuffer> d_k = Upload(new_k.data(), new_k.size() * 2, "new k");
+    absl::StatusOr<DeviceBuffer> d_v = Upload(new_v.data(), new_v.size() * 2, "new v");
+    absl::StatusOr<DeviceBuffer> d_pos = Upload(positions.data(), positions.size() * 4, "pos");
+    ASSERT_OK(d_k.status());
+    ASSERT_OK(d_v.status());
+    ASSERT_OK(d_pos.status());
+    DecodeAttentionParams p;
+    p.dtype = s->dtype;
+    p.num_q_heads = s->q_heads();
+    p.num_kv_heads = s->kv_heads;
+    p.head_dim = s->head_dim;
+    p.q = s->q.data();
+    p.o = s->o.data();
+    p.kv = s->cache.device();
+    p.plan = s->buffers.decode();
+    p.rope_append.positions = d_pos->as<int32_t>();
+    p.rope_append.theta = theta;
+    p.rope_append.k = d_k->data();
+    p.rope_append.v = d_v->data();
+    p.rope_append.kv_stride = kv_row;
+    ASSERT_OK(RunDecodeAttention(p, s->stream.get()));
+    ASSERT_OK(s->stream.Synchronize());
+    const std::vector<uint16_t> out = ReadOutput(*s);
+
+    // The reference attends with the rotated q and the cache as the kernel should leave it.
+    for (size_t i = 0; i < step.size(); ++i) {
+      for (int h = 0; h < s->q_heads(); ++h) {
+        RotateRow(&s->q_host[(i * s->q_heads() + h) * s->head_dim], s->head_dim, positions[i],
+                  theta, s->dtype);
+      }
+    }
+    std::vector<uint16_t> got_k(s->k_host.size()), got_v(s->v_host.size());
+    ASSERT_CUDA(cudaMemcpy(got_k.data(), s->cache.k_cache(), got_k.size() * 2,
+                           cudaMemcpyDeviceToHost));
+    ASSERT_CUDA(cudaMemcpy(got_v.data(), s->cache.v_cache(), got_v.size() * 2,
+                           cudaMemcpyDeviceToHost));
+    for (size_t off : new_rows) {
+      for (int d = 0; d < s->head_dim; ++d) {
+        ASSERT_TRUE(WithinOneUnit(got_k[off + d], expected_k[off + d]))
+            << "rotated k at pool offset " << off + d << ": " << got_k[off + d] << " against "
+            << expected_k[off + d];
+        got_k[off + d] = expected_k[off + d];
+      }
+    }
+    ASSERT_EQ(got_k, expected_k) << "the kernel changed K outside the new tokens' slots";
+    ASSERT_EQ(got_v, expected_v) << "V differs from the new v or changed elsewhere";
+    s->k_host = got_k;
+    s->v_host = got_v;
+    ExpectMatchesReference(*s, step, out, Name(c.dtype));
+  }
+}
+
+std::vector<RopeCase> AllRopeCases() {
+  std::vector<RopeCase> cases;
+  for (AttentionDtype dtype : {AttentionDtype::kBf16, AttentionDtype::kFp16}) {
+    for (int head_dim : {64, 128}) {
+      for (int group : {1, 4, 8}) cases.push_back({dtype, head_dim, group, 16});
+      cases.push_back({dtype, head_dim, 4, 64});
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllShapes, DecodeRopeGpuTest, ::testing::ValuesIn(AllRopeCases()));
+
+// ---------------------------------------------------------------------------------------------
 // One graph captured with one distribution, replayed with many others: bit-identical to eager.
 
 TEST(DecodeGraphGpuTest, ReplayWithOtherDistributionsMatchesEagerBitForBit) {

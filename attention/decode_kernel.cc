@@ -1,6 +1,7 @@
 #include "attention/decode_kernel.h"
 
 #include <cmath>
+#include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "attention/internal/dispatch.h"
@@ -55,6 +56,24 @@ absl::Status Validate(const DecodeAttentionParams& p) {
         "Decode q_stride ", p.q_stride, " and o_stride ", p.o_stride,
         " must be 0 or multiples of 8 of at least num_q_heads × head_dim = ", row));
   }
+  const DecodeRopeAppendDevice& r = p.rope_append;
+  if (r.positions != nullptr) {
+    const int64_t kv_row = static_cast<int64_t>(p.num_kv_heads) * p.head_dim;
+    if (!(r.theta > 0.0) || !std::isfinite(r.theta)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Decode RoPE theta ", r.theta, " must be a positive finite base"));
+    }
+    if (r.k == nullptr || r.v == nullptr || reinterpret_cast<uintptr_t>(r.k) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(r.v) % 16 != 0) {
+      return absl::InvalidArgumentError(
+          "Decode RoPE + KV append needs the new k and v, each 16-byte aligned");
+    }
+    if (r.kv_stride < kv_row || r.kv_stride % 8 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Decode RoPE + KV append kv_stride ", r.kv_stride,
+          " must be a multiple of 8 of at least num_kv_heads × head_dim = ", kv_row));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -87,6 +106,12 @@ absl::Status LaunchDecodeAttention(const DecodeAttentionParams& params, cudaStre
   const float scale = params.sm_scale != 0.f ? params.sm_scale
                                              : 1.f / std::sqrt(static_cast<float>(params.head_dim));
   args.scale_log2 = scale * 1.4426950408889634f;  // log2(e)
+  const DecodeRopeAppendDevice& rope = params.rope_append;
+  args.rope_positions = rope.positions;
+  args.log2_theta = rope.positions != nullptr ? std::log2(rope.theta) : 0.0;
+  args.new_k = rope.k;
+  args.new_v = rope.v;
+  args.new_kv_stride = rope.kv_stride;
   const int group = params.num_q_heads / params.num_kv_heads;
   const int grid = params.plan.work_capacity;
   return DISPATCH_DTYPE(params.dtype, kDtype, [&] {

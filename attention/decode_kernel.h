@@ -20,7 +20,9 @@
 // steps that lie wholly below kv_len - q_len, then waits for the kernels before it. So the plan
 // buffers and the block table must be uploaded before the step, by a copy, and a kernel right
 // before this one may write only the step's new tokens [kv_len - q_len, kv_len) of the cache (as
-// an append does), not older ones. Legal during capture; thread-safe.
+// an append does), not older ones. With rope_append the kernel does that append itself, and
+// rotates q; the positions must come from the step's upload too. Legal during capture;
+// thread-safe.
 #ifndef KILN_ATTENTION_DECODE_KERNEL_H_
 #define KILN_ATTENTION_DECODE_KERNEL_H_
 
@@ -43,8 +45,11 @@ struct DecodeAttentionParams {
   int64_t q_stride = 0;     // elements between tokens of q; 0 means num_q_heads × head_dim
   void* o = nullptr;        // [tokens, num_q_heads, head_dim]
   int64_t o_stride = 0;     // elements between tokens of o; 0 means num_q_heads × head_dim
-  PagedKvDevice kv;         // the paged cache (already holding this step's K and V)
+  PagedKvDevice kv;         // the paged cache (holding this step's K and V unless rope_append)
   AttentionPlanPartDevice plan;  // the decode part of an uploaded plan
+  // Optional: the step's RoPE and KV append done by the kernel (attention_params.h); then q is
+  // unrotated and every sequence of the plan part must have q_len 1.
+  DecodeRopeAppendDevice rope_append;
 };
 
 // Launches the decode kernel: unsplit tiles are written to o, split ones to the partial

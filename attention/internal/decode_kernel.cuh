@@ -24,6 +24,11 @@
 // a set's next K (V) is loaded right after its K (V) was consumed, so kBuffers steps of loads fly
 // while the warp computes. Two sets took the 1B model's batch-32 call (head_dim 64, 1024 tokens)
 // from 21.7 to 20.6 us on an H200 (decode_perf_notes.md); head_dim 128 has no registers to spare.
+//
+// With RoPE + KV append in the kernel (DecodeRopeAppendDevice), the same layouts put both
+// elements of every rotate-half pair (d, d + D/2) in one lane: q is rotated in registers after
+// its load, and the new token's K (rotated) and V replace the fragments loaded for the step that
+// holds it, in the lanes that hold that token; the CTA of the tile's first rows stores them.
 #ifndef KILN_ATTENTION_INTERNAL_DECODE_KERNEL_CUH_
 #define KILN_ATTENTION_INTERNAL_DECODE_KERNEL_CUH_
 
@@ -35,6 +40,7 @@
 #include "attention/internal/kernel_args.h"
 #include "attention/internal/merge.cuh"
 #include "attention/internal/mma.cuh"
+#include "attention/rope_rotation.cuh"
 #include "runtime/cuda/compute_capability.h"
 #include "runtime/cuda/device_helpers.cuh"
 
@@ -52,6 +58,23 @@ namespace attention_internal {
 // 9.0 or later); asked once per process.
 inline bool DecodeSupportsProgrammaticLaunch() { return CurrentDeviceIsSm90OrLater(); }
 
+// Rotates 8 consecutive pairs of a head held as packed words: lo holds elements i..i+7 of the
+// first half, hi their partners i + d/2.., cos_i / sin_i the pairs' tables from i.
+template <class Ops>
+__device__ __forceinline__ void RopeRotateWords(uint32_t (&lo)[4], uint32_t (&hi)[4],
+                                                const float* cos_i, const float* sin_i) {
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const float2 x = Ops::Unpack(lo[w]);
+    const float2 y = Ops::Unpack(hi[w]);
+    float lo0, hi0, lo1, hi1;
+    RopeRotate(x.x, y.x, cos_i[2 * w], sin_i[2 * w], &lo0, &hi0);
+    RopeRotate(x.y, y.y, cos_i[2 * w + 1], sin_i[2 * w + 1], &lo1, &hi1);
+    lo[w] = Ops::Pack(lo0, lo1);
+    hi[w] = Ops::Pack(hi0, hi1);
+  }
+}
+
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = kDecodeWarps * 32;
 constexpr int kDecodeRows = 16;  // M of the MMA tile: the most rows a work item may have
@@ -60,7 +83,10 @@ constexpr int kStepTokens = 16;  // KV tokens per warp step (two n-tiles of 8)
 // Resident CTAs per SM: 2 for head_dim 128 (212 registers); 3 for head_dim 64 (168 registers with
 // its two register sets, none spilled): a decode step is bound by the serial 16-token steps of
 // each warp, so a third of the warps more in flight cuts it.
-template <AttentionDtype kDtype, int kHeadDim, int kGroup>
+// kRope: RoPE + KV append in the kernel (args.rope_positions set). A template parameter so that
+// the kernel without it has none of its code: the double-precision sincos alone makes the
+// compiler keep a call frame.
+template <AttentionDtype kDtype, int kHeadDim, int kGroup, bool kRope>
 __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
     DecodeAttentionKernel(const DecodeKernelArgs args) {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
@@ -103,6 +129,76 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
   const uint16_t* k_pool = static_cast<const uint16_t*>(args.k_cache) + head_offset;
   const uint16_t* v_pool = static_cast<const uint16_t*>(args.v_cache) + head_offset;
 
+  // RoPE + KV append in the kernel (kRope; a decode part, so q_len is 1: every row is token
+  // q_start, and the token this step appends is position kv_len − 1). new_base is the first token
+  // of the step that holds the new token where this CTA's chunk holds it, else −1; the lanes that
+  // load that step take the new K (rotated) and V from new_k / new_v instead of the cache, and
+  // the CTA of the tile's first rows writes them into the cache slot (none where the block table
+  // maps no block there, as the RoPE + KV append kernel).
+  constexpr bool rope = kRope;
+  const int new_pos = kv_len - 1;
+  const int new_base =
+      rope && new_pos >= kv_begin && new_pos < kv_end ? new_pos & ~(kStepTokens - 1) : -1;
+  const bool append = item.row_begin == 0;
+  constexpr int kHalfLoads = kKLoads / 2;  // a lane's K loads of the first half of a head
+  __shared__ float s_cos[kHeadDim / 2];
+  __shared__ float s_sin[kHeadDim / 2];
+  const int64_t new_row = static_cast<int64_t>(q_start) * args.new_kv_stride + kv_head * kHeadDim;
+  // Lane (gid, tig) holds token gid (+ 8) of a K step at dimensions 32c + 8tig: a rotate-half
+  // pair (c, c + kHalfLoads) is in one lane.
+  auto patch_k = [&](uint32_t (&dst)[2][kKLoads][4], int block, int base) {
+    const int off = new_pos - base;
+    if (gid != (off & 7)) return;
+    const uint16_t* src = static_cast<const uint16_t*>(args.new_k) + new_row + 8 * tig;
+    uint16_t* slot = const_cast<uint16_t*>(k_pool) + static_cast<int64_t>(block) * block_stride +
+                     static_cast<int64_t>((base & in_block_mask) + off) * kHeadDim + 8 * tig;
+#pragma unroll
+    for (int c = 0; c < kHalfLoads; ++c) {
+      const uint4 x = *reinterpret_cast<const uint4*>(src + 32 * c);
+      const uint4 y = *reinterpret_cast<const uint4*>(src + 32 * (c + kHalfLoads));
+      uint32_t lo[4] = {x.x, x.y, x.z, x.w};
+      uint32_t hi[4] = {y.x, y.y, y.z, y.w};
+      RopeRotateWords<Ops>(lo, hi, s_cos + 32 * c + 8 * tig, s_sin + 32 * c + 8 * tig);
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        if (t != (off >> 3)) continue;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          dst[t][c][w] = lo[w];
+          dst[t][c + kHalfLoads][w] = hi[w];
+        }
+      }
+      if (append && block >= 0) {
+        *reinterpret_cast<uint4*>(slot + 32 * c) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+        *reinterpret_cast<uint4*>(slot + 32 * (c + kHalfLoads)) =
+            make_uint4(hi[0], hi[1], hi[2], hi[3]);
+      }
+    }
+  };
+  // Lane (gid, tig) holds tokens 2tig, 2tig + 1, 2tig + 8, 2tig + 9 of a V step at dimensions
+  // 64c + 8gid.
+  auto patch_v = [&](uint32_t (&dst)[4][kVLoads][4], int block, int base) {
+    const int off = new_pos - base;
+    if (tig != ((off & 7) >> 1)) return;
+    const int target = ((off >> 3) << 1) | (off & 1);
+    const uint16_t* src = static_cast<const uint16_t*>(args.new_v) + new_row + 8 * gid;
+    uint16_t* slot = const_cast<uint16_t*>(v_pool) + static_cast<int64_t>(block) * block_stride +
+                     static_cast<int64_t>((base & in_block_mask) + off) * kHeadDim + 8 * gid;
+#pragma unroll
+    for (int c = 0; c < kVLoads; ++c) {
+      const uint4 x = *reinterpret_cast<const uint4*>(src + 64 * c);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        if (u != target) continue;
+        dst[u][c][0] = x.x;
+        dst[u][c][1] = x.y;
+        dst[u][c][2] = x.z;
+        dst[u][c][3] = x.w;
+      }
+      if (append && block >= 0) *reinterpret_cast<uint4*>(slot + 64 * c) = x;
+    }
+  };
+
   // kBuffers register sets of a step's K and V: a warp walks its steps in rounds of kBuffers,
   // and each set is refilled with the step kBuffers rounds ahead as soon as it is consumed, so
   // kBuffers steps of loads fly per warp. Two for head_dim 64 (32 more registers); one for 128,
@@ -115,8 +211,13 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
   auto load_k = [&](uint32_t (&dst)[2][kKLoads][4], int block, int base) {
     const uint16_t* p = k_pool + static_cast<int64_t>(block) * block_stride +
                         static_cast<int64_t>((base & in_block_mask) + gid) * kHeadDim + 8 * tig;
+    // The n-tile whose token this lane takes from new_k instead (patch_k), else -1: its cache
+    // slot is not loaded (nothing valid there yet, and the patch need not wait for it).
+    const int off = new_pos - base;
+    const int own = base == new_base && gid == (off & 7) ? off >> 3 : -1;
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
+      if (t == own) continue;
 #pragma unroll
       for (int c = 0; c < kKLoads; ++c) {
         const uint4 v = LoadStreaming(p + t * 8 * kHeadDim + 32 * c);
@@ -126,13 +227,19 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
         dst[t][c][3] = v.w;
       }
     }
+    if (base == new_base) patch_k(dst, block, base);
   };
   auto load_v = [&](uint32_t (&dst)[4][kVLoads][4], int block, int base) {
     const uint16_t* p = v_pool + static_cast<int64_t>(block) * block_stride +
                         static_cast<int64_t>((base & in_block_mask) + 2 * tig) * kHeadDim +
                         8 * gid;
+    // The token of this lane's four that it takes from new_v instead (patch_v), else -1.
+    const int off = new_pos - base;
+    const int own = base == new_base && tig == ((off & 7) >> 1) ? ((off >> 3) << 1) | (off & 1)
+                                                                : -1;
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
+      if (u == own) continue;
       const int token = (u >> 1) * 8 + (u & 1);
 #pragma unroll
       for (int c = 0; c < kVLoads; ++c) {
@@ -143,6 +250,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
         dst[u][c][3] = v.w;
       }
     }
+    if (base == new_base) patch_v(dst, block, base);
   };
   // The block-table entry of a step (one per step: a step lies inside one block).
   auto block_of = [&](int step) { return table[(base0 + step * kStepTokens) >> log2_bs]; };
@@ -164,6 +272,13 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
     load_v(vr[b], block, base0 + step * kStepTokens);
     if (step + kStride < num_steps) block_next[b] = block_of(step + kStride);
   };
+  if (rope) {  // positions come from the step's upload, not from a kernel of the step
+    const int position = args.rope_positions[q_start];
+    for (int i = threadIdx.x; i < kHeadDim / 2; i += kDecodeThreads) {
+      RopeCosSin(position, i, kHeadDim, args.log2_theta, &s_cos[i], &s_sin[i]);
+    }
+    __syncthreads();
+  }
   bool early[kBuffers];
 #pragma unroll
   for (int b = 0; b < kBuffers; ++b) {
@@ -198,6 +313,13 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
         qf[c][h][1] = v.y;
         qf[c][h][2] = v.z;
         qf[c][h][3] = v.w;
+      }
+      if (rope) {
+#pragma unroll
+        for (int c = 0; c < kHalfLoads; ++c) {
+          RopeRotateWords<Ops>(qf[c][h], qf[c + kHalfLoads][h], s_cos + 32 * c + 8 * tig,
+                               s_sin + 32 * c + 8 * tig);
+        }
       }
       limit[h] = min(kv_end, causal_base + j);
     } else {
@@ -461,7 +583,11 @@ cudaError_t LaunchDecodeKernel(const DecodeKernelArgs& args, int grid_x, cudaStr
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
   config.numAttrs = DecodeSupportsProgrammaticLaunch() ? 1 : 0;
-  return cudaLaunchKernelEx(&config, DecodeAttentionKernel<kDtype, kHeadDim, kGroup>, args);
+  if (args.rope_positions != nullptr) {
+    return cudaLaunchKernelEx(&config, DecodeAttentionKernel<kDtype, kHeadDim, kGroup, true>,
+                              args);
+  }
+  return cudaLaunchKernelEx(&config, DecodeAttentionKernel<kDtype, kHeadDim, kGroup, false>, args);
 }
 
 #define KILN_INSTANTIATE_DECODE_ONE_(DTYPE, HEAD_DIM, GROUP)                                \

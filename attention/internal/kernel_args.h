@@ -38,6 +38,12 @@ struct DecodeKernelArgs {
   int32_t num_q_heads;
   int32_t num_kv_heads;
   float scale_log2;       // softmax scale × log2(e)
+  // RoPE + KV append in the kernel (DecodeRopeAppendDevice); positions null: none.
+  const int32_t* rope_positions;
+  double log2_theta;
+  const void* new_k;      // [tokens, num_kv_heads, head_dim], new_kv_stride elements per token
+  const void* new_v;
+  int64_t new_kv_stride;
 };
 
 struct MergeKernelArgs {

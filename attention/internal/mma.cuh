@@ -23,6 +23,10 @@ struct DtypeOps<AttentionDtype::kBf16> {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&v);
   }
+  // The two values of a packed register, low half first.
+  __device__ __forceinline__ static float2 Unpack(uint32_t bits) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits));
+  }
   // d += a · b for one m16n8k16 tile (A row-major 16×16, B column-major 16×8, float C/D).
   __device__ __forceinline__ static void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                              uint32_t b1) {
@@ -38,6 +42,9 @@ struct DtypeOps<AttentionDtype::kFp16> {
   __device__ __forceinline__ static uint32_t Pack(float lo, float hi) {
     const __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&v);
+  }
+  __device__ __forceinline__ static float2 Unpack(uint32_t bits) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&bits));
   }
   __device__ __forceinline__ static void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                              uint32_t b1) {
