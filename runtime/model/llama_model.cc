@@ -226,6 +226,10 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
     return absl::InvalidArgumentError(absl::StrCat("layer_kernel_rows ", options.layer_kernel_rows,
                                                    " is outside [0, ", kDecodeLayerMaxRows, "]"));
   }
+  if (options.rope_in_attention_rows < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rope_in_attention_rows ", options.rope_in_attention_rows, " must be 0 (never) or more"));
+  }
   const DecodeGemmRows& rows = options.decode_gemm_rows;
   RETURN_IF_ERROR(CheckRows(rows, "decode_gemm_rows", kDecodeGemmMaxRows));
   if (options.num_kv_blocks < 1) {
@@ -362,6 +366,14 @@ bool LlamaModel::PrefetchGemmTakesNorm(Proj proj, int64_t m, int64_t n, int64_t 
 
 bool LlamaModel::UsesLayerKernel(int num_tokens) const {
   return num_tokens >= 1 && num_tokens <= kDecodeLayerMaxRows && layer_kernel_.used[num_tokens];
+}
+
+bool LlamaModel::RopeInAttention(const LlamaStepArgs& args) const {
+  // Not where the decode layer kernel runs the step (slower there, runtime/runner/NOTES.md), nor
+  // without attention (or RoPE, for benchmarks).
+  return args.num_tokens <= options_.rope_in_attention_rows && !UsesLayerKernel(args.num_tokens) &&
+         options_.run_attention && options_.run_rope_append && args.decode.work_capacity > 0 &&
+         args.prefill.work_capacity == 0;
 }
 
 bool LlamaModel::FoldsNorms(int num_tokens) const {
@@ -551,7 +563,7 @@ absl::Status LlamaModel::PreAttention(int layer, const LlamaStepArgs& args, cons
     RETURN_IF_ERROR(
         Linear(Proj::kQkv, normed, w.qkv(layer), a.qkv, n, s.qkv_rows(), s.hidden, stream));
   }
-  if (!options_.run_rope_append) return absl::OkStatus();
+  if (!options_.run_rope_append || RopeInAttention(args)) return absl::OkStatus();
   // The per-sequence arrays are shared by both parts of a plan; either enabled part has them.
   const AttentionPlanPartDevice& plan = args.decode.work_capacity > 0 ? args.decode : args.prefill;
   if (options_.fuse_rope_append) {
@@ -609,6 +621,13 @@ absl::Status LlamaModel::RunAttention(int layer, const LlamaStepArgs& args, cuda
   step.kv.block_size = kv_layout_.block_size;
   step.decode = args.decode;
   step.prefill = args.prefill;
+  if (RopeInAttention(args)) {
+    step.rope_append.positions = args.positions;
+    step.rope_append.theta = s.rope_theta;
+    step.rope_append.k = a.qkv + s.q_width();
+    step.rope_append.v = a.qkv + s.q_width() + s.kv_width();
+    step.rope_append.kv_stride = s.qkv_rows();
+  }
   return RunAttentionStep(step, stream);
 }
 

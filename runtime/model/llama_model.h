@@ -1,6 +1,7 @@
 // One forward step of a Llama-family decoder over a paged KV cache, in bf16 with float
 // accumulation: embedding, per layer [RMSNorm (fused with the residual add after the first),
-// QKV GEMM, RoPE + KV append (one kernel), split-kv attention, O GEMM, add + RMSNorm, gate-up
+// QKV GEMM, RoPE + KV append (one kernel; in decode-only steps of a few rows done by the
+// attention kernel itself), split-kv attention, O GEMM, add + RMSNorm, gate-up
 // GEMM, SiLU·mul, down GEMM (for few rows one kernel: the down GEMM reads SiLU(gate)·up; for
 // few rows the norms run inside the QKV and gate-up GEMMs, "Folded norms" below)], final add +
 // RMSNorm, the last token of each sequence, float logits, greedy argmax.
@@ -194,6 +195,15 @@ struct LlamaModelOptions {
   bool silu_in_down = true;
   // RoPE and the KV append run as one kernel (rope_kv_append.h) where it takes the shape.
   bool fuse_rope_append = true;
+  // In decode-only steps (a decode part, no prefill part) of at most this many token rows (0:
+  // none) that the decode layer kernel does not run, the decode attention kernel does the RoPE
+  // and the KV append itself (DecodeRopeAppendDevice) and the RoPE + KV append kernel drops out.
+  // The same bits either way. 8: on an H200 (1B shape) the step was 20 µs faster at 4 and 8 rows
+  // (1.033 against 1.052–1.056 ms at 4, 1.083–1.084 against 1.105–1.106 at 8); from 9 rows,
+  // where the QKV projection takes the TMA GEMM, it was slower (1.419 against 1.298 at 32);
+  // with the decode layer kernel (1–2 rows), ending it after QKV was slower too
+  // (runtime/runner/NOTES.md).
+  int rope_in_attention_rows = 8;
   // GEMMs the decode GEMM does not take with at most this many rows use the skinny kernel (0
   // disables it; at most kSkinnyGemmMaxRows). 2: on an H200 the 1B decode step was faster with it
   // at 1 row (1.169 against 1.251 ms) and even at 2, slower at 4 and 8 (runtime/runner/NOTES.md).
@@ -299,6 +309,11 @@ class LlamaModel {
   // Returns whether a step of num_tokens (padded) rows runs its pieces through the decode layer
   // kernel (LlamaModelOptions::layer_kernel_rows): the same answer at capture and replay.
   bool UsesLayerKernel(int num_tokens) const;
+
+  // Returns whether the step's attention does its RoPE and KV append
+  // (LlamaModelOptions::rope_in_attention_rows): the same answer for every piece of a step, at
+  // capture and replay.
+  bool RopeInAttention(const LlamaStepArgs& args) const;
 
   // Enqueues the whole step. Callable during capture for prepared sizes.
   absl::Status Forward(const LlamaStepArgs& args, cudaStream_t stream);

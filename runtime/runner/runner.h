@@ -133,6 +133,8 @@ struct RunnerOptions {
   DecodeGemmRows decode_gemm_rows;
   bool silu_in_down = true;
   bool fuse_rope_append = true;
+  // LlamaModelOptions::rope_in_attention_rows (the same bits either way).
+  int rope_in_attention_rows = LlamaModelOptions{}.rope_in_attention_rows;
   int skinny_gemm_max_rows = 2;
   // Split decode attention tiles are merged by the decode kernel itself (merge counters), not by
   // a separate merge launch.

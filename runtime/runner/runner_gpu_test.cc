@@ -316,12 +316,12 @@ TEST_F(RunnerGpuTest, PiecewiseAndGraphFreeStepsEqualFullGraphs) {
 // Runs 160 steps of random traffic (three in four of at most 8 tokens: decodes of 1 to 8
 // sequences and short prefills; every second step eager) through runners made with `variant`
 // applied to `base` (full graphs, and piecewise graphs) and one made with `base`, and expects the
-// same tokens and logits bit for bit. `applies(model, tokens)` says whether the variant changes
-// a step of that many padded tokens; at least 30 such steps must run each way.
+// same tokens and logits bit for bit. `applies(model, info)` says whether the variant changes
+// the step `info` describes; at least 30 such steps must run each way.
+using AppliesFn = std::function<bool(const LlamaModel&, const StepInfo&)>;
 void ExpectVariantGivesBaseBits(RunnerOptions base,
                                 const std::function<void(RunnerOptions&)>& variant,
-                                const std::function<bool(const LlamaModel&, int)>& applies,
-                                const char* what, uint64_t seed) {
+                                const AppliesFn& applies, const char* what, uint64_t seed) {
   RunnerOptions options = base;
   variant(options);
   std::unique_ptr<Runner> changed = MakeRunner(options);
@@ -350,7 +350,7 @@ void ExpectVariantGivesBaseBits(RunnerOptions base,
     const Outcome a = RunStep(*changed, batch, step_options);
     const Outcome b = RunStep(*reference, batch, step_options);
     const Outcome c = RunStep(*piecewise, batch, step_options);
-    if (applies(changed->model(), a.info.padded_tokens)) {
+    if (applies(changed->model(), a.info)) {
       ++(a.info.replayed ? changed_graphs : changed_eager);
       changed_pieces += c.info.replayed;
     }
@@ -390,8 +390,8 @@ TEST_F(RunnerGpuTest, FoldedNormsGiveTheNormKernelsBits) {
   probe.reset();
   ExpectVariantGivesBaseBits(
       base, [](RunnerOptions& o) { o.fold_norm_into_gemm = true; },
-      [](const LlamaModel& m, int tokens) { return m.FoldsNorms(tokens); }, "the folded norm",
-      seed);
+      [](const LlamaModel& m, const StepInfo& info) { return m.FoldsNorms(info.padded_tokens); },
+      "the folded norm", seed);
 }
 
 // The decode layer kernel against the kernel-per-operation step, bit for bit, over `model`.
@@ -411,7 +411,9 @@ void ExpectLayerKernelGivesKernelPerOperationBits(const config::ModelShape& mode
   probe.reset();
   ExpectVariantGivesBaseBits(
       base, [](RunnerOptions& o) { o.layer_kernel_rows = kDecodeLayerMaxRows; },
-      [](const LlamaModel& m, int tokens) { return m.UsesLayerKernel(tokens); },
+      [](const LlamaModel& m, const StepInfo& info) {
+        return m.UsesLayerKernel(info.padded_tokens);
+      },
       "the decode layer kernel", seed);
 }
 
@@ -433,6 +435,42 @@ TEST_F(RunnerGpuTest, LayerKernelGivesTheKernelPerOperationBitsAtWideShapes) {
   wide.head_dim = 128;
   wide.ffn = 8192;
   ExpectLayerKernelGivesKernelPerOperationBits(ModelShapeFromLlamaShape(wide, "wide"), seed);
+}
+
+// RoPE + KV append in decode attention against the RoPE + KV append kernel, bit for bit, over
+// `model`: every decode step (without the decode layer kernel, which keeps its own RoPE phase),
+// graphs, eager and piecewise.
+void ExpectRopeInAttentionGivesKernelBits(const config::ModelShape& model, uint64_t seed) {
+  RunnerOptions base = TinyOptions(GraphExecution::kFull, seed);
+  *base.config.mutable_model() = model;
+  base.layer_kernel_rows = 0;
+  base.rope_in_attention_rows = 0;
+  ExpectVariantGivesBaseBits(
+      base, [](RunnerOptions& o) { o.rope_in_attention_rows = kMaxTokens; },
+      // Decode keys plan a decode part only: their steps rotate in attention.
+      [](const LlamaModel&, const StepInfo& info) {
+        return info.key.mode == GraphMode::kDecode && !info.eager_key;
+      },
+      "RoPE + KV append in attention", seed);
+}
+
+TEST_F(RunnerGpuTest, RopeInAttentionGivesTheRopeKernelBits) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  ExpectRopeInAttentionGivesKernelBits(TinyModel(), seed);
+}
+
+// head_dim 128 (each lane rotates two pairs of loads) at the wide shape.
+TEST_F(RunnerGpuTest, RopeInAttentionGivesTheRopeKernelBitsAtHeadDim128) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  LlamaShape wide = LlamaShape::Tiny();
+  wide.hidden = 2048;
+  wide.heads = 16;
+  wide.kv_heads = 4;
+  wide.head_dim = 128;
+  wide.ffn = 8192;
+  ExpectRopeInAttentionGivesKernelBits(ModelShapeFromLlamaShape(wide, "wide"), seed);
 }
 
 // Compares each sequence's logits row with the reference's, and the sampled token with the
@@ -576,6 +614,7 @@ TEST_F(RunnerGpuTest, BadGemmPathOptionsAreRefused) {
        "tma_gemm_max_splits"},
       {[](RunnerOptions& o) { o.prefetch_gemm_rows.o = kPrefetchGemmMaxRows + 1; },
        "prefetch_gemm_rows"},
+      {[](RunnerOptions& o) { o.rope_in_attention_rows = -1; }, "rope_in_attention_rows -1"},
   };
   for (const auto& [edit, name] : bad) {
     RunnerOptions options = TinyOptions(GraphExecution::kFull, 5);
