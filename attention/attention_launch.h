@@ -44,7 +44,7 @@ struct AttentionStepParams {
   int64_t q_stride = 0;      // elements between tokens of q; 0 means num_q_heads × head_dim
   void* o = nullptr;         // [tokens, num_q_heads, head_dim]
   int64_t o_stride = 0;      // elements between tokens of o; 0 means num_q_heads × head_dim
-  PagedKvDevice kv;          // the paged cache, already holding this step's K and V
+  PagedKvDevice kv;          // the paged cache, holding this step's K and V unless rope_append
   AttentionPlanPartDevice decode;   // PlanBuffers::decode(); all null when the plan has none
   AttentionPlanPartDevice prefill;  // PlanBuffers::prefill(); all null when the plan has none
   // Optional, decode-only steps (no prefill part): the decode kernel does the step's RoPE and KV

@@ -423,18 +423,23 @@ TEST_F(RunnerGpuTest, LayerKernelGivesTheKernelPerOperationBits) {
   ExpectLayerKernelGivesKernelPerOperationBits(TinyModel(), seed);
 }
 
-// Rows of k = 2048 and 8192 (several ring stages per row group; the down projection's x at the
-// kernel's widest) and head_dim 128.
-TEST_F(RunnerGpuTest, LayerKernelGivesTheKernelPerOperationBitsAtWideShapes) {
-  const uint64_t seed = FreshSeed();
-  SCOPED_TRACE(absl::StrCat("seed ", seed));
+// The tiny model at hidden 2048, ffn 8192 and head_dim 128 (16 / 4 heads).
+config::ModelShape WideModel() {
   LlamaShape wide = LlamaShape::Tiny();
   wide.hidden = 2048;
   wide.heads = 16;
   wide.kv_heads = 4;
   wide.head_dim = 128;
   wide.ffn = 8192;
-  ExpectLayerKernelGivesKernelPerOperationBits(ModelShapeFromLlamaShape(wide, "wide"), seed);
+  return ModelShapeFromLlamaShape(wide, "wide");
+}
+
+// Rows of k = 2048 and 8192 (several ring stages per row group; the down projection's x at the
+// kernel's widest) and head_dim 128.
+TEST_F(RunnerGpuTest, LayerKernelGivesTheKernelPerOperationBitsAtWideShapes) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  ExpectLayerKernelGivesKernelPerOperationBits(WideModel(), seed);
 }
 
 // RoPE + KV append in decode attention against the RoPE + KV append kernel, bit for bit, over
@@ -464,13 +469,7 @@ TEST_F(RunnerGpuTest, RopeInAttentionGivesTheRopeKernelBits) {
 TEST_F(RunnerGpuTest, RopeInAttentionGivesTheRopeKernelBitsAtHeadDim128) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
-  LlamaShape wide = LlamaShape::Tiny();
-  wide.hidden = 2048;
-  wide.heads = 16;
-  wide.kv_heads = 4;
-  wide.head_dim = 128;
-  wide.ffn = 8192;
-  ExpectRopeInAttentionGivesKernelBits(ModelShapeFromLlamaShape(wide, "wide"), seed);
+  ExpectRopeInAttentionGivesKernelBits(WideModel(), seed);
 }
 
 // Compares each sequence's logits row with the reference's, and the sampled token with the
