@@ -145,10 +145,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
   __shared__ float s_sin[kHeadDim / 2];
   const int64_t new_row = static_cast<int64_t>(q_start) * args.new_kv_stride + kv_head * kHeadDim;
   // Lane (gid, tig) holds token gid (+ 8) of a K step at dimensions 32c + 8tig: a rotate-half
-  // pair (c, c + kHalfLoads) is in one lane.
-  auto patch_k = [&](uint32_t (&dst)[2][kKLoads][4], int block, int base) {
+  // pair (c, c + kHalfLoads) is in one lane. Called by the lanes that own the new token, with
+  // the n-tile `own` that holds it.
+  auto patch_k = [&](uint32_t (&dst)[2][kKLoads][4], int own, int block, int base) {
     const int off = new_pos - base;
-    if (gid != (off & 7)) return;
     const uint16_t* src = static_cast<const uint16_t*>(args.new_k) + new_row + 8 * tig;
     uint16_t* slot = const_cast<uint16_t*>(k_pool) + static_cast<int64_t>(block) * block_stride +
                      static_cast<int64_t>((base & in_block_mask) + off) * kHeadDim + 8 * tig;
@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
       RopeRotateWords<Ops>(lo, hi, s_cos + 32 * c + 8 * tig, s_sin + 32 * c + 8 * tig);
 #pragma unroll
       for (int t = 0; t < 2; ++t) {
-        if (t != (off >> 3)) continue;
+        if (t != own) continue;
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
           dst[t][c][w] = lo[w];
@@ -176,11 +176,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
     }
   };
   // Lane (gid, tig) holds tokens 2tig, 2tig + 1, 2tig + 8, 2tig + 9 of a V step at dimensions
-  // 64c + 8gid.
-  auto patch_v = [&](uint32_t (&dst)[4][kVLoads][4], int block, int base) {
+  // 64c + 8gid. Called by the lanes that own the new token, with the index `own` of it among
+  // their four.
+  auto patch_v = [&](uint32_t (&dst)[4][kVLoads][4], int own, int block, int base) {
     const int off = new_pos - base;
-    if (tig != ((off & 7) >> 1)) return;
-    const int target = ((off >> 3) << 1) | (off & 1);
     const uint16_t* src = static_cast<const uint16_t*>(args.new_v) + new_row + 8 * gid;
     uint16_t* slot = const_cast<uint16_t*>(v_pool) + static_cast<int64_t>(block) * block_stride +
                      static_cast<int64_t>((base & in_block_mask) + off) * kHeadDim + 8 * gid;
@@ -189,7 +188,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
       const uint4 x = *reinterpret_cast<const uint4*>(src + 64 * c);
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
-        if (u != target) continue;
+        if (u != own) continue;
         dst[u][c][0] = x.x;
         dst[u][c][1] = x.y;
         dst[u][c][2] = x.z;
@@ -214,7 +213,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
     // The n-tile whose token this lane takes from new_k instead (patch_k), else -1: its cache
     // slot is not loaded (nothing valid there yet, and the patch need not wait for it).
     const int off = new_pos - base;
-    const int own = base == new_base && gid == (off & 7) ? off >> 3 : -1;
+    const int own = rope && base == new_base && gid == (off & 7) ? off >> 3 : -1;
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
       if (t == own) continue;
@@ -227,7 +226,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
         dst[t][c][3] = v.w;
       }
     }
-    if (base == new_base) patch_k(dst, block, base);
+    if (own >= 0) patch_k(dst, own, block, base);
   };
   auto load_v = [&](uint32_t (&dst)[4][kVLoads][4], int block, int base) {
     const uint16_t* p = v_pool + static_cast<int64_t>(block) * block_stride +
@@ -235,8 +234,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
                         8 * gid;
     // The token of this lane's four that it takes from new_v instead (patch_v), else -1.
     const int off = new_pos - base;
-    const int own = base == new_base && tig == ((off & 7) >> 1) ? ((off >> 3) << 1) | (off & 1)
-                                                                : -1;
+    const int own = rope && base == new_base && tig == ((off & 7) >> 1)
+                        ? ((off >> 3) << 1) | (off & 1)
+                        : -1;
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       if (u == own) continue;
@@ -250,7 +250,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
         dst[u][c][3] = v.w;
       }
     }
-    if (base == new_base) patch_v(dst, block, base);
+    if (own >= 0) patch_v(dst, own, block, base);
   };
   // The block-table entry of a step (one per step: a step lies inside one block).
   auto block_of = [&](int step) { return table[(base0 + step * kStepTokens) >> log2_bs]; };
