@@ -51,8 +51,10 @@ namespace attention_internal {
 // launched while the one before it finishes. It reads its work item (plan metadata, uploaded
 // before the step) first, lets the next kernel launch, loads the first KV steps of tokens that
 // earlier steps wrote, and waits for the kernels before it before reading q or a step that holds
-// a token this step appends. Every CTA waits, padding ones included, so the kernel completes
-// only after its predecessor.
+// a token this step appends. Every CTA with an item waits, and so does CTA (0, 0) when it is
+// padding (padding entries follow the plan's items, so that is a step with no item), so the
+// kernel completes only after its predecessor; the other padding CTAs leave at once and free
+// their slots for CTAs with work.
 //
 // Returns whether the current device runs programmatic dependent launches (compute capability
 // 9.0 or later); asked once per process.
@@ -100,7 +102,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
   const AttentionWorkItem item = args.work_items[blockIdx.x];
   AllowDependentLaunch();
   if (item.seq < 0) {  // padding: the grid is sized by the capture key
-    WaitForPrerequisites();
+    if (blockIdx.x == 0 && blockIdx.y == 0) WaitForPrerequisites();  // the step has no item
     return;
   }
   const int kv_head = blockIdx.y;
