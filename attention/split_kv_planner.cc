@@ -33,7 +33,29 @@ absl::Status ValidatePart(const PlanPartOptions& part, const char* name, int gro
         ", kv_granularity ", part.kv_granularity, ", min_kv_chunk ", part.min_kv_chunk,
         ", ctas_per_sm ", part.ctas_per_sm, "); each must be positive"));
   }
+  for (size_t i = 0; i < part.aim_by_seqs.size(); ++i) {
+    const SplitAim& aim = part.aim_by_seqs[i];
+    if (aim.max_seqs < 1 || aim.ctas_per_sm < 1 ||
+        (i > 0 && aim.max_seqs <= part.aim_by_seqs[i - 1].max_seqs)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Planner ", name, ".aim_by_seqs[", i, "] (max_seqs ", aim.max_seqs, ", ctas_per_sm ",
+          aim.ctas_per_sm, ") must be positive, with max_seqs above the rule before it"));
+    }
+  }
   return absl::OkStatus();
+}
+
+// The partial slots a step whose part holds `num_seqs` sequences may use: the slot capacity, or
+// fewer where an aim_by_seqs rule aims at fewer CTAs per SM.
+int StepSlots(const SplitKvPlannerOptions& options, const PlanPartOptions& part,
+              int slot_capacity, int num_seqs) {
+  for (const SplitAim& aim : part.aim_by_seqs) {
+    if (num_seqs > aim.max_seqs) continue;
+    const int64_t slots =
+        CeilDiv(static_cast<int64_t>(options.sm_count) * aim.ctas_per_sm, options.num_kv_heads);
+    return static_cast<int>(std::min<int64_t>(slot_capacity, slots));
+  }
+  return slot_capacity;
 }
 
 // Computes the key-only shape of one part that receives at most `max_seqs` sequences and
@@ -298,7 +320,7 @@ absl::Status SplitKvPlanner::PlanPart(absl::Span<const SeqLens> seqs, bool decod
   // Chunk size: by default one chunk per tile. With slots to spare, the smallest multiple of
   // the granularity (and at least min_kv_chunk) whose split tiles fit the slots.
   const int64_t gran = part_options.kv_granularity;
-  const int slots = part.slot_capacity;
+  const int slots = StepSlots(options_, part_options, part.slot_capacity, num_seqs);
   int64_t chunk = std::max<int64_t>(CeilDiv(max_kv, gran), 1) * gran;
   if (slots >= 2 && max_kv > part_options.min_kv_chunk) {
     auto fits = [&](int64_t c) {

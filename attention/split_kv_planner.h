@@ -40,7 +40,8 @@
 // capacity is ceil(sm_count · ctas_per_sm / num_kv_heads), the number of work items that fills
 // the GPU once. A tile in one chunk writes o directly; a tile in several writes partial slots
 // that a merge item combines. Few long sequences therefore spread over the whole GPU, while
-// many sequences run unsplit.
+// many sequences run unsplit. With aim_by_seqs a step may aim at fewer CTAs per SM than the
+// capacity was sized for, by its number of sequences in the part (the grid stays the key's).
 //
 // Thread-safety: a planner is immutable after Create; Plan() is const and writes only into the
 // blob it is given (it keeps its scratch tiles at the end of the blob's work-item array), so
@@ -74,13 +75,24 @@ struct SeqLens {
   int32_t kv_len = 0;
 };
 
+// A split aim for the steps whose part holds at most max_seqs sequences
+// (PlanPartOptions::aim_by_seqs).
+struct SplitAim {
+  int max_seqs = 0;
+  int ctas_per_sm = 0;
+};
+
 // Settings of one part (the kernel family that runs it).
 struct PlanPartOptions {
   int tile_rows = 0;         // packed query rows per tile (>= G); 0 disables the part
   int kv_granularity = 64;   // chunk sizes are multiples of this (the kernel's KV step)
   int min_kv_chunk = 256;    // no chunk is shorter than this (except a tile's last)
-  int ctas_per_sm = 2;       // resident CTAs per SM the split aims to fill
+  int ctas_per_sm = 2;       // resident CTAs per SM the split aims to fill (sizes the grid)
   bool allow_split = true;   // false: never split, no merge, no partial workspace
+  // Per step: the first rule whose max_seqs is at least the part's sequences sets the aim
+  // instead of ctas_per_sm, capped at the slot capacity ctas_per_sm sized. Strictly ascending
+  // max_seqs, each value positive; empty: ctas_per_sm for every step.
+  std::vector<SplitAim> aim_by_seqs;
 };
 
 // Everything the planner needs; all of it is fixed for the planner's lifetime.

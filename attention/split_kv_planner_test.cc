@@ -501,6 +501,55 @@ TEST(SplitKvPlannerTest, SplitsFewLongSequencesToFillTheGpu) {
   EXPECT_EQ(CheckPlan(*planner, skewed, blob, *s, false), "");
 }
 
+TEST(SplitKvPlannerTest, AimBySeqsSplitsFewerWaysWithinTheKeysGrid) {
+  // The 1B decode shape under a key of 8 sequences: 66 slots (4 CTAs per SM). Rules: up to 3
+  // sequences aim at 2 (33 slots), 4 at 4, 5-7 at 2, and 8 at 6, above the capacity: capped.
+  SplitKvPlannerOptions o = LargeOptions(8, 0);
+  o.key = {8, 8, 2048};
+  o.decode.min_kv_chunk = 64;
+  o.decode.ctas_per_sm = 4;
+  SplitKvPlannerOptions plain = o;
+  o.decode.aim_by_seqs = {{3, 2}, {4, 4}, {7, 2}, {8, 6}};
+  auto planner = SplitKvPlanner::Create(o);
+  auto reference = SplitKvPlanner::Create(plain);
+  ASSERT_TRUE(planner.ok()) << planner.status();
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  // The rules change no capacity: the grid, workspaces and blob are the key's.
+  EXPECT_TRUE(SameLayout(planner->layout(), reference->layout()));
+  EXPECT_EQ(planner->layout().decode.slot_capacity, 66);
+  Blob blob(planner->layout().plan_bytes);
+  Blob reference_blob(reference->layout().plan_bytes);
+  struct Case {
+    int seqs, chunk, reference_chunk;
+  };
+  // 1024 tokens each. 3 sequences in 33 slots: chunks of 128 (24 items), not 64 (48 items);
+  // 4 in 66: 64 as without rules; 6 in 33: 256, not 128; 8 capped at 66: 128 as without.
+  for (const Case& c : {Case{1, 64, 64}, Case{3, 128, 64}, Case{4, 64, 64}, Case{6, 256, 128},
+                        Case{7, 256, 128}, Case{8, 128, 128}}) {
+    std::vector<SeqLens> seqs(c.seqs, SeqLens{1, 1024});
+    auto s = planner->Plan(seqs, blob.data());
+    auto r = reference->Plan(seqs, reference_blob.data());
+    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(s->decode.kv_chunk_size, c.chunk) << c.seqs << " sequences";
+    EXPECT_EQ(r->decode.kv_chunk_size, c.reference_chunk) << c.seqs << " sequences";
+    EXPECT_EQ(s->decode.num_work_items, c.seqs * 1024 / c.chunk) << c.seqs << " sequences";
+    EXPECT_EQ(CheckPlan(*planner, seqs, blob, *s, false), "");
+  }
+  EXPECT_TRUE(blob.GuardIntact());
+
+  // Rules out of order or out of range are refused by name.
+  for (const std::vector<SplitAim>& bad :
+       {std::vector<SplitAim>{{4, 2}, {4, 4}}, std::vector<SplitAim>{{4, 2}, {2, 4}},
+        std::vector<SplitAim>{{0, 2}}, std::vector<SplitAim>{{4, 0}}}) {
+    SplitKvPlannerOptions w = plain;
+    w.decode.aim_by_seqs = bad;
+    auto p = SplitKvPlanner::Create(w);
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(p.status().message().find("decode.aim_by_seqs["), std::string::npos) << p.status();
+  }
+}
+
 TEST(SplitKvPlannerTest, RejectsStepsOutsideTheKey) {
   SplitKvPlannerOptions o = SmallOptions(4, 4, 0);
   o.key = {2, 2, 100};
