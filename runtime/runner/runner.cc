@@ -335,6 +335,7 @@ absl::Status Runner::InitAllocations(const RunnerOptions& options) {
   RETURN_IF_ERROR(Record(&memory_, "kv_cache", static_cast<int64_t>(model_->kv_cache_bytes()),
                          free_bytes));
 
+  RETURN_IF_ERROR(CheckDecodeSplitRules(options.decode_split_by_rows));
   // One attention planner and metadata layout per key; one pinned blob and one device copy
   // shared by all keys (steps run one at a time), and one partial workspace per plan part.
   size_t metadata_bytes = 0, decode_o = 0, decode_lse = 0, prefill_o = 0, prefill_lse = 0;
@@ -346,6 +347,7 @@ absl::Status Runner::InitAllocations(const RunnerOptions& options) {
     planner_options.decode.min_kv_chunk = options.decode_min_kv_chunk;
     planner_options.decode.ctas_per_sm =
         DecodeCtasPerSm(key, options.decode_split_by_rows, options.decode_ctas_per_sm);
+    planner_options.decode.aim_by_seqs = DecodeSplitAims(options.decode_split_by_rows);
     ASSIGN_OR_RETURN(SplitKvPlanner planner, SplitKvPlanner::Create(planner_options));
     const PlanLayout& layout = planner.layout();
     layouts_.push_back(MetadataLayout::Create(key, layout.plan_bytes, max_blocks_per_seq_));

@@ -36,6 +36,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "runtime/cuda/device_buffer.h"
 #include "runtime/cuda/device_info.h"
 #include "runtime/cuda/event.h"
@@ -114,12 +117,38 @@ ABSL_FLAG(int, decode_min_kv_chunk, kiln::RunnerOptions{}.decode_min_kv_chunk,
 ABSL_FLAG(bool, where, false,
           "Also time the step without RoPE + KV append, without the norm kernels and without "
           "SiLU·mul (each from layer_kernel_rows + 1 rows), not only without attention");
+ABSL_FLAG(std::string, decode_split_by_rows, "",
+          "Decode attention split rules, max_rows:ctas_per_sm pairs (e.g. 2:2,8:4); empty: "
+          "RunnerOptions' default; none: no rules");
 ABSL_FLAG(int, decode_ctas_per_sm, kiln::RunnerOptions{}.decode_ctas_per_sm,
           "Decode attention CTAs per SM the KV split aims to fill (keys past "
           "decode_split_by_rows)");
 
 namespace kiln {
 namespace {
+
+// Parses --decode_split_by_rows into `rules` (left as they are when the flag is empty); false,
+// after printing the bad entry, for one that is not two positive integers max_rows:ctas_per_sm.
+bool ParseSplitRules(const std::string& text, std::vector<DecodeSplitRule>* rules) {
+  if (text.empty()) return true;
+  rules->clear();
+  if (text == "none") return true;
+  for (absl::string_view piece : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    const std::vector<absl::string_view> parts = absl::StrSplit(piece, ':');
+    DecodeSplitRule rule;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &rule.max_rows) ||
+        !absl::SimpleAtoi(parts[1], &rule.ctas_per_sm) || rule.max_rows < 1 ||
+        rule.ctas_per_sm < 1) {
+      std::fprintf(stderr,
+                   "--decode_split_by_rows: bad entry \"%s\" (want max_rows:ctas_per_sm, both "
+                   "positive)\n",
+                   std::string(piece).c_str());
+      return false;
+    }
+    rules->push_back(rule);
+  }
+  return true;
+}
 
 // One decode-attention split aim for every capture key.
 void UniformSplit(RunnerOptions& o, int ctas_per_sm) {
@@ -271,6 +300,7 @@ RunnerOptions BenchmarkOptions() {
   o.skinny_gemm_max_rows = absl::GetFlag(FLAGS_skinny_rows);
   o.decode_min_kv_chunk = absl::GetFlag(FLAGS_decode_min_kv_chunk);
   o.decode_ctas_per_sm = absl::GetFlag(FLAGS_decode_ctas_per_sm);
+  ParseSplitRules(absl::GetFlag(FLAGS_decode_split_by_rows), &o.decode_split_by_rows);
   o.config.set_model_preset("llama-3.2-1b");
   o.config.set_max_num_seqs(256);
   o.config.set_max_num_batched_tokens(absl::GetFlag(FLAGS_max_num_batched_tokens));
@@ -298,6 +328,8 @@ int Main(int argc, char** argv) {
                                         256, &capture_sizes)) {
     return 2;
   }
+  std::vector<DecodeSplitRule> split_rules;
+  if (!ParseSplitRules(absl::GetFlag(FLAGS_decode_split_by_rows), &split_rules)) return 2;
   const int context = absl::GetFlag(FLAGS_context);
   const int steps = absl::GetFlag(FLAGS_steps);
   const int max_model_len = absl::GetFlag(FLAGS_max_model_len);
@@ -460,6 +492,8 @@ int Main(int argc, char** argv) {
         {"attn split 2 CTA/SM", [](RunnerOptions& o) { UniformSplit(o, 2); }},
         {"attn split 1 CTA/SM for 9-24 rows",
          [](RunnerOptions& o) { o.decode_split_by_rows.push_back(DecodeSplitRule{24, 1}); }},
+        {"attn split by key only",
+         [](RunnerOptions& o) { o.decode_split_by_rows = {{2, 2}, {8, 4}}; }},
         {"attn split 1 CTA/SM", [](RunnerOptions& o) { UniformSplit(o, 1); }},
         {"attn split 4 CTA/SM", [](RunnerOptions& o) { UniformSplit(o, 4); }},
         {"attn split 6 CTA/SM", [](RunnerOptions& o) { UniformSplit(o, 6); }},

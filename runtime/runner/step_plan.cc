@@ -152,6 +152,27 @@ int DecodeCtasPerSm(const StepKey& key, const std::vector<DecodeSplitRule>& rule
   return otherwise;
 }
 
+absl::Status CheckDecodeSplitRules(const std::vector<DecodeSplitRule>& rules) {
+  for (size_t i = 0; i < rules.size(); ++i) {
+    const DecodeSplitRule& rule = rules[i];
+    if (rule.max_rows < 1 || rule.ctas_per_sm < 1 ||
+        (i > 0 && rule.max_rows <= rules[i - 1].max_rows)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "decode_split_by_rows[", i, "] (max_rows ", rule.max_rows, ", ctas_per_sm ",
+          rule.ctas_per_sm, ") is out of range; give positive values, with max_rows above the "
+          "rule before it"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<SplitAim> DecodeSplitAims(const std::vector<DecodeSplitRule>& rules) {
+  std::vector<SplitAim> aims;
+  aims.reserve(rules.size());
+  for (const DecodeSplitRule& rule : rules) aims.push_back({rule.max_rows, rule.ctas_per_sm});
+  return aims;
+}
+
 MetadataLayout MetadataLayout::Create(const StepKey& key, size_t plan_bytes,
                                       int max_blocks_per_seq) {
   MetadataLayout l;
