@@ -203,6 +203,7 @@ absl::Status Runner::InitPlan(const RunnerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_model_len ", options.max_model_len, " must be positive; give the longest sequence"));
   }
+  RETURN_IF_ERROR(CheckDecodeSplitRules(options.decode_split_by_rows));
   CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
   ASSIGN_OR_RETURN(DeviceInfo device, DeviceInfo::Query(options.device));
   sm_count_ = device.sm_count;
@@ -335,7 +336,6 @@ absl::Status Runner::InitAllocations(const RunnerOptions& options) {
   RETURN_IF_ERROR(Record(&memory_, "kv_cache", static_cast<int64_t>(model_->kv_cache_bytes()),
                          free_bytes));
 
-  RETURN_IF_ERROR(CheckDecodeSplitRules(options.decode_split_by_rows));
   // One attention planner and metadata layout per key; one pinned blob and one device copy
   // shared by all keys (steps run one at a time), and one partial workspace per plan part.
   size_t metadata_bytes = 0, decode_o = 0, decode_lse = 0, prefill_o = 0, prefill_lse = 0;

@@ -614,6 +614,8 @@ TEST_F(RunnerGpuTest, BadGemmPathOptionsAreRefused) {
       {[](RunnerOptions& o) { o.prefetch_gemm_rows.o = kPrefetchGemmMaxRows + 1; },
        "prefetch_gemm_rows"},
       {[](RunnerOptions& o) { o.rope_in_attention_rows = -1; }, "rope_in_attention_rows -1"},
+      {[](RunnerOptions& o) { o.decode_split_by_rows = {{8, 4}, {2, 2}}; },
+       "decode_split_by_rows[1] (max_rows 2"},
   };
   for (const auto& [edit, name] : bad) {
     RunnerOptions options = TinyOptions(GraphExecution::kFull, 5);
