@@ -33,16 +33,7 @@ absl::Status ValidatePart(const PlanPartOptions& part, const char* name, int gro
         ", kv_granularity ", part.kv_granularity, ", min_kv_chunk ", part.min_kv_chunk,
         ", ctas_per_sm ", part.ctas_per_sm, "); each must be positive"));
   }
-  for (size_t i = 0; i < part.aim_by_seqs.size(); ++i) {
-    const SplitAim& aim = part.aim_by_seqs[i];
-    if (aim.max_seqs < 1 || aim.ctas_per_sm < 1 ||
-        (i > 0 && aim.max_seqs <= part.aim_by_seqs[i - 1].max_seqs)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Planner ", name, ".aim_by_seqs[", i, "] (max_seqs ", aim.max_seqs, ", ctas_per_sm ",
-          aim.ctas_per_sm, ") must be positive, with max_seqs above the rule before it"));
-    }
-  }
-  return absl::OkStatus();
+  return CheckSplitAims(part.aim_by_seqs, absl::StrCat("Planner ", name, ".aim_by_seqs"));
 }
 
 // The partial slots a step whose part holds `num_seqs` sequences may use: the slot capacity, or
@@ -104,6 +95,19 @@ size_t PlacePart(PlanPartLayout* part, size_t offset) {
 bool GoesToDecode(bool decode_enabled, int32_t q_len) { return decode_enabled && q_len == 1; }
 
 }  // namespace
+
+absl::Status CheckSplitAims(const std::vector<SplitAim>& aims, absl::string_view name) {
+  for (size_t i = 0; i < aims.size(); ++i) {
+    const SplitAim& aim = aims[i];
+    if (aim.max_seqs < 1 || aim.ctas_per_sm < 1 ||
+        (i > 0 && aim.max_seqs <= aims[i - 1].max_seqs)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, "[", i, "] (max_seqs ", aim.max_seqs, ", ctas_per_sm ", aim.ctas_per_sm,
+          ") is out of range; give positive values, with max_seqs above the aim before it"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 int MaxQueryTiles(int b, int n, int g, int t) {
   if (b <= 0 || n <= 0 || g <= 0 || t <= 0) return 0;

@@ -56,6 +56,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "attention/attention_params.h"
 
@@ -81,6 +82,10 @@ struct SplitAim {
   int max_seqs = 0;
   int ctas_per_sm = 0;
 };
+
+// Returns InvalidArgument, naming `name`[i] and the aim, unless every aim's max_seqs and
+// ctas_per_sm are positive and max_seqs strictly ascends.
+absl::Status CheckSplitAims(const std::vector<SplitAim>& aims, absl::string_view name);
 
 // Settings of one part (the kernel family that runs it).
 struct PlanPartOptions {

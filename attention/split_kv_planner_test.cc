@@ -547,7 +547,12 @@ TEST(SplitKvPlannerTest, AimBySeqsSplitsFewerWaysWithinTheKeysGrid) {
     auto p = SplitKvPlanner::Create(w);
     EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(p.status().message().find("decode.aim_by_seqs["), std::string::npos) << p.status();
+    const absl::Status named = CheckSplitAims(bad, "my_aims");
+    EXPECT_EQ(named.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(named.message().rfind("my_aims[", 0), 0u) << named;
   }
+  EXPECT_TRUE(CheckSplitAims({{2, 2}, {3, 2}, {5, 4}, {7, 2}, {8, 4}}, "my_aims").ok());
+  EXPECT_TRUE(CheckSplitAims({}, "my_aims").ok());
 }
 
 TEST(SplitKvPlannerTest, RejectsStepsOutsideTheKey) {

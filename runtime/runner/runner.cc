@@ -203,7 +203,8 @@ absl::Status Runner::InitPlan(const RunnerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_model_len ", options.max_model_len, " must be positive; give the longest sequence"));
   }
-  RETURN_IF_ERROR(CheckDecodeSplitRules(options.decode_split_by_rows));
+  RETURN_IF_ERROR(
+      CheckSplitAims(options.decode_split_by_rows, "RunnerOptions::decode_split_by_rows"));
   CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
   ASSIGN_OR_RETURN(DeviceInfo device, DeviceInfo::Query(options.device));
   sm_count_ = device.sm_count;
@@ -347,7 +348,7 @@ absl::Status Runner::InitAllocations(const RunnerOptions& options) {
     planner_options.decode.min_kv_chunk = options.decode_min_kv_chunk;
     planner_options.decode.ctas_per_sm =
         DecodeCtasPerSm(key, options.decode_split_by_rows, options.decode_ctas_per_sm);
-    planner_options.decode.aim_by_seqs = DecodeSplitAims(options.decode_split_by_rows);
+    planner_options.decode.aim_by_seqs = options.decode_split_by_rows;
     ASSIGN_OR_RETURN(SplitKvPlanner planner, SplitKvPlanner::Create(planner_options));
     const PlanLayout& layout = planner.layout();
     layouts_.push_back(MetadataLayout::Create(key, layout.plan_bytes, max_blocks_per_seq_));

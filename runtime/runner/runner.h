@@ -148,15 +148,15 @@ struct RunnerOptions {
   // decode.ctas_per_sm). 2: on an H200 (1B, 1024 tokens) 6, which splits batches of 16 and 32
   // into 3–6 chunks, was slower at every batch from 2 to 32 (runtime/runner/NOTES.md).
   int decode_ctas_per_sm = 2;
-  // Per capture key, by its sequence capacity, the decode split's aim instead of
-  // decode_ctas_per_sm (DecodeCtasPerSm: the first rule that holds the key); and per step, by
-  // its decode sequences, the same rules within what the key's aim sized (DecodeSplitAims).
-  // max_rows strictly ascending. On an H200 (1B, 1024 tokens) 4 CTAs per SM was faster at
-  // batches 4 and 8 (1.140 against 1.171 ms at 8), no faster at 2, slower at 1 and from 16 on;
-  // and 2 rather than 4 at 3, 6 and 7 sequences, padded to the graphs of 4 and 8 (batch 3
-  // 1.018–1.033 against 1.066–1.083 ms, 7 1.119–1.123 against 1.147–1.151), not at 5
+  // Per capture key, by its row capacity, the decode split's aim instead of decode_ctas_per_sm
+  // (DecodeCtasPerSm: the first rule that holds the key); and per step, by its decode sequences
+  // (one row each), the same rules within what the key's aim sized (SplitKvPlanner's
+  // decode.aim_by_seqs). max_seqs strictly ascending. On an H200 (1B, 1024 tokens) 4 CTAs per
+  // SM was faster at batches 4 and 8 (1.140 against 1.171 ms at 8), no faster at 2, slower at 1
+  // and from 16 on; and 2 rather than 4 at 3, 6 and 7 sequences, padded to the graphs of 4 and 8
+  // (batch 3 1.018–1.033 against 1.066–1.083 ms, 7 1.119–1.123 against 1.147–1.151), not at 5
   // (runtime/runner/NOTES.md).
-  std::vector<DecodeSplitRule> decode_split_by_rows = {{2, 2}, {3, 2}, {5, 4}, {7, 2}, {8, 4}};
+  std::vector<SplitAim> decode_split_by_rows = {{2, 2}, {3, 2}, {5, 4}, {7, 2}, {8, 4}};
   // Benchmarks only: leave attention out of every step (LlamaModelOptions::run_attention), to
   // time the rest. The tokens are then not the model's.
   bool skip_attention = false;

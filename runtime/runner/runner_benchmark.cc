@@ -129,15 +129,15 @@ namespace {
 
 // Parses --decode_split_by_rows into `rules` (left as they are when the flag is empty); false,
 // after printing the bad entry, for one that is not two positive integers max_rows:ctas_per_sm.
-bool ParseSplitRules(const std::string& text, std::vector<DecodeSplitRule>* rules) {
+bool ParseSplitRules(const std::string& text, std::vector<SplitAim>* rules) {
   if (text.empty()) return true;
   rules->clear();
   if (text == "none") return true;
   for (absl::string_view piece : absl::StrSplit(text, ',', absl::SkipEmpty())) {
     const std::vector<absl::string_view> parts = absl::StrSplit(piece, ':');
-    DecodeSplitRule rule;
-    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &rule.max_rows) ||
-        !absl::SimpleAtoi(parts[1], &rule.ctas_per_sm) || rule.max_rows < 1 ||
+    SplitAim rule;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &rule.max_seqs) ||
+        !absl::SimpleAtoi(parts[1], &rule.ctas_per_sm) || rule.max_seqs < 1 ||
         rule.ctas_per_sm < 1) {
       std::fprintf(stderr,
                    "--decode_split_by_rows: bad entry \"%s\" (want max_rows:ctas_per_sm, both "
@@ -270,7 +270,10 @@ Timing TimeDecode(Runner& runner, int batch, int context, int steps, bool eager_
   return t;
 }
 
-RunnerOptions BenchmarkOptions() {
+// The runner options the flags give; `capture_sizes` and `split_rules` are the list flags Main
+// parsed (split_rules: --decode_split_by_rows, or the default rules where it is empty).
+RunnerOptions BenchmarkOptions(const std::vector<int>& capture_sizes,
+                               const std::vector<SplitAim>& split_rules) {
   RunnerOptions o;
   o.prefetch_gemm_rows.qkv = absl::GetFlag(FLAGS_prefetch_qkv_rows);
   o.prefetch_gemm_rows.o = absl::GetFlag(FLAGS_prefetch_o_rows);
@@ -300,18 +303,14 @@ RunnerOptions BenchmarkOptions() {
   o.skinny_gemm_max_rows = absl::GetFlag(FLAGS_skinny_rows);
   o.decode_min_kv_chunk = absl::GetFlag(FLAGS_decode_min_kv_chunk);
   o.decode_ctas_per_sm = absl::GetFlag(FLAGS_decode_ctas_per_sm);
-  ParseSplitRules(absl::GetFlag(FLAGS_decode_split_by_rows), &o.decode_split_by_rows);
+  o.decode_split_by_rows = split_rules;
   o.config.set_model_preset("llama-3.2-1b");
   o.config.set_max_num_seqs(256);
   o.config.set_max_num_batched_tokens(absl::GetFlag(FLAGS_max_num_batched_tokens));
   o.max_model_len = absl::GetFlag(FLAGS_max_model_len);
   o.max_kv_blocks = absl::GetFlag(FLAGS_max_kv_blocks);
   o.capture_prefill = absl::GetFlag(FLAGS_capture_prefill);
-  std::vector<int> sizes;
-  if (benchmark_internal::ParseIntList("capture_sizes", absl::GetFlag(FLAGS_capture_sizes), 1, 256,
-                                       &sizes)) {
-    for (int b : sizes) o.config.mutable_graph()->add_capture_sizes(b);
-  }
+  for (int b : capture_sizes) o.config.mutable_graph()->add_capture_sizes(b);
   o.time_steps = true;
   o.progress = CaptureProgress::kNone;
   return o;
@@ -328,7 +327,7 @@ int Main(int argc, char** argv) {
                                         256, &capture_sizes)) {
     return 2;
   }
-  std::vector<DecodeSplitRule> split_rules;
+  std::vector<SplitAim> split_rules = RunnerOptions{}.decode_split_by_rows;
   if (!ParseSplitRules(absl::GetFlag(FLAGS_decode_split_by_rows), &split_rules)) return 2;
   const int context = absl::GetFlag(FLAGS_context);
   const int steps = absl::GetFlag(FLAGS_steps);
@@ -347,6 +346,7 @@ int Main(int argc, char** argv) {
                  context, steps, max_model_len, static_cast<long long>(longest));
     return 2;
   }
+  const RunnerOptions base = BenchmarkOptions(capture_sizes, split_rules);
   const DeviceInfo info = ValueOrDie(DeviceInfo::Query(0));
   std::printf("device: %s\n", info.ToString().c_str());
   const double bandwidth = CopyBandwidth();
@@ -354,7 +354,7 @@ int Main(int argc, char** argv) {
 
   double weight_bytes = 0, kv_bytes_per_token = 0;
   {
-    std::unique_ptr<Runner> runner = ValueOrDie(Runner::Create(BenchmarkOptions()));
+    std::unique_ptr<Runner> runner = ValueOrDie(Runner::Create(base));
     const LlamaShape& s = runner->shape();
     weight_bytes = static_cast<double>(runner->model().weights().bytes());
     kv_bytes_per_token = 2.0 * s.layers * s.kv_heads * s.head_dim * 2;
@@ -409,7 +409,7 @@ int Main(int argc, char** argv) {
   };
   const int where_count = absl::GetFlag(FLAGS_where) ? 4 : 1;
   for (int i = 0; i < where_count; ++i) {
-    RunnerOptions o = BenchmarkOptions();
+    RunnerOptions o = base;
     withouts[i].edit(o);
     o.config.set_max_num_batched_tokens(512);
     o.max_kv_blocks = 2600;
@@ -427,7 +427,7 @@ int Main(int argc, char** argv) {
 
   // A small runner that captures only `sizes`, for the comparisons below.
   auto small_runner = [&](const std::vector<int>& sizes, const std::function<void(RunnerOptions&)>& edit) {
-    RunnerOptions o = BenchmarkOptions();
+    RunnerOptions o = base;
     o.config.set_max_num_batched_tokens(512);
     o.max_kv_blocks = 2600;
     o.capture_prefill = false;
@@ -491,7 +491,7 @@ int Main(int argc, char** argv) {
         {"KV chunk >= 256", [](RunnerOptions& o) { o.decode_min_kv_chunk = 256; }},
         {"attn split 2 CTA/SM", [](RunnerOptions& o) { UniformSplit(o, 2); }},
         {"attn split 1 CTA/SM for 9-24 rows",
-         [](RunnerOptions& o) { o.decode_split_by_rows.push_back(DecodeSplitRule{24, 1}); }},
+         [](RunnerOptions& o) { o.decode_split_by_rows.push_back(SplitAim{24, 1}); }},
         {"attn split by key only",
          [](RunnerOptions& o) { o.decode_split_by_rows = {{2, 2}, {8, 4}}; }},
         {"attn split 1 CTA/SM", [](RunnerOptions& o) { UniformSplit(o, 1); }},

@@ -601,7 +601,7 @@ TEST_F(RunnerGpuTest, GreedyGenerationAndEagerFallbackMatchReference) {
   EXPECT_GE(check.clear_checks(), 40);
 }
 
-TEST_F(RunnerGpuTest, BadGemmPathOptionsAreRefused) {
+TEST_F(RunnerGpuTest, BadKernelChoiceOptionsAreRefused) {
   const std::vector<std::pair<std::function<void(RunnerOptions&)>, std::string>> bad = {
       {[](RunnerOptions& o) { o.tma_gemm_rows.down = kTmaGemmMaxRows + 1; }, "tma_gemm_rows"},
       {[](RunnerOptions& o) { o.tma_gemm_rows.qkv = -1; }, "tma_gemm_rows"},
@@ -615,7 +615,7 @@ TEST_F(RunnerGpuTest, BadGemmPathOptionsAreRefused) {
        "prefetch_gemm_rows"},
       {[](RunnerOptions& o) { o.rope_in_attention_rows = -1; }, "rope_in_attention_rows -1"},
       {[](RunnerOptions& o) { o.decode_split_by_rows = {{8, 4}, {2, 2}}; },
-       "decode_split_by_rows[1] (max_rows 2"},
+       "RunnerOptions::decode_split_by_rows[1] (max_seqs 2"},
   };
   for (const auto& [edit, name] : bad) {
     RunnerOptions options = TinyOptions(GraphExecution::kFull, 5);

@@ -145,32 +145,11 @@ SplitKvPlannerOptions PlannerOptionsFor(const StepKey& key, int num_q_heads, int
   return o;
 }
 
-int DecodeCtasPerSm(const StepKey& key, const std::vector<DecodeSplitRule>& rules, int otherwise) {
-  for (const DecodeSplitRule& rule : rules) {
-    if (key.max_rows <= rule.max_rows) return rule.ctas_per_sm;
+int DecodeCtasPerSm(const StepKey& key, const std::vector<SplitAim>& aims, int otherwise) {
+  for (const SplitAim& aim : aims) {
+    if (key.max_rows <= aim.max_seqs) return aim.ctas_per_sm;
   }
   return otherwise;
-}
-
-absl::Status CheckDecodeSplitRules(const std::vector<DecodeSplitRule>& rules) {
-  for (size_t i = 0; i < rules.size(); ++i) {
-    const DecodeSplitRule& rule = rules[i];
-    if (rule.max_rows < 1 || rule.ctas_per_sm < 1 ||
-        (i > 0 && rule.max_rows <= rules[i - 1].max_rows)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "decode_split_by_rows[", i, "] (max_rows ", rule.max_rows, ", ctas_per_sm ",
-          rule.ctas_per_sm, ") is out of range; give positive values, with max_rows above the "
-          "rule before it"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-std::vector<SplitAim> DecodeSplitAims(const std::vector<DecodeSplitRule>& rules) {
-  std::vector<SplitAim> aims;
-  aims.reserve(rules.size());
-  for (const DecodeSplitRule& rule : rules) aims.push_back({rule.max_rows, rule.ctas_per_sm});
-  return aims;
 }
 
 MetadataLayout MetadataLayout::Create(const StepKey& key, size_t plan_bytes,

@@ -102,24 +102,11 @@ SplitKvPlannerOptions PlannerOptionsFor(const StepKey& key, int num_q_heads, int
                                         int head_dim, int sm_count, int max_kv_len,
                                         int prefill_tile_rows = 64);
 
-// The decode-attention split's aim (SplitKvPlanner's decode.ctas_per_sm) for the keys of up to
-// max_rows sequences, and for the steps of up to max_rows decode sequences within what their
-// key's aim sized (SplitKvPlanner's decode.aim_by_seqs).
-struct DecodeSplitRule {
-  int max_rows = 0;
-  int ctas_per_sm = 0;
-};
-
-// Returns the ctas_per_sm of the first rule in `rules` whose max_rows is at least the key's
-// sequence capacity, or `otherwise` where none is.
-int DecodeCtasPerSm(const StepKey& key, const std::vector<DecodeSplitRule>& rules, int otherwise);
-
-// Returns InvalidArgument, naming RunnerOptions::decode_split_by_rows and the rule, unless every
-// rule's max_rows and ctas_per_sm are positive and max_rows strictly ascends.
-absl::Status CheckDecodeSplitRules(const std::vector<DecodeSplitRule>& rules);
-
-// Returns the rules as the decode part's per-step aims (a decode sequence is one row).
-std::vector<SplitAim> DecodeSplitAims(const std::vector<DecodeSplitRule>& rules);
+// Returns the ctas_per_sm of the first of `aims` (RunnerOptions::decode_split_by_rows: a decode
+// sequence is one row) whose max_seqs is at least the key's row capacity, or `otherwise` where
+// none is: the decode-attention split's aim that sizes the key's grid (SplitKvPlanner's
+// decode.ctas_per_sm).
+int DecodeCtasPerSm(const StepKey& key, const std::vector<SplitAim>& aims, int otherwise);
 
 // Where a key's step inputs sit in the metadata blob (byte offsets, each 256-byte aligned):
 //   token_ids        int32 [max_tokens]            -1 past the step's tokens

@@ -115,7 +115,7 @@ TEST(StepPlanTest, PlannerOptionsFollowTheKey) {
 
 TEST(StepPlanTest, DecodeSplitFollowsTheFirstRuleThatHoldsTheKey) {
   Fixture f;
-  const std::vector<DecodeSplitRule> rules = {{2, 3}, {8, 4}};
+  const std::vector<SplitAim> rules = {{2, 3}, {8, 4}};
   auto ctas = [&](CaptureKey k) { return DecodeCtasPerSm(f.keys.key(f.keys.Find(k)), rules, 5); };
   EXPECT_EQ(ctas({GraphMode::kDecode, 1}), 3);
   EXPECT_EQ(ctas({GraphMode::kDecode, 2}), 3);
@@ -125,25 +125,6 @@ TEST(StepPlanTest, DecodeSplitFollowsTheFirstRuleThatHoldsTheKey) {
   // A prefill key holds up to 64 sequences (PlannerOptionsFollowTheKey).
   EXPECT_EQ(ctas({GraphMode::kPrefill, 96}), 5);
   EXPECT_EQ(DecodeCtasPerSm(f.keys.key(f.keys.Find({GraphMode::kDecode, 1})), {}, 5), 5);
-}
-
-TEST(StepPlanTest, DecodeSplitRulesAreCheckedAndBecomeStepAims) {
-  const std::vector<DecodeSplitRule> rules = {{2, 2}, {3, 2}, {5, 4}, {7, 2}, {8, 4}};
-  EXPECT_TRUE(CheckDecodeSplitRules(rules).ok());
-  EXPECT_TRUE(CheckDecodeSplitRules({}).ok());
-  const std::vector<SplitAim> aims = DecodeSplitAims(rules);
-  ASSERT_EQ(aims.size(), rules.size());
-  for (size_t i = 0; i < rules.size(); ++i) {
-    EXPECT_EQ(aims[i].max_seqs, rules[i].max_rows);
-    EXPECT_EQ(aims[i].ctas_per_sm, rules[i].ctas_per_sm);
-  }
-  for (const std::vector<DecodeSplitRule>& bad :
-       {std::vector<DecodeSplitRule>{{8, 4}, {2, 2}}, std::vector<DecodeSplitRule>{{2, 2}, {2, 4}},
-        std::vector<DecodeSplitRule>{{0, 2}}, std::vector<DecodeSplitRule>{{2, -1}}}) {
-    const absl::Status s = CheckDecodeSplitRules(bad);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(s.message().find("decode_split_by_rows["), std::string::npos) << s;
-  }
 }
 
 TEST(StepPlanTest, MetadataLayoutIsAlignedAndTheTableComesLast) {
