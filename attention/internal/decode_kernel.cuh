@@ -146,14 +146,18 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
   __shared__ float s_cos[kHeadDim / 2];
   __shared__ float s_sin[kHeadDim / 2];
   const int64_t new_row = static_cast<int64_t>(q_start) * args.new_kv_stride + kv_head * kHeadDim;
+  // The new token's cache slot in `pool` at dimension `dim` of the head, when the step at `base`
+  // lies in `block` (patch_k / patch_v write it there).
+  auto new_slot = [&](const uint16_t* pool, int block, int base, int dim) {
+    return const_cast<uint16_t*>(pool) + static_cast<int64_t>(block) * block_stride +
+           static_cast<int64_t>((base & in_block_mask) + new_pos - base) * kHeadDim + dim;
+  };
   // Lane (gid, tig) holds token gid (+ 8) of a K step at dimensions 32c + 8tig: a rotate-half
   // pair (c, c + kHalfLoads) is in one lane. Called by the lanes that own the new token, with
   // the n-tile `own` that holds it.
   auto patch_k = [&](uint32_t (&dst)[2][kKLoads][4], int own, int block, int base) {
-    const int off = new_pos - base;
     const uint16_t* src = static_cast<const uint16_t*>(args.new_k) + new_row + 8 * tig;
-    uint16_t* slot = const_cast<uint16_t*>(k_pool) + static_cast<int64_t>(block) * block_stride +
-                     static_cast<int64_t>((base & in_block_mask) + off) * kHeadDim + 8 * tig;
+    uint16_t* slot = new_slot(k_pool, block, base, 8 * tig);
 #pragma unroll
     for (int c = 0; c < kHalfLoads; ++c) {
       const uint4 x = *reinterpret_cast<const uint4*>(src + 32 * c);
@@ -181,10 +185,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
   // 64c + 8gid. Called by the lanes that own the new token, with the index `own` of it among
   // their four.
   auto patch_v = [&](uint32_t (&dst)[4][kVLoads][4], int own, int block, int base) {
-    const int off = new_pos - base;
     const uint16_t* src = static_cast<const uint16_t*>(args.new_v) + new_row + 8 * gid;
-    uint16_t* slot = const_cast<uint16_t*>(v_pool) + static_cast<int64_t>(block) * block_stride +
-                     static_cast<int64_t>((base & in_block_mask) + off) * kHeadDim + 8 * gid;
+    uint16_t* slot = new_slot(v_pool, block, base, 8 * gid);
 #pragma unroll
     for (int c = 0; c < kVLoads; ++c) {
       const uint4 x = *reinterpret_cast<const uint4*>(src + 64 * c);
