@@ -580,8 +580,7 @@ DecodeLayerConfig ChooseDecodeLayerConfig(int m, const DecodeLayerShape& shape, 
 cudaError_t PrepareDecodeLayer() {
   static const cudaError_t prepared = [] {
     if (!DeviceHasBulkCopy()) return cudaSuccess;
-    return cudaFuncSetAttribute(DecodeLayerKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(kMaxSharedBytes));
+    return internal::AllowSharedMemory(DecodeLayerKernel, kMaxSharedBytes);
   }();
   return prepared;
 }

@@ -264,8 +264,7 @@ cudaError_t LaunchDecodeGemmKernel(const DecodeGemmParams& p, cudaStream_t strea
   const size_t shared = DecodeGemmSharedBytes(p.m, p.k_split, kXTiles);
   // Raised once per kernel, on its first launch (eager: the model and the runner warm every
   // shape up before capturing it), so any supported slice fits beside the static shared memory.
-  static const cudaError_t raised = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDecodeGemmMaxSharedBytes);
+  static const cudaError_t raised = AllowSharedMemory(kernel, kDecodeGemmMaxSharedBytes);
   if (raised != cudaSuccess) return raised;
   constexpr int kRows = 16 * kRowWarps;
   const dim3 grid((p.n + kRows - 1) / kRows, p.splits);
