@@ -521,11 +521,12 @@ absl::Status CustomAllReduce::RegisterGraphBuffers() {
     return absl::OkStatus();
   }();
   RETURN_IF_ERROR(AgreeOn(bootstrap_, local, "graph buffer registration"));
-  CUDA_RETURN_IF_ERROR(cudaMemcpy(table_ + first, entries.data(), n * sizeof(RegisteredInput),
-                                  cudaMemcpyHostToDevice));
-  // A copy from pageable memory may return before its DMA lands; replays on other (non-blocking)
-  // streams must find the entries in place.
-  CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(table_ + first, entries.data(),
+                                       n * sizeof(RegisteredInput), cudaMemcpyHostToDevice,
+                                       cudaStreamLegacy));
+  // Replays on other (non-blocking) streams must find the entries in place: wait for the copy
+  // to land, and for nothing else the device runs.
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cudaStreamLegacy));
   pending_.clear();
   return absl::OkStatus();
 }
