@@ -4,11 +4,13 @@
 //     block boundaries);
 //   - piecewise graphs and graph-free runs equal full graphs, bit for bit;
 //   - folding the add + RMSNorm into the QKV and gate-up GEMMs (steps of up to 8 tokens) gives
-//     the norm kernels' bits, in full graphs, piecewise graphs and eager steps;
+//     the norm kernels' bits, in full graphs, piecewise graphs and eager steps; so do the decode
+//     layer kernel and RoPE + KV append in attention, over random traffic and, small enough for
+//     compute-sanitizer, in decode steps of every row count from 1 to 8;
 //   - steps on the eager key (above every captured size) and greedy generation match the CPU
 //     float64 reference decoder (logits by relative error, tokens where the reference's top-2
 //     margin is clear);
-//   - bad batches are refused and change nothing; so are out-of-range GEMM path options.
+//   - bad batches are refused and change nothing; so are out-of-range kernel-choice options.
 #include "runtime/runner/runner.h"
 
 #include <algorithm>
@@ -372,6 +374,56 @@ void ExpectVariantGivesBaseBits(RunnerOptions base,
   EXPECT_GT(changed_pieces, 30);
 }
 
+// The variant against `base` in decode steps of every row count from 1 to 8, each as a graph of
+// its own size and eagerly at it, after one prefill of 8 prompts whose lengths sit at block
+// boundaries; `applies` must hold for every decode step. Eight decode graphs and no prefill
+// graphs: small enough to run under compute-sanitizer, where the random traffic above is not.
+void ExpectDecodeStepsOfEveryRowCountGiveBaseBits(
+    RunnerOptions base, const std::function<void(RunnerOptions&)>& variant,
+    const AppliesFn& applies, const char* what, uint64_t seed) {
+  base.capture_prefill = false;
+  base.config.mutable_graph()->clear_capture_sizes();
+  for (int s = 1; s <= 8; ++s) base.config.mutable_graph()->add_capture_sizes(s);
+  RunnerOptions options = base;
+  variant(options);
+  std::unique_ptr<Runner> changed = MakeRunner(options);
+  std::unique_ptr<Runner> reference = MakeRunner(base);
+  ASSERT_TRUE(changed && reference);
+  std::mt19937_64 rng(seed);
+  auto token = [&] { return static_cast<int32_t>(rng() % LlamaShape::Tiny().vocab); };
+  std::vector<SequenceTokens> prompts;
+  for (int len : {15, 16, 17, 31, 32, 33, 63, 65}) {
+    SequenceTokens s{static_cast<int64_t>(prompts.size()), {}};
+    for (int i = 0; i < len; ++i) s.tokens.push_back(token());
+    prompts.push_back(std::move(s));
+  }
+  ASSERT_EQ(RunStep(*changed, prompts, {}).tokens, RunStep(*reference, prompts, {}).tokens);
+  for (int rows = 1; rows <= 8; ++rows) {
+    std::vector<SequenceTokens> batch;
+    for (int i = 0; i < rows; ++i) batch.push_back({i, {token()}});
+    SCOPED_TRACE(absl::StrCat(rows, " decode rows"));
+    StepOptions graph_options;
+    graph_options.commit = false;
+    StepOptions eager_options;
+    eager_options.force_eager = true;
+    const Outcome graph = RunStep(*changed, batch, graph_options);
+    const Outcome eager = RunStep(*changed, batch, eager_options);
+    const Outcome want = RunStep(*reference, batch, eager_options);
+    EXPECT_TRUE(graph.info.replayed);
+    EXPECT_FALSE(eager.info.replayed);
+    EXPECT_EQ(graph.info.padded_tokens, rows);
+    EXPECT_TRUE(applies(changed->model(), graph.info)) << what << " did not run";
+    EXPECT_TRUE(applies(changed->model(), eager.info)) << what << " did not run";
+    for (const Outcome* got : {&graph, &eager}) {
+      EXPECT_EQ(got->tokens, want.tokens);
+      ASSERT_EQ(got->logits.size(), want.logits.size());
+      EXPECT_EQ(std::memcmp(got->logits.data(), want.logits.data(), want.logits.size() * 4), 0)
+          << what << (got == &graph ? " (graph)" : " (eager)") << " differs from the reference";
+    }
+    if (::testing::Test::HasFailure()) break;
+  }
+}
+
 TEST_F(RunnerGpuTest, FoldedNormsGiveTheNormKernelsBits) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
@@ -423,6 +475,28 @@ TEST_F(RunnerGpuTest, LayerKernelGivesTheKernelPerOperationBits) {
   ExpectLayerKernelGivesKernelPerOperationBits(TinyModel(), seed);
 }
 
+TEST_F(RunnerGpuTest, LayerKernelGivesTheChainBitsAtEveryRowCount) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  RunnerOptions base = TinyOptions(GraphExecution::kFull, seed);
+  base.layer_kernel_rows = 0;
+  RunnerOptions layered = base;
+  layered.layer_kernel_rows = kDecodeLayerMaxRows;
+  layered.graphs = GraphExecution::kNone;  // only to ask whether the kernel runs here
+  std::unique_ptr<Runner> probe = MakeRunner(layered);
+  ASSERT_NE(probe, nullptr);
+  if (!probe->model().UsesLayerKernel(1)) {
+    GTEST_SKIP() << "The decode layer kernel needs compute capability 9.0";
+  }
+  probe.reset();
+  ExpectDecodeStepsOfEveryRowCountGiveBaseBits(
+      base, [](RunnerOptions& o) { o.layer_kernel_rows = kDecodeLayerMaxRows; },
+      [](const LlamaModel& m, const StepInfo& info) {
+        return m.UsesLayerKernel(info.padded_tokens);
+      },
+      "the decode layer kernel", seed);
+}
+
 // The tiny model at hidden 2048, ffn 8192 and head_dim 128 (16 / 4 heads).
 config::ModelShape WideModel() {
   LlamaShape wide = LlamaShape::Tiny();
@@ -463,6 +537,20 @@ TEST_F(RunnerGpuTest, RopeInAttentionGivesTheRopeKernelBits) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
   ExpectRopeInAttentionGivesKernelBits(TinyModel(), seed);
+}
+
+TEST_F(RunnerGpuTest, RopeInAttentionGivesTheRopeKernelBitsAtEveryRowCount) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  RunnerOptions base = TinyOptions(GraphExecution::kFull, seed);
+  base.layer_kernel_rows = 0;
+  base.rope_in_attention_rows = 0;
+  ExpectDecodeStepsOfEveryRowCountGiveBaseBits(
+      base, [](RunnerOptions& o) { o.rope_in_attention_rows = kMaxTokens; },
+      [](const LlamaModel&, const StepInfo& info) {
+        return info.key.mode == GraphMode::kDecode && !info.eager_key;
+      },
+      "RoPE + KV append in attention", seed);
 }
 
 // head_dim 128 (each lane rotates two pairs of loads) at the wide shape.
