@@ -107,27 +107,30 @@ DecodeLayerShape DecodeLayerShapeOf(const LlamaShape& shape);
 
 // The most rows each projection runs through the decode GEMM (decode_gemm.h); 0: never. A
 // projection with more rows, or one the decode GEMM does not take, uses the skinny kernel up to
-// skinny_gemm_max_rows and cuBLASLt above. The defaults follow runtime/runner/NOTES.md (H200,
-// 1B shape): the decode GEMM wins for the down projection up to 4 rows, where it also reads
-// SiLU(gate)·up itself; the skinny kernel or cuBLASLt is as fast or faster elsewhere.
+// skinny_gemm_max_rows and cuBLASLt above. Never by default: on an H200 (1B shape) it had won
+// for the down projection up to 4 rows (reading SiLU(gate)·up itself) against cuBLASLt, but the
+// TMA GEMM after the SiLU·mul kernel is faster there (batch 3 1.005–1.009 against 1.072–1.081
+// ms, runtime/runner/NOTES.md).
 struct DecodeGemmRows {
   int qkv = 0;
   int o = 0;
   int gate_up = 0;
-  int down = 4;
+  int down = 0;
   int lm_head = 0;
 };
 
 // The most rows each projection runs through the prefetch GEMM (prefetch_gemm.h); 0: never; at
 // most kPrefetchGemmMaxRows. It comes before the decode GEMM: a projection it takes at m rows
 // uses neither the decode GEMM, the skinny kernel nor cuBLASLt. The defaults follow
-// runtime/model/NOTES.md (H200, 1B shape): every projection up to 8 rows, the down one after the
-// SiLU·mul kernel (prefetch_gemm_silu).
+// runtime/runner/NOTES.md (H200, 1B shape): the four layer projections up to 2 rows (where the
+// decode layer kernel, which needs them here, takes the step), the TMA GEMM from 3 rows (batch 7
+// 1.065–1.070 against 1.124–1.129 ms with them here up to 8 rows), the LM head up to 8 rows;
+// the down projection after the SiLU·mul kernel (prefetch_gemm_silu).
 struct PrefetchGemmRows {
-  int qkv = 8;
-  int o = 8;
-  int gate_up = 8;
-  int down = 8;
+  int qkv = 2;
+  int o = 2;
+  int gate_up = 2;
+  int down = 2;
   int lm_head = 8;
 };
 

@@ -314,7 +314,8 @@ absl::Status Runner::InitAllocations(const RunnerOptions& options) {
   model_options.num_kv_blocks = num_blocks;
   model_options.block_size = block_size;
   model_options.skinny_gemm_max_rows = options.skinny_gemm_max_rows;
-  model_options.prefetch_gemm_rows = options.prefetch_gemm_rows;
+  model_options.prefetch_gemm_rows =
+      world > 1 ? options.sharded_prefetch_gemm_rows : options.prefetch_gemm_rows;
   model_options.prefetch_gemm_ctas_per_sm = options.prefetch_gemm_ctas_per_sm;
   model_options.prefetch_gemm_silu = options.prefetch_gemm_silu;
   model_options.fold_norm_into_gemm = options.fold_norm_into_gemm;

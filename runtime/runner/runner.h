@@ -120,6 +120,11 @@ struct RunnerOptions {
   // to skinny_gemm_max_rows elsewhere, and whether the QKV and gate-up prefetch GEMMs do the add +
   // RMSNorm before them (fold_norm_into_gemm; the same bits either way).
   PrefetchGemmRows prefetch_gemm_rows;
+  // prefetch_gemm_rows where the model is sharded over ranks (world size > 1). Every projection
+  // up to 8 rows: sharded, the TMA GEMM has half the tiles or half the k, and at batch 4 on 2 ×
+  // H200 the step took 0.854–0.863 ms with it from 3 rows against 0.823–0.824 with the prefetch
+  // GEMM (the same at 1 and 8; runtime/runner/NOTES.md).
+  PrefetchGemmRows sharded_prefetch_gemm_rows = {8, 8, 8, 8, 8};
   int prefetch_gemm_ctas_per_sm = 2;
   bool prefetch_gemm_silu = false;
   bool fold_norm_into_gemm = false;
@@ -153,10 +158,10 @@ struct RunnerOptions {
   // (one row each), the same rules within what the key's aim sized (SplitKvPlanner's
   // decode.aim_by_seqs). max_seqs strictly ascending. On an H200 (1B, 1024 tokens) 4 CTAs per
   // SM was faster at batches 4 and 8 (1.140 against 1.171 ms at 8), no faster at 2, slower at 1
-  // and from 16 on; and 2 rather than 4 at 3, 6 and 7 sequences, padded to the graphs of 4 and 8
-  // (batch 3 1.018–1.033 against 1.066–1.083 ms, 7 1.119–1.123 against 1.147–1.151), not at 5
-  // (runtime/runner/NOTES.md).
-  std::vector<SplitAim> decode_split_by_rows = {{2, 2}, {3, 2}, {5, 4}, {7, 2}, {8, 4}};
+  // and from 16 on; and 2 rather than 4 at 3 and 5–7 sequences, padded to the graphs of 4 and 8
+  // (batch 3 1.018–1.033 against 1.066–1.083 ms, 7 1.119–1.123 against 1.147–1.151; 5 since
+  // the TMA GEMM takes the projections from 3 rows; runtime/runner/NOTES.md).
+  std::vector<SplitAim> decode_split_by_rows = {{2, 2}, {3, 2}, {4, 4}, {7, 2}, {8, 4}};
   // Benchmarks only: leave attention out of every step (LlamaModelOptions::run_attention), to
   // time the rest. The tokens are then not the model's.
   bool skip_attention = false;

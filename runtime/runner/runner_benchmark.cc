@@ -501,7 +501,14 @@ int Main(int argc, char** argv) {
          [](RunnerOptions& o) { o.prefetch_gemm_rows = PrefetchGemmRows{0, 0, 0, 0, 0}; }},
         {"prefetch 1 CTA/SM", [](RunnerOptions& o) { o.prefetch_gemm_ctas_per_sm = 1; }},
         {"prefetch down with fused SiLU", [](RunnerOptions& o) { o.prefetch_gemm_silu = true; }},
-        {"prefetch down<=8", [](RunnerOptions& o) { o.prefetch_gemm_rows.down = 8; }},
+        {"prefetch to 8 rows (no TMA to 8)",
+         [](RunnerOptions& o) { o.prefetch_gemm_rows = PrefetchGemmRows{8, 8, 8, 8, 8}; }},
+        {"prefetch to 8 rows, former split rules",
+         [](RunnerOptions& o) {
+           o.prefetch_gemm_rows = PrefetchGemmRows{8, 8, 8, 8, 8};
+           o.decode_split_by_rows = {{2, 2}, {3, 2}, {5, 4}, {7, 2}, {8, 4}};
+         }},
+        {"decode GEMM down<=4", [](RunnerOptions& o) { o.decode_gemm_rows.down = 4; }},
         {"no prefetch qkv", [](RunnerOptions& o) { o.prefetch_gemm_rows.qkv = 0; }},
         {"no prefetch o", [](RunnerOptions& o) { o.prefetch_gemm_rows.o = 0; }},
         {"no prefetch gate_up", [](RunnerOptions& o) { o.prefetch_gemm_rows.gate_up = 0; }},

@@ -39,6 +39,11 @@ constexpr int kMaxSeqs = 32;
 constexpr int kMaxTokens = 640;
 constexpr int kBlockSize = 16;
 constexpr int kMaxModelLen = 1024;
+// Every projection on the prefetch GEMM up to its most rows: what the decode layer kernel and the
+// folded norms need at every row count they take.
+constexpr PrefetchGemmRows kPrefetchEverywhere = {kPrefetchGemmMaxRows, kPrefetchGemmMaxRows,
+                                                  kPrefetchGemmMaxRows, kPrefetchGemmMaxRows,
+                                                  kPrefetchGemmMaxRows};
 
 config::ModelShape TinyModel() { return ModelShapeFromLlamaShape(LlamaShape::Tiny(), "tiny"); }
 
@@ -430,6 +435,7 @@ TEST_F(RunnerGpuTest, FoldedNormsGiveTheNormKernelsBits) {
   RunnerOptions base = TinyOptions(GraphExecution::kFull, seed);
   base.fold_norm_into_gemm = false;
   base.layer_kernel_rows = 0;  // it would take the steps the fold applies to
+  base.prefetch_gemm_rows = kPrefetchEverywhere;  // the fold needs the prefetch GEMM
   RunnerOptions folded = base;
   folded.fold_norm_into_gemm = true;
   std::unique_ptr<Runner> probe = MakeRunner(folded);
@@ -451,6 +457,7 @@ void ExpectLayerKernelGivesKernelPerOperationBits(const config::ModelShape& mode
   RunnerOptions base = TinyOptions(GraphExecution::kFull, seed);
   *base.config.mutable_model() = model;
   base.layer_kernel_rows = 0;
+  base.prefetch_gemm_rows = kPrefetchEverywhere;  // the layer kernel needs the prefetch GEMM
   RunnerOptions layered = base;
   layered.layer_kernel_rows = kDecodeLayerMaxRows;
   std::unique_ptr<Runner> probe = MakeRunner(layered);
@@ -480,6 +487,7 @@ TEST_F(RunnerGpuTest, LayerKernelGivesTheChainBitsAtEveryRowCount) {
   SCOPED_TRACE(absl::StrCat("seed ", seed));
   RunnerOptions base = TinyOptions(GraphExecution::kFull, seed);
   base.layer_kernel_rows = 0;
+  base.prefetch_gemm_rows = kPrefetchEverywhere;  // the layer kernel needs the prefetch GEMM
   RunnerOptions layered = base;
   layered.layer_kernel_rows = kDecodeLayerMaxRows;
   layered.graphs = GraphExecution::kNone;  // only to ask whether the kernel runs here

@@ -57,6 +57,9 @@ ABSL_FLAG(std::string, columns, "tp1,auto,unfused,nccl,registered,none",
           "norms), unfused, nccl, registered and none (no all-reduce); ratios need auto");
 ABSL_FLAG(bool, prefetch_gemm, true,
           "Use the prefetch GEMM for small batches (false: the skinny, decode and cuBLASLt GEMMs)");
+ABSL_FLAG(int, prefetch_layer_rows, kiln::RunnerOptions{}.sharded_prefetch_gemm_rows.qkv,
+          "With --prefetch_gemm: the most rows the four layer projections take the prefetch GEMM "
+          "on each rank (the TMA GEMM above)");
 
 namespace kiln {
 namespace {
@@ -114,7 +117,12 @@ RunnerOptions BenchmarkOptions(const std::vector<int>& batches, int context) {
   o.max_kv_blocks = int64_t{max_batch} * ((context + kBlockSize) / kBlockSize + 1);
   o.time_steps = true;
   o.progress = CaptureProgress::kNone;
-  if (!absl::GetFlag(FLAGS_prefetch_gemm)) o.prefetch_gemm_rows = PrefetchGemmRows{0, 0, 0, 0, 0};
+  PrefetchGemmRows& sharded = o.sharded_prefetch_gemm_rows;
+  sharded.qkv = sharded.o = sharded.gate_up = sharded.down =
+      absl::GetFlag(FLAGS_prefetch_layer_rows);
+  if (!absl::GetFlag(FLAGS_prefetch_gemm)) {
+    o.prefetch_gemm_rows = o.sharded_prefetch_gemm_rows = PrefetchGemmRows{0, 0, 0, 0, 0};
+  }
   return o;
 }
 
