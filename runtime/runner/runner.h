@@ -156,12 +156,11 @@ struct RunnerOptions {
   // Per capture key, by its row capacity, the decode split's aim instead of decode_ctas_per_sm
   // (DecodeCtasPerSm: the first rule that holds the key); and per step, by its decode sequences
   // (one row each), the same rules within what the key's aim sized (SplitKvPlanner's
-  // decode.aim_by_seqs). max_seqs strictly ascending. On an H200 (1B, 1024 tokens) 4 CTAs per
-  // SM was faster at batches 4 and 8 (1.140 against 1.171 ms at 8), no faster at 2, slower at 1
-  // and from 16 on; and 2 rather than 4 at 3 and 5–7 sequences, padded to the graphs of 4 and 8
-  // (batch 3 1.018–1.033 against 1.066–1.083 ms, 7 1.119–1.123 against 1.147–1.151; 5 since
-  // the TMA GEMM takes the projections from 3 rows; runtime/runner/NOTES.md).
-  std::vector<SplitAim> decode_split_by_rows = {{2, 2}, {3, 2}, {4, 4}, {7, 2}, {8, 4}};
+  // decode.aim_by_seqs). max_seqs strictly ascending. On an H200 (1B, 1024 tokens), with the
+  // TMA GEMM from 3 rows, 4 CTAs per SM is faster only at exactly 8 sequences (9 µs) and 2 at
+  // every batch below (batch 4 0.990–0.996 against 1.018–1.020 ms, batch 3 1.004–1.008 against
+  // 1.059–1.063 with 4; runtime/runner/NOTES.md); from 16 on decode_ctas_per_sm.
+  std::vector<SplitAim> decode_split_by_rows = {{7, 2}, {8, 4}};
   // Benchmarks only: leave attention out of every step (LlamaModelOptions::run_attention), to
   // time the rest. The tokens are then not the model's.
   bool skip_attention = false;
