@@ -320,21 +320,38 @@ TEST_F(RunnerGpuTest, PiecewiseAndGraphFreeStepsEqualFullGraphs) {
   EXPECT_GT(piecewise_replays, 100);
 }
 
+// A change to the runner's options that must not change a bit: `edit` applied to `base`;
+// `applies(model, info)` says whether it changes how the step `info` describes runs.
+struct Variant {
+  RunnerOptions base;
+  std::function<void(RunnerOptions&)> edit;
+  std::function<bool(const LlamaModel&, const StepInfo&)> applies;
+  const char* what;
+
+  RunnerOptions Changed() const {
+    RunnerOptions o = base;
+    edit(o);
+    return o;
+  }
+};
+
+// A runner with the variant and no graphs, to ask its model what runs on this GPU.
+std::unique_ptr<Runner> MakeProbe(const Variant& v) {
+  RunnerOptions o = v.Changed();
+  o.graphs = GraphExecution::kNone;
+  return MakeRunner(o);
+}
+
 // Runs 160 steps of random traffic (three in four of at most 8 tokens: decodes of 1 to 8
-// sequences and short prefills; every second step eager) through runners made with `variant`
-// applied to `base` (full graphs, and piecewise graphs) and one made with `base`, and expects the
-// same tokens and logits bit for bit. `applies(model, info)` says whether the variant changes
-// the step `info` describes; at least 30 such steps must run each way.
-using AppliesFn = std::function<bool(const LlamaModel&, const StepInfo&)>;
-void ExpectVariantGivesBaseBits(RunnerOptions base,
-                                const std::function<void(RunnerOptions&)>& variant,
-                                const AppliesFn& applies, const char* what, uint64_t seed) {
-  RunnerOptions options = base;
-  variant(options);
+// sequences and short prefills; every second step eager) through runners with the variant (full
+// graphs, and piecewise graphs) and one without, and expects the same tokens and logits bit for
+// bit; at least 30 steps the variant applies to must run each way.
+void ExpectVariantGivesBaseBits(const Variant& v, uint64_t seed) {
+  RunnerOptions options = v.Changed();
   std::unique_ptr<Runner> changed = MakeRunner(options);
   options.graphs = GraphExecution::kPiecewise;
   std::unique_ptr<Runner> piecewise = MakeRunner(options);
-  std::unique_ptr<Runner> reference = MakeRunner(base);
+  std::unique_ptr<Runner> reference = MakeRunner(v.base);
   ASSERT_TRUE(changed && piecewise && reference);
   Traffic traffic(seed);
   int changed_graphs = 0, changed_eager = 0, changed_pieces = 0;
@@ -357,7 +374,7 @@ void ExpectVariantGivesBaseBits(RunnerOptions base,
     const Outcome a = RunStep(*changed, batch, step_options);
     const Outcome b = RunStep(*reference, batch, step_options);
     const Outcome c = RunStep(*piecewise, batch, step_options);
-    if (applies(changed->model(), a.info)) {
+    if (v.applies(changed->model(), a.info)) {
       ++(a.info.replayed ? changed_graphs : changed_eager);
       changed_pieces += c.info.replayed;
     }
@@ -367,10 +384,10 @@ void ExpectVariantGivesBaseBits(RunnerOptions base,
     ASSERT_EQ(a.logits.size(), b.logits.size());
     ASSERT_EQ(c.logits.size(), b.logits.size());
     EXPECT_EQ(std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * 4), 0)
-        << what << " differs from the reference at " << KeyName(a.info.key)
+        << v.what << " differs from the reference at " << KeyName(a.info.key)
         << (a.info.replayed ? " (graph)" : " (eager)");
     EXPECT_EQ(std::memcmp(c.logits.data(), b.logits.data(), c.logits.size() * 4), 0)
-        << what << " in piecewise graphs differs from the reference at " << KeyName(c.info.key);
+        << v.what << " in piecewise graphs differs from the reference at " << KeyName(c.info.key);
     traffic.Committed(batch);
     if (::testing::Test::HasFailure()) break;
   }
@@ -379,20 +396,16 @@ void ExpectVariantGivesBaseBits(RunnerOptions base,
   EXPECT_GT(changed_pieces, 30);
 }
 
-// The variant against `base` in decode steps of every row count from 1 to 8, each as a graph of
+// The variant against its base in decode steps of every row count from 1 to 8, each as a graph of
 // its own size and eagerly at it, after one prefill of 8 prompts whose lengths sit at block
-// boundaries; `applies` must hold for every decode step. Eight decode graphs and no prefill
+// boundaries; it must apply to every decode step. Eight decode graphs and no prefill
 // graphs: small enough to run under compute-sanitizer, where the random traffic above is not.
-void ExpectDecodeStepsOfEveryRowCountGiveBaseBits(
-    RunnerOptions base, const std::function<void(RunnerOptions&)>& variant,
-    const AppliesFn& applies, const char* what, uint64_t seed) {
-  base.capture_prefill = false;
-  base.config.mutable_graph()->clear_capture_sizes();
-  for (int s = 1; s <= 8; ++s) base.config.mutable_graph()->add_capture_sizes(s);
-  RunnerOptions options = base;
-  variant(options);
-  std::unique_ptr<Runner> changed = MakeRunner(options);
-  std::unique_ptr<Runner> reference = MakeRunner(base);
+void ExpectDecodeStepsOfEveryRowCountGiveBaseBits(Variant v, uint64_t seed) {
+  v.base.capture_prefill = false;
+  v.base.config.mutable_graph()->clear_capture_sizes();
+  for (int s = 1; s <= 8; ++s) v.base.config.mutable_graph()->add_capture_sizes(s);
+  std::unique_ptr<Runner> changed = MakeRunner(v.Changed());
+  std::unique_ptr<Runner> reference = MakeRunner(v.base);
   ASSERT_TRUE(changed && reference);
   std::mt19937_64 rng(seed);
   auto token = [&] { return static_cast<int32_t>(rng() % LlamaShape::Tiny().vocab); };
@@ -417,13 +430,13 @@ void ExpectDecodeStepsOfEveryRowCountGiveBaseBits(
     EXPECT_TRUE(graph.info.replayed);
     EXPECT_FALSE(eager.info.replayed);
     EXPECT_EQ(graph.info.padded_tokens, rows);
-    EXPECT_TRUE(applies(changed->model(), graph.info)) << what << " did not run";
-    EXPECT_TRUE(applies(changed->model(), eager.info)) << what << " did not run";
+    EXPECT_TRUE(v.applies(changed->model(), graph.info)) << v.what << " did not run";
+    EXPECT_TRUE(v.applies(changed->model(), eager.info)) << v.what << " did not run";
     for (const Outcome* got : {&graph, &eager}) {
       EXPECT_EQ(got->tokens, want.tokens);
       ASSERT_EQ(got->logits.size(), want.logits.size());
       EXPECT_EQ(std::memcmp(got->logits.data(), want.logits.data(), want.logits.size() * 4), 0)
-          << what << (got == &graph ? " (graph)" : " (eager)") << " differs from the reference";
+          << v.what << (got == &graph ? " (graph)" : " (eager)") << " differs from the reference";
     }
     if (::testing::Test::HasFailure()) break;
   }
@@ -432,13 +445,16 @@ void ExpectDecodeStepsOfEveryRowCountGiveBaseBits(
 TEST_F(RunnerGpuTest, FoldedNormsGiveTheNormKernelsBits) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
-  RunnerOptions base = TinyOptions(GraphExecution::kFull, seed);
-  base.fold_norm_into_gemm = false;
-  base.layer_kernel_rows = 0;  // it would take the steps the fold applies to
-  base.prefetch_gemm_rows = kPrefetchEverywhere;  // the fold needs the prefetch GEMM
-  RunnerOptions folded = base;
-  folded.fold_norm_into_gemm = true;
-  std::unique_ptr<Runner> probe = MakeRunner(folded);
+  Variant v{TinyOptions(GraphExecution::kFull, seed),
+            [](RunnerOptions& o) { o.fold_norm_into_gemm = true; },
+            [](const LlamaModel& m, const StepInfo& info) {
+              return m.FoldsNorms(info.padded_tokens);
+            },
+            "the folded norm"};
+  v.base.fold_norm_into_gemm = false;
+  v.base.layer_kernel_rows = 0;  // it would take the steps the fold applies to
+  v.base.prefetch_gemm_rows = kPrefetchEverywhere;  // the fold needs the prefetch GEMM
+  std::unique_ptr<Runner> probe = MakeProbe(v);
   ASSERT_NE(probe, nullptr);
   if (!probe->model().FoldsNorms(1)) {
     GTEST_SKIP() << "The fold runs in the prefetch GEMM, which needs compute capability 9.0";
@@ -446,34 +462,42 @@ TEST_F(RunnerGpuTest, FoldedNormsGiveTheNormKernelsBits) {
   EXPECT_TRUE(probe->model().FoldsNorms(8));
   EXPECT_FALSE(probe->model().FoldsNorms(16));  // past the prefetch GEMM's rows
   probe.reset();
-  ExpectVariantGivesBaseBits(
-      base, [](RunnerOptions& o) { o.fold_norm_into_gemm = true; },
-      [](const LlamaModel& m, const StepInfo& info) { return m.FoldsNorms(info.padded_tokens); },
-      "the folded norm", seed);
+  ExpectVariantGivesBaseBits(v, seed);
 }
 
-// The decode layer kernel against the kernel-per-operation step, bit for bit, over `model`.
-void ExpectLayerKernelGivesKernelPerOperationBits(const config::ModelShape& model, uint64_t seed) {
-  RunnerOptions base = TinyOptions(GraphExecution::kFull, seed);
-  *base.config.mutable_model() = model;
-  base.layer_kernel_rows = 0;
-  base.prefetch_gemm_rows = kPrefetchEverywhere;  // the layer kernel needs the prefetch GEMM
-  RunnerOptions layered = base;
-  layered.layer_kernel_rows = kDecodeLayerMaxRows;
-  std::unique_ptr<Runner> probe = MakeRunner(layered);
-  ASSERT_NE(probe, nullptr);
-  if (!probe->model().UsesLayerKernel(1)) {
-    GTEST_SKIP() << "The decode layer kernel needs compute capability 9.0";
-  }
+// The decode layer kernel up to its most rows against the kernel-per-operation step, over
+// `model`.
+Variant LayerKernelVariant(const config::ModelShape& model, uint64_t seed) {
+  Variant v{TinyOptions(GraphExecution::kFull, seed),
+            [](RunnerOptions& o) { o.layer_kernel_rows = kDecodeLayerMaxRows; },
+            [](const LlamaModel& m, const StepInfo& info) {
+              return m.UsesLayerKernel(info.padded_tokens);
+            },
+            "the decode layer kernel"};
+  *v.base.config.mutable_model() = model;
+  v.base.layer_kernel_rows = 0;
+  v.base.prefetch_gemm_rows = kPrefetchEverywhere;  // the layer kernel needs the prefetch GEMM
+  return v;
+}
+
+// Returns whether the decode layer kernel runs on this GPU; where it does, expects it at every
+// row count up to kDecodeLayerMaxRows and at none above.
+bool LayerKernelRunsAtItsRows(const Variant& v) {
+  std::unique_ptr<Runner> probe = MakeProbe(v);
+  EXPECT_NE(probe, nullptr);
+  if (probe == nullptr || !probe->model().UsesLayerKernel(1)) return false;
   for (int m = 1; m <= kDecodeLayerMaxRows; ++m) EXPECT_TRUE(probe->model().UsesLayerKernel(m));
   EXPECT_FALSE(probe->model().UsesLayerKernel(kDecodeLayerMaxRows + 1));
-  probe.reset();
-  ExpectVariantGivesBaseBits(
-      base, [](RunnerOptions& o) { o.layer_kernel_rows = kDecodeLayerMaxRows; },
-      [](const LlamaModel& m, const StepInfo& info) {
-        return m.UsesLayerKernel(info.padded_tokens);
-      },
-      "the decode layer kernel", seed);
+  return true;
+}
+
+constexpr char kNoLayerKernel[] = "The decode layer kernel needs compute capability 9.0";
+
+// Over random traffic.
+void ExpectLayerKernelGivesKernelPerOperationBits(const config::ModelShape& model, uint64_t seed) {
+  const Variant v = LayerKernelVariant(model, seed);
+  if (!LayerKernelRunsAtItsRows(v)) GTEST_SKIP() << kNoLayerKernel;
+  ExpectVariantGivesBaseBits(v, seed);
 }
 
 TEST_F(RunnerGpuTest, LayerKernelGivesTheKernelPerOperationBits) {
@@ -485,24 +509,9 @@ TEST_F(RunnerGpuTest, LayerKernelGivesTheKernelPerOperationBits) {
 TEST_F(RunnerGpuTest, LayerKernelGivesTheChainBitsAtEveryRowCount) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
-  RunnerOptions base = TinyOptions(GraphExecution::kFull, seed);
-  base.layer_kernel_rows = 0;
-  base.prefetch_gemm_rows = kPrefetchEverywhere;  // the layer kernel needs the prefetch GEMM
-  RunnerOptions layered = base;
-  layered.layer_kernel_rows = kDecodeLayerMaxRows;
-  layered.graphs = GraphExecution::kNone;  // only to ask whether the kernel runs here
-  std::unique_ptr<Runner> probe = MakeRunner(layered);
-  ASSERT_NE(probe, nullptr);
-  if (!probe->model().UsesLayerKernel(1)) {
-    GTEST_SKIP() << "The decode layer kernel needs compute capability 9.0";
-  }
-  probe.reset();
-  ExpectDecodeStepsOfEveryRowCountGiveBaseBits(
-      base, [](RunnerOptions& o) { o.layer_kernel_rows = kDecodeLayerMaxRows; },
-      [](const LlamaModel& m, const StepInfo& info) {
-        return m.UsesLayerKernel(info.padded_tokens);
-      },
-      "the decode layer kernel", seed);
+  const Variant v = LayerKernelVariant(TinyModel(), seed);
+  if (!LayerKernelRunsAtItsRows(v)) GTEST_SKIP() << kNoLayerKernel;
+  ExpectDecodeStepsOfEveryRowCountGiveBaseBits(v, seed);
 }
 
 // The tiny model at hidden 2048, ffn 8192 and head_dim 128 (16 / 4 heads).
@@ -524,48 +533,39 @@ TEST_F(RunnerGpuTest, LayerKernelGivesTheKernelPerOperationBitsAtWideShapes) {
   ExpectLayerKernelGivesKernelPerOperationBits(WideModel(), seed);
 }
 
-// RoPE + KV append in decode attention against the RoPE + KV append kernel, bit for bit, over
-// `model`: every decode step (without the decode layer kernel, which keeps its own RoPE phase),
-// graphs, eager and piecewise.
-void ExpectRopeInAttentionGivesKernelBits(const config::ModelShape& model, uint64_t seed) {
-  RunnerOptions base = TinyOptions(GraphExecution::kFull, seed);
-  *base.config.mutable_model() = model;
-  base.layer_kernel_rows = 0;
-  base.rope_in_attention_rows = 0;
-  ExpectVariantGivesBaseBits(
-      base, [](RunnerOptions& o) { o.rope_in_attention_rows = kMaxTokens; },
-      // Decode keys plan a decode part only: their steps rotate in attention.
-      [](const LlamaModel&, const StepInfo& info) {
-        return info.key.mode == GraphMode::kDecode && !info.eager_key;
-      },
-      "RoPE + KV append in attention", seed);
+// RoPE + KV append in decode attention against the RoPE + KV append kernel, over `model`: every
+// decode step (without the decode layer kernel, which keeps its own RoPE phase).
+Variant RopeInAttentionVariant(const config::ModelShape& model, uint64_t seed) {
+  Variant v{TinyOptions(GraphExecution::kFull, seed),
+            [](RunnerOptions& o) { o.rope_in_attention_rows = kMaxTokens; },
+            // Decode keys plan a decode part only: their steps rotate in attention.
+            [](const LlamaModel&, const StepInfo& info) {
+              return info.key.mode == GraphMode::kDecode && !info.eager_key;
+            },
+            "RoPE + KV append in attention"};
+  *v.base.config.mutable_model() = model;
+  v.base.layer_kernel_rows = 0;
+  v.base.rope_in_attention_rows = 0;
+  return v;
 }
 
 TEST_F(RunnerGpuTest, RopeInAttentionGivesTheRopeKernelBits) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
-  ExpectRopeInAttentionGivesKernelBits(TinyModel(), seed);
+  ExpectVariantGivesBaseBits(RopeInAttentionVariant(TinyModel(), seed), seed);
 }
 
 TEST_F(RunnerGpuTest, RopeInAttentionGivesTheRopeKernelBitsAtEveryRowCount) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
-  RunnerOptions base = TinyOptions(GraphExecution::kFull, seed);
-  base.layer_kernel_rows = 0;
-  base.rope_in_attention_rows = 0;
-  ExpectDecodeStepsOfEveryRowCountGiveBaseBits(
-      base, [](RunnerOptions& o) { o.rope_in_attention_rows = kMaxTokens; },
-      [](const LlamaModel&, const StepInfo& info) {
-        return info.key.mode == GraphMode::kDecode && !info.eager_key;
-      },
-      "RoPE + KV append in attention", seed);
+  ExpectDecodeStepsOfEveryRowCountGiveBaseBits(RopeInAttentionVariant(TinyModel(), seed), seed);
 }
 
 // head_dim 128 (each lane rotates two pairs of loads) at the wide shape.
 TEST_F(RunnerGpuTest, RopeInAttentionGivesTheRopeKernelBitsAtHeadDim128) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
-  ExpectRopeInAttentionGivesKernelBits(WideModel(), seed);
+  ExpectVariantGivesBaseBits(RopeInAttentionVariant(WideModel(), seed), seed);
 }
 
 // Compares each sequence's logits row with the reference's, and the sampled token with the
