@@ -13,7 +13,9 @@
 //   - a capture that fails on one rank fails Capture() on every rank with the same Status;
 //   - a killed rank ends the others' next step in DeadlineExceeded within a bounded time, with
 //     the custom all-reduce and with NCCL alone;
-//   - the weights and KV cache each rank allocates are what the memory planner planned per rank.
+//   - the weights and KV cache each rank allocates are what the memory planner planned per rank;
+//   - sharded, the model takes RunnerOptions::sharded_prefetch_gemm_rows, on one GPU
+//     prefetch_gemm_rows.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -315,6 +317,8 @@ void GenerationMatchesOneGpu(RankContext& ctx, const AllReduceConfig& allreduce,
   if (ctx.rank == 0) {
     std::unique_ptr<Runner> single = MakeRunner(TpOptions(seed, allreduce, nullptr));
     ASSERT_NE(single, nullptr);
+    // On one GPU the TMA GEMM takes the layer projections from 3 rows.
+    EXPECT_EQ(single->model().options().prefetch_gemm_rows.qkv, 2);
     one = RunScript(*single, seed, nullptr);
   }
   absl::StatusOr<std::string> tokens = ctx.bootstrap.Broadcast(EncodeTokens(one));
@@ -325,6 +329,11 @@ void GenerationMatchesOneGpu(RankContext& ctx, const AllReduceConfig& allreduce,
   ASSERT_NE(runner, nullptr);
   EXPECT_EQ(runner->tensor_parallel_size(), ctx.world_size);
   EXPECT_EQ(runner->shape().heads, TpTinyShape().heads / ctx.world_size);
+  // Sharded, every projection stays on the prefetch GEMM up to 8 rows
+  // (RunnerOptions::sharded_prefetch_gemm_rows).
+  const PrefetchGemmRows& rows = runner->model().options().prefetch_gemm_rows;
+  EXPECT_EQ(std::vector<int>({rows.qkv, rows.o, rows.gate_up, rows.down, rows.lm_head}),
+            std::vector<int>({8, 8, 8, 8, 8}));
   const std::vector<Outcome> tp = RunScript(*runner, seed, &forced);
   ExpectSameOnEveryRank(ctx, tp, "TP generation");
   if (ctx.rank == 0) {
