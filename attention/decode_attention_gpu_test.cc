@@ -578,18 +578,11 @@ bool WithinOneUnit(uint16_t a, uint16_t b) {
   return a == b || ((a ^ b) < 0x8000 && (a > b ? a - b : b - a) == 1);
 }
 
-struct RopeCase {
-  AttentionDtype dtype;
-  int head_dim;
-  int group;
-  int block_size;
-};
-
-class DecodeRopeGpuTest : public ::testing::TestWithParam<RopeCase> {};
+class DecodeRopeGpuTest : public ::testing::TestWithParam<DecodeCase> {};
 
 TEST_P(DecodeRopeGpuTest, RotatesQAndAppendsTheNewTokenItself) {
   KILN_REQUIRE_GPUS(1);
-  const RopeCase c = GetParam();
+  const DecodeCase c = GetParam();
   const double theta = 500000.0;
   const std::vector<SeqLens> seqs = {{1, 1},   {1, 2},   {1, 16},  {1, 17}, {1, 64},
                                      {1, 65},  {1, 300}, {1, 1000}, {1, 0}, {1, 1024}};
@@ -701,8 +694,8 @@ TEST_P(DecodeRopeGpuTest, RotatesQAndAppendsTheNewTokenItself) {
   }
 }
 
-std::vector<RopeCase> AllRopeCases() {
-  std::vector<RopeCase> cases;
+std::vector<DecodeCase> AllRopeCases() {
+  std::vector<DecodeCase> cases;
   for (AttentionDtype dtype : {AttentionDtype::kBf16, AttentionDtype::kFp16}) {
     for (int head_dim : {64, 128}) {
       for (int group : {1, 4, 8}) cases.push_back({dtype, head_dim, group, 16});
