@@ -162,8 +162,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
     for (int c = 0; c < kHalfLoads; ++c) {
       const uint4 x = *reinterpret_cast<const uint4*>(src + 32 * c);
       const uint4 y = *reinterpret_cast<const uint4*>(src + 32 * (c + kHalfLoads));
-      uint32_t lo[4] = {x.x, x.y, x.z, x.w};
-      uint32_t hi[4] = {y.x, y.y, y.z, y.w};
+      uint32_t lo[4], hi[4];
+      ToWords(x, lo);
+      ToWords(y, hi);
       RopeRotateWords<Ops>(lo, hi, s_cos + 32 * c + 8 * tig, s_sin + 32 * c + 8 * tig);
 #pragma unroll
       for (int t = 0; t < 2; ++t) {
@@ -192,11 +193,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
       const uint4 x = *reinterpret_cast<const uint4*>(src + 64 * c);
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
-        if (u != own) continue;
-        dst[u][c][0] = x.x;
-        dst[u][c][1] = x.y;
-        dst[u][c][2] = x.z;
-        dst[u][c][3] = x.w;
+        if (u == own) ToWords(x, dst[u][c]);
       }
       if (append && block >= 0) *reinterpret_cast<uint4*>(slot + 64 * c) = x;
     }
@@ -223,11 +220,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
       if (t == own) continue;
 #pragma unroll
       for (int c = 0; c < kKLoads; ++c) {
-        const uint4 v = LoadStreaming(p + t * 8 * kHeadDim + 32 * c);
-        dst[t][c][0] = v.x;
-        dst[t][c][1] = v.y;
-        dst[t][c][2] = v.z;
-        dst[t][c][3] = v.w;
+        ToWords(LoadStreaming(p + t * 8 * kHeadDim + 32 * c), dst[t][c]);
       }
     }
     if (own >= 0) patch_k(dst, own, block, base);
@@ -247,11 +240,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
       const int token = (u >> 1) * 8 + (u & 1);
 #pragma unroll
       for (int c = 0; c < kVLoads; ++c) {
-        const uint4 v = LoadStreaming(p + token * kHeadDim + 64 * c);
-        dst[u][c][0] = v.x;
-        dst[u][c][1] = v.y;
-        dst[u][c][2] = v.z;
-        dst[u][c][3] = v.w;
+        ToWords(LoadStreaming(p + token * kHeadDim + 64 * c), dst[u][c]);
       }
     }
     if (own >= 0) patch_v(dst, own, block, base);
@@ -312,11 +301,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
                             static_cast<int64_t>(kv_head * kGroup + g) * kHeadDim + 8 * tig;
 #pragma unroll
       for (int c = 0; c < kKLoads; ++c) {
-        const uint4 v = *reinterpret_cast<const uint4*>(row + 32 * c);
-        qf[c][h][0] = v.x;
-        qf[c][h][1] = v.y;
-        qf[c][h][2] = v.z;
-        qf[c][h][3] = v.w;
+        ToWords(*reinterpret_cast<const uint4*>(row + 32 * c), qf[c][h]);
       }
       if (rope) {
 #pragma unroll

@@ -73,6 +73,14 @@ __device__ __forceinline__ uint4 LoadStreaming(const void* ptr) {
   return v;
 }
 
+// The four 32-bit words of a 16-byte load (the registers an MMA fragment takes).
+__device__ __forceinline__ void ToWords(const uint4& v, uint32_t (&w)[4]) {
+  w[0] = v.x;
+  w[1] = v.y;
+  w[2] = v.z;
+  w[3] = v.w;
+}
+
 }  // namespace attention_internal
 }  // namespace kiln
 
