@@ -396,6 +396,19 @@ bool LlamaModel::FusesSiluMul(int64_t m, int64_t n, int64_t k) const {
   return UsesDecodeGemm(Proj::kDown, m, n, k, DecodeGemmInput::kSiluMul);
 }
 
+std::optional<TmaGemmConfig> LlamaModel::GateUpSiluMulFor(int64_t m) const {
+  const LlamaShape& s = shape();
+  const int64_t n = 2 * int64_t{s.ffn};
+  // Linear's order: the prefetch GEMM takes the projection first.
+  if (!options_.tma_gate_up_silu || m > kTmaGemmMaxRows ||
+      UsesLayerKernel(static_cast<int>(m)) || FoldsNorms(static_cast<int>(m)) ||
+      FusesSiluMul(m, s.hidden, s.ffn) ||
+      UsesPrefetchGemm(Proj::kGateUp, m, n, s.hidden, DecodeGemmInput::kPlain)) {
+    return std::nullopt;
+  }
+  return TmaGemmFor(Proj::kGateUp, m, n, s.hidden, DecodeGemmInput::kPlain);
+}
+
 std::optional<TmaGemmConfig> LlamaModel::TmaGemmFor(Proj proj, int64_t m, int64_t n, int64_t k,
                                                     DecodeGemmInput input) const {
   if (m > RowLimit(options_.tma_gemm_rows, proj) || input != DecodeGemmInput::kPlain) {
@@ -689,23 +702,40 @@ absl::Status LlamaModel::PostAttention(int layer, const LlamaStepArgs& args, con
                                                  a.normed, n, s.hidden, eps, stream));
     }
   }
+  // Where the gate-up GEMM's epilogue writes SiLU(gate)·up into act, the SiLU·mul kernel drops out.
+  const std::optional<TmaGemmConfig> silu_gate_up = GateUpSiluMulFor(n);
   if (folded) {
     // residual = mid_residual (from the QKV GEMM) + the O projection; the gate-up GEMM's x =
     // RMSNorm(residual).
     RETURN_IF_ERROR(FoldedNormLinear(a.hidden, a.mid_residual, a.residual, w.post_norm(layer),
                                      w.gate_up(layer), a.gate_up, n, 2 * int64_t{s.ffn}, s.hidden,
                                      stream));
+  } else if (silu_gate_up) {
+    TmaGemmArgs args;
+    args.x = fused ? a.hidden : a.normed;
+    args.w = w.gate_up(layer);
+    args.y = a.act;
+    args.m = n;
+    args.n = 2 * s.ffn;
+    args.k = s.hidden;
+    args.silu_mul = true;
+    if (!TmaGemmSupports(args, *silu_gate_up)) {
+      return absl::InternalError(absl::StrCat(
+          "The TMA GEMM refuses the gate-up projection with SiLU·mul at ", n, " rows (",
+          silu_gate_up->ToString(), "); set tma_gate_up_silu = false"));
+    }
+    CUDA_RETURN_IF_ERROR(LaunchTmaGemm(args, *silu_gate_up, stream));
   } else {
     const bf16* normed = fused ? a.hidden : a.normed;
     RETURN_IF_ERROR(Linear(Proj::kGateUp, normed, w.gate_up(layer), a.gate_up, n,
                            2 * int64_t{s.ffn}, s.hidden, stream));
   }
-  if (FusesSiluMul(n, s.hidden, s.ffn)) {
+  if (!silu_gate_up && FusesSiluMul(n, s.hidden, s.ffn)) {
     // The down GEMM reads SiLU(gate)·up of gate_up itself.
     RETURN_IF_ERROR(Linear(Proj::kDown, a.gate_up, w.down(layer), ProjectionOutput(a), n,
                            s.hidden, s.ffn, stream, DecodeGemmInput::kSiluMul));
   } else {
-    if (options_.run_silu_mul) {
+    if (!silu_gate_up && options_.run_silu_mul) {
       CUDA_RETURN_IF_ERROR(LaunchSiluMul(a.gate_up, a.act, n, s.ffn, stream));
     }
     RETURN_IF_ERROR(Linear(Proj::kDown, a.act, w.down(layer), ProjectionOutput(a), n, s.hidden,

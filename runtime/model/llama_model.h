@@ -190,6 +190,12 @@ struct LlamaModelOptions {
   // launch only once its own wait has returned (TmaGemmArgs::next_after_wait): those kernels read
   // everything after their waits and, let in at its start, crowd the SMs while QKV streams.
   bool tma_qkv_next_after_wait = true;
+  // A gate-up projection on the TMA GEMM writes SiLU(gate)·up itself (TmaGemmArgs::silu_mul), so
+  // the SiLU·mul kernel drops out and the down projection reads its output; the same bits either
+  // way. It gives way to a down projection that reads SiLU(gate)·up itself (silu_in_down). On an
+  // H200 (1B shape) the step was 4–20 µs faster from 3 to 48 rows (batch 8: 1.040–1.044 against
+  // 1.060 ms; 32: 1.290–1.294 against 1.304–1.306; runtime/runner/NOTES.md).
+  bool tma_gate_up_silu = true;
   // Rows up to which each projection uses the decode GEMM (each at most kDecodeGemmMaxRows).
   DecodeGemmRows decode_gemm_rows;
   // A down projection on the decode GEMM (or on the prefetch GEMM with prefetch_gemm_silu) reads
@@ -309,6 +315,12 @@ class LlamaModel {
   // every layer and piece of the step, at capture and replay.
   bool FoldsNorms(int num_tokens) const;
 
+  // Returns whether a step of num_tokens (padded) rows takes SiLU(gate)·up from the gate-up
+  // projection's TMA GEMM (LlamaModelOptions::tma_gate_up_silu), without the SiLU·mul kernel.
+  bool GateUpWritesSiluMul(int num_tokens) const {
+    return GateUpSiluMulFor(num_tokens).has_value();
+  }
+
   // Returns whether a step of num_tokens (padded) rows runs its pieces through the decode layer
   // kernel (LlamaModelOptions::layer_kernel_rows): the same answer at capture and replay.
   bool UsesLayerKernel(int num_tokens) const;
@@ -398,6 +410,9 @@ class LlamaModel {
   // Returns whether the down projection at m rows reads SiLU(gate)·up of the gate-up output
   // itself (through the prefetch or the decode GEMM).
   bool FusesSiluMul(int64_t m, int64_t n, int64_t k) const;
+  // Returns the TMA GEMM's launch shape for the gate-up projection at m rows with SiLU·mul in its
+  // epilogue (tma_gate_up_silu), or nullopt where the step runs the SiLU·mul otherwise.
+  std::optional<TmaGemmConfig> GateUpSiluMulFor(int64_t m) const;
   bool UsesSkinny(int64_t m) const;
   // Layer `layer` from its input norm through the KV append.
   absl::Status PreAttention(int layer, const LlamaStepArgs& args, const Activations& a,

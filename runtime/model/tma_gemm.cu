@@ -22,6 +22,14 @@
 // tile's elements over the ranks in rank order (distributed shared memory) and writes them to y;
 // a second cluster barrier keeps every rank's shared memory alive until the others have read it.
 //
+// SiLU·mul (TmaGemmArgs::silu_mul). Tile t owns the 32 columns [32 t, 32 t + 32) of y: each
+// stage's W piece is two 32-row copies, gate rows 32 t… into the slot's rows 0–31 and up rows
+// n / 2 + 32 t… into rows 32–63 (both 1024-byte aligned, so the swizzle is that of one 64-row
+// copy). The grid is the same, since ceil(n / 64) = ceil((n / 2) / 32). Every rank puts its
+// partial into shared memory as with several slices; thread u < 64 then holds a gate element
+// and thread u + 64 its up partner, so a rank adds up its share of the gate elements and their
+// partners and writes SiLU(g)·u of both rounded to bf16, as the SiLU·mul kernel would.
+//
 // Accumulators (wgmma's m64nR float layout): thread (warp w, lane = 4g + t) holds, for each 8-row
 // block j of x, d[4j + q] = row 16w + g + 8 · (q / 2) of the W tile times x row 8j + 2t + q % 2.
 #include "runtime/cuda/compute_capability.h"
@@ -57,12 +65,15 @@ constexpr int kConsumerThreads = kConsumerWarps * 32;
 constexpr int kThreads = kConsumerThreads + 32;
 constexpr uint32_t kWStageBytes = kTmaGemmTileRows * kTmaGemmStageK * 2;  // 8 KiB
 constexpr uint32_t kXRowBytes = kTmaGemmStageK * 2;  // one swizzled row: 128 bytes
+// Columns of y per tile with silu_mul: 32 gate rows and their 32 up rows of W.
+constexpr int kSiluColumns = kTmaGemmTileRows / 2;
 // Dynamic shared memory is aligned to 16 bytes; the swizzled slots need 1024.
 constexpr size_t kAlignSlack = 1024;
 
 struct Params {
-  __nv_bfloat16* y;  // [m, n]
+  __nv_bfloat16* y;  // [m, n], or [m, n / 2] with silu_mul
   int m, n;
+  bool silu_mul;  // TmaGemmArgs::silu_mul
   int pieces;  // 64-k pieces of k
   int splits;
   int stages;
@@ -280,6 +291,56 @@ __device__ __forceinline__ void Finish(const Params& p, unsigned char* scratch, 
   cluster.sync();  // no rank exits, freeing its shared memory, while another still reads it
 }
 
+// Writes y = SiLU(gate)·up of this CTA's tile (silu_mul; see the file comment): tile rows 0–31
+// are the gate rows of y's columns [col0, col0 + 32), rows 32–63 their up rows. The partial
+// tiles go into shared memory (`scratch`, the ring's first bytes) in the accumulators' order as
+// in Finish, and each rank adds up its share of the gate elements and their up partners over
+// the cluster's ranks in rank order (the same sums as Finish: a lone slice's partial as it is).
+// Every thread of the CTA calls it.
+template <int kRows>
+__device__ __forceinline__ void FinishSiluMul(const Params& p, unsigned char* scratch, int col0,
+                                              int slice, const float (&acc)[kRows / 2]) {
+  constexpr int kAcc = kRows / 2;
+  constexpr int kHalf = kConsumerThreads / 2;  // warps 0–1: gate rows; warps 2–3: up rows
+  float* partial = reinterpret_cast<float*>(scratch);
+  cg::cluster_group cluster = cg::this_cluster();
+  const bool alone = p.splits == 1;
+  // Every consumer warp's products are done (their wgmmas read the ring) before it is written.
+  __syncthreads();
+  if (threadIdx.x < kConsumerThreads) {
+#pragma unroll
+    for (int j = 0; j < kAcc; ++j) partial[j * kConsumerThreads + threadIdx.x] = acc[j];
+  }
+  if (alone) {
+    __syncthreads();
+  } else {
+    cluster.sync();  // every rank's partial is written
+  }
+  auto sum = [&](int e) {
+    if (alone) return partial[e];
+    float total = 0.f;
+    for (int s = 0; s < p.splits; ++s) total += *cluster.map_shared_rank(partial + e, s);
+    return total;
+  };
+  const int half_n = p.n / 2;
+  constexpr int kGates = kHalf * kAcc;
+  const int end = (slice + 1) * kGates / p.splits;
+  for (int q = slice * kGates / p.splits + threadIdx.x; q < end; q += kThreads) {
+    const int j = q / kHalf;
+    const int u = q % kHalf;
+    const int e = j * kConsumerThreads + u;
+    const __nv_bfloat16 gate = __float2bfloat16_rn(sum(e));
+    const __nv_bfloat16 up = __float2bfloat16_rn(sum(e + kHalf));
+    const int lane = u % 32;
+    const int c = col0 + 16 * (u / 32) + lane / 4 + 8 * ((j >> 1) & 1);
+    const int row = 8 * (j >> 2) + 2 * (lane % 4) + (j & 1);
+    if (c < half_n && row < p.m) {
+      p.y[static_cast<int64_t>(row) * half_n + c] = internal::SiluMul(gate, up);
+    }
+  }
+  if (!alone) cluster.sync();  // no rank exits while another still reads its shared memory
+}
+
 template <int kRows>
 __global__ void __launch_bounds__(kThreads, 3)
     TmaGemmKernel(const __grid_constant__ CUtensorMap w_map,
@@ -327,9 +388,15 @@ __global__ void __launch_bounds__(kThreads, 3)
     auto issue_w = [&](int i) {
       const int slot = i % stages;
       const uint32_t bar = SharedAddress(full + slot);
+      const uint32_t dst = w_slots + slot * kWStageBytes;
+      const int k0 = (piece_begin + i) * kTmaGemmStageK;
       MbarrierArriveExpectTx(bar, kWStageBytes + kXStageBytes);
-      TensorCopy(w_slots + slot * kWStageBytes, &w_map, (piece_begin + i) * kTmaGemmStageK, row0,
-                 bar);
+      if (p.silu_mul) {
+        TensorCopy(dst, &w_map, k0, tile * kSiluColumns, bar);
+        TensorCopy(dst + kWStageBytes / 2, &w_map, k0, p.n / 2 + tile * kSiluColumns, bar);
+      } else {
+        TensorCopy(dst, &w_map, k0, row0, bar);
+      }
     };
     auto issue_x = [&](int i) {
       const int slot = i % stages;
@@ -356,7 +423,12 @@ __global__ void __launch_bounds__(kThreads, 3)
   } else {
     Consume<kRows>(p, full, empty, w_slots, x_slots, count, acc);
   }
-  Finish<kRows>(p, shared_raw + (base - SharedAddress(shared_raw)), row0, slice, acc);
+  unsigned char* scratch = shared_raw + (base - SharedAddress(shared_raw));
+  if (p.silu_mul) {
+    FinishSiluMul<kRows>(p, scratch, tile * kSiluColumns, slice, acc);
+  } else {
+    Finish<kRows>(p, scratch, row0, slice, acc);
+  }
 }
 
 using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
@@ -452,7 +524,8 @@ bool TmaGemmSupportsShape(int m, int n, int k, const TmaGemmConfig& c) {
 }
 
 bool TmaGemmSupports(const TmaGemmArgs& a, const TmaGemmConfig& c) {
-  return TmaGemmSupportsShape(a.m, a.n, a.k, c) && a.x != nullptr && a.w != nullptr &&
+  return TmaGemmSupportsShape(a.m, a.n, a.k, c) && (!a.silu_mul || a.n % 2 == 0) &&
+         a.x != nullptr && a.w != nullptr &&
          a.y != nullptr && internal::Aligned16(a.x) && internal::Aligned16(a.w) &&
          internal::Aligned16(a.y);
 }
@@ -465,7 +538,8 @@ cudaError_t LaunchTmaGemm(const TmaGemmArgs& a, const TmaGemmConfig& c, cudaStre
   if (prepared != cudaSuccess) return prepared;
   const int rows = TmaGemmPaddedRows(a.m);
   CUtensorMap w_map, x_map;
-  if (!EncodeMap(&w_map, a.w, a.k, a.n, uint64_t{2} * a.k, kTmaGemmTileRows) ||
+  const int w_box_rows = a.silu_mul ? kSiluColumns : kTmaGemmTileRows;
+  if (!EncodeMap(&w_map, a.w, a.k, a.n, uint64_t{2} * a.k, w_box_rows) ||
       !EncodeMap(&x_map, a.x, a.k, a.m, uint64_t{2} * a.k, rows)) {
     return cudaErrorInvalidValue;
   }
@@ -473,6 +547,7 @@ cudaError_t LaunchTmaGemm(const TmaGemmArgs& a, const TmaGemmConfig& c, cudaStre
   p.y = a.y;
   p.m = a.m;
   p.n = a.n;
+  p.silu_mul = a.silu_mul;
   p.pieces = Pieces(a.k);
   p.splits = c.splits;
   p.stages = c.stages;

@@ -72,6 +72,13 @@ struct TmaGemmArgs {
   // 1.327-1.335 to 1.311-1.317 ms, and from 1.401-1.410 to 1.301-1.305 after a step of 8 rows
   // (runtime/runner/NOTES.md, "Batch 32 in two modes").
   bool next_after_wait = false;
+  // y = SiLU(gate)·up [m, n / 2] instead of the product, for a fused gate-up projection: W's first
+  // n / 2 rows are the gate projection's, the rest the up projection's. Each element is
+  // bf16(SiLU(g)·u) of the products g and u rounded to bf16: the bits of the plain GEMM followed
+  // by the SiLU·mul kernel (silu_mul.h), without that kernel. n must be even; the configuration
+  // and grid are those of the plain GEMM of the same shape (each tile then takes 32 gate rows and
+  // their 32 up rows).
+  bool silu_mul = false;
 };
 
 struct TmaGemmConfig {
@@ -101,7 +108,8 @@ size_t TmaGemmSharedBytes(int m, int stages);
 // and TmaGemmSharedBytes within kTmaGemmMaxSharedBytes.
 bool TmaGemmSupportsShape(int m, int n, int k, const TmaGemmConfig& config);
 
-// Returns TmaGemmSupportsShape for `args` and whether x, w and y are set and 16-byte aligned.
+// Returns TmaGemmSupportsShape for `args`, whether n is even with silu_mul, and whether x, w and y
+// are set and 16-byte aligned.
 bool TmaGemmSupports(const TmaGemmArgs& args, const TmaGemmConfig& config);
 
 // Raises the kernels' shared-memory limits and finds cuTensorMapEncodeTiled (once per process;

@@ -3,8 +3,9 @@
 // 64-k piece, one and several k slices, rings that are refilled and rings that hold a whole
 // slice; the 1B model's projections with the chosen configurations; two launches back to back
 // where the second reads the first's output (the programmatic-launch wait); graph replay equal
-// to eager and repeats equal bit for bit; unsupported shapes refused. The configuration choice
-// is checked without a GPU.
+// to eager and repeats equal bit for bit; SiLU·mul in the epilogue against the plain GEMM followed
+// by the SiLU·mul kernel (bit for bit) and against float64; unsupported shapes refused. The
+// configuration choice is checked without a GPU.
 #include "runtime/model/tma_gemm.h"
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "runtime/model/bf16.h"
 #include "runtime/model/internal/gpu_test_helpers.h"
+#include "runtime/model/silu_mul.h"
 
 namespace kiln {
 namespace {
@@ -212,6 +214,68 @@ TEST_F(TmaGemmGpuTest, GraphReplayAndRepeatsAreBitwiseEqual) {
   }
 }
 
+TEST_F(TmaGemmGpuTest, SiluMulEpilogueGivesTheSiluMulKernelBits) {
+  struct Shape {
+    int ffn, k;
+    std::vector<int> rows;
+  };
+  // The 1B model's gate-up (256 tiles of one slice), the tiny model's (16 tiles of 4 slices: the
+  // cluster's sums), and halves that are not a multiple of the 32 columns a tile takes (the last
+  // tile's gate rows run into the up half, its up rows past the end).
+  const std::vector<int> all = {1, 9, 16, 17, 33, 64};
+  for (const Shape& s : {Shape{8192, 2048, {3, 17, 48}}, Shape{512, 256, all},
+                         Shape{40, 200, all}, Shape{100, 2056, all}}) {
+    const int n = 2 * s.ffn;
+    Problem problem(kTmaGemmMaxRows, n, s.k);
+    DeviceVector<uint16_t> fused(static_cast<size_t>(kTmaGemmMaxRows) * s.ffn);
+    DeviceVector<uint16_t> chained(static_cast<size_t>(kTmaGemmMaxRows) * s.ffn);
+    const std::vector<uint16_t> w = RandomBf16(static_cast<size_t>(n) * s.k);
+    problem.w().Upload(w, stream());
+    const int pieces = (s.k + kTmaGemmStageK - 1) / kTmaGemmStageK;
+    for (int m : s.rows) {
+      const std::vector<uint16_t> x = RandomBf16(static_cast<size_t>(m) * s.k, -3.f, 3.f);
+      problem.x().Upload(x, stream());
+      const std::vector<double> product = GemmProduct(Bf16ToDouble(x), w, m, n, s.k);
+      std::vector<double> want(static_cast<size_t>(m) * s.ffn);
+      for (int i = 0; i < m; ++i) {
+        for (int c = 0; c < s.ffn; ++c) {
+          const double g = product[static_cast<size_t>(i) * n + c];
+          const double u = product[static_cast<size_t>(i) * n + s.ffn + c];
+          want[static_cast<size_t>(i) * s.ffn + c] = g / (1.0 + std::exp(-g)) * u;
+        }
+      }
+      const size_t bytes = static_cast<size_t>(m) * s.ffn * sizeof(uint16_t);
+      for (const TmaGemmConfig& config :
+           {ChooseTmaGemmConfig(m, n, s.k, kSmCount), TmaGemmConfig{1, 1},
+            TmaGemmConfig{std::min(pieces, 3), 2},
+            TmaGemmConfig{std::min(pieces, kTmaGemmMaxSplits), 1}}) {
+        SCOPED_TRACE(::testing::Message() << "ffn=" << s.ffn << " k=" << s.k << " m=" << m
+                                          << " " << config.ToString());
+        // The plain GEMM and the SiLU·mul kernel: the bits to give.
+        problem.y().Poison(stream());
+        chained.Poison(stream());
+        ASSERT_EQ(LaunchTmaGemm(problem.Args(m), config, stream()), cudaSuccess);
+        ASSERT_EQ(LaunchSiluMul(reinterpret_cast<const __nv_bfloat16*>(problem.y().get()),
+                                reinterpret_cast<__nv_bfloat16*>(chained.get()), m, s.ffn,
+                                stream()),
+                  cudaSuccess);
+        TmaGemmArgs args = problem.Args(m);
+        args.y = reinterpret_cast<__nv_bfloat16*>(fused.get());
+        args.silu_mul = true;
+        fused.Poison(stream());
+        ASSERT_TRUE(TmaGemmSupports(args, config));
+        ASSERT_EQ(LaunchTmaGemm(args, config, stream()), cudaSuccess);
+        std::vector<uint16_t> got = fused.Download(stream());
+        got.resize(static_cast<size_t>(m) * s.ffn);
+        const std::vector<uint16_t> chain = chained.Download(stream());
+        EXPECT_EQ(std::memcmp(got.data(), chain.data(), bytes), 0);
+        // Three roundings to bf16: g, u and the product.
+        EXPECT_LT(RelativeError(Bf16ToDouble(got), want), 2 * kTolerance);
+      }
+    }
+  }
+}
+
 TEST_F(TmaGemmGpuTest, UnsupportedShapesAreRefused) {
   Problem problem(kTmaGemmMaxRows, 256, 512);
   const TmaGemmConfig ok = ChooseTmaGemmConfig(32, 256, 512, kSmCount);
@@ -234,6 +298,13 @@ TEST_F(TmaGemmGpuTest, UnsupportedShapesAreRefused) {
   args.k = 448;
   EXPECT_TRUE(TmaGemmSupports(args, TmaGemmConfig{7, 1}));
   EXPECT_FALSE(TmaGemmSupports(args, TmaGemmConfig{8, 1}));
+  // SiLU·mul needs an even n: a gate half and an up half.
+  args = problem.Args(32);
+  args.silu_mul = true;
+  EXPECT_TRUE(TmaGemmSupports(args, ok));
+  args.n = 255;
+  EXPECT_FALSE(TmaGemmSupports(args, ok));
+  EXPECT_EQ(LaunchTmaGemm(args, ok, stream()), cudaErrorInvalidValue);
   // More slices than a portable cluster holds.
   EXPECT_FALSE(TmaGemmSupports(problem.Args(32), TmaGemmConfig{kTmaGemmMaxSplits + 1, 1}));
   EXPECT_FALSE(TmaGemmSupports(problem.Args(32), TmaGemmConfig{1, 0}));

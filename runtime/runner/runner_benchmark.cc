@@ -405,7 +405,7 @@ int Main(int argc, char** argv) {
       {"attention", [](RunnerOptions& o) { o.skip_attention = true; }},
       {"RoPE + KV append", [](RunnerOptions& o) { o.skip_rope_append = true; }},
       {"norm kernels", [](RunnerOptions& o) { o.skip_norms = true; }},
-      {"SiLU·mul", [](RunnerOptions& o) { o.skip_silu_mul = true; }},
+      {"SiLU·mul kernel (where it runs)", [](RunnerOptions& o) { o.skip_silu_mul = true; }},
   };
   const int where_count = absl::GetFlag(FLAGS_where) ? 4 : 1;
   for (int i = 0; i < where_count; ++i) {
@@ -531,6 +531,8 @@ int Main(int argc, char** argv) {
            o.tma_gemm_max_splits.qkv_at_32_rows = 3;
          }},
         {"tma qkv next at start", [](RunnerOptions& o) { o.tma_qkv_next_after_wait = false; }},
+        {"tma gate_up then SiLU·mul kernel",
+         [](RunnerOptions& o) { o.tma_gate_up_silu = false; }},
         {"tma gate_up,down <=32",
          [](RunnerOptions& o) { o.tma_gemm_rows.gate_up = o.tma_gemm_rows.down = 32; }},
         {"tma qkv,o only",

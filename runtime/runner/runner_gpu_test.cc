@@ -642,6 +642,63 @@ class ReferenceCheck {
   double max_rel_ = 0;
 };
 
+// SiLU·mul in the gate-up projection's TMA GEMM against the SiLU·mul kernel, over `model`.
+Variant GateUpSiluVariant(const config::ModelShape& model, uint64_t seed) {
+  Variant v{TinyOptions(GraphExecution::kFull, seed),
+            [](RunnerOptions& o) { o.tma_gate_up_silu = true; },
+            [](const LlamaModel& m, const StepInfo& info) {
+              return m.GateUpWritesSiluMul(info.padded_tokens);
+            },
+            "SiLU·mul in the gate-up GEMM"};
+  *v.base.config.mutable_model() = model;
+  v.base.tma_gate_up_silu = false;
+  return v;
+}
+
+constexpr char kNoTmaGemm[] = "The TMA GEMM needs compute capability 9.0";
+
+// Returns whether the epilogue runs on this GPU; where it does, expects it wherever the TMA GEMM
+// takes the gate-up projection (from `first` rows to its limit) and nowhere else.
+bool GateUpSiluRunsAtItsRows(const Variant& v, int first) {
+  std::unique_ptr<Runner> probe = MakeProbe(v);
+  EXPECT_NE(probe, nullptr);
+  if (probe == nullptr || !probe->model().GateUpWritesSiluMul(8)) return false;
+  const int last = v.base.tma_gemm_rows.gate_up;
+  for (int m = 1; m <= last + 1; ++m) {
+    EXPECT_EQ(probe->model().GateUpWritesSiluMul(m), m >= first && m <= last) << m << " rows";
+  }
+  return true;
+}
+
+TEST_F(RunnerGpuTest, GateUpSiluEpilogueGivesTheSiluMulKernelBits) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  const Variant v = GateUpSiluVariant(TinyModel(), seed);
+  // From 3 rows: the decode layer kernel takes 1–2 rows.
+  if (!GateUpSiluRunsAtItsRows(v, 3)) GTEST_SKIP() << kNoTmaGemm;
+  ExpectVariantGivesBaseBits(v, seed);
+}
+
+TEST_F(RunnerGpuTest, GateUpSiluEpilogueGivesTheSiluMulKernelBitsAtEveryRowCount) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  Variant v = GateUpSiluVariant(TinyModel(), seed);
+  // The TMA GEMM at every row count: no decode layer kernel, no prefetch GEMM for gate-up.
+  v.base.layer_kernel_rows = 0;
+  v.base.prefetch_gemm_rows.gate_up = 0;
+  if (!GateUpSiluRunsAtItsRows(v, 1)) GTEST_SKIP() << kNoTmaGemm;
+  ExpectDecodeStepsOfEveryRowCountGiveBaseBits(v, seed);
+}
+
+// ffn 8192: 256 tiles of one k slice each (the tiny model's take several).
+TEST_F(RunnerGpuTest, GateUpSiluEpilogueGivesTheSiluMulKernelBitsAtWideShapes) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  const Variant v = GateUpSiluVariant(WideModel(), seed);
+  if (!GateUpSiluRunsAtItsRows(v, 3)) GTEST_SKIP() << kNoTmaGemm;
+  ExpectVariantGivesBaseBits(v, seed);
+}
+
 TEST_F(RunnerGpuTest, GreedyGenerationAndEagerFallbackMatchReference) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
