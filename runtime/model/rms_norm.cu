@@ -8,17 +8,23 @@
 namespace kiln {
 namespace {
 
-// Each thread keeps up to kChunks vectors of its row in registers between the two passes, so
+// Each thread keeps up to kMaxChunks vectors of its row in registers between the two passes, so
 // the row is read from memory once.
-constexpr int kChunks = 4;
+constexpr int kMaxChunks = 4;
 constexpr int kMaxThreads = 1024;
 
-template <int V, bool kAddResidual>
+// kChunks vectors per thread (1: the row fits one vector per thread, as up to hidden 8192; else
+// kMaxChunks). With one, the thread's weights are loaded before the wait, off the path from the
+// kernel before to the kernel after (no kernel writes weights).
+template <int V, bool kAddResidual, int kChunks>
 __global__ void __launch_bounds__(kMaxThreads)
     RmsNormKernel(const __nv_bfloat16* x, __nv_bfloat16* residual,
                   const __nv_bfloat16* __restrict__ weight, __nv_bfloat16* out, int hidden,
                   float eps) {
   AllowDependentLaunch();  // the next GEMM may start streaming its weights
+  float w[kChunks][V];
+  const bool early_weights = kChunks == 1 && static_cast<int>(threadIdx.x) * V < hidden;
+  if (early_weights) internal::LoadBf16<V>(weight + threadIdx.x * V, w[0]);
   WaitForPrerequisites();  // x and the residual come from the kernels before
   __shared__ float scratch[32];
   const int64_t base = int64_t{blockIdx.x} * hidden;
@@ -49,10 +55,9 @@ __global__ void __launch_bounds__(kMaxThreads)
   for (int c = 0; c < kChunks; ++c) {
     const int col = (c * blockDim.x + threadIdx.x) * V;
     if (col < hidden) {
-      float w[V];
-      internal::LoadBf16<V>(weight + col, w);
+      if (!early_weights) internal::LoadBf16<V>(weight + col, w[c]);
 #pragma unroll
-      for (int i = 0; i < V; ++i) v[c][i] = v[c][i] * scale * w[i];
+      for (int i = 0; i < V; ++i) v[c][i] = v[c][i] * scale * w[c][i];
       internal::StoreBf16<V>(out + base + col, v[c]);
     }
   }
@@ -69,15 +74,19 @@ cudaError_t Launch(const __nv_bfloat16* x, __nv_bfloat16* residual, const __nv_b
                    (!kAddResidual || internal::Aligned16(residual));
   const int V = vec ? 8 : 1;
   const int units = (hidden + V - 1) / V;
-  if (units > kChunks * kMaxThreads) return cudaErrorInvalidValue;
-  // Enough threads that kChunks per thread cover the row; at least a full row in one chunk
+  if (units > kMaxChunks * kMaxThreads) return cudaErrorInvalidValue;
+  // Enough threads that kMaxChunks per thread cover the row; at least a full row in one chunk
   // when it fits, so short rows still use many threads.
   const int threads = internal::WarpRoundedThreads(units, kMaxThreads);
+  const bool one_chunk = units <= threads;
+  auto kernel = vec ? (one_chunk ? RmsNormKernel<8, kAddResidual, 1>
+                                 : RmsNormKernel<8, kAddResidual, kMaxChunks>)
+                    : (one_chunk ? RmsNormKernel<1, kAddResidual, 1>
+                                 : RmsNormKernel<1, kAddResidual, kMaxChunks>);
   // Programmatic dependent launch (internal/pdl_launch.cuh): the kernel starts while the one
   // before it finishes and waits for it before reading x.
-  return internal::LaunchWithPdl(vec ? RmsNormKernel<8, kAddResidual> : RmsNormKernel<1, kAddResidual>,
-                                 dim3(num_tokens), dim3(threads), 0, stream, x, residual, weight,
-                                 out, hidden, eps);
+  return internal::LaunchWithPdl(kernel, dim3(num_tokens), dim3(threads), 0, stream, x, residual,
+                                 weight, out, hidden, eps);
 }
 
 }  // namespace

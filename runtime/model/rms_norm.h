@@ -12,7 +12,9 @@
 // the norm sees exactly the residual that the next layer adds to.
 // One block per row (up to 1024 threads, 16-byte accesses when hidden is a multiple of 8 and
 // pointers are 16-byte aligned); the block's sum of squares is reduced in a fixed order, so
-// results are bitwise reproducible. The launch shape depends only on num_tokens and hidden.
+// results are bitwise reproducible. Where a row fits one 16-byte access per thread (hidden up to
+// 8192), each thread loads its weights before the programmatic-launch wait, off the path from
+// the kernel before to the one after. The launch shape depends only on num_tokens and hidden.
 // hidden may be up to 32768 (4096 on the unaligned path). Callable during capture; thread-safe.
 #ifndef KILN_RUNTIME_MODEL_RMS_NORM_H_
 #define KILN_RUNTIME_MODEL_RMS_NORM_H_
