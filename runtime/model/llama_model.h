@@ -122,10 +122,11 @@ struct DecodeGemmRows {
 // The most rows each projection runs through the prefetch GEMM (prefetch_gemm.h); 0: never; at
 // most kPrefetchGemmMaxRows. It comes before the decode GEMM: a projection it takes at m rows
 // uses neither the decode GEMM, the skinny kernel nor cuBLASLt. The defaults follow
-// runtime/runner/NOTES.md (H200, 1B shape): the four layer projections up to 2 rows (where the
-// decode layer kernel, which needs them here, takes the step), the TMA GEMM from 3 rows (batch 7
-// 1.065–1.070 against 1.124–1.129 ms with them here up to 8 rows), the LM head up to 8 rows;
-// the down projection after the SiLU·mul kernel (prefetch_gemm_silu).
+// runtime/runner/NOTES.md (H200, 1B shape): the four layer projections up to 2 rows (the decode
+// layer kernel needs them here; without it, batch 1 took 0.915–0.917 ms against 0.963–0.968 with
+// the TMA GEMM from 1 row), the TMA GEMM from 3 rows (batch 7 1.065–1.070 against 1.124–1.129 ms
+// with them here up to 8 rows), the LM head up to 8 rows; the down projection after the SiLU·mul
+// kernel (prefetch_gemm_silu).
 struct PrefetchGemmRows {
   int qkv = 2;
   int o = 2;
@@ -210,8 +211,9 @@ struct LlamaModelOptions {
   // The same bits either way. 8: on an H200 (1B shape) the step was 20 µs faster at 4 and 8 rows
   // (1.033 against 1.052–1.056 ms at 4, 1.083–1.084 against 1.105–1.106 at 8); from 9 rows,
   // where the QKV projection takes the TMA GEMM, it was slower (1.419 against 1.298 at 32);
-  // with the decode layer kernel (1–2 rows), ending it after QKV was slower too
-  // (runtime/runner/NOTES.md).
+  // with the decode layer kernel (1–2 rows), ending it after QKV was slower too. Without the
+  // layer kernel, 6 µs slower at 1 row than the RoPE kernel and 10–28 faster at 2 (0.971–0.973
+  // against 0.982–1.000 ms; runtime/runner/NOTES.md).
   int rope_in_attention_rows = 8;
   // GEMMs the decode GEMM does not take with at most this many rows use the skinny kernel (0
   // disables it; at most kSkinnyGemmMaxRows). 2: on an H200 the 1B decode step was faster with it
@@ -248,11 +250,12 @@ struct LlamaModelOptions {
   // projection through its down projection, then the next layer's QKV projection with its RoPE +
   // KV append, or the final norm; the weights stream across the projections). The same bits as
   // the kernel-per-operation step; only where every projection of the layer takes the prefetch
-  // GEMM at that row count (whose arithmetic it repeats), and not with tensor parallelism. 2: on
-  // an H200 (1B shape) the step was faster with it at 1 and 2 rows (0.961 against 0.994 ms,
-  // 1.016 against 1.040) and slower at 4 (1.141 against 1.100), where x takes more shared memory
-  // and the ring gets shallower (runtime/model/NOTES.md).
-  int layer_kernel_rows = 2;
+  // GEMM at that row count (whose arithmetic it repeats), and not with tensor parallelism. 0: on
+  // an H200 (1B shape) it had been faster at 1 and 2 rows (0.961 against 0.994 ms, 1.016 against
+  // 1.040) and slower at 4 (1.141 against 1.100; runtime/model/NOTES.md); since the norm kernels
+  // load their weights before their wait the kernel chain is faster at 1 and 2 rows too (0.915–
+  // 0.917 against 0.928–0.931 ms, 0.971–0.973 against 0.994–1.004; runtime/runner/NOTES.md).
+  int layer_kernel_rows = 0;
 };
 
 // The device views one step reads and writes. All pointers are device memory owned by the

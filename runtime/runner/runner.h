@@ -160,8 +160,11 @@ struct RunnerOptions {
   // decode.aim_by_seqs). max_seqs strictly ascending. On an H200 (1B, 1024 tokens), with the
   // TMA GEMM from 3 rows, 4 CTAs per SM is faster only at exactly 8 sequences (9 µs) and 2 at
   // every batch below (batch 4 0.990–0.996 against 1.018–1.020 ms, batch 3 1.004–1.008 against
-  // 1.059–1.063 with 4; runtime/runner/NOTES.md); from 16 on decode_ctas_per_sm.
-  std::vector<SplitAim> decode_split_by_rows = {{7, 2}, {8, 4}};
+  // 1.059–1.063 with 4); 1 from 9 to 24 (batch 16 1.146–1.163 against 1.171–1.176 ms, 20
+  // 1.210–1.213 against 1.233–1.236, but 9 1.143–1.147 against 1.124–1.130: a step cannot aim
+  // above its key's aim, and 9–16 share the key of 16; runtime/runner/NOTES.md); above,
+  // decode_ctas_per_sm.
+  std::vector<SplitAim> decode_split_by_rows = {{7, 2}, {8, 4}, {24, 1}};
   // Benchmarks only: leave attention out of every step (LlamaModelOptions::run_attention), to
   // time the rest. The tokens are then not the model's.
   bool skip_attention = false;
