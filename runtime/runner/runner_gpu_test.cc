@@ -670,20 +670,26 @@ bool GateUpSiluRunsAtItsRows(const Variant& v, int first) {
   return true;
 }
 
+// Over random traffic.
+void ExpectGateUpSiluGivesSiluMulKernelBits(const config::ModelShape& model, uint64_t seed) {
+  const Variant v = GateUpSiluVariant(model, seed);
+  // From 3 rows: the prefetch GEMM takes the gate-up projection at 1–2.
+  if (!GateUpSiluRunsAtItsRows(v, 3)) GTEST_SKIP() << kNoTmaGemm;
+  ExpectVariantGivesBaseBits(v, seed);
+}
+
 TEST_F(RunnerGpuTest, GateUpSiluEpilogueGivesTheSiluMulKernelBits) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
-  const Variant v = GateUpSiluVariant(TinyModel(), seed);
-  // From 3 rows: the decode layer kernel takes 1–2 rows.
-  if (!GateUpSiluRunsAtItsRows(v, 3)) GTEST_SKIP() << kNoTmaGemm;
-  ExpectVariantGivesBaseBits(v, seed);
+  ExpectGateUpSiluGivesSiluMulKernelBits(TinyModel(), seed);
 }
 
 TEST_F(RunnerGpuTest, GateUpSiluEpilogueGivesTheSiluMulKernelBitsAtEveryRowCount) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
   Variant v = GateUpSiluVariant(TinyModel(), seed);
-  // The TMA GEMM at every row count: no decode layer kernel, no prefetch GEMM for gate-up.
+  // The TMA GEMM at every row count: no decode layer kernel (as by default), no prefetch GEMM
+  // for gate-up.
   v.base.layer_kernel_rows = 0;
   v.base.prefetch_gemm_rows.gate_up = 0;
   if (!GateUpSiluRunsAtItsRows(v, 1)) GTEST_SKIP() << kNoTmaGemm;
@@ -694,9 +700,7 @@ TEST_F(RunnerGpuTest, GateUpSiluEpilogueGivesTheSiluMulKernelBitsAtEveryRowCount
 TEST_F(RunnerGpuTest, GateUpSiluEpilogueGivesTheSiluMulKernelBitsAtWideShapes) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
-  const Variant v = GateUpSiluVariant(WideModel(), seed);
-  if (!GateUpSiluRunsAtItsRows(v, 3)) GTEST_SKIP() << kNoTmaGemm;
-  ExpectVariantGivesBaseBits(v, seed);
+  ExpectGateUpSiluGivesSiluMulKernelBits(WideModel(), seed);
 }
 
 TEST_F(RunnerGpuTest, GreedyGenerationAndEagerFallbackMatchReference) {
