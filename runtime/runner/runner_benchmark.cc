@@ -128,7 +128,8 @@ namespace kiln {
 namespace {
 
 // Parses --decode_split_by_rows into `rules` (left as they are when the flag is empty); false,
-// after printing the bad entry, for one that is not two positive integers max_rows:ctas_per_sm.
+// after printing the bad entry, for one that is not two integers max_rows:ctas_per_sm, or for
+// rules CheckSplitAims refuses (the runner would refuse them too).
 bool ParseSplitRules(const std::string& text, std::vector<SplitAim>* rules) {
   if (text.empty()) return true;
   rules->clear();
@@ -137,17 +138,17 @@ bool ParseSplitRules(const std::string& text, std::vector<SplitAim>* rules) {
     const std::vector<absl::string_view> parts = absl::StrSplit(piece, ':');
     SplitAim rule;
     if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &rule.max_seqs) ||
-        !absl::SimpleAtoi(parts[1], &rule.ctas_per_sm) || rule.max_seqs < 1 ||
-        rule.ctas_per_sm < 1) {
+        !absl::SimpleAtoi(parts[1], &rule.ctas_per_sm)) {
       std::fprintf(stderr,
-                   "--decode_split_by_rows: bad entry \"%s\" (want max_rows:ctas_per_sm, both "
-                   "positive)\n",
+                   "--decode_split_by_rows: bad entry \"%s\" (want max_rows:ctas_per_sm)\n",
                    std::string(piece).c_str());
       return false;
     }
     rules->push_back(rule);
   }
-  return true;
+  const absl::Status checked = CheckSplitAims(*rules, "--decode_split_by_rows");
+  if (!checked.ok()) std::fprintf(stderr, "%s\n", std::string(checked.message()).c_str());
+  return checked.ok();
 }
 
 // One decode-attention split aim for every capture key.
