@@ -154,16 +154,15 @@ struct RunnerOptions {
   // decode.ctas_per_sm). 2: on an H200 (1B, 1024 tokens) 6, which splits batches of 16 and 32
   // into 3–6 chunks, was slower at every batch from 2 to 32 (runtime/runner/NOTES.md).
   int decode_ctas_per_sm = 2;
-  // Per capture key, by its row capacity, the decode split's aim instead of decode_ctas_per_sm
-  // (DecodeCtasPerSm: the first rule that holds the key); and per step, by its decode sequences
-  // (one row each), the same rules within what the key's aim sized (SplitKvPlanner's
-  // decode.aim_by_seqs). max_seqs strictly ascending. On an H200 (1B, 1024 tokens), with the
-  // TMA GEMM from 3 rows, 4 CTAs per SM is faster only at exactly 8 sequences (9 µs) and 2 at
-  // every batch below (batch 4 0.990–0.996 against 1.018–1.020 ms, batch 3 1.004–1.008 against
-  // 1.059–1.063 with 4); 1 from 9 to 24 (batch 16 1.146–1.163 against 1.171–1.176 ms, 20
-  // 1.210–1.213 against 1.233–1.236, but 9 1.143–1.147 against 1.124–1.130: a step cannot aim
-  // above its key's aim, and 9–16 share the key of 16; runtime/runner/NOTES.md); above,
-  // decode_ctas_per_sm.
+  // Per step, by its decode sequences (one row each), the decode split's aim instead of
+  // decode_ctas_per_sm (SplitKvPlanner's decode.aim_by_seqs); per capture key, the largest aim
+  // of the batches routed to it sizes its grid (DecodeCtasPerSm). max_seqs strictly ascending.
+  // On an H200 (1B, 1024 tokens), with the TMA GEMM from 3 rows, 4 CTAs per SM is faster only
+  // at exactly 8 sequences (9 µs) and 2 at every batch below (batch 4 0.990–0.996 against
+  // 1.018–1.020 ms, batch 3 1.004–1.008 against 1.059–1.063 with 4); 1 from 9 to 24 (batch 16
+  // 1.146–1.163 against 1.171–1.176 ms, 20 1.210–1.213 against 1.233–1.236). 2 for 9–12 would
+  // make batches 9–11 15–20 µs faster but 16 9–10 µs slower (its grid then sized for 2, most of
+  // it idle; runtime/runner/NOTES.md). Above, decode_ctas_per_sm.
   std::vector<SplitAim> decode_split_by_rows = {{7, 2}, {8, 4}, {24, 1}};
   // Benchmarks only: leave attention out of every step (LlamaModelOptions::run_attention), to
   // time the rest. The tokens are then not the model's.

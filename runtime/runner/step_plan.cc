@@ -39,8 +39,10 @@ absl::StatusOr<StepKeys> StepKeys::Create(const StepLimits& limits, const Captur
       k.decode_part = true;
       keys.keys_.push_back(k);
     }
-    for (int b = 1; b <= decode->max_size(); ++b) {
-      keys.decode_index_[b] = keys.Find({GraphMode::kDecode, *decode->PaddedSize(b)});
+    for (int b = decode->max_size(); b >= 1; --b) {
+      const int index = keys.Find({GraphMode::kDecode, *decode->PaddedSize(b)});
+      keys.decode_index_[b] = index;
+      keys.keys_[index].min_rows = b;
     }
   }
   if (prefill != nullptr) {
@@ -146,10 +148,13 @@ SplitKvPlannerOptions PlannerOptionsFor(const StepKey& key, int num_q_heads, int
 }
 
 int DecodeCtasPerSm(const StepKey& key, const std::vector<SplitAim>& aims, int otherwise) {
+  const int low = key.prefill_part ? key.max_rows : key.min_rows;
+  int largest = 0;
   for (const SplitAim& aim : aims) {
-    if (key.max_rows <= aim.max_seqs) return aim.ctas_per_sm;
+    if (aim.max_seqs >= low) largest = std::max(largest, aim.ctas_per_sm);
+    if (aim.max_seqs >= key.max_rows) return largest;  // no count of the key lies above it
   }
-  return otherwise;
+  return std::max(largest, otherwise);
 }
 
 MetadataLayout MetadataLayout::Create(const StepKey& key, size_t plan_bytes,

@@ -50,6 +50,9 @@ struct StepKey {
   CaptureKey key;
   int max_tokens = 0;         // token rows (the padded size for a graph key)
   int max_rows = 0;           // sequence capacity (logits rows for a graph key)
+  // The fewest sequences of a batch routed here: one more than the next smaller decode size for
+  // a decode key, 1 for the others.
+  int min_rows = 1;
   bool decode_part = false;   // the attention plan has a decode part
   bool prefill_part = false;  // the attention plan has a prefill part
   bool eager_only = false;    // the eager key: never captured, runs at exact sizes
@@ -102,10 +105,13 @@ SplitKvPlannerOptions PlannerOptionsFor(const StepKey& key, int num_q_heads, int
                                         int head_dim, int sm_count, int max_kv_len,
                                         int prefill_tile_rows = 64);
 
-// Returns the ctas_per_sm of the first of `aims` (RunnerOptions::decode_split_by_rows: a decode
-// sequence is one row) whose max_seqs is at least the key's row capacity, or `otherwise` where
-// none is: the decode-attention split's aim that sizes the key's grid (SplitKvPlanner's
-// decode.ctas_per_sm).
+// Returns the decode-attention split's aim that sizes the key's grid (SplitKvPlanner's
+// decode.ctas_per_sm) under `aims` (RunnerOptions::decode_split_by_rows: a decode sequence is one
+// row; aims[i] holds the counts above aims[i - 1].max_seqs up to its own, `otherwise` those above
+// every rule). A decode key takes the largest aim of its batches' counts, min_rows to max_rows,
+// since a step can aim lower than its key but not higher; a key with a prefill part takes the
+// aim of max_rows (its decode part holds any count up to it, and the largest aim of them all
+// would widen every mixed step's grid).
 int DecodeCtasPerSm(const StepKey& key, const std::vector<SplitAim>& aims, int otherwise);
 
 // Where a key's step inputs sit in the metadata blob (byte offsets, each 256-byte aligned):

@@ -113,6 +113,17 @@ TEST(StepPlanTest, PlannerOptionsFollowTheKey) {
   ASSERT_TRUE(SplitKvPlanner::Create(o).ok());
 }
 
+TEST(StepKeysTest, DecodeKeysKnowTheirFewestRows) {
+  Fixture f;
+  auto fewest = [&](CaptureKey k) { return f.keys.key(f.keys.Find(k)).min_rows; };
+  EXPECT_EQ(fewest({GraphMode::kDecode, 1}), 1);
+  EXPECT_EQ(fewest({GraphMode::kDecode, 2}), 2);
+  EXPECT_EQ(fewest({GraphMode::kDecode, 4}), 3);
+  EXPECT_EQ(fewest({GraphMode::kDecode, 16}), 9);
+  EXPECT_EQ(fewest({GraphMode::kPrefill, 96}), 1);
+  EXPECT_EQ(f.keys.key(f.keys.eager_index()).min_rows, 1);
+}
+
 TEST(StepPlanTest, DecodeSplitFollowsTheFirstRuleThatHoldsTheKey) {
   Fixture f;
   const std::vector<SplitAim> rules = {{2, 3}, {8, 4}};
@@ -125,6 +136,20 @@ TEST(StepPlanTest, DecodeSplitFollowsTheFirstRuleThatHoldsTheKey) {
   // A prefill key holds up to 64 sequences (PlannerOptionsFollowTheKey).
   EXPECT_EQ(ctas({GraphMode::kPrefill, 96}), 5);
   EXPECT_EQ(DecodeCtasPerSm(f.keys.key(f.keys.Find({GraphMode::kDecode, 1})), {}, 5), 5);
+}
+
+// A step can aim lower than its key but not higher, so a decode key sizes for the largest aim
+// of the counts routed to it.
+TEST(StepPlanTest, DecodeKeySizesForTheLargestAimOfItsBatches) {
+  Fixture f;
+  const std::vector<SplitAim> rules = {{2, 3}, {8, 4}, {10, 6}, {24, 1}};
+  auto ctas = [&](CaptureKey k) { return DecodeCtasPerSm(f.keys.key(f.keys.Find(k)), rules, 2); };
+  EXPECT_EQ(ctas({GraphMode::kDecode, 8}), 4);    // 5–8
+  EXPECT_EQ(ctas({GraphMode::kDecode, 16}), 6);   // 9–10 aim at 6, 11–16 at 1
+  EXPECT_EQ(ctas({GraphMode::kDecode, 32}), 2);   // 17–24 at 1, 25–32 otherwise
+  EXPECT_EQ(ctas({GraphMode::kDecode, 64}), 2);   // above every rule
+  EXPECT_EQ(ctas({GraphMode::kPrefill, 16}), 1);  // by its capacity, 16
+  EXPECT_EQ(ctas({GraphMode::kPrefill, 96}), 2);  // 64 sequences
 }
 
 TEST(StepPlanTest, MetadataLayoutIsAlignedAndTheTableComesLast) {
