@@ -396,17 +396,26 @@ bool LlamaModel::FusesSiluMul(int64_t m, int64_t n, int64_t k) const {
   return UsesDecodeGemm(Proj::kDown, m, n, k, DecodeGemmInput::kSiluMul);
 }
 
-std::optional<TmaGemmConfig> LlamaModel::GateUpSiluMulFor(int64_t m) const {
+LlamaModel::GateUpSilu LlamaModel::GateUpSiluMulFor(int64_t m) const {
   const LlamaShape& s = shape();
   const int64_t n = 2 * int64_t{s.ffn};
-  // Linear's order: the prefetch GEMM takes the projection first.
-  if (!options_.tma_gate_up_silu || m > kTmaGemmMaxRows ||
-      UsesLayerKernel(static_cast<int>(m)) || FoldsNorms(static_cast<int>(m)) ||
-      FusesSiluMul(m, s.hidden, s.ffn) ||
-      UsesPrefetchGemm(Proj::kGateUp, m, n, s.hidden, DecodeGemmInput::kPlain)) {
-    return std::nullopt;
+  GateUpSilu path;
+  if (UsesLayerKernel(static_cast<int>(m)) || FoldsNorms(static_cast<int>(m)) ||
+      FusesSiluMul(m, s.hidden, s.ffn)) {
+    return path;
   }
-  return TmaGemmFor(Proj::kGateUp, m, n, s.hidden, DecodeGemmInput::kPlain);
+  // Linear's order: the prefetch GEMM takes the projection first.
+  if (std::optional<PrefetchGemmConfig> c =
+          PrefetchGemmFor(Proj::kGateUp, m, n, s.hidden, DecodeGemmInput::kPlain)) {
+    // A CTA owns at least one gate row and its up row.
+    c->ctas = static_cast<int>(std::min<int64_t>(c->ctas, s.ffn));
+    if (options_.prefetch_gate_up_silu) path.prefetch = c;
+    return path;
+  }
+  if (options_.tma_gate_up_silu && m <= kTmaGemmMaxRows) {
+    path.tma = TmaGemmFor(Proj::kGateUp, m, n, s.hidden, DecodeGemmInput::kPlain);
+  }
+  return path;
 }
 
 std::optional<TmaGemmConfig> LlamaModel::TmaGemmFor(Proj proj, int64_t m, int64_t n, int64_t k,
@@ -703,39 +712,49 @@ absl::Status LlamaModel::PostAttention(int layer, const LlamaStepArgs& args, con
     }
   }
   // Where the gate-up GEMM's epilogue writes SiLU(gate)·up into act, the SiLU·mul kernel drops out.
-  const std::optional<TmaGemmConfig> silu_gate_up = GateUpSiluMulFor(n);
+  const GateUpSilu silu_gate_up = GateUpSiluMulFor(n);
+  const bf16* normed = fused ? a.hidden : a.normed;
   if (folded) {
     // residual = mid_residual (from the QKV GEMM) + the O projection; the gate-up GEMM's x =
     // RMSNorm(residual).
     RETURN_IF_ERROR(FoldedNormLinear(a.hidden, a.mid_residual, a.residual, w.post_norm(layer),
                                      w.gate_up(layer), a.gate_up, n, 2 * int64_t{s.ffn}, s.hidden,
                                      stream));
-  } else if (silu_gate_up) {
+  } else if (silu_gate_up.prefetch) {
+    PrefetchGemmArgs args = GemmArgs<PrefetchGemmArgs>(normed, w.gate_up(layer), a.act, n,
+                                                       2 * int64_t{s.ffn}, s.hidden, false);
+    args.silu_mul_output = true;
+    if (!PrefetchGemmSupports(args, *silu_gate_up.prefetch)) {
+      return absl::InternalError(absl::StrCat(
+          "The prefetch GEMM refuses the gate-up projection with SiLU·mul at ", n, " rows (",
+          silu_gate_up.prefetch->ToString(), "); set prefetch_gate_up_silu = false"));
+    }
+    CUDA_RETURN_IF_ERROR(LaunchPrefetchGemm(args, *silu_gate_up.prefetch, stream));
+  } else if (silu_gate_up.tma) {
     TmaGemmArgs args;
-    args.x = fused ? a.hidden : a.normed;
+    args.x = normed;
     args.w = w.gate_up(layer);
     args.y = a.act;
     args.m = n;
     args.n = 2 * s.ffn;
     args.k = s.hidden;
     args.silu_mul = true;
-    if (!TmaGemmSupports(args, *silu_gate_up)) {
+    if (!TmaGemmSupports(args, *silu_gate_up.tma)) {
       return absl::InternalError(absl::StrCat(
           "The TMA GEMM refuses the gate-up projection with SiLU·mul at ", n, " rows (",
-          silu_gate_up->ToString(), "); set tma_gate_up_silu = false"));
+          silu_gate_up.tma->ToString(), "); set tma_gate_up_silu = false"));
     }
-    CUDA_RETURN_IF_ERROR(LaunchTmaGemm(args, *silu_gate_up, stream));
+    CUDA_RETURN_IF_ERROR(LaunchTmaGemm(args, *silu_gate_up.tma, stream));
   } else {
-    const bf16* normed = fused ? a.hidden : a.normed;
     RETURN_IF_ERROR(Linear(Proj::kGateUp, normed, w.gate_up(layer), a.gate_up, n,
                            2 * int64_t{s.ffn}, s.hidden, stream));
   }
-  if (!silu_gate_up && FusesSiluMul(n, s.hidden, s.ffn)) {
+  if (!silu_gate_up.any() && FusesSiluMul(n, s.hidden, s.ffn)) {
     // The down GEMM reads SiLU(gate)·up of gate_up itself.
     RETURN_IF_ERROR(Linear(Proj::kDown, a.gate_up, w.down(layer), ProjectionOutput(a), n,
                            s.hidden, s.ffn, stream, DecodeGemmInput::kSiluMul));
   } else {
-    if (!silu_gate_up && options_.run_silu_mul) {
+    if (!silu_gate_up.any() && options_.run_silu_mul) {
       CUDA_RETURN_IF_ERROR(LaunchSiluMul(a.gate_up, a.act, n, s.ffn, stream));
     }
     RETURN_IF_ERROR(Linear(Proj::kDown, a.act, w.down(layer), ProjectionOutput(a), n, s.hidden,

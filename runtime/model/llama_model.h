@@ -2,8 +2,9 @@
 // accumulation: embedding, per layer [RMSNorm (fused with the residual add after the first),
 // QKV GEMM, RoPE + KV append (one kernel; in decode-only steps of a few rows done by the
 // attention kernel itself), split-kv attention, O GEMM, add + RMSNorm, gate-up
-// GEMM, SiLU·mul, down GEMM (for few rows one kernel: the down GEMM reads SiLU(gate)·up; for
-// few rows the norms run inside the QKV and gate-up GEMMs, "Folded norms" below)], final add +
+// GEMM, SiLU·mul, down GEMM (the gate-up GEMM writes SiLU(gate)·up itself where the prefetch or
+// TMA GEMM takes it; the down GEMM can read it instead; for few rows the norms can run inside
+// the QKV and gate-up GEMMs, "Folded norms" below)], final add +
 // RMSNorm, the last token of each sequence, float logits, greedy argmax.
 //
 //   ASSIGN_OR_RETURN(kiln::LlamaDeviceWeights w, kiln::LlamaDeviceWeights::Random(shape, 1, s));
@@ -182,6 +183,13 @@ struct LlamaModelOptions {
   // measured faster (runtime/model/NOTES.md): the fused x is loaded through registers, a
   // latency-bound prologue after the wait.
   bool prefetch_gemm_silu = false;
+  // A gate-up projection on the prefetch GEMM writes SiLU(gate)·up itself
+  // (PrefetchGemmArgs::silu_mul_output), so the SiLU·mul kernel drops out and the down
+  // projection reads its output; the same bits either way. It gives way to a down projection
+  // that reads SiLU(gate)·up itself (silu_in_down with prefetch_gemm_silu). On an H200 (1B
+  // shape) the step was 12–26 µs faster at 2 rows (0.939–0.947 against 0.959–0.965 ms) and the
+  // same at 1 within 3 µs (runtime/runner/NOTES.md).
+  bool prefetch_gate_up_silu = true;
   // Rows up to which each bf16 projection uses the TMA GEMM (each at most kTmaGemmMaxRows).
   TmaGemmRows tma_gemm_rows;
   // TMA GEMM CTAs per SM, 1 or 2, and the most k slices of each projection (ChooseTmaGemmConfig).
@@ -319,9 +327,10 @@ class LlamaModel {
   bool FoldsNorms(int num_tokens) const;
 
   // Returns whether a step of num_tokens (padded) rows takes SiLU(gate)·up from the gate-up
-  // projection's TMA GEMM (LlamaModelOptions::tma_gate_up_silu), without the SiLU·mul kernel.
+  // projection's GEMM (LlamaModelOptions::prefetch_gate_up_silu on the prefetch GEMM,
+  // tma_gate_up_silu on the TMA GEMM), without the SiLU·mul kernel.
   bool GateUpWritesSiluMul(int num_tokens) const {
-    return GateUpSiluMulFor(num_tokens).has_value();
+    return GateUpSiluMulFor(num_tokens).any();
   }
 
   // Returns whether a step of num_tokens (padded) rows runs its pieces through the decode layer
@@ -413,9 +422,15 @@ class LlamaModel {
   // Returns whether the down projection at m rows reads SiLU(gate)·up of the gate-up output
   // itself (through the prefetch or the decode GEMM).
   bool FusesSiluMul(int64_t m, int64_t n, int64_t k) const;
-  // Returns the TMA GEMM's launch shape for the gate-up projection at m rows with SiLU·mul in its
-  // epilogue (tma_gate_up_silu), or nullopt where the step runs the SiLU·mul otherwise.
-  std::optional<TmaGemmConfig> GateUpSiluMulFor(int64_t m) const;
+  // The launch shape of a gate-up projection that writes SiLU(gate)·up itself: on the prefetch
+  // GEMM (prefetch_gate_up_silu) or the TMA GEMM (tma_gate_up_silu); neither where the step runs
+  // the SiLU·mul otherwise.
+  struct GateUpSilu {
+    std::optional<PrefetchGemmConfig> prefetch;
+    std::optional<TmaGemmConfig> tma;
+    bool any() const { return prefetch.has_value() || tma.has_value(); }
+  };
+  GateUpSilu GateUpSiluMulFor(int64_t m) const;
   bool UsesSkinny(int64_t m) const;
   // Layer `layer` from its input norm through the KV append.
   absl::Status PreAttention(int layer, const LlamaStepArgs& args, const Activations& a,

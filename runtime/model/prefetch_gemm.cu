@@ -4,9 +4,12 @@
 // W, so the CTAs stream disjoint memory and balance to one row. The CTA walks its rows in groups
 // of 16 (the M of mma.m16n8k16; the last group may be partial) and each group's k in chunks of
 // 1024: one stage = 16 rows × 1024 k, copied row by row (cp.async.bulk, one per row, issued by
-// the lanes of warp 0) into a ring slot. The stage's layout, its products on the tensor cores,
-// the reduction over the 8 warps and the norm staging are internal/prefetch_stage.cuh's (shared
-// with the decode layer kernel).
+// the lanes of warp 0) into a ring slot. With the SiLU·mul output the CTA owns rows
+// [c·F/G, (c+1)·F/G) of y (F = n / 2) instead and walks two groups for each 16 of them: 16 gate
+// rows of W, then their 16 up rows (F further on); a thread keeps its gate sum in a register
+// from the first group's end to the second's, where it writes SiLU(gate)·up. The stage's layout,
+// its products on the tensor cores, the reduction over the 8 warps and the norm staging are
+// internal/prefetch_stage.cuh's (shared with the decode layer kernel).
 //
 // Pipeline. Stage i goes to slot i % S and completes on the slot's mbarrier (phase i / S). The
 // first S stages are issued before griddepcontrol.wait; after each stage every thread passes a
@@ -53,6 +56,7 @@ struct Params {
   void* y;                 // [m, n]
   int m, n, k;
   int64_t x_stride;  // elements between rows of x
+  int out_rows;      // rows of W per output column: n, or F = n / 2 with the SiLU·mul output
   int stages;        // ring slots
   int x_bytes;       // shared bytes of the staged x (XBytes)
   // kNorm only: residual_in null is kRmsNorm (h = x), else h = bf16(x + residual_in).
@@ -73,8 +77,9 @@ __device__ __forceinline__ void Store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void Store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
 // At most 80 registers (three CTAs' worth): two CTAs of this kernel and a decode-attention CTA
-// (128 threads × 168 registers) fit in an SM's 64 K registers.
-template <Staging kStaging, typename OutT>
+// (128 threads × 168 registers) fit in an SM's 64 K registers. kSiluOut: y [m, F] is
+// SiLU(gate)·up of W's gate rows [0, F) and up rows [F, n) (bf16 y, copied x).
+template <Staging kStaging, typename OutT, bool kSiluOut = false>
 __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p) {
   extern __shared__ __align__(128) unsigned char shared[];
   uint64_t* full = reinterpret_cast<uint64_t*>(shared);  // [stages]
@@ -90,11 +95,14 @@ __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p
   // The next kernel may become resident now and start its own independent prologue.
   AllowDependentLaunch();
 
-  const int64_t row_begin = static_cast<int64_t>(blockIdx.x) * p.n / gridDim.x;
-  const int rows = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * p.n / gridDim.x -
+  // The CTA's outputs: rows [row_begin, row_begin + rows) of y's columns, 16 to a group of W
+  // rows (kHalves groups: the gate rows, then their up rows, with the SiLU·mul output).
+  constexpr int kHalves = kSiluOut ? 2 : 1;
+  const int64_t row_begin = static_cast<int64_t>(blockIdx.x) * p.out_rows / gridDim.x;
+  const int rows = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * p.out_rows / gridDim.x -
                                     row_begin);
   const int k_stages = (p.k + kStageK - 1) / kStageK;
-  const int total = (rows + kGroupRows - 1) / kGroupRows * k_stages;
+  const int total = (rows + kGroupRows - 1) / kGroupRows * kHalves * k_stages;
   const int stages = p.stages;
 
   if (threadIdx.x == 0) {
@@ -108,15 +116,18 @@ __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p
   auto issue = [&](int i) {
     const int group = i / k_stages;
     const int k0 = (i - group * k_stages) * kStageK;
-    const int group_rows = min(kGroupRows, rows - group * kGroupRows);
+    const int out_group = group / kHalves;
+    const int group_rows = min(kGroupRows, rows - out_group * kGroupRows);
     const uint32_t row_bytes = static_cast<uint32_t>(min(kStageK, p.k - k0)) * 2u;
     const int slot = i % stages;
     const uint32_t bar = SharedAddress(full + slot);
     if (lane == 0) MbarrierArriveExpectTx(bar, row_bytes * group_rows);
     __syncwarp();
     if (lane < group_rows) {
-      const __nv_bfloat16* src =
-          p.w + (row_begin + group * kGroupRows + lane) * static_cast<int64_t>(p.k) + k0;
+      // The up half of a SiLU·mul output's pair of groups lies F rows further on.
+      const int64_t w_row =
+          row_begin + out_group * kGroupRows + lane + (group % kHalves) * int64_t{p.out_rows};
+      const __nv_bfloat16* src = p.w + w_row * static_cast<int64_t>(p.k) + k0;
       const uint32_t dst =
           SharedAddress(ring + slot * kStageBytes + lane * kStageRowElems * sizeof(__nv_bfloat16));
       BulkCopyToShared(dst, src, row_bytes, bar);
@@ -197,12 +208,14 @@ __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p
   const __nv_bfloat16* x_row = xs + g * x_row_elems;  // read only by lanes with g < m
   OutT* y = static_cast<OutT*>(p.y);
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  float gate = 0.f;  // SiLU·mul output: this thread's gate sum, between a pair's two group ends
   for (int i = 0; i < total; ++i) {
     const int slot = i % stages;
     const int group = i / k_stages;
     const int k_stage = i - group * k_stages;
     const int k0 = k_stage * kStageK;
-    const int group_rows = min(kGroupRows, rows - group * kGroupRows);
+    const int out_group = group / kHalves;
+    const int group_rows = min(kGroupRows, rows - out_group * kGroupRows);
     const int vectors = min(kStageK, p.k - k0) / 8;  // 8-k vectors of each row in this stage
     MbarrierWait(SharedAddress(full + slot), static_cast<uint32_t>((i / stages) & 1));
 
@@ -219,7 +232,16 @@ __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p
         const int col = threadIdx.x / kGroupRows;
         if (r < group_rows) {
           const float sum = internal::GroupSum(scratch, r, col);
-          Store(y + static_cast<int64_t>(col) * p.n + row_begin + group * kGroupRows + r, sum);
+          OutT* out = y + static_cast<int64_t>(col) * p.out_rows + row_begin +
+                      out_group * kGroupRows + r;
+          if constexpr (!kSiluOut) {
+            Store(out, sum);
+          } else if (group % 2 == 0) {
+            gate = sum;
+          } else {
+            // The bits of the plain GEMM (its bf16 gate and up) followed by the SiLU·mul kernel.
+            *out = internal::SiluMul(__float2bfloat16_rn(gate), __float2bfloat16_rn(sum));
+          }
         }
       }
       // With one stage per group the next stage's scratch writes would follow at once.
@@ -232,9 +254,9 @@ __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p
 // later). Asked once per process: kiln runs on one kind of GPU at a time.
 bool DeviceHasBulkCopy() { return CurrentDeviceIsSm90OrLater(); }
 
-template <Staging kStaging, typename OutT>
+template <Staging kStaging, typename OutT, bool kSiluOut = false>
 cudaError_t SetAttributes() {
-  return internal::AllowSharedMemory(PrefetchGemmKernel<kStaging, OutT>,
+  return internal::AllowSharedMemory(PrefetchGemmKernel<kStaging, OutT, kSiluOut>,
                                      kPrefetchGemmMaxSharedBytes);
 }
 
@@ -246,7 +268,8 @@ cudaError_t Prepare() {
                           SetAttributes<Staging::kNorm, __nv_bfloat16>(),
                           SetAttributes<Staging::kCopy, float>(),
                           SetAttributes<Staging::kSiluMul, float>(),
-                          SetAttributes<Staging::kNorm, float>()}) {
+                          SetAttributes<Staging::kNorm, float>(),
+                          SetAttributes<Staging::kCopy, __nv_bfloat16, true>()}) {
       if (e != cudaSuccess) return e;
     }
     return cudaSuccess;
@@ -255,10 +278,11 @@ cudaError_t Prepare() {
 }
 
 template <typename OutT>
-cudaError_t Launch(Staging staging, const Params& p, int ctas, size_t shared,
+cudaError_t Launch(Staging staging, bool silu_out, const Params& p, int ctas, size_t shared,
                    cudaStream_t stream) {
   auto kernel = staging == Staging::kNorm      ? PrefetchGemmKernel<Staging::kNorm, OutT>
                 : staging == Staging::kSiluMul ? PrefetchGemmKernel<Staging::kSiluMul, OutT>
+                : silu_out ? PrefetchGemmKernel<Staging::kCopy, __nv_bfloat16, true>  // bf16 y
                                                : PrefetchGemmKernel<Staging::kCopy, OutT>;
   return internal::LaunchWithPdl(kernel, dim3(ctas), dim3(kThreads), shared, stream, p);
 }
@@ -330,6 +354,10 @@ bool PrefetchGemmSupports(const PrefetchGemmArgs& a, const PrefetchGemmConfig& c
       !internal::Aligned16(a.w) || !internal::Aligned16(a.y)) {
     return false;
   }
+  if (a.silu_mul_output &&
+      (a.input != PrefetchGemmInput::kPlain || a.float_output || a.n % 2 != 0 || c.ctas > a.n / 2)) {
+    return false;
+  }
   if (!IsNorm(a.input)) return true;
   const bool add = a.input == PrefetchGemmInput::kAddRmsNorm;
   if (a.norm_weight == nullptr || !internal::Aligned16(a.norm_weight)) return false;
@@ -358,6 +386,7 @@ cudaError_t LaunchPrefetchGemm(const PrefetchGemmArgs& a, const PrefetchGemmConf
   p.n = a.n;
   p.k = a.k;
   p.x_stride = a.input == PrefetchGemmInput::kSiluMul ? 2 * int64_t{a.k} : a.k;
+  p.out_rows = a.silu_mul_output ? a.n / 2 : a.n;
   p.stages = c.stages;
   p.x_bytes = static_cast<int>(XBytes(a.m, a.k));
   p.residual_in = a.input == PrefetchGemmInput::kAddRmsNorm ? a.residual_in : nullptr;
@@ -368,8 +397,9 @@ cudaError_t LaunchPrefetchGemm(const PrefetchGemmArgs& a, const PrefetchGemmConf
   const Staging staging = IsNorm(a.input)                       ? Staging::kNorm
                           : a.input == PrefetchGemmInput::kSiluMul ? Staging::kSiluMul
                                                                  : Staging::kCopy;
-  return a.float_output ? Launch<float>(staging, p, c.ctas, shared, stream)
-                        : Launch<__nv_bfloat16>(staging, p, c.ctas, shared, stream);
+  return a.float_output
+             ? Launch<float>(staging, a.silu_mul_output, p, c.ctas, shared, stream)
+             : Launch<__nv_bfloat16>(staging, a.silu_mul_output, p, c.ctas, shared, stream);
 }
 
 }  // namespace kiln

@@ -13,6 +13,10 @@
 //   }
 //   // residual_b = bf16(delta + residual_a); y = (RMSNorm(residual_b) * post_norm) · Wᵀ: the bits
 //   // of LaunchFusedAddRmsNorm (rms_norm.h) followed by the plain GEMM, one kernel.
+//   // act = SiLU(x · W_gateᵀ)·(x · W_upᵀ) for a gate-up W [2F, k] (gate rows first): the bits of
+//   // the plain GEMM followed by LaunchSiluMul (silu_mul.h), one kernel.
+//   kiln::PrefetchGemmArgs gate_up{x, w_gate_up, act, m, 2 * F, k};
+//   gate_up.silu_mul_output = true;
 //   kiln::PrefetchGemmArgs fold{delta, w, y, m, n, k, kiln::PrefetchGemmInput::kAddRmsNorm};
 //   fold.residual_in = residual_a;
 //   fold.residual_out = residual_b;  // not residual_a: every CTA reads that one
@@ -88,6 +92,11 @@ struct PrefetchGemmArgs {
   int k = 0;
   PrefetchGemmInput input = PrefetchGemmInput::kPlain;
   bool float_output = false;  // y is float (logits), else bf16
+  // W's first n / 2 rows are gate, the next n / 2 up: y [m, n / 2] receives SiLU(gate)·up,
+  // rounded to bf16 as the SiLU·mul kernel does from the bf16 gate and up. A CTA then owns n / G
+  // rows of W as before, half of them gate and half up. Needs the plain input, bf16 y, n even and
+  // ctas ≤ n / 2.
+  bool silu_mul_output = false;
   // The norm inputs only (kRmsNorm, kAddRmsNorm):
   const __nv_bfloat16* residual_in = nullptr;  // [m, k]: kAddRmsNorm's residual before the add
   // [m, k]: the residual after the add (kAddRmsNorm, required) or x (kRmsNorm, optional); must
@@ -129,7 +138,7 @@ bool PrefetchGemmSupportsNormShape(int m, int n, int k, const PrefetchGemmConfig
 
 // Returns PrefetchGemmSupportsShape (PrefetchGemmSupportsNormShape for a norm input) for `args`
 // and whether x, w, y and the norm input's buffers are set, 16-byte aligned and residual_out
-// overlaps neither x nor residual_in.
+// overlaps neither x nor residual_in, and for the SiLU·mul output its conditions.
 bool PrefetchGemmSupports(const PrefetchGemmArgs& args, const PrefetchGemmConfig& config);
 
 // Raises the kernels' shared-memory limits (once per process; later calls return the first

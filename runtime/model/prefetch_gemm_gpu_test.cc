@@ -6,7 +6,8 @@
 // programmatic-launch wait); graph replay equal to eager and repeats equal bit for bit;
 // unsupported shapes refused. The norm inputs (RMSNorm, residual add + RMSNorm folded into the
 // GEMM) against a float64 reference and bit for bit against the norm kernels followed by the
-// plain GEMM, with the new residual the norm kernel's bits.
+// plain GEMM, with the new residual the norm kernel's bits. The SiLU·mul output bit for bit
+// against the plain GEMM followed by the SiLU·mul kernel, and against float64.
 #include "runtime/model/prefetch_gemm.h"
 
 #include <algorithm>
@@ -19,10 +20,12 @@
 #include "runtime/model/bf16.h"
 #include "runtime/model/internal/gpu_test_helpers.h"
 #include "runtime/model/rms_norm.h"
+#include "runtime/model/silu_mul.h"
 
 namespace kiln {
 namespace {
 
+using testing_internal::Bf16ToDouble;
 using testing_internal::CaptureAndReplay;
 using testing_internal::DeviceVector;
 using testing_internal::GemmProduct;
@@ -451,6 +454,71 @@ TEST_F(PrefetchGemmGpuTest, NormInputsRefuseBadBuffers) {
   EXPECT_EQ(LaunchPrefetchGemm(bad, ok, stream()), cudaErrorInvalidValue);
 }
 
+TEST_F(PrefetchGemmGpuTest, SiluMulOutputGivesTheSiluMulKernelBits) {
+  struct Shape {
+    int ffn, k;
+    std::vector<int> rows;
+  };
+  // The 1B model's gate-up; the tiny model's; halves that are not a multiple of the 8 gate rows
+  // a group takes, with k not a multiple of the 1024-k stage (one partial stage, and two stages
+  // and 8 k).
+  const std::vector<int> all = {1, 2, 3, 4, 5, 6, 7, 8};
+  for (const Shape& s : {Shape{8192, 2048, {1, 2, 8}}, Shape{512, 256, all},
+                         Shape{40, 1000, all}, Shape{300, 2056, {1, 5, 8}}}) {
+    const int n = 2 * s.ffn;
+    Problem problem(kPrefetchGemmMaxRows, n, s.k);
+    DeviceVector<uint16_t> fused(static_cast<size_t>(kPrefetchGemmMaxRows) * s.ffn);
+    DeviceVector<uint16_t> chained(static_cast<size_t>(kPrefetchGemmMaxRows) * s.ffn);
+    const std::vector<uint16_t> w = RandomBf16(static_cast<size_t>(n) * s.k);
+    problem.w().Upload(w, stream());
+    for (int m : s.rows) {
+      const std::vector<uint16_t> x = RandomBf16(static_cast<size_t>(m) * s.k, -3.f, 3.f);
+      problem.x().Upload(x, stream());
+      const std::vector<double> product =
+          GemmProduct(Operand(x, m, s.k, PrefetchGemmInput::kPlain), w, m, n, s.k);
+      std::vector<double> want(static_cast<size_t>(m) * s.ffn);
+      for (int i = 0; i < m; ++i) {
+        for (int c = 0; c < s.ffn; ++c) {
+          const double g = product[static_cast<size_t>(i) * n + c];
+          const double u = product[static_cast<size_t>(i) * n + s.ffn + c];
+          want[static_cast<size_t>(i) * s.ffn + c] = g / (1.0 + std::exp(-g)) * u;
+        }
+      }
+      const size_t bytes = static_cast<size_t>(m) * s.ffn * sizeof(uint16_t);
+      PrefetchGemmConfig chosen = ChoosePrefetchGemmConfig(m, n, s.k, kSmCount);
+      chosen.ctas = std::min(chosen.ctas, s.ffn);
+      // The chosen ring, one slot, a few CTAs of many groups and one CTA of every gate row.
+      for (const PrefetchGemmConfig& config :
+           {chosen, PrefetchGemmConfig{chosen.ctas, 1}, PrefetchGemmConfig{3, 2},
+            PrefetchGemmConfig{1, 3}}) {
+        SCOPED_TRACE(::testing::Message() << "ffn=" << s.ffn << " k=" << s.k << " m=" << m
+                                          << " " << config.ToString());
+        // The plain GEMM and the SiLU·mul kernel: the bits to give.
+        const PrefetchGemmArgs plain = problem.Args(m, PrefetchGemmInput::kPlain, false);
+        problem.y().Poison(stream());
+        chained.Poison(stream());
+        ASSERT_EQ(LaunchPrefetchGemm(plain, config, stream()), cudaSuccess);
+        ASSERT_EQ(LaunchSiluMul(static_cast<const __nv_bfloat16*>(plain.y),
+                                reinterpret_cast<__nv_bfloat16*>(chained.get()), m, s.ffn,
+                                stream()),
+                  cudaSuccess);
+        PrefetchGemmArgs args = plain;
+        args.y = fused.get();
+        args.silu_mul_output = true;
+        fused.Poison(stream());
+        ASSERT_TRUE(PrefetchGemmSupports(args, config));
+        ASSERT_EQ(LaunchPrefetchGemm(args, config, stream()), cudaSuccess);
+        std::vector<uint16_t> got = fused.Download(stream());
+        got.resize(static_cast<size_t>(m) * s.ffn);
+        const std::vector<uint16_t> chain = chained.Download(stream());
+        EXPECT_EQ(std::memcmp(got.data(), chain.data(), bytes), 0);
+        // Three roundings to bf16: g, u and the product.
+        EXPECT_LT(RelativeError(Bf16ToDouble(got), want), 2e-2);
+      }
+    }
+  }
+}
+
 TEST_F(PrefetchGemmGpuTest, RefusesUnsupportedShapes) {
   DeviceVector<uint16_t> buf(1 << 16);
   auto* p = reinterpret_cast<const __nv_bfloat16*>(buf.get());
@@ -491,6 +559,21 @@ TEST_F(PrefetchGemmGpuTest, RefusesUnsupportedShapes) {
   EXPECT_EQ(LaunchPrefetchGemm(bad, ok, stream()), cudaErrorInvalidValue);
   EXPECT_EQ(LaunchPrefetchGemm(a, PrefetchGemmConfig{16, 7}, stream()), cudaErrorInvalidValue)
       << "7 stages of 33 KiB exceed the shared-memory limit";
+  // The SiLU·mul output: 32 gate rows, so at most 32 CTAs; bf16 y, plain x, n even.
+  PrefetchGemmArgs silu = a;
+  silu.silu_mul_output = true;
+  EXPECT_TRUE(PrefetchGemmSupports(silu, PrefetchGemmConfig{32, 2}));
+  EXPECT_FALSE(PrefetchGemmSupports(silu, PrefetchGemmConfig{33, 2}));
+  bad = silu;
+  bad.float_output = true;
+  EXPECT_FALSE(PrefetchGemmSupports(bad, ok));
+  bad = silu;
+  bad.input = PrefetchGemmInput::kSiluMul;
+  EXPECT_FALSE(PrefetchGemmSupports(bad, ok));
+  bad = silu;
+  bad.n = 63;
+  EXPECT_FALSE(PrefetchGemmSupports(bad, ok));
+  EXPECT_EQ(LaunchPrefetchGemm(silu, PrefetchGemmConfig{33, 2}, stream()), cudaErrorInvalidValue);
 }
 
 }  // namespace

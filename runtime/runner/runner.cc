@@ -323,6 +323,7 @@ absl::Status Runner::InitAllocations(const RunnerOptions& options) {
   model_options.tma_gemm_ctas_per_sm = options.tma_gemm_ctas_per_sm;
   model_options.tma_gemm_max_splits = options.tma_gemm_max_splits;
   model_options.tma_qkv_next_after_wait = options.tma_qkv_next_after_wait;
+  model_options.prefetch_gate_up_silu = options.prefetch_gate_up_silu;
   model_options.tma_gate_up_silu = options.tma_gate_up_silu;
   model_options.layer_kernel_rows = options.layer_kernel_rows;
   model_options.decode_gemm_rows = options.decode_gemm_rows;

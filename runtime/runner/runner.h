@@ -132,7 +132,8 @@ struct RunnerOptions {
   int tma_gemm_ctas_per_sm = 2;
   TmaGemmSplits tma_gemm_max_splits;
   bool tma_qkv_next_after_wait = true;  // LlamaModelOptions::tma_qkv_next_after_wait
-  bool tma_gate_up_silu = true;  // LlamaModelOptions::tma_gate_up_silu
+  bool prefetch_gate_up_silu = true;  // LlamaModelOptions::prefetch_gate_up_silu
+  bool tma_gate_up_silu = true;       // LlamaModelOptions::tma_gate_up_silu
   // Steps of at most this many token rows run each piece as one decode layer kernel launch
   // (LlamaModelOptions::layer_kernel_rows; the same bits either way).
   int layer_kernel_rows = LlamaModelOptions{}.layer_kernel_rows;

@@ -642,39 +642,38 @@ class ReferenceCheck {
   double max_rel_ = 0;
 };
 
-// SiLU·mul in the gate-up projection's TMA GEMM against the SiLU·mul kernel, over `model`.
+// SiLU·mul in the gate-up projection's GEMM (prefetch or TMA) against the SiLU·mul kernel, over
+// `model`.
 Variant GateUpSiluVariant(const config::ModelShape& model, uint64_t seed) {
   Variant v{TinyOptions(GraphExecution::kFull, seed),
-            [](RunnerOptions& o) { o.tma_gate_up_silu = true; },
+            [](RunnerOptions& o) { o.prefetch_gate_up_silu = o.tma_gate_up_silu = true; },
             [](const LlamaModel& m, const StepInfo& info) {
               return m.GateUpWritesSiluMul(info.padded_tokens);
             },
             "SiLU·mul in the gate-up GEMM"};
   *v.base.config.mutable_model() = model;
-  v.base.tma_gate_up_silu = false;
+  v.base.prefetch_gate_up_silu = v.base.tma_gate_up_silu = false;
   return v;
 }
 
-constexpr char kNoTmaGemm[] = "The TMA GEMM needs compute capability 9.0";
+constexpr char kNoBulkCopy[] = "The prefetch and TMA GEMMs need compute capability 9.0";
 
-// Returns whether the epilogue runs on this GPU; where it does, expects it wherever the TMA GEMM
-// takes the gate-up projection (from `first` rows to its limit) and nowhere else.
-bool GateUpSiluRunsAtItsRows(const Variant& v, int first) {
+// Returns whether the epilogue runs on this GPU; where it does, expects it at 1 to `last` rows
+// (where the prefetch and TMA GEMMs take the gate-up projection) and not above.
+bool GateUpSiluRunsAtItsRows(const Variant& v, int last) {
   std::unique_ptr<Runner> probe = MakeProbe(v);
   EXPECT_NE(probe, nullptr);
-  if (probe == nullptr || !probe->model().GateUpWritesSiluMul(8)) return false;
-  const int last = v.base.tma_gemm_rows.gate_up;
+  if (probe == nullptr || !probe->model().GateUpWritesSiluMul(1)) return false;
   for (int m = 1; m <= last + 1; ++m) {
-    EXPECT_EQ(probe->model().GateUpWritesSiluMul(m), m >= first && m <= last) << m << " rows";
+    EXPECT_EQ(probe->model().GateUpWritesSiluMul(m), m <= last) << m << " rows";
   }
   return true;
 }
 
-// Over random traffic.
+// Over random traffic: the prefetch GEMM at 1–2 rows, the TMA GEMM above.
 void ExpectGateUpSiluGivesSiluMulKernelBits(const config::ModelShape& model, uint64_t seed) {
   const Variant v = GateUpSiluVariant(model, seed);
-  // From 3 rows: the prefetch GEMM takes the gate-up projection at 1–2.
-  if (!GateUpSiluRunsAtItsRows(v, 3)) GTEST_SKIP() << kNoTmaGemm;
+  if (!GateUpSiluRunsAtItsRows(v, v.base.tma_gemm_rows.gate_up)) GTEST_SKIP() << kNoBulkCopy;
   ExpectVariantGivesBaseBits(v, seed);
 }
 
@@ -692,7 +691,19 @@ TEST_F(RunnerGpuTest, GateUpSiluEpilogueGivesTheSiluMulKernelBitsAtEveryRowCount
   // for gate-up.
   v.base.layer_kernel_rows = 0;
   v.base.prefetch_gemm_rows.gate_up = 0;
-  if (!GateUpSiluRunsAtItsRows(v, 1)) GTEST_SKIP() << kNoTmaGemm;
+  if (!GateUpSiluRunsAtItsRows(v, v.base.tma_gemm_rows.gate_up)) GTEST_SKIP() << kNoBulkCopy;
+  ExpectDecodeStepsOfEveryRowCountGiveBaseBits(v, seed);
+}
+
+TEST_F(RunnerGpuTest, PrefetchGateUpSiluGivesTheSiluMulKernelBitsAtEveryRowCount) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  Variant v = GateUpSiluVariant(TinyModel(), seed);
+  // The prefetch GEMM at every row count it takes.
+  v.base.layer_kernel_rows = 0;
+  v.base.prefetch_gemm_rows.gate_up = kPrefetchGemmMaxRows;
+  v.base.tma_gemm_rows.gate_up = 0;
+  if (!GateUpSiluRunsAtItsRows(v, kPrefetchGemmMaxRows)) GTEST_SKIP() << kNoBulkCopy;
   ExpectDecodeStepsOfEveryRowCountGiveBaseBits(v, seed);
 }
 
