@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -138,6 +139,26 @@ Args GemmArgs(const bf16* x, const bf16* w, void* y, int64_t m, int64_t n, int64
   args.k = static_cast<int>(k);
   args.float_output = float_output;
   return args;
+}
+
+// The same for the TMA GEMM (bf16 y only).
+TmaGemmArgs TmaArgs(const bf16* x, const bf16* w, bf16* y, int64_t m, int64_t n, int64_t k) {
+  TmaGemmArgs args;
+  args.x = x;
+  args.w = w;
+  args.y = y;
+  args.m = static_cast<int>(m);
+  args.n = static_cast<int>(n);
+  args.k = static_cast<int>(k);
+  return args;
+}
+
+// The error for a GEMM that refuses the gate-up projection with SiLU·mul in its epilogue.
+absl::Status GateUpSiluRefused(const char* gemm, int64_t m, const std::string& config,
+                               const char* option) {
+  return absl::InternalError(absl::StrCat("The ", gemm,
+                                          " refuses the gate-up projection with SiLU·mul at ", m,
+                                          " rows (", config, "); set ", option, " = false"));
 }
 
 }  // namespace
@@ -418,6 +439,28 @@ LlamaModel::GateUpSilu LlamaModel::GateUpSiluMulFor(int64_t m) const {
   return path;
 }
 
+absl::Status LlamaModel::GateUpSiluMul(const bf16* x, const bf16* w, bf16* act, int64_t m,
+                                       const GateUpSilu& path, cudaStream_t stream) {
+  const int64_t n = 2 * int64_t{shape().ffn};
+  const int64_t k = shape().hidden;
+  if (path.prefetch) {
+    PrefetchGemmArgs args = GemmArgs<PrefetchGemmArgs>(x, w, act, m, n, k, false);
+    args.silu_mul_output = true;
+    if (!PrefetchGemmSupports(args, *path.prefetch)) {
+      return GateUpSiluRefused("prefetch GEMM", m, path.prefetch->ToString(),
+                               "prefetch_gate_up_silu");
+    }
+    return ToStatus(LaunchPrefetchGemm(args, *path.prefetch, stream), "prefetch GEMM");
+  }
+  if (!path.tma) return absl::InternalError("GateUpSiluMul got no GEMM to run");
+  TmaGemmArgs args = TmaArgs(x, w, act, m, n, k);
+  args.silu_mul = true;
+  if (!TmaGemmSupports(args, *path.tma)) {
+    return GateUpSiluRefused("TMA GEMM", m, path.tma->ToString(), "tma_gate_up_silu");
+  }
+  return ToStatus(LaunchTmaGemm(args, *path.tma, stream), "TMA GEMM");
+}
+
 std::optional<TmaGemmConfig> LlamaModel::TmaGemmFor(Proj proj, int64_t m, int64_t n, int64_t k,
                                                     DecodeGemmInput input) const {
   if (m > RowLimit(options_.tma_gemm_rows, proj) || input != DecodeGemmInput::kPlain) {
@@ -487,13 +530,7 @@ absl::Status LlamaModel::Linear(Proj proj, const bf16* x, const bf16* w, void* y
     }
   }
   if (const std::optional<TmaGemmConfig> c = TmaGemmFor(proj, m, n, k, input)) {
-    TmaGemmArgs args;
-    args.x = x;
-    args.w = w;
-    args.y = static_cast<bf16*>(y);
-    args.m = static_cast<int>(m);
-    args.n = static_cast<int>(n);
-    args.k = static_cast<int>(k);
+    TmaGemmArgs args = TmaArgs(x, w, static_cast<bf16*>(y), m, n, k);
     args.next_after_wait = proj == Proj::kQkv && options_.tma_qkv_next_after_wait;
     if (TmaGemmSupports(args, *c)) {
       return ToStatus(LaunchTmaGemm(args, *c, stream), "TMA GEMM");
@@ -720,31 +757,8 @@ absl::Status LlamaModel::PostAttention(int layer, const LlamaStepArgs& args, con
     RETURN_IF_ERROR(FoldedNormLinear(a.hidden, a.mid_residual, a.residual, w.post_norm(layer),
                                      w.gate_up(layer), a.gate_up, n, 2 * int64_t{s.ffn}, s.hidden,
                                      stream));
-  } else if (silu_gate_up.prefetch) {
-    PrefetchGemmArgs args = GemmArgs<PrefetchGemmArgs>(normed, w.gate_up(layer), a.act, n,
-                                                       2 * int64_t{s.ffn}, s.hidden, false);
-    args.silu_mul_output = true;
-    if (!PrefetchGemmSupports(args, *silu_gate_up.prefetch)) {
-      return absl::InternalError(absl::StrCat(
-          "The prefetch GEMM refuses the gate-up projection with SiLU·mul at ", n, " rows (",
-          silu_gate_up.prefetch->ToString(), "); set prefetch_gate_up_silu = false"));
-    }
-    CUDA_RETURN_IF_ERROR(LaunchPrefetchGemm(args, *silu_gate_up.prefetch, stream));
-  } else if (silu_gate_up.tma) {
-    TmaGemmArgs args;
-    args.x = normed;
-    args.w = w.gate_up(layer);
-    args.y = a.act;
-    args.m = n;
-    args.n = 2 * s.ffn;
-    args.k = s.hidden;
-    args.silu_mul = true;
-    if (!TmaGemmSupports(args, *silu_gate_up.tma)) {
-      return absl::InternalError(absl::StrCat(
-          "The TMA GEMM refuses the gate-up projection with SiLU·mul at ", n, " rows (",
-          silu_gate_up.tma->ToString(), "); set tma_gate_up_silu = false"));
-    }
-    CUDA_RETURN_IF_ERROR(LaunchTmaGemm(args, *silu_gate_up.tma, stream));
+  } else if (silu_gate_up.any()) {
+    RETURN_IF_ERROR(GateUpSiluMul(normed, w.gate_up(layer), a.act, n, silu_gate_up, stream));
   } else {
     RETURN_IF_ERROR(Linear(Proj::kGateUp, normed, w.gate_up(layer), a.gate_up, n,
                            2 * int64_t{s.ffn}, s.hidden, stream));

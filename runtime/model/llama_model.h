@@ -431,6 +431,10 @@ class LlamaModel {
     bool any() const { return prefetch.has_value() || tma.has_value(); }
   };
   GateUpSilu GateUpSiluMulFor(int64_t m) const;
+  // act [m, ffn] = SiLU(gate)·up of x · Wᵀ for the gate-up weights W through `path` (from
+  // GateUpSiluMulFor(m); any() must hold).
+  absl::Status GateUpSiluMul(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* act,
+                             int64_t m, const GateUpSilu& path, cudaStream_t stream);
   bool UsesSkinny(int64_t m) const;
   // Layer `layer` from its input norm through the KV append.
   absl::Status PreAttention(int layer, const LlamaStepArgs& args, const Activations& a,
