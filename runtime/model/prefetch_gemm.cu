@@ -354,8 +354,8 @@ bool PrefetchGemmSupports(const PrefetchGemmArgs& a, const PrefetchGemmConfig& c
       !internal::Aligned16(a.w) || !internal::Aligned16(a.y)) {
     return false;
   }
-  if (a.silu_mul_output &&
-      (a.input != PrefetchGemmInput::kPlain || a.float_output || a.n % 2 != 0 || c.ctas > a.n / 2)) {
+  if (a.silu_mul_output && (a.input != PrefetchGemmInput::kPlain || a.float_output ||
+                            a.n % 2 != 0 || c.ctas > a.n / 2)) {
     return false;
   }
   if (!IsNorm(a.input)) return true;
