@@ -169,6 +169,35 @@ inline std::vector<double> GemmProduct(const std::vector<double>& a,
   return y;
 }
 
+// Returns SiLU(gate)·up [m, ffn] in float64 of a gate-up product [m, 2 · ffn] (the gate columns
+// first).
+inline std::vector<double> SiluMulOfProduct(const std::vector<double>& product, int m, int ffn) {
+  std::vector<double> out(static_cast<size_t>(m) * ffn);
+  for (int i = 0; i < m; ++i) {
+    for (int c = 0; c < ffn; ++c) {
+      const double g = product[static_cast<size_t>(i) * 2 * ffn + c];
+      const double u = product[static_cast<size_t>(i) * 2 * ffn + ffn + c];
+      out[static_cast<size_t>(i) * ffn + c] = g / (1.0 + std::exp(-g)) * u;
+    }
+  }
+  return out;
+}
+
+// Expects a GEMM's SiLU·mul output, the first m · ffn bf16 values of `fused`, to have the bits
+// of `chained` (the plain GEMM followed by the SiLU·mul kernel) and to lie within `tolerance` of
+// `want` (SiluMulOfProduct).
+inline void ExpectSiluMulOutput(const DeviceVector<uint16_t>& fused,
+                                const DeviceVector<uint16_t>& chained, int m, int ffn,
+                                const std::vector<double>& want, double tolerance,
+                                cudaStream_t stream) {
+  const size_t count = static_cast<size_t>(m) * ffn;
+  std::vector<uint16_t> got = fused.Download(stream);
+  got.resize(count);
+  const std::vector<uint16_t> chain = chained.Download(stream);
+  EXPECT_EQ(std::memcmp(got.data(), chain.data(), count * sizeof(uint16_t)), 0);
+  EXPECT_LT(RelativeError(Bf16ToDouble(got), want), tolerance);
+}
+
 }  // namespace testing_internal
 }  // namespace kiln
 
