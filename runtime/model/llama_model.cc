@@ -125,25 +125,11 @@ absl::Status CheckRows(const Rows& rows, const char* what, int most) {
       ", lm_head ", LmHeadRows(rows), ") must lie in [0, ", most, "]"));
 }
 
-// Returns the prefetch or decode GEMM's arguments for y [m, n] = x [m, k] · Wᵀ (their fields
-// share these names); the caller sets the input.
-template <typename Args>
-Args GemmArgs(const bf16* x, const bf16* w, void* y, int64_t m, int64_t n, int64_t k,
-              bool float_output) {
+// Returns the prefetch, TMA or decode GEMM's arguments for y [m, n] = x [m, k] · Wᵀ (their
+// fields share these names); the caller sets the rest (input, output type, epilogue).
+template <typename Args, typename Y>
+Args GemmArgs(const bf16* x, const bf16* w, Y* y, int64_t m, int64_t n, int64_t k) {
   Args args;
-  args.x = x;
-  args.w = w;
-  args.y = y;
-  args.m = static_cast<int>(m);
-  args.n = static_cast<int>(n);
-  args.k = static_cast<int>(k);
-  args.float_output = float_output;
-  return args;
-}
-
-// The same for the TMA GEMM (bf16 y only).
-TmaGemmArgs TmaArgs(const bf16* x, const bf16* w, bf16* y, int64_t m, int64_t n, int64_t k) {
-  TmaGemmArgs args;
   args.x = x;
   args.w = w;
   args.y = y;
@@ -444,7 +430,7 @@ absl::Status LlamaModel::GateUpSiluMul(const bf16* x, const bf16* w, bf16* act, 
   const int64_t n = 2 * int64_t{shape().ffn};
   const int64_t k = shape().hidden;
   if (path.prefetch) {
-    PrefetchGemmArgs args = GemmArgs<PrefetchGemmArgs>(x, w, act, m, n, k, false);
+    PrefetchGemmArgs args = GemmArgs<PrefetchGemmArgs>(x, w, act, m, n, k);
     args.silu_mul_output = true;
     if (!PrefetchGemmSupports(args, *path.prefetch)) {
       return GateUpSiluRefused("prefetch GEMM", m, path.prefetch->ToString(),
@@ -453,7 +439,7 @@ absl::Status LlamaModel::GateUpSiluMul(const bf16* x, const bf16* w, bf16* act, 
     return ToStatus(LaunchPrefetchGemm(args, *path.prefetch, stream), "prefetch GEMM");
   }
   if (!path.tma) return absl::InternalError("GateUpSiluMul got no GEMM to run");
-  TmaGemmArgs args = TmaArgs(x, w, act, m, n, k);
+  TmaGemmArgs args = GemmArgs<TmaGemmArgs>(x, w, act, m, n, k);
   args.silu_mul = true;
   if (!TmaGemmSupports(args, *path.tma)) {
     return GateUpSiluRefused("TMA GEMM", m, path.tma->ToString(), "tma_gate_up_silu");
@@ -522,7 +508,8 @@ absl::Status LlamaModel::Linear(Proj proj, const bf16* x, const bf16* w, void* y
                                 DecodeGemmInput input) {
   const bool float_output = proj == Proj::kLmHead;
   if (const std::optional<PrefetchGemmConfig> c = PrefetchGemmFor(proj, m, n, k, input)) {
-    PrefetchGemmArgs args = GemmArgs<PrefetchGemmArgs>(x, w, y, m, n, k, float_output);
+    PrefetchGemmArgs args = GemmArgs<PrefetchGemmArgs>(x, w, y, m, n, k);
+    args.float_output = float_output;
     args.input = input == DecodeGemmInput::kSiluMul ? PrefetchGemmInput::kSiluMul
                                                     : PrefetchGemmInput::kPlain;
     if (PrefetchGemmSupports(args, *c)) {
@@ -530,14 +517,15 @@ absl::Status LlamaModel::Linear(Proj proj, const bf16* x, const bf16* w, void* y
     }
   }
   if (const std::optional<TmaGemmConfig> c = TmaGemmFor(proj, m, n, k, input)) {
-    TmaGemmArgs args = TmaArgs(x, w, static_cast<bf16*>(y), m, n, k);
+    TmaGemmArgs args = GemmArgs<TmaGemmArgs>(x, w, static_cast<bf16*>(y), m, n, k);
     args.next_after_wait = proj == Proj::kQkv && options_.tma_qkv_next_after_wait;
     if (TmaGemmSupports(args, *c)) {
       return ToStatus(LaunchTmaGemm(args, *c, stream), "TMA GEMM");
     }
   }
   if (const std::optional<DecodeGemmConfig> c = DecodeGemmFor(proj, m, n, k, input)) {
-    DecodeGemmArgs args = GemmArgs<DecodeGemmArgs>(x, w, y, m, n, k, float_output);
+    DecodeGemmArgs args = GemmArgs<DecodeGemmArgs>(x, w, y, m, n, k);
+    args.float_output = float_output;
     args.input = input;
     if (DecodeGemmSupports(args, *c)) {
       return ToStatus(LaunchDecodeGemm(args, *c, decode_workspace_.as<float>(),
@@ -559,7 +547,7 @@ absl::Status LlamaModel::FoldedNormLinear(const bf16* x, const bf16* residual_in
                                           bf16* residual_out, const bf16* norm_weight,
                                           const bf16* w, void* y, int64_t m, int64_t n, int64_t k,
                                           cudaStream_t stream) {
-  PrefetchGemmArgs args = GemmArgs<PrefetchGemmArgs>(x, w, y, m, n, k, /*float_output=*/false);
+  PrefetchGemmArgs args = GemmArgs<PrefetchGemmArgs>(x, w, y, m, n, k);
   args.input =
       residual_in != nullptr ? PrefetchGemmInput::kAddRmsNorm : PrefetchGemmInput::kRmsNorm;
   args.residual_in = residual_in;
