@@ -56,7 +56,7 @@ struct Params {
   void* y;                 // [m, n]
   int m, n, k;
   int64_t x_stride;  // elements between rows of x
-  int out_rows;      // rows of W per output column: n, or F = n / 2 with the SiLU·mul output
+  int out_rows;      // y's columns (its row stride): n, or F = n / 2 with the SiLU·mul output
   int stages;        // ring slots
   int x_bytes;       // shared bytes of the staged x (XBytes)
   // kNorm only: residual_in null is kRmsNorm (h = x), else h = bf16(x + residual_in).
