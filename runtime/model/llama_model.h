@@ -46,24 +46,24 @@
 // Rows past a step's tokens (padding) are computed on zero embeddings and never read back; the
 // attention output is cleared once per step so padding rows hold zeros, not stale values.
 //
-// GEMMs: per projection, the prefetch GEMM up to options.prefetch_gemm_rows (prefetch_gemm.h:
-// the weights bulk-copied into shared memory before the previous kernel ends), else the TMA GEMM
-// up to options.tma_gemm_rows (tma_gemm.h: the same idea on wgmma, for tens of rows), else the
-// decode GEMM up to options.decode_gemm_rows (decode_gemm.h: tensor cores, split-K, weights
-// streamed from before the previous kernel ends), the skinny kernel up to
-// options.skinny_gemm_max_rows, cuBLASLt above; every choice depends only on the projection and (m, n, k), so an eager step at a graph's
+// GEMMs: per projection, the prefetch GEMM up to options.prefetch_gemm_rows (prefetch_gemm.h: the
+// weights bulk-copied into shared memory before the previous kernel ends), else the TMA GEMM up to
+// options.tma_gemm_rows (tma_gemm.h: the same idea on wgmma, for tens of rows), else the decode
+// GEMM up to options.decode_gemm_rows (decode_gemm.h: tensor cores, split-K, weights streamed from
+// before the previous kernel ends), the skinny kernel up to options.skinny_gemm_max_rows, cuBLASLt
+// above; every choice depends only on the projection and (m, n, k), so an eager step at a graph's
 // padded size computes the same bits as the graph. Every kiln kernel of the step is launched with
 // programmatic dependent launch (internal/pdl_launch.cuh), so each starts while the one before it
 // finishes.
 //
-// Folded norms: where a step's QKV and gate-up projections both run through the prefetch GEMM
-// (at most kPrefetchGemmMaxRows rows) and fold_norm_into_gemm is on (and the all-reduce does not
-// already do the norms, below), the residual add + RMSNorm before each runs in that GEMM's
-// prologue (PrefetchGemmInput::kAddRmsNorm; layer 0's plain RMSNorm as kRmsNorm): the two norm
-// kernels per layer drop out, with the same bits (off by default: not faster, see the option). Every CTA of the GEMM reads the residual, so
-// the one that adds to it writes the sum elsewhere: the QKV GEMM from `residual` into
-// mid_residual, the gate-up GEMM back into `residual`, so every layer (and piece) starts with the
-// residual in `residual`, folded or not.
+// Folded norms: where a step's QKV and gate-up projections both run through the prefetch GEMM (at
+// most kPrefetchGemmMaxRows rows) and fold_norm_into_gemm is on (and the all-reduce does not
+// already do the norms, below), the residual add + RMSNorm before each runs in that GEMM's prologue
+// (PrefetchGemmInput::kAddRmsNorm; layer 0's plain RMSNorm as kRmsNorm): the two norm kernels per
+// layer drop out, with the same bits (off by default: not faster, see the option). Every CTA of the
+// GEMM reads the residual, so the one that adds to it writes the sum elsewhere: the QKV GEMM from
+// `residual` into mid_residual, the gate-up GEMM back into `residual`, so every layer (and piece)
+// starts with the residual in `residual`, folded or not.
 //
 // Tensor parallelism: with LlamaModelOptions::communicator set, the weights are one rank's shard
 // (runtime/model/tensor_parallel.h: heads and MLP columns split, the rest replicated) and the O

@@ -23,21 +23,21 @@
 //   fold.norm_weight = post_norm;
 //   fold.eps = 1e-5f;
 //
-// Why: at m ≤ 8 a projection's time is its weight bytes over memory bandwidth plus what it costs
-// to start and finish. The weights do not depend on the kernel before, only x does. Each CTA
-// owns a contiguous range of W's rows, which it streams through a ring of shared-memory stages
-// (16 rows × 1024 k each) with the bulk-copy engine (cp.async.bulk, completing on an mbarrier).
-// Launched with programmatic dependent launch, the CTAs become resident while the kernels before
-// them still run and fill the ring (up to ~100 KiB per CTA) before griddepcontrol.wait; only then
-// do they read x (one bulk copy per row, or through SiLU·mul or the norm where asked), multiply
-// on the tensor cores (mma.m16n8k16, x padded to 8 rows) and write y. Through the norm, every CTA
-// computes the whole normed x [m, k] in shared memory (2 × m rows of k read from L2 through
-// registers: at 8 rows as many bytes as a CTA's share of the QKV weights, one reason the fold did
-// not speed up the 1B step, runtime/model/NOTES.md) and CTA 0 alone writes the new residual, so
-// the residual it reads and the one it writes must be different buffers. ChoosePrefetchGemmConfig sizes the ring
-// so that two CTAs fit on one SM: two of this projection by default; with one CTA per SM, the
-// next projection's CTAs fit beside this one's and prefetch while it streams, which measured
-// slower in a decode step (runtime/model/NOTES.md, with the per-projection figures).
+// Why: at m ≤ 8 a projection's time is its weight bytes over memory bandwidth plus what it costs to
+// start and finish. The weights do not depend on the kernel before, only x does. Each CTA owns a
+// contiguous range of W's rows, which it streams through a ring of shared-memory stages (16 rows ×
+// 1024 k each) with the bulk-copy engine (cp.async.bulk, completing on an mbarrier). Launched with
+// programmatic dependent launch, the CTAs become resident while the kernels before them still run
+// and fill the ring (up to ~100 KiB per CTA) before griddepcontrol.wait; only then do they read x
+// (one bulk copy per row, or through SiLU·mul or the norm where asked), multiply on the tensor
+// cores (mma.m16n8k16, x padded to 8 rows) and write y. Through the norm, every CTA computes the
+// whole normed x [m, k] in shared memory (2 × m rows of k read from L2 through registers: at 8 rows
+// as many bytes as a CTA's share of the QKV weights, one reason the fold did not speed up the 1B
+// step, runtime/model/NOTES.md) and CTA 0 alone writes the new residual, so the residual it reads
+// and the one it writes must be different buffers. ChoosePrefetchGemmConfig sizes the ring so that
+// two CTAs fit on one SM: two of this projection by default; with one CTA per SM, the next
+// projection's CTAs fit beside this one's and prefetch while it streams, which measured slower in a
+// decode step (runtime/model/NOTES.md, with the per-projection figures).
 //
 // Every sum has a fixed order (k in stage order, then the 8 warps in warp order), so y is bitwise
 // reproducible for a given (m, n, k, config): an eager run and a graph agree bit for bit. The norm
@@ -132,8 +132,8 @@ size_t PrefetchGemmSharedBytes(int m, int k, int stages);
 // kPrefetchGemmMaxSharedBytes.
 bool PrefetchGemmSupportsShape(int m, int n, int k, const PrefetchGemmConfig& config);
 
-// Returns whether the norm inputs (kRmsNorm, kAddRmsNorm) take this shape: PrefetchGemmSupportsShape
-// and k ≤ kPrefetchGemmMaxNormK.
+// Returns whether the norm inputs (kRmsNorm, kAddRmsNorm) take this shape:
+// PrefetchGemmSupportsShape and k ≤ kPrefetchGemmMaxNormK.
 bool PrefetchGemmSupportsNormShape(int m, int n, int k, const PrefetchGemmConfig& config);
 
 // Returns PrefetchGemmSupportsShape (PrefetchGemmSupportsNormShape for a norm input) for `args`

@@ -211,7 +211,8 @@ absl::Status Runner::InitPlan(const RunnerOptions& options) {
 
   // The planner sizes memory for the GPU it is told about; by default, this one.
   config::PlannerConfig config = PlannerConfigFor(options);
-  if (config.gpu_preset() == "auto" || (!config.has_gpu_preset() && !config.gpu().has_total_bytes())) {
+  if (config.gpu_preset() == "auto" ||
+      (!config.has_gpu_preset() && !config.gpu().has_total_bytes())) {
     config.clear_gpu_preset();
     config::GpuSpec gpu;
     gpu.set_name(device.name);

@@ -95,8 +95,8 @@ absl::Status StepKeys::Check(absl::Span<const SeqLens> seqs) const {
   int64_t tokens = 0;
   for (const SeqLens& s : seqs) {
     if (s.q_len < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("A sequence of the step brings ", s.q_len, " tokens; each needs at least 1"));
+      return absl::InvalidArgumentError(absl::StrCat("A sequence of the step brings ", s.q_len,
+                                                     " tokens; each needs at least 1"));
     }
     tokens += s.q_len;
   }

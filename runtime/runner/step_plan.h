@@ -68,8 +68,8 @@ struct StepRoute {
 class StepKeys {
  public:
   // Builds the keys: one per size of `decode` and of `prefill` (each may be null: no keys of that
-  // kind; neither is kept), then the eager key. InvalidArgument for limits that are not positive, tokens below
-  // sequences, or a size above its limit.
+  // kind; neither is kept), then the eager key. InvalidArgument for limits that are not positive,
+  // tokens below sequences, or a size above its limit.
   static absl::StatusOr<StepKeys> Create(const StepLimits& limits, const CaptureSizes* decode,
                                          const CaptureSizes* prefill);
 
