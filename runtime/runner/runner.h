@@ -162,7 +162,7 @@ struct RunnerOptions {
   // at exactly 8 sequences (9 µs) and 2 at every batch below (batch 4 0.990–0.996 against
   // 1.018–1.020 ms, batch 3 1.004–1.008 against 1.059–1.063 with 4); 1 from 9 to 24 (batch 16
   // 1.146–1.163 against 1.171–1.176 ms, 20 1.210–1.213 against 1.233–1.236). 2 for 9–12 makes
-  // batches 9–11 8–16 µs faster but 12 and 16 7–13 µs slower (the key of 16 then sizes for 2,
+  // batches 9–11 8–18 µs faster but 12 and 16 5–14 µs slower (the key of 16 then sizes for 2,
   // and its steps of 13–16 leave half of the grid padding); with 12 added to the capture sizes
   // as well, 9–12 gain 4–16 µs and 13–16 lose nothing (runtime/runner/NOTES.md). Above,
   // decode_ctas_per_sm.
