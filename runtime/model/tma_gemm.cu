@@ -238,6 +238,39 @@ __device__ __forceinline__ void Consume(const Params& p, uint64_t* full, uint64_
   }
 }
 
+// Accumulator j of consumer thread u holds W tile row AccTileRow(u, j) times x row AccXRow(u, j).
+__device__ __forceinline__ int AccTileRow(int u, int j) {
+  return 16 * (u / 32) + (u % 32) / 4 + 8 * ((j >> 1) & 1);
+}
+__device__ __forceinline__ int AccXRow(int u, int j) {
+  return 8 * (j >> 2) + 2 * (u % 4) + (j & 1);
+}
+
+// Writes a consumer thread's accumulators into `partial` in the accumulators' order: element
+// e = j · 128 + u.
+template <int kAcc>
+__device__ __forceinline__ void StashPartial(float* partial, const float (&acc)[kAcc]) {
+#pragma unroll
+  for (int j = 0; j < kAcc; ++j) partial[j * kConsumerThreads + threadIdx.x] = acc[j];
+}
+
+// Returns element e of the tile's partials summed over the cluster's `splits` ranks in rank
+// order, every rank's load in flight at once (distributed shared memory).
+__device__ __forceinline__ float ClusterSum(cg::cluster_group& cluster, float* partial, int e,
+                                            int splits) {
+  float part[kTmaGemmMaxSplits];
+#pragma unroll
+  for (int s = 0; s < kTmaGemmMaxSplits; ++s) {
+    if (s < splits) part[s] = *cluster.map_shared_rank(partial + e, s);
+  }
+  float sum = 0.f;
+#pragma unroll
+  for (int s = 0; s < kTmaGemmMaxSplits; ++s) {
+    if (s < splits) sum += part[s];
+  }
+  return sum;
+}
+
 // Writes y of this CTA's tile: the consumers' `acc` at once with one slice; with several, the
 // tile's CTAs (one cluster, rank = slice) each put their partial into their own shared memory
 // (`scratch`, the ring's first bytes, free now), and each adds up 1/splits of the tile's
@@ -247,12 +280,9 @@ template <int kRows>
 __device__ __forceinline__ void Finish(const Params& p, unsigned char* scratch, int row0,
                                        int slice, const float (&acc)[kRows / 2]) {
   constexpr int kAcc = kRows / 2;
-  // Accumulator j of consumer thread u: W tile row 16·(u / 32) + (u % 32) / 4 + 8·((j / 2) % 2),
-  // x row 8·(j / 4) + 2·(u % 4) + j % 2.
   auto store = [&](int u, int j, float value) {
-    const int lane = u % 32;
-    const int r = row0 + 16 * (u / 32) + lane / 4 + 8 * ((j >> 1) & 1);
-    const int col = 8 * (j >> 2) + 2 * (lane % 4) + (j & 1);
+    const int r = row0 + AccTileRow(u, j);
+    const int col = AccXRow(u, j);
     if (r < p.n && col < p.m) {
       p.y[static_cast<int64_t>(col) * p.n + r] = __float2bfloat16_rn(value);
     }
@@ -265,28 +295,14 @@ __device__ __forceinline__ void Finish(const Params& p, unsigned char* scratch, 
     }
     return;
   }
-  // Partial tiles in the accumulators' order: element e = j · 128 + u.
   float* partial = reinterpret_cast<float*>(scratch);
-  if (consumer) {
-#pragma unroll
-    for (int j = 0; j < kAcc; ++j) partial[j * kConsumerThreads + threadIdx.x] = acc[j];
-  }
+  if (consumer) StashPartial(partial, acc);
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();  // every rank's partial is written
   constexpr int kElements = kConsumerThreads * kAcc;
   const int end = (slice + 1) * kElements / p.splits;
   for (int e = slice * kElements / p.splits + threadIdx.x; e < end; e += kThreads) {
-    float part[kTmaGemmMaxSplits];
-#pragma unroll
-    for (int s = 0; s < kTmaGemmMaxSplits; ++s) {
-      if (s < p.splits) part[s] = *cluster.map_shared_rank(partial + e, s);
-    }
-    float sum = 0.f;
-#pragma unroll
-    for (int s = 0; s < kTmaGemmMaxSplits; ++s) {
-      if (s < p.splits) sum += part[s];
-    }
-    store(e % kConsumerThreads, e / kConsumerThreads, sum);
+    store(e % kConsumerThreads, e / kConsumerThreads, ClusterSum(cluster, partial, e, p.splits));
   }
   cluster.sync();  // no rank exits, freeing its shared memory, while another still reads it
 }
@@ -307,21 +323,13 @@ __device__ __forceinline__ void FinishSiluMul(const Params& p, unsigned char* sc
   const bool alone = p.splits == 1;
   // Every consumer warp's products are done (their wgmmas read the ring) before it is written.
   __syncthreads();
-  if (threadIdx.x < kConsumerThreads) {
-#pragma unroll
-    for (int j = 0; j < kAcc; ++j) partial[j * kConsumerThreads + threadIdx.x] = acc[j];
-  }
+  if (threadIdx.x < kConsumerThreads) StashPartial(partial, acc);
   if (alone) {
     __syncthreads();
   } else {
     cluster.sync();  // every rank's partial is written
   }
-  auto sum = [&](int e) {
-    if (alone) return partial[e];
-    float total = 0.f;
-    for (int s = 0; s < p.splits; ++s) total += *cluster.map_shared_rank(partial + e, s);
-    return total;
-  };
+  auto sum = [&](int e) { return alone ? partial[e] : ClusterSum(cluster, partial, e, p.splits); };
   const int half_n = p.n / 2;
   constexpr int kGates = kHalf * kAcc;
   const int end = (slice + 1) * kGates / p.splits;
@@ -331,9 +339,8 @@ __device__ __forceinline__ void FinishSiluMul(const Params& p, unsigned char* sc
     const int e = j * kConsumerThreads + u;
     const __nv_bfloat16 gate = __float2bfloat16_rn(sum(e));
     const __nv_bfloat16 up = __float2bfloat16_rn(sum(e + kHalf));
-    const int lane = u % 32;
-    const int c = col0 + 16 * (u / 32) + lane / 4 + 8 * ((j >> 1) & 1);
-    const int row = 8 * (j >> 2) + 2 * (lane % 4) + (j & 1);
+    const int c = col0 + AccTileRow(u, j);
+    const int row = AccXRow(u, j);
     if (c < half_n && row < p.m) {
       p.y[static_cast<int64_t>(row) * half_n + c] = internal::SiluMul(gate, up);
     }
@@ -525,9 +532,8 @@ bool TmaGemmSupportsShape(int m, int n, int k, const TmaGemmConfig& c) {
 
 bool TmaGemmSupports(const TmaGemmArgs& a, const TmaGemmConfig& c) {
   return TmaGemmSupportsShape(a.m, a.n, a.k, c) && (!a.silu_mul || a.n % 2 == 0) &&
-         a.x != nullptr && a.w != nullptr &&
-         a.y != nullptr && internal::Aligned16(a.x) && internal::Aligned16(a.w) &&
-         internal::Aligned16(a.y);
+         a.x != nullptr && a.w != nullptr && a.y != nullptr && internal::Aligned16(a.x) &&
+         internal::Aligned16(a.w) && internal::Aligned16(a.y);
 }
 
 cudaError_t PrepareTmaGemm() { return Prepare(); }
