@@ -237,6 +237,11 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
     return absl::InvalidArgumentError(absl::StrCat(
         "rope_in_attention_rows ", options.rope_in_attention_rows, " must be 0 (never) or more"));
   }
+  if (options.rope_in_attention_min_rows < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rope_in_attention_min_rows ", options.rope_in_attention_min_rows,
+                     " must be 1 or more (rope_in_attention_rows 0 turns the path off)"));
+  }
   const DecodeGemmRows& rows = options.decode_gemm_rows;
   RETURN_IF_ERROR(CheckRows(rows, "decode_gemm_rows", kDecodeGemmMaxRows));
   if (options.num_kv_blocks < 1) {
@@ -378,7 +383,8 @@ bool LlamaModel::UsesLayerKernel(int num_tokens) const {
 bool LlamaModel::RopeInAttention(const LlamaStepArgs& args) const {
   // Not where the decode layer kernel runs the step (slower there, runtime/runner/NOTES.md), nor
   // without attention (or RoPE, for benchmarks).
-  return args.num_tokens <= options_.rope_in_attention_rows && !UsesLayerKernel(args.num_tokens) &&
+  return args.num_tokens >= options_.rope_in_attention_min_rows &&
+         args.num_tokens <= options_.rope_in_attention_rows && !UsesLayerKernel(args.num_tokens) &&
          options_.run_attention && options_.run_rope_append && args.decode.work_capacity > 0 &&
          args.prefill.work_capacity == 0;
 }

@@ -220,9 +220,12 @@ struct LlamaModelOptions {
   // (1.033 against 1.052–1.056 ms at 4, 1.083–1.084 against 1.105–1.106 at 8); from 9 rows,
   // where the QKV projection takes the TMA GEMM, it was slower (1.419 against 1.298 at 32);
   // with the decode layer kernel (1–2 rows), ending it after QKV was slower too. Without the
-  // layer kernel, 6 µs slower at 1 row than the RoPE kernel and 10–28 faster at 2 (0.971–0.973
-  // against 0.982–1.000 ms; runtime/runner/NOTES.md).
+  // layer kernel, 10–28 µs faster at 2 rows than the RoPE kernel (0.971–0.973 against
+  // 0.982–1.000 ms; runtime/runner/NOTES.md).
   int rope_in_attention_rows = 8;
+  // The fewest token rows of those steps (at least 1). 2: at 1 row the RoPE kernel was 9–19 µs
+  // faster on an H200 (0.894–0.898 against 0.907–0.917 ms, three rounds, runtime/runner/NOTES.md).
+  int rope_in_attention_min_rows = 2;
   // GEMMs the decode GEMM does not take with at most this many rows use the skinny kernel (0
   // disables it; at most kSkinnyGemmMaxRows). 2: on an H200 the 1B decode step was faster with it
   // at 1 row (1.169 against 1.251 ms) and even at 2, slower at 4 and 8 (runtime/runner/NOTES.md).
@@ -338,8 +341,8 @@ class LlamaModel {
   bool UsesLayerKernel(int num_tokens) const;
 
   // Returns whether the step's attention does its RoPE and KV append
-  // (LlamaModelOptions::rope_in_attention_rows): the same answer for every piece of a step, at
-  // capture and replay.
+  // (LlamaModelOptions::rope_in_attention_min_rows..rope_in_attention_rows): the same answer for
+  // every piece of a step, at capture and replay.
   bool RopeInAttention(const LlamaStepArgs& args) const;
 
   // Enqueues the whole step. Callable during capture for prepared sizes.

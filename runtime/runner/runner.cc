@@ -331,6 +331,7 @@ absl::Status Runner::InitAllocations(const RunnerOptions& options) {
   model_options.silu_in_down = options.silu_in_down;
   model_options.fuse_rope_append = options.fuse_rope_append;
   model_options.rope_in_attention_rows = options.rope_in_attention_rows;
+  model_options.rope_in_attention_min_rows = options.rope_in_attention_min_rows;
   model_options.run_attention = !options.skip_attention;
   model_options.run_rope_append = !options.skip_rope_append;
   model_options.run_norms = !options.skip_norms;

@@ -140,8 +140,10 @@ struct RunnerOptions {
   DecodeGemmRows decode_gemm_rows;
   bool silu_in_down = true;
   bool fuse_rope_append = true;
-  // LlamaModelOptions::rope_in_attention_rows (the same bits either way).
+  // LlamaModelOptions::rope_in_attention_rows and rope_in_attention_min_rows (the same bits
+  // either way).
   int rope_in_attention_rows = LlamaModelOptions{}.rope_in_attention_rows;
+  int rope_in_attention_min_rows = LlamaModelOptions{}.rope_in_attention_min_rows;
   int skinny_gemm_max_rows = 2;
   // Split decode attention tiles are merged by the decode kernel itself (merge counters), not by
   // a separate merge launch.

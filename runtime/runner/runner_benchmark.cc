@@ -107,6 +107,8 @@ ABSL_FLAG(int, layer_kernel_rows, kiln::RunnerOptions{}.layer_kernel_rows,
           "Steps of at most this many rows run each piece as one decode layer kernel (0: none)");
 ABSL_FLAG(int, rope_in_attention_rows, kiln::RunnerOptions{}.rope_in_attention_rows,
           "Decode-only steps of at most this many rows do RoPE + KV append in attention");
+ABSL_FLAG(int, rope_in_attention_min_rows, kiln::RunnerOptions{}.rope_in_attention_min_rows,
+          "... and of at least this many rows");
 ABSL_FLAG(int, decode_qkv_rows, kiln::DecodeGemmRows{}.qkv, "Decode GEMM rows: QKV projection");
 ABSL_FLAG(int, decode_o_rows, kiln::DecodeGemmRows{}.o, "Decode GEMM rows: O projection");
 ABSL_FLAG(int, decode_gate_up_rows, kiln::DecodeGemmRows{}.gate_up,
@@ -299,6 +301,7 @@ RunnerOptions BenchmarkOptions(const std::vector<int>& capture_sizes,
   o.tma_gemm_max_splits.down = absl::GetFlag(FLAGS_tma_down_splits);
   o.layer_kernel_rows = absl::GetFlag(FLAGS_layer_kernel_rows);
   o.rope_in_attention_rows = absl::GetFlag(FLAGS_rope_in_attention_rows);
+  o.rope_in_attention_min_rows = absl::GetFlag(FLAGS_rope_in_attention_min_rows);
   o.decode_gemm_rows.qkv = absl::GetFlag(FLAGS_decode_qkv_rows);
   o.decode_gemm_rows.o = absl::GetFlag(FLAGS_decode_o_rows);
   o.decode_gemm_rows.gate_up = absl::GetFlag(FLAGS_decode_gate_up_rows);
@@ -489,6 +492,8 @@ int Main(int argc, char** argv) {
         {"layer kernel<=8", [](RunnerOptions& o) { o.layer_kernel_rows = 8; }},
         {"RoPE+append apart", [](RunnerOptions& o) { o.fuse_rope_append = false; }},
         {"no RoPE+append in attention", [](RunnerOptions& o) { o.rope_in_attention_rows = 0; }},
+        {"RoPE+append in attention from 1 row",
+         [](RunnerOptions& o) { o.rope_in_attention_min_rows = 1; }},
         {"merge kernel", [](RunnerOptions& o) { o.fused_attention_merge = false; }},
         {"KV chunk >= 128", [](RunnerOptions& o) { o.decode_min_kv_chunk = 128; }},
         {"KV chunk >= 256", [](RunnerOptions& o) { o.decode_min_kv_chunk = 256; }},

@@ -537,7 +537,10 @@ TEST_F(RunnerGpuTest, LayerKernelGivesTheKernelPerOperationBitsAtWideShapes) {
 // decode step (without the decode layer kernel, which keeps its own RoPE phase).
 Variant RopeInAttentionVariant(const config::ModelShape& model, uint64_t seed) {
   Variant v{TinyOptions(GraphExecution::kFull, seed),
-            [](RunnerOptions& o) { o.rope_in_attention_rows = kMaxTokens; },
+            [](RunnerOptions& o) {
+              o.rope_in_attention_rows = kMaxTokens;
+              o.rope_in_attention_min_rows = 1;
+            },
             // Decode keys plan a decode part only: their steps rotate in attention.
             [](const LlamaModel&, const StepInfo& info) {
               return info.key.mode == GraphMode::kDecode && !info.eager_key;
@@ -782,6 +785,8 @@ TEST_F(RunnerGpuTest, BadKernelChoiceOptionsAreRefused) {
       {[](RunnerOptions& o) { o.prefetch_gemm_rows.o = kPrefetchGemmMaxRows + 1; },
        "prefetch_gemm_rows"},
       {[](RunnerOptions& o) { o.rope_in_attention_rows = -1; }, "rope_in_attention_rows -1"},
+      {[](RunnerOptions& o) { o.rope_in_attention_min_rows = 0; },
+       "rope_in_attention_min_rows 0"},
       {[](RunnerOptions& o) { o.decode_split_by_rows = {{8, 4}, {2, 2}}; },
        "RunnerOptions::decode_split_by_rows[1] (max_seqs 2"},
   };
