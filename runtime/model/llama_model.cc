@@ -409,24 +409,23 @@ bool LlamaModel::FusesSiluMul(int64_t m, int64_t n, int64_t k) const {
   return UsesDecodeGemm(Proj::kDown, m, n, k, DecodeGemmInput::kSiluMul);
 }
 
-LlamaModel::GateUpSilu LlamaModel::GateUpSiluMulFor(int64_t m) const {
+LlamaModel::MlpPath LlamaModel::MlpPathFor(int64_t m) const {
   const LlamaShape& s = shape();
   const int64_t n = 2 * int64_t{s.ffn};
-  GateUpSilu path;
-  if (UsesLayerKernel(static_cast<int>(m)) || FoldsNorms(static_cast<int>(m)) ||
-      FusesSiluMul(m, s.hidden, s.ffn)) {
-    return path;
-  }
+  MlpPath path;
+  path.folded_norm = FoldsNorms(static_cast<int>(m));
+  path.silu_in_down = FusesSiluMul(m, s.hidden, s.ffn);
+  if (UsesLayerKernel(static_cast<int>(m)) || path.folded_norm || path.silu_in_down) return path;
   // Linear's order: the prefetch GEMM takes the projection first.
   if (std::optional<PrefetchGemmConfig> c =
           PrefetchGemmFor(Proj::kGateUp, m, n, s.hidden, DecodeGemmInput::kPlain)) {
     // A CTA owns at least one gate row and its up row.
     c->ctas = static_cast<int>(std::min<int64_t>(c->ctas, s.ffn));
-    if (options_.prefetch_gate_up_silu) path.prefetch = c;
+    if (options_.prefetch_gate_up_silu) path.gate_up_silu.prefetch = c;
     return path;
   }
   if (options_.tma_gate_up_silu && m <= kTmaGemmMaxRows) {
-    path.tma = TmaGemmFor(Proj::kGateUp, m, n, s.hidden, DecodeGemmInput::kPlain);
+    path.gate_up_silu.tma = TmaGemmFor(Proj::kGateUp, m, n, s.hidden, DecodeGemmInput::kPlain);
   }
   return path;
 }
@@ -732,37 +731,36 @@ absl::Status LlamaModel::PostAttention(int layer, const LlamaStepArgs& args, con
   const bool fused = FusesAllReduceNorm(n);
   RETURN_IF_ERROR(
       Linear(Proj::kO, a.attn, w.o(layer), ProjectionOutput(a), n, s.hidden, s.q_width(), stream));
-  const bool folded = FoldsNorms(n);
+  const MlpPath mlp = MlpPathFor(n);
   if (fused) {
     RETURN_IF_ERROR(AllReduceAddRmsNorm(a, n, w.post_norm(layer), stream));
   } else {
     RETURN_IF_ERROR(AllReduceProjection(a, n, stream));
-    if (!folded && options_.run_norms) {
+    if (!mlp.folded_norm && options_.run_norms) {
       CUDA_RETURN_IF_ERROR(LaunchFusedAddRmsNorm(a.hidden, a.residual, w.post_norm(layer),
                                                  a.normed, n, s.hidden, eps, stream));
     }
   }
-  // Where the gate-up GEMM's epilogue writes SiLU(gate)·up into act, the SiLU·mul kernel drops out.
-  const GateUpSilu silu_gate_up = GateUpSiluMulFor(n);
   const bf16* normed = fused ? a.hidden : a.normed;
-  if (folded) {
+  if (mlp.folded_norm) {
     // residual = mid_residual (from the QKV GEMM) + the O projection; the gate-up GEMM's x =
     // RMSNorm(residual).
     RETURN_IF_ERROR(FoldedNormLinear(a.hidden, a.mid_residual, a.residual, w.post_norm(layer),
                                      w.gate_up(layer), a.gate_up, n, 2 * int64_t{s.ffn}, s.hidden,
                                      stream));
-  } else if (silu_gate_up.any()) {
-    RETURN_IF_ERROR(GateUpSiluMul(normed, w.gate_up(layer), a.act, n, silu_gate_up, stream));
+  } else if (mlp.gate_up_silu.any()) {
+    // The gate-up GEMM's epilogue writes SiLU(gate)·up into act: no SiLU·mul kernel.
+    RETURN_IF_ERROR(GateUpSiluMul(normed, w.gate_up(layer), a.act, n, mlp.gate_up_silu, stream));
   } else {
     RETURN_IF_ERROR(Linear(Proj::kGateUp, normed, w.gate_up(layer), a.gate_up, n,
                            2 * int64_t{s.ffn}, s.hidden, stream));
   }
-  if (!silu_gate_up.any() && FusesSiluMul(n, s.hidden, s.ffn)) {
+  if (mlp.silu_in_down) {
     // The down GEMM reads SiLU(gate)·up of gate_up itself.
     RETURN_IF_ERROR(Linear(Proj::kDown, a.gate_up, w.down(layer), ProjectionOutput(a), n,
                            s.hidden, s.ffn, stream, DecodeGemmInput::kSiluMul));
   } else {
-    if (!silu_gate_up.any() && options_.run_silu_mul) {
+    if (!mlp.gate_up_silu.any() && options_.run_silu_mul) {
       CUDA_RETURN_IF_ERROR(LaunchSiluMul(a.gate_up, a.act, n, s.ffn, stream));
     }
     RETURN_IF_ERROR(Linear(Proj::kDown, a.act, w.down(layer), ProjectionOutput(a), n, s.hidden,

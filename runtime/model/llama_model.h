@@ -333,7 +333,7 @@ class LlamaModel {
   // projection's GEMM (LlamaModelOptions::prefetch_gate_up_silu on the prefetch GEMM,
   // tma_gate_up_silu on the TMA GEMM), without the SiLU·mul kernel.
   bool GateUpWritesSiluMul(int num_tokens) const {
-    return GateUpSiluMulFor(num_tokens).any();
+    return MlpPathFor(num_tokens).gate_up_silu.any();
   }
 
   // Returns whether a step of num_tokens (padded) rows runs its pieces through the decode layer
@@ -426,16 +426,22 @@ class LlamaModel {
   // itself (through the prefetch or the decode GEMM).
   bool FusesSiluMul(int64_t m, int64_t n, int64_t k) const;
   // The launch shape of a gate-up projection that writes SiLU(gate)·up itself: on the prefetch
-  // GEMM (prefetch_gate_up_silu) or the TMA GEMM (tma_gate_up_silu); neither where the step runs
-  // the SiLU·mul otherwise.
+  // GEMM (prefetch_gate_up_silu) or the TMA GEMM (tma_gate_up_silu).
   struct GateUpSilu {
     std::optional<PrefetchGemmConfig> prefetch;
     std::optional<TmaGemmConfig> tma;
     bool any() const { return prefetch.has_value() || tma.has_value(); }
   };
-  GateUpSilu GateUpSiluMulFor(int64_t m) const;
+  // How the MLP of a step of m rows (without the decode layer kernel) runs: the same answer for
+  // every layer and piece of the step, at capture and replay.
+  struct MlpPath {
+    bool folded_norm = false;   // FoldsNorms: the gate-up GEMM adds and normalises its own x
+    bool silu_in_down = false;  // FusesSiluMul: the down GEMM applies SiLU·mul to gate_up
+    GateUpSilu gate_up_silu;    // the gate-up GEMM writes SiLU(gate)·up (neither of the above)
+  };  // The SiLU·mul kernel runs where neither silu_in_down nor gate_up_silu holds.
+  MlpPath MlpPathFor(int64_t m) const;
   // act [m, ffn] = SiLU(gate)·up of x · Wᵀ for the gate-up weights W through `path` (from
-  // GateUpSiluMulFor(m); any() must hold).
+  // MlpPathFor(m); any() must hold).
   absl::Status GateUpSiluMul(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* act,
                              int64_t m, const GateUpSilu& path, cudaStream_t stream);
   bool UsesSkinny(int64_t m) const;
