@@ -2,7 +2,8 @@
 // vocab 128256, random bf16 weights) through the Runner, as CUDA graphs and eagerly at the same
 // padded sizes, at batch 1, 8, 32 and 128 with 1024 tokens of context; the capture time of every
 // default decode size up to 256 and prefill budget up to 512 tokens; the step without attention
-// (with --where, also without RoPE + KV append, the norm kernels or SiLU·mul);
+// (with --where, also without RoPE + KV append, the norm kernels or SiLU·mul); with
+// --trace_batches, each kernel's share of a graph step's critical path (CUPTI kernel trace);
 // the step by GEMM path for small batches (as configured, without the prefetch GEMM, the skinny
 // kernel with cuBLASLt, cuBLASLt alone); and with --ablate, the step
 // with one fusion or choice changed at a time. The --prefetch_*, --fold_norm, --decode_*,
@@ -40,6 +41,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "runtime/cuda/device_buffer.h"
+#include "runtime/cuda/kernel_trace.h"
 #include "runtime/cuda/device_info.h"
 #include "runtime/cuda/event.h"
 #include "runtime/cuda/status.h"
@@ -121,6 +123,10 @@ ABSL_FLAG(int, decode_min_kv_chunk, kiln::RunnerOptions{}.decode_min_kv_chunk,
 ABSL_FLAG(bool, where, false,
           "Also time the step without RoPE + KV append, without the norm kernels and without "
           "SiLU·mul (each from layer_kernel_rows + 1 rows), not only without attention");
+ABSL_FLAG(std::string, trace_batches, "",
+          "Decode batch sizes whose graph step is also traced (CUPTI): each kernel's share of "
+          "the step's critical path, from the median of the traced replays (warm-ups and up to "
+          "8 steps)");
 ABSL_FLAG(std::string, decode_split_by_rows, "",
           "Decode attention split rules, max_rows:ctas_per_sm pairs (e.g. 2:2,8:4); empty: "
           "RunnerOptions' default; none: no rules");
@@ -275,6 +281,22 @@ Timing TimeDecode(Runner& runner, int batch, int context, int steps, bool eager_
   return t;
 }
 
+// Traces the graph step of `batch` rows (warm-ups and `steps` steps) and prints each kernel's
+// share of the median replay's critical path (kernel_trace.h).
+void PrintTrace(Runner& runner, int batch, int context, int steps) {
+  std::unique_ptr<KernelTrace> trace = ValueOrDie(KernelTrace::Start());
+  TimeDecode(runner, batch, context, steps, /*eager_too=*/false);
+  const ReplayProfile profile = ValueOrDie(ProfileReplays(ValueOrDie(trace->Finish())));
+  std::printf("\nGraph step of batch %d, kernel by kernel (CUPTI trace, median of %d replays of %d "
+              "kernels; tracing lengthens each kernel, so read shares, not totals): %.1f us\n",
+              batch, profile.replays, profile.kernels, profile.span_us);
+  std::printf("%10s %7s %8s  %s\n", "us", "share", "kernels", "kernel");
+  for (const KernelShare& s : profile.shares) {
+    std::printf("%10.1f %6.1f%% %8d  %s\n", s.us, 100 * s.us / profile.span_us, s.launches,
+                s.kernel.c_str());
+  }
+}
+
 // The runner options the flags give; `capture_sizes` and `split_rules` are the list flags Main
 // parsed (split_rules: --decode_split_by_rows, or the default rules where it is empty).
 RunnerOptions BenchmarkOptions(const std::vector<int>& capture_sizes,
@@ -325,9 +347,11 @@ RunnerOptions BenchmarkOptions(const std::vector<int>& capture_sizes,
 
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  std::vector<int> batches, ablate_batches, capture_sizes;
+  std::vector<int> batches, ablate_batches, capture_sizes, trace_batches;
   if (!benchmark_internal::ParseIntList("batches", absl::GetFlag(FLAGS_batches), 1, 256,
                                         &batches) ||
+      !benchmark_internal::ParseIntList("trace_batches", absl::GetFlag(FLAGS_trace_batches), 1,
+                                        256, &trace_batches) ||
       !benchmark_internal::ParseIntList("ablate_batches", absl::GetFlag(FLAGS_ablate_batches), 1,
                                         256, &ablate_batches) ||
       !benchmark_internal::ParseIntList("capture_sizes", absl::GetFlag(FLAGS_capture_sizes), 1,
@@ -400,6 +424,7 @@ int Main(int argc, char** argv) {
                     t.step_ms, floor_ms, "-", "-");
       }
     }
+    for (int b : trace_batches) PrintTrace(*runner, b, context, std::min(steps, 8));
   }
 
   // Where the time goes: the same step without attention, then without each kind of small kernel

@@ -1,0 +1,103 @@
+// Host tests of the trace analysis (ProfileReplays, ShortKernelName) over hand-made records;
+// recording itself is tested on a GPU (runtime/model/kernel_trace_gpu_test.cc).
+#include "runtime/cuda/kernel_trace.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kiln {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(ShortKernelNameTest, KeepsTheNameAndTemplateArgumentsOnly) {
+  EXPECT_EQ(ShortKernelName("void kiln::(anonymous namespace)::PrefetchGemmKernel<(kiln::"
+                            "Staging)0, __nv_bfloat16, true>(kiln::PrefetchGemmParams)"),
+            "PrefetchGemmKernel<(Staging)0, __nv_bfloat16, true>");
+  EXPECT_EQ(ShortKernelName("kiln::RopeKvAppendKernel(kiln::RopeArgs, int)"), "RopeKvAppendKernel");
+  EXPECT_EQ(ShortKernelName("void kiln::attention_internal::DecodeAttentionKernel<(kiln::"
+                            "AttentionDtype)0, 64, 4, false>(kiln::DecodeKernelArgs)"),
+            "DecodeAttentionKernel<(AttentionDtype)0, 64, 4, false>");
+  EXPECT_EQ(ShortKernelName("nvjet_sm90_tss_512x32_64x3_2x1_v_bz_TNT"),
+            "nvjet_sm90_tss_512x32_64x3_2x1_v_bz_TNT");
+  EXPECT_EQ(ShortKernelName(std::string(200, 'k')).size(), 80u);
+}
+
+KernelRecord Kernel(uint64_t start, uint64_t end, uint64_t node, std::string name,
+                    uint32_t graph = 7) {
+  return {start, end, graph, node, std::move(name)};
+}
+
+// Three kernels per replay starting at t ns; B starts early (programmatic launch) and ends 5 µs
+// after the first A; the second A lasts c ns.
+std::vector<KernelRecord> Replay(uint64_t t, uint64_t c) {
+  return {Kernel(t, t + 10000, 1, "void A(int)"), Kernel(t + 2000, t + 15000, 2, "void B(int)"),
+          Kernel(t + 16000, t + 16000 + c, 3, "void A(int)")};
+}
+
+TEST(ProfileReplaysTest, GivesEachKernelItsIncrementOfTheMedianReplay) {
+  std::vector<KernelRecord> records;
+  // Spans 20, 40 and 30 µs: the median is the third.
+  for (const auto& [t, c] : {std::pair<uint64_t, uint64_t>{0, 4000}, {100000, 24000},
+                             {200000, 14000}}) {
+    for (const KernelRecord& r : Replay(t, c)) records.push_back(r);
+  }
+  records.push_back(Kernel(50000, 60000, 9, "void Eager(int)", 0));  // outside any graph
+  absl::StatusOr<ReplayProfile> profile = ProfileReplays(records);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_EQ(profile->replays, 3);
+  EXPECT_EQ(profile->kernels, 3);
+  // The median replay: A 0–10 µs, B 2–15 µs, A 16–30 µs: increments A 10 + 15, B 5.
+  EXPECT_DOUBLE_EQ(profile->span_us, 30.0);
+  ASSERT_EQ(profile->shares.size(), 2u);
+  EXPECT_EQ(profile->shares[0].kernel, "A");
+  EXPECT_EQ(profile->shares[0].launches, 2);
+  EXPECT_DOUBLE_EQ(profile->shares[0].us, 25.0);
+  EXPECT_EQ(profile->shares[1].kernel, "B");
+  EXPECT_EQ(profile->shares[1].launches, 1);
+  EXPECT_DOUBLE_EQ(profile->shares[1].us, 5.0);
+}
+
+TEST(ProfileReplaysTest, AKernelEndingUnderAnEarlierOneAddsNothing) {
+  std::vector<KernelRecord> records = {Kernel(0, 100, 1, "Long"), Kernel(10, 50, 2, "Inner"),
+                                       Kernel(60, 120, 3, "Tail")};
+  absl::StatusOr<ReplayProfile> profile = ProfileReplays(records);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_EQ(profile->replays, 1);
+  ASSERT_EQ(profile->shares.size(), 3u);
+  EXPECT_EQ(profile->shares[0].kernel, "Long");
+  EXPECT_DOUBLE_EQ(profile->shares[0].us, 0.1);
+  EXPECT_EQ(profile->shares[1].kernel, "Tail");
+  EXPECT_DOUBLE_EQ(profile->shares[1].us, 0.02);
+  EXPECT_EQ(profile->shares[2].kernel, "Inner");
+  EXPECT_DOUBLE_EQ(profile->shares[2].us, 0.0);
+}
+
+TEST(ProfileReplaysTest, TakesTheGraphWithTheMostKernels) {
+  std::vector<KernelRecord> records = {Kernel(0, 10, 1, "Small", 3), Kernel(20, 30, 1, "Big", 4),
+                                       Kernel(30, 40, 2, "Big", 4)};
+  absl::StatusOr<ReplayProfile> profile = ProfileReplays(records);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_EQ(profile->kernels, 2);
+  ASSERT_EQ(profile->shares.size(), 1u);
+  EXPECT_EQ(profile->shares[0].kernel, "Big");
+}
+
+TEST(ProfileReplaysTest, RefusesRecordsWithoutGraphsOrWithAPartialReplay) {
+  absl::StatusOr<ReplayProfile> none = ProfileReplays({Kernel(0, 10, 1, "Eager", 0)});
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(none.status().message(), HasSubstr("none of the 1 kernel records"));
+
+  std::vector<KernelRecord> records = Replay(0, 10);
+  records.push_back(Kernel(100000, 110000, 1, "A"));  // a second replay cut short
+  absl::StatusOr<ReplayProfile> cut = ProfileReplays(records);
+  EXPECT_EQ(cut.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(cut.status().message(), HasSubstr("replay 1 of graph 7 has 1 kernels, replay 0 3"));
+}
+
+}  // namespace
+}  // namespace kiln
