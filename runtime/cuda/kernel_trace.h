@@ -11,8 +11,9 @@
 //   ASSIGN_OR_RETURN(std::vector<kiln::KernelRecord> records, trace->Finish());
 //   ASSIGN_OR_RETURN(kiln::ReplayProfile profile, kiln::ProfileReplays(records));
 //
-// Tracing lengthens every kernel a little (on an H200 about 0.8 µs per kernel of a graph): time a
-// run without it, and read a trace for the proportions.
+// Time a run without the trace as well before reading a traced span as a step time. On an H200
+// the 1B decode step at batch 1 spanned 885.5 µs traced, against 0.897 ms timed untraced with CUDA
+// events (which also count the metadata upload and the copy of the sampled tokens).
 
 #include <cstdint>
 #include <memory>

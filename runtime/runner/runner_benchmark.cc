@@ -288,7 +288,7 @@ void PrintTrace(Runner& runner, int batch, int context, int steps) {
   TimeDecode(runner, batch, context, steps, /*eager_too=*/false);
   const ReplayProfile profile = ValueOrDie(ProfileReplays(ValueOrDie(trace->Finish())));
   std::printf("\nGraph step of batch %d, kernel by kernel (CUPTI trace, median of %d replays of %d "
-              "kernels; tracing lengthens each kernel, so read shares, not totals): %.1f us\n",
+              "kernels; each kernel's increment of the critical path): span %.1f us\n",
               batch, profile.replays, profile.kernels, profile.span_us);
   std::printf("%10s %7s %8s  %s\n", "us", "share", "kernels", "kernel");
   for (const KernelShare& s : profile.shares) {
