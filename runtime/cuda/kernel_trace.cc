@@ -159,21 +159,20 @@ absl::StatusOr<ReplayProfile> ProfileReplays(std::vector<KernelRecord> records) 
     if (r.graph_id != 0) ++per_graph[r.graph_id];
   }
   if (per_graph.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ProfileReplays: none of the ", records.size(),
-        " kernel records comes from a graph; trace while replaying a CUDA graph"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ProfileReplays: none of the ", records.size(),
+                     " kernel records comes from a graph; trace while replaying a CUDA graph"));
   }
-  const uint32_t graph = std::max_element(per_graph.begin(), per_graph.end(),
-                                          [](const auto& a, const auto& b) {
-                                            return a.second < b.second;
-                                          })->first;
+  const uint32_t graph =
+      std::max_element(per_graph.begin(), per_graph.end(), [](const auto& a, const auto& b) {
+        return a.second < b.second;
+      })->first;
   std::vector<KernelRecord> kernels;
   for (KernelRecord& r : records) {
     if (r.graph_id == graph) kernels.push_back(std::move(r));
   }
-  std::stable_sort(kernels.begin(), kernels.end(), [](const auto& a, const auto& b) {
-    return a.start_ns < b.start_ns;
-  });
+  std::stable_sort(kernels.begin(), kernels.end(),
+                   [](const auto& a, const auto& b) { return a.start_ns < b.start_ns; });
   // Replays: a node seen again starts the next one.
   std::vector<std::pair<size_t, size_t>> replays;  // [begin, end) into kernels
   std::set<uint64_t> seen;
@@ -190,10 +189,11 @@ absl::StatusOr<ReplayProfile> ProfileReplays(std::vector<KernelRecord> records) 
   for (size_t r = 0; r < replays.size(); ++r) {
     const size_t n = replays[r].second - replays[r].first;
     if (n != per_replay) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ProfileReplays: replay ", r, " of graph ", graph, " has ", n, " kernels, replay 0 ",
-          per_replay, "; the records must hold whole replays (trace from before a replay "
-          "starts until after one ends)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("ProfileReplays: replay ", r, " of graph ", graph, " has ", n,
+                       " kernels, replay 0 ", per_replay,
+                       "; the records must hold whole replays (trace from before a replay "
+                       "starts until after one ends)"));
     }
   }
   auto span = [&](const std::pair<size_t, size_t>& r) {

@@ -59,10 +59,10 @@ struct KernelShare {
 };
 
 struct ReplayProfile {
-  int replays = 0;   // replays of the graph found in the records
-  int kernels = 0;   // kernel nodes per replay
-  double span_us = 0;                // the profiled replay, first start to last end
-  std::vector<KernelShare> shares;   // largest first; they sum to span_us
+  int replays = 0;                  // replays of the graph found in the records
+  int kernels = 0;                  // kernel nodes per replay
+  double span_us = 0;               // the profiled replay, first start to last end
+  std::vector<KernelShare> shares;  // largest first; they sum to span_us
 };
 
 // Profiles the replays of one graph in `records` (kernels outside graphs are ignored; of several

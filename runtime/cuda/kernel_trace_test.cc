@@ -42,8 +42,8 @@ std::vector<KernelRecord> Replay(uint64_t t, uint64_t c) {
 TEST(ProfileReplaysTest, GivesEachKernelItsIncrementOfTheMedianReplay) {
   std::vector<KernelRecord> records;
   // Spans 20, 40 and 30 µs: the median is the third.
-  for (const auto& [t, c] : {std::pair<uint64_t, uint64_t>{0, 4000}, {100000, 24000},
-                             {200000, 14000}}) {
+  for (const auto& [t, c] :
+       {std::pair<uint64_t, uint64_t>{0, 4000}, {100000, 24000}, {200000, 14000}}) {
     for (const KernelRecord& r : Replay(t, c)) records.push_back(r);
   }
   records.push_back(Kernel(50000, 60000, 9, "void Eager(int)", 0));  // outside any graph

@@ -36,13 +36,12 @@ TEST_F(KernelTraceGpuTest, RecordsEveryKernelNodeOfEveryReplay) {
 
   cudaGraph_t graph = nullptr;
   ASSERT_EQ(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  ASSERT_EQ(LaunchRmsNorm(Bf(x.get()), Bf(weight.get()), Bf(normed.get()), kTokens, kHidden,
+  ASSERT_EQ(LaunchRmsNorm(Bf(x.get()), Bf(weight.get()), Bf(normed.get()), kTokens, kHidden, 1e-5f,
+                          stream()),
+            cudaSuccess);
+  ASSERT_EQ(LaunchSiluMul(Bf(gate_up.get()), Bf(act.get()), kTokens, kFfn, stream()), cudaSuccess);
+  ASSERT_EQ(LaunchRmsNorm(Bf(normed.get()), Bf(weight.get()), Bf(normed.get()), kTokens, kHidden,
                           1e-5f, stream()),
-            cudaSuccess);
-  ASSERT_EQ(LaunchSiluMul(Bf(gate_up.get()), Bf(act.get()), kTokens, kFfn, stream()),
-            cudaSuccess);
-  ASSERT_EQ(LaunchRmsNorm(Bf(normed.get()), Bf(weight.get()), Bf(normed.get()), kTokens,
-                          kHidden, 1e-5f, stream()),
             cudaSuccess);
   ASSERT_EQ(cudaStreamEndCapture(stream(), &graph), cudaSuccess);
   cudaGraphExec_t exec = nullptr;
@@ -89,8 +88,7 @@ TEST_F(KernelTraceGpuTest, RecordsEveryKernelNodeOfEveryReplay) {
   for (const KernelShare& s : profile->shares) {
     sum += s.us;
     launches += s.launches;
-    EXPECT_TRUE(s.kernel.rfind("RmsNorm", 0) == 0 || s.kernel.rfind("SiluMul", 0) == 0)
-        << s.kernel;
+    EXPECT_TRUE(s.kernel.rfind("RmsNorm", 0) == 0 || s.kernel.rfind("SiluMul", 0) == 0) << s.kernel;
     EXPECT_EQ(s.launches, s.kernel.rfind("RmsNorm", 0) == 0 ? 2 : 1) << s.kernel;
   }
   EXPECT_EQ(launches, 3);
