@@ -157,6 +157,13 @@ int DecodeCtasPerSm(const StepKey& key, const std::vector<SplitAim>& aims, int o
   return std::max(largest, otherwise);
 }
 
+std::vector<SplitAim> DecodeAimsFor(const StepKey& key, const std::vector<SplitAim>& aims,
+                                    int otherwise) {
+  std::vector<SplitAim> out = aims;
+  if (out.empty() || out.back().max_seqs < key.max_rows) out.push_back({key.max_rows, otherwise});
+  return out;
+}
+
 MetadataLayout MetadataLayout::Create(const StepKey& key, size_t plan_bytes,
                                       int max_blocks_per_seq) {
   MetadataLayout l;

@@ -152,6 +152,68 @@ TEST(StepPlanTest, DecodeKeySizesForTheLargestAimOfItsBatches) {
   EXPECT_EQ(ctas({GraphMode::kPrefill, 96}), 2);  // 64 sequences
 }
 
+// Counts above every rule aim at `otherwise`, not at the key's sizing aim: the key of 32 rows
+// when it is the only decode size sizes for 4 CTAs per SM (batches of 5–8), yet a step of 25–32
+// sequences must aim at 2.
+TEST(StepPlanTest, DecodeCountsAboveTheRulesAimAtOtherwise) {
+  const std::vector<SplitAim> rules = {{7, 2}, {8, 4}, {24, 1}};
+  StepKey key;
+  key.key = {GraphMode::kDecode, 32};
+  key.decode_part = true;
+  key.max_rows = 32;
+  key.max_tokens = 32;
+  key.min_rows = 1;
+  EXPECT_EQ(DecodeCtasPerSm(key, rules, 2), 4);
+  const std::vector<SplitAim> aims = DecodeAimsFor(key, rules, 2);
+  ASSERT_EQ(aims.size(), 4u);
+  EXPECT_EQ(aims[3].max_seqs, 32);
+  EXPECT_EQ(aims[3].ctas_per_sm, 2);
+  EXPECT_TRUE(CheckSplitAims(aims, "aims").ok());
+
+  // With those rules the planner splits 32 sequences for 2 CTAs per SM (1B shape, 132 SMs).
+  SplitKvPlannerOptions o = PlannerOptionsFor(key, 32, 8, 64, 132, 2048);
+  o.decode.min_kv_chunk = 64;
+  o.decode.ctas_per_sm = DecodeCtasPerSm(key, rules, 2);
+  o.decode.aim_by_seqs = aims;
+  absl::StatusOr<SplitKvPlanner> planner = SplitKvPlanner::Create(o);
+  ASSERT_TRUE(planner.ok()) << planner.status();
+  SplitKvPlannerOptions unsized = o;  // the same key sized for 2 CTAs per SM, no rules
+  unsized.decode.ctas_per_sm = 2;
+  unsized.decode.aim_by_seqs.clear();
+  absl::StatusOr<SplitKvPlanner> reference = SplitKvPlanner::Create(unsized);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  struct alignas(16) Chunk {
+    char bytes[16];
+  };
+  auto plan = [](const SplitKvPlanner& p) {
+    std::vector<Chunk> blob(p.layout().plan_bytes / sizeof(Chunk) + 1);
+    const std::vector<SeqLens> seqs(32, SeqLens{1, 1025});
+    absl::StatusOr<PlanSummary> summary = p.Plan(seqs, blob.data());
+    EXPECT_TRUE(summary.ok()) << summary.status();
+    return summary.ok() ? summary->decode : PlanPartSummary{};
+  };
+  const PlanPartSummary got = plan(*planner);
+  const PlanPartSummary want = plan(*reference);
+  EXPECT_EQ(got.kv_chunk_size, want.kv_chunk_size);
+  EXPECT_EQ(got.num_work_items, want.num_work_items);
+  EXPECT_EQ(got.num_merge_items, want.num_merge_items);
+  // The rules alone split the same step for 4 CTAs per SM: more chunks.
+  o.decode.aim_by_seqs = rules;
+  absl::StatusOr<SplitKvPlanner> rules_only = SplitKvPlanner::Create(o);
+  ASSERT_TRUE(rules_only.ok()) << rules_only.status();
+  EXPECT_GT(plan(*rules_only).num_work_items, want.num_work_items);
+
+  // A key that ends at a rule, or whose rules run past it, gets no extra rule.
+  key.max_rows = 24;
+  EXPECT_EQ(DecodeAimsFor(key, rules, 2).size(), 3u);
+  key.max_rows = 8;
+  EXPECT_EQ(DecodeAimsFor(key, rules, 2).size(), 3u);
+  // No rules: every count aims at `otherwise`.
+  const std::vector<SplitAim> none = DecodeAimsFor(key, {}, 5);
+  ASSERT_EQ(none.size(), 1u);
+  EXPECT_EQ(none[0].ctas_per_sm, 5);
+}
+
 TEST(StepPlanTest, MetadataLayoutIsAlignedAndTheTableComesLast) {
   Fixture f;
   const StepKey& k = f.keys.key(f.keys.Find({GraphMode::kDecode, 8}));
