@@ -214,6 +214,40 @@ TEST(StepPlanTest, DecodeCountsAboveTheRulesAimAtOtherwise) {
   EXPECT_EQ(none[0].ctas_per_sm, 5);
 }
 
+// Under the default capture sizes and rules (RunnerOptions) the last rule changes no plan: every
+// key, every decode count it takes, the same chunks and items as with the rules alone.
+TEST(StepPlanTest, DecodeAimsForKeepsTheDefaultCaptureListsPlans) {
+  CaptureSizes decode = *CaptureSizes::Decode(256);
+  CaptureSizes prefill = *CaptureSizes::Prefill(512);
+  const StepKeys keys = *StepKeys::Create({256, 8192}, &decode, &prefill);
+  const std::vector<SplitAim> rules = {{7, 2}, {8, 4}, {24, 1}};
+  struct alignas(16) Chunk {
+    char bytes[16];
+  };
+  int compared = 0;
+  for (const StepKey& key : keys.keys()) {
+    SplitKvPlannerOptions o = PlannerOptionsFor(key, 32, 8, 64, 132, 2048);
+    o.decode.min_kv_chunk = 64;
+    o.decode.ctas_per_sm = DecodeCtasPerSm(key, rules, 2);
+    o.decode.aim_by_seqs = rules;
+    absl::StatusOr<SplitKvPlanner> before = SplitKvPlanner::Create(o);
+    o.decode.aim_by_seqs = DecodeAimsFor(key, rules, 2);
+    absl::StatusOr<SplitKvPlanner> after = SplitKvPlanner::Create(o);
+    ASSERT_TRUE(before.ok() && after.ok()) << before.status() << after.status();
+    std::vector<Chunk> blob(after->layout().plan_bytes / sizeof(Chunk) + 1);
+    for (int n = key.min_rows; n <= key.max_rows; ++n) {
+      const std::vector<SeqLens> seqs(n, SeqLens{1, 1025});
+      absl::StatusOr<PlanSummary> a = before->Plan(seqs, blob.data());
+      absl::StatusOr<PlanSummary> b = after->Plan(seqs, blob.data());
+      ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+      EXPECT_EQ(a->decode.kv_chunk_size, b->decode.kv_chunk_size) << key.max_rows << " " << n;
+      EXPECT_EQ(a->decode.num_work_items, b->decode.num_work_items) << key.max_rows << " " << n;
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 256);
+}
+
 TEST(StepPlanTest, MetadataLayoutIsAlignedAndTheTableComesLast) {
   Fixture f;
   const StepKey& k = f.keys.key(f.keys.Find({GraphMode::kDecode, 8}));
