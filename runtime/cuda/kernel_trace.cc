@@ -196,21 +196,23 @@ absl::StatusOr<ReplayProfile> ProfileReplays(std::vector<KernelRecord> records) 
                        "starts until after one ends)"));
     }
   }
-  auto span = [&](const std::pair<size_t, size_t>& r) {
+  // Each replay's span (first start to last end), then the replay of the median span.
+  std::vector<std::pair<uint64_t, size_t>> spans;  // (span, replay)
+  for (size_t r = 0; r < replays.size(); ++r) {
     uint64_t last = 0;
-    for (size_t i = r.first; i < r.second; ++i) last = std::max(last, kernels[i].end_ns);
-    return last - kernels[r.first].start_ns;
-  };
-  std::vector<size_t> order(replays.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(),
-            [&](size_t a, size_t b) { return span(replays[a]) < span(replays[b]); });
-  const std::pair<size_t, size_t> median = replays[order[order.size() / 2]];
+    for (size_t i = replays[r].first; i < replays[r].second; ++i) {
+      last = std::max(last, kernels[i].end_ns);
+    }
+    spans.push_back({last - kernels[replays[r].first].start_ns, r});
+  }
+  std::sort(spans.begin(), spans.end());
+  const std::pair<uint64_t, size_t> median_span = spans[spans.size() / 2];
+  const std::pair<size_t, size_t> median = replays[median_span.second];
 
   ReplayProfile profile;
   profile.replays = static_cast<int>(replays.size());
   profile.kernels = static_cast<int>(per_replay);
-  profile.span_us = static_cast<double>(span(median)) / 1e3;
+  profile.span_us = static_cast<double>(median_span.first) / 1e3;
   std::map<std::string, KernelShare> shares;
   uint64_t latest = kernels[median.first].start_ns;
   for (size_t i = median.first; i < median.second; ++i) {
