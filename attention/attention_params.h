@@ -66,7 +66,7 @@ enum class AttentionDtype : int32_t {
 struct AttentionPlanHeader {
   int32_t num_work_items;   // valid items; the rest, up to the capacity, are padding (seq = -1)
   int32_t num_merge_items;  // valid merge items; the rest are padding (seq = -1)
-  int32_t kv_chunk_size;    // KV tokens per work item this step (a tile's last chunk may be shorter)
+  int32_t kv_chunk_size;    // KV tokens per work item this step (a tile's last chunk: fewer)
   int32_t num_tiles;        // query tiles this step
 };
 
@@ -83,7 +83,8 @@ struct AttentionPlanPartDevice {
   const AttentionMergeItem* merge_items = nullptr;  // [merge_capacity]
   int32_t merge_capacity = 0;
   int32_t tile_rows = 0;                        // rows per slot of the partial workspace
-  float* partial_o = nullptr;                   // [slot_capacity, num_kv_heads, tile_rows, head_dim]
+  float* partial_o = nullptr;                   // [slot_capacity, num_kv_heads, tile_rows,
+                                                //  head_dim]
   float* partial_lse = nullptr;                 // [slot_capacity, num_kv_heads, tile_rows]
   int32_t slot_capacity = 0;
   // [slot_capacity, num_kv_heads], zero between launches. When set, a kernel may merge a split

@@ -141,7 +141,8 @@ int Main() {
   }
   std::printf("causal prefill, bf16, head_dim %d, %d query heads, KV block size %d, paged\n",
               kHeadDim, kQHeads, kBlockSize);
-  std::printf("peers (H200, head_dim 128, causal): FlashAttention-2 ~315 TFLOP/s, cuDNN ~590 at 8K\n");
+  std::printf(
+      "peers (H200, head_dim 128, causal): FlashAttention-2 ~315 TFLOP/s, cuDNN ~590 at 8K\n");
   std::printf("%6s %6s %8s %5s %10s %9s\n", "batch", "len", "heads", "T", "time(ms)", "TFLOP/s");
   const std::vector<Case> cases = {
       {1, 8192, 8, 128}, {4, 4096, 8, 128}, {16, 2048, 8, 128}, {64, 512, 8, 128},
@@ -156,7 +157,8 @@ int Main() {
       ++failures;
       continue;
     }
-    const double flops = 4.0 * c.len * static_cast<double>(c.len) * kHeadDim * kQHeads / 2 * c.batch;
+    const double flops =
+        4.0 * c.len * static_cast<double>(c.len) * kHeadDim * kQHeads / 2 * c.batch;
     std::printf("%6d %6d %5d/%-2d %5d %10.3f %9.1f\n", c.batch, c.len, kQHeads, c.kv_heads,
                 c.tile_rows, *ms, flops / (*ms * 1e-3) / 1e12);
   }

@@ -476,8 +476,10 @@ TEST(MergeGpuTest, HandlesEmptyAllEmptyAndSingleSplits) {
       auto d_lse = DeviceBuffer::Allocate(plse.size() * 4, "partial_lse");
       auto d_o = DeviceBuffer::Allocate(static_cast<size_t>(tokens) * hq * d * 2, "o");
       ASSERT_TRUE(d_items.ok() && d_start.ok() && d_po.ok() && d_lse.ok() && d_o.ok());
-      ASSERT_CUDA(cudaMemcpy(d_items->data(), items.data(), d_items->size(), cudaMemcpyHostToDevice));
-      ASSERT_CUDA(cudaMemcpy(d_start->data(), q_start.data(), d_start->size(), cudaMemcpyHostToDevice));
+      ASSERT_CUDA(
+          cudaMemcpy(d_items->data(), items.data(), d_items->size(), cudaMemcpyHostToDevice));
+      ASSERT_CUDA(
+          cudaMemcpy(d_start->data(), q_start.data(), d_start->size(), cudaMemcpyHostToDevice));
       ASSERT_CUDA(cudaMemcpy(d_po->data(), po.data(), d_po->size(), cudaMemcpyHostToDevice));
       ASSERT_CUDA(cudaMemcpy(d_lse->data(), plse.data(), d_lse->size(), cudaMemcpyHostToDevice));
       ASSERT_CUDA(cudaMemset(d_o->data(), 0xff, d_o->size()));
@@ -504,7 +506,8 @@ TEST(MergeGpuTest, HandlesEmptyAllEmptyAndSingleSplits) {
         for (int h = 0; h < kv_heads; ++h) {
           for (int r = mi.row_begin; r < mi.row_end; ++r) {
             double mx = -INFINITY;
-            for (int k = 0; k < mi.num_slots; ++k) mx = std::max<double>(mx, plse[idx(mi.first_slot + k, h, r)]);
+            for (int k = 0; k < mi.num_slots; ++k)
+              mx = std::max<double>(mx, plse[idx(mi.first_slot + k, h, r)]);
             const int token = q_start[mi.seq] + r / group;
             const int head = h * group + r % group;
             for (int x = 0; x < d; ++x) {
@@ -748,8 +751,9 @@ TEST(DecodeGraphGpuTest, ReplayWithOtherDistributionsMatchesEagerBitForBit) {
       const int kv = pick == 0   ? 0
                      : pick == 1 ? 1
                      : pick == 2 ? 4096
-                     : pick == 3 ? 16 * static_cast<int>(1 + gen() % 100) + static_cast<int>(gen() % 3) - 1
-                                 : 1 + static_cast<int>(gen() % 4096);
+                     : pick == 3
+                         ? 16 * static_cast<int>(1 + gen() % 100) + static_cast<int>(gen() % 3) - 1
+                         : 1 + static_cast<int>(gen() % 4096);
       sl = {kv == 0 ? static_cast<int>(gen() % 2) : 1, kv};
     }
     ASSERT_OK(PrepareStep(*s, seqs, 100 + trial));

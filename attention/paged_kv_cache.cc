@@ -76,8 +76,8 @@ absl::StatusOr<PagedKvCache> PagedKvCache::Create(const PagedKvLayout& layout, i
   const size_t entries = static_cast<size_t>(max_seqs) * max_blocks_per_seq;
   ASSIGN_OR_RETURN(cache.table_device_,
                    DeviceBuffer::Allocate(entries * sizeof(int32_t), "kv block table"));
-  ASSIGN_OR_RETURN(cache.table_host_,
-                   PinnedHostBuffer::Allocate(entries * sizeof(int32_t), "kv block table (pinned)"));
+  ASSIGN_OR_RETURN(cache.table_host_, PinnedHostBuffer::Allocate(entries * sizeof(int32_t),
+                                                                 "kv block table (pinned)"));
   cache.table_ = std::make_unique<BlockTable>(
       absl::MakeSpan(cache.table_host_.as<int32_t>(), entries), max_seqs, max_blocks_per_seq,
       layout);

@@ -6,11 +6,13 @@
 //   kiln::PagedKvLayout layout{/*num_blocks=*/4096, /*block_size=*/16, /*num_kv_heads=*/8,
 //                              /*head_dim=*/128, kiln::AttentionDtype::kBf16};
 //   ASSIGN_OR_RETURN(kiln::PagedKvCache cache,
-//                    kiln::PagedKvCache::Create(layout, /*max_seqs=*/256, /*max_blocks_per_seq=*/2048));
+//                    kiln::PagedKvCache::Create(layout, /*max_seqs=*/256,
+//                                               /*max_blocks_per_seq=*/2048));
 //   RETURN_IF_ERROR(cache.block_table().Reserve(seq, kv_len));   // host, per step
 //   RETURN_IF_ERROR(cache.UploadBlockTable(stream));             // before launch or replay
 //   kiln::AppendKvParams append;                                 // during the step (capturable)
-//   append.k = k_rope; append.v = v;                             // [max_tokens, kv_heads, head_dim]
+//   append.k = k_rope; append.v = v;                             // both [max_tokens, kv_heads,
+//                                                                //       head_dim]
 //   append.max_tokens = max_tokens;
 //   append.plan = buffers.decode();                              // token → slot from the plan
 //   RETURN_IF_ERROR(cache.Append(append, stream));

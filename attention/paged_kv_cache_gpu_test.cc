@@ -104,7 +104,8 @@ TEST_P(AppendKvGpuTest, WritesEveryNewTokenToItsSlotAndNothingElse) {
   ASSERT_OK(FillSlotMapping(seqs, cache->block_table(), c.block_size, absl::MakeSpan(slots)));
   auto slots_dev = DeviceBuffer::Allocate(slots.size() * 4, "slots");
   ASSERT_TRUE(slots_dev.ok());
-  ASSERT_CUDA(cudaMemcpy(slots_dev->data(), slots.data(), slots.size() * 4, cudaMemcpyHostToDevice));
+  ASSERT_CUDA(
+      cudaMemcpy(slots_dev->data(), slots.data(), slots.size() * 4, cudaMemcpyHostToDevice));
 
   AppendKvParams append;
   append.k = k_dev->data();
@@ -118,8 +119,10 @@ TEST_P(AppendKvGpuTest, WritesEveryNewTokenToItsSlotAndNothingElse) {
   ASSERT_OK(stream->Synchronize());
 
   std::vector<uint16_t> k_pool(layout.PoolBytes() / 2), v_pool(layout.PoolBytes() / 2);
-  ASSERT_CUDA(cudaMemcpy(k_pool.data(), cache->k_cache(), layout.PoolBytes(), cudaMemcpyDeviceToHost));
-  ASSERT_CUDA(cudaMemcpy(v_pool.data(), cache->v_cache(), layout.PoolBytes(), cudaMemcpyDeviceToHost));
+  ASSERT_CUDA(
+      cudaMemcpy(k_pool.data(), cache->k_cache(), layout.PoolBytes(), cudaMemcpyDeviceToHost));
+  ASSERT_CUDA(
+      cudaMemcpy(v_pool.data(), cache->v_cache(), layout.PoolBytes(), cudaMemcpyDeviceToHost));
   std::vector<bool> written(k_pool.size(), false);
   int tokens = 0;
   for (int t = 0; t < max_tokens; ++t) {

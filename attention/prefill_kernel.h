@@ -37,8 +37,9 @@
 
 namespace kiln {
 
-// Everything one prefill launch needs (AttentionDtype is in attention_params.h). Plain data; the caller owns every buffer, which must stay
-// alive until the launch has run. Shapes as in attention_params.h.
+// Everything one prefill launch needs (AttentionDtype is in attention_params.h). Plain data; the
+// caller owns every buffer, which must stay alive until the launch has run. Shapes as in
+// attention_params.h.
 struct PrefillAttentionParams {
   AttentionDtype dtype = AttentionDtype::kBf16;
   int head_dim = 128;           // 64 or 128

@@ -155,7 +155,8 @@ class PrefillKernelGpuTest : public ::testing::Test {
     ASSERT_TRUE(bits_or.ok()) << bits_or.status();
     const std::vector<uint16_t>& bits = *bits_or;
     std::vector<float> out(bits.size());
-    for (size_t i = 0; i < bits.size(); ++i) out[i] = prefill_testing::BitsToFloat(bits[i], shape.dtype);
+    for (size_t i = 0; i < bits.size(); ++i)
+      out[i] = prefill_testing::BitsToFloat(bits[i], shape.dtype);
     const int token_elems = shape.num_q_heads * dim;
     for (size_t i = static_cast<size_t>(tokens) * token_elems; i < bits.size(); ++i) {
       ASSERT_EQ(bits[i], 0xFFFF) << "spare o row element " << i << " was written";
@@ -213,16 +214,20 @@ class PrefillKernelGpuTest : public ::testing::Test {
             for (int d = 0; d < dim; ++d) ASSERT_EQ(bits[o_base + d], 0xFFFF);
             double max_lse = -std::numeric_limits<double>::infinity();
             for (int i = 0; i < m.num_slots; ++i) {
-              const size_t sr = (static_cast<size_t>(m.first_slot + i) * shape.num_kv_heads + kv_head) *
-                                    shape.tile_rows + (row - m.row_begin);
+              const size_t sr =
+                  (static_cast<size_t>(m.first_slot + i) * shape.num_kv_heads + kv_head) *
+                      shape.tile_rows +
+                  (row - m.row_begin);
               max_lse = std::max<double>(max_lse, pl[sr]);
             }
             ASSERT_FALSE(std::isinf(max_lse)) << "a real row saw no key";
             double weight = 0;
             std::vector<double> acc(dim, 0.0);
             for (int i = 0; i < m.num_slots; ++i) {
-              const size_t sr = (static_cast<size_t>(m.first_slot + i) * shape.num_kv_heads + kv_head) *
-                                    shape.tile_rows + (row - m.row_begin);
+              const size_t sr =
+                  (static_cast<size_t>(m.first_slot + i) * shape.num_kv_heads + kv_head) *
+                      shape.tile_rows +
+                  (row - m.row_begin);
               const double w = std::exp2(pl[sr] - max_lse);
               weight += w;
               for (int d = 0; d < dim; ++d) acc[d] += w * po[sr * dim + d];
@@ -251,7 +256,8 @@ std::vector<SeqSpec> Fresh(const std::vector<int>& lengths) {
 // Tile boundaries: with G = 4 and T = 128 a query tile holds 32 tokens; KV tiles hold 64 keys.
 TEST_F(PrefillKernelGpuTest, FreshPromptsAroundTileBoundaries) {
   Shape shape{AttentionDtype::kBf16, 128, 128, 8, 2, 16};
-  CheckBatch(shape, Fresh({1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257}));
+  CheckBatch(shape,
+             Fresh({1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257}));
 }
 
 TEST_F(PrefillKernelGpuTest, LongFreshPrompts) {

@@ -166,7 +166,8 @@ float BitsToFloat(uint16_t bits, AttentionDtype dtype) {
 }
 
 const float* HostBatch::K(int s, int pos, int kv_head) const {
-  const int block = block_table[static_cast<size_t>(s) * max_blocks_per_seq + pos / shape.block_size];
+  const int block =
+      block_table[static_cast<size_t>(s) * max_blocks_per_seq + pos / shape.block_size];
   const size_t index =
       ((static_cast<size_t>(block) * shape.num_kv_heads + kv_head) * shape.block_size +
        pos % shape.block_size) *
@@ -292,7 +293,8 @@ std::vector<double> ReferenceOutput(const HostBatch& batch, float softmax_scale)
   for (int s = 0; s < static_cast<int>(batch.seqs.size()); ++s) {
     for (int j = 0; j < batch.seqs[s].q_len; ++j) tokens.push_back({s, j});
   }
-  const int workers = static_cast<int>(std::max(1u, std::min(64u, std::thread::hardware_concurrency())));
+  const int workers =
+      static_cast<int>(std::max(1u, std::min(64u, std::thread::hardware_concurrency())));
   std::vector<std::thread> threads;
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
@@ -351,11 +353,13 @@ absl::StatusOr<DeviceBatch> DeviceBatch::Upload(const HostBatch& batch, const Te
   ASSIGN_OR_RETURN(d.kv_len_, UploadVector(batch.seq_kv_len, "seq_kv_len", stream));
   ASSIGN_OR_RETURN(d.items_, UploadVector(PadItems(plan, capacity), "work_items", stream));
   ASSIGN_OR_RETURN(d.o_, DeviceBuffer::Allocate(batch.q.size() * sizeof(uint16_t), "o"));
-  const size_t slot_rows =
-      static_cast<size_t>(std::max(d.num_slots_, 1)) * batch.shape.num_kv_heads * batch.shape.tile_rows;
-  ASSIGN_OR_RETURN(d.partial_o_, DeviceBuffer::Allocate(
-                                     slot_rows * batch.shape.head_dim * sizeof(float), "partial_o"));
-  ASSIGN_OR_RETURN(d.partial_lse_, DeviceBuffer::Allocate(slot_rows * sizeof(float), "partial_lse"));
+  const size_t slot_rows = static_cast<size_t>(std::max(d.num_slots_, 1)) *
+                           batch.shape.num_kv_heads * batch.shape.tile_rows;
+  ASSIGN_OR_RETURN(
+      d.partial_o_,
+      DeviceBuffer::Allocate(slot_rows * batch.shape.head_dim * sizeof(float), "partial_o"));
+  ASSIGN_OR_RETURN(d.partial_lse_,
+                   DeviceBuffer::Allocate(slot_rows * sizeof(float), "partial_lse"));
   RETURN_IF_ERROR(d.Poison(stream));
   RETURN_IF_ERROR(ToStatus(cudaStreamSynchronize(stream), "upload"));
   return d;

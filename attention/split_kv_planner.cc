@@ -200,8 +200,9 @@ absl::StatusOr<PlanSummary> SplitKvPlanner::Plan(absl::Span<const SeqLens> seqs,
   const AttentionPlanKey& key = options_.key;
   const int n = static_cast<int>(seqs.size());
   if (n > key.max_seqs) {
-    return absl::InvalidArgumentError(absl::StrCat("Step has ", n, " sequences, above the key's max_seqs ",
-                                              key.max_seqs, "; plan it under a larger key"));
+    return absl::InvalidArgumentError(absl::StrCat("Step has ", n,
+                                                   " sequences, above the key's max_seqs ",
+                                                   key.max_seqs, "; plan it under a larger key"));
   }
   char* base = static_cast<char*>(blob);
   int32_t* seq_q_start = reinterpret_cast<int32_t*>(base + layout_.seq_q_start_offset);

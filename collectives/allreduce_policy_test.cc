@@ -147,7 +147,8 @@ TEST(AllReducePolicyTest, OverlapIsDetected) {
 TEST(AllReducePolicyTest, ValidationNamesTheBadField) {
   AllReduceConfig config;
   config.set_buffer_bytes(1000);
-  EXPECT_THAT(std::string(ValidateAllReduceConfig(config).message()), HasSubstr("buffer_bytes 1000"));
+  EXPECT_THAT(std::string(ValidateAllReduceConfig(config).message()),
+              HasSubstr("buffer_bytes 1000"));
   config = AllReduceConfig();
   config.set_threads_per_block(100);
   EXPECT_THAT(std::string(ValidateAllReduceConfig(config).message()),

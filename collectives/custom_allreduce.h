@@ -35,8 +35,8 @@
 //
 // Memory: one IPC region per rank of 2 * buffer_bytes + 64 KiB, shared with every peer, plus a
 // device table of max_graph_inputs * 136 bytes, plus the fused all-reduce + RMSNorm's push buffer
-// of 2 * world_size * 512 KiB (also shared with every peer). Not thread-safe; calls must be ordered on the
-// device (see Communicator). The HostBootstrap must outlive this object. Destruction is
+// of 2 * world_size * 512 KiB (also shared with every peer). Not thread-safe; calls must be ordered
+// on the device (see Communicator). The HostBootstrap must outlive this object. Destruction is
 // collective (it waits at a bootstrap barrier so no peer still reads this rank's memory).
 #ifndef KILN_COLLECTIVES_CUSTOM_ALLREDUCE_H_
 #define KILN_COLLECTIVES_CUSTOM_ALLREDUCE_H_
@@ -110,12 +110,12 @@ class CustomAllReduce {
   // (communicator.h, AllReduceAddRmsNormArgs), with programmatic dependent launch (the kernel
   // starts while the one before it finishes; the next one may start before it ends). Rows that
   // AddRmsNormPushes take the push kernel and `input` only has to pass the checks below; larger
-  // ones the pull kernel, reading the input as `input` says. Checks on every call, capturing or not: SupportsAddRmsNorm,
-  // 16-byte-aligned pointers, residual and weight overlapping nothing else, out either exactly
-  // partial (staged only) or disjoint from it, and a registered input only while `stream` is
-  // capturing (InvalidArgument otherwise). Capture state, graph-input recording (Unavailable
-  // when some rank could not export its input: retry staged), registration, the epoch and
-  // DeadlineExceeded are as for AllReduce; a fused call is one more call of the same sequence.
+  // ones the pull kernel, reading the input as `input` says. Checks on every call, capturing or
+  // not: SupportsAddRmsNorm, 16-byte-aligned pointers, residual and weight overlapping nothing
+  // else, out either exactly partial (staged only) or disjoint from it, and a registered input only
+  // while `stream` is capturing (InvalidArgument otherwise). Capture state, graph-input recording
+  // (Unavailable when some rank could not export its input: retry staged), registration, the epoch
+  // and DeadlineExceeded are as for AllReduce; a fused call is one more call of the same sequence.
   absl::Status AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs& args, AllReduceInput input,
                                    cudaStream_t stream);
 

@@ -69,8 +69,9 @@ AllReduceConfig TestConfig() {
 // TestConfig with the kernel's other code paths: the options not taken by default (programmatic
 // launch, push or pull of inputs and of the two-shot gather; registered two-shot calls still
 // gather into outputs), and a small odd grid (7 blocks of 96 or 64 threads) so every size above
-// a few KiB takes several passes and ends in a partial unrolled step. Pushed inputs fit the 4 MiB test buffer up to 1 MiB (one-shot, world 4) or
-// 2 MiB (two-shot): the larger test sizes pull either way.
+// a few KiB takes several passes and ends in a partial unrolled step. Pushed inputs fit the 4 MiB
+// test buffer up to 1 MiB (one-shot, world 4) or 2 MiB (two-shot): the larger test sizes pull
+// either way.
 AllReduceConfig AlternateConfig() {
   const AllReduceConfig defaults;
   AllReduceConfig config = TestConfig();
@@ -246,7 +247,8 @@ void EagerKernelsEqualNccl(const AllReduceConfig& config) {
         ASSERT_TRUE(rig.comm->nccl()->AllReduce(in.data(), ref.data(), count, dtype, s).ok());
         const std::vector<uint8_t> nccl = Download(ref.data(), bytes, s);
         ASSERT_EQ(Mismatches(nccl, want, dtype), 0u) << "NCCL itself, " << bytes << " bytes";
-        for (AllReduceAlgorithm algo : {AllReduceAlgorithm::kOneShot, AllReduceAlgorithm::kTwoShot}) {
+        for (AllReduceAlgorithm algo :
+             {AllReduceAlgorithm::kOneShot, AllReduceAlgorithm::kTwoShot}) {
           SCOPED_TRACE(absl::StrFormat("%s %s %d bytes seed %d", AllReduceAlgorithmName(algo),
                                        DataTypeName(dtype), bytes, case_seed));
           Poison(out.data(), bytes, s);
@@ -372,7 +374,8 @@ void GraphReplaysWithInputsChangedAfterCapture(const AllReduceConfig& config) {
     std::vector<DeviceBuffer> ins, outs;
     for (const Op& op : ops) {
       ins.push_back(AllocOrFail(op.bytes + op.in_offset, "graph in"));
-      outs.push_back(op.in_place ? DeviceBuffer() : AllocOrFail(op.bytes + op.in_offset, "graph out"));
+      outs.push_back(op.in_place ? DeviceBuffer()
+                                 : AllocOrFail(op.bytes + op.in_offset, "graph out"));
     }
     auto in_ptr = [&](int i) { return static_cast<char*>(ins[i].data()) + ops[i].in_offset; };
     auto out_ptr = [&](int i) {

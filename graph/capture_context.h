@@ -10,7 +10,8 @@
 //
 //   // The owner of the capture (GraphSet) sets it for a scope:
 //   {
-//     kiln::CaptureContext::Scope scope(kiln::CapturePhase::kWarmup, {kiln::GraphMode::kDecode, 8});
+//     kiln::CaptureContext::Scope scope(kiln::CapturePhase::kWarmup,
+//                                       {kiln::GraphMode::kDecode, 8});
 //     RETURN_IF_ERROR(step());
 //   }
 //

@@ -34,7 +34,8 @@
 #include "runtime/runner/runner.h"
 
 ABSL_FLAG(std::string, preset, "llama-3.2-1b", "Model preset (random weights of its shape)");
-ABSL_FLAG(std::string, config, "", "PlannerConfig file (textproto or JSON) layered under the flags");
+ABSL_FLAG(std::string, config, "",
+          "PlannerConfig file (textproto or JSON) layered under the flags");
 ABSL_FLAG(std::string, graphs, "full", "CUDA graphs: full, piecewise or none");
 ABSL_FLAG(std::string, batch, "1,8,32", "Comma-separated batch sizes to run, one after another");
 ABSL_FLAG(int, prompt_len, 128, "Tokens per random prompt");
@@ -86,7 +87,8 @@ struct BatchResult {
 
 // Prefills `prompts` (chunked into steps of at most max_num_batched_tokens), then decodes
 // gen_tokens steps for all of them.
-absl::StatusOr<BatchResult> RunBatch(Runner& runner, const std::vector<std::vector<int32_t>>& prompts,
+absl::StatusOr<BatchResult> RunBatch(Runner& runner,
+                                     const std::vector<std::vector<int32_t>>& prompts,
                                      int gen_tokens, int64_t first_id) {
   BatchResult r;
   r.batch = static_cast<int>(prompts.size());

@@ -61,7 +61,8 @@ expect_ok json --format=json && expect_out json '"num_kv_blocks": "6969"' &&
 expect_ok textproto --format=textproto && expect_out textproto 'num_kv_blocks: 6969' &&
   expect_out textproto 'model_preset: "llama-3.1-8b"'
 expect_ok context --context=1024 &&
-  expect_out context 'Max concurrency at 1,024 tokens per sequence: 256 sequences (max_num_seqs is the limit'
+  expect_out context \
+    'Max concurrency at 1,024 tokens per sequence: 256 sequences (max_num_seqs is the limit'
 if expect_ok svg "--svg=$tmp/plan.svg"; then
   head -c 4 "$tmp/plan.svg" | grep -qF '<svg' || fail "svg: $tmp/plan.svg does not start with <svg"
   grep -qF 'kv_cache' "$tmp/plan.svg" || fail "svg: no kv_cache segment"
@@ -71,18 +72,23 @@ fi
 # Config files and presets.
 expect_ok textproto_config "--config=$data/llama70b_tp4.textproto" &&
   expect_out textproto_config 'Llama-3.1-70B (bf16) on NVIDIA H200, tensor_parallel_size 4' &&
-  expect_out textproto_config '8 decode graphs, sizes 1..128 + 14 prefill graphs, sizes 16..512 tokens'
+  expect_out textproto_config \
+    '8 decode graphs, sizes 1..128 + 14 prefill graphs, sizes 16..512 tokens'
 expect_ok fastdeploy_config "--config=$data/fastdeploy.json" &&
   expect_out fastdeploy_config '9 decode graphs, sizes 1..128'
-expect_ok json_config "--config=$data/custom_model.json" && expect_out json_config 'tiny (fp16) on test GPU'
+expect_ok json_config "--config=$data/custom_model.json" &&
+  expect_out json_config 'tiny (fp16) on test GPU'
 expect_ok flags_override_config "--config=$data/llama70b_tp4.textproto" --tensor_parallel_size=8 &&
   expect_out flags_override_config 'tensor_parallel_size 8'
-expect_ok preset --preset=qwen2.5-7b --gpu=l40s && expect_out preset 'Qwen2.5-7B (bf16) on NVIDIA L40S'
+expect_ok preset --preset=qwen2.5-7b --gpu=l40s &&
+  expect_out preset 'Qwen2.5-7B (bf16) on NVIDIA L40S'
 expect_ok no_graphs --graph_mode=none && expect_out no_graphs 'no CUDA graphs'
-expect_ok capture_sizes --capture_sizes=1,2,4,8 && expect_out capture_sizes '4 decode graphs, sizes 1..8 +'
+expect_ok capture_sizes --capture_sizes=1,2,4,8 &&
+  expect_out capture_sizes '4 decode graphs, sizes 1..8 +'
 if expect_ok no_prefill_graphs --capture_prefill=false; then
-  grep -qxF 'Steps: max_num_seqs 256, max_num_batched_tokens 8,192; 27 decode graphs, sizes 1..256' \
-    "$tmp/out" || fail "no_prefill_graphs: prefill graphs are still counted: $(cat "$tmp/out")"
+  line='Steps: max_num_seqs 256, max_num_batched_tokens 8,192; 27 decode graphs, sizes 1..256'
+  grep -qxF "$line" "$tmp/out" ||
+    fail "no_prefill_graphs: prefill graphs are still counted: $(cat "$tmp/out")"
   expect_out no_prefill_graphs 'largest of 27 graphs: decode/256 (256 tokens, 256 rows)'
 fi
 expect_ok prefill_sizes --prefill_sizes=64,512 &&
@@ -99,12 +105,13 @@ expect_ok prefill_only --graph_mode=prefill_only &&
 expect_bad utilization_zero 'gpu_memory_utilization 0 is outside (0, 1]' --gpu_memory_utilization=0
 expect_bad utilization_high 'gpu_memory_utilization 1.5 is outside (0, 1]; give the fraction' \
   --gpu_memory_utilization=1.5
-expect_bad zero_layers 'model.num_layers must be positive, got 0; set it (--num_layers)' --num_layers=0
+expect_bad zero_layers 'model.num_layers must be positive, got 0; set it (--num_layers)' \
+  --num_layers=0
 expect_bad unknown_preset 'Unknown model preset "llama-9"; use one of llama-3.2-1b' --preset=llama-9
 expect_bad unknown_gpu 'Unknown GPU preset "v100"; use one of h100-80gb' --gpu=v100
 printf 'max_num_seqs: 8\nmodel { num_layer: 3 }\n' >"$tmp/bad.textproto"
-expect_bad bad_textproto "Cannot parse $tmp/bad.textproto as a kiln.config.PlannerConfig textproto at line 2" \
-  "--config=$tmp/bad.textproto"
+message="Cannot parse $tmp/bad.textproto as a kiln.config.PlannerConfig textproto at line 2"
+expect_bad bad_textproto "$message" "--config=$tmp/bad.textproto"
 printf '{"max_num_seqs": 8,,}' >"$tmp/bad.json"
 expect_bad bad_json "Cannot parse $tmp/bad.json as a JSON object" "--config=$tmp/bad.json"
 printf '{"max_seq_len_to_capture": 8192}' >"$tmp/unknown.json"
@@ -124,14 +131,17 @@ expect_bad format 'Unknown --format "xml"; use table, json or textproto' --forma
 expect_bad context_zero '--context 0 must be positive' --context=0
 expect_bad capture_not_int '--capture_sizes has "x", which is not an integer' --capture_sizes=1,x
 expect_bad prefill_not_int '--prefill_sizes has "x", which is not an integer' --prefill_sizes=1,x
-expect_bad prefill_too_big 'Capture size 9000 exceeds max_num_batched_tokens 8192' --prefill_sizes=16,9000
+expect_bad prefill_too_big 'Capture size 9000 exceeds max_num_batched_tokens 8192' \
+  --prefill_sizes=16,9000
 expect_bad prefill_in_prefill_mode 'graph.prefill_sizes is for GRAPH_MODE_DECODE' \
   --graph_mode=prefill_only --prefill_sizes=64
-expect_bad graph_execution 'Unknown --graph_execution "pw"; use full or piecewise' --graph_execution=pw
+expect_bad graph_execution 'Unknown --graph_execution "pw"; use full or piecewise' \
+  --graph_execution=pw
 expect_bad max_model_len 'max_model_len must be positive, got 0' --max_model_len=0
-expect_bad capture_too_big 'Capture size 300 exceeds max_num_seqs 256; remove it or raise max_num_seqs' \
-  --capture_sizes=1,300
-expect_bad kv_dtype 'Unknown --kv_cache_dtype "int4"; use bf16, fp16, fp32 or fp8' --kv_cache_dtype=int4
+message='Capture size 300 exceeds max_num_seqs 256; remove it or raise max_num_seqs'
+expect_bad capture_too_big "$message" --capture_sizes=1,300
+expect_bad kv_dtype 'Unknown --kv_cache_dtype "int4"; use bf16, fp16, fp32 or fp8' \
+  --kv_cache_dtype=int4
 expect_bad tp_split 'does not split over tensor_parallel_size 3' --tensor_parallel_size=3
 expect_bad svg_dir 'Cannot write --svg file' "--svg=$tmp/no/such/dir/plan.svg"
 

@@ -37,11 +37,13 @@ fi
 
 cuda=${CUDA_HOME:-/usr/local/cuda}
 if [ ! -x "$cuda/bin/nvcc" ]; then
-  echo "setup: nvcc not found at $cuda/bin/nvcc; install the CUDA 13 toolkit under /usr/local/cuda" >&2
+  echo "setup: nvcc not found at $cuda/bin/nvcc;" \
+    "install the CUDA 13 toolkit under /usr/local/cuda" >&2
   exit 1
 fi
 if [ ! -f "$cuda/include/nccl.h" ] || ! ls "$cuda"/lib64/libnccl.so* >/dev/null 2>&1; then
-  echo "setup: NCCL not found (need $cuda/include/nccl.h and $cuda/lib64/libnccl.so); install NCCL for CUDA 13 there" >&2
+  echo "setup: NCCL not found (need $cuda/include/nccl.h and $cuda/lib64/libnccl.so);" \
+    "install NCCL for CUDA 13 there" >&2
   exit 1
 fi
 exit 0

@@ -123,7 +123,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
   const int base0 = kv_begin & ~(kStepTokens - 1);
   const int num_steps =
       kv_end > kv_begin ? (kv_end - base0 + kStepTokens - 1) / kStepTokens : 0;
-  const int32_t* table = args.block_table + static_cast<int64_t>(item.seq) * args.max_blocks_per_seq;
+  const int32_t* table =
+      args.block_table + static_cast<int64_t>(item.seq) * args.max_blocks_per_seq;
   const int log2_bs = args.log2_block_size;
   const int in_block_mask = (1 << log2_bs) - 1;
   const int64_t block_stride = (static_cast<int64_t>(args.num_kv_heads) * kHeadDim) << log2_bs;
@@ -354,7 +355,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
       }
       if (has_next) load_k(kr[b], block_next[b], next_base);
 
-      // Online softmax in base 2. s[t][i]: row gid + 8 * (i >> 1), token base + 8t + 2tig + (i & 1).
+      // Online softmax in base 2. s[t][i]: row gid + 8 * (i >> 1), token
+      // base + 8t + 2tig + (i & 1).
 #pragma unroll
       for (int t = 0; t < 2; ++t) {
 #pragma unroll

@@ -15,7 +15,8 @@ struct ProbeArgs {
 __global__ void P2pProbeKernel(const ProbeArgs args, int world_size, int rank, uint32_t nonce) {
   const int peer = threadIdx.x;
   if (peer >= world_size) return;
-  volatile uint4* slot = reinterpret_cast<volatile uint4*>(args.regions[peer] + kProbeOffset) + rank;
+  volatile uint4* slot =
+      reinterpret_cast<volatile uint4*>(args.regions[peer] + kProbeOffset) + rank;
   uint4 record = make_uint4(kProbeMagic, static_cast<uint32_t>(rank), static_cast<uint32_t>(peer),
                             nonce);
   slot->x = record.x;

@@ -56,9 +56,9 @@ std::string PlannerConfigToText(const config::PlannerConfig& config);
 std::string PlannerConfigToJson(const config::PlannerConfig& config);
 
 // Layers `overlay` over `*base`: every field set in `overlay` replaces the one in `*base`. A
-// repeated field (capture_sizes, prefill_sizes) is replaced as a whole, not appended to. A preset named in
-// `overlay` (model_preset, gpu_preset) also drops `*base`'s explicit model or GPU fields, so the
-// new preset is not mixed with the old shape.
+// repeated field (capture_sizes, prefill_sizes) is replaced as a whole, not appended to. A preset
+// named in `overlay` (model_preset, gpu_preset) also drops `*base`'s explicit model or GPU fields,
+// so the new preset is not mixed with the old shape.
 void MergePlannerConfig(const config::PlannerConfig& overlay, config::PlannerConfig* base);
 
 }  // namespace kiln

@@ -406,7 +406,8 @@ TEST(MemoryPlannerTest, CalibrationReplacesEstimates) {
   EXPECT_THAT(plan.Find("margin")->explanation, HasSubstr("(calibrated)"));
   EXPECT_THAT(plan.Find("graph_executables")->explanation, HasSubstr("(calibrated)"));
   EXPECT_THAT(plan.Find("activation_arena")->explanation, HasSubstr("(calibrated)"));
-  EXPECT_THAT(plan.Find("graph_pool")->explanation, HasSubstr("512 tokens x 97.7 KiB (calibrated)"));
+  EXPECT_THAT(plan.Find("graph_pool")->explanation,
+              HasSubstr("512 tokens x 97.7 KiB (calibrated)"));
 }
 
 TEST(MemoryPlannerTest, GraphModes) {

@@ -160,8 +160,9 @@ TEST_F(DecodeGemmGpuTest, ModelShapesWithChosenConfigsMatchFloat64) {
       SCOPED_TRACE(::testing::Message() << "n=" << s.n << " k=" << s.k << " m=" << m << " "
                                         << config.ToString());
       const DecodeGemmArgs args = problem.Args(m, s.input, false);
-      EXPECT_LT(Check(problem, args, config, GemmProduct(Operand(x, m, s.k, s.input), w, m, s.n, s.k)),
-                s.input == DecodeGemmInput::kPlain ? 6e-3 : 1e-2);
+      EXPECT_LT(
+          Check(problem, args, config, GemmProduct(Operand(x, m, s.k, s.input), w, m, s.n, s.k)),
+          s.input == DecodeGemmInput::kPlain ? 6e-3 : 1e-2);
     }
   }
 }
@@ -177,8 +178,8 @@ TEST_F(DecodeGemmGpuTest, LogitsLikeShapeMatchesFloat64) {
   const DecodeGemmConfig config = ChooseDecodeGemmConfig(m, n, k, kSmCount);
   EXPECT_EQ(config.splits, 1);
   const DecodeGemmArgs args = problem.Args(m, DecodeGemmInput::kPlain, true);
-  EXPECT_LT(Check(problem, args, config, GemmProduct(Operand(x, m, k, DecodeGemmInput::kPlain), w, m,
-                                                 n, k)),
+  EXPECT_LT(Check(problem, args, config,
+                  GemmProduct(Operand(x, m, k, DecodeGemmInput::kPlain), w, m, n, k)),
             1e-5);
 }
 

@@ -3,7 +3,8 @@
 // its RoPE + KV append, as in a step's middle pieces, without attention), each with its own
 // layer's weights so that nothing stays in L2, for each row count and launch shape.
 //
-//   bazel run -c opt //runtime/model:decode_layer_benchmark [-- --rows=1,8 --stages=4 --run_ahead=0,3]
+//   bazel run -c opt //runtime/model:decode_layer_benchmark
+//       [-- --rows=1,8 --stages=4 --run_ahead=0,3]
 //
 // Prints microseconds per launch and the weight-read bandwidth (121.6 MB per launch). The
 // launch shape ChooseDecodeLayerConfig picks is marked and traced (where each phase's time goes);

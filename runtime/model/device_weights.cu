@@ -19,13 +19,15 @@ namespace {
 
 // Fills `n` bf16 values; each thread writes 8 consecutive values with one 16-byte store
 // (tensor offsets are 256-byte aligned; a ragged tail is written element by element).
-__global__ void FillUniformKernel(uint16_t* __restrict__ out, int64_t n, internal::UniformInit init) {
+__global__ void FillUniformKernel(uint16_t* __restrict__ out, int64_t n,
+                                  internal::UniformInit init) {
   const int64_t first = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * 8;
   if (first >= n) return;
   if (first + 8 <= n) {
     uint16_t v[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = internal::InitValueBits(init, static_cast<uint64_t>(first + i));
+    for (int i = 0; i < 8; ++i)
+      v[i] = internal::InitValueBits(init, static_cast<uint64_t>(first + i));
     uint4 packed;
     packed.x = v[0] | (uint32_t{v[1]} << 16);
     packed.y = v[2] | (uint32_t{v[3]} << 16);
@@ -33,7 +35,8 @@ __global__ void FillUniformKernel(uint16_t* __restrict__ out, int64_t n, interna
     packed.w = v[6] | (uint32_t{v[7]} << 16);
     *reinterpret_cast<uint4*>(out + first) = packed;
   } else {
-    for (int64_t i = first; i < n; ++i) out[i] = internal::InitValueBits(init, static_cast<uint64_t>(i));
+    for (int64_t i = first; i < n; ++i)
+      out[i] = internal::InitValueBits(init, static_cast<uint64_t>(i));
   }
 }
 
@@ -132,9 +135,11 @@ absl::StatusOr<LlamaDeviceWeights> LlamaDeviceWeights::Random(const LlamaShape& 
     const int64_t n = t.elements();
     constexpr int kThreads = 256;
     const int64_t blocks = (n + 8 * kThreads - 1) / (8 * kThreads);
-    uint16_t* out = reinterpret_cast<uint16_t*>(static_cast<char*>(weights.buffer_.data()) + t.offset);
+    uint16_t* out =
+        reinterpret_cast<uint16_t*>(static_cast<char*>(weights.buffer_.data()) + t.offset);
     FillUniformKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(out, n, init);
-    RETURN_IF_ERROR(ToStatus(cudaGetLastError(), absl::StrCat("random init of weight '", t.name, "'")));
+    RETURN_IF_ERROR(
+        ToStatus(cudaGetLastError(), absl::StrCat("random init of weight '", t.name, "'")));
   }
   return weights;
 }

@@ -64,15 +64,25 @@ class LlamaDeviceWeights {
     return reinterpret_cast<const __nv_bfloat16*>(static_cast<const char*>(buffer_.data()) +
                                                   t.offset);
   }
-  const __nv_bfloat16* embedding() const { return tensor(layout_.embedding()); }           // [vocab, hidden]
-  const __nv_bfloat16* input_norm(int l) const { return tensor(layout_.input_norm(l)); }   // [hidden]
-  const __nv_bfloat16* qkv(int l) const { return tensor(layout_.qkv(l)); }                 // [qkv_rows, hidden]
-  const __nv_bfloat16* o(int l) const { return tensor(layout_.o(l)); }                     // [hidden, q_width]
-  const __nv_bfloat16* post_norm(int l) const { return tensor(layout_.post_norm(l)); }     // [hidden]
-  const __nv_bfloat16* gate_up(int l) const { return tensor(layout_.gate_up(l)); }         // [2 ffn, hidden]
-  const __nv_bfloat16* down(int l) const { return tensor(layout_.down(l)); }               // [hidden, ffn]
-  const __nv_bfloat16* final_norm() const { return tensor(layout_.final_norm()); }         // [hidden]
-  const __nv_bfloat16* lm_head() const { return tensor(layout_.lm_head()); }               // [vocab, hidden]
+  // The tensors, with their shapes.
+  // [vocab, hidden]
+  const __nv_bfloat16* embedding() const { return tensor(layout_.embedding()); }
+  // [hidden]
+  const __nv_bfloat16* input_norm(int l) const { return tensor(layout_.input_norm(l)); }
+  // [qkv_rows, hidden]
+  const __nv_bfloat16* qkv(int l) const { return tensor(layout_.qkv(l)); }
+  // [hidden, q_width]
+  const __nv_bfloat16* o(int l) const { return tensor(layout_.o(l)); }
+  // [hidden]
+  const __nv_bfloat16* post_norm(int l) const { return tensor(layout_.post_norm(l)); }
+  // [2 ffn, hidden]
+  const __nv_bfloat16* gate_up(int l) const { return tensor(layout_.gate_up(l)); }
+  // [hidden, ffn]
+  const __nv_bfloat16* down(int l) const { return tensor(layout_.down(l)); }
+  // [hidden]
+  const __nv_bfloat16* final_norm() const { return tensor(layout_.final_norm()); }
+  // [vocab, hidden]
+  const __nv_bfloat16* lm_head() const { return tensor(layout_.lm_head()); }
 
  private:
   static absl::StatusOr<LlamaDeviceWeights> Allocate(const LlamaShape& shape);

@@ -71,7 +71,8 @@ TEST_F(DeviceWeightsGpuTest, CheckpointUploadRoundTrips) {
   absl::StatusOr<LlamaHostWeights> host = RandomLlamaHostWeights(shape, rng_());
   ASSERT_TRUE(host.ok());
   const char* dir = std::getenv("TEST_TMPDIR");
-  const std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/device_weights.safetensors";
+  const std::string path =
+      std::string(dir != nullptr ? dir : "/tmp") + "/device_weights.safetensors";
   ASSERT_TRUE(WriteLlamaSafetensors(path, *host).ok());
   absl::StatusOr<LlamaHostWeights> loaded = ReadLlamaSafetensors({path}, shape);
   ASSERT_TRUE(loaded.ok()) << loaded.status();

@@ -24,7 +24,8 @@ __global__ void EmbeddingGatherKernel(const __nv_bfloat16* __restrict__ table, i
   __nv_bfloat16* dst = out + row * width;
   for (int col = threadIdx.x * V; col < width; col += blockDim.x * V) {
     if constexpr (V == 8) {
-      const uint4 value = valid ? *reinterpret_cast<const uint4*>(src + col) : make_uint4(0, 0, 0, 0);
+      const uint4 value =
+          valid ? *reinterpret_cast<const uint4*>(src + col) : make_uint4(0, 0, 0, 0);
       *reinterpret_cast<uint4*>(dst + col) = value;
     } else {
       dst[col] = valid ? src[col] : __float2bfloat16_rn(0.0f);

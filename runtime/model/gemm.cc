@@ -145,8 +145,9 @@ absl::StatusOr<std::unique_ptr<Plan>> Gemm::Impl::Build(
       pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof(schemes)));
   // Callers pass 16-byte-aligned pointers (checked in Run), not cuBLASLt's default 256.
   const uint32_t alignment = 16;
-  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+  for (auto attr :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
     CUBLAS_RETURN_IF_ERROR(
         cublasLtMatmulPreferenceSetAttribute(pref, attr, &alignment, sizeof(alignment)));
   }

@@ -67,9 +67,11 @@ TEST_F(GemmGpuTest, Bf16OutputMatchesReference) {
     const std::vector<uint16_t> w = RandomBf16(s.n * s.k, -1, 1);
     DeviceVector<uint16_t> d_x(x, stream()), d_w(w, stream()), d_y(s.m * s.n);
     d_y.Poison(stream());
-    absl::Status status = gemm_->Run(Bf(d_x.get()), Bf(d_w.get()), d_y.get(), s.m, s.n, s.k, stream());
+    absl::Status status =
+        gemm_->Run(Bf(d_x.get()), Bf(d_w.get()), d_y.get(), s.m, s.n, s.k, stream());
     ASSERT_TRUE(status.ok()) << status;
-    const double err = RelativeError(Bf16ToDouble(d_y.Download(stream())), Reference(x, w, s.m, s.n, s.k));
+    const double err =
+        RelativeError(Bf16ToDouble(d_y.Download(stream())), Reference(x, w, s.m, s.n, s.k));
     EXPECT_LT(err, 4e-3);
     absl::StatusOr<GemmAlgorithmInfo> algo = gemm_->Algorithm(s.m, s.n, s.k);
     ASSERT_TRUE(algo.ok());
@@ -91,8 +93,9 @@ TEST_F(GemmGpuTest, FloatOutputForLogits) {
                     .ok());
     const std::vector<float> y = d_y.Download(stream());
     // Products of bf16 values are exact in float; only float accumulation rounds.
-    EXPECT_LT(RelativeError(std::vector<double>(y.begin(), y.end()), Reference(x, w, s.m, s.n, s.k)),
-              1e-5);
+    EXPECT_LT(
+        RelativeError(std::vector<double>(y.begin(), y.end()), Reference(x, w, s.m, s.n, s.k)),
+        1e-5);
   }
 }
 
@@ -126,7 +129,8 @@ TEST_F(GemmGpuTest, CapturedGraphReplaysTheSameBits) {
 
   cudaGraph_t graph = nullptr;
   ASSERT_EQ(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeGlobal), cudaSuccess);
-  absl::Status captured = gemm_->Run(Bf(d_x.get()), Bf(d_w.get()), d_y.get(), s.m, s.n, s.k, stream());
+  absl::Status captured =
+      gemm_->Run(Bf(d_x.get()), Bf(d_w.get()), d_y.get(), s.m, s.n, s.k, stream());
   // A shape never prepared is refused during capture, and the capture survives it.
   absl::Status unprepared =
       gemm_->Run(Bf(d_x.get()), Bf(d_w.get()), d_y.get(), s.m + 1, s.n, s.k, stream());
@@ -168,7 +172,8 @@ TEST_F(GemmGpuTest, EveryCandidateMatchesReferenceAndSticks) {
     ASSERT_FALSE(candidates->empty());
     ASSERT_LE(candidates->size(), 8u);
     for (int c = 0; c < static_cast<int>(candidates->size()); ++c) {
-      SCOPED_TRACE(::testing::Message() << "candidate " << c << ": " << (*candidates)[c].ToString());
+      SCOPED_TRACE(::testing::Message()
+                   << "candidate " << c << ": " << (*candidates)[c].ToString());
       ASSERT_TRUE(gemm_->UseCandidate(s.m, s.n, s.k, GemmOutput::kBf16, c).ok());
       absl::StatusOr<GemmAlgorithmInfo> used = gemm_->Algorithm(s.m, s.n, s.k);
       ASSERT_TRUE(used.ok());

@@ -80,8 +80,8 @@ class RmsNormGpuTest : public GpuTest {};
 TEST_F(RmsNormGpuTest, MatchesReferenceWithAndWithoutResidual) {
   struct Case { int tokens, hidden; };
   const float eps = 1e-5f;
-  for (const Case c : {Case{1, 2048}, Case{3, 8192}, Case{67, 2048}, Case{5, 16384},
-                       Case{2, 32768}, Case{9, 24}, Case{4, 1000}, Case{7, 1001}, Case{3, 4096 + 3}}) {
+  for (const Case c : {Case{1, 2048}, Case{3, 8192}, Case{67, 2048}, Case{5, 16384}, Case{2, 32768},
+                       Case{9, 24}, Case{4, 1000}, Case{7, 1001}, Case{3, 4096 + 3}}) {
     for (const bool fused : {false, true}) {
       SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << " hidden " << c.hidden
                                         << (fused ? " fused" : ""));
@@ -120,7 +120,8 @@ TEST_F(RmsNormGpuTest, MatchesReferenceWithAndWithoutResidual) {
           ss += v[i] * v[i];
         }
         const double scale = 1.0 / std::sqrt(ss / c.hidden + eps);
-        for (int i = 0; i < c.hidden; ++i) ref[size_t{1} * t * c.hidden + i] = v[i] * scale * ToDouble(w[i]);
+        for (int i = 0; i < c.hidden; ++i)
+          ref[size_t{1} * t * c.hidden + i] = v[i] * scale * ToDouble(w[i]);
       }
       if (!fused) {
         EXPECT_EQ(res_out, res);  // untouched
@@ -218,7 +219,8 @@ TEST_F(SiluMulGpuTest, MatchesReference) {
     DeviceVector<uint16_t> d_gu(gu, stream());
     DeviceVector<uint16_t> d_out(size_t{1} * c.tokens * c.ffn);
     d_out.Poison(stream());
-    ASSERT_EQ(LaunchSiluMul(Bf(d_gu.get()), Bf(d_out.get()), c.tokens, c.ffn, stream()), cudaSuccess);
+    ASSERT_EQ(LaunchSiluMul(Bf(d_gu.get()), Bf(d_out.get()), c.tokens, c.ffn, stream()),
+              cudaSuccess);
     std::vector<double> ref(size_t{1} * c.tokens * c.ffn);
     for (int t = 0; t < c.tokens; ++t) {
       for (int j = 0; j < c.ffn; ++j) {
@@ -427,14 +429,17 @@ TEST_F(KernelGraphGpuTest, ReplaysForNewContents) {
 
     std::vector<uint16_t> gathered(size_t{1} * c.tokens * width);
     for (int t = 0; t < c.tokens; ++t) {
-      std::copy_n(table.begin() + size_t{1} * ids[t] * width, width, gathered.begin() + size_t{1} * t * width);
+      std::copy_n(table.begin() + size_t{1} * ids[t] * width, width,
+                  gathered.begin() + size_t{1} * t * width);
     }
-    EXPECT_LT(RelativeError(Bf16ToDouble(d_qkv.Download(stream())), RopeReference(gathered, pos, c)),
-              kBf16Tolerance);
+    EXPECT_LT(
+        RelativeError(Bf16ToDouble(d_qkv.Download(stream())), RopeReference(gathered, pos, c)),
+        kBf16Tolerance);
     const std::vector<int32_t> next = d_next.Download(stream());
     for (int t = 0; t < c.tokens; ++t) {
-      EXPECT_EQ(next[t], HostArgmax(std::vector<float>(logits.begin() + size_t{1} * t * vocab,
-                                                       logits.begin() + size_t{1} * (t + 1) * vocab)));
+      EXPECT_EQ(next[t],
+                HostArgmax(std::vector<float>(logits.begin() + size_t{1} * t * vocab,
+                                              logits.begin() + size_t{1} * (t + 1) * vocab)));
     }
   }
   EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);

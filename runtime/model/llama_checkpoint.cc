@@ -124,9 +124,9 @@ absl::StatusOr<LlamaHostWeights> ReadLlamaSafetensors(absl::Span<const std::stri
   std::sort(names.begin(), names.end());
   for (const std::string& name : names) {
     if (expected.contains(name) || absl::EndsWith(name, ".rotary_emb.inv_freq")) continue;
-    return absl::InvalidArgumentError(absl::StrCat("Checkpoint tensor '", name, "' in '",
-                                                   found[name].first->path(),
-                                                   "' is unexpected: ", UnexpectedReason(name, shape)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Checkpoint tensor '", name, "' in '", found[name].first->path(),
+                     "' is unexpected: ", UnexpectedReason(name, shape)));
   }
   for (const HfTensorSlice& s : slices) {
     auto it = found.find(s.hf_name);
@@ -144,10 +144,11 @@ absl::StatusOr<LlamaHostWeights> ReadLlamaSafetensors(absl::Span<const std::stri
     }
     const std::vector<int64_t> want = SliceShape(s);
     if (t.shape != want) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Checkpoint tensor '", s.hf_name, "' has shape ", t.ShapeString(), " but LlamaShape needs ",
-          s.dims, " = ", ShapeString(want), "; set those LlamaShape fields to the checkpoint's "
-          "config.json values"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("Checkpoint tensor '", s.hf_name, "' has shape ", t.ShapeString(),
+                       " but LlamaShape needs ", s.dims, " = ", ShapeString(want),
+                       "; set those LlamaShape fields to the checkpoint's "
+                       "config.json values"));
     }
   }
   for (const HfTensorSlice& s : slices) {

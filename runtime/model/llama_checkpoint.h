@@ -6,8 +6,9 @@
 //                                               kiln::LlamaShape::Llama1B()));
 //   ASSIGN_OR_RETURN(kiln::LlamaDeviceWeights dw, kiln::LlamaDeviceWeights::Upload(w, stream));
 //
-// Names (HF LlamaForCausalLM): model.embed_tokens.weight, model.layers.{l}.input_layernorm.weight,
-// model.layers.{l}.self_attn.{q,k,v,o}_proj.weight, model.layers.{l}.post_attention_layernorm.weight,
+// Names (HF LlamaForCausalLM): model.embed_tokens.weight,
+// model.layers.{l}.input_layernorm.weight, model.layers.{l}.self_attn.{q,k,v,o}_proj.weight,
+// model.layers.{l}.post_attention_layernorm.weight,
 // model.layers.{l}.mlp.{gate,up,down}_proj.weight, model.norm.weight, lm_head.weight (only when
 // the shape does not tie embeddings). q, k and v are fused row-wise into qkv, gate and up into
 // gate_up. HF's q/k rows are already in rotate-half order, which is the RoPE kiln applies.

@@ -121,7 +121,8 @@ TEST_F(LlamaCheckpointTest, MissingTensorNamesIt) {
                 entries.end());
   absl::Status s = ReadWith(entries, "missing.safetensors");
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("lacks tensor 'model.layers.1.mlp.up_proj.weight'"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("lacks tensor 'model.layers.1.mlp.up_proj.weight'"));
 }
 
 TEST_F(LlamaCheckpointTest, UnexpectedNamesExplainTheFix) {
@@ -170,7 +171,8 @@ TEST_F(LlamaCheckpointTest, WrongShapeNamesTheFields) {
   }
   absl::Status s = ReadWith(entries, "shape.safetensors");
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("'model.layers.0.self_attn.k_proj.weight' has shape [256, 128]"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("'model.layers.0.self_attn.k_proj.weight' has shape [256, 128]"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("[kv_heads * head_dim, hidden] = [128, 256]"));
 }
 

@@ -12,10 +12,10 @@
 //   embedding          [vocab, hidden]
 //   per layer l:
 //     input_norm       [hidden]
-//     qkv              [(heads + 2 * kv_heads) * head_dim, hidden]   rows: q heads, k heads, v heads
+//     qkv              [(heads + 2 * kv_heads) * head_dim, hidden]   rows: q, k, then v heads
 //     o                [hidden, heads * head_dim]
 //     post_norm        [hidden]
-//     gate_up          [2 * ffn, hidden]                           rows: gate, then up
+//     gate_up          [2 * ffn, hidden]                             rows: gate, then up
 //     down             [hidden, ffn]
 //   final_norm         [hidden]
 //   lm_head            [vocab, hidden]          absent when tie_embeddings (lm_head() is embedding)

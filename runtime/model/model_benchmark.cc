@@ -74,7 +74,8 @@ void FillRandom(DeviceBuffer& buf, cudaStream_t stream, uint64_t seed) {
     x ^= x >> 7;
     x ^= x << 17;
     // bf16 in [-1, 1): sign, exponent 0x78..0x7e, random mantissa.
-    v = static_cast<uint16_t>(((x >> 63) << 15) | ((0x78 + (x >> 40) % 7) << 7) | ((x >> 20) & 0x7f));
+    v = static_cast<uint16_t>(((x >> 63) << 15) | ((0x78 + (x >> 40) % 7) << 7) |
+                              ((x >> 20) & 0x7f));
   }
   CHECK_OK(CopyHostToDevice(buf.data(), host.data(), buf.size(), stream));
   CHECK_CUDA(cudaStreamSynchronize(stream));
@@ -170,7 +171,8 @@ void DecodeStepTable(const LlamaShape& s, cudaStream_t stream) {
           CHECK_CUDA(LaunchFusedAddRmsNorm(x.as<bf>(), residual.as<bf>(), w.input_norm(l),
                                            normed.as<bf>(), m, s.hidden, eps, stream));
         }
-        CHECK_OK(gemm->Run(normed.as<bf>(), w.qkv(l), qkv.data(), m, s.qkv_rows(), s.hidden, stream));
+        CHECK_OK(
+            gemm->Run(normed.as<bf>(), w.qkv(l), qkv.data(), m, s.qkv_rows(), s.hidden, stream));
         CHECK_CUDA(LaunchRope(qkv.as<bf>(), pos.as<int32_t>(), m, s.heads, s.kv_heads, s.head_dim,
                               s.rope_theta, stream));
         // (attention would read qkv and write attn here)

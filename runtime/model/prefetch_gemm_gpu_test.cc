@@ -243,9 +243,10 @@ TEST_F(PrefetchGemmGpuTest, SecondLaunchReadsTheFirstOnesOutput) {
     std::vector<uint16_t> y1(static_cast<size_t>(m) * n1);
     std::memcpy(y1.data(), y1_raw.data(), y1.size() * sizeof(uint16_t));
     for (uint16_t v : y1) ASSERT_TRUE(std::isfinite(Bf16BitsToFloat(v)));
-    EXPECT_LT(RelativeError(second.Output(m, false, stream()),
-                            GemmProduct(Operand(y1, m, n1, PrefetchGemmInput::kPlain), w2, m, n2, n1)),
-              6e-3)
+    EXPECT_LT(
+        RelativeError(second.Output(m, false, stream()),
+                      GemmProduct(Operand(y1, m, n1, PrefetchGemmInput::kPlain), w2, m, n2, n1)),
+        6e-3)
         << "round " << round;
   }
 }
@@ -295,9 +296,10 @@ NormReference NormOperand(const std::vector<uint16_t>& x, const std::vector<uint
     double sum_sq = 0.0;
     for (int e = 0; e < k; ++e) {
       const size_t i = static_cast<size_t>(r) * k + e;
-      ref.h[i] = residual == nullptr
-                     ? x[i]
-                     : FloatToBf16Bits(static_cast<float>(ToDouble(x[i]) + ToDouble((*residual)[i])));
+      ref.h[i] =
+          residual == nullptr
+              ? x[i]
+              : FloatToBf16Bits(static_cast<float>(ToDouble(x[i]) + ToDouble((*residual)[i])));
       sum_sq += ToDouble(ref.h[i]) * ToDouble(ref.h[i]);
     }
     const double scale = 1.0 / std::sqrt(sum_sq / k + eps);
@@ -329,7 +331,8 @@ TEST_F(PrefetchGemmGpuTest, NormInputsMatchFloat64AndTheNormKernelsBitForBit) {
     problem.w().Upload(w, stream());
     unfused.w().Upload(w, stream());
     for (int m : {1, 3, 8}) {
-      for (PrefetchGemmInput input : {PrefetchGemmInput::kAddRmsNorm, PrefetchGemmInput::kRmsNorm}) {
+      for (PrefetchGemmInput input :
+           {PrefetchGemmInput::kAddRmsNorm, PrefetchGemmInput::kRmsNorm}) {
         const bool add = input == PrefetchGemmInput::kAddRmsNorm;
         const size_t count = static_cast<size_t>(m) * s.k;
         const std::vector<uint16_t> x = RandomBf16(count, -3.f, 3.f);
@@ -379,9 +382,9 @@ TEST_F(PrefetchGemmGpuTest, NormInputsMatchFloat64AndTheNormKernelsBitForBit) {
           auto* normed = reinterpret_cast<__nv_bfloat16*>(unfused.x().get());
           const auto* bf_x = reinterpret_cast<const __nv_bfloat16*>(problem.x().get());
           const auto* bf_weight = reinterpret_cast<const __nv_bfloat16*>(norm_weight.get());
-          ASSERT_EQ(add ? LaunchFusedAddRmsNorm(bf_x,
-                                                reinterpret_cast<__nv_bfloat16*>(norm_residual.get()),
-                                                bf_weight, normed, m, s.k, eps, stream())
+          ASSERT_EQ(add ? LaunchFusedAddRmsNorm(
+                              bf_x, reinterpret_cast<__nv_bfloat16*>(norm_residual.get()),
+                              bf_weight, normed, m, s.k, eps, stream())
                         : LaunchRmsNorm(bf_x, bf_weight, normed, m, s.k, eps, stream()),
                     cudaSuccess);
           ASSERT_EQ(LaunchPrefetchGemm(unfused.Args(m, PrefetchGemmInput::kPlain, false), config,

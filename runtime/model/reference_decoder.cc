@@ -176,7 +176,8 @@ absl::StatusOr<std::vector<double>> ReferenceDecoder::Forward(int seq,
                                                               absl::Span<const int32_t> tokens) {
   if (seq < 0 || seq >= static_cast<int>(sequences_.size())) {
     return absl::InvalidArgumentError(absl::StrCat("Sequence ", seq, " does not exist; there are ",
-                                                   sequences_.size(), ", add one with AddSequence"));
+                                                   sequences_.size(),
+                                                   ", add one with AddSequence"));
   }
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] >= shape().vocab) {

@@ -6,7 +6,8 @@
 //                                         shape.rope_theta, stream));
 //
 // For every q and k head and i < head_dim / 2, with f_i = theta^(-2i / head_dim) and angle
-// a = position * f_i: (x_i, x_{i+d/2}) <- (x_i cos a - x_{i+d/2} sin a, x_{i+d/2} cos a + x_i sin a).
+// a = position * f_i:
+//   (x_i, x_{i+d/2}) <- (x_i cos a - x_{i+d/2} sin a, x_{i+d/2} cos a + x_i sin a).
 // V is left alone. Positions are read from device memory, so a captured graph replays for new
 // positions; the launch shape depends only on num_tokens and the head counts. cos/sin are
 // computed per token in double precision and rounded to float (accurate at any position, no

@@ -43,7 +43,8 @@ struct RopeKvAppendParams {
   int head_dim = 0;                    // a multiple of 16, at most 256
   double theta = 0.0;                  // RoPE base, > 0
   AttentionPlanPartDevice plan;        // seq_q_start [max_seqs + 1], seq_kv_len, max_seqs
-  PagedKvDevice kv;                    // k_cache and v_cache [blocks, kv_heads, block_size, head_dim]
+  // k_cache and v_cache [blocks, kv_heads, block_size, head_dim]
+  PagedKvDevice kv;
 };
 
 // Returns whether LaunchRopeKvAppend takes `params`: positive sizes, head_dim a multiple of 16 up

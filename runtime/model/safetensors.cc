@@ -309,9 +309,10 @@ absl::StatusOr<uint64_t> ParseUnsigned(const JsonValue& v, absl::string_view wha
   uint64_t n = 0;
   if (v.type != JsonValue::kNumber || !absl::SimpleAtoi(v.text, &n) ||
       v.text.find_first_of(".eE-") != std::string::npos) {
-    return absl::DataLossError(absl::StrCat("Safetensors tensor '", tensor, "' has ", what, " ",
-                                            v.type == JsonValue::kNumber ? v.text : TypeName(v.type),
-                                            "; expected a non-negative integer"));
+    return absl::DataLossError(
+        absl::StrCat("Safetensors tensor '", tensor, "' has ", what, " ",
+                     v.type == JsonValue::kNumber ? v.text : TypeName(v.type),
+                     "; expected a non-negative integer"));
   }
   return n;
 }
@@ -363,7 +364,8 @@ absl::StatusOr<SafetensorsTensor> ParseTensorEntry(const std::string& name, cons
   ASSIGN_OR_RETURN(t.data_end, ParseUnsigned(offsets->array[1], "data_offsets[1]", name));
   if (t.data_end < t.data_begin) {
     return absl::DataLossError(absl::StrCat("Safetensors tensor '", name, "' has data_offsets [",
-                                            t.data_begin, ", ", t.data_end, "] that end before they begin"));
+                                            t.data_begin, ", ", t.data_end,
+                                            "] that end before they begin"));
   }
   uint64_t expected = 0;
   if (!ByteCount(t.shape, SafetensorsDtypeSize(t.dtype), expected) || expected != t.bytes()) {

@@ -3,7 +3,8 @@
 // float, float accumulation, m ≤ kSkinnyGemmMaxRows.
 //
 //   if (kiln::SkinnyGemmSupports(m, k, x, w, y)) {
-//     CUDA_RETURN_IF_ERROR(kiln::LaunchSkinnyGemm(x, w, y, m, n, k, /*float_output=*/false, stream));
+//     CUDA_RETURN_IF_ERROR(
+//         kiln::LaunchSkinnyGemm(x, w, y, m, n, k, /*float_output=*/false, stream));
 //   }
 //
 // Why: at m ≤ 8 a projection reads each weight once and does almost no arithmetic, so its time is

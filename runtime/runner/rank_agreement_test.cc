@@ -57,7 +57,8 @@ TEST(RankAgreementTest, OneFailingRankFailsEveryRankAlike) {
              absl::ResourceExhaustedError("Pool budget of 4096 bytes exceeded"), absl::OkStatus()});
   for (const absl::Status& s : got) {
     EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
-    EXPECT_EQ(s.message(), "Capture of x failed on rank 2 of 4: Pool budget of 4096 bytes exceeded");
+    EXPECT_EQ(s.message(),
+              "Capture of x failed on rank 2 of 4: Pool budget of 4096 bytes exceeded");
   }
 }
 

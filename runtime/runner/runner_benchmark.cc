@@ -458,7 +458,8 @@ int Main(int argc, char** argv) {
   }
 
   // A small runner that captures only `sizes`, for the comparisons below.
-  auto small_runner = [&](const std::vector<int>& sizes, const std::function<void(RunnerOptions&)>& edit) {
+  auto small_runner = [&](const std::vector<int>& sizes,
+                          const std::function<void(RunnerOptions&)>& edit) {
     RunnerOptions o = base;
     o.config.set_max_num_batched_tokens(512);
     o.max_kv_blocks = 2600;
@@ -510,7 +511,8 @@ int Main(int argc, char** argv) {
     const Variant variants[] = {
         {"as configured", [](RunnerOptions&) {}},
         {"SiLU kernel", [](RunnerOptions& o) { o.silu_in_down = false; }},
-        {"norm fold flipped", [](RunnerOptions& o) { o.fold_norm_into_gemm = !o.fold_norm_into_gemm; }},
+        {"norm fold flipped",
+         [](RunnerOptions& o) { o.fold_norm_into_gemm = !o.fold_norm_into_gemm; }},
         {"layer kernel<=1", [](RunnerOptions& o) { o.layer_kernel_rows = 1; }},
         {"layer kernel<=2", [](RunnerOptions& o) { o.layer_kernel_rows = 2; }},
         {"layer kernel<=4", [](RunnerOptions& o) { o.layer_kernel_rows = 4; }},
@@ -595,7 +597,9 @@ int Main(int argc, char** argv) {
       if (&v != &variants[0] && std::string(v.name).find(only) == std::string::npos) continue;
       std::unique_ptr<Runner> runner = small_runner(sizes, v.edit);
       std::printf("%-34s", v.name);
-      for (int b : sizes) std::printf(" %8.3f", TimeDecode(*runner, b, context, steps, false).graph_ms);
+      for (int b : sizes) {
+        std::printf(" %8.3f", TimeDecode(*runner, b, context, steps, false).graph_ms);
+      }
       std::printf("\n");
       std::fflush(stdout);
     }

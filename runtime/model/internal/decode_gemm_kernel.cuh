@@ -99,7 +99,8 @@ __global__ void __launch_bounds__(kDgThreads, 2)
   const int k_warp = warp - row_warp * kKWarps;
   const int tile = blockIdx.x;
   const int split = blockIdx.y;
-  const int n0 = tile * kRows + row_warp * 16;  // n is a multiple of 16: a warp's rows are all in or all out
+  // n is a multiple of 16: a warp's rows are all in or all out.
+  const int n0 = tile * kRows + row_warp * 16;
   const int k_begin = split * p.k_split;
   const int groups = p.k_split / kDgGroupK;
   const int my_groups =
@@ -224,7 +225,8 @@ __global__ void __launch_bounds__(kDgThreads, 2)
     const int rr = r - rw * 16;
     float sum = 0.f;
 #pragma unroll
-    for (int kw = 0; kw < kKWarps; ++kw) sum += scratch[((rw * kKWarps + kw) * 16 + rr) * kStride + col];
+    for (int kw = 0; kw < kKWarps; ++kw)
+      sum += scratch[((rw * kKWarps + kw) * 16 + rr) * kStride + col];
     if (p.splits == 1) {
       DgStore(y + static_cast<int64_t>(col) * p.n + n_index, sum);
     } else {
