@@ -351,10 +351,8 @@ absl::Status Runner::InitAllocations(const RunnerOptions& options) {
         PlannerOptionsFor(key, shape.heads, shape.kv_heads, shape.head_dim, sm_count_,
                           options.max_model_len, options.prefill_tile_rows);
     planner_options.decode.min_kv_chunk = options.decode_min_kv_chunk;
-    planner_options.decode.ctas_per_sm =
-        DecodeCtasPerSm(key, options.decode_split_by_rows, options.decode_ctas_per_sm);
-    planner_options.decode.aim_by_seqs =
-        DecodeAimsFor(key, options.decode_split_by_rows, options.decode_ctas_per_sm);
+    SetDecodeSplit(key, options.decode_split_by_rows, options.decode_ctas_per_sm,
+                   &planner_options.decode);
     ASSIGN_OR_RETURN(SplitKvPlanner planner, SplitKvPlanner::Create(planner_options));
     const PlanLayout& layout = planner.layout();
     layouts_.push_back(MetadataLayout::Create(key, layout.plan_bytes, max_blocks_per_seq_));

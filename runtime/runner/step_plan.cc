@@ -157,11 +157,13 @@ int DecodeCtasPerSm(const StepKey& key, const std::vector<SplitAim>& aims, int o
   return std::max(largest, otherwise);
 }
 
-std::vector<SplitAim> DecodeAimsFor(const StepKey& key, const std::vector<SplitAim>& aims,
-                                    int otherwise) {
-  std::vector<SplitAim> out = aims;
-  if (out.empty() || out.back().max_seqs < key.max_rows) out.push_back({key.max_rows, otherwise});
-  return out;
+void SetDecodeSplit(const StepKey& key, const std::vector<SplitAim>& aims, int otherwise,
+                    PlanPartOptions* decode) {
+  decode->ctas_per_sm = DecodeCtasPerSm(key, aims, otherwise);
+  decode->aim_by_seqs = aims;
+  if (aims.empty() || aims.back().max_seqs < key.max_rows) {
+    decode->aim_by_seqs.push_back({key.max_rows, otherwise});
+  }
 }
 
 MetadataLayout MetadataLayout::Create(const StepKey& key, size_t plan_bytes,

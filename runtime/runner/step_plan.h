@@ -114,13 +114,15 @@ SplitKvPlannerOptions PlannerOptionsFor(const StepKey& key, int num_q_heads, int
 // would widen every mixed step's grid).
 int DecodeCtasPerSm(const StepKey& key, const std::vector<SplitAim>& aims, int otherwise);
 
-// Returns the per-step rules of the key's decode split (SplitKvPlanner's decode.aim_by_seqs):
-// `aims`, then `otherwise` for the counts above them up to the key's max_rows. Without that last
-// rule the planner would aim those counts at DecodeCtasPerSm, which for a key that also takes
-// counts of a larger aim is that larger aim, not `otherwise` (a decode key of 32 rows that takes
-// batches of 1–32 would split 25–32 sequences for 4 CTAs per SM under the default rules).
-std::vector<SplitAim> DecodeAimsFor(const StepKey& key, const std::vector<SplitAim>& aims,
-                                    int otherwise);
+// Sets the key's decode split in `decode` (SplitKvPlanner's decode part) under `aims` and
+// `otherwise` (as DecodeCtasPerSm): ctas_per_sm = DecodeCtasPerSm, which sizes the grid, and
+// aim_by_seqs = `aims`, then `otherwise` for the counts above them up to the key's max_rows.
+// Without that last rule the planner would aim those counts at ctas_per_sm, which for a key that
+// also takes counts of a larger aim is that larger aim, not `otherwise` (a decode key of 32 rows
+// that takes batches of 1–32 would split 25–32 sequences for 4 CTAs per SM under the default
+// rules). The other fields of `decode` are left alone.
+void SetDecodeSplit(const StepKey& key, const std::vector<SplitAim>& aims, int otherwise,
+                    PlanPartOptions* decode);
 
 // Where a key's step inputs sit in the metadata blob (byte offsets, each 256-byte aligned):
 //   token_ids        int32 [max_tokens]            -1 past the step's tokens

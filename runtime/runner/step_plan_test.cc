@@ -163,18 +163,18 @@ TEST(StepPlanTest, DecodeCountsAboveTheRulesAimAtOtherwise) {
   key.max_rows = 32;
   key.max_tokens = 32;
   key.min_rows = 1;
-  EXPECT_EQ(DecodeCtasPerSm(key, rules, 2), 4);
-  const std::vector<SplitAim> aims = DecodeAimsFor(key, rules, 2);
+  SplitKvPlannerOptions o = PlannerOptionsFor(key, 32, 8, 64, 132, 2048);
+  o.decode.min_kv_chunk = 64;
+  SetDecodeSplit(key, rules, 2, &o.decode);
+  EXPECT_EQ(o.decode.ctas_per_sm, 4);
+  EXPECT_EQ(o.decode.min_kv_chunk, 64);  // left alone
+  const std::vector<SplitAim>& aims = o.decode.aim_by_seqs;
   ASSERT_EQ(aims.size(), 4u);
   EXPECT_EQ(aims[3].max_seqs, 32);
   EXPECT_EQ(aims[3].ctas_per_sm, 2);
   EXPECT_TRUE(CheckSplitAims(aims, "aims").ok());
 
   // With those rules the planner splits 32 sequences for 2 CTAs per SM (1B shape, 132 SMs).
-  SplitKvPlannerOptions o = PlannerOptionsFor(key, 32, 8, 64, 132, 2048);
-  o.decode.min_kv_chunk = 64;
-  o.decode.ctas_per_sm = DecodeCtasPerSm(key, rules, 2);
-  o.decode.aim_by_seqs = aims;
   absl::StatusOr<SplitKvPlanner> planner = SplitKvPlanner::Create(o);
   ASSERT_TRUE(planner.ok()) << planner.status();
   SplitKvPlannerOptions unsized = o;  // the same key sized for 2 CTAs per SM, no rules
@@ -204,19 +204,24 @@ TEST(StepPlanTest, DecodeCountsAboveTheRulesAimAtOtherwise) {
   EXPECT_GT(plan(*rules_only).num_work_items, want.num_work_items);
 
   // A key that ends at a rule, or whose rules run past it, gets no extra rule.
+  auto aims_for = [&](const std::vector<SplitAim>& r, int otherwise) {
+    PlanPartOptions part;
+    SetDecodeSplit(key, r, otherwise, &part);
+    return part.aim_by_seqs;
+  };
   key.max_rows = 24;
-  EXPECT_EQ(DecodeAimsFor(key, rules, 2).size(), 3u);
+  EXPECT_EQ(aims_for(rules, 2).size(), 3u);
   key.max_rows = 8;
-  EXPECT_EQ(DecodeAimsFor(key, rules, 2).size(), 3u);
+  EXPECT_EQ(aims_for(rules, 2).size(), 3u);
   // No rules: every count aims at `otherwise`.
-  const std::vector<SplitAim> none = DecodeAimsFor(key, {}, 5);
+  const std::vector<SplitAim> none = aims_for({}, 5);
   ASSERT_EQ(none.size(), 1u);
   EXPECT_EQ(none[0].ctas_per_sm, 5);
 }
 
 // Under the default capture sizes and rules (RunnerOptions) the last rule changes no plan: every
 // key, every decode count it takes, the same chunks and items as with the rules alone.
-TEST(StepPlanTest, DecodeAimsForKeepsTheDefaultCaptureListsPlans) {
+TEST(StepPlanTest, DecodeSplitKeepsTheDefaultCaptureListsPlans) {
   CaptureSizes decode = *CaptureSizes::Decode(256);
   CaptureSizes prefill = *CaptureSizes::Prefill(512);
   const StepKeys keys = *StepKeys::Create({256, 8192}, &decode, &prefill);
@@ -231,7 +236,7 @@ TEST(StepPlanTest, DecodeAimsForKeepsTheDefaultCaptureListsPlans) {
     o.decode.ctas_per_sm = DecodeCtasPerSm(key, rules, 2);
     o.decode.aim_by_seqs = rules;
     absl::StatusOr<SplitKvPlanner> before = SplitKvPlanner::Create(o);
-    o.decode.aim_by_seqs = DecodeAimsFor(key, rules, 2);
+    SetDecodeSplit(key, rules, 2, &o.decode);
     absl::StatusOr<SplitKvPlanner> after = SplitKvPlanner::Create(o);
     ASSERT_TRUE(before.ok() && after.ok()) << before.status() << after.status();
     std::vector<Chunk> blob(after->layout().plan_bytes / sizeof(Chunk) + 1);
