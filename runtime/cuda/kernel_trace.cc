@@ -219,9 +219,11 @@ absl::StatusOr<ReplayProfile> ProfileReplays(std::vector<KernelRecord> records) 
     const KernelRecord& k = kernels[i];
     const uint64_t increment = k.end_ns > latest ? k.end_ns - latest : 0;
     latest = std::max(latest, k.end_ns);
-    KernelShare& share = shares[ShortKernelName(k.name)];
+    const std::string name = ShortKernelName(k.name);
+    KernelShare& share = shares[name];
     share.launches += 1;
     share.us += static_cast<double>(increment) / 1e3;
+    profile.nodes.push_back({name, static_cast<double>(increment) / 1e3});
   }
   for (auto& [name, share] : shares) {
     share.kernel = name;
@@ -230,6 +232,43 @@ absl::StatusOr<ReplayProfile> ProfileReplays(std::vector<KernelRecord> records) 
   std::sort(profile.shares.begin(), profile.shares.end(),
             [](const KernelShare& a, const KernelShare& b) { return a.us > b.us; });
   return profile;
+}
+
+std::optional<RepeatedBlock> FindRepeatedBlock(const std::vector<NodeShare>& nodes,
+                                               int min_repeats) {
+  const int n = static_cast<int>(nodes.size());
+  min_repeats = std::max(min_repeats, 2);
+  int best_period = 0, best_first = 0, best_repeats = 0;
+  for (int period = 1; period * min_repeats <= n; ++period) {
+    // Runs of i where node i and node i + period run the same kernel: a run of length r from a
+    // holds floor((r + period) / period) whole blocks starting at a.
+    int run = 0;
+    for (int i = 0; i + period <= n; ++i) {
+      const bool same = i + period < n && nodes[i].kernel == nodes[i + period].kernel;
+      if (same) {
+        ++run;
+        continue;
+      }
+      const int repeats = (run + period) / period;
+      if (repeats >= min_repeats && repeats * period > best_repeats * best_period) {
+        best_period = period;
+        best_first = i - run;
+        best_repeats = repeats;
+      }
+      run = 0;
+    }
+  }
+  if (best_repeats == 0) return std::nullopt;
+  RepeatedBlock block;
+  block.first = best_first;
+  block.repeats = best_repeats;
+  for (int j = 0; j < best_period; ++j) {
+    std::vector<double> us;
+    for (int r = 0; r < best_repeats; ++r) us.push_back(nodes[best_first + r * best_period + j].us);
+    std::sort(us.begin(), us.end());
+    block.nodes.push_back({nodes[best_first + j].kernel, us[us.size() / 2]});
+  }
+  return block;
 }
 
 }  // namespace kiln

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -58,11 +59,26 @@ struct KernelShare {
   double us = 0;       // the sum of their increments
 };
 
+// One kernel node's part of a replay.
+struct NodeShare {
+  std::string kernel;  // ShortKernelName of the kernel
+  double us = 0;       // its increment
+};
+
 struct ReplayProfile {
   int replays = 0;                  // replays of the graph found in the records
   int kernels = 0;                  // kernel nodes per replay
   double span_us = 0;               // the profiled replay, first start to last end
   std::vector<KernelShare> shares;  // largest first; they sum to span_us
+  std::vector<NodeShare> nodes;     // the profiled replay's kernels in order of their start
+};
+
+// A block of kernels that a replay runs several times in a row (a model's layers).
+struct RepeatedBlock {
+  int first = 0;    // index in ReplayProfile::nodes of the block's first kernel
+  int repeats = 0;  // consecutive runs of the block
+  // The block's kernels in order, each with the median of its increments over the repeats.
+  std::vector<NodeShare> nodes;
 };
 
 // Profiles the replays of one graph in `records` (kernels outside graphs are ignored; of several
@@ -73,6 +89,13 @@ struct ReplayProfile {
 // launch the kernels overlap; the increments are what each adds to the replay's critical path,
 // and they sum to its span. Errors: no graph kernels, or replays with different node counts.
 absl::StatusOr<ReplayProfile> ProfileReplays(std::vector<KernelRecord> records);
+
+// Returns the block of kernel names that repeats back to back over the most of `nodes` at least
+// `min_repeats` times (ties: the shortest block, then the earliest), or nullopt where none does.
+// Of a decoder step, that is one layer: its kernels with their median increments over the layers,
+// so projections that share a kernel are told apart by their place in the layer.
+std::optional<RepeatedBlock> FindRepeatedBlock(const std::vector<NodeShare>& nodes,
+                                               int min_repeats = 3);
 
 // A kernel's demangled name without its return type, namespaces and parameter list, template
 // arguments kept (at most 80 characters): "void kiln::(anonymous namespace)::Kern<4, true>(int)"

@@ -1,7 +1,9 @@
-// Host tests of the trace analysis (ProfileReplays, ShortKernelName) over hand-made records;
+// Host tests of the trace analysis (ProfileReplays, FindRepeatedBlock, ShortKernelName) over
+// hand-made records;
 // recording itself is tested on a GPU (runtime/model/kernel_trace_gpu_test.cc).
 #include "runtime/cuda/kernel_trace.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,6 +62,65 @@ TEST(ProfileReplaysTest, GivesEachKernelItsIncrementOfTheMedianReplay) {
   EXPECT_EQ(profile->shares[1].kernel, "B");
   EXPECT_EQ(profile->shares[1].launches, 1);
   EXPECT_DOUBLE_EQ(profile->shares[1].us, 5.0);
+  // Node by node, in order of start.
+  ASSERT_EQ(profile->nodes.size(), 3u);
+  EXPECT_EQ(profile->nodes[0].kernel, "A");
+  EXPECT_DOUBLE_EQ(profile->nodes[0].us, 10.0);
+  EXPECT_EQ(profile->nodes[1].kernel, "B");
+  EXPECT_DOUBLE_EQ(profile->nodes[1].us, 5.0);
+  EXPECT_EQ(profile->nodes[2].kernel, "A");
+  EXPECT_DOUBLE_EQ(profile->nodes[2].us, 15.0);
+}
+
+// Nodes named by the letters of `names`, the i-th with increment us(i).
+std::vector<NodeShare> Nodes(const std::string& names, double (*us)(int)) {
+  std::vector<NodeShare> nodes;
+  for (size_t i = 0; i < names.size(); ++i) {
+    nodes.push_back({std::string(1, names[i]), us(static_cast<int>(i))});
+  }
+  return nodes;
+}
+
+TEST(FindRepeatedBlockTest, FindsTheLayersAndTheirMedianIncrements) {
+  // E, then four layers of n q a o n g d (two kernels each twice), then a final F and S.
+  const std::vector<NodeShare> nodes =
+      Nodes("Enqaongdnqaongdnqaongdnqaongd" + std::string("FS"),
+            [](int i) { return static_cast<double>(i); });
+  const std::optional<RepeatedBlock> block = FindRepeatedBlock(nodes);
+  ASSERT_TRUE(block.has_value());
+  EXPECT_EQ(block->first, 1);
+  EXPECT_EQ(block->repeats, 4);
+  ASSERT_EQ(block->nodes.size(), 7u);
+  // Position j of the block sits at 1 + 7r + j; of the four repeats the median (the third of
+  // the sorted increments) is r = 2.
+  const std::string kernels = "nqaongd";
+  for (int j = 0; j < 7; ++j) {
+    EXPECT_EQ(block->nodes[j].kernel, std::string(1, kernels[j]));
+    EXPECT_DOUBLE_EQ(block->nodes[j].us, 1 + 7 * 2 + j);
+  }
+}
+
+TEST(FindRepeatedBlockTest, PrefersTheShortestBlockOfTheMostCoverage) {
+  // "ab" eight times covers as much as "abab" four times: the shorter block wins.
+  const std::optional<RepeatedBlock> block =
+      FindRepeatedBlock(Nodes("abababababababab", [](int) { return 1.0; }));
+  ASSERT_TRUE(block.has_value());
+  EXPECT_EQ(block->first, 0);
+  EXPECT_EQ(block->repeats, 8);
+  EXPECT_EQ(block->nodes.size(), 2u);
+  // A partial block at the end does not count: "xyz" three times, then "xy".
+  const std::optional<RepeatedBlock> partial =
+      FindRepeatedBlock(Nodes("xyzxyzxyzxy", [](int) { return 1.0; }));
+  ASSERT_TRUE(partial.has_value());
+  EXPECT_EQ(partial->repeats, 3);
+  EXPECT_EQ(partial->nodes.size(), 3u);
+}
+
+TEST(FindRepeatedBlockTest, NeedsMinRepeats) {
+  EXPECT_FALSE(FindRepeatedBlock(Nodes("abcabd", [](int) { return 1.0; })).has_value());
+  EXPECT_FALSE(FindRepeatedBlock(Nodes("abab", [](int) { return 1.0; }), 3).has_value());
+  EXPECT_TRUE(FindRepeatedBlock(Nodes("abab", [](int) { return 1.0; }), 2).has_value());
+  EXPECT_FALSE(FindRepeatedBlock({}).has_value());
 }
 
 TEST(ProfileReplaysTest, AKernelEndingUnderAnEarlierOneAddsNothing) {

@@ -93,6 +93,14 @@ TEST_F(KernelTraceGpuTest, RecordsEveryKernelNodeOfEveryReplay) {
   }
   EXPECT_EQ(launches, 3);
   EXPECT_NEAR(sum, profile->span_us, 1e-6);
+  // Node by node in the order of capture: norm, SiLU·mul, norm.
+  ASSERT_EQ(profile->nodes.size(), 3u);
+  EXPECT_EQ(profile->nodes[0].kernel.rfind("RmsNorm", 0), 0u) << profile->nodes[0].kernel;
+  EXPECT_EQ(profile->nodes[1].kernel.rfind("SiluMul", 0), 0u) << profile->nodes[1].kernel;
+  EXPECT_EQ(profile->nodes[2].kernel.rfind("RmsNorm", 0), 0u) << profile->nodes[2].kernel;
+  double node_sum = 0;
+  for (const NodeShare& n : profile->nodes) node_sum += n.us;
+  EXPECT_NEAR(node_sum, profile->span_us, 1e-6);
 }
 
 }  // namespace

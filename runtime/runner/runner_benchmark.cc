@@ -3,7 +3,8 @@
 // padded sizes, at batch 1, 8, 32 and 128 with 1024 tokens of context; the capture time of every
 // default decode size up to 256 and prefill budget up to 512 tokens; the step without attention
 // (with --where, also without RoPE + KV append, the norm kernels or SiLU·mul); with
-// --trace_batches, each kernel's share of a graph step's critical path (CUPTI kernel trace);
+// --trace_batches, each kernel's share of a graph step's critical path (CUPTI kernel trace) and
+// one layer's kernels in order;
 // the step by GEMM path for small batches (as configured, without the prefetch GEMM, the skinny
 // kernel with cuBLASLt, cuBLASLt alone); and with --ablate, the step
 // with one fusion or choice changed at a time. The --prefetch_*, --fold_norm, --decode_*,
@@ -31,6 +32,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -295,6 +297,15 @@ void PrintTrace(Runner& runner, int batch, int context, int steps) {
     std::printf("%10.1f %6.1f%% %8d  %s\n", s.us, 100 * s.us / profile.span_us, s.launches,
                 s.kernel.c_str());
   }
+  // One layer, in order: the projections that share a kernel apart.
+  const std::optional<RepeatedBlock> layer = FindRepeatedBlock(profile.nodes);
+  if (!layer.has_value()) return;
+  double sum = 0;
+  for (const NodeShare& n : layer->nodes) sum += n.us;
+  std::printf("One layer, in order (the block of %zu kernels that repeats %d times from kernel %d; "
+              "median increment over the repeats): %.1f us\n",
+              layer->nodes.size(), layer->repeats, layer->first, sum);
+  for (const NodeShare& n : layer->nodes) std::printf("%10.1f  %s\n", n.us, n.kernel.c_str());
 }
 
 // The runner options the flags give; `capture_sizes` and `split_rules` are the list flags Main
