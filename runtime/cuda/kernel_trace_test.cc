@@ -34,6 +34,25 @@ KernelRecord Kernel(uint64_t start, uint64_t end, uint64_t node, std::string nam
   return {start, end, graph, node, std::move(name)};
 }
 
+// Expects `got` to be `want`: the same kernels in the same order, launches and µs.
+void ExpectShares(const std::vector<KernelShare>& got, const std::vector<KernelShare>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].kernel, want[i].kernel) << i;
+    EXPECT_EQ(got[i].launches, want[i].launches) << want[i].kernel;
+    EXPECT_DOUBLE_EQ(got[i].us, want[i].us) << want[i].kernel;
+  }
+}
+
+// The same for nodes.
+void ExpectNodes(const std::vector<NodeShare>& got, const std::vector<NodeShare>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].kernel, want[i].kernel) << i;
+    EXPECT_DOUBLE_EQ(got[i].us, want[i].us) << i;
+  }
+}
+
 // Three kernels per replay starting at t ns; B starts early (programmatic launch) and ends 5 µs
 // after the first A; the second A lasts c ns.
 std::vector<KernelRecord> Replay(uint64_t t, uint64_t c) {
@@ -55,21 +74,9 @@ TEST(ProfileReplaysTest, GivesEachKernelItsIncrementOfTheMedianReplay) {
   EXPECT_EQ(profile->kernels, 3);
   // The median replay: A 0–10 µs, B 2–15 µs, A 16–30 µs: increments A 10 + 15, B 5.
   EXPECT_DOUBLE_EQ(profile->span_us, 30.0);
-  ASSERT_EQ(profile->shares.size(), 2u);
-  EXPECT_EQ(profile->shares[0].kernel, "A");
-  EXPECT_EQ(profile->shares[0].launches, 2);
-  EXPECT_DOUBLE_EQ(profile->shares[0].us, 25.0);
-  EXPECT_EQ(profile->shares[1].kernel, "B");
-  EXPECT_EQ(profile->shares[1].launches, 1);
-  EXPECT_DOUBLE_EQ(profile->shares[1].us, 5.0);
+  ExpectShares(profile->shares, {{"A", 2, 25.0}, {"B", 1, 5.0}});
   // Node by node, in order of start.
-  ASSERT_EQ(profile->nodes.size(), 3u);
-  EXPECT_EQ(profile->nodes[0].kernel, "A");
-  EXPECT_DOUBLE_EQ(profile->nodes[0].us, 10.0);
-  EXPECT_EQ(profile->nodes[1].kernel, "B");
-  EXPECT_DOUBLE_EQ(profile->nodes[1].us, 5.0);
-  EXPECT_EQ(profile->nodes[2].kernel, "A");
-  EXPECT_DOUBLE_EQ(profile->nodes[2].us, 15.0);
+  ExpectNodes(profile->nodes, {{"A", 10.0}, {"B", 5.0}, {"A", 15.0}});
 }
 
 // Nodes named by the letters of `names`, the i-th with increment us(i).
@@ -129,13 +136,8 @@ TEST(ProfileReplaysTest, AKernelEndingUnderAnEarlierOneAddsNothing) {
   absl::StatusOr<ReplayProfile> profile = ProfileReplays(records);
   ASSERT_TRUE(profile.ok()) << profile.status();
   EXPECT_EQ(profile->replays, 1);
-  ASSERT_EQ(profile->shares.size(), 3u);
-  EXPECT_EQ(profile->shares[0].kernel, "Long");
-  EXPECT_DOUBLE_EQ(profile->shares[0].us, 0.1);
-  EXPECT_EQ(profile->shares[1].kernel, "Tail");
-  EXPECT_DOUBLE_EQ(profile->shares[1].us, 0.02);
-  EXPECT_EQ(profile->shares[2].kernel, "Inner");
-  EXPECT_DOUBLE_EQ(profile->shares[2].us, 0.0);
+  ExpectShares(profile->shares, {{"Long", 1, 0.1}, {"Tail", 1, 0.02}, {"Inner", 1, 0.0}});
+  ExpectNodes(profile->nodes, {{"Long", 0.1}, {"Inner", 0.0}, {"Tail", 0.02}});
 }
 
 TEST(ProfileReplaysTest, TakesTheGraphWithTheMostKernels) {
