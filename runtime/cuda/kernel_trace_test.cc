@@ -1,6 +1,5 @@
 // Host tests of the trace analysis (ProfileReplays, FindRepeatedBlock, ShortKernelName) over
-// hand-made records;
-// recording itself is tested on a GPU (runtime/model/kernel_trace_gpu_test.cc).
+// hand-made records; recording itself is tested on a GPU (runtime/model/kernel_trace_gpu_test.cc).
 #include "runtime/cuda/kernel_trace.h"
 
 #include <optional>

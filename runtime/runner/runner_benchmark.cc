@@ -4,10 +4,9 @@
 // default decode size up to 256 and prefill budget up to 512 tokens; the step without attention
 // (with --where, also without RoPE + KV append, the norm kernels or SiLU·mul); with
 // --trace_batches, each kernel's share of a graph step's critical path (CUPTI kernel trace) and
-// one layer's kernels in order;
-// the step by GEMM path for small batches (as configured, without the prefetch GEMM, the skinny
-// kernel with cuBLASLt, cuBLASLt alone); and with --ablate, the step
-// with one fusion or choice changed at a time. The --prefetch_*, --fold_norm, --decode_*,
+// one layer's kernels in order; the step by GEMM path for small batches (as configured, without
+// the prefetch GEMM, the skinny kernel with cuBLASLt, cuBLASLt alone); and with --ablate, the
+// step with one fusion or choice changed at a time. The --prefetch_*, --fold_norm, --decode_*,
 // --skinny_rows flags set the model's GEMM paths and the attention split for every table
 // (defaults: RunnerOptions'). --capture_sizes, --capture_prefill, --max_model_len,
 // --max_kv_blocks and --max_num_batched_tokens size the main runner as a server would; its KV

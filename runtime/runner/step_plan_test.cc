@@ -168,7 +168,7 @@ TEST(StepPlanTest, DecodeCountsAboveTheRulesAimAtOtherwise) {
   SetDecodeSplit(key, rules, 2, &o.decode);
   EXPECT_EQ(o.decode.ctas_per_sm, 4);
   EXPECT_EQ(o.decode.min_kv_chunk, 64);  // left alone
-  const std::vector<SplitAim>& aims = o.decode.aim_by_seqs;
+  const std::vector<SplitAim> aims = o.decode.aim_by_seqs;
   ASSERT_EQ(aims.size(), 4u);
   EXPECT_EQ(aims[3].max_seqs, 32);
   EXPECT_EQ(aims[3].ctas_per_sm, 2);
