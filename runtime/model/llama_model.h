@@ -125,11 +125,13 @@ struct DecodeGemmRows {
 // uses neither the decode GEMM, the skinny kernel nor cuBLASLt. The defaults follow
 // runtime/runner/NOTES.md (H200, 1B shape): the four layer projections up to 2 rows (the decode
 // layer kernel needs them here; without it, batch 1 took 0.915–0.917 ms against 0.963–0.968 with
-// the TMA GEMM from 1 row), the TMA GEMM from 3 rows (batch 7 1.065–1.070 against 1.124–1.129 ms
-// with them here up to 8 rows), the LM head up to 8 rows; the down projection after the SiLU·mul
-// kernel (prefetch_gemm_silu).
+// the TMA GEMM from 1 row), O, gate-up and down on the TMA GEMM from 3 rows (batch 7 1.065–1.070
+// against 1.124–1.129 ms with all four here up to 8 rows), QKV here up to 8 rows (3–8 rows 17–32
+// µs faster than on the TMA GEMM, e.g. batch 8 0.999–1.006 against 1.021–1.030 ms; O, gate-up or
+// down alone up to 8 rows were slower), the LM head up to 8 rows; the down projection after the
+// SiLU·mul kernel (prefetch_gemm_silu).
 struct PrefetchGemmRows {
-  int qkv = 2;
+  int qkv = 8;
   int o = 2;
   int gate_up = 2;
   int down = 2;

@@ -555,6 +555,7 @@ int Main(int argc, char** argv) {
          }},
         {"decode GEMM down<=4", [](RunnerOptions& o) { o.decode_gemm_rows.down = 4; }},
         {"no prefetch qkv", [](RunnerOptions& o) { o.prefetch_gemm_rows.qkv = 0; }},
+        {"prefetch qkv <=2 (TMA from 3)", [](RunnerOptions& o) { o.prefetch_gemm_rows.qkv = 2; }},
         {"no prefetch o", [](RunnerOptions& o) { o.prefetch_gemm_rows.o = 0; }},
         {"no prefetch gate_up", [](RunnerOptions& o) { o.prefetch_gemm_rows.gate_up = 0; }},
         {"no prefetch down", [](RunnerOptions& o) { o.prefetch_gemm_rows.down = 0; }},

@@ -317,8 +317,11 @@ void GenerationMatchesOneGpu(RankContext& ctx, const AllReduceConfig& allreduce,
   if (ctx.rank == 0) {
     std::unique_ptr<Runner> single = MakeRunner(TpOptions(seed, allreduce, nullptr));
     ASSERT_NE(single, nullptr);
-    // On one GPU the TMA GEMM takes the layer projections from 3 rows.
-    EXPECT_EQ(single->model().options().prefetch_gemm_rows.qkv, 2);
+    // On one GPU the TMA GEMM takes O, gate-up and down from 3 rows; QKV stays on the prefetch
+    // GEMM up to 8 rows.
+    const PrefetchGemmRows& one_gpu = single->model().options().prefetch_gemm_rows;
+    EXPECT_EQ(std::vector<int>({one_gpu.qkv, one_gpu.o, one_gpu.gate_up, one_gpu.down}),
+              std::vector<int>({8, 2, 2, 2}));
     one = RunScript(*single, seed, nullptr);
   }
   absl::StatusOr<std::string> tokens = ctx.bootstrap.Broadcast(EncodeTokens(one));
