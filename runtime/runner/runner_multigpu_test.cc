@@ -1,6 +1,6 @@
 // The tensor-parallel Runner, one process per GPU (world size = visible GPUs, or
 // $KILN_TEST_WORLD_SIZE), on the tiny two-layer model with 16 query and 8 KV heads (so heads
-// split over 2, 4 and 8 ranks):
+// split over 2, 4 and 8 ranks; 12 and 6 on a world of 6):
 //   - generation at TP=2 and TP=world equals TP=1 of the same seeded model (logits by relative
 //     error, tokens where TP=1's top-2 margin is clear) and is bitwise identical on every rank,
 //     with the custom all-reduce (auto) and with NCCL only, each path checked by its call counts;
@@ -55,11 +55,14 @@ constexpr int kMaxModelLen = 256;
 constexpr double kTolerance = 1e-2;
 constexpr double kTpTolerance = 2 * kTolerance;
 
-// Tiny, with heads that split over 1, 2, 4 and 8 ranks (group size 2 everywhere).
+// Tiny, with heads that split over 1, 2, 4 and 8 ranks (group size 2 everywhere). On a world of
+// 6 GPUs: 12 query heads, 6 KV heads and 768 MLP columns, which split over 1, 2 and 6 ranks.
 LlamaShape TpTinyShape() {
   LlamaShape s = LlamaShape::Tiny();
-  s.heads = 16;
-  s.kv_heads = 8;
+  const bool thirds = testing::TestWorldSize() % 3 == 0;
+  s.heads = thirds ? 12 : 16;
+  s.kv_heads = thirds ? 6 : 8;
+  if (thirds) s.ffn = 768;
   return s;
 }
 
