@@ -55,8 +55,9 @@ constexpr int kMaxModelLen = 256;
 constexpr double kTolerance = 1e-2;
 constexpr double kTpTolerance = 2 * kTolerance;
 
-// Tiny, with heads that split over 1, 2, 4 and 8 ranks (group size 2 everywhere). On a world of
-// 6 GPUs: 12 query heads, 6 KV heads and 768 MLP columns, which split over 1, 2 and 6 ranks.
+// Tiny, with heads that split over 1, 2, 4 and 8 ranks (group size 2 everywhere). On a world whose
+// size is a multiple of 3 (6 GPUs): 12 query heads, 6 KV heads and 768 MLP columns, which split
+// over 1, 2 and 6 ranks.
 LlamaShape TpTinyShape() {
   LlamaShape s = LlamaShape::Tiny();
   const bool thirds = testing::TestWorldSize() % 3 == 0;
