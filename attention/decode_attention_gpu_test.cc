@@ -506,8 +506,9 @@ TEST(MergeGpuTest, HandlesEmptyAllEmptyAndSingleSplits) {
         for (int h = 0; h < kv_heads; ++h) {
           for (int r = mi.row_begin; r < mi.row_end; ++r) {
             double mx = -INFINITY;
-            for (int k = 0; k < mi.num_slots; ++k)
+            for (int k = 0; k < mi.num_slots; ++k) {
               mx = std::max<double>(mx, plse[idx(mi.first_slot + k, h, r)]);
+            }
             const int token = q_start[mi.seq] + r / group;
             const int head = h * group + r % group;
             for (int x = 0; x < d; ++x) {

@@ -155,8 +155,9 @@ class PrefillKernelGpuTest : public ::testing::Test {
     ASSERT_TRUE(bits_or.ok()) << bits_or.status();
     const std::vector<uint16_t>& bits = *bits_or;
     std::vector<float> out(bits.size());
-    for (size_t i = 0; i < bits.size(); ++i)
+    for (size_t i = 0; i < bits.size(); ++i) {
       out[i] = prefill_testing::BitsToFloat(bits[i], shape.dtype);
+    }
     const int token_elems = shape.num_q_heads * dim;
     for (size_t i = static_cast<size_t>(tokens) * token_elems; i < bits.size(); ++i) {
       ASSERT_EQ(bits[i], 0xFFFF) << "spare o row element " << i << " was written";

@@ -268,8 +268,9 @@ absl::StatusOr<config::PlannerConfig> FlagOverlay() {
   if (auto v = absl::GetFlag(FLAGS_gpu_sm_count)) g->set_sm_count(*v);
 
   config::Calibration* c = o.mutable_calibration();
-  if (auto v = absl::GetFlag(FLAGS_activation_bytes_per_token))
+  if (auto v = absl::GetFlag(FLAGS_activation_bytes_per_token)) {
     c->set_activation_bytes_per_token(*v);
+  }
   if (auto v = absl::GetFlag(FLAGS_graph_bytes_per_graph)) c->set_graph_bytes_per_graph(*v);
   if (auto v = absl::GetFlag(FLAGS_graph_bytes_per_node)) c->set_graph_bytes_per_node(*v);
   if (auto v = absl::GetFlag(FLAGS_cublaslt_workspace_bytes)) c->set_cublaslt_workspace_bytes(*v);

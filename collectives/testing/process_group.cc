@@ -149,8 +149,9 @@ absl::StatusOr<std::vector<RankOutcome>> RunProcessGroup(const ProcessGroupOptio
   std::vector<int> report_read(world, -1), report_write(world, -1), log_fd(world, -1);
   std::vector<RankOutcome> outcomes(world);
   auto close_all = [&]() {
-    for (auto& v : child_fds)
+    for (auto& v : child_fds) {
       for (int& fd : v) CloseIfOpen(fd);
+    }
     for (int r = 0; r < world; ++r) {
       CloseIfOpen(report_write[r]);
       CloseIfOpen(log_fd[r]);

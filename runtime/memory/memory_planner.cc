@@ -633,8 +633,9 @@ absl::StatusOr<PlannerConfig> ResolvePlannerConfig(const PlannerConfig& in) {
   }
   if (!out.has_block_size()) out.set_block_size(defaults.block_size());
   if (!out.has_max_model_len()) out.set_max_model_len(defaults.max_model_len());
-  if (!out.has_tensor_parallel_size())
+  if (!out.has_tensor_parallel_size()) {
     out.set_tensor_parallel_size(defaults.tensor_parallel_size());
+  }
   if (!out.has_kv_cache_dtype() || out.kv_cache_dtype() == config::DTYPE_UNSPECIFIED) {
     out.set_kv_cache_dtype(out.model().dtype());
   }

@@ -26,8 +26,9 @@ __global__ void FillUniformKernel(uint16_t* __restrict__ out, int64_t n,
   if (first + 8 <= n) {
     uint16_t v[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
+    for (int i = 0; i < 8; ++i) {
       v[i] = internal::InitValueBits(init, static_cast<uint64_t>(first + i));
+    }
     uint4 packed;
     packed.x = v[0] | (uint32_t{v[1]} << 16);
     packed.y = v[2] | (uint32_t{v[3]} << 16);
@@ -35,8 +36,9 @@ __global__ void FillUniformKernel(uint16_t* __restrict__ out, int64_t n,
     packed.w = v[6] | (uint32_t{v[7]} << 16);
     *reinterpret_cast<uint4*>(out + first) = packed;
   } else {
-    for (int64_t i = first; i < n; ++i)
+    for (int64_t i = first; i < n; ++i) {
       out[i] = internal::InitValueBits(init, static_cast<uint64_t>(i));
+    }
   }
 }
 

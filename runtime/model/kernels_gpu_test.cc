@@ -120,8 +120,9 @@ TEST_F(RmsNormGpuTest, MatchesReferenceWithAndWithoutResidual) {
           ss += v[i] * v[i];
         }
         const double scale = 1.0 / std::sqrt(ss / c.hidden + eps);
-        for (int i = 0; i < c.hidden; ++i)
+        for (int i = 0; i < c.hidden; ++i) {
           ref[size_t{1} * t * c.hidden + i] = v[i] * scale * ToDouble(w[i]);
+        }
       }
       if (!fused) {
         EXPECT_EQ(res_out, res);  // untouched

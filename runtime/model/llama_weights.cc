@@ -77,8 +77,9 @@ absl::StatusOr<LlamaHostWeights> RandomLlamaHostWeights(const LlamaShape& shape,
         internal::MakeUniformInit(seed, t.index, range.amplitude, range.centre);
     uint16_t* out = weights.mutable_tensor(t);
     const int64_t n = t.elements();
-    for (int64_t i = 0; i < n; ++i)
+    for (int64_t i = 0; i < n; ++i) {
       out[i] = internal::InitValueBits(init, static_cast<uint64_t>(i));
+    }
   }
   return weights;
 }

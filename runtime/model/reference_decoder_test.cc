@@ -164,14 +164,16 @@ TEST_F(ReferenceDecoderTest, FirstTokenMatchesAnIndependentComputation) {
     double ms = 0;
     for (double v : x) ms += v * v / x.size();
     std::vector<double> y(x.size());
-    for (size_t i = 0; i < x.size(); ++i)
+    for (size_t i = 0; i < x.size(); ++i) {
       y[i] = x[i] / std::sqrt(ms + shape_.rms_eps) * value(t, i);
+    }
     return y;
   };
   const int32_t token = RandomTokens(1)[0];
   std::vector<double> r(shape_.hidden);
-  for (int i = 0; i < shape_.hidden; ++i)
+  for (int i = 0; i < shape_.hidden; ++i) {
     r[i] = value(L.embedding(), int64_t{token} * shape_.hidden + i);
+  }
   const int group = shape_.heads / shape_.kv_heads;
   for (int l = 0; l < shape_.layers; ++l) {
     const std::vector<double> v = matvec(L.qkv(l), shape_.q_width() + shape_.kv_width(),
@@ -186,8 +188,9 @@ TEST_F(ReferenceDecoderTest, FirstTokenMatchesAnIndependentComputation) {
     for (int i = 0; i < shape_.hidden; ++i) r[i] += o[i];
     const std::vector<double> gu = matvec(L.gate_up(l), 0, 2 * shape_.ffn, norm(L.post_norm(l), r));
     std::vector<double> act(shape_.ffn);
-    for (int i = 0; i < shape_.ffn; ++i)
+    for (int i = 0; i < shape_.ffn; ++i) {
       act[i] = gu[i] / (1 + std::exp(-gu[i])) * gu[shape_.ffn + i];
+    }
     const std::vector<double> d = matvec(L.down(l), 0, shape_.hidden, act);
     for (int i = 0; i < shape_.hidden; ++i) r[i] += d[i];
   }

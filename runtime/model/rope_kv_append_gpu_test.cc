@@ -54,8 +54,9 @@ TEST_F(RopeKvAppendGpuTest, EqualsRopeThenAppendBitForBit) {
     int next = 0;
     for (int seq = 0; seq < max_seqs; ++seq) {
       const int used = (kv_len[seq] + s.block_size - 1) / s.block_size;
-      for (int b = 0; b < used; ++b)
+      for (int b = 0; b < used; ++b) {
         table[static_cast<size_t>(seq) * max_blocks + b] = blocks[next++];
+      }
     }
     std::vector<int32_t> positions(num_tokens);
     for (auto& p : positions) p = RandomInt(1, 200000);  // position 0 would not rotate

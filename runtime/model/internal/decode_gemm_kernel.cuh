@@ -225,8 +225,9 @@ __global__ void __launch_bounds__(kDgThreads, 2)
     const int rr = r - rw * 16;
     float sum = 0.f;
 #pragma unroll
-    for (int kw = 0; kw < kKWarps; ++kw)
+    for (int kw = 0; kw < kKWarps; ++kw) {
       sum += scratch[((rw * kKWarps + kw) * 16 + rr) * kStride + col];
+    }
     if (p.splits == 1) {
       DgStore(y + static_cast<int64_t>(col) * p.n + n_index, sum);
     } else {
