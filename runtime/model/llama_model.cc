@@ -354,9 +354,14 @@ std::optional<PrefetchGemmConfig> LlamaModel::PrefetchGemmFor(Proj proj, int64_t
     return std::nullopt;
   }
   if (n > 0x7fffffff || k > 0x7fffffff) return std::nullopt;
-  const PrefetchGemmConfig c = ChoosePrefetchGemmConfig(static_cast<int>(m), static_cast<int>(n),
-                                                        static_cast<int>(k), sm_count_,
-                                                        options_.prefetch_gemm_ctas_per_sm);
+  PrefetchGemmConfig c = ChoosePrefetchGemmConfig(static_cast<int>(m), static_cast<int>(n),
+                                                  static_cast<int>(k), sm_count_,
+                                                  options_.prefetch_gemm_ctas_per_sm);
+  // Not QKV, whose GEMM may read the folded norm, nor gate-up, whose GEMM may write SiLU·mul.
+  c.row_halves = options_.prefetch_row_halves && (proj == Proj::kO || proj == Proj::kDown) &&
+                 PrefetchGemmTakesRowHalves(static_cast<int>(m), static_cast<int>(n),
+                                            static_cast<int>(k), c.ctas,
+                                            /*silu_mul_output=*/false);
   if (!PrefetchGemmSupportsShape(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
                                  c)) {
     return std::nullopt;

@@ -192,6 +192,11 @@ struct LlamaModelOptions {
   // shape) the step was 12–26 µs faster at 2 rows (0.939–0.947 against 0.959–0.965 ms) and the
   // same at 1 within 3 µs (runtime/runner/NOTES.md).
   bool prefetch_gate_up_silu = true;
+  // The O and down projections, where their prefetch GEMM CTAs own at most 8 rows each (the 1B
+  // shape's at 1–2 rows), fill each ring stage with their rows' two k halves
+  // (PrefetchGemmConfig::row_halves), where alone they would fill half of it: twice the weight
+  // bytes in flight in the same shared memory.
+  bool prefetch_row_halves = false;
   // Rows up to which each bf16 projection uses the TMA GEMM (each at most kTmaGemmMaxRows).
   TmaGemmRows tma_gemm_rows;
   // TMA GEMM CTAs per SM, 1 or 2, and the most k slices of each projection (ChooseTmaGemmConfig).

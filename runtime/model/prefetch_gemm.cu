@@ -7,7 +7,12 @@
 // the lanes of warp 0) into a ring slot. With the SiLU·mul output the CTA owns rows
 // [c·F/G, (c+1)·F/G) of y (F = n / 2) instead and walks two groups for each 16 of them: 16 gate
 // rows of W, then their 16 up rows (F further on); a thread keeps its gate sum in a register
-// from the first group's end to the second's, where it writes SiLU(gate)·up. The stage's layout,
+// from the first group's end to the second's, where it writes SiLU(gate)·up. With row halves
+// (a CTA of at most 8 rows, m ≤ 4) a stage is 8 rows × 2048 k: stage row r holds k [0, 1024) of
+// row r and stage row r + 8 k [1024, 2048) of it, the MMA's columns [0, m) are x's rows at the
+// first 1024 k and columns [m, 2m) the same rows at the next, and y of row r is the sum of the
+// two products' (r, col) and (r + 8, col + m) elements. A CTA alone on 8 rows would fill half of
+// each stage; so its stages carry twice the weights in the same shared memory. The stage's layout,
 // its products on the tensor cores, the reduction over the 8 warps and the norm staging are
 // internal/prefetch_stage.cuh's (shared with the decode layer kernel).
 //
@@ -58,6 +63,7 @@ struct Params {
   int64_t x_stride;  // elements between rows of x
   int out_rows;      // y's columns (its row stride): n, or F = n / 2 with the SiLU·mul output
   int stages;        // ring slots
+  bool row_halves;   // PrefetchGemmConfig::row_halves: a CTA's ≤ 8 rows, each as two k halves
   int x_bytes;       // shared bytes of the staged x (XBytes)
   // kNorm only: residual_in null is kRmsNorm (h = x), else h = bf16(x + residual_in).
   const __nv_bfloat16* residual_in;   // [m, k]
@@ -101,7 +107,10 @@ __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p
   const int64_t row_begin = static_cast<int64_t>(blockIdx.x) * p.out_rows / gridDim.x;
   const int rows = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * p.out_rows / gridDim.x -
                                     row_begin);
-  const int k_stages = (p.k + kStageK - 1) / kStageK;
+  // With row halves a stage holds 2 · kStageK of k: slot row r < 8 the first kStageK of W row r,
+  // slot row r + 8 the next kStageK of it; x's two halves are MMA columns [0, m) and [m, 2m).
+  const int stage_k = p.row_halves ? 2 * kStageK : kStageK;
+  const int k_stages = (p.k + stage_k - 1) / stage_k;
   const int total = (rows + kGroupRows - 1) / kGroupRows * kHalves * k_stages;
   const int stages = p.stages;
 
@@ -115,15 +124,25 @@ __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p
   // Warp 0 issues stage i into slot i % stages: one bulk copy per row of the group.
   auto issue = [&](int i) {
     const int group = i / k_stages;
-    const int k0 = (i - group * k_stages) * kStageK;
+    const int k0 = (i - group * k_stages) * stage_k;
     const int out_group = group / kHalves;
     const int group_rows = min(kGroupRows, rows - out_group * kGroupRows);
     const uint32_t row_bytes = static_cast<uint32_t>(min(kStageK, p.k - k0)) * 2u;
     const int slot = i % stages;
     const uint32_t bar = SharedAddress(full + slot);
-    if (lane == 0) MbarrierArriveExpectTx(bar, row_bytes * group_rows);
+    if (lane == 0) MbarrierArriveExpectTx(bar, row_bytes * group_rows * (p.row_halves ? 2 : 1));
     __syncwarp();
-    if (lane < group_rows) {
+    if (p.row_halves) {
+      // Lane r < 8 copies the first half of row r's stage, lane r + 8 the second.
+      const int r = lane % 8;
+      if (lane < 16 && r < group_rows) {
+        const __nv_bfloat16* src =
+            p.w + (row_begin + r) * static_cast<int64_t>(p.k) + k0 + (lane / 8) * kStageK;
+        const uint32_t dst = SharedAddress(ring + slot * kStageBytes +
+                                           lane * kStageRowElems * sizeof(__nv_bfloat16));
+        BulkCopyToShared(dst, src, row_bytes, bar);
+      }
+    } else if (lane < group_rows) {
       // The up half of a SiLU·mul output's pair of groups lies F rows further on.
       const int64_t w_row =
           row_begin + out_group * kGroupRows + lane + (group % kHalves) * int64_t{p.out_rows};
@@ -205,7 +224,10 @@ __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p
   }
 
   const int x_row_elems = XRowElems(p.k);
-  const __nv_bfloat16* x_row = xs + g * x_row_elems;  // read only by lanes with g < m
+  // MMA column g is x row g (g < m), or with row halves x row g − m's second half (m ≤ g < 2m).
+  const __nv_bfloat16* x_row =
+      p.row_halves && g >= p.m ? xs + (g - p.m) * x_row_elems + kStageK : xs + g * x_row_elems;
+  const int x_cols = p.row_halves ? 2 * p.m : p.m;
   OutT* y = static_cast<OutT*>(p.y);
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   float gate = 0.f;  // SiLU·mul output: this thread's gate sum, between a pair's two group ends
@@ -213,7 +235,7 @@ __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p
     const int slot = i % stages;
     const int group = i / k_stages;
     const int k_stage = i - group * k_stages;
-    const int k0 = k_stage * kStageK;
+    const int k0 = k_stage * stage_k;
     const int out_group = group / kHalves;
     const int group_rows = min(kGroupRows, rows - out_group * kGroupRows);
     const int vectors = min(kStageK, p.k - k0) / 8;  // 8-k vectors of each row in this stage
@@ -221,7 +243,11 @@ __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p
 
     const __nv_bfloat16* ws =
         reinterpret_cast<const __nv_bfloat16*>(ring + slot * kStageBytes);
-    internal::MmaStage(acc, ws, x_row, k0, vectors, group_rows, p.m);
+    if (p.row_halves) {
+      internal::MmaStage(acc, ws, x_row, k0, vectors, group_rows, x_cols, group_rows);
+    } else {
+      internal::MmaStage(acc, ws, x_row, k0, vectors, group_rows, p.m);
+    }
     const bool group_end = k_stage == k_stages - 1;
     if (group_end) internal::StashGroup(acc, scratch);
     __syncthreads();  // the slot is read by every warp; the scratch is complete
@@ -231,7 +257,10 @@ __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p
         const int r = threadIdx.x % kGroupRows;
         const int col = threadIdx.x / kGroupRows;
         if (r < group_rows) {
-          const float sum = internal::GroupSum(scratch, r, col);
+          const float sum =
+              p.row_halves ? internal::GroupSum(scratch, r, col) +
+                             internal::GroupSum(scratch, r + 8, col + p.m)
+                       : internal::GroupSum(scratch, r, col);
           OutT* out = y + static_cast<int64_t>(col) * p.out_rows + row_begin +
                       out_group * kGroupRows + r;
           if constexpr (!kSiluOut) {
@@ -299,7 +328,7 @@ bool Overlap(const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t count) {
 }  // namespace
 
 std::string PrefetchGemmConfig::ToString() const {
-  return "c" + std::to_string(ctas) + "s" + std::to_string(stages);
+  return "c" + std::to_string(ctas) + "s" + std::to_string(stages) + (row_halves ? "h" : "");
 }
 
 size_t PrefetchGemmSharedBytes(int m, int k, int stages) {
@@ -358,6 +387,10 @@ bool PrefetchGemmSupports(const PrefetchGemmArgs& a, const PrefetchGemmConfig& c
                             a.n % 2 != 0 || c.ctas > a.n / 2)) {
     return false;
   }
+  if (c.row_halves &&
+      (IsNorm(a.input) || !PrefetchGemmTakesRowHalves(a.m, a.n, a.k, c.ctas, a.silu_mul_output))) {
+    return false;
+  }
   if (!IsNorm(a.input)) return true;
   const bool add = a.input == PrefetchGemmInput::kAddRmsNorm;
   if (a.norm_weight == nullptr || !internal::Aligned16(a.norm_weight)) return false;
@@ -369,6 +402,11 @@ bool PrefetchGemmSupports(const PrefetchGemmArgs& a, const PrefetchGemmConfig& c
   const int64_t count = int64_t{a.m} * a.k;
   return internal::Aligned16(a.residual_out) && !Overlap(a.residual_out, a.x, count) &&
          !(add && Overlap(a.residual_out, a.residual_in, count));
+}
+
+bool PrefetchGemmTakesRowHalves(int m, int n, int k, int ctas, bool silu_mul_output) {
+  return !silu_mul_output && m >= 1 && 2 * m <= internal::kMaxXRows && ctas >= 1 &&
+         k % (2 * kStageK) == 0 && (int64_t{n} + ctas - 1) / ctas <= kGroupRows / 2;
 }
 
 cudaError_t PreparePrefetchGemm() { return Prepare(); }
@@ -388,6 +426,7 @@ cudaError_t LaunchPrefetchGemm(const PrefetchGemmArgs& a, const PrefetchGemmConf
   p.x_stride = a.input == PrefetchGemmInput::kSiluMul ? 2 * int64_t{a.k} : a.k;
   p.out_rows = a.silu_mul_output ? a.n / 2 : a.n;
   p.stages = c.stages;
+  p.row_halves = c.row_halves;
   p.x_bytes = static_cast<int>(XBytes(a.m, a.k));
   p.residual_in = a.input == PrefetchGemmInput::kAddRmsNorm ? a.residual_in : nullptr;
   p.residual_out = IsNorm(a.input) ? a.residual_out : nullptr;

@@ -109,6 +109,10 @@ struct PrefetchGemmArgs {
 struct PrefetchGemmConfig {
   int ctas = 0;    // CTAs (the grid); each owns n / ctas rows of W (± 1)
   int stages = 0;  // shared-memory ring stages of 16 rows × 1024 k (33 KiB each)
+  // Each CTA's rows (at most 8) fill a stage as 8 rows × 2048 k: row r's first 1024 k in stage
+  // row r, its next 1024 in row r + 8, and x's two k halves as MMA columns, so a stage carries
+  // twice the weights it would with those rows alone (PrefetchGemmTakesRowHalves says where).
+  bool row_halves = false;
 
   std::string ToString() const;  // "c264s2"
 };
@@ -144,6 +148,10 @@ bool PrefetchGemmSupports(const PrefetchGemmArgs& args, const PrefetchGemmConfig
 // Raises the kernels' shared-memory limits (once per process; later calls return the first
 // result). Call outside capture before capturing a launch; cudaSuccess and nothing done on a
 // device without compute capability 9.0.
+// Returns whether `row_halves` applies: no SiLU·mul output, m ≤ 4, k a multiple of 2048 and at
+// most 8 rows of W per CTA (and, for PrefetchGemmSupports, the plain or SiLU·mul input).
+bool PrefetchGemmTakesRowHalves(int m, int n, int k, int ctas, bool silu_mul_output);
+
 cudaError_t PreparePrefetchGemm();
 
 // Enqueues y = op(x) · Wᵀ on `stream` with programmatic dependent launch. Returns

@@ -7,7 +7,8 @@
 // unsupported shapes refused. The norm inputs (RMSNorm, residual add + RMSNorm folded into the
 // GEMM) against a float64 reference and bit for bit against the norm kernels followed by the
 // plain GEMM, with the new residual the norm kernel's bits. The SiLU·mul output bit for bit
-// against the plain GEMM followed by the SiLU·mul kernel, and against float64.
+// against the plain GEMM followed by the SiLU·mul kernel, and against float64. Row halves (CTAs
+// of at most 8 rows, each as two k halves of a stage) against float64.
 #include "runtime/model/prefetch_gemm.h"
 
 #include <algorithm>
@@ -183,6 +184,54 @@ TEST_F(PrefetchGemmGpuTest, ModelShapesWithChosenConfigsMatchFloat64) {
       EXPECT_LT(Check(problem, problem.Args(m, s.input, s.float_output), config,
                       GemmProduct(Operand(x, m, s.k, s.input), w, m, s.n, s.k)),
                 Tolerance(s.input, s.float_output));
+    }
+  }
+}
+
+// Row halves: each CTA's at most 8 rows fill a stage as 8 rows × 2048 k. The O and down
+// projections of the 1B model with the chosen grid (256 CTAs where the chosen one has more than
+// 8 rows a CTA), and a small n on grids of 8, 5 and 1 rows per CTA with one, two and three ring
+// slots.
+TEST_F(PrefetchGemmGpuTest, RowHalvesMatchFloat64) {
+  struct Shape {
+    int n, k;
+  };
+  for (const Shape& s : {Shape{2048, 2048}, Shape{2048, 8192}, Shape{100, 4096}}) {
+    Problem problem(kPrefetchGemmMaxRows, s.n, s.k);
+    const std::vector<uint16_t> w = RandomBf16(static_cast<size_t>(s.n) * s.k);
+    problem.w().Upload(w, stream());
+    for (int m = 1; 2 * m <= 8; ++m) {
+      for (PrefetchGemmInput input : {PrefetchGemmInput::kPlain, PrefetchGemmInput::kSiluMul}) {
+        const int x_cols = input == PrefetchGemmInput::kPlain ? s.k : 2 * s.k;
+        const std::vector<uint16_t> x = RandomBf16(static_cast<size_t>(m) * x_cols, -3.f, 3.f);
+        problem.x().Upload(x, stream());
+        const std::vector<double> ref = GemmProduct(Operand(x, m, s.k, input), w, m, s.n, s.k);
+        PrefetchGemmConfig chosen = ChoosePrefetchGemmConfig(m, s.n, s.k, kSmCount);
+        std::vector<PrefetchGemmConfig> configs;
+        if (s.n == 100) {
+          for (int ctas : {13, 20, 100}) {
+            for (int stages : {1, 2, 3}) configs.push_back(PrefetchGemmConfig{ctas, stages, true});
+          }
+        } else if (PrefetchGemmTakesRowHalves(m, s.n, s.k, chosen.ctas, false)) {
+          chosen.row_halves = true;
+          configs = {chosen, PrefetchGemmConfig{chosen.ctas, 1, true}};
+        } else {
+          // The down projection's x from 3 rows leaves room for one CTA of 16 rows per SM only;
+          // 256 CTAs of 8 rows with one slot fit twice.
+          EXPECT_EQ(chosen.ctas, kSmCount);
+          configs = {PrefetchGemmConfig{256, 1, true}};
+        }
+        for (bool float_output : {false, true}) {
+          const PrefetchGemmArgs args = problem.Args(m, input, float_output);
+          for (const PrefetchGemmConfig& config : configs) {
+            SCOPED_TRACE(::testing::Message()
+                         << "n=" << s.n << " k=" << s.k << " m=" << m
+                         << " silu=" << (input == PrefetchGemmInput::kSiluMul)
+                         << " float=" << float_output << " " << config.ToString());
+            EXPECT_LT(Check(problem, args, config, ref), Tolerance(input, float_output));
+          }
+        }
+      }
     }
   }
 }
@@ -537,6 +586,12 @@ TEST_F(PrefetchGemmGpuTest, RefusesUnsupportedShapes) {
   EXPECT_FALSE(PrefetchGemmSupports(a, PrefetchGemmConfig{65, 2}));  // more CTAs than rows
   EXPECT_FALSE(PrefetchGemmSupports(a, PrefetchGemmConfig{16, 0}));
   EXPECT_FALSE(PrefetchGemmSupports(a, PrefetchGemmConfig{16, kPrefetchGemmMaxStages + 1}));
+  // Row halves: more than 8 rows a CTA, k not a multiple of 2048, more than 4 rows of x.
+  EXPECT_FALSE(PrefetchGemmTakesRowHalves(1, 64, 2048, 7, false));
+  EXPECT_FALSE(PrefetchGemmTakesRowHalves(1, 64, 3072, 8, false));
+  EXPECT_FALSE(PrefetchGemmTakesRowHalves(5, 64, 2048, 8, false));
+  EXPECT_FALSE(PrefetchGemmTakesRowHalves(1, 64, 2048, 8, true));
+  EXPECT_TRUE(PrefetchGemmTakesRowHalves(4, 64, 2048, 8, false));
   bad = a;
   bad.x = p + 1;
   EXPECT_FALSE(PrefetchGemmSupports(bad, ok));

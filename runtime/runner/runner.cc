@@ -325,6 +325,7 @@ absl::Status Runner::InitAllocations(const RunnerOptions& options) {
   model_options.tma_gemm_max_splits = options.tma_gemm_max_splits;
   model_options.tma_qkv_next_after_wait = options.tma_qkv_next_after_wait;
   model_options.prefetch_gate_up_silu = options.prefetch_gate_up_silu;
+  model_options.prefetch_row_halves = options.prefetch_row_halves;
   model_options.tma_gate_up_silu = options.tma_gate_up_silu;
   model_options.layer_kernel_rows = options.layer_kernel_rows;
   model_options.decode_gemm_rows = options.decode_gemm_rows;

@@ -90,6 +90,8 @@ ABSL_FLAG(bool, prefetch_silu, kiln::RunnerOptions{}.prefetch_gemm_silu,
           "The prefetch GEMM reads SiLU(gate)·up itself for the down projection");
 ABSL_FLAG(bool, prefetch_gate_up_silu, kiln::RunnerOptions{}.prefetch_gate_up_silu,
           "The gate-up projection's prefetch GEMM writes SiLU(gate)·up itself");
+ABSL_FLAG(bool, prefetch_row_halves, kiln::RunnerOptions{}.prefetch_row_halves,
+          "Prefetch GEMM CTAs of at most 8 rows fill each stage with their rows' two k halves");
 ABSL_FLAG(bool, fold_norm, kiln::RunnerOptions{}.fold_norm_into_gemm,
           "The QKV and gate-up prefetch GEMMs do the add + RMSNorm before them");
 ABSL_FLAG(int, tma_qkv_rows, kiln::TmaGemmRows{}.qkv, "TMA GEMM rows: QKV projection");
@@ -324,6 +326,7 @@ RunnerOptions BenchmarkOptions(const std::vector<int>& capture_sizes,
   o.prefetch_gemm_ctas_per_sm = absl::GetFlag(FLAGS_prefetch_ctas_per_sm);
   o.prefetch_gemm_silu = absl::GetFlag(FLAGS_prefetch_silu);
   o.prefetch_gate_up_silu = absl::GetFlag(FLAGS_prefetch_gate_up_silu);
+  o.prefetch_row_halves = absl::GetFlag(FLAGS_prefetch_row_halves);
   o.fold_norm_into_gemm = absl::GetFlag(FLAGS_fold_norm);
   o.tma_gemm_rows.qkv = absl::GetFlag(FLAGS_tma_qkv_rows);
   o.tma_gemm_rows.o = absl::GetFlag(FLAGS_tma_o_rows);
@@ -589,6 +592,8 @@ int Main(int argc, char** argv) {
         {"tma qkv next at start", [](RunnerOptions& o) { o.tma_qkv_next_after_wait = false; }},
         {"tma gate_up then SiLU·mul kernel",
          [](RunnerOptions& o) { o.tma_gate_up_silu = false; }},
+        {"prefetch without row halves",
+         [](RunnerOptions& o) { o.prefetch_row_halves = false; }},
         {"prefetch gate_up then SiLU·mul kernel",
          [](RunnerOptions& o) { o.prefetch_gate_up_silu = false; }},
         {"tma gate_up,down <=32",

@@ -60,6 +60,8 @@ ABSL_FLAG(bool, prefetch_gemm, true,
 ABSL_FLAG(int, prefetch_layer_rows, kiln::RunnerOptions{}.sharded_prefetch_gemm_rows.qkv,
           "With --prefetch_gemm: the most rows the four layer projections take the prefetch GEMM "
           "on each rank (the TMA GEMM above)");
+ABSL_FLAG(bool, prefetch_row_halves, kiln::RunnerOptions{}.prefetch_row_halves,
+          "Prefetch GEMM CTAs of at most 8 rows fill each stage with their rows' two k halves");
 ABSL_FLAG(bool, prefetch_gate_up_silu, kiln::RunnerOptions{}.prefetch_gate_up_silu,
           "SiLU·mul in the gate-up projection's prefetch GEMM (false: the SiLU·mul kernel after "
           "it)");
@@ -126,6 +128,7 @@ RunnerOptions BenchmarkOptions(const std::vector<int>& batches, int context) {
   sharded.qkv = sharded.o = sharded.gate_up = sharded.down =
       absl::GetFlag(FLAGS_prefetch_layer_rows);
   o.prefetch_gate_up_silu = absl::GetFlag(FLAGS_prefetch_gate_up_silu);
+  o.prefetch_row_halves = absl::GetFlag(FLAGS_prefetch_row_halves);
   o.tma_gate_up_silu = absl::GetFlag(FLAGS_tma_gate_up_silu);
   if (!absl::GetFlag(FLAGS_prefetch_gemm)) {
     o.prefetch_gemm_rows = o.sharded_prefetch_gemm_rows = PrefetchGemmRows{0, 0, 0, 0, 0};

@@ -218,10 +218,12 @@ __device__ __forceinline__ void StageNormedX(const NormStaging& p, __nv_bfloat16
 }
 
 // acc += this warp's share of one stage: W rows [0, group_rows) of the slot `ws` times x rows
-// [0, m) at k [k0, k0 + 8 · vectors) (`x_row` is staged x row g; read only where g < m).
+// [0, m) at k [k0, k0 + 8 · vectors) (`x_row` is staged x row g; read only where g < m). Slot
+// rows 8.. are read for the g < hi_rows (group_rows − 8 when hi_rows is negative).
 __device__ __forceinline__ void MmaStage(float (&acc)[4], const __nv_bfloat16* ws,
                                          const __nv_bfloat16* x_row, int k0, int vectors,
-                                         int group_rows, int m) {
+                                         int group_rows, int m, int hi_rows = -1) {
+  if (hi_rows < 0) hi_rows = group_rows - 8;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int g = lane / 4;
@@ -236,7 +238,7 @@ __device__ __forceinline__ void MmaStage(float (&acc)[4], const __nv_bfloat16* w
       if (g < group_rows) {
         lo[c] = *reinterpret_cast<const uint4*>(ws + g * kStageRowElems + 8 * v);
       }
-      if (g + 8 < group_rows) {
+      if (g < hi_rows) {
         hi[c] = *reinterpret_cast<const uint4*>(ws + (g + 8) * kStageRowElems + 8 * v);
       }
       if (g < m) b[c] = *reinterpret_cast<const uint4*>(x_row + k0 + 8 * v);
