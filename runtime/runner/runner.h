@@ -133,7 +133,7 @@ struct RunnerOptions {
   TmaGemmSplits tma_gemm_max_splits;
   bool tma_qkv_next_after_wait = true;  // LlamaModelOptions::tma_qkv_next_after_wait
   bool prefetch_gate_up_silu = true;  // LlamaModelOptions::prefetch_gate_up_silu
-  bool prefetch_row_halves = false;   // LlamaModelOptions::prefetch_row_halves
+  bool prefetch_row_halves = true;    // LlamaModelOptions::prefetch_row_halves
   bool tma_gate_up_silu = true;       // LlamaModelOptions::tma_gate_up_silu
   // Steps of at most this many token rows run each piece as one decode layer kernel launch
   // (LlamaModelOptions::layer_kernel_rows; the same bits either way).

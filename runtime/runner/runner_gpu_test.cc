@@ -477,6 +477,8 @@ Variant LayerKernelVariant(const config::ModelShape& model, uint64_t seed) {
   *v.base.config.mutable_model() = model;
   v.base.layer_kernel_rows = 0;
   v.base.prefetch_gemm_rows = kPrefetchEverywhere;  // the layer kernel needs the prefetch GEMM
+  // Its ring stages hold 16 rows of one k range, as the prefetch GEMM's do without row halves.
+  v.base.prefetch_row_halves = false;
   return v;
 }
 
