@@ -11,8 +11,8 @@
 // (a CTA of at most 8 rows, m ≤ 4) a stage is 8 rows × 2048 k: stage row r holds k [0, 1024) of
 // row r and stage row r + 8 k [1024, 2048) of it, the MMA's columns [0, m) are x's rows at the
 // first 1024 k and columns [m, 2m) the same rows at the next, and y of row r is the sum of the
-// two products' (r, col) and (r + 8, col + m) elements. A CTA alone on 8 rows would fill half of
-// each stage; so its stages carry twice the weights in the same shared memory. The stage's layout,
+// two products' (r, col) and (r + 8, col + m) elements. Without it a CTA of 8 rows fills half of
+// each stage; with it the same shared memory carries twice the weights. The stage's layout,
 // its products on the tensor cores, the reduction over the 8 warps and the norm staging are
 // internal/prefetch_stage.cuh's (shared with the decode layer kernel).
 //

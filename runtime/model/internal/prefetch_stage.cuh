@@ -219,7 +219,7 @@ __device__ __forceinline__ void StageNormedX(const NormStaging& p, __nv_bfloat16
 
 // acc += this warp's share of one stage: W rows [0, group_rows) of the slot `ws` times x rows
 // [0, m) at k [k0, k0 + 8 · vectors) (`x_row` is staged x row g; read only where g < m). Slot
-// rows 8.. are read for the g < hi_rows (group_rows − 8 when hi_rows is negative).
+// row g + 8 is read where g < hi_rows (group_rows − 8 when hi_rows is negative).
 __device__ __forceinline__ void MmaStage(float (&acc)[4], const __nv_bfloat16* ws,
                                          const __nv_bfloat16* x_row, int k0, int vectors,
                                          int group_rows, int m, int hi_rows = -1) {
