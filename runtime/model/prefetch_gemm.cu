@@ -243,11 +243,9 @@ __global__ void __launch_bounds__(kThreads, 3) PrefetchGemmKernel(const Params p
 
     const __nv_bfloat16* ws =
         reinterpret_cast<const __nv_bfloat16*>(ring + slot * kStageBytes);
-    if (p.row_halves) {
-      internal::MmaStage(acc, ws, x_row, k0, vectors, group_rows, x_cols, group_rows);
-    } else {
-      internal::MmaStage(acc, ws, x_row, k0, vectors, group_rows, p.m);
-    }
+    // With row halves, stage row r + 8 is row r's second half wherever row r is there.
+    internal::MmaStage(acc, ws, x_row, k0, vectors, group_rows, x_cols,
+                       p.row_halves ? group_rows : group_rows - 8);
     const bool group_end = k_stage == k_stages - 1;
     if (group_end) internal::StashGroup(acc, scratch);
     __syncthreads();  // the slot is read by every warp; the scratch is complete
