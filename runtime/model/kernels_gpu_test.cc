@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -302,7 +303,8 @@ class GreedySampleGpuTest : public GpuTest {
   }
 
   // Launches the kernel over `logits` (rounded to bf16 values for T = uint16_t) into a
-  // poisoned output and compares each row with HostArgmax.
+  // poisoned output and a poisoned mirror in pinned host memory, and compares each row of both
+  // with HostArgmax.
   template <typename T>
   void Run(const std::vector<std::vector<float>>& logits) {
     const int rows = static_cast<int>(logits.size());
@@ -320,16 +322,24 @@ class GreedySampleGpuTest : public GpuTest {
     DeviceVector<T> d_logits(flat, stream());
     DeviceVector<int32_t> d_tokens(rows);
     d_tokens.Poison(stream(), 0x7B);
+    void* pinned = nullptr;
+    ASSERT_EQ(cudaMallocHost(&pinned, sizeof(int32_t) * rows), cudaSuccess);
+    const std::unique_ptr<void, cudaError_t (*)(void*)> owned(pinned, cudaFreeHost);
+    int32_t* mirror = static_cast<int32_t*>(pinned);
+    std::fill(mirror, mirror + rows, 0x7B7B7B7B);
     cudaError_t err;
     if constexpr (sizeof(T) == 2) {
       err = LaunchGreedySample(reinterpret_cast<const __nv_bfloat16*>(d_logits.get()), rows, vocab,
-                               d_tokens.get(), stream());
+                               d_tokens.get(), stream(), mirror);
     } else {
-      err = LaunchGreedySample(d_logits.get(), rows, vocab, d_tokens.get(), stream());
+      err = LaunchGreedySample(d_logits.get(), rows, vocab, d_tokens.get(), stream(), mirror);
     }
     ASSERT_EQ(err, cudaSuccess);
-    const std::vector<int32_t> tokens = d_tokens.Download(stream());
-    for (int r = 0; r < rows; ++r) EXPECT_EQ(tokens[r], HostArgmax(logits[r])) << "row " << r;
+    const std::vector<int32_t> tokens = d_tokens.Download(stream());  // synchronizes the stream
+    for (int r = 0; r < rows; ++r) {
+      EXPECT_EQ(tokens[r], HostArgmax(logits[r])) << "row " << r;
+      EXPECT_EQ(mirror[r], tokens[r]) << "mirror row " << r;
+    }
   }
 
   template <typename T>

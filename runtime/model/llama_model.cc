@@ -824,7 +824,8 @@ absl::Status LlamaModel::Head(const LlamaStepArgs& args, const Activations& a, c
   RETURN_IF_ERROR(Linear(Proj::kLmHead, a.last, weights_.lm_head(), args.logits, args.num_rows,
                          s.vocab, s.hidden, stream));
   return ToStatus(
-      LaunchGreedySample(args.logits, args.num_rows, s.vocab, args.next_tokens, stream),
+      LaunchGreedySample(args.logits, args.num_rows, s.vocab, args.next_tokens, stream,
+                         args.next_tokens_mirror),
       "greedy sampling");
 }
 

@@ -278,8 +278,9 @@ struct LlamaModelOptions {
   int layer_kernel_rows = 0;
 };
 
-// The device views one step reads and writes. All pointers are device memory owned by the
-// caller and must stay at the same addresses for as long as a graph captured with them lives.
+// The device views one step reads and writes. All pointers are device memory (but for
+// next_tokens_mirror) owned by the caller and must stay at the same addresses for as long as a
+// graph captured with them lives.
 struct LlamaStepArgs {
   int num_tokens = 0;  // padded token count: rows of every per-token activation and GEMM
   int num_rows = 0;    // padded sequence count: rows of the logits
@@ -293,6 +294,9 @@ struct LlamaStepArgs {
   void* activations = nullptr;  // ActivationBytes(num_tokens, num_rows), 256-byte aligned
   float* logits = nullptr;      // [num_rows, vocab]
   int32_t* next_tokens = nullptr;  // [num_rows]
+  // [num_rows] or null: the same tokens once more, in device or pinned host memory (the Runner
+  // reads them there after the step, with no copy of its own).
+  int32_t* next_tokens_mirror = nullptr;
 };
 
 class LlamaModel {

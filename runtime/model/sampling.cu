@@ -84,7 +84,8 @@ __device__ __forceinline__ Best WarpBest(Best best) {
 // there are no clusters) the CTA scans the whole row.
 template <typename T, bool kVector>
 __global__ void __launch_bounds__(kThreads)
-    GreedySampleKernel(const T* __restrict__ logits, int vocab, int32_t* __restrict__ tokens) {
+    GreedySampleKernel(const T* __restrict__ logits, int vocab, int32_t* __restrict__ tokens,
+                       int32_t* __restrict__ mirror) {
   constexpr int kWidth = kVector ? Loader<T>::kVec : 1;  // elements per load
   constexpr int kLoads = kRoundElements / kWidth;        // loads in flight per thread
   AllowDependentLaunch();
@@ -139,17 +140,24 @@ __global__ void __launch_bounds__(kThreads)
     if (cluster.block_rank() == 0 && warp == 0) {
       const Best other = lane < ctas ? *cluster.map_shared_rank(&cta_best, lane) : Best{0.0f, -1};
       best = WarpBest(other);
-      if (lane == 0) tokens[row_index] = best.index;
+      if (lane == 0) {
+        tokens[row_index] = best.index;
+        if (mirror != nullptr) mirror[row_index] = best.index;
+      }
     }
     cluster.sync();  // no CTA exits, freeing its shared memory, while rank 0 still reads it
     return;
   }
 #endif
-  if (threadIdx.x == 0) tokens[row_index] = best.index;
+  if (threadIdx.x == 0) {
+    tokens[row_index] = best.index;
+    if (mirror != nullptr) mirror[row_index] = best.index;
+  }
 }
 
 template <typename T>
-cudaError_t Launch(const T* logits, int num_rows, int vocab, int32_t* tokens, cudaStream_t stream) {
+cudaError_t Launch(const T* logits, int num_rows, int vocab, int32_t* tokens, cudaStream_t stream,
+                   int32_t* mirror) {
   if (num_rows < 0 || num_rows > kMaxRows || vocab <= 0) return cudaErrorInvalidValue;
   if (num_rows == 0) return cudaSuccess;
   // A row stays 16-byte aligned only if vocab is a multiple of the vector width.
@@ -160,19 +168,19 @@ cudaError_t Launch(const T* logits, int num_rows, int vocab, int32_t* tokens, cu
   const unsigned ctas = internal::SupportsProgrammaticLaunch() ? kClusterCtas : 1;
   return internal::LaunchWithPdlInClusters(
       vec ? GreedySampleKernel<T, true> : GreedySampleKernel<T, false>, dim3(ctas, num_rows),
-      dim3(kThreads), ctas, 0, stream, logits, vocab, tokens);
+      dim3(kThreads), ctas, 0, stream, logits, vocab, tokens, mirror);
 }
 
 }  // namespace
 
 cudaError_t LaunchGreedySample(const __nv_bfloat16* logits, int num_rows, int vocab,
-                               int32_t* tokens, cudaStream_t stream) {
-  return Launch(logits, num_rows, vocab, tokens, stream);
+                               int32_t* tokens, cudaStream_t stream, int32_t* mirror) {
+  return Launch(logits, num_rows, vocab, tokens, stream, mirror);
 }
 
 cudaError_t LaunchGreedySample(const float* logits, int num_rows, int vocab, int32_t* tokens,
-                               cudaStream_t stream) {
-  return Launch(logits, num_rows, vocab, tokens, stream);
+                               cudaStream_t stream, int32_t* mirror) {
+  return Launch(logits, num_rows, vocab, tokens, stream, mirror);
 }
 
 }  // namespace kiln

@@ -8,7 +8,9 @@
 // cluster of 8 blocks of 512 threads, which combine their results through distributed shared
 // memory; below sm_90 one block of 512 threads scans the row. 16-byte loads when rows are
 // 16-byte aligned; num_rows at most 65535 (the grid's y extent); the launch shape depends only
-// on num_rows and vocab. Callable during capture; thread-safe.
+// on num_rows and vocab. `mirror`, when not null, receives the same tokens: pinned host memory
+// (cudaMallocHost) works there, so a caller reads the tokens after synchronizing the stream with
+// no copy of its own. Callable during capture; thread-safe.
 #ifndef KILN_RUNTIME_MODEL_SAMPLING_H_
 #define KILN_RUNTIME_MODEL_SAMPLING_H_
 
@@ -24,13 +26,13 @@ namespace kiln {
 cudaError_t LaunchGreedySample(const __nv_bfloat16* logits,  // [num_rows, vocab]
                                int num_rows, int vocab,
                                int32_t* tokens,               // [num_rows]
-                               cudaStream_t stream);
+                               cudaStream_t stream, int32_t* mirror = nullptr);
 
 // The same for float logits.
 cudaError_t LaunchGreedySample(const float* logits,  // [num_rows, vocab]
                                int num_rows, int vocab,
                                int32_t* tokens,      // [num_rows]
-                               cudaStream_t stream);
+                               cudaStream_t stream, int32_t* mirror = nullptr);
 
 }  // namespace kiln
 
