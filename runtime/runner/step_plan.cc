@@ -187,6 +187,19 @@ MetadataLayout MetadataLayout::Create(const StepKey& key, size_t plan_bytes,
   return l;
 }
 
+MetadataFetch MetadataLayout::Fetch() const {
+  MetadataFetch f;
+  const size_t table_bytes = bytes - block_table;
+  f.fixed_bytes = table_bytes <= kWholeTableFetchBytes ? bytes : block_table;
+  f.table_offset = block_table;
+  f.row_bytes = table_bytes <= kWholeTableFetchBytes
+                    ? 0
+                    : static_cast<size_t>(max_blocks_per_seq) * sizeof(int32_t);
+  f.last_token_rows = last_token_rows;
+  f.max_rows = max_rows;
+  return f;
+}
+
 absl::Status FillStepInputs(const MetadataLayout& layout, const StepRoute& route,
                             absl::Span<const SeqLens> seqs,
                             absl::Span<const absl::Span<const int32_t>> tokens,
@@ -241,7 +254,8 @@ absl::Status FillStepInputs(const MetadataLayout& layout, const StepRoute& route
   }
   std::fill(ids + row, ids + route.num_tokens, -1);
   std::fill(positions + row, positions + route.num_tokens, 0);
-  std::fill(last + num_seqs, last + route.num_rows, -1);
+  // To the layout's end, not the route's: the fetch counts the sequences up to the first -1.
+  std::fill(last + num_seqs, last + layout.max_rows, -1);
   return absl::OkStatus();
 }
 

@@ -131,6 +131,24 @@ void SetDecodeSplit(const StepKey& key, const std::vector<SplitAim>& aims, int o
 //   plan             the attention plan blob        (plan_bytes)
 //   block_table      int32 [max_rows, max_blocks_per_seq]   row i: sequence i's blocks, -1 after
 // The block table comes last so a step uploads only the rows of its sequences.
+//
+// How the step's first kernel copies a blob from pinned host memory (LaunchFetchStepMetadata,
+// step_fetch.h): bytes [0, fixed_bytes) whatever the step; then, when row_bytes > 0, the first
+// num_seqs rows of row_bytes each from table_offset, where num_seqs is the index of the first
+// negative entry of the int32 [max_rows] at last_token_rows (FillStepInputs writes -1 after the
+// step's sequences), or max_rows. All offsets and sizes are multiples of 4.
+struct MetadataFetch {
+  size_t fixed_bytes = 0;
+  size_t table_offset = 0;
+  size_t row_bytes = 0;  // 0: the whole table lies within fixed_bytes
+  size_t last_token_rows = 0;
+  int max_rows = 0;
+};
+
+// A block table of at most this many bytes is fetched whole, in the same read over PCIe as the
+// rest of the blob; a larger one after the step's sequences were counted, a second read.
+inline constexpr size_t kWholeTableFetchBytes = 64 * 1024;
+
 struct MetadataLayout {
   size_t token_ids = 0;
   size_t positions = 0;
@@ -149,6 +167,9 @@ struct MetadataLayout {
   size_t UploadBytes(int num_seqs) const {
     return block_table + static_cast<size_t>(num_seqs) * max_blocks_per_seq * sizeof(int32_t);
   }
+
+  // Returns how a step's first kernel fetches this layout's blob (MetadataFetch).
+  MetadataFetch Fetch() const;
 };
 
 // Writes a step's token ids, positions, last-token rows and block-table rows into `blob` (laid out

@@ -266,6 +266,46 @@ TEST(StepPlanTest, MetadataLayoutIsAlignedAndTheTableComesLast) {
   EXPECT_EQ(l.UploadBytes(3), l.block_table + 3 * 32 * 4);
 }
 
+TEST(StepPlanTest, FetchTakesASmallTableWholeAndALargeOneByRows) {
+  Fixture f;
+  const StepKey& k = f.keys.key(f.keys.Find({GraphMode::kDecode, 8}));
+  // 8 rows of 32 blocks: 1 KiB of table, fetched with the rest.
+  const MetadataLayout small = MetadataLayout::Create(k, /*plan_bytes=*/1000, /*blocks=*/32);
+  const MetadataFetch whole = small.Fetch();
+  EXPECT_EQ(whole.fixed_bytes, small.bytes);
+  EXPECT_EQ(whole.row_bytes, 0u);
+  // 8 rows of 4096 blocks: 128 KiB, above kWholeTableFetchBytes; the rows follow the count.
+  const MetadataLayout large = MetadataLayout::Create(k, /*plan_bytes=*/1000, /*blocks=*/4096);
+  ASSERT_GT(large.bytes - large.block_table, kWholeTableFetchBytes);
+  const MetadataFetch rows = large.Fetch();
+  EXPECT_EQ(rows.fixed_bytes, large.block_table);
+  EXPECT_EQ(rows.table_offset, large.block_table);
+  EXPECT_EQ(rows.row_bytes, 4096u * 4);
+  EXPECT_EQ(rows.last_token_rows, large.last_token_rows);
+  EXPECT_EQ(rows.max_rows, 8);
+  // What the fetch copies for a step of 3 sequences is what it must upload.
+  EXPECT_EQ(rows.fixed_bytes + 3 * rows.row_bytes, large.UploadBytes(3));
+}
+
+TEST(StepPlanTest, FillEndsLastTokenRowsWithMinusOneToTheLayoutsEnd) {
+  // The eager key routes a batch at its own row count; the fetch counts the sequences up to the
+  // first -1, so the rows past the route must say -1 too, whatever the blob held.
+  Fixture f;
+  const std::vector<SeqLens> seqs = {{2, 40}, {1, 7}};
+  const StepKey& eager = f.keys.key(f.keys.eager_index());
+  const StepRoute route{f.keys.eager_index(), 3, 2};
+  const MetadataLayout l = MetadataLayout::Create(eager, 64, /*blocks=*/4);
+  std::vector<char> blob(l.bytes, 0x11);  // stale, non-negative words
+  const std::vector<int32_t> t0 = {5, 6}, t1 = {9};
+  const std::vector<int32_t> b0 = {0, 1, 2}, b1 = {3};
+  const std::vector<absl::Span<const int32_t>> tokens = {t0, t1}, blocks = {b0, b1};
+  ASSERT_TRUE(FillStepInputs(l, route, seqs, tokens, blocks, 16, blob.data()).ok());
+  const int32_t* last = reinterpret_cast<const int32_t*>(blob.data() + l.last_token_rows);
+  EXPECT_EQ(last[0], 1);
+  EXPECT_EQ(last[1], 2);
+  for (int i = 2; i < l.max_rows; ++i) ASSERT_EQ(last[i], -1) << "row " << i;
+}
+
 TEST(StepPlanTest, FillWritesTokensPositionsLastRowsAndBlocks) {
   Fixture f;
   const StepRoute route = f.keys.Route(std::vector<SeqLens>{{3, 18}, {1, 16}});  // prefill/16
