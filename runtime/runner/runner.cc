@@ -16,6 +16,7 @@
 #include "runtime/model/device_weights.h"
 #include "runtime/model/tensor_parallel.h"
 #include "runtime/runner/rank_agreement.h"
+#include "runtime/runner/step_fetch.h"
 
 namespace kiln {
 namespace {
@@ -472,19 +473,25 @@ LlamaStepArgs Runner::Args(int key_index, const StepRoute& route, void* activati
   args.activations = activations;
   args.logits = logits_.as<float>();
   args.next_tokens = next_tokens_.as<int32_t>();
+  args.next_tokens_mirror = next_tokens_host_.as<int32_t>();
   return args;
 }
 
-absl::Status Runner::UploadEmptyStep(int key_index) {
-  // The host blob is shared by every key: wait until earlier copies from it have run.
+absl::Status Runner::FillEmptyStep(int key_index) {
+  // The host blob is shared by every key: wait until earlier fetches from it have run.
   RETURN_IF_ERROR(stream_.Synchronize());
   const StepKey& key = keys_.key(key_index);
   const MetadataLayout& layout = layouts_[key_index];
   char* host = metadata_host_.as<char>();
   const StepRoute route{key_index, key.max_tokens, key.max_rows};
   RETURN_IF_ERROR(FillStepInputs(layout, route, {}, {}, {}, table_.block_size(), host));
-  RETURN_IF_ERROR(planners_[key_index].Plan({}, host + layout.plan).status());
-  return CopyHostToDevice(metadata_device_.data(), host, layout.UploadBytes(0), stream_.get());
+  return planners_[key_index].Plan({}, host + layout.plan).status();
+}
+
+absl::Status Runner::FetchMetadata(int key_index, cudaStream_t stream) const {
+  return ToStatus(LaunchFetchStepMetadata(metadata_host_.data(), metadata_device_.data(),
+                                          layouts_[key_index].Fetch(), stream),
+                  absl::StrCat("The metadata fetch of ", KeyName(keys_.key(key_index).key)));
 }
 
 absl::StatusOr<RunnerCaptureSummary> Runner::Capture() {
@@ -560,10 +567,11 @@ absl::Status Runner::CaptureFull(RunnerCaptureSummary* summary) {
     if (index < 0) return absl::InternalError(absl::StrCat("No step key ", KeyName(key)));
     const StepKey& k = keys_.key(index);
     RETURN_IF_ERROR(RunCaptureHook(key));
-    if (CaptureContext::Phase() == CapturePhase::kWarmup) RETURN_IF_ERROR(UploadEmptyStep(index));
+    if (CaptureContext::Phase() == CapturePhase::kWarmup) RETURN_IF_ERROR(FillEmptyStep(index));
     ASSIGN_OR_RETURN(void* activations,
                      pool_->Allocate(LlamaModel::ActivationBytes(shape(), k.max_tokens, k.max_rows),
                                      "activations"));
+    RETURN_IF_ERROR(FetchMetadata(index, stream));
     return model_->Forward(Args(index, StepRoute{index, k.max_tokens, k.max_rows}, activations),
                            stream);
   };
@@ -586,9 +594,8 @@ absl::Status Runner::CapturePiecewise(RunnerCaptureSummary* summary) {
       if (index < 0) return absl::InternalError(absl::StrCat("No step key ", KeyName(key)));
       const StepKey& k = keys_.key(index);
       RETURN_IF_ERROR(RunCaptureHook(key));
-      if (CaptureContext::Phase() == CapturePhase::kWarmup) {
-        RETURN_IF_ERROR(UploadEmptyStep(index));
-      }
+      if (CaptureContext::Phase() == CapturePhase::kWarmup) RETURN_IF_ERROR(FillEmptyStep(index));
+      if (piece == 0) RETURN_IF_ERROR(FetchMetadata(index, stream));
       return model_->RunPiece(
           piece, Args(index, StepRoute{index, k.max_tokens, k.max_rows}, arena_.data()), stream);
     };
@@ -604,6 +611,7 @@ absl::Status Runner::CapturePiecewise(RunnerCaptureSummary* summary) {
 }
 
 absl::Status Runner::RunEager(int key_index, const StepRoute& route) {
+  RETURN_IF_ERROR(FetchMetadata(key_index, stream_.get()));
   return model_->Forward(Args(key_index, route, arena_.data()), stream_.get());
 }
 
@@ -672,15 +680,9 @@ absl::StatusOr<std::vector<int32_t>> Runner::Step(absl::Span<const SequenceToken
     RETURN_IF_ERROR(comm_->CheckReplayable());
   }
   const int num_seqs = static_cast<int>(batch.size());
+  // The step's first kernel fetches the metadata (FetchMetadata, inside the graphs too), and the
+  // sampling kernel writes the tokens into next_tokens_host_ as well: no copies of their own.
   if (options_.time_steps) RETURN_IF_ERROR(step_start_.Record(stream_.get()));
-  if (replay) {
-    ReplayPrepareScope prepare(key.key);
-    RETURN_IF_ERROR(CopyHostToDevice(metadata_device_.data(), host, layout.UploadBytes(num_seqs),
-                                     stream_.get()));
-  } else {
-    RETURN_IF_ERROR(CopyHostToDevice(metadata_device_.data(), host, layout.UploadBytes(num_seqs),
-                                     stream_.get()));
-  }
   if (replay && options_.graphs == GraphExecution::kFull) {
     RETURN_IF_ERROR(graphs_->Replay(key.key, stream_.get()));
   } else if (replay) {
@@ -688,8 +690,6 @@ absl::StatusOr<std::vector<int32_t>> Runner::Step(absl::Span<const SequenceToken
   } else {
     RETURN_IF_ERROR(RunEager(route.key_index, route));
   }
-  RETURN_IF_ERROR(CopyDeviceToHost(next_tokens_host_.data(), next_tokens_.data(),
-                                   sizeof(int32_t) * num_seqs, stream_.get()));
   if (options_.time_steps) RETURN_IF_ERROR(step_stop_.Record(stream_.get()));
   if (comm_ != nullptr) {
     // A peer that died or hangs: the custom all-reduce gives up waiting at its barriers, and
@@ -737,6 +737,8 @@ absl::StatusOr<std::vector<float>> Runner::LastLogits(int num_seqs) {
 }
 
 absl::Status Runner::PoisonOutputs() {
+  RETURN_IF_ERROR(stream_.Synchronize());  // no kernel still writes the host copy of the tokens
+  std::memset(next_tokens_host_.data(), 0xFF, next_tokens_host_.size());
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(logits_.data(), 0xFF, logits_.size(), stream_.get()));
   CUDA_RETURN_IF_ERROR(
       cudaMemsetAsync(next_tokens_.data(), 0xFF, next_tokens_.size(), stream_.get()));

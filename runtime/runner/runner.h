@@ -1,8 +1,9 @@
 // The Runner composes kiln's components into what a user runs: it sizes device memory with the
 // memory planner, builds a Llama-family model over a paged KV cache, captures CUDA graphs for
 // every decode size and prefill token budget (largest first, into one shared graph memory pool),
-// and serves steps of decode-only, prefill-only and mixed batches: pad → plan attention → upload
-// the step's metadata with one copy → replay (or run eagerly when no graph fits) → sampled tokens.
+// and serves steps of decode-only, prefill-only and mixed batches: pad → plan attention into a
+// pinned blob → replay (or run eagerly when no graph fits), the step's first kernel fetching the
+// blob and its last writing the sampled tokens into pinned memory → tokens.
 //
 //   kiln::RunnerOptions options;
 //   options.config.set_model_preset("llama-3.2-1b");   // runtime/config PlannerConfig
@@ -180,8 +181,8 @@ struct RunnerOptions {
   bool skip_silu_mul = false;
   // Query rows per prefill attention tile: 64 or 128.
   int prefill_tile_rows = 64;
-  // Time every step on the device with CUDA events (StepInfo::device_ms), from the metadata
-  // upload to the sampled tokens' copy back.
+  // Time every step on the device with CUDA events (StepInfo::device_ms), recorded around the
+  // step's kernels (from the metadata fetch to the sampled tokens in pinned memory).
   bool time_steps = false;
   // Capture progress (GraphSetOptions), written to progress_stream (std::cerr when null).
   CaptureProgress progress = CaptureProgress::kAuto;
@@ -358,9 +359,12 @@ class Runner {
   absl::Status RunCaptureHook(CaptureKey key) const;
   // The device views of key `key_index` at the route's sizes over `activations`.
   LlamaStepArgs Args(int key_index, const StepRoute& route, void* activations) const;
-  // Writes an empty step for the key (no sequences) into the metadata and uploads it, so
-  // warm-ups before a capture read valid inputs.
-  absl::Status UploadEmptyStep(int key_index);
+  // Writes an empty step for the key (no sequences) into the pinned metadata blob, so warm-ups
+  // before a capture read valid inputs.
+  absl::Status FillEmptyStep(int key_index);
+  // Launches the step's first kernel, which copies the key's metadata from the pinned blob into
+  // the device blob the step reads (step_fetch.h). Part of every captured step.
+  absl::Status FetchMetadata(int key_index, cudaStream_t stream) const;
   // Runs the step eagerly (activations in the arena).
   absl::Status RunEager(int key_index, const StepRoute& route);
   absl::Status RunPiecewise(int key_index, const StepRoute& route);
@@ -386,7 +390,7 @@ class Runner {
   StepKeys keys_;
   std::vector<SplitKvPlanner> planners_;   // per key
   std::vector<MetadataLayout> layouts_;    // per key
-  PinnedHostBuffer metadata_host_;
+  PinnedHostBuffer metadata_host_;  // written by the host; each step's first kernel reads it
   DeviceBuffer metadata_device_;
   DeviceBuffer decode_partial_o_, decode_partial_lse_, prefill_partial_o_, prefill_partial_lse_;
   DeviceBuffer decode_merge_counters_, prefill_merge_counters_;  // zero between launches
@@ -394,7 +398,7 @@ class Runner {
   std::optional<GraphMemoryPool> pool_;
   DeviceBuffer logits_;       // float [max_num_seqs, vocab]
   DeviceBuffer next_tokens_;  // int32 [max_num_seqs]
-  PinnedHostBuffer next_tokens_host_;
+  PinnedHostBuffer next_tokens_host_;  // the sampling kernel writes the tokens here as well
   StaticBuffers buffers_;
   std::unique_ptr<GraphSet> graphs_;                     // kFull
   std::vector<std::unique_ptr<GraphSet>> piece_graphs_;  // kPiecewise, one per piece

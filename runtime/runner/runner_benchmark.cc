@@ -16,11 +16,11 @@
 //
 //   bazel run -c opt //runtime/runner:runner_benchmark [-- --batches=1,8 --context=1024]
 //
-// A step is timed on the device with CUDA events from the metadata upload to the copy of the
-// sampled tokens (RunnerOptions::time_steps), after warm-up; the table shows medians. "step" is the
-// host's wall time of Runner::Step (planning, upload, replay, synchronisation). The floor is the
-// weights plus the KV cache read once at the device-to-device copy bandwidth measured here.
-// Exits non-zero on any error.
+// A step is timed on the device with CUDA events around its kernels, from the metadata fetch to
+// the sampled tokens in pinned memory (RunnerOptions::time_steps), after warm-up; the table shows
+// medians. "step" is the host's wall time of Runner::Step (planning, replay, synchronisation).
+// The floor is the weights plus the KV cache read once at the device-to-device copy bandwidth
+// measured here. Exits non-zero on any error.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
