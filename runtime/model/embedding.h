@@ -9,7 +9,9 @@
 // is 16-byte aligned (else one element at a time). The launch shape depends only on
 // `num_rows` and `width`, never on the indices, so a captured graph replays correctly for any
 // ids; an index outside [0, table_rows) (for instance a padding slot) yields a zero row instead
-// of an out-of-bounds read. Callable during capture; thread-safe.
+// of an out-of-bounds read. `clear`, when not null, is a [num_rows, clear_width] buffer whose
+// rows the same blocks set to zero (a step's first kernel clears what the step must find zeroed,
+// without a memset node of its own). Callable during capture; thread-safe.
 #ifndef KILN_RUNTIME_MODEL_EMBEDDING_H_
 #define KILN_RUNTIME_MODEL_EMBEDDING_H_
 
@@ -20,14 +22,17 @@
 
 namespace kiln {
 
-// Enqueues the gather on `stream`. Returns cudaErrorInvalidValue for a negative count or a
-// non-positive width, else the launch's error. num_rows == 0 launches nothing.
+// Enqueues the gather on `stream`. Returns cudaErrorInvalidValue for a negative count, a
+// non-positive width or a negative clear_width, else the launch's error. num_rows == 0 launches
+// nothing.
 cudaError_t LaunchEmbeddingGather(const __nv_bfloat16* table,  // [table_rows, width]
                                   int64_t table_rows, int width,
                                   const int32_t* indices,      // [num_rows]
                                   int num_rows,
                                   __nv_bfloat16* out,          // [num_rows, width]
-                                  cudaStream_t stream);
+                                  cudaStream_t stream,
+                                  __nv_bfloat16* clear = nullptr,  // [num_rows, clear_width]
+                                  int clear_width = 0);
 
 }  // namespace kiln
 

@@ -40,7 +40,7 @@ constexpr double kBf16Tolerance = 4e-3;
 
 class EmbeddingGpuTest : public GpuTest {};
 
-TEST_F(EmbeddingGpuTest, GathersRowsAndZeroesInvalidIds) {
+TEST_F(EmbeddingGpuTest, GathersRowsZeroesInvalidIdsAndClearsRows) {
   struct Case { int table_rows, width, num_rows; };
   for (const Case c : {Case{1000, 2048, 7}, Case{50, 8, 1}, Case{300, 1000, 130},
                        Case{97, 37, 33}, Case{5, 1, 4}}) {
@@ -57,10 +57,21 @@ TEST_F(EmbeddingGpuTest, GathersRowsAndZeroesInvalidIds) {
     DeviceVector<int32_t> d_ids(ids, stream());
     DeviceVector<uint16_t> d_out(size_t{1} * c.num_rows * c.width);
     d_out.Poison(stream());
+    // Rows to clear, 8 wider than the table (16-byte stores where the width allows them), and
+    // one row more than the gather's, which must keep its poison.
+    const int clear_width = c.width + 8;
+    DeviceVector<uint16_t> d_clear(size_t{1} * (c.num_rows + 1) * clear_width);
+    d_clear.Poison(stream());
     ASSERT_EQ(LaunchEmbeddingGather(Bf(d_table.get()), c.table_rows, c.width, d_ids.get(),
-                                    c.num_rows, Bf(d_out.get()), stream()),
+                                    c.num_rows, Bf(d_out.get()), stream(), Bf(d_clear.get()),
+                                    clear_width),
               cudaSuccess);
     const std::vector<uint16_t> out = d_out.Download(stream());
+    const std::vector<uint16_t> cleared = d_clear.Download(stream());
+    for (size_t i = 0; i < cleared.size(); ++i) {
+      const bool in_rows = i < size_t{1} * c.num_rows * clear_width;
+      ASSERT_EQ(cleared[i] == 0, in_rows) << "clear element " << i << ": " << cleared[i];
+    }
     for (int r = 0; r < c.num_rows; ++r) {
       const bool valid = ids[r] >= 0 && ids[r] < c.table_rows;
       for (int i = 0; i < c.width; ++i) {
@@ -72,6 +83,8 @@ TEST_F(EmbeddingGpuTest, GathersRowsAndZeroesInvalidIds) {
   EXPECT_EQ(LaunchEmbeddingGather(nullptr, 1, 0, nullptr, 1, nullptr, stream()),
             cudaErrorInvalidValue);
   EXPECT_EQ(LaunchEmbeddingGather(nullptr, 1, 8, nullptr, 0, nullptr, stream()), cudaSuccess);
+  EXPECT_EQ(LaunchEmbeddingGather(nullptr, 1, 8, nullptr, 1, nullptr, stream(), nullptr, -1),
+            cudaErrorInvalidValue);
 }
 
 // ---------------------------------------------------------------- RMSNorm

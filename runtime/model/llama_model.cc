@@ -791,12 +791,11 @@ absl::Status LlamaModel::RunPiece(int piece, const LlamaStepArgs& args, cudaStre
   const int n = args.num_tokens;
   if (UsesLayerKernel(n)) return RunLayerKernelPiece(piece, args, a, stream);
   if (piece == 0) {
-    // Attention writes only the rows of real tokens; clear the padding rows' output once per
-    // step so the O projection never reads stale values.
-    CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(a.attn, 0, static_cast<size_t>(n) * s.q_width() * sizeof(bf16), stream));
+    // Attention writes only the rows of real tokens; the embedding kernel clears the attention
+    // output once per step so the O projection never reads stale values in padding rows.
     CUDA_RETURN_IF_ERROR(LaunchEmbeddingGather(weights_.embedding(), s.vocab, s.hidden,
-                                               args.token_ids, n, a.residual, stream));
+                                               args.token_ids, n, a.residual, stream, a.attn,
+                                               s.q_width()));
     return PreAttention(0, args, a, stream);
   }
   RETURN_IF_ERROR(PostAttention(piece - 1, args, a, stream));
@@ -851,11 +850,10 @@ absl::Status LlamaModel::RunLayerKernelPiece(int piece, const LlamaStepArgs& arg
   l.work_set = work_set(piece);
   l.previous_work_set = work_set(piece == 0 ? s.layers : piece - 1);
   if (piece == 0) {
-    // As RunPiece: clear the padding rows' attention output, then the embeddings.
-    CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(a.attn, 0, static_cast<size_t>(n) * s.q_width() * sizeof(bf16), stream));
+    // As RunPiece: the embeddings, clearing the padding rows' attention output.
     CUDA_RETURN_IF_ERROR(LaunchEmbeddingGather(weights_.embedding(), s.vocab, s.hidden,
-                                               args.token_ids, n, a.residual, stream));
+                                               args.token_ids, n, a.residual, stream, a.attn,
+                                               s.q_width()));
   } else {
     l.finish = true;
     l.o = w.o(piece - 1);
