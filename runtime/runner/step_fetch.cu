@@ -4,8 +4,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "runtime/cuda/device_helpers.cuh"
-
 namespace kiln {
 namespace {
 
@@ -42,8 +40,8 @@ __device__ void CopyRange(const char* src, char* dst, size_t begin, size_t end) 
 
 __global__ void __launch_bounds__(kThreads)
     FetchStepMetadataKernel(const char* host, char* device, const MetadataFetch f) {
-  // The step's next kernel may become resident now; it waits for this one before its reads.
-  AllowDependentLaunch();
+  // No AllowDependentLaunch: the next kernel launches only once the metadata is complete, since
+  // kernels further down the step read it before their waits (step_fetch.h).
   CopyRange(host, device, 0, f.fixed_bytes);
   if (f.row_bytes == 0) return;
   // The step's sequences: the first negative entry of last_token_rows.

@@ -8,13 +8,16 @@
 //
 // Why: a cudaMemcpyAsync before the step is an operation of the copy engine, which the stream
 // orders against the step's kernels with a hand-off each way; a kernel that reads the pinned blob
-// itself costs one read over PCIe (three when the block table is large: MetadataFetch), and the
-// step's next kernel may launch while it runs (programmatic dependent launch). It can be captured
-// in the step's graph, where it reads whatever the host wrote into the blob before the replay.
-// It is launched without programmatic dependent launch, so it starts after everything before it
-// on the stream; the host must not rewrite the blob until the stream has passed it (the Runner
-// synchronizes after every step). The launch shape depends only on `fetch`. Callable during
-// capture; thread-safe.
+// itself costs one read over PCIe (three when the block table is large: MetadataFetch). It can
+// be captured in the step's graph, where it reads whatever the host wrote into the blob before
+// the replay. It is launched without programmatic dependent launch, so it starts after
+// everything before it on the stream, and it never lets the next kernel launch early: the step's
+// kernels read the metadata in their prologues, before their waits (the RoPE kernel its
+// positions and KV slots, attention its work items), and with each kernel letting the next one
+// in at its start, a chain of early launches would reach them while this kernel still writes.
+// The next kernel launches when this one has completed. The host must not rewrite the blob until
+// the stream has passed the kernel (the Runner synchronizes after every step). The launch shape
+// depends only on `fetch`. Callable during capture; thread-safe.
 #ifndef KILN_RUNTIME_RUNNER_STEP_FETCH_H_
 #define KILN_RUNTIME_RUNNER_STEP_FETCH_H_
 
