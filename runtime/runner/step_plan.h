@@ -1,15 +1,16 @@
 // How a runner turns a batch into a step of fixed shape: the step keys (one per captured size,
 // plus one eager key that takes any batch within the limits), which key a batch pads to, where
-// each of the step's inputs lives in the one metadata blob that is uploaded before the step, and
-// filling that blob.
+// each of the step's inputs lives in the one metadata blob that reaches the device at the step's
+// start, and filling that blob.
 //
 //   ASSIGN_OR_RETURN(kiln::StepKeys keys, kiln::StepKeys::Create(limits, &decode, &prefill));
 //   kiln::StepRoute route = keys.Route(lens);            // e.g. 5 decodes -> decode/8
 //   const kiln::StepKey& key = keys.key(route.key_index);
 //   kiln::MetadataLayout layout = kiln::MetadataLayout::Create(key, plan_bytes, blocks_per_seq);
 //   RETURN_IF_ERROR(kiln::FillStepInputs(layout, route, lens, tokens, blocks, pinned_blob));
-//   // then the attention planner writes its plan at pinned_blob + layout.plan, and one copy of
-//   // layout.UploadBytes(num_seqs) bytes takes everything to the device.
+//   // then the attention planner writes its plan at pinned_blob + layout.plan, and the step's
+//   // first kernel copies layout.Fetch()'s bytes to the device (step_fetch.h): at least
+//   // layout.UploadBytes(num_seqs).
 //
 // Keys:
 //   decode/B   B sequences of one new token each (B a decode capture size): B token rows, B
@@ -130,7 +131,7 @@ void SetDecodeSplit(const StepKey& key, const std::vector<SplitAim>& aims, int o
 //   last_token_rows  int32 [max_rows]              row of each sequence's last token; -1 after
 //   plan             the attention plan blob        (plan_bytes)
 //   block_table      int32 [max_rows, max_blocks_per_seq]   row i: sequence i's blocks, -1 after
-// The block table comes last so a step uploads only the rows of its sequences.
+// The block table comes last so a step can fetch only the rows of its sequences.
 //
 // How the step's first kernel copies a blob from pinned host memory (LaunchFetchStepMetadata,
 // step_fetch.h): bytes [0, fixed_bytes) whatever the step; then, when row_bytes > 0, the first
