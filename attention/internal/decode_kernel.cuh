@@ -49,9 +49,9 @@ namespace attention_internal {
 
 // Programmatic dependent launch (sm_90+, runtime/cuda/device_helpers.cuh): the kernel is
 // launched while the one before it finishes. It reads its work item (plan metadata, uploaded
-// before the step) first, lets the next kernel launch, loads the first KV steps of tokens that
-// earlier steps wrote, and waits for the kernels before it before reading q or a step that holds
-// a token this step appends. Every CTA with an item waits, and so does CTA (0, 0) when it is
+// before the step) first, lets the next kernel launch, loads the tokens of its first KV steps
+// that earlier steps wrote, and waits for the kernels before it before reading q or a token this
+// step appends. Every CTA with an item waits, and so does CTA (0, 0) when it is
 // padding (padding entries follow the plan's items, so that is a step with no item), so the
 // kernel completes only after its predecessor; the other padding CTAs leave at once and free
 // their slots for CTAs with work.
@@ -206,10 +206,17 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
   // which has no registers to spare.
   constexpr int kBuffers = kHeadDim == 64 ? 2 : 1;
   constexpr int kStride = kBuffers * kDecodeWarps;  // steps between a set's refills
-  uint32_t kr[kBuffers][2][kKLoads][4];  // [set][n-tile][load][word]
-  uint32_t vr[kBuffers][4][kVLoads][4];  // [set][token 2tig, 2tig+1, 2tig+8, 2tig+9][load][word]
+  // Zeros at first: a masked token's registers may be read (its score is then replaced) before
+  // any load fills them.
+  uint32_t kr[kBuffers][2][kKLoads][4] = {};  // [set][n-tile][load][word]
+  // [set][token 2tig, 2tig+1, 2tig+8, 2tig+9][load][word]
+  uint32_t vr[kBuffers][4][kVLoads][4] = {};
 
-  auto load_k = [&](uint32_t (&dst)[2][kKLoads][4], int block, int base) {
+  // A lane loads the step's tokens in [lo, hi) only: the others are masked (their scores become
+  // -inf and their V is zeroed below, whatever the registers hold), so a token outside
+  // [kv_begin, kv_end) is never read, and the first step's tokens are loaded in two parts around
+  // the wait (those earlier steps wrote before it, those this step appends after it).
+  auto load_k = [&](uint32_t (&dst)[2][kKLoads][4], int block, int base, int lo, int hi) {
     const uint16_t* p = k_pool + static_cast<int64_t>(block) * block_stride +
                         static_cast<int64_t>((base & in_block_mask) + gid) * kHeadDim + 8 * tig;
     // The n-tile whose token this lane takes from new_k instead (patch_k), else -1: its cache
@@ -218,15 +225,16 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
     const int own = rope && base == new_base && gid == (off & 7) ? off >> 3 : -1;
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
-      if (t == own) continue;
+      const int token = base + gid + 8 * t;
+      if (t == own || token < lo || token >= hi) continue;
 #pragma unroll
       for (int c = 0; c < kKLoads; ++c) {
         ToWords(LoadStreaming(p + t * 8 * kHeadDim + 32 * c), dst[t][c]);
       }
     }
-    if (own >= 0) patch_k(dst, own, block, base);
+    if (own >= 0 && new_pos >= lo && new_pos < hi) patch_k(dst, own, block, base);
   };
-  auto load_v = [&](uint32_t (&dst)[4][kVLoads][4], int block, int base) {
+  auto load_v = [&](uint32_t (&dst)[4][kVLoads][4], int block, int base, int lo, int hi) {
     const uint16_t* p = v_pool + static_cast<int64_t>(block) * block_stride +
                         static_cast<int64_t>((base & in_block_mask) + 2 * tig) * kHeadDim +
                         8 * gid;
@@ -237,34 +245,38 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
                         : -1;
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      if (u == own) continue;
       const int token = (u >> 1) * 8 + (u & 1);
+      if (u == own || base + 2 * tig + token < lo || base + 2 * tig + token >= hi) continue;
 #pragma unroll
       for (int c = 0; c < kVLoads; ++c) {
         ToWords(LoadStreaming(p + token * kHeadDim + 64 * c), dst[u][c]);
       }
     }
-    if (own >= 0) patch_v(dst, own, block, base);
+    if (own >= 0 && new_pos >= lo && new_pos < hi) patch_v(dst, own, block, base);
   };
   // The block-table entry of a step (one per step: a step lies inside one block).
   auto block_of = [&](int step) { return table[(base0 + step * kStepTokens) >> log2_bs]; };
 
   // Every load of a step stays inside the step's block, which holds at least one token of
-  // [kv_begin, kv_end): tokens outside that range are read (in bounds) and masked. block_next[b]
-  // is the block of the step set b is refilled with next, fetched one round ahead.
+  // [kv_begin, kv_end); tokens outside that range are masked and not read. block_next[b] is the
+  // block of the step set b is refilled with next, fetched one round ahead.
   //
   // The plan and the block table are uploaded before the step, and the KV of tokens the step
-  // did not append ([0, kv_len - q_len)) was written by earlier steps: a first step wholly below
-  // that is loaded before the wait, while the kernels before this one finish. Only steps that
-  // hold a token this step appends (written by the RoPE + KV append before) wait.
+  // did not append ([0, kv_len - q_len)) was written by earlier steps: a first step's tokens
+  // below that are loaded before the wait, while the kernels before this one finish. Only the
+  // tokens this step appends (written by the RoPE + KV append before, a round trip to L2) are
+  // loaded after it, so the step that holds them no longer waits for its older tokens' DRAM
+  // round trip after the wait.
   const int written_end = kv_len - q_len;
-  int block_next[kBuffers];
-  auto load_first = [&](int b) {
+  const int old_end = min(written_end, kv_end);
+  const int new_begin = max(written_end, kv_begin);
+  int block_next[kBuffers] = {};
+  int block_first[kBuffers] = {};
+  // Loads set b's first step: its tokens in [lo, hi).
+  auto load_first = [&](int b, int lo, int hi) {
     const int step = warp + b * kDecodeWarps;
-    const int block = block_of(step);
-    load_k(kr[b], block, base0 + step * kStepTokens);
-    load_v(vr[b], block, base0 + step * kStepTokens);
-    if (step + kStride < num_steps) block_next[b] = block_of(step + kStride);
+    load_k(kr[b], block_first[b], base0 + step * kStepTokens, lo, hi);
+    load_v(vr[b], block_first[b], base0 + step * kStepTokens, lo, hi);
   };
   if (rope) {  // positions come from the step's upload, not from a kernel of the step
     const int position = args.rope_positions[q_start];
@@ -273,18 +285,22 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
     }
     __syncthreads();
   }
-  bool early[kBuffers];
 #pragma unroll
   for (int b = 0; b < kBuffers; ++b) {
     const int step = warp + b * kDecodeWarps;
-    block_next[b] = 0;
-    early[b] = step < num_steps && base0 + (step + 1) * kStepTokens <= written_end;
-    if (early[b]) load_first(b);
+    if (step < num_steps) {
+      block_first[b] = block_of(step);
+      if (step + kStride < num_steps) block_next[b] = block_of(step + kStride);
+      load_first(b, kv_begin, old_end);
+    }
   }
   WaitForPrerequisites();
 #pragma unroll
   for (int b = 0; b < kBuffers; ++b) {
-    if (!early[b] && warp + b * kDecodeWarps < num_steps) load_first(b);
+    const int base = base0 + (warp + b * kDecodeWarps) * kStepTokens;
+    if (warp + b * kDecodeWarps < num_steps && base + kStepTokens > new_begin && base < kv_end) {
+      load_first(b, new_begin, kv_end);
+    }
   }
 
   // Q fragments of rows gid and gid + 8, and each row's exclusive KV limit.
@@ -353,7 +369,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
           Ops::Mma(s[t], a1, kr[b][t][c][2], kr[b][t][c][3]);
         }
       }
-      if (has_next) load_k(kr[b], block_next[b], next_base);
+      if (has_next) load_k(kr[b], block_next[b], next_base, kv_begin, kv_end);
 
       // Online softmax in base 2. s[t][i]: row gid + 8 * (i >> 1), token
       // base + 8t + 2tig + (i & 1).
@@ -426,7 +442,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
           Ops::Mma(o[c * 8 + e], pa, b0, b1);
         }
       }
-      if (has_next) load_v(vr[b], block_next[b], next_base);
+      if (has_next) load_v(vr[b], block_next[b], next_base, kv_begin, kv_end);
       block_next[b] = block_after;
     }
   }
