@@ -16,8 +16,8 @@
 // multi-token queries, causally masked). The grid is work_capacity × num_kv_heads from the plan
 // layout, so a launch captured in a graph replays correctly with any later plan of that layout;
 // padding items (seq = -1) exit at once. On sm_90+ the kernel is launched with programmatic
-// dependent launch: it reads its work item, lets the next kernel launch, loads the first KV
-// steps that lie wholly below kv_len - q_len, then waits for the kernels before it. So the plan
+// dependent launch: it reads its work item, lets the next kernel launch, loads the tokens of its
+// first KV steps below kv_len - q_len, then waits for the kernels before it. So the plan
 // buffers and the block table must be uploaded before the step, by a copy, and a kernel right
 // before this one may write only the step's new tokens [kv_len - q_len, kv_len) of the cache (as
 // an append does), not older ones. With rope_append the kernel does that append itself, and
