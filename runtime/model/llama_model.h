@@ -232,9 +232,12 @@ struct LlamaModelOptions {
   // layer kernel, 10–28 µs faster at 2 rows than the RoPE kernel (0.971–0.973 against
   // 0.982–1.000 ms; runtime/runner/NOTES.md).
   int rope_in_attention_rows = 8;
-  // The fewest token rows of those steps (at least 1). 2: at 1 row the RoPE kernel was 9–19 µs
-  // faster on an H200 (0.894–0.898 against 0.907–0.917 ms, three rounds, runtime/runner/NOTES.md).
-  int rope_in_attention_min_rows = 2;
+  // The fewest token rows of those steps (at least 1). 1: since decode attention loads the older
+  // tokens of the step that holds the new one before its wait, rotating in attention at one row
+  // was 20–28 µs faster than the RoPE kernel on an H100 (1.099–1.107 against 1.124–1.129 ms,
+  // three rounds, 2026-11-27); before that change the RoPE kernel had been 9–19 µs faster at one
+  // row on an H200 (0.894–0.898 against 0.907–0.917 ms; runtime/runner/NOTES.md).
+  int rope_in_attention_min_rows = 1;
   // GEMMs the decode GEMM does not take with at most this many rows use the skinny kernel (0
   // disables it; at most kSkinnyGemmMaxRows). 2: on an H200 the 1B decode step was faster with it
   // at 1 row (1.169 against 1.251 ms) and even at 2, slower at 4 and 8 (runtime/runner/NOTES.md).
