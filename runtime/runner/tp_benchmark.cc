@@ -67,6 +67,9 @@ ABSL_FLAG(bool, prefetch_gate_up_silu, kiln::RunnerOptions{}.prefetch_gate_up_si
           "it)");
 ABSL_FLAG(bool, tma_gate_up_silu, kiln::RunnerOptions{}.tma_gate_up_silu,
           "SiLU·mul in the gate-up projection's TMA GEMM (false: the SiLU·mul kernel after it)");
+ABSL_FLAG(int, rope_in_attention_min_rows, kiln::RunnerOptions{}.rope_in_attention_min_rows,
+          "Decode attention does the RoPE + KV append from this many rows (fewer: the RoPE + KV "
+          "append kernel)");
 
 namespace kiln {
 namespace {
@@ -130,6 +133,7 @@ RunnerOptions BenchmarkOptions(const std::vector<int>& batches, int context) {
   o.prefetch_gate_up_silu = absl::GetFlag(FLAGS_prefetch_gate_up_silu);
   o.prefetch_row_halves = absl::GetFlag(FLAGS_prefetch_row_halves);
   o.tma_gate_up_silu = absl::GetFlag(FLAGS_tma_gate_up_silu);
+  o.rope_in_attention_min_rows = absl::GetFlag(FLAGS_rope_in_attention_min_rows);
   if (!absl::GetFlag(FLAGS_prefetch_gemm)) {
     o.prefetch_gemm_rows = o.sharded_prefetch_gemm_rows = PrefetchGemmRows{0, 0, 0, 0, 0};
   }
