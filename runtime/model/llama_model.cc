@@ -386,11 +386,15 @@ bool LlamaModel::UsesLayerKernel(int num_tokens) const {
 }
 
 bool LlamaModel::RopeInAttention(const LlamaStepArgs& args) const {
+  return options_.run_attention && AttentionTakesRope(args);
+}
+
+bool LlamaModel::AttentionTakesRope(const LlamaStepArgs& args) const {
   // Not where the decode layer kernel runs the step (slower there, runtime/runner/NOTES.md), nor
-  // without attention (or RoPE, for benchmarks).
+  // without RoPE (for benchmarks).
   return args.num_tokens >= options_.rope_in_attention_min_rows &&
          args.num_tokens <= options_.rope_in_attention_rows && !UsesLayerKernel(args.num_tokens) &&
-         options_.run_attention && options_.run_rope_append && args.decode.work_capacity > 0 &&
+         options_.run_rope_append && args.decode.work_capacity > 0 &&
          args.prefill.work_capacity == 0;
 }
 
@@ -620,7 +624,8 @@ absl::Status LlamaModel::PreAttention(int layer, const LlamaStepArgs& args, cons
     RETURN_IF_ERROR(
         Linear(Proj::kQkv, normed, w.qkv(layer), a.qkv, n, s.qkv_rows(), s.hidden, stream));
   }
-  if (!options_.run_rope_append || RopeInAttention(args)) return absl::OkStatus();
+  // Where attention rotates, the step without attention (benchmarks) leaves the rotation out too.
+  if (!options_.run_rope_append || AttentionTakesRope(args)) return absl::OkStatus();
   // The per-sequence arrays are shared by both parts of a plan; either enabled part has them.
   const AttentionPlanPartDevice& plan = args.decode.work_capacity > 0 ? args.decode : args.prefill;
   if (options_.fuse_rope_append) {

@@ -243,8 +243,10 @@ struct LlamaModelOptions {
   // at 1 row (1.169 against 1.251 ms) and even at 2, slower at 4 and 8 (runtime/runner/NOTES.md).
   int skinny_gemm_max_rows = 2;
   size_t gemm_workspace_bytes = Gemm::kDefaultWorkspaceBytes;
-  // false leaves attention out of Forward (its output stays zero): only for benchmarks that time
-  // the rest of the step. The results are then not the model's.
+  // false leaves attention out of Forward (its output stays zero), and with it the RoPE + KV
+  // append of the steps whose attention does that (rope_in_attention_min_rows..
+  // rope_in_attention_rows): only for benchmarks that time the rest of the step. The results are
+  // then not the model's.
   bool run_attention = true;
   // Likewise for benchmarks only, false leaves a kind of small kernel out of the steps that run
   // without the decode layer kernel (more rows than layer_kernel_rows, one GPU): RoPE with the
@@ -409,6 +411,8 @@ class LlamaModel {
              LayerKernel layer_kernel);
 
   Activations Carve(const LlamaStepArgs& args) const;
+  // RopeInAttention without its run_attention term: the steps whose attention would rotate.
+  bool AttentionTakesRope(const LlamaStepArgs& args) const;
   // y [m, n] = op(x) [m, k] · Wᵀ through the prefetch GEMM, the TMA GEMM, the decode GEMM, the
   // skinny kernel or cuBLASLt (see the file comment); op is SiLU·mul only where FusesSiluMul holds.
   absl::Status Linear(Proj proj, const __nv_bfloat16* x, const __nv_bfloat16* w, void* y,

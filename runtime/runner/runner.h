@@ -171,8 +171,9 @@ struct RunnerOptions {
   // as well, 9–12 gain 4–16 µs and 13–16 lose nothing (runtime/runner/NOTES.md). Above,
   // decode_ctas_per_sm.
   std::vector<SplitAim> decode_split_by_rows = {{7, 2}, {8, 4}, {24, 1}};
-  // Benchmarks only: leave attention out of every step (LlamaModelOptions::run_attention), to
-  // time the rest. The tokens are then not the model's.
+  // Benchmarks only: leave attention out of every step (LlamaModelOptions::run_attention), and
+  // the RoPE + KV append where attention does it, to time the rest. The tokens are then not the
+  // model's.
   bool skip_attention = false;
   // Benchmarks only, likewise: leave out RoPE with the KV append, the norm kernels or the
   // SiLU·mul kernel (LlamaModelOptions::run_rope_append, run_norms, run_silu_mul).

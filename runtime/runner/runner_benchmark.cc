@@ -457,7 +457,8 @@ int Main(int argc, char** argv) {
     std::function<void(RunnerOptions&)> edit;
   };
   const Without withouts[] = {
-      {"attention", [](RunnerOptions& o) { o.skip_attention = true; }},
+      {"attention (and the RoPE + KV append it does up to rope_in_attention_rows)",
+       [](RunnerOptions& o) { o.skip_attention = true; }},
       {"RoPE + KV append", [](RunnerOptions& o) { o.skip_rope_append = true; }},
       {"norm kernels", [](RunnerOptions& o) { o.skip_norms = true; }},
       {"SiLU·mul kernel (where it runs)", [](RunnerOptions& o) { o.skip_silu_mul = true; }},
