@@ -451,19 +451,24 @@ int Main(int argc, char** argv) {
   }
 
   // Where the time goes: the same step without attention, then without each kind of small kernel
-  // (from layer_kernel_rows + 1 rows: the layer kernel does its own).
+  // (from layer_kernel_rows + 1 rows: the layer kernel does its own). These runners are smaller
+  // than the main one (fewer KV blocks and token rows, only the benchmark's sizes captured), which
+  // alone moves the step (12–17 µs at batch 1 on an H100, runtime/runner/NOTES.md), so the first of
+  // them runs the step as configured: the costs are differences from it.
   struct Without {
     const char* what;
     std::function<void(RunnerOptions&)> edit;
   };
   const Without withouts[] = {
+      {nullptr, [](RunnerOptions&) {}},
       {"attention (and the RoPE + KV append it does up to rope_in_attention_rows)",
        [](RunnerOptions& o) { o.skip_attention = true; }},
       {"RoPE + KV append", [](RunnerOptions& o) { o.skip_rope_append = true; }},
       {"norm kernels", [](RunnerOptions& o) { o.skip_norms = true; }},
       {"SiLU·mul kernel (where it runs)", [](RunnerOptions& o) { o.skip_silu_mul = true; }},
   };
-  const int where_count = absl::GetFlag(FLAGS_where) ? 4 : 1;
+  const int where_count = absl::GetFlag(FLAGS_where) ? 5 : 2;
+  std::vector<double> as_configured;
   for (int i = 0; i < where_count; ++i) {
     RunnerOptions o = base;
     withouts[i].edit(o);
@@ -473,11 +478,24 @@ int Main(int argc, char** argv) {
     for (int b : batches) o.config.mutable_graph()->add_capture_sizes(b);
     std::unique_ptr<Runner> runner = ValueOrDie(Runner::Create(o));
     CHECK_OK(runner->Capture().status());
-    std::printf("\nThe same step without %s (graph ms): what it costs is the difference\n",
-                withouts[i].what);
-    for (int b : batches) {
-      const Timing t = TimeDecode(*runner, b, context, steps, /*eager_too=*/false);
-      std::printf("%6d %10.3f\n", b, t.graph_ms);
+    if (i == 0) {
+      std::printf("\nThe same step on a smaller runner (%d KV blocks, 512 token rows, only these "
+                  "sizes captured), as configured (graph ms)\n",
+                  static_cast<int>(o.max_kv_blocks));
+    } else {
+      std::printf("\nThe same smaller runner without %s (graph ms, and the difference: what it "
+                  "costs)\n",
+                  withouts[i].what);
+    }
+    for (size_t j = 0; j < batches.size(); ++j) {
+      const Timing t = TimeDecode(*runner, batches[j], context, steps, /*eager_too=*/false);
+      if (i == 0) {
+        as_configured.push_back(t.graph_ms);
+        std::printf("%6d %10.3f\n", batches[j], t.graph_ms);
+      } else {
+        std::printf("%6d %10.3f %+10.3f\n", batches[j], t.graph_ms,
+                    as_configured[j] - t.graph_ms);
+      }
     }
   }
 
