@@ -27,7 +27,11 @@ __device__ __forceinline__ void MergeRows(const float* partial_o, const float* p
   using Ops = DtypeOps<kDtype>;
   constexpr unsigned kFull = 0xffffffffu;
   constexpr int kChunks = kHeadDim / 8;  // (row, 8 dimensions) cells per row
-  constexpr int kBatch = 16;             // slots per thread whose loads fly together
+  // Slots per thread whose loads fly together: 9 registers each. For head_dim 64 the fused merge
+  // runs inside the decode kernel at its cap of 168 registers, where 16 slots' loads did not all
+  // fly at once: per-CTA clock stamps put the merge's loads at 2.5 µs, and the 1B step at batch 1
+  // is 11–17 µs faster with 8 (attention/decode_perf_notes.md). head_dim 128's kernel has room.
+  constexpr int kBatch = kHeadDim == 64 ? 8 : 16;
   // A decode tile has only G rows: spread each cell's slots over `split` adjacent lanes (up to
   // 8, within one warp) so that all threads load, then combine the lanes with shuffles.
   const int cells = num_rows * kChunks;
