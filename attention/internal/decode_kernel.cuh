@@ -447,7 +447,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
     }
   }
 
-  // Combine the four warps: each row's maximum, rescaled sums and outputs.
+  // Combine the four warps: each warp leaves its rows' maximum, sum and unscaled outputs in
+  // shared memory, and after one CTA barrier each (row, 8 dimensions) cell scales and adds the
+  // four (the products rounded on their own, as when each warp scaled its outputs itself).
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     row_sum[h] += __shfl_xor_sync(kFull, row_sum[h], 1);
@@ -463,31 +465,22 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
     s_sum[warp][gid] = row_sum[0];
     s_sum[warp][gid + 8] = row_sum[1];
   }
-  __syncthreads();
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = gid + 8 * h;
-    float total_max = NegativeInfinity();
-#pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) total_max = fmaxf(total_max, s_max[w][row]);
-    const float scale =
-        row_max[h] == NegativeInfinity() ? 0.f : FastExp2(row_max[h] - total_max);
 #pragma unroll
     for (int c = 0; c < kVLoads; ++c) {
       float* dst = &s_out[warp][row][64 * c + 16 * tig];
-      float4 x;
-      x = make_float4(o[c * 8 + 0][2 * h] * scale, o[c * 8 + 1][2 * h] * scale,
-                      o[c * 8 + 2][2 * h] * scale, o[c * 8 + 3][2 * h] * scale);
-      *reinterpret_cast<float4*>(dst + 0) = x;
-      x = make_float4(o[c * 8 + 4][2 * h] * scale, o[c * 8 + 5][2 * h] * scale,
-                      o[c * 8 + 6][2 * h] * scale, o[c * 8 + 7][2 * h] * scale);
-      *reinterpret_cast<float4*>(dst + 4) = x;
-      x = make_float4(o[c * 8 + 0][2 * h + 1] * scale, o[c * 8 + 1][2 * h + 1] * scale,
-                      o[c * 8 + 2][2 * h + 1] * scale, o[c * 8 + 3][2 * h + 1] * scale);
-      *reinterpret_cast<float4*>(dst + 8) = x;
-      x = make_float4(o[c * 8 + 4][2 * h + 1] * scale, o[c * 8 + 5][2 * h + 1] * scale,
-                      o[c * 8 + 6][2 * h + 1] * scale, o[c * 8 + 7][2 * h + 1] * scale);
-      *reinterpret_cast<float4*>(dst + 12) = x;
+      *reinterpret_cast<float4*>(dst + 0) = make_float4(o[c * 8 + 0][2 * h], o[c * 8 + 1][2 * h],
+                                                        o[c * 8 + 2][2 * h], o[c * 8 + 3][2 * h]);
+      *reinterpret_cast<float4*>(dst + 4) = make_float4(o[c * 8 + 4][2 * h], o[c * 8 + 5][2 * h],
+                                                        o[c * 8 + 6][2 * h], o[c * 8 + 7][2 * h]);
+      *reinterpret_cast<float4*>(dst + 8) =
+          make_float4(o[c * 8 + 0][2 * h + 1], o[c * 8 + 1][2 * h + 1], o[c * 8 + 2][2 * h + 1],
+                      o[c * 8 + 3][2 * h + 1]);
+      *reinterpret_cast<float4*>(dst + 12) =
+          make_float4(o[c * 8 + 4][2 * h + 1], o[c * 8 + 5][2 * h + 1], o[c * 8 + 6][2 * h + 1],
+                      o[c * 8 + 7][2 * h + 1]);
     }
   }
   __syncthreads();
@@ -507,17 +500,19 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
 #pragma unroll
     for (int w = 0; w < kDecodeWarps; ++w) {
       const float m = s_max[w][row];
-      if (m != NegativeInfinity()) total_sum += s_sum[w][row] * FastExp2(m - total_max);
+      // A warp that saw nothing of this row weighs 0.
+      const float scale = m == NegativeInfinity() ? 0.f : FastExp2(m - total_max);
+      if (m != NegativeInfinity()) total_sum += s_sum[w][row] * scale;
       const float4 a = *reinterpret_cast<const float4*>(&s_out[w][row][8 * chunk]);
       const float4 b = *reinterpret_cast<const float4*>(&s_out[w][row][8 * chunk + 4]);
-      acc[0] += a.x;
-      acc[1] += a.y;
-      acc[2] += a.z;
-      acc[3] += a.w;
-      acc[4] += b.x;
-      acc[5] += b.y;
-      acc[6] += b.z;
-      acc[7] += b.w;
+      acc[0] += __fmul_rn(a.x, scale);
+      acc[1] += __fmul_rn(a.y, scale);
+      acc[2] += __fmul_rn(a.z, scale);
+      acc[3] += __fmul_rn(a.w, scale);
+      acc[4] += __fmul_rn(b.x, scale);
+      acc[5] += __fmul_rn(b.y, scale);
+      acc[6] += __fmul_rn(b.z, scale);
+      acc[7] += __fmul_rn(b.w, scale);
     }
     // A row that saw no KV at all (empty chunk or fully masked) yields zeros, never NaN.
     const float inv = total_sum > 0.f ? 1.f / total_sum : 0.f;
