@@ -14,6 +14,7 @@
 #include "runtime/cuda/status.h"
 #include "runtime/cuda/status_macros.h"
 #include "runtime/model/device_weights.h"
+#include "runtime/model/llama_checkpoint.h"
 #include "runtime/model/tensor_parallel.h"
 #include "runtime/runner/rank_agreement.h"
 #include "runtime/runner/step_fetch.h"
@@ -240,6 +241,21 @@ absl::Status Runner::InitPlan(const RunnerOptions& options) {
   const config::PlannerConfig& resolved = plan_.config;
   ASSIGN_OR_RETURN(full_shape_, LlamaShapeFromConfig(resolved.model()));
   RETURN_IF_ERROR(RankShape(full_shape_, world).status());
+  if (!options.weight_files.empty()) {
+    // Read and checked before any device memory exists: a wrong file fails here (on every rank
+    // alike under tensor parallelism, see Init).
+    absl::StatusOr<LlamaHostWeights> full = ReadLlamaSafetensors(options.weight_files, full_shape_);
+    if (!full.ok()) {
+      return absl::Status(full.status().code(),
+                          absl::StrCat("RunnerOptions::weight_files (", resolved.model().name(),
+                                       " shape): ", full.status().message()));
+    }
+    if (world == 1) {
+      file_weights_ = *std::move(full);
+    } else {
+      ASSIGN_OR_RETURN(file_weights_, ShardLlamaHostWeights(*full, world, rank()));
+    }
+  }
   if (resolved.kv_cache_dtype() != config::DTYPE_BF16) {
     return absl::InvalidArgumentError(absl::StrCat(
         "kv_cache_dtype ", DTypeName(resolved.kv_cache_dtype()),
@@ -296,12 +312,18 @@ absl::Status Runner::InitAllocations(const RunnerOptions& options) {
   cudaStream_t stream = stream_.get();
 
   // Allocations, each measured. With tensor parallelism the weights are this rank's shard of
-  // the same seeded model, so every tensor-parallel size runs the same logical model.
+  // the same model (the files', or the seeded one), so every tensor-parallel size runs the same
+  // logical model.
   ASSIGN_OR_RETURN(size_t free_bytes, FreeDeviceBytes());
-  ASSIGN_OR_RETURN(LlamaDeviceWeights weights,
-                   world > 1 ? LlamaDeviceWeights::RandomShard(full_shape_, world, rank(),
-                                                               options.weight_seed, stream)
-                             : LlamaDeviceWeights::Random(shape, options.weight_seed, stream));
+  absl::StatusOr<LlamaDeviceWeights> uploaded =
+      file_weights_.has_value()
+          ? LlamaDeviceWeights::Upload(*file_weights_, stream)
+          : world > 1 ? LlamaDeviceWeights::RandomShard(full_shape_, world, rank(),
+                                                        options.weight_seed, stream)
+                      : LlamaDeviceWeights::Random(shape, options.weight_seed, stream);
+  file_weights_.reset();  // Upload waited for its copy
+  if (!uploaded.ok()) return uploaded.status();
+  LlamaDeviceWeights weights = *std::move(uploaded);
   RETURN_IF_ERROR(stream_.Synchronize());
   const int64_t weight_bytes = static_cast<int64_t>(weights.bytes());
   RETURN_IF_ERROR(Record(&memory_, "weights", weight_bytes, free_bytes));

@@ -30,6 +30,10 @@
 // that is captured), logits, and exactly the plan's KV blocks (or RunnerOptions::max_kv_blocks
 // when smaller). memory() reports each allocation's measured device-memory cost.
 //
+// Weights: Hugging Face safetensors files (RunnerOptions::weight_files), read and checked against
+// the config's model before any device memory is allocated, or seeded random values of that
+// shape (weight_seed). The same weights either way give the same bits.
+//
 // Tensor parallelism (RunnerOptions::bootstrap of world size > 1; one process per GPU of this
 // host): each rank holds its shard of the weights (runtime/model/tensor_parallel.h: query and KV
 // heads and MLP columns split, embedding, norms and LM head replicated) and its share of the KV
@@ -83,6 +87,7 @@
 #include "runtime/memory/memory_planner.h"
 #include "runtime/model/llama_model.h"
 #include "runtime/model/llama_shape.h"
+#include "runtime/model/llama_weights.h"
 #include "runtime/runner/sequence_table.h"
 #include "runtime/runner/step_plan.h"
 
@@ -107,7 +112,14 @@ struct RunnerOptions {
   GraphExecution graphs = GraphExecution::kFull;
   // Longest sequence (prompt plus generated tokens); sets the block-table width.
   int max_model_len = 4096;
-  // Seed of the random weights (runtime/model/llama_weights.h).
+  // The model's weights as Hugging Face safetensors files (the names and layout of
+  // runtime/model/llama_checkpoint.h: every tensor BF16, of exactly the shape the config's model
+  // implies). A missing, misnamed or misshapen tensor is InvalidArgument and a truncated file
+  // DataLoss, each naming the tensor or file, before any device memory is allocated. Empty:
+  // seeded random weights (weight_seed). With tensor parallelism every rank reads the files and
+  // uploads its shard, so each needs host memory for the whole model while it loads.
+  std::vector<std::string> weight_files;
+  // Seed of the random weights (runtime/model/llama_weights.h), without weight_files.
   uint64_t weight_seed = 1;
   // > 0: allocate at most this many KV blocks (tests and benchmarks that need few).
   int64_t max_kv_blocks = 0;
@@ -268,8 +280,10 @@ class Runner {
   // Plans memory and allocates everything (see the file comment); the random weights are
   // written on the runner's stream. InvalidArgument for an unsupported model (not bf16,
   // attention bias, a head_dim without kernels, heads that do not split over the ranks) or bad
-  // limits; ResourceExhausted from the planner or an allocation. With tensor parallelism it is
-  // collective, creates the communicator, and every rank returns the same error.
+  // limits; ResourceExhausted from the planner or an allocation; for weight_files, the error of
+  // reading them (NotFound, InvalidArgument for a tensor that does not fit the model, DataLoss).
+  // With tensor parallelism it is collective, creates the communicator, and every rank returns
+  // the same error.
   static absl::StatusOr<std::unique_ptr<Runner>> Create(const RunnerOptions& options);
 
   // Returns options.config with the Runner's own graph choices written in — piecewise
@@ -375,6 +389,8 @@ class Runner {
 
   RunnerOptions options_;
   LlamaShape full_shape_;
+  // This rank's weights read from RunnerOptions::weight_files, between InitPlan and the upload.
+  std::optional<LlamaHostWeights> file_weights_;
   std::unique_ptr<AutoCommunicator> comm_;  // tensor parallel; outlives the model and graphs
   absl::Status peer_lost_;  // a step's collectives timed out: every later step returns this
   bool graphs_registered_ = false;

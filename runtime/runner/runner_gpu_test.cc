@@ -10,13 +10,18 @@
 //   - steps on the eager key (above every captured size) and greedy generation match the CPU
 //     float64 reference decoder (logits by relative error, tokens where the reference's top-2
 //     margin is clear);
+//   - weights read from a safetensors file give the bits of the same weights made from their
+//     seed; a missing, truncated or misshapen file is refused by name;
 //   - bad batches are refused and change nothing; so are out-of-range kernel-choice options.
 #include "runtime/runner/runner.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <random>
@@ -29,6 +34,7 @@
 #include "gtest/gtest.h"
 #include "runtime/cuda/gpu_test_util.h"
 #include "runtime/model/decode_layer.h"
+#include "runtime/model/llama_checkpoint.h"
 #include "runtime/model/llama_weights.h"
 #include "runtime/model/reference_decoder.h"
 
@@ -772,6 +778,80 @@ TEST_F(RunnerGpuTest, GreedyGenerationAndEagerFallbackMatchReference) {
   std::printf("reference check: %d clear-margin tokens, %d near ties, max logits rel err %.2e\n",
               check.clear_checks(), check.near_ties(), check.max_rel());
   EXPECT_GE(check.clear_checks(), 40);
+}
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
+}
+
+TEST_F(RunnerGpuTest, SafetensorsWeightsGiveTheSeededWeightsBits) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  absl::StatusOr<LlamaHostWeights> host = RandomLlamaHostWeights(LlamaShape::Tiny(), seed);
+  ASSERT_TRUE(host.ok()) << host.status();
+  const std::string path = TempPath("runner_tiny.safetensors");
+  ASSERT_TRUE(WriteLlamaSafetensors(path, *host).ok());
+
+  RunnerOptions seeded = TinyOptions(GraphExecution::kFull, seed);
+  for (int s : {1, 2}) seeded.config.mutable_graph()->add_capture_sizes(s);
+  seeded.capture_prefill = false;
+  RunnerOptions from_file = seeded;
+  from_file.weight_seed = seed + 1;  // not used: the file's weights are the seed's
+  from_file.weight_files = {path};
+  std::unique_ptr<Runner> a = MakeRunner(seeded);
+  std::unique_ptr<Runner> b = MakeRunner(from_file);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  ASSERT_NE(b->memory().Find("weights"), nullptr);
+  EXPECT_EQ(b->memory().Find("weights")->requested_bytes,
+            a->memory().Find("weights")->requested_bytes);
+  // A prompt each (eager), then decode steps (the decode/2 graph).
+  std::vector<SequenceTokens> batch = {{1, {3, 1, 4, 1, 5}}, {2, {9, 2, 6}}};
+  for (int t = 0; t < 4; ++t) {
+    SCOPED_TRACE(absl::StrCat("step ", t));
+    const Outcome x = RunStep(*a, batch, {});
+    const Outcome y = RunStep(*b, batch, {});
+    ASSERT_EQ(x.tokens.size(), 2u);
+    ASSERT_EQ(x.tokens, y.tokens);
+    ASSERT_EQ(x.logits.size(), y.logits.size());
+    EXPECT_EQ(std::memcmp(x.logits.data(), y.logits.data(), x.logits.size() * sizeof(float)), 0);
+    batch = {{1, {x.tokens[0]}}, {2, {x.tokens[1]}}};
+  }
+
+  // Wrong files, each refused by Create before any step, naming what is wrong.
+  const std::string cut = TempPath("runner_cut.safetensors");
+  {
+    std::ifstream in(path, std::ios::binary);
+    const std::string raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream out(cut, std::ios::binary | std::ios::trunc);
+    out << raw.substr(0, raw.size() - 1000);
+  }
+  LlamaShape wider = LlamaShape::Tiny();
+  wider.ffn *= 2;
+  absl::StatusOr<LlamaHostWeights> other = RandomLlamaHostWeights(wider, seed);
+  ASSERT_TRUE(other.ok()) << other.status();
+  const std::string misshapen = TempPath("runner_wider.safetensors");
+  ASSERT_TRUE(WriteLlamaSafetensors(misshapen, *other).ok());
+  const struct {
+    std::string file;
+    absl::StatusCode code;
+    std::string says;
+  } bad[] = {
+      {TempPath("runner_missing.safetensors"), absl::StatusCode::kNotFound, "runner_missing"},
+      {cut, absl::StatusCode::kDataLoss, "truncated"},
+      {misshapen, absl::StatusCode::kInvalidArgument, "mlp.gate_proj.weight"},
+  };
+  for (const auto& [file, code, says] : bad) {
+    RunnerOptions options = seeded;
+    options.weight_files = {file};
+    auto runner = Runner::Create(options);
+    ASSERT_FALSE(runner.ok()) << file;
+    EXPECT_EQ(runner.status().code(), code) << runner.status();
+    EXPECT_NE(runner.status().message().find("weight_files"), std::string::npos)
+        << runner.status();
+    EXPECT_NE(runner.status().message().find(says), std::string::npos) << runner.status();
+  }
 }
 
 TEST_F(RunnerGpuTest, BadKernelChoiceOptionsAreRefused) {

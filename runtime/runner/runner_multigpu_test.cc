@@ -14,12 +14,14 @@
 //   - a killed rank ends the others' next step in DeadlineExceeded within a bounded time, with
 //     the custom all-reduce and with NCCL alone;
 //   - the weights and KV cache each rank allocates are what the memory planner planned per rank;
+//   - weights read from a safetensors file give, sharded, the seeded model's bits on every rank;
 //   - sharded, the model takes RunnerOptions::sharded_prefetch_gemm_rows, on one GPU
 //     prefetch_gemm_rows.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -37,6 +39,8 @@
 #include "graph/capture_context.h"
 #include "gtest/gtest.h"
 #include "runtime/cuda/gpu_test_util.h"
+#include "runtime/model/llama_checkpoint.h"
+#include "runtime/model/llama_weights.h"
 #include "runtime/runner/runner.h"
 
 namespace kiln {
@@ -531,6 +535,42 @@ TEST(RunnerMultiGpuTest, EveryCapturedSizeReplaysLikeEagerOnEveryRank) {
     RunOnEveryGpu([fuse](RankContext& ctx) { EveryCapturedSizeReplaysLikeEager(ctx, fuse); },
                   Options());
   }
+}
+
+TEST(RunnerMultiGpuTest, SafetensorsWeightsGiveTheSeededShardsBits) {
+  KILN_REQUIRE_GPUS(2);
+  RunOnEveryGpu([](RankContext& ctx) {
+    ASSERT_EQ(cudaSetDevice(ctx.device()), cudaSuccess);
+    const uint64_t seed = SharedSeed(ctx);
+    SCOPED_TRACE(absl::StrCat("seed ", seed, ", rank ", ctx.rank));
+    // Each rank writes the whole model to a file of its own and reads back its shard.
+    absl::StatusOr<LlamaHostWeights> host = RandomLlamaHostWeights(TpTinyShape(), seed);
+    ASSERT_TRUE(host.ok()) << host.status();
+    const char* dir = std::getenv("TEST_TMPDIR");
+    const std::string path = absl::StrCat(dir != nullptr ? dir : "/tmp", "/tp_weights_rank",
+                                          ctx.rank, ".safetensors");
+    ASSERT_TRUE(WriteLlamaSafetensors(path, *host).ok());
+    std::vector<Outcome> seeded;
+    {
+      std::unique_ptr<Runner> runner = MakeRunner(TpOptions(seed, AutoConfig(), &ctx));
+      ASSERT_NE(runner, nullptr);
+      seeded = RunScript(*runner, seed, nullptr);
+    }
+    RunnerOptions options = TpOptions(seed + 1, AutoConfig(), &ctx);  // the seed is not used
+    options.weight_files = {path};
+    std::unique_ptr<Runner> runner = MakeRunner(options);
+    ASSERT_NE(runner, nullptr);
+    const std::vector<Outcome> from_file = RunScript(*runner, seed, &seeded);
+    ASSERT_EQ(from_file.size(), seeded.size());
+    for (size_t step = 0; step < seeded.size(); ++step) {
+      EXPECT_EQ(from_file[step].tokens, seeded[step].tokens) << "step " << step;
+      EXPECT_TRUE(from_file[step].logits.size() == seeded[step].logits.size() &&
+                  std::memcmp(from_file[step].logits.data(), seeded[step].logits.data(),
+                              seeded[step].logits.size() * sizeof(float)) == 0)
+          << "step " << step << ": the file's logits differ from the seeded model's";
+    }
+    ExpectSameOnEveryRank(ctx, from_file, "safetensors weights");
+  }, Options());
 }
 
 TEST(RunnerMultiGpuTest, ReplayBeforeRegistrationIsRefused) {
