@@ -6,10 +6,12 @@
 //   bazel run -c opt //tools:generate -- --batch=1,8,32 --prompt_len=512 --gen_tokens=128
 //   bazel run -c opt //tools:generate -- --prompt_ids=128000,791,6460 --gen_tokens=16 --batch=1
 //   bazel run -c opt //tools:generate -- --graphs=piecewise      # or none
+//   bazel run -c opt //tools:generate -- --weights=/models/llama-1b/model.safetensors --batch=1
 //
 // The default model is the 1B-class shape (llama-3.2-1b preset: hidden 2048, 16 layers, 32/8 heads
 // of 64, ffn 8192, vocab 128256) with seeded random weights, so the tokens are meaningless but the
-// work is the real work. Exit codes: 0 on success, 2 for bad flags, 1 for a runtime error.
+// work is the real work; --weights reads a Hugging Face checkpoint of the preset's (or --config's)
+// shape instead. Exit codes: 0 on success, 2 for bad flags, 1 for a runtime error.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -49,6 +51,9 @@ ABSL_FLAG(int64_t, max_kv_blocks, 0, "Use at most this many KV blocks (0: what t
 ABSL_FLAG(double, gpu_memory_utilization, 0.9, "Fraction of the GPU's memory to plan for");
 ABSL_FLAG(bool, capture_prefill, true, "Also capture prefill graphs (up to 512 tokens)");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the random weights and prompts");
+ABSL_FLAG(std::string, weights, "",
+          "Comma-separated Hugging Face safetensors files holding the model's weights (of the "
+          "--preset or --config shape) instead of random ones");
 
 namespace kiln {
 namespace {
@@ -180,6 +185,10 @@ int Run(int argc, char** argv) {
   options.max_kv_blocks = absl::GetFlag(FLAGS_max_kv_blocks);
   options.capture_prefill = absl::GetFlag(FLAGS_capture_prefill);
   options.weight_seed = absl::GetFlag(FLAGS_seed);
+  for (absl::string_view file : absl::StrSplit(absl::GetFlag(FLAGS_weights), ',',
+                                               absl::SkipWhitespace())) {
+    options.weight_files.emplace_back(file);
+  }
   options.time_steps = true;
 
   absl::StatusOr<std::vector<int>> batches = ParseInts(absl::GetFlag(FLAGS_batch), "batch");
@@ -191,6 +200,14 @@ int Run(int argc, char** argv) {
   if (prompt_len < 1 || gen_tokens < 1) {
     return fail(absl::InvalidArgumentError("--prompt_len and --gen_tokens must be positive"), 2);
   }
+  for (int b : *batches) {
+    if (b < 1 || b > options.config.max_num_seqs()) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+                      "--batch ", b, " is outside [1, --max_num_seqs ",
+                      options.config.max_num_seqs(), "]; give batch sizes in that range")),
+                  2);
+    }
+  }
   if (DeviceCount() == 0) {
     return fail(absl::FailedPreconditionError("No CUDA device is visible; generate needs a GPU"),
                 1);
@@ -201,9 +218,12 @@ int Run(int argc, char** argv) {
   if (!created.ok()) return fail(created.status(), 1);
   Runner& runner = **created;
   const LlamaShape& shape = runner.shape();
-  std::printf("model: %s (%s, random weights, seed %llu)\n",
-              runner.memory_plan().config.model().name().c_str(), shape.ToString().c_str(),
-              static_cast<unsigned long long>(options.weight_seed));
+  const std::string weights =
+      options.weight_files.empty()
+          ? absl::StrCat("random weights, seed ", options.weight_seed)
+          : absl::StrCat("weights from ", absl::StrJoin(options.weight_files, ", "));
+  std::printf("model: %s (%s, %s)\n", runner.memory_plan().config.model().name().c_str(),
+              shape.ToString().c_str(), weights.c_str());
   std::printf("created in %.2f s; device memory (requested / measured):\n", Since(t0) / 1e3);
   for (const RunnerMemoryItem& item : runner.memory().items) {
     std::printf("  %-20s %12s %12s\n", item.name.c_str(), FormatBytes(item.requested_bytes).c_str(),
