@@ -5,27 +5,7 @@ set -uo pipefail
 
 bin=tools/generate
 tmp=${TEST_TMPDIR:-$(mktemp -d)}
-failures=0
-
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
-
-# expect_bad NAME MESSAGE ARGS...: exit code 2, MESSAGE (a fixed string) on stderr, empty stdout.
-expect_bad() {
-  local name=$1 message=$2
-  shift 2
-  "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
-  local rc=$?
-  if [ "$rc" -ne 2 ]; then
-    fail "$name: exit code $rc, want 2; stderr: $(cat "$tmp/err")"
-  elif ! grep -qF -- "$message" "$tmp/err"; then
-    fail "$name: stderr lacks \"$message\": $(cat "$tmp/err")"
-  elif [ -s "$tmp/out" ]; then
-    fail "$name: printed to stdout on error: $(cat "$tmp/out")"
-  fi
-}
+source tools/cli_test_lib.sh
 
 expect_bad batch_zero '--batch 0 is outside [1, --max_num_seqs 256]' --batch=0
 expect_bad batch_above '--batch 300 is outside [1, --max_num_seqs 256]' --batch=1,300
@@ -38,8 +18,4 @@ expect_bad gen_tokens '--prompt_len and --gen_tokens must be positive' --gen_tok
 expect_bad prompt_len '--prompt_len and --gen_tokens must be positive' --prompt_len=-3
 expect_bad config_missing "$tmp/missing.textproto" "--config=$tmp/missing.textproto"
 
-if [ "$failures" -ne 0 ]; then
-  echo "$failures failure(s)" >&2
-  exit 1
-fi
-echo "PASS"
+finish

@@ -1,0 +1,51 @@
+# Shared by the command-line tools' shell tests (source it after setting bin and tmp): fail,
+# expect_ok, expect_bad, expect_out and finish. Every check records a failure and goes on, so a
+# run lists all that is wrong.
+failures=0
+
+fail() {
+  echo "FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+
+# expect_ok NAME ARGS...: exit code 0; stdout in $tmp/out.
+expect_ok() {
+  local name=$1
+  shift
+  "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  if [ "$rc" -ne 0 ]; then
+    fail "$name: exit code $rc, want 0; stderr: $(cat "$tmp/err")"
+    return 1
+  fi
+  return 0
+}
+
+# expect_bad NAME MESSAGE ARGS...: exit code 2, MESSAGE (a fixed string) on stderr, empty stdout.
+expect_bad() {
+  local name=$1 message=$2
+  shift 2
+  "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  if [ "$rc" -ne 2 ]; then
+    fail "$name: exit code $rc, want 2; stderr: $(cat "$tmp/err")"
+  elif ! grep -qF -- "$message" "$tmp/err"; then
+    fail "$name: stderr lacks \"$message\": $(cat "$tmp/err")"
+  elif [ -s "$tmp/out" ]; then
+    fail "$name: printed to stdout on error: $(cat "$tmp/out")"
+  fi
+}
+
+# expect_out NAME TEXT: the last successful run printed TEXT (a fixed string).
+expect_out() {
+  grep -qF -- "$2" "$tmp/out" || fail "$1: stdout lacks \"$2\": $(cat "$tmp/out")"
+}
+
+# finish: exit 1 with the count of failed checks, or print PASS.
+finish() {
+  if [ "$failures" -ne 0 ]; then
+    echo "$failures check(s) failed" >&2
+    exit 1
+  fi
+  echo "PASS"
+}
