@@ -87,7 +87,8 @@ std::vector<HfTensorSlice> HfTensorSlices(const LlamaWeightLayout& layout) {
 }
 
 absl::StatusOr<LlamaHostWeights> ReadLlamaSafetensors(absl::Span<const std::string> paths,
-                                                      const LlamaShape& shape) {
+                                                      const LlamaShape& shape,
+                                                      const ReadProgress& progress) {
   if (paths.empty()) {
     return absl::InvalidArgumentError(
         "No safetensors files given; pass the checkpoint's model*.safetensors files");
@@ -151,11 +152,18 @@ absl::StatusOr<LlamaHostWeights> ReadLlamaSafetensors(absl::Span<const std::stri
                        "config.json values"));
     }
   }
+  int64_t total_bytes = 0;
+  for (const HfTensorSlice& s : slices) {
+    total_bytes += static_cast<int64_t>(found[s.hf_name].second->bytes());
+  }
+  int64_t bytes_read = 0;
   for (const HfTensorSlice& s : slices) {
     const auto& [reader, t] = found[s.hf_name];
     const WeightTensor& dst = weights.layout.tensors()[s.tensor_index];
     uint16_t* out = weights.mutable_tensor(dst) + s.first_row * dst.cols;
     RETURN_IF_ERROR(reader->Read(*t, out, t->bytes()));
+    bytes_read += static_cast<int64_t>(t->bytes());
+    if (progress) progress(bytes_read, total_bytes);
   }
   return weights;
 }

@@ -21,6 +21,8 @@
 #ifndef KILN_RUNTIME_MODEL_LLAMA_CHECKPOINT_H_
 #define KILN_RUNTIME_MODEL_LLAMA_CHECKPOINT_H_
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -45,10 +47,16 @@ struct HfTensorSlice {
 // Returns the HF tensors that make up `layout`, in file order.
 std::vector<HfTensorSlice> HfTensorSlices(const LlamaWeightLayout& layout);
 
+// Called after each tensor is read with the bytes read so far and the total (the same every
+// call); the last call has bytes_read == total_bytes.
+using ReadProgress = std::function<void(int64_t bytes_read, int64_t total_bytes)>;
+
 // Reads the weights for `shape` from one or more safetensors files (the shards of one
-// checkpoint; every tensor must appear in exactly one of them).
+// checkpoint; every tensor must appear in exactly one of them). Every name, dtype and shape is
+// checked before any tensor data is read; `progress` (optional) follows the data's reading.
 absl::StatusOr<LlamaHostWeights> ReadLlamaSafetensors(absl::Span<const std::string> paths,
-                                                      const LlamaShape& shape);
+                                                      const LlamaShape& shape,
+                                                      const ReadProgress& progress = nullptr);
 
 // Writes `weights` to one safetensors file under HF names (q/k/v and gate/up unfused).
 absl::Status WriteLlamaSafetensors(const std::string& path, const LlamaHostWeights& weights);

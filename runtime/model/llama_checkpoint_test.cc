@@ -5,6 +5,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -208,6 +209,25 @@ TEST_F(LlamaCheckpointTest, TruncatedFileIsDataLoss) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(std::string(s.message()), HasSubstr("truncated"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("lm_head.weight"));
+}
+
+TEST_F(LlamaCheckpointTest, ReportsProgressUpToEveryByte) {
+  const std::string a = TempPath("progress.safetensors");
+  ASSERT_TRUE(WriteLlamaSafetensors(a, weights_).ok());
+  std::vector<std::pair<int64_t, int64_t>> calls;
+  absl::StatusOr<LlamaHostWeights> back = ReadLlamaSafetensors(
+      {a}, shape_, [&](int64_t done, int64_t total) { calls.emplace_back(done, total); });
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->data, weights_.data);
+  ASSERT_EQ(calls.size(), HfTensorSlices(weights_.layout).size());  // one call per tensor
+  const int64_t total = static_cast<int64_t>(weights_.layout.total_bytes());
+  int64_t last = 0;
+  for (const auto& [done, reported_total] : calls) {
+    EXPECT_EQ(reported_total, total);
+    EXPECT_GT(done, last);
+    last = done;
+  }
+  EXPECT_EQ(last, total);
 }
 
 TEST_F(LlamaCheckpointTest, NoFilesIsInvalidArgument) {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "graph/capture_context.h"
 #include "runtime/cuda/device_info.h"
@@ -244,7 +245,27 @@ absl::Status Runner::InitPlan(const RunnerOptions& options) {
   if (!options.weight_files.empty()) {
     // Read and checked before any device memory exists: a wrong file fails here (on every rank
     // alike under tensor parallelism, see Init).
-    absl::StatusOr<LlamaHostWeights> full = ReadLlamaSafetensors(options.weight_files, full_shape_);
+    // Progress on the capture's stream: a line at each quarter of the bytes, then a summary.
+    const bool report = options.progress != CaptureProgress::kQuiet && rank() == 0;
+    const bool quarters = report && options.progress != CaptureProgress::kNone;
+    std::ostream& out = options.progress_stream ? *options.progress_stream : std::cerr;
+    const absl::Time start = absl::Now();
+    int next_quarter = 1;
+    auto progress = [&](int64_t done, int64_t total) {
+      for (; quarters && next_quarter < 4 && done * 4 >= total * next_quarter; ++next_quarter) {
+        out << absl::StrFormat("weights: %d%% of %.2f GiB read\n", 25 * next_quarter,
+                               total / 1073741824.0);
+      }
+    };
+    absl::StatusOr<LlamaHostWeights> full =
+        ReadLlamaSafetensors(options.weight_files, full_shape_, progress);
+    if (full.ok() && report) {
+      const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+      const double bytes = static_cast<double>(full->data.size()) * 2;
+      out << absl::StrFormat("weights: %d file(s), %.2f GiB read in %.2f s (%.2f GB/s)\n",
+                             options.weight_files.size(), bytes / 1073741824.0, seconds,
+                             seconds > 0 ? bytes / seconds / 1e9 : 0.0);
+    }
     if (!full.ok()) {
       return absl::Status(full.status().code(),
                           absl::StrCat("RunnerOptions::weight_files (", resolved.model().name(),

@@ -117,7 +117,9 @@ struct RunnerOptions {
   // implies). A missing, misnamed or misshapen tensor is InvalidArgument and a truncated file
   // DataLoss, each naming the tensor or file, before any device memory is allocated. Empty:
   // seeded random weights (weight_seed). With tensor parallelism every rank reads the files and
-  // uploads its shard, so each needs host memory for the whole model while it loads.
+  // uploads its shard, so each needs host memory for the whole model while it loads. Progress
+  // goes to progress_stream: a line at each quarter of the bytes (not with kNone) and one with
+  // the size, time and rate (not with kQuiet).
   std::vector<std::string> weight_files;
   // Seed of the random weights (runtime/model/llama_weights.h), without weight_files.
   uint64_t weight_seed = 1;

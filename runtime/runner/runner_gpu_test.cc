@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -799,10 +800,16 @@ TEST_F(RunnerGpuTest, SafetensorsWeightsGiveTheSeededWeightsBits) {
   RunnerOptions from_file = seeded;
   from_file.weight_seed = seed + 1;  // not used: the file's weights are the seed's
   from_file.weight_files = {path};
+  std::ostringstream log;
+  from_file.progress = CaptureProgress::kLines;
+  from_file.progress_stream = &log;
   std::unique_ptr<Runner> a = MakeRunner(seeded);
   std::unique_ptr<Runner> b = MakeRunner(from_file);
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
+  for (const char* line : {"weights: 25% of", "weights: 75% of", "weights: 1 file(s), "}) {
+    EXPECT_NE(log.str().find(line), std::string::npos) << line << " not in:\n" << log.str();
+  }
   ASSERT_NE(b->memory().Find("weights"), nullptr);
   EXPECT_EQ(b->memory().Find("weights")->requested_bytes,
             a->memory().Find("weights")->requested_bytes);
