@@ -117,7 +117,10 @@ struct RunnerOptions {
   // implies). A missing, misnamed or misshapen tensor is InvalidArgument and a truncated file
   // DataLoss, each naming the tensor or file, before any device memory is allocated. Empty:
   // seeded random weights (weight_seed). With tensor parallelism every rank reads the files and
-  // uploads its shard, so each needs host memory for the whole model while it loads. Progress
+  // uploads its shard, so each needs host memory for the whole model while it loads. kiln's
+  // RoPE is the rotate-half form with rope_theta and no frequency scaling: a checkpoint trained
+  // with rope_scaling (Llama 3.1 and 3.2 use the "llama3" kind) loads and runs, but its logits
+  // are not its reference implementation's. Progress
   // goes to progress_stream: a line at each quarter of the bytes (not with kNone) and one with
   // the size, time and rate (not with kQuiet).
   std::vector<std::string> weight_files;
