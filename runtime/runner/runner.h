@@ -120,9 +120,8 @@ struct RunnerOptions {
   // uploads its shard, so each needs host memory for the whole model while it loads. kiln's
   // RoPE is the rotate-half form with rope_theta and no frequency scaling: a checkpoint trained
   // with rope_scaling (Llama 3.1 and 3.2 use the "llama3" kind) loads and runs, but its logits
-  // are not its reference implementation's. Progress
-  // goes to progress_stream: a line at each quarter of the bytes (not with kNone) and one with
-  // the size, time and rate (not with kQuiet).
+  // are not its reference implementation's. Progress goes to progress_stream: a line at each
+  // quarter of the bytes (not with kNone) and one with the size, time and rate (not with kQuiet).
   std::vector<std::string> weight_files;
   // Seed of the random weights (runtime/model/llama_weights.h), without weight_files.
   uint64_t weight_seed = 1;
