@@ -242,13 +242,7 @@ int Run(int argc, char** argv) {
               "steps", "decode ms (gpu)", "step ms (host)", "tokens/s");
   std::vector<BatchResult> results;
   int64_t first_id = 0;
-  for (int b : *batches) {
-    if (b < 1 || b > runner.memory_plan().config.max_num_seqs()) {
-      return fail(absl::InvalidArgumentError(absl::StrCat(
-                      "--batch ", b, " is outside [1, max_num_seqs ",
-                      runner.memory_plan().config.max_num_seqs(), "]")),
-                  2);
-    }
+  for (int b : *batches) {  // each within [1, max_num_seqs], checked with the flags above
     std::vector<std::vector<int32_t>> prompts(b);
     for (auto& p : prompts) {
       if (!ids->empty()) {
