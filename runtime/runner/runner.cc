@@ -242,41 +242,9 @@ absl::Status Runner::InitPlan(const RunnerOptions& options) {
   const config::PlannerConfig& resolved = plan_.config;
   ASSIGN_OR_RETURN(full_shape_, LlamaShapeFromConfig(resolved.model()));
   RETURN_IF_ERROR(RankShape(full_shape_, world).status());
-  if (!options.weight_files.empty()) {
-    // Read and checked before any device memory exists: a wrong file fails here (on every rank
-    // alike under tensor parallelism, see Init).
-    // Progress on the capture's stream: a line at each quarter of the bytes, then a summary.
-    const bool report = options.progress != CaptureProgress::kQuiet && rank() == 0;
-    const bool quarters = report && options.progress != CaptureProgress::kNone;
-    std::ostream& out = options.progress_stream ? *options.progress_stream : std::cerr;
-    const absl::Time start = absl::Now();
-    int next_quarter = 1;
-    auto progress = [&](int64_t done, int64_t total) {
-      for (; quarters && next_quarter < 4 && done * 4 >= total * next_quarter; ++next_quarter) {
-        out << absl::StrFormat("weights: %d%% of %.2f GiB read\n", 25 * next_quarter,
-                               total / 1073741824.0);
-      }
-    };
-    absl::StatusOr<LlamaHostWeights> full =
-        ReadLlamaSafetensors(options.weight_files, full_shape_, progress);
-    if (full.ok() && report) {
-      const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-      const double bytes = static_cast<double>(full->data.size()) * 2;
-      out << absl::StrFormat("weights: %d file(s), %.2f GiB read in %.2f s (%.2f GB/s)\n",
-                             options.weight_files.size(), bytes / 1073741824.0, seconds,
-                             seconds > 0 ? bytes / seconds / 1e9 : 0.0);
-    }
-    if (!full.ok()) {
-      return absl::Status(full.status().code(),
-                          absl::StrCat("RunnerOptions::weight_files (", resolved.model().name(),
-                                       " shape): ", full.status().message()));
-    }
-    if (world == 1) {
-      file_weights_ = *std::move(full);
-    } else {
-      ASSIGN_OR_RETURN(file_weights_, ShardLlamaHostWeights(*full, world, rank()));
-    }
-  }
+  // Read and checked before any device memory exists: a wrong file fails here (on every rank
+  // alike under tensor parallelism, see Init).
+  if (!options.weight_files.empty()) RETURN_IF_ERROR(ReadWeightFiles(options));
   if (resolved.kv_cache_dtype() != config::DTYPE_BF16) {
     return absl::InvalidArgumentError(absl::StrCat(
         "kv_cache_dtype ", DTypeName(resolved.kv_cache_dtype()),
@@ -318,6 +286,42 @@ absl::Status Runner::InitPlan(const RunnerOptions& options) {
   if (options.max_kv_blocks > 0) num_blocks = std::min(num_blocks, options.max_kv_blocks);
   if (num_blocks > int64_t{1} << 30) num_blocks = int64_t{1} << 30;
   table_ = SequenceTable(static_cast<int>(num_blocks), block_size, max_blocks_per_seq_);
+  return absl::OkStatus();
+}
+
+absl::Status Runner::ReadWeightFiles(const RunnerOptions& options) {
+  // Progress on the capture's stream: a line at each quarter of the bytes, then a summary.
+  const bool report = options.progress != CaptureProgress::kQuiet && rank() == 0;
+  const bool quarters = report && options.progress != CaptureProgress::kNone;
+  std::ostream& out = options.progress_stream ? *options.progress_stream : std::cerr;
+  const absl::Time start = absl::Now();
+  int next_quarter = 1;
+  auto progress = [&](int64_t done, int64_t total) {
+    for (; quarters && next_quarter < 4 && done * 4 >= total * next_quarter; ++next_quarter) {
+      out << absl::StrFormat("weights: %d%% of %.2f GiB read\n", 25 * next_quarter,
+                             total / 1073741824.0);
+    }
+  };
+  absl::StatusOr<LlamaHostWeights> full =
+      ReadLlamaSafetensors(options.weight_files, full_shape_, progress);
+  if (!full.ok()) {
+    return absl::Status(full.status().code(),
+                        absl::StrCat("RunnerOptions::weight_files (", plan_.config.model().name(),
+                                     " shape): ", full.status().message()));
+  }
+  if (report) {
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    const double bytes = static_cast<double>(full->data.size()) * 2;
+    out << absl::StrFormat("weights: %d file(s), %.2f GiB read in %.2f s (%.2f GB/s)\n",
+                           options.weight_files.size(), bytes / 1073741824.0, seconds,
+                           seconds > 0 ? bytes / seconds / 1e9 : 0.0);
+  }
+  const int world = tensor_parallel_size();
+  if (world == 1) {
+    file_weights_ = *std::move(full);
+  } else {
+    ASSIGN_OR_RETURN(file_weights_, ShardLlamaHostWeights(*full, world, rank()));
+  }
   return absl::OkStatus();
 }
 

@@ -369,6 +369,9 @@ class Runner {
   // Init's steps before and after the communicator exists.
   absl::Status InitPlan(const RunnerOptions& options);
   absl::Status InitAllocations(const RunnerOptions& options);
+  // InitPlan's reading of RunnerOptions::weight_files for full_shape_ into file_weights_ (this
+  // rank's shard).
+  absl::Status ReadWeightFiles(const RunnerOptions& options);
   // Captures fn for every size of `sizes` into `set`, largest first: one GPU through
   // GraphSet::CaptureAll; tensor parallel in lock-step (see the file comment). Returns the number
   // of graphs.
