@@ -17,7 +17,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -781,17 +780,12 @@ TEST_F(RunnerGpuTest, GreedyGenerationAndEagerFallbackMatchReference) {
   EXPECT_GE(check.clear_checks(), 40);
 }
 
-std::string TempPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
-}
-
 TEST_F(RunnerGpuTest, SafetensorsWeightsGiveTheSeededWeightsBits) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
   absl::StatusOr<LlamaHostWeights> host = RandomLlamaHostWeights(LlamaShape::Tiny(), seed);
   ASSERT_TRUE(host.ok()) << host.status();
-  const std::string path = TempPath("runner_tiny.safetensors");
+  const std::string path = TestTempPath("runner_tiny.safetensors");
   ASSERT_TRUE(WriteLlamaSafetensors(path, *host).ok());
 
   RunnerOptions seeded = TinyOptions(GraphExecution::kFull, seed);
@@ -827,7 +821,7 @@ TEST_F(RunnerGpuTest, SafetensorsWeightsGiveTheSeededWeightsBits) {
   }
 
   // Wrong files, each refused by Create before any step, naming what is wrong.
-  const std::string cut = TempPath("runner_cut.safetensors");
+  const std::string cut = TestTempPath("runner_cut.safetensors");
   {
     std::ifstream in(path, std::ios::binary);
     const std::string raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -838,14 +832,14 @@ TEST_F(RunnerGpuTest, SafetensorsWeightsGiveTheSeededWeightsBits) {
   wider.ffn *= 2;
   absl::StatusOr<LlamaHostWeights> other = RandomLlamaHostWeights(wider, seed);
   ASSERT_TRUE(other.ok()) << other.status();
-  const std::string misshapen = TempPath("runner_wider.safetensors");
+  const std::string misshapen = TestTempPath("runner_wider.safetensors");
   ASSERT_TRUE(WriteLlamaSafetensors(misshapen, *other).ok());
   const struct {
     std::string file;
     absl::StatusCode code;
     std::string says;
   } bad[] = {
-      {TempPath("runner_missing.safetensors"), absl::StatusCode::kNotFound, "runner_missing"},
+      {TestTempPath("runner_missing.safetensors"), absl::StatusCode::kNotFound, "runner_missing"},
       {cut, absl::StatusCode::kDataLoss, "truncated"},
       {misshapen, absl::StatusCode::kInvalidArgument, "mlp.gate_proj.weight"},
   };

@@ -21,7 +21,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -546,9 +545,8 @@ TEST(RunnerMultiGpuTest, SafetensorsWeightsGiveTheSeededShardsBits) {
     // Each rank writes the whole model to a file of its own and reads back its shard.
     absl::StatusOr<LlamaHostWeights> host = RandomLlamaHostWeights(TpTinyShape(), seed);
     ASSERT_TRUE(host.ok()) << host.status();
-    const char* dir = std::getenv("TEST_TMPDIR");
-    const std::string path = absl::StrCat(dir != nullptr ? dir : "/tmp", "/tp_weights_rank",
-                                          ctx.rank, ".safetensors");
+    const std::string path =
+        TestTempPath(absl::StrCat("tp_weights_rank", ctx.rank, ".safetensors"));
     ASSERT_TRUE(WriteLlamaSafetensors(path, *host).ok());
     std::vector<Outcome> seeded;
     {
