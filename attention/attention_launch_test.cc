@@ -62,6 +62,10 @@ TEST(AttentionLaunchTest, RejectsRopeAppendOutsideDecodeOnlyStepsAndBadArguments
   p.rope_append.kv_stride = 128;
   p.rope_append.theta = -1.0;
   EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("theta -1"));
+  p.rope_append.theta = 10000.0;
+  p.rope_append.scaling = RopeScaling::Llama3(0.5, 1.0, 4.0, 8192);
+  EXPECT_THAT(RunAttentionStep(p, nullptr).message(),
+              HasSubstr("Decode RoPE scaling factor is 0.5"));
 }
 
 TEST(AttentionLaunchTest, PrefillParamsComeFromThePart) {

@@ -22,6 +22,8 @@
 
 #include <cstdint>
 
+#include "attention/rope_frequency.h"
+
 namespace kiln {
 
 // One CTA's job, for each KV head. Padding items (beyond the plan's count, up to the capacity
@@ -112,6 +114,7 @@ struct DecodeRopeAppendDevice {
   const int32_t* positions = nullptr;  // [tokens]: RoPE positions; null: the cache holds the
                                        // step's K and V already and q is rotated
   double theta = 0.0;                  // RoPE base, > 0
+  RopeScaling scaling;                 // the model's frequency scaling; none by default
   const void* k = nullptr;             // [tokens, num_kv_heads, head_dim]: the new, unrotated k
   const void* v = nullptr;             // [tokens, num_kv_heads, head_dim]: the new v
   int64_t kv_stride = 0;               // elements between tokens of k and of v

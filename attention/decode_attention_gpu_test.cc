@@ -20,6 +20,7 @@
 #include "attention/paged_kv_cache.h"
 #include "attention/paged_kv_layout.h"
 #include "attention/plan_buffers.h"
+#include "attention/rope_frequency.h"
 #include "attention/split_kv_planner.h"
 #include "gtest/gtest.h"
 #include "runtime/cuda/device_buffer.h"
@@ -562,10 +563,11 @@ absl::StatusOr<DeviceBuffer> Upload(const void* data, size_t bytes, const char* 
 
 // x rotated in place as attention/rope_rotation.cuh does (cos/sin from double, each float
 // product and sum rounded on its own), each result rounded to `dtype`.
-void RotateRow(uint16_t* x, int head_dim, int position, double theta, AttentionDtype dtype) {
+void RotateRow(uint16_t* x, int head_dim, int position, const RopeFrequencies& freqs,
+               AttentionDtype dtype) {
   const int half = head_dim / 2;
   for (int i = 0; i < half; ++i) {
-    const double angle = position * std::exp2(-2.0 * i / head_dim * std::log2(theta));
+    const double angle = position * RopeFrequency(freqs, i, head_dim);
     const float c = static_cast<float>(std::cos(angle));
     const float sn = static_cast<float>(std::sin(angle));
     const float a = FromBits(x[i], dtype);
@@ -603,11 +605,15 @@ TEST_P(DecodeRopeGpuTest, RotatesQAndAppendsTheNewTokenItself) {
   std::unique_ptr<Harness> s;
   ASSERT_OK(MakeSetup(spec, &s));
   // The first trial splits the long sequences' tiles (fused merge); the second has only short
-  // sequences, whose tiles stay whole.
-  for (int trial = 0; trial < 2; ++trial) {
+  // sequences, whose tiles stay whole; the third is the first with Llama 3's frequency scaling
+  // (3.2 1B's at head_dim 64, 3.1 8B's at 128).
+  for (int trial = 0; trial < 3; ++trial) {
     SCOPED_TRACE(absl::StrCat("trial ", trial));
     std::vector<SeqLens> step = seqs;
     if (trial == 1) step.resize(3);
+    RopeScaling scaling;
+    if (trial == 2) scaling = RopeScaling::Llama3(c.head_dim == 64 ? 32 : 8, 1, 4, 8192);
+    const RopeFrequencies freqs = RopeFrequencies::Make(theta, scaling);
     ASSERT_OK(PrepareStep(*s, step, 500 + trial));
     const PagedKvLayout& layout = s->cache.layout();
     const BlockTable& table = s->cache.block_table();
@@ -635,7 +641,7 @@ TEST_P(DecodeRopeGpuTest, RotatesQAndAppendsTheNewTokenItself) {
         uint16_t* k = &new_k[i * kv_row + static_cast<size_t>(h) * s->head_dim];
         const uint16_t* v = &new_v[i * kv_row + static_cast<size_t>(h) * s->head_dim];
         std::vector<uint16_t> rotated(k, k + s->head_dim);
-        RotateRow(rotated.data(), s->head_dim, positions[i], theta, s->dtype);
+        RotateRow(rotated.data(), s->head_dim, positions[i], freqs, s->dtype);
         for (int d = 0; d < s->head_dim; ++d) {
           s->k_host[off + d] = s->v_host[off + d] = nan;
           expected_k[off + d] = rotated[d];
@@ -663,6 +669,7 @@ TEST_P(DecodeRopeGpuTest, RotatesQAndAppendsTheNewTokenItself) {
     p.plan = s->buffers.decode();
     p.rope_append.positions = d_pos->as<int32_t>();
     p.rope_append.theta = theta;
+    p.rope_append.scaling = scaling;
     p.rope_append.k = d_k->data();
     p.rope_append.v = d_v->data();
     p.rope_append.kv_stride = kv_row;
@@ -674,7 +681,7 @@ TEST_P(DecodeRopeGpuTest, RotatesQAndAppendsTheNewTokenItself) {
     for (size_t i = 0; i < step.size(); ++i) {
       for (int h = 0; h < s->q_heads(); ++h) {
         RotateRow(&s->q_host[(i * s->q_heads() + h) * s->head_dim], s->head_dim, positions[i],
-                  theta, s->dtype);
+                  freqs, s->dtype);
       }
     }
     std::vector<uint16_t> got_k(s->k_host.size()), got_v(s->v_host.size());

@@ -63,6 +63,9 @@ absl::Status Validate(const DecodeAttentionParams& p) {
       return absl::InvalidArgumentError(
           absl::StrCat("Decode RoPE theta ", r.theta, " must be a positive finite base"));
     }
+    if (absl::Status status = r.scaling.Validate(); !status.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("Decode ", status.message()));
+    }
     if (r.k == nullptr || r.v == nullptr || reinterpret_cast<uintptr_t>(r.k) % 16 != 0 ||
         reinterpret_cast<uintptr_t>(r.v) % 16 != 0) {
       return absl::InvalidArgumentError(
@@ -108,7 +111,8 @@ absl::Status LaunchDecodeAttention(const DecodeAttentionParams& params, cudaStre
   args.scale_log2 = scale * 1.4426950408889634f;  // log2(e)
   const DecodeRopeAppendDevice& rope = params.rope_append;
   args.rope_positions = rope.positions;
-  args.log2_theta = rope.positions != nullptr ? std::log2(rope.theta) : 0.0;
+  args.rope_freqs = rope.positions != nullptr ? RopeFrequencies::Make(rope.theta, rope.scaling)
+                                              : RopeFrequencies();
   args.new_k = rope.k;
   args.new_v = rope.v;
   args.new_kv_stride = rope.kv_stride;

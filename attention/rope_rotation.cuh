@@ -4,19 +4,24 @@
 // itself), so that all of them produce the same bits. Included by .cu files only.
 //
 //   float c, s;
-//   kiln::RopeCosSin(position, i, head_dim, log2_theta, &c, &s);   // pair i < head_dim / 2
+//   kiln::RopeCosSin(position, i, head_dim, freqs, &c, &s);   // pair i < head_dim / 2; freqs:
+//                                                             // RopeFrequencies (rope_frequency.h)
 //   float lo, hi;
 //   kiln::RopeRotate(x[i], x[i + head_dim / 2], c, s, &lo, &hi);
 #ifndef KILN_ATTENTION_ROPE_ROTATION_CUH_
 #define KILN_ATTENTION_ROPE_ROTATION_CUH_
 
+#include "attention/rope_frequency.h"
+
 namespace kiln {
 
-// cos and sin of pair i's angle at `position`: theta^(-2i/d) and the angle in double (in float,
-// position · freq loses ~1e-2 of phase at positions around 1e5), rounded to float.
-__device__ __forceinline__ void RopeCosSin(int position, int i, int head_dim, double log2_theta,
-                                           float* cos_out, float* sin_out) {
-  const double freq = exp2(-2.0 * i / head_dim * log2_theta);
+// cos and sin of pair i's angle at `position`: the frequency (RopeFrequency: theta^(-2i/d),
+// scaled where the model's RoPE is) and the angle in double (in float, position · freq loses
+// ~1e-2 of phase at positions around 1e5), rounded to float.
+__device__ __forceinline__ void RopeCosSin(int position, int i, int head_dim,
+                                           const RopeFrequencies& freqs, float* cos_out,
+                                           float* sin_out) {
+  const double freq = RopeFrequency(freqs, i, head_dim);
   double s, c;
   sincos(static_cast<double>(position) * freq, &s, &c);
   *cos_out = static_cast<float>(c);

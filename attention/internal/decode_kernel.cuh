@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
   if (rope) {  // positions come from the step's upload, not from a kernel of the step
     const int position = args.rope_positions[q_start];
     for (int i = threadIdx.x; i < kHeadDim / 2; i += kDecodeThreads) {
-      RopeCosSin(position, i, kHeadDim, args.log2_theta, &s_cos[i], &s_sin[i]);
+      RopeCosSin(position, i, kHeadDim, args.rope_freqs, &s_cos[i], &s_sin[i]);
     }
     __syncthreads();
   }

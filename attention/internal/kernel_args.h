@@ -40,7 +40,7 @@ struct DecodeKernelArgs {
   float scale_log2;       // softmax scale × log2(e)
   // RoPE + KV append in the kernel (DecodeRopeAppendDevice); positions null: none.
   const int32_t* rope_positions;
-  double log2_theta;
+  RopeFrequencies rope_freqs;
   const void* new_k;      // [tokens, num_kv_heads, head_dim], new_kv_stride elements per token
   const void* new_v;
   int64_t new_kv_stride;

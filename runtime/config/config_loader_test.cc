@@ -69,6 +69,29 @@ TEST(ConfigLoaderTest, LoadsJsonFileWithEitherNameSpelling) {
   EXPECT_FALSE(c->has_model_preset());
 }
 
+TEST(ConfigLoaderTest, ParsesRopeScaling) {
+  auto text = ParsePlannerConfigText(R"(
+      model_preset: "llama-3.2-1b"
+      model { rope_scaling { rope_type: "llama3" factor: 32 low_freq_factor: 1
+                             high_freq_factor: 4 original_max_position_embeddings: 8192 } }
+  )");
+  ASSERT_TRUE(text.ok()) << text.status();
+  const config::RopeScaling& scaling = text->model().rope_scaling();
+  EXPECT_EQ(scaling.rope_type(), "llama3");
+  EXPECT_EQ(scaling.factor(), 32.0);
+  EXPECT_EQ(scaling.low_freq_factor(), 1.0);
+  EXPECT_EQ(scaling.high_freq_factor(), 4.0);
+  EXPECT_EQ(scaling.original_max_position_embeddings(), 8192);
+
+  // config.json's object reads as it is written there.
+  auto json = ParsePlannerConfigJson(R"({"model": {"rope_scaling": {"rope_type": "llama3",
+      "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 8192}}})");
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(json->model().rope_scaling().factor(), 8.0);
+  EXPECT_EQ(json->model().rope_scaling().original_max_position_embeddings(), 8192);
+}
+
 TEST(ConfigLoaderTest, FastDeployGraphOptimizationConfig) {
   auto c = LoadPlannerConfigFile(TestData("fastdeploy.json"));
   ASSERT_TRUE(c.ok()) << c.status();

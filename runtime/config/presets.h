@@ -22,8 +22,9 @@
 
 namespace kiln {
 
-// Returns the shape of the model named `name` (e.g. "llama-3.1-8b"), every field set, or
-// InvalidArgument naming the unknown name and listing the known ones.
+// Returns the shape of the model named `name` (e.g. "llama-3.1-8b"), every field set (rope_scaling
+// only where the model's config.json has one), or InvalidArgument naming the unknown name and
+// listing the known ones.
 absl::StatusOr<config::ModelShape> ModelPreset(absl::string_view name);
 
 // Returns the GPU named `name` (e.g. "h100-80gb" or its short form "h100"), every field set, or

@@ -53,6 +53,25 @@ TEST(PresetsTest, PublishedShapes) {
   EXPECT_EQ(q7->rms_norm_eps(), 1e-6);
 }
 
+void ExpectLlama3Scaling(const config::ModelShape& shape, double factor) {
+  ASSERT_TRUE(shape.has_rope_scaling()) << shape.name();
+  const config::RopeScaling& scaling = shape.rope_scaling();
+  EXPECT_EQ(scaling.rope_type(), "llama3") << shape.name();
+  EXPECT_EQ(scaling.factor(), factor) << shape.name();
+  EXPECT_EQ(scaling.low_freq_factor(), 1.0) << shape.name();
+  EXPECT_EQ(scaling.high_freq_factor(), 4.0) << shape.name();
+  EXPECT_EQ(scaling.original_max_position_embeddings(), 8192) << shape.name();
+}
+
+TEST(PresetsTest, PublishedRopeScaling) {
+  ExpectLlama3Scaling(*ModelPreset("llama-3.2-1b"), 32.0);
+  ExpectLlama3Scaling(*ModelPreset("llama-3.1-8b"), 8.0);
+  ExpectLlama3Scaling(*ModelPreset("llama-3.1-70b"), 8.0);
+  auto q7 = ModelPreset("qwen2.5-7b");
+  ASSERT_TRUE(q7.ok());
+  EXPECT_FALSE(q7->has_rope_scaling());  // published without RoPE scaling
+}
+
 TEST(PresetsTest, GpuPresets) {
   auto h100 = GpuPreset("h100-80gb");
   ASSERT_TRUE(h100.ok());

@@ -156,8 +156,10 @@ absl::StatusOr<ModelShape> ResolveModel(const PlannerConfig& in) {
   model.MergeFrom(in.model());
   if (in.has_model_preset() && !in.model().has_name()) {
     // A preset with fields changed is no longer the published model; say so wherever it is named.
+    // RoPE and the norm's epsilon do not change memory, so changing only them keeps the name.
     config::ModelShape changed = in.model();
     changed.clear_rope_theta();
+    changed.clear_rope_scaling();
     changed.clear_rms_norm_eps();
     if (changed.ByteSizeLong() > 0) model.set_name(absl::StrCat(model.name(), " (modified)"));
   }

@@ -667,6 +667,12 @@ TEST(MemoryPlannerTest, ChangedPresetsSaySo) {
   auto same = ResolvePlannerConfig(c);
   ASSERT_TRUE(same.ok()) << same.status();
   EXPECT_EQ(same->model().name(), "Llama-3.1-8B");
+  c.mutable_model()->mutable_rope_scaling()->set_factor(16.0);  // nor does the RoPE scaling
+  auto rescaled = ResolvePlannerConfig(c);
+  ASSERT_TRUE(rescaled.ok()) << rescaled.status();
+  EXPECT_EQ(rescaled->model().name(), "Llama-3.1-8B");
+  EXPECT_EQ(rescaled->model().rope_scaling().factor(), 16.0);
+  EXPECT_EQ(rescaled->model().rope_scaling().original_max_position_embeddings(), 8192);
   c.mutable_model()->set_num_layers(16);
   c.mutable_gpu()->set_sm_count(114);
   auto changed = ResolvePlannerConfig(c);

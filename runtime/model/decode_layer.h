@@ -28,7 +28,7 @@
 // other kernel of the stream runs beside it except the ones launched after it, which wait for it.
 //
 //   kiln::DecodeLayerArgs a;
-//   a.m = 1;  a.shape = {hidden, q_width, ffn, heads, kv_heads, head_dim, eps, theta};
+//   a.m = 1;  a.shape = {hidden, q_width, ffn, heads, kv_heads, head_dim, eps, theta, scaling};
 //   a.finish = true;  a.o = ...; a.post_norm = ...; a.gate_up = ...; a.down = ...;
 //   a.start = true;   a.norm = ...; a.qkv_w = ...;   // the next layer's input norm and QKV
 //   a.positions = ...; a.plan = ...; a.kv = ...;       // as RopeKvAppendParams
@@ -80,6 +80,7 @@ struct DecodeLayerShape {
   int head_dim = 0;
   float eps = 0.0f;
   double theta = 0.0;  // RoPE base
+  RopeScaling rope_scaling;  // the model's RoPE frequency scaling; none by default
   int qkv_rows() const { return (heads + 2 * kv_heads) * head_dim; }
 };
 

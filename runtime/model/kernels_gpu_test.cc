@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "attention/rope_frequency.h"
 #include "runtime/model/bf16.h"
 #include "runtime/model/embedding.h"
 #include "runtime/model/internal/gpu_test_helpers.h"
@@ -167,6 +168,7 @@ TEST_F(RmsNormGpuTest, InPlaceAndBitwiseReproducible) {
 struct RopeCase {
   int tokens, heads, kv_heads, head_dim;
   double theta;
+  RopeScaling scaling;  // none unless set
 };
 
 std::vector<double> RopeReference(const std::vector<uint16_t>& qkv, const std::vector<int32_t>& pos,
@@ -174,11 +176,14 @@ std::vector<double> RopeReference(const std::vector<uint16_t>& qkv, const std::v
   const int width = (c.heads + 2 * c.kv_heads) * c.head_dim;
   const int half = c.head_dim / 2;
   std::vector<double> out = Bf16ToDouble(qkv);
+  // The frequencies are RopeFrequency's on the host (checked against Llama 3's wavelength form
+  // in //attention:rope_frequency_test); the angles, cos and sin are double here.
+  const RopeFrequencies freqs = RopeFrequencies::Make(c.theta, c.scaling);
   for (int t = 0; t < c.tokens; ++t) {
     for (int h = 0; h < c.heads + c.kv_heads; ++h) {
       double* x = out.data() + size_t{1} * t * width + h * c.head_dim;
       for (int i = 0; i < half; ++i) {
-        const double angle = pos[t] * std::pow(c.theta, -2.0 * i / c.head_dim);
+        const double angle = pos[t] * RopeFrequency(freqs, i, c.head_dim);
         const double a = x[i], b = x[i + half];
         x[i] = a * std::cos(angle) - b * std::sin(angle);
         x[i + half] = b * std::cos(angle) + a * std::sin(angle);
@@ -193,9 +198,14 @@ class RopeGpuTest : public GpuTest {};
 TEST_F(RopeGpuTest, RotatesQAndKLeavesV) {
   for (const RopeCase c : {RopeCase{1, 32, 8, 64, 500000.0}, RopeCase{5, 4, 2, 128, 10000.0},
                            RopeCase{33, 5, 1, 64, 1e6}, RopeCase{3, 3, 1, 18, 10000.0},
-                           RopeCase{2, 2, 2, 256, 500000.0}}) {
+                           RopeCase{2, 2, 2, 256, 500000.0},
+                           // Llama 3.2 1B's scaling, and one whose bands split a small theta's
+                           // pairs three ways.
+                           RopeCase{6, 32, 8, 64, 500000.0, RopeScaling::Llama3(32, 1, 4, 8192)},
+                           RopeCase{9, 4, 2, 64, 10000.0, RopeScaling::Llama3(8, 1, 4, 64)}}) {
     SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << " heads " << c.heads << "/"
-                                      << c.kv_heads << " head_dim " << c.head_dim);
+                                      << c.kv_heads << " head_dim " << c.head_dim << " scaling "
+                                      << c.scaling.ToString());
     const int width = (c.heads + 2 * c.kv_heads) * c.head_dim;
     const std::vector<uint16_t> qkv = RandomBf16(size_t{1} * c.tokens * width, -2, 2);
     std::vector<int32_t> pos(c.tokens);
@@ -204,7 +214,7 @@ TEST_F(RopeGpuTest, RotatesQAndKLeavesV) {
     DeviceVector<uint16_t> d_qkv(qkv, stream());
     DeviceVector<int32_t> d_pos(pos, stream());
     ASSERT_EQ(LaunchRope(Bf(d_qkv.get()), d_pos.get(), c.tokens, c.heads, c.kv_heads, c.head_dim,
-                         c.theta, stream()),
+                         c.theta, c.scaling, stream()),
               cudaSuccess);
     const std::vector<uint16_t> out = d_qkv.Download(stream());
     const std::vector<double> ref = RopeReference(qkv, pos, c);
@@ -217,8 +227,11 @@ TEST_F(RopeGpuTest, RotatesQAndKLeavesV) {
     }
     for (int i = 0; i < width; ++i) ASSERT_EQ(out[i], qkv[i]) << "position 0 must not rotate";
   }
-  EXPECT_EQ(LaunchRope(nullptr, nullptr, 1, 4, 2, 63, 1e4, stream()), cudaErrorInvalidValue);
-  EXPECT_EQ(LaunchRope(nullptr, nullptr, 1, 4, 2, 512, 1e4, stream()), cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchRope(nullptr, nullptr, 1, 4, 2, 63, 1e4, {}, stream()), cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchRope(nullptr, nullptr, 1, 4, 2, 512, 1e4, {}, stream()), cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchRope(nullptr, nullptr, 1, 4, 2, 64, 1e4, RopeScaling::Llama3(0.5, 1, 4, 8192),
+                       stream()),
+            cudaErrorInvalidValue);
 }
 
 // ---------------------------------------------------------------- SiLU·mul
@@ -423,7 +436,7 @@ TEST_F(KernelGraphGpuTest, ReplaysForNewContents) {
                                     Bf(d_qkv.get()), stream()),
               cudaSuccess);
     EXPECT_EQ(LaunchRope(Bf(d_qkv.get()), d_pos.get(), c.tokens, c.heads, c.kv_heads, c.head_dim,
-                         c.theta, stream()),
+                         c.theta, c.scaling, stream()),
               cudaSuccess);
     EXPECT_EQ(LaunchGreedySample(d_logits.get(), c.tokens, vocab, d_next.get(), stream()),
               cudaSuccess);

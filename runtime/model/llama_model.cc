@@ -173,6 +173,7 @@ DecodeLayerShape DecodeLayerShapeOf(const LlamaShape& s) {
   l.head_dim = s.head_dim;
   l.eps = static_cast<float>(s.rms_eps);
   l.theta = s.rope_theta;
+  l.rope_scaling = s.rope_scaling;
   return l;
 }
 
@@ -637,6 +638,7 @@ absl::Status LlamaModel::PreAttention(int layer, const LlamaStepArgs& args, cons
     rope.kv_heads = s.kv_heads;
     rope.head_dim = s.head_dim;
     rope.theta = s.rope_theta;
+    rope.rope_scaling = s.rope_scaling;
     rope.plan = plan;
     rope.kv.k_cache = k_cache(layer);
     rope.kv.v_cache = v_cache(layer);
@@ -648,7 +650,7 @@ absl::Status LlamaModel::PreAttention(int layer, const LlamaStepArgs& args, cons
     }
   }
   CUDA_RETURN_IF_ERROR(LaunchRope(a.qkv, args.positions, n, s.heads, s.kv_heads, s.head_dim,
-                                  s.rope_theta, stream));
+                                  s.rope_theta, s.rope_scaling, stream));
   AppendKvParams append;
   append.k = a.qkv + s.q_width();
   append.k_stride = s.qkv_rows();
@@ -686,6 +688,7 @@ absl::Status LlamaModel::RunAttention(int layer, const LlamaStepArgs& args, cuda
   if (RopeInAttention(args)) {
     step.rope_append.positions = args.positions;
     step.rope_append.theta = s.rope_theta;
+    step.rope_append.scaling = s.rope_scaling;
     step.rope_append.k = a.qkv + s.q_width();
     step.rope_append.v = a.qkv + s.q_width() + s.kv_width();
     step.rope_append.kv_stride = s.qkv_rows();

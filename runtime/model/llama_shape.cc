@@ -10,7 +10,11 @@
 
 namespace kiln {
 
-LlamaShape LlamaShape::Llama1B() { return LlamaShape(); }
+LlamaShape LlamaShape::Llama1B() {
+  LlamaShape shape;
+  shape.rope_scaling = RopeScaling::Llama3(32.0, 1.0, 4.0, 8192);
+  return shape;
+}
 
 LlamaShape LlamaShape::Tiny() {
   LlamaShape shape;
@@ -68,6 +72,10 @@ absl::Status LlamaShape::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "LlamaShape.rope_theta is ", rope_theta, "; it must be a finite value above 1"));
   }
+  if (absl::Status status = rope_scaling.Validate(); !status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LlamaShape.rope_scaling: ", status.message()));
+  }
   if (!(rms_eps > 0.0) || !(rms_eps < 1.0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("LlamaShape.rms_eps is ", rms_eps, "; it must lie in (0, 1)"));
@@ -85,8 +93,10 @@ int64_t LlamaShape::ParameterCount() const {
 
 std::string LlamaShape::ToString() const {
   return absl::StrFormat(
-      "hidden %d, %d layers, %d/%d heads x %d, ffn %d, vocab %d, rope_theta %g, rms_eps %g, %s",
-      hidden, layers, heads, kv_heads, head_dim, ffn, vocab, rope_theta, rms_eps,
+      "hidden %d, %d layers, %d/%d heads x %d, ffn %d, vocab %d, rope_theta %g, rope_scaling %s, "
+      "rms_eps %g, %s",
+      hidden, layers, heads, kv_heads, head_dim, ffn, vocab, rope_theta, rope_scaling.ToString(),
+      rms_eps,
       tie_embeddings ? "tied embeddings" : "separate lm_head");
 }
 

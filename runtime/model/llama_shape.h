@@ -1,5 +1,5 @@
 // The shape of a Llama-family decoder: sizes that fix every weight and activation, plus the
-// two scalars (RoPE theta, RMSNorm epsilon) that the kernels need.
+// scalars the kernels need (RoPE theta and frequency scaling, RMSNorm epsilon).
 //
 //   kiln::LlamaShape shape = kiln::LlamaShape::Llama1B();   // hidden 2048, 16 layers, ...
 //   RETURN_IF_ERROR(shape.Validate());
@@ -13,6 +13,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "attention/rope_frequency.h"
 
 namespace kiln {
 
@@ -25,10 +26,12 @@ struct LlamaShape {
   int ffn = 8192;             // MLP intermediate width
   int vocab = 128256;         // vocabulary size
   double rope_theta = 500000.0;
+  RopeScaling rope_scaling;   // none by default; Llama1B() carries Llama 3.2's
   double rms_eps = 1e-5;
   bool tie_embeddings = true;  // the LM head reuses the embedding table
 
-  // Returns the 1B-class shape that kiln's peer figures use (Llama 3.2 1B sizes).
+  // Returns the 1B-class shape that kiln's peer figures use: Llama 3.2 1B's sizes and RoPE
+  // (theta 500000, llama3 scaling x32, low 1, high 4, original 8192), so its checkpoint loads.
   static LlamaShape Llama1B();
 
   // Returns a tiny two-layer shape for tests against the CPU reference: hidden 256, 4/2 heads

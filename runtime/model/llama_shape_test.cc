@@ -18,6 +18,9 @@ TEST(LlamaShapeTest, DefaultIsThe1BShape) {
   EXPECT_EQ(s.ffn, 8192);
   EXPECT_EQ(s.vocab, 128256);
   EXPECT_TRUE(s.tie_embeddings);
+  EXPECT_EQ(s.rope_theta, 500000.0);
+  // Llama 3.2 1B's config.json: rope_scaling llama3, factor 32, low 1, high 4, original 8192.
+  EXPECT_EQ(s.rope_scaling, RopeScaling::Llama3(32.0, 1.0, 4.0, 8192));
   EXPECT_TRUE(s.Validate().ok());
   EXPECT_EQ(s.qkv_rows(), 3072);
   EXPECT_EQ(s.kv_width(), 512);
@@ -28,6 +31,7 @@ TEST(LlamaShapeTest, DefaultIsThe1BShape) {
 TEST(LlamaShapeTest, TinyIsValidAndUntied) {
   const LlamaShape s = LlamaShape::Tiny();
   EXPECT_TRUE(s.Validate().ok());
+  EXPECT_FALSE(s.rope_scaling.enabled());
   EXPECT_EQ(s.layers, 2);
   EXPECT_FALSE(s.tie_embeddings);
   EXPECT_EQ(s.heads * s.head_dim, s.hidden);
@@ -62,6 +66,17 @@ TEST(LlamaShapeTest, ValidateNamesTheBadField) {
   s.rope_theta = 0.5;
   EXPECT_THAT(std::string(s.Validate().message()), HasSubstr("rope_theta"));
   EXPECT_EQ(s.Validate().code(), absl::StatusCode::kInvalidArgument);
+  s = LlamaShape::Tiny();
+  s.rope_scaling = RopeScaling::Llama3(8.0, 1.0, 4.0, -1);
+  EXPECT_THAT(std::string(s.Validate().message()),
+              HasSubstr("LlamaShape.rope_scaling: RoPE scaling original_max_position is -1"));
+}
+
+TEST(LlamaShapeTest, ToStringNamesTheRopeScaling) {
+  EXPECT_THAT(LlamaShape::Llama1B().ToString(),
+              HasSubstr("rope_theta 500000, rope_scaling llama3 x32 (low 1, high 4, original "
+                        "8192), rms_eps 1e-05"));
+  EXPECT_THAT(LlamaShape::Tiny().ToString(), HasSubstr("rope_scaling none"));
 }
 
 }  // namespace

@@ -174,7 +174,7 @@ void DecodeStepTable(const LlamaShape& s, cudaStream_t stream) {
         CHECK_OK(
             gemm->Run(normed.as<bf>(), w.qkv(l), qkv.data(), m, s.qkv_rows(), s.hidden, stream));
         CHECK_CUDA(LaunchRope(qkv.as<bf>(), pos.as<int32_t>(), m, s.heads, s.kv_heads, s.head_dim,
-                              s.rope_theta, stream));
+                              s.rope_theta, s.rope_scaling, stream));
         // (attention would read qkv and write attn here)
         CHECK_OK(gemm->Run(attn.as<bf>(), w.o(l), x.data(), m, s.hidden, s.q_width(), stream));
         CHECK_CUDA(LaunchFusedAddRmsNorm(x.as<bf>(), residual.as<bf>(), w.post_norm(l),

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "attention/rope_frequency.h"
 #include "runtime/model/bf16.h"
 
 namespace kiln {
@@ -92,10 +93,12 @@ std::vector<double> ReferenceDecoder::Token(Sequence& seq, int32_t token) {
   const uint16_t* emb = weights_.tensor(layout.embedding()) + int64_t{token} * hidden;
   for (int64_t i = 0; i < hidden; ++i) residual[i] = Bf16BitsToFloat(emb[i]);
 
-  // RoPE angles for this position: rotate-half pairs (i, i + d/2) by pos * theta^(-2i/d).
+  // RoPE angles for this position: rotate-half pairs (i, i + d/2) by pos * f_i, with
+  // f_i = theta^(-2i/d) rescaled by the shape's rope_scaling (attention/rope_frequency.h).
+  const RopeFrequencies freqs = RopeFrequencies::Make(s.rope_theta, s.rope_scaling);
   std::vector<double> cos_t(d / 2), sin_t(d / 2);
   for (int i = 0; i < d / 2; ++i) {
-    const double angle = pos * std::pow(s.rope_theta, -2.0 * i / d);
+    const double angle = pos * RopeFrequency(freqs, i, d);
     cos_t[i] = std::cos(angle);
     sin_t[i] = std::sin(angle);
   }

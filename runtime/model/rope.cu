@@ -18,13 +18,13 @@ constexpr int kMaxHalf = 128;  // head_dim <= 256
 // from the first half and the V partners from the second half.
 template <int V>
 __global__ void RopeKernel(__nv_bfloat16* __restrict__ qkv, const int32_t* __restrict__ positions,
-                           int rotated_heads, int row_width, int head_dim, double log2_theta) {
+                           int rotated_heads, int row_width, int head_dim, RopeFrequencies freqs) {
   __shared__ float cos_table[kMaxHalf];
   __shared__ float sin_table[kMaxHalf];
   const int half = head_dim / 2;
   const int position = positions[blockIdx.x];
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    RopeCosSin(position, i, head_dim, log2_theta, &cos_table[i], &sin_table[i]);
+    RopeCosSin(position, i, head_dim, freqs, &cos_table[i], &sin_table[i]);
   }
   __syncthreads();
   __nv_bfloat16* row = qkv + int64_t{blockIdx.x} * row_width;
@@ -51,24 +51,25 @@ __global__ void RopeKernel(__nv_bfloat16* __restrict__ qkv, const int32_t* __res
 }  // namespace
 
 cudaError_t LaunchRope(__nv_bfloat16* qkv, const int32_t* positions, int num_tokens, int heads,
-                       int kv_heads, int head_dim, double theta, cudaStream_t stream) {
+                       int kv_heads, int head_dim, double theta, const RopeScaling& scaling,
+                       cudaStream_t stream) {
   if (num_tokens < 0 || heads <= 0 || kv_heads <= 0 || head_dim <= 0 || head_dim % 2 != 0 ||
-      head_dim / 2 > kMaxHalf || !(theta > 0.0)) {
+      head_dim / 2 > kMaxHalf || !(theta > 0.0) || !scaling.Validate().ok()) {
     return cudaErrorInvalidValue;
   }
   if (num_tokens == 0) return cudaSuccess;
   const int rotated_heads = heads + kv_heads;  // q heads then k heads, contiguous
   const int row_width = (heads + 2 * kv_heads) * head_dim;
-  const double log2_theta = std::log2(theta);
+  const RopeFrequencies freqs = RopeFrequencies::Make(theta, scaling);
   const int half = head_dim / 2;
   if (half % 8 == 0 && row_width % 8 == 0 && internal::Aligned16(qkv)) {
     const int threads = internal::WarpRoundedThreads(int64_t{rotated_heads} * half / 8, 512);
     RopeKernel<8><<<num_tokens, threads, 0, stream>>>(qkv, positions, rotated_heads, row_width,
-                                                      head_dim, log2_theta);
+                                                      head_dim, freqs);
   } else {
     const int threads = internal::WarpRoundedThreads(int64_t{rotated_heads} * half, 512);
     RopeKernel<1><<<num_tokens, threads, 0, stream>>>(qkv, positions, rotated_heads, row_width,
-                                                      head_dim, log2_theta);
+                                                      head_dim, freqs);
   }
   return cudaGetLastError();
 }

@@ -3,10 +3,10 @@
 //
 //   // qkv [num_tokens, (heads + 2 * kv_heads) * head_dim]; positions int32 [num_tokens] on the GPU
 //   CUDA_RETURN_IF_ERROR(kiln::LaunchRope(qkv, positions, num_tokens, heads, kv_heads, head_dim,
-//                                         shape.rope_theta, stream));
+//                                         shape.rope_theta, shape.rope_scaling, stream));
 //
-// For every q and k head and i < head_dim / 2, with f_i = theta^(-2i / head_dim) and angle
-// a = position * f_i:
+// For every q and k head and i < head_dim / 2, with f_i = theta^(-2i / head_dim) (rescaled when
+// `scaling` is enabled: attention/rope_frequency.h) and angle a = position * f_i:
 //   (x_i, x_{i+d/2}) <- (x_i cos a - x_{i+d/2} sin a, x_{i+d/2} cos a + x_i sin a).
 // V is left alone. Positions are read from device memory, so a captured graph replays for new
 // positions; the launch shape depends only on num_tokens and the head counts. cos/sin are
@@ -21,15 +21,17 @@
 
 #include <cstdint>
 
+#include "attention/rope_frequency.h"
+
 namespace kiln {
 
 // Enqueues the rotation on `stream`. Returns cudaErrorInvalidValue for a negative num_tokens,
-// non-positive head counts, an odd head_dim or one above 256, or theta <= 0; else the
-// launch's error.
+// non-positive head counts, an odd head_dim or one above 256, theta <= 0 or a scaling that
+// RopeScaling::Validate refuses; else the launch's error.
 cudaError_t LaunchRope(__nv_bfloat16* qkv,        // [num_tokens, (heads + 2 * kv_heads) * head_dim]
                        const int32_t* positions,  // [num_tokens]
                        int num_tokens, int heads, int kv_heads, int head_dim, double theta,
-                       cudaStream_t stream);
+                       const RopeScaling& scaling, cudaStream_t stream);
 
 }  // namespace kiln
 

@@ -40,6 +40,7 @@ bool RopeKvAppendSupports(const RopeKvAppendParams& p) {
   const int bs = p.kv.block_size;
   return p.num_tokens > 0 && p.heads > 0 && p.kv_heads > 0 && p.head_dim > 0 &&
          p.head_dim % 16 == 0 && p.head_dim / 2 <= internal::kRopeMaxHalf && p.theta > 0.0 &&
+         p.rope_scaling.Validate().ok() &&
          p.qkv != nullptr && internal::Aligned16(p.qkv) && p.positions != nullptr &&
          p.plan.seq_q_start != nullptr && p.plan.seq_kv_len != nullptr && p.plan.max_seqs > 0 &&
          p.kv.k_cache != nullptr && p.kv.v_cache != nullptr && p.kv.block_table != nullptr &&

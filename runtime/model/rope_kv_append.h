@@ -42,13 +42,14 @@ struct RopeKvAppendParams {
   int kv_heads = 0;
   int head_dim = 0;                    // a multiple of 16, at most 256
   double theta = 0.0;                  // RoPE base, > 0
+  RopeScaling rope_scaling;            // the model's frequency scaling; none by default
   AttentionPlanPartDevice plan;        // seq_q_start [max_seqs + 1], seq_kv_len, max_seqs
   // k_cache and v_cache [blocks, kv_heads, block_size, head_dim]
   PagedKvDevice kv;
 };
 
 // Returns whether LaunchRopeKvAppend takes `params`: positive sizes, head_dim a multiple of 16 up
-// to 256, theta > 0, a 16-byte aligned qkv, block_size a power of two, the plan arrays, the block
+// to 256, theta > 0, a valid rope_scaling, a 16-byte aligned qkv, block_size a power of two, the plan arrays, the block
 // table and both cache pools set.
 bool RopeKvAppendSupports(const RopeKvAppendParams& params);
 

@@ -26,12 +26,16 @@ class RopeKvAppendGpuTest : public GpuTest {};
 
 struct Shape {
   int heads, kv_heads, head_dim, block_size;
+  RopeScaling scaling;  // none unless set
 };
 
 TEST_F(RopeKvAppendGpuTest, EqualsRopeThenAppendBitForBit) {
-  for (const Shape& s : {Shape{4, 2, 64, 16}, Shape{32, 8, 64, 64}, Shape{16, 4, 128, 16}}) {
+  for (const Shape& s : {Shape{4, 2, 64, 16}, Shape{32, 8, 64, 64}, Shape{16, 4, 128, 16},
+                         Shape{32, 8, 64, 16, RopeScaling::Llama3(32, 1, 4, 8192)},
+                         Shape{16, 4, 128, 16, RopeScaling::Llama3(8, 1, 4, 8192)}}) {
     SCOPED_TRACE(::testing::Message() << "heads " << s.heads << "/" << s.kv_heads << " × "
-                                      << s.head_dim << ", block " << s.block_size);
+                                      << s.head_dim << ", block " << s.block_size << ", scaling "
+                                      << s.scaling.ToString());
     // Sequences: decodes, a prefill chunk, an empty one, a long one; then padding rows.
     const std::vector<int> q_lens = {1, 1, 7, 0, 20, 1};
     const std::vector<int> kv_lens = {10, 65, 30, 5, 100, RandomInt(1, 300)};
@@ -83,7 +87,7 @@ TEST_F(RopeKvAppendGpuTest, EqualsRopeThenAppendBitForBit) {
     // The two kernels the fused one replaces.
     auto* qkv_r = reinterpret_cast<__nv_bfloat16*>(qkv_ref.get());
     ASSERT_EQ(LaunchRope(qkv_r, positions_dev.get(), num_tokens, s.heads, s.kv_heads, s.head_dim,
-                         theta, stream()),
+                         theta, s.scaling, stream()),
               cudaSuccess);
     AppendKvParams append;
     append.k = qkv_r + s.heads * s.head_dim;
@@ -108,6 +112,7 @@ TEST_F(RopeKvAppendGpuTest, EqualsRopeThenAppendBitForBit) {
     p.kv_heads = s.kv_heads;
     p.head_dim = s.head_dim;
     p.theta = theta;
+    p.rope_scaling = s.scaling;
     p.plan = plan;
     p.kv = kv_ref;
     p.kv.k_cache = k_fused.get();
@@ -183,6 +188,9 @@ TEST_F(RopeKvAppendGpuTest, RefusesMissingInputs) {
   EXPECT_FALSE(RopeKvAppendSupports(bad));
   bad = p;
   bad.kv.block_size = 24;
+  EXPECT_FALSE(RopeKvAppendSupports(bad));
+  bad = p;
+  bad.rope_scaling = RopeScaling::Llama3(8, 4, 1, 8192);  // high_freq_factor below low
   EXPECT_FALSE(RopeKvAppendSupports(bad));
   bad = p;
   bad.theta = 0.0;

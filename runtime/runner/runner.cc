@@ -127,6 +127,45 @@ absl::StatusOr<LlamaShape> LlamaShapeFromConfig(const config::ModelShape& m) {
   if (m.has_rope_theta()) s.rope_theta = m.rope_theta();
   if (m.has_rms_norm_eps()) s.rms_eps = m.rms_norm_eps();
   s.tie_embeddings = m.tie_embeddings();
+  // rope_type "default" (Hugging Face's name for unscaled RoPE) turns a preset's scaling off.
+  if (m.has_rope_scaling() && m.rope_scaling().rope_type() != "default") {
+    const config::RopeScaling& r = m.rope_scaling();
+    if (!r.has_rope_type()) {
+      return absl::InvalidArgumentError(
+          "Model rope_scaling has no rope_type; kiln implements \"llama3\" RoPE scaling (set "
+          "rope_type: \"llama3\", or \"default\" for none)");
+    }
+    if (r.rope_type() != "llama3") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Model rope_scaling.rope_type \"", r.rope_type(),
+          "\" is not supported; kiln implements \"llama3\" RoPE scaling (or rope_type "
+          "\"default\" for none)"));
+    }
+    struct Field {
+      bool has;
+      const char* name;
+      const char* published;
+    };
+    const Field fields[] = {
+        {r.has_factor(), "factor", "8, or 32 for 3.2 1B and 3B"},
+        {r.has_low_freq_factor(), "low_freq_factor", "1"},
+        {r.has_high_freq_factor(), "high_freq_factor", "4"},
+        {r.has_original_max_position_embeddings(), "original_max_position_embeddings", "8192"},
+    };
+    for (const Field& f : fields) {
+      if (f.has) continue;
+      return absl::InvalidArgumentError(absl::StrCat("Model rope_scaling has no ", f.name,
+                                                     "; give it (Llama 3.x: ", f.published, ")"));
+    }
+    // Factor 0 would read as no scaling (RopeScaling::enabled); a llama3 scaling is at least 1.
+    if (r.factor() == 0.0) {
+      return absl::InvalidArgumentError(
+          "Model rope_scaling.factor is 0; it must be at least 1 (or rope_type \"default\" for "
+          "none)");
+    }
+    s.rope_scaling = RopeScaling::Llama3(r.factor(), r.low_freq_factor(), r.high_freq_factor(),
+                                         r.original_max_position_embeddings());
+  }
   RETURN_IF_ERROR(s.Validate());
   return s;
 }
@@ -145,6 +184,14 @@ config::ModelShape ModelShapeFromLlamaShape(const LlamaShape& t, absl::string_vi
   m.set_tie_embeddings(t.tie_embeddings);
   m.set_rope_theta(t.rope_theta);
   m.set_rms_norm_eps(t.rms_eps);
+  if (t.rope_scaling.enabled()) {
+    config::RopeScaling* r = m.mutable_rope_scaling();
+    r->set_rope_type("llama3");
+    r->set_factor(t.rope_scaling.factor);
+    r->set_low_freq_factor(t.rope_scaling.low_freq_factor);
+    r->set_high_freq_factor(t.rope_scaling.high_freq_factor);
+    r->set_original_max_position_embeddings(t.rope_scaling.original_max_position);
+  }
   return m;
 }
 

@@ -118,10 +118,11 @@ struct RunnerOptions {
   // DataLoss, each naming the tensor or file, before any device memory is allocated. Empty:
   // seeded random weights (weight_seed). With tensor parallelism every rank reads the files and
   // uploads its shard, so each needs host memory for the whole model while it loads. kiln's
-  // RoPE is the rotate-half form with rope_theta and no frequency scaling: a checkpoint trained
-  // with rope_scaling (Llama 3.1 and 3.2 use the "llama3" kind) loads and runs, but its logits
-  // are not its reference implementation's. Progress goes to progress_stream: a line at each
-  // quarter of the bytes (not with kNone) and one with the size, time and rate (not with kQuiet).
+  // RoPE is the rotate-half form with rope_theta and the model's rope_scaling (the "llama3"
+  // kind): Llama 3.1 and 3.2 checkpoints give their reference logits when the config carries
+  // their rope_scaling, as the presets do; other scaling kinds are refused. Progress goes to
+  // progress_stream: a line at each quarter of the bytes (not with kNone) and one with the size,
+  // time and rate (not with kQuiet).
   std::vector<std::string> weight_files;
   // Seed of the random weights (runtime/model/llama_weights.h), without weight_files.
   uint64_t weight_seed = 1;
@@ -432,7 +433,8 @@ class Runner {
 };
 
 // Returns the LlamaShape of a resolved config::ModelShape. InvalidArgument for what kiln's model
-// does not run: a dtype other than bf16, attention bias.
+// does not run: a dtype other than bf16, attention bias, a rope_scaling that is not a complete,
+// valid "llama3" one.
 absl::StatusOr<LlamaShape> LlamaShapeFromConfig(const config::ModelShape& model);
 
 // Returns the config::ModelShape (bf16) of `shape`, named `name`: the inverse of

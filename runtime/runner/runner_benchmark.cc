@@ -552,6 +552,10 @@ int Main(int argc, char** argv) {
     };
     const Variant variants[] = {
         {"as configured", [](RunnerOptions&) {}},
+        {"no RoPE scaling",
+         [](RunnerOptions& o) {
+           o.config.mutable_model()->mutable_rope_scaling()->set_rope_type("default");
+         }},
         {"SiLU kernel", [](RunnerOptions& o) { o.silu_in_down = false; }},
         {"norm fold flipped",
          [](RunnerOptions& o) { o.fold_norm_into_gemm = !o.fold_norm_into_gemm; }},

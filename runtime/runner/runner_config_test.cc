@@ -1,4 +1,8 @@
-// Host test: the memory planner is asked about the graphs the Runner will really capture.
+// Host test: the model shape the Runner builds from a config, and the memory planner is asked
+// about the graphs the Runner will really capture.
+#include <string>
+
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/config/presets.h"
 #include "runtime/memory/memory_planner.h"
@@ -6,6 +10,8 @@
 
 namespace kiln {
 namespace {
+
+using ::testing::HasSubstr;
 
 config::PlannerConfig OneBillion() {
   config::PlannerConfig config = DefaultPlannerConfig();
@@ -30,7 +36,72 @@ TEST(RunnerConfigTest, ModelShapeRoundTripsThroughTheConfig) {
     EXPECT_EQ(back->tie_embeddings, shape.tie_embeddings);
     EXPECT_EQ(back->rope_theta, shape.rope_theta);
     EXPECT_EQ(back->rms_eps, shape.rms_eps);
+    EXPECT_EQ(back->rope_scaling, shape.rope_scaling) << back->rope_scaling.ToString();
   }
+}
+
+TEST(RunnerConfigTest, RopeScalingRoundTripsThroughTheConfig) {
+  LlamaShape shape = LlamaShape::Tiny();
+  shape.rope_scaling = RopeScaling::Llama3(8.0, 1.5, 6.0, 4096);
+  const config::ModelShape m = ModelShapeFromLlamaShape(shape, "scaled");
+  ASSERT_TRUE(m.has_rope_scaling());
+  EXPECT_EQ(m.rope_scaling().rope_type(), "llama3");
+  EXPECT_EQ(m.rope_scaling().original_max_position_embeddings(), 4096);
+  absl::StatusOr<LlamaShape> back = LlamaShapeFromConfig(m);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->rope_scaling, shape.rope_scaling) << back->rope_scaling.ToString();
+
+  // No scaling writes no rope_scaling, and none comes back.
+  const config::ModelShape plain = ModelShapeFromLlamaShape(LlamaShape::Tiny(), "plain");
+  EXPECT_FALSE(plain.has_rope_scaling());
+  EXPECT_FALSE(LlamaShapeFromConfig(plain)->rope_scaling.enabled());
+}
+
+TEST(RunnerConfigTest, PresetRopeScalingReachesTheLlamaShape) {
+  absl::StatusOr<config::PlannerConfig> resolved = ResolvePlannerConfig(OneBillion());
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  absl::StatusOr<LlamaShape> shape = LlamaShapeFromConfig(resolved->model());
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->rope_scaling, RopeScaling::Llama3(32.0, 1.0, 4.0, 8192))
+      << shape->rope_scaling.ToString();
+  EXPECT_EQ(shape->rope_scaling, LlamaShape::Llama1B().rope_scaling);
+
+  // rope_type "default" over the preset turns its scaling off.
+  config::PlannerConfig unscaled = OneBillion();
+  unscaled.mutable_model()->mutable_rope_scaling()->set_rope_type("default");
+  resolved = ResolvePlannerConfig(unscaled);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->model().rope_scaling().factor(), 32.0);  // merged from the preset
+  shape = LlamaShapeFromConfig(resolved->model());
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_FALSE(shape->rope_scaling.enabled()) << shape->rope_scaling.ToString();
+}
+
+TEST(RunnerConfigTest, RefusesRopeScalingKilnDoesNotImplement) {
+  const config::ModelShape base = ModelShapeFromLlamaShape(LlamaShape::Llama1B(), "1b");
+  auto refused = [&](void (*edit)(config::RopeScaling*)) {
+    config::ModelShape m = base;
+    edit(m.mutable_rope_scaling());
+    absl::Status status = LlamaShapeFromConfig(m).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    return std::string(status.message());
+  };
+  EXPECT_THAT(refused([](config::RopeScaling* r) { r->set_rope_type("yarn"); }),
+              HasSubstr("Model rope_scaling.rope_type \"yarn\" is not supported; kiln implements "
+                        "\"llama3\" RoPE scaling (or rope_type \"default\" for none)"));
+  EXPECT_THAT(refused([](config::RopeScaling* r) { r->clear_rope_type(); }),
+              HasSubstr("Model rope_scaling has no rope_type"));
+  EXPECT_THAT(refused([](config::RopeScaling* r) { r->clear_original_max_position_embeddings(); }),
+              HasSubstr("Model rope_scaling has no original_max_position_embeddings; give it "
+                        "(Llama 3.x: 8192)"));
+  EXPECT_THAT(refused([](config::RopeScaling* r) { r->clear_low_freq_factor(); }),
+              HasSubstr("Model rope_scaling has no low_freq_factor"));
+  EXPECT_THAT(refused([](config::RopeScaling* r) { r->set_factor(0.5); }),
+              HasSubstr("factor is 0.5"));
+  EXPECT_THAT(refused([](config::RopeScaling* r) { r->set_factor(0.0); }),
+              HasSubstr("Model rope_scaling.factor is 0"));
+  EXPECT_THAT(refused([](config::RopeScaling* r) { r->set_high_freq_factor(0.5); }),
+              HasSubstr("high_freq_factor is 0.5"));
 }
 
 TEST(RunnerConfigTest, WritesTheRunnersGraphChoicesIntoThePlannerConfig) {

@@ -9,7 +9,7 @@
 //     compute-sanitizer, in decode steps of every row count from 1 to 8;
 //   - steps on the eager key (above every captured size) and greedy generation match the CPU
 //     float64 reference decoder (logits by relative error, tokens where the reference's top-2
-//     margin is clear);
+//     margin is clear), with and without Llama 3's RoPE frequency scaling;
 //   - weights read from a safetensors file give the bits of the same weights made from their
 //     seed; a missing, truncated or misshapen file is refused by name;
 //   - bad batches are refused and change nothing; so are out-of-range kernel-choice options.
@@ -31,6 +31,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "attention/rope_frequency.h"
 #include "gtest/gtest.h"
 #include "runtime/cuda/gpu_test_util.h"
 #include "runtime/model/decode_layer.h"
@@ -52,6 +53,19 @@ constexpr PrefetchGemmRows kPrefetchEverywhere = {kPrefetchGemmMaxRows, kPrefetc
                                                   kPrefetchGemmMaxRows};
 
 config::ModelShape TinyModel() { return ModelShapeFromLlamaShape(LlamaShape::Tiny(), "tiny"); }
+
+// The tiny model with Llama 3's RoPE frequency scaling, its bands set so that the tiny model's
+// pairs fall in all three (theta 10000 at head_dim 64: wavelengths 6 to 4.6e4; L = 64 keeps
+// those under 16, blends 16 to 64 and divides the rest by 8).
+LlamaShape TinyScaledShape() {
+  LlamaShape shape = LlamaShape::Tiny();
+  shape.rope_scaling = RopeScaling::Llama3(8.0, 1.0, 4.0, 64);
+  return shape;
+}
+
+config::ModelShape TinyScaledModel() {
+  return ModelShapeFromLlamaShape(TinyScaledShape(), "tiny-scaled");
+}
 
 RunnerOptions TinyOptions(GraphExecution graphs, uint64_t seed) {
   RunnerOptions o;
@@ -514,6 +528,13 @@ TEST_F(RunnerGpuTest, LayerKernelGivesTheKernelPerOperationBits) {
   ExpectLayerKernelGivesKernelPerOperationBits(TinyModel(), seed);
 }
 
+// The decode layer kernel's own RoPE phase with Llama 3 scaling.
+TEST_F(RunnerGpuTest, LayerKernelGivesTheKernelPerOperationBitsWithRopeScaling) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  ExpectLayerKernelGivesKernelPerOperationBits(TinyScaledModel(), seed);
+}
+
 TEST_F(RunnerGpuTest, LayerKernelGivesTheChainBitsAtEveryRowCount) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
@@ -579,14 +600,20 @@ TEST_F(RunnerGpuTest, RopeInAttentionGivesTheRopeKernelBitsAtHeadDim128) {
   ExpectVariantGivesBaseBits(RopeInAttentionVariant(WideModel(), seed), seed);
 }
 
+TEST_F(RunnerGpuTest, RopeInAttentionGivesTheRopeKernelBitsWithRopeScaling) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  ExpectVariantGivesBaseBits(RopeInAttentionVariant(TinyScaledModel(), seed), seed);
+}
+
 // Compares each sequence's logits row with the reference's, and the sampled token with the
 // reference's argmax where its margin over the runner-up is clear.
 class ReferenceCheck {
  public:
   static constexpr double kTolerance = 1e-2;  // bf16 activations: 1e-3 .. 1e-2
 
-  explicit ReferenceCheck(uint64_t seed) {
-    auto weights = RandomLlamaHostWeights(LlamaShape::Tiny(), seed);
+  ReferenceCheck(const LlamaShape& shape, uint64_t seed) : vocab_(shape.vocab) {
+    auto weights = RandomLlamaHostWeights(shape, seed);
     EXPECT_TRUE(weights.ok());
     ReferenceDecoderOptions options;
     options.bf16_activations = true;
@@ -597,7 +624,7 @@ class ReferenceCheck {
 
   // Feeds the batch to the reference and checks `got` (the runner's outcome of the same batch).
   void Check(const std::vector<SequenceTokens>& batch, const Outcome& got) {
-    const int vocab = LlamaShape::Tiny().vocab;
+    const int vocab = vocab_;
     ASSERT_EQ(got.logits.size(), batch.size() * vocab);
     for (size_t i = 0; i < batch.size(); ++i) {
       if (seq_.count(batch[i].id) == 0) seq_[batch[i].id] = ref_->AddSequence();
@@ -646,6 +673,7 @@ class ReferenceCheck {
   double max_rel() const { return max_rel_; }
 
  private:
+  int vocab_;
   std::unique_ptr<ReferenceDecoder> ref_;
   std::map<int64_t, int> seq_;
   int clear_checks_ = 0;
@@ -725,15 +753,16 @@ TEST_F(RunnerGpuTest, GateUpSiluEpilogueGivesTheSiluMulKernelBitsAtWideShapes) {
   ExpectGateUpSiluGivesSiluMulKernelBits(WideModel(), seed);
 }
 
-TEST_F(RunnerGpuTest, GreedyGenerationAndEagerFallbackMatchReference) {
-  const uint64_t seed = FreshSeed();
-  SCOPED_TRACE(absl::StrCat("seed ", seed));
+// Greedy generation of `shape` (the tiny model's sizes) over graph keys and the eager key against
+// the CPU float64 reference.
+void ExpectGreedyGenerationMatchesReference(const LlamaShape& shape, uint64_t seed) {
   RunnerOptions options = TinyOptions(GraphExecution::kFull, seed);
+  *options.config.mutable_model() = ModelShapeFromLlamaShape(shape, "tiny");
   for (int s : {1, 2, 4}) options.config.mutable_graph()->add_capture_sizes(s);
   options.prefill_sizes = {16, 32};
   std::unique_ptr<Runner> runner = MakeRunner(options);
   ASSERT_NE(runner, nullptr);
-  ReferenceCheck check(seed);
+  ReferenceCheck check(shape, seed);
   std::mt19937_64 rng(seed);
   std::map<int64_t, int32_t> next;  // each sequence's next input token
 
@@ -775,9 +804,45 @@ TEST_F(RunnerGpuTest, GreedyGenerationAndEagerFallbackMatchReference) {
   step({prompt(1, 20)}, true);                                        // prefill/32 graph
   for (int t = 0; t < 3; ++t) step(decodes({1}), true);              // decode/1 graph
 
-  std::printf("reference check: %d clear-margin tokens, %d near ties, max logits rel err %.2e\n",
-              check.clear_checks(), check.near_ties(), check.max_rel());
+  std::printf("reference check (RoPE scaling %s): %d clear-margin tokens, %d near ties, max "
+              "logits rel err %.2e\n",
+              shape.rope_scaling.ToString().c_str(), check.clear_checks(), check.near_ties(),
+              check.max_rel());
   EXPECT_GE(check.clear_checks(), 40);
+}
+
+TEST_F(RunnerGpuTest, GreedyGenerationAndEagerFallbackMatchReference) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  ExpectGreedyGenerationMatchesReference(LlamaShape::Tiny(), seed);
+}
+
+// Llama 3's scaling, in every RoPE path the steps take (the RoPE kernel in prefill, RoPE + KV
+// append or attention's rotation in decode), against the reference's. The scaling changes the
+// logits far beyond the tolerance, so a path that left it out would fail.
+TEST_F(RunnerGpuTest, GreedyGenerationWithRopeScalingMatchesReference) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  ExpectGreedyGenerationMatchesReference(TinyScaledShape(), seed);
+
+  RunnerOptions plain = TinyOptions(GraphExecution::kNone, seed);
+  plain.capture_prefill = false;
+  RunnerOptions scaled = plain;
+  *scaled.config.mutable_model() = TinyScaledModel();
+  std::unique_ptr<Runner> a = MakeRunner(plain);
+  std::unique_ptr<Runner> b = MakeRunner(scaled);
+  ASSERT_TRUE(a && b);
+  const std::vector<SequenceTokens> prompt = {{1, {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9}}};
+  const Outcome x = RunStep(*a, prompt, {});
+  const Outcome y = RunStep(*b, prompt, {});
+  ASSERT_EQ(x.logits.size(), y.logits.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < x.logits.size(); ++i) {
+    diff += (x.logits[i] - y.logits[i]) * (x.logits[i] - y.logits[i]);
+    norm += double{x.logits[i]} * x.logits[i];
+  }
+  EXPECT_GT(std::sqrt(diff / norm), 5 * ReferenceCheck::kTolerance)
+      << "the scaling hardly changes the logits: the check above could not catch its absence";
 }
 
 TEST_F(RunnerGpuTest, SafetensorsWeightsGiveTheSeededWeightsBits) {

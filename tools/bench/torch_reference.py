@@ -42,6 +42,20 @@ import torch.nn.functional as F
 
 HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB = 2048, 16, 32, 8, 64, 8192, 128256
 ROPE_THETA, RMS_EPS = 500000.0, 1e-5
+# Llama 3.2 1B's rope_scaling (llama3): factor, low_freq_factor, high_freq_factor, original length.
+ROPE_SCALING = (32.0, 1.0, 4.0, 8192)
+
+
+def llama3_scaled(inv_freq):
+    # As transformers' "llama3" rope type: keep short wavelengths, divide long ones by the
+    # factor, blend between. Computed once, so it costs the step nothing.
+    factor, low, high, original = ROPE_SCALING
+    wavelength = 2 * math.pi / inv_freq
+    smooth = (original / wavelength - low) / (high - low)
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    scaled = torch.where(wavelength > original / low, inv_freq / factor, inv_freq)
+    medium = (wavelength >= original / high) & (wavelength <= original / low)
+    return torch.where(medium, blended, scaled)
 
 
 def rms_norm_hf(x, weight):
@@ -128,7 +142,7 @@ class Llama:
         self.k_cache = uniform(*cache_shape, scale=1.0)
         self.v_cache = uniform(*cache_shape, scale=1.0)
         dims = torch.arange(0, HEAD_DIM, 2, device=device).float()
-        inv_freq = 1.0 / (ROPE_THETA ** (dims / HEAD_DIM))
+        inv_freq = llama3_scaled(1.0 / (ROPE_THETA ** (dims / HEAD_DIM)))
         freqs = torch.outer(torch.arange(context, device=device).float(), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos, self.sin = emb.cos().to(bf), emb.sin().to(bf)  # [context, head_dim]

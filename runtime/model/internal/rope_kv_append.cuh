@@ -24,7 +24,7 @@ struct RopeKvArgs {
   __nv_bfloat16* qkv;
   const int32_t* positions;
   int heads, kv_heads, head_dim;
-  double log2_theta;
+  RopeFrequencies freqs;
   const int32_t* seq_q_start;
   const int32_t* seq_kv_len;
   int max_seqs;
@@ -50,7 +50,7 @@ inline RopeKvArgs MakeRopeKvArgs(const RopeKvAppendParams& p) {
   a.heads = p.heads;
   a.kv_heads = p.kv_heads;
   a.head_dim = p.head_dim;
-  a.log2_theta = std::log2(p.theta);
+  a.freqs = RopeFrequencies::Make(p.theta, p.rope_scaling);
   a.seq_q_start = p.plan.seq_q_start;
   a.seq_kv_len = p.plan.seq_kv_len;
   a.max_seqs = p.plan.max_seqs;
@@ -79,7 +79,7 @@ __device__ __forceinline__ void RopePrologue(const RopeKvArgs& a, int token, flo
   const int half = a.head_dim / 2;
   const int position = a.positions[token];
   for (int i = tid; i < half; i += threads) {
-    RopeCosSin(position, i, a.head_dim, a.log2_theta, &cos_table[i], &sin_table[i]);
+    RopeCosSin(position, i, a.head_dim, a.freqs, &cos_table[i], &sin_table[i]);
   }
   if (tid == 0) *slot = SlotOf(a, token);
 }
