@@ -408,11 +408,17 @@ int Main(int argc, char** argv) {
     kv_bytes_per_token = 2.0 * s.layers * s.kv_heads * s.head_dim * 2;
     std::printf("model: %s, %.2f GiB of weights\n", s.ToString().c_str(), weight_bytes / (1 << 30));
     const RunnerCaptureSummary captured = ValueOrDie(runner->Capture());
-    std::printf("capture: %d graphs (%d decode sizes up to 256, %d prefill budgets up to 512 "
+    // The largest captured size of a list (0: none captured).
+    const auto largest = [](int captured_count, const std::optional<CaptureSizes>& sizes) {
+      return captured_count > 0 && sizes.has_value() ? sizes->max_size() : 0;
+    };
+    std::printf("capture: %d graphs (%d decode sizes up to %d, %d prefill budgets up to %d "
                 "tokens) in %.3f s, %.1f ms per graph, pool %.1f MiB, %zu nodes, %.1f MiB for the "
                 "executables\n",
-                captured.num_graphs, captured.num_decode_sizes, captured.num_prefill_sizes,
-                captured.seconds, 1e3 * captured.seconds / captured.num_graphs,
+                captured.num_graphs, captured.num_decode_sizes,
+                largest(captured.num_decode_sizes, runner->decode_sizes()),
+                captured.num_prefill_sizes,
+                largest(captured.num_prefill_sizes, runner->prefill_sizes()), captured.seconds, 1e3 * captured.seconds / captured.num_graphs,
                 captured.pool_bytes / 1048576.0, captured.num_nodes,
                 captured.device_bytes / 1048576.0);
     FillKv(*runner, absl::GetFlag(FLAGS_kv_fill));
