@@ -7,11 +7,14 @@
 //   bazel run -c opt //tools:generate -- --prompt_ids=128000,791,6460 --gen_tokens=16 --batch=1
 //   bazel run -c opt //tools:generate -- --graphs=piecewise      # or none
 //   bazel run -c opt //tools:generate -- --weights=/models/llama-1b/model.safetensors --batch=1
+//   bazel run -c opt //tools:generate -- --model_dir=/models/Llama-3.2-1B --batch=1
 //
 // The default model is the 1B-class shape (llama-3.2-1b preset: hidden 2048, 16 layers, 32/8 heads
 // of 64, ffn 8192, vocab 128256) with seeded random weights, so the tokens are meaningless but the
 // work is the real work; --weights reads a Hugging Face checkpoint of the preset's (or --config's)
-// shape instead. Exit codes: 0 on success, 2 for bad flags, 1 for a runtime error.
+// shape instead, and --model_dir a Hugging Face model directory: the shape from its config.json,
+// the weights from its safetensors files. Exit codes: 0 on success, 2 for bad flags, 1 for a
+// runtime error.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -30,12 +33,15 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "runtime/config/config_loader.h"
+#include "runtime/config/hf_model.h"
 #include "runtime/cuda/device_info.h"
 #include "runtime/cuda/status_macros.h"
 #include "runtime/memory/memory_planner.h"
 #include "runtime/runner/runner.h"
 
-ABSL_FLAG(std::string, preset, "llama-3.2-1b", "Model preset (random weights of its shape)");
+// Empty by default, so that an explicit --preset can be told from the default one.
+ABSL_FLAG(std::string, preset, "",
+          "Model preset (random weights of its shape; default llama-3.2-1b)");
 ABSL_FLAG(std::string, config, "",
           "PlannerConfig file (textproto or JSON) layered under the flags");
 ABSL_FLAG(std::string, graphs, "full", "CUDA graphs: full, piecewise or none");
@@ -54,9 +60,14 @@ ABSL_FLAG(uint64_t, seed, 1, "Seed of the random weights and prompts");
 ABSL_FLAG(std::string, weights, "",
           "Comma-separated Hugging Face safetensors files holding the model's weights (of the "
           "--preset or --config shape) instead of random ones");
+ABSL_FLAG(std::string, model_dir, "",
+          "A Hugging Face model directory: config.json and its safetensors (one file, or shards "
+          "with model.safetensors.index.json); sets the model and its weights");
 
 namespace kiln {
 namespace {
+
+constexpr char kDefaultPreset[] = "llama-3.2-1b";
 
 absl::StatusOr<std::vector<int>> ParseInts(const std::string& text, const char* flag) {
   std::vector<int> out;
@@ -163,8 +174,39 @@ int Run(int argc, char** argv) {
     if (!file.ok()) return fail(file.status(), 2);
     options.config = *file;
   }
-  if (!options.config.has_model_preset() && !options.config.model().has_hidden_size()) {
-    options.config.set_model_preset(absl::GetFlag(FLAGS_preset));
+  const std::string preset = absl::GetFlag(FLAGS_preset);
+  const std::string model_dir = absl::GetFlag(FLAGS_model_dir);
+  if (!model_dir.empty()) {
+    // The directory is the whole model: a second source of shape or weights would be mixed in.
+    if (!preset.empty()) {
+      return fail(
+          absl::InvalidArgumentError("--model_dir and --preset both name the model; keep one"), 2);
+    }
+    if (!absl::GetFlag(FLAGS_weights).empty()) {
+      return fail(absl::InvalidArgumentError(
+                      "--model_dir and --weights both name the weights; drop --weights (the "
+                      "directory's safetensors files are read)"),
+                  2);
+    }
+    if (options.config.has_model_preset() || options.config.model().ByteSizeLong() > 0) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+                      "--model_dir and --config both set the model (", absl::GetFlag(FLAGS_config),
+                      " sets model_preset or model); drop the model from the file or --model_dir")),
+                  2);
+    }
+    absl::StatusOr<HfModel> hf = LoadHfModelDir(model_dir);
+    if (!hf.ok()) return fail(hf.status(), 2);
+    // The Runner would refuse what its model cannot run only after finding a GPU; say it now.
+    absl::Status runnable = LlamaShapeFromConfig(hf->model).status();
+    if (!runnable.ok()) {
+      return fail(absl::InvalidArgumentError(
+                      absl::StrCat("--model_dir=", model_dir, ": ", runnable.message())),
+                  2);
+    }
+    *options.config.mutable_model() = hf->model;
+    options.weight_files = hf->weight_files;
+  } else if (!options.config.has_model_preset() && !options.config.model().has_hidden_size()) {
+    options.config.set_model_preset(preset.empty() ? kDefaultPreset : preset);
   }
   options.config.set_max_num_seqs(absl::GetFlag(FLAGS_max_num_seqs));
   options.config.set_max_num_batched_tokens(absl::GetFlag(FLAGS_max_num_batched_tokens));
@@ -187,7 +229,7 @@ int Run(int argc, char** argv) {
   options.weight_seed = absl::GetFlag(FLAGS_seed);
   for (absl::string_view file : absl::StrSplit(absl::GetFlag(FLAGS_weights), ',',
                                                absl::SkipWhitespace())) {
-    options.weight_files.emplace_back(file);
+    options.weight_files.emplace_back(file);  // empty under --model_dir (checked above)
   }
   options.time_steps = true;
 
@@ -207,6 +249,11 @@ int Run(int argc, char** argv) {
                       options.config.max_num_seqs(), "]; give batch sizes in that range")),
                   2);
     }
+  }
+  if (!model_dir.empty()) {
+    std::printf("model_dir %s: %s, %zu safetensors file%s\n", model_dir.c_str(),
+                options.config.model().name().c_str(), options.weight_files.size(),
+                options.weight_files.size() == 1 ? "" : "s");
   }
   if (DeviceCount() == 0) {
     return fail(absl::FailedPreconditionError("No CUDA device is visible; generate needs a GPU"),

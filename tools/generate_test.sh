@@ -18,4 +18,43 @@ expect_bad gen_tokens '--prompt_len and --gen_tokens must be positive' --gen_tok
 expect_bad prompt_len '--prompt_len and --gen_tokens must be positive' --prompt_len=-3
 expect_bad config_missing "$tmp/missing.textproto" "--config=$tmp/missing.textproto"
 
+# --model_dir: a Hugging Face model directory (config.json and its safetensors).
+llama=runtime/config/testdata/Llama-3.2-1B  # Llama-3.2-1B's config.json, no weights
+expect_bad model_dir_missing "Model directory \"$tmp/no_such_model\" does not exist" \
+  "--model_dir=$tmp/no_such_model"
+mkdir -p "$tmp/qwen"
+printf '{"model_type": "qwen2", "hidden_size": 3584}' >"$tmp/qwen/config.json"
+expect_bad model_dir_qwen 'model_type "qwen2" is not a Llama' "--model_dir=$tmp/qwen"
+expect_bad model_dir_no_weights 'holds no weights: no model.safetensors.index.json' \
+  "--model_dir=$llama"
+expect_bad model_dir_and_weights '--model_dir and --weights both name the weights' \
+  "--model_dir=$llama" --weights=model.safetensors
+expect_bad model_dir_and_preset '--model_dir and --preset both name the model' \
+  "--model_dir=$llama" --preset=llama-3.2-1b
+expect_bad model_dir_and_config '--model_dir and --config both set the model' \
+  "--model_dir=$llama" --config=runtime/config/testdata/llama70b_tp4.textproto
+mkdir -p "$tmp/fp16"
+sed 's/"torch_dtype": "bfloat16"/"torch_dtype": "float16"/' "$llama/config.json" \
+  >"$tmp/fp16/config.json"
+: >"$tmp/fp16/model.safetensors"
+expect_bad model_dir_fp16 "--model_dir=$tmp/fp16: Model dtype fp16 is not supported" \
+  "--model_dir=$tmp/fp16"
+
+# A good directory passes the flag checks and says what it found; the empty weight file (or the
+# missing GPU) then stops it with a runtime error, exit code 1.
+mkdir -p "$tmp/Llama-3.2-1B"
+cp "$llama/config.json" "$tmp/Llama-3.2-1B/"
+: >"$tmp/Llama-3.2-1B/model-00001-of-00002.safetensors"
+: >"$tmp/Llama-3.2-1B/model-00002-of-00002.safetensors"
+printf '{"weight_map": {"a": "%s", "b": "%s", "c": "%s"}}' model-00001-of-00002.safetensors \
+  model-00002-of-00002.safetensors model-00001-of-00002.safetensors \
+  >"$tmp/Llama-3.2-1B/model.safetensors.index.json"
+"$bin" "--model_dir=$tmp/Llama-3.2-1B" --batch=1 >"$tmp/out" 2>"$tmp/err"
+rc=$?
+if [ "$rc" -ne 1 ]; then
+  fail "model_dir_found: exit code $rc, want 1; stderr: $(cat "$tmp/err")"
+else
+  expect_out model_dir_found "model_dir $tmp/Llama-3.2-1B: Llama-3.2-1B, 2 safetensors files"
+fi
+
 finish

@@ -4,6 +4,7 @@
 //   bazel run //tools:memory_planner                                   # Llama-3.1-8B on an H100
 //   bazel run //tools:memory_planner -- --preset=llama-3.1-70b --gpu=h200 --tensor_parallel_size=4
 //   bazel run //tools:memory_planner -- --config=$PWD/serve.json --format=json --svg=$PWD/plan.svg
+//   bazel run //tools:memory_planner -- --model_dir=/models/Llama-3.2-1B --gpu=l40s
 //   bazel run -c opt //tools:memory_planner -- --preset=llama-3.2-1b --measure   # on a GPU
 //
 // Exit codes: 0 with the plan on stdout; 2 with a message and its fix on stderr for any bad
@@ -15,6 +16,7 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -30,6 +32,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "runtime/config/config_loader.h"
+#include "runtime/config/hf_model.h"
 #include "runtime/config/presets.h"
 #include "runtime/cuda/device_info.h"
 #include "runtime/memory/memory_planner.h"
@@ -37,13 +40,16 @@
 #include "tools/memory_planner_output.h"
 
 // What to plan for (later sources override earlier ones): the built-in default, --config,
-// --preset and --gpu, then the single-field flags below.
+// --preset (or --model_dir) and --gpu, then the single-field flags below.
 ABSL_FLAG(std::string, config, "",
           "PlannerConfig file: a textproto, or JSON (which also accepts FastDeploy's "
           "graph_optimization_config keys); fields it sets override the built-in default");
 ABSL_FLAG(std::string, preset, "",
           "Model preset: llama-3.2-1b, llama-3.1-8b (default), llama-3.1-70b, qwen2.5-7b; replaces "
           "the model");
+ABSL_FLAG(std::string, model_dir, "",
+          "Hugging Face model directory: the model's shape from its config.json (the weights "
+          "need not be there yet); replaces the model, as --preset does");
 ABSL_FLAG(std::string, gpu, "",
           "GPU preset: h100-80gb (default), h200-141gb, a100-80gb, l40s-48gb (or h100, h200, "
           "a100, l40s), or auto to read GPU 0 of this machine");
@@ -371,6 +377,16 @@ int Run(int argc, char** argv) {
         LoadPlannerConfigFile(UserPath(absl::GetFlag(FLAGS_config)));
     if (!file.ok()) return Fail(file.status());
     MergePlannerConfig(*file, &config);
+  }
+  const std::string model_dir = absl::GetFlag(FLAGS_model_dir);
+  if (!model_dir.empty()) {
+    if (!absl::GetFlag(FLAGS_preset).empty()) {
+      return Fail("--model_dir and --preset both name the model; keep one");
+    }
+    absl::StatusOr<config::ModelShape> shape = LoadHfModelShape(UserPath(model_dir));
+    if (!shape.ok()) return Fail(shape.status());
+    config.clear_model_preset();
+    *config.mutable_model() = *std::move(shape);
   }
   absl::StatusOr<config::PlannerConfig> overlay = FlagOverlay();
   if (!overlay.ok()) return Fail(overlay.status());

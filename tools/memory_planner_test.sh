@@ -44,6 +44,18 @@ expect_ok flags_override_config "--config=$data/llama70b_tp4.textproto" --tensor
   expect_out flags_override_config 'tensor_parallel_size 8'
 expect_ok preset --preset=qwen2.5-7b --gpu=l40s &&
   expect_out preset 'Qwen2.5-7B (bf16) on NVIDIA L40S'
+# A Hugging Face model directory (Llama-3.2-1B's config.json alone, no weights) plans exactly as
+# the preset of the same model.
+if expect_ok preset_1b --preset=llama-3.2-1b; then
+  mv "$tmp/out" "$tmp/preset_1b.txt"
+  if expect_ok model_dir "--model_dir=$data/Llama-3.2-1B" &&
+    ! diff -u "$tmp/preset_1b.txt" "$tmp/out" >"$tmp/diff"; then
+    fail "model_dir: the plan differs from --preset=llama-3.2-1b's:"
+    cat "$tmp/diff" >&2
+  fi
+fi
+expect_ok model_dir_override "--model_dir=$data/Llama-3.2-1B" --gpu=l40s &&
+  expect_out model_dir_override 'Llama-3.2-1B (bf16) on NVIDIA L40S'
 expect_ok no_graphs --graph_mode=none && expect_out no_graphs 'no CUDA graphs'
 expect_ok capture_sizes --capture_sizes=1,2,4,8 &&
   expect_out capture_sizes '4 decode graphs, sizes 1..8 +'
@@ -79,6 +91,10 @@ expect_bad bad_json "Cannot parse $tmp/bad.json as a JSON object" "--config=$tmp
 printf '{"max_seq_len_to_capture": 8192}' >"$tmp/unknown.json"
 expect_bad unknown_json_field 'max_seq_len_to_capture' "--config=$tmp/unknown.json"
 expect_bad missing_config 'Cannot open config file' "--config=$tmp/no_such_file.textproto"
+expect_bad model_dir_missing "Model directory \"$tmp/no_such_model\" does not exist" \
+  "--model_dir=$tmp/no_such_model"
+expect_bad model_dir_and_preset '--model_dir and --preset both name the model; keep one' \
+  "--model_dir=$data/Llama-3.2-1B" --preset=llama-3.1-8b
 expect_bad no_kv_block 'The budget leaves no room for a KV block' --preset=llama-3.1-70b
 expect_bad no_kv_block_fix 'raise tensor_parallel_size' --preset=llama-3.1-70b
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then

@@ -1,0 +1,319 @@
+#include "runtime/config/hf_model.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/util/json_util.h"
+#include "runtime/config/hf_config.pb.h"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+using config::hf::HfConfig;
+using config::hf::HfRope;
+using config::hf::SafetensorsIndex;
+
+// transformers' LlamaConfig defaults for keys a config.json may leave out.
+constexpr double kDefaultRopeTheta = 10000.0;
+constexpr double kDefaultRmsNormEps = 1e-6;
+
+constexpr char kConfigFile[] = "config.json";
+constexpr char kIndexFile[] = "model.safetensors.index.json";
+constexpr char kSingleFile[] = "model.safetensors";
+
+absl::StatusOr<std::string> ReadFile(const fs::path& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    return absl::NotFoundError(absl::StrCat("Cannot open \"", path.string(),
+                                            "\": ", std::strerror(errno), "; check the path"));
+  }
+  std::stringstream contents;
+  contents << file.rdbuf();
+  return contents.str();
+}
+
+// Parses `json` into `out`, skipping the keys `out` has no field for.
+absl::Status ParseJson(absl::string_view json, absl::string_view source, absl::string_view what,
+                       google::protobuf::Message* out) {
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;
+  auto parsed = google::protobuf::util::JsonStringToMessage(std::string(json), out, options);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("Cannot read ", source, " as ", what, ": ",
+                                                   parsed.message().as_string(),
+                                                   "; fix the file or download it again"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<config::DType> DTypeFromHf(const HfConfig& c, absl::string_view source) {
+  if (c.has_dtype() && c.has_torch_dtype() && c.dtype() != c.torch_dtype()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": \"dtype\" is \"", c.dtype(), "\" but \"torch_dtype\" is \"",
+                     c.torch_dtype(), "\"; keep one (the type the safetensors files hold)"));
+  }
+  if (!c.has_dtype() && !c.has_torch_dtype()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source,
+        " has no \"torch_dtype\" (or \"dtype\"); add the type the safetensors files hold, "
+        "e.g. \"torch_dtype\": \"bfloat16\""));
+  }
+  const char* key = c.has_dtype() ? "dtype" : "torch_dtype";
+  const std::string& name = c.has_dtype() ? c.dtype() : c.torch_dtype();
+  if (name == "bfloat16") return config::DTYPE_BF16;
+  if (name == "float16") return config::DTYPE_FP16;
+  if (name == "float32") return config::DTYPE_FP32;
+  return absl::InvalidArgumentError(absl::StrCat(
+      source, ": ", key, " \"", name,
+      "\" is not a type kiln reads; use a checkpoint in \"bfloat16\" (kiln's model runs bf16; "
+      "\"float16\" and \"float32\" are read for memory planning)"));
+}
+
+// Returns whether `r` says anything about scaling (transformers 5's rope_parameters always holds
+// rope_theta, and rope_type "default" when there is no scaling).
+bool HasScaling(const HfRope& r) {
+  const std::string& type = r.has_rope_type() ? r.rope_type() : r.type();
+  if (type == "default") return false;
+  return r.has_rope_type() || r.has_type() || r.has_factor() || r.has_low_freq_factor() ||
+         r.has_high_freq_factor() || r.has_original_max_position_embeddings();
+}
+
+// Copies a rope_scaling object field by field; "type" stands in for a missing rope_type.
+config::RopeScaling RopeScalingFromHf(const HfRope& r) {
+  config::RopeScaling s;
+  if (r.has_rope_type()) {
+    s.set_rope_type(r.rope_type());
+  } else if (r.has_type()) {
+    s.set_rope_type(r.type());
+  }
+  if (r.has_factor()) s.set_factor(r.factor());
+  if (r.has_low_freq_factor()) s.set_low_freq_factor(r.low_freq_factor());
+  if (r.has_high_freq_factor()) s.set_high_freq_factor(r.high_freq_factor());
+  if (r.has_original_max_position_embeddings()) {
+    s.set_original_max_position_embeddings(r.original_max_position_embeddings());
+  }
+  return s;
+}
+
+// Names a model after its directory; a Hugging Face cache snapshot
+// (models--meta-llama--Llama-3.2-1B/snapshots/<hash>) after the repository it came from.
+std::string DisplayName(const std::string& dir) {
+  std::error_code error;
+  fs::path path = fs::absolute(dir, error);
+  if (error) path = dir;
+  path = path.lexically_normal();
+  if (!path.has_filename()) path = path.parent_path();  // "a/b/" names b
+  const fs::path parent = path.parent_path();
+  const std::string repo = parent.parent_path().filename().string();
+  if (parent.filename() == "snapshots" && absl::StartsWith(repo, "models--")) {
+    return repo.substr(repo.rfind("--") + 2);
+  }
+  return path.filename().string();
+}
+
+bool IsFile(const fs::path& path) {
+  std::error_code error;
+  return fs::is_regular_file(path, error);  // follows links, as the cache's blobs are
+}
+
+// The distinct files a sharded checkpoint's index names, as paths in `dir`, sorted.
+absl::StatusOr<std::vector<std::string>> ShardFiles(const fs::path& dir) {
+  const fs::path index_path = dir / kIndexFile;
+  absl::StatusOr<std::string> text = ReadFile(index_path);
+  if (!text.ok()) return text.status();
+  SafetensorsIndex index;
+  absl::Status parsed = ParseJson(*text, index_path.string(), "a safetensors index", &index);
+  if (!parsed.ok()) return parsed;
+  std::set<std::string> names;
+  for (const auto& [tensor, file] : index.weight_map()) names.insert(file);
+  if (names.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        index_path.string(),
+        " names no weight files (its \"weight_map\" is missing or empty); download it again"));
+  }
+  std::vector<std::string> files;
+  for (const std::string& name : names) {
+    const fs::path path = dir / name;
+    if (!IsFile(path)) {
+      return absl::NotFoundError(
+          absl::StrCat("Weight file \"", path.string(), "\", which ", index_path.string(),
+                       " names, does not exist; download every shard the index names"));
+    }
+    files.push_back(path.string());
+  }
+  return files;
+}
+
+// Every *.safetensors file in `dir`, sorted by name.
+absl::StatusOr<std::vector<std::string>> SafetensorsIn(const fs::path& dir) {
+  std::error_code error;
+  fs::directory_iterator it(dir, error);
+  std::vector<std::string> files;
+  for (; !error && it != fs::directory_iterator(); it.increment(error)) {
+    const fs::path& path = it->path();
+    if (path.extension() == ".safetensors" && IsFile(path)) files.push_back(path.string());
+  }
+  if (error) {
+    return absl::NotFoundError(absl::StrCat("Cannot list model directory \"", dir.string(),
+                                            "\": ", error.message(), "; check its permissions"));
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+}  // namespace
+
+absl::StatusOr<config::ModelShape> ModelShapeFromHfConfigJson(absl::string_view json,
+                                                              absl::string_view source,
+                                                              absl::string_view name) {
+  HfConfig c;
+  absl::Status parsed = ParseJson(json, source, "a Hugging Face config.json", &c);
+  if (!parsed.ok()) return parsed;
+
+  if (!c.has_model_type()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source,
+                     " has no \"model_type\"; kiln's model runs Llama-family decoders (model_type "
+                     "\"llama\"): give it a transformers config.json"));
+  }
+  if (c.model_type() != "llama") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": model_type \"", c.model_type(),
+        "\" is not a Llama; kiln's model runs Llama-family decoders (model_type \"llama\")"));
+  }
+  if (c.has_hidden_act() && c.hidden_act() != "silu") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": hidden_act \"", c.hidden_act(),
+        "\" is not supported; kiln's MLP is SwiGLU (hidden_act \"silu\"), as Llama's is"));
+  }
+  if (c.mlp_bias()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source,
+        ": mlp_bias is true, which kiln's model does not implement; use a Llama-family "
+        "model without MLP bias (\"mlp_bias\": false)"));
+  }
+
+  struct Size {
+    bool has;
+    int value;
+    const char* key;
+    bool required;
+  };
+  const Size sizes[] = {
+      {c.has_hidden_size(), c.hidden_size(), "hidden_size", true},
+      {c.has_num_hidden_layers(), c.num_hidden_layers(), "num_hidden_layers", true},
+      {c.has_num_attention_heads(), c.num_attention_heads(), "num_attention_heads", true},
+      {c.has_num_key_value_heads(), c.num_key_value_heads(), "num_key_value_heads", false},
+      {c.has_head_dim(), c.head_dim(), "head_dim", false},
+      {c.has_intermediate_size(), c.intermediate_size(), "intermediate_size", true},
+      {c.has_vocab_size(), c.vocab_size(), "vocab_size", true},
+  };
+  for (const Size& s : sizes) {
+    if (!s.has && s.required) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, " has no \"", s.key,
+                       "\"; every Llama config.json gives it: download the file again"));
+    }
+    if (s.has && s.value <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.key, " is ", s.value,
+                                                     "; it must be positive: fix the file"));
+    }
+  }
+  absl::StatusOr<config::DType> dtype = DTypeFromHf(c, source);
+  if (!dtype.ok()) return dtype.status();
+
+  config::ModelShape m;
+  if (!name.empty()) {
+    m.set_name(std::string(name));
+  } else {
+    m.set_name(c.architectures_size() > 0 ? c.architectures(0) : c.model_type());
+  }
+  m.set_hidden_size(c.hidden_size());
+  m.set_num_layers(c.num_hidden_layers());
+  m.set_num_heads(c.num_attention_heads());
+  m.set_num_kv_heads(c.has_num_key_value_heads() ? c.num_key_value_heads()
+                                                 : c.num_attention_heads());
+  // transformers divides without checking the remainder; so does kiln, to build the same model.
+  m.set_head_dim(c.has_head_dim() ? c.head_dim() : c.hidden_size() / c.num_attention_heads());
+  m.set_intermediate_size(c.intermediate_size());
+  m.set_vocab_size(c.vocab_size());
+  m.set_dtype(*dtype);
+  m.set_tie_embeddings(c.tie_word_embeddings());
+  if (c.has_rope_theta()) {
+    m.set_rope_theta(c.rope_theta());
+  } else if (c.rope_parameters().has_rope_theta()) {
+    m.set_rope_theta(c.rope_parameters().rope_theta());
+  } else {
+    m.set_rope_theta(kDefaultRopeTheta);
+  }
+  m.set_rms_norm_eps(c.has_rms_norm_eps() ? c.rms_norm_eps() : kDefaultRmsNormEps);
+  m.set_attention_bias(c.attention_bias());
+  if (c.has_rope_scaling()) {
+    // Copied as written, "default" included; the Runner says which kinds it runs.
+    *m.mutable_rope_scaling() = RopeScalingFromHf(c.rope_scaling());
+  } else if (HasScaling(c.rope_parameters())) {
+    *m.mutable_rope_scaling() = RopeScalingFromHf(c.rope_parameters());
+  }
+  return m;
+}
+
+absl::StatusOr<config::ModelShape> LoadHfModelShape(const std::string& dir) {
+  std::error_code error;
+  if (!fs::is_directory(dir, error)) {
+    return absl::NotFoundError(absl::StrCat(
+        "Model directory \"", dir,
+        "\" does not exist or is not a directory; give the folder that holds the model's "
+        "config.json and safetensors files"));
+  }
+  const fs::path config_path = fs::path(dir) / kConfigFile;
+  if (!IsFile(config_path)) {
+    return absl::NotFoundError(absl::StrCat(
+        "Model directory \"", dir, "\" has no config.json (", config_path.string(),
+        " does not exist); download the model's config.json beside its safetensors files"));
+  }
+  absl::StatusOr<std::string> text = ReadFile(config_path);
+  if (!text.ok()) return text.status();
+  return ModelShapeFromHfConfigJson(*text, config_path.string(), DisplayName(dir));
+}
+
+absl::StatusOr<HfModel> LoadHfModelDir(const std::string& dir) {
+  absl::StatusOr<config::ModelShape> shape = LoadHfModelShape(dir);
+  if (!shape.ok()) return shape.status();
+  HfModel model;
+  model.model = *std::move(shape);
+
+  const fs::path root(dir);
+  if (IsFile(root / kIndexFile)) {
+    absl::StatusOr<std::vector<std::string>> shards = ShardFiles(root);
+    if (!shards.ok()) return shards.status();
+    model.weight_files = *std::move(shards);
+  } else if (IsFile(root / kSingleFile)) {
+    model.weight_files = {(root / kSingleFile).string()};
+  } else {
+    absl::StatusOr<std::vector<std::string>> files = SafetensorsIn(root);
+    if (!files.ok()) return files.status();
+    model.weight_files = *std::move(files);
+  }
+  if (model.weight_files.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        "Model directory \"", dir, "\" holds no weights: no ", kIndexFile, ", no ", kSingleFile,
+        " and no other *.safetensors file; download the model's safetensors files (kiln does "
+        "not read .bin or .pth checkpoints)"));
+  }
+  return model;
+}
+
+}  // namespace kiln

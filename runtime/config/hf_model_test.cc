@@ -1,0 +1,379 @@
+#include "runtime/config/hf_model.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/config/presets.h"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr char kLlamaDir[] = "runtime/config/testdata/Llama-3.2-1B";
+
+std::string Message(const absl::Status& status) { return std::string(status.message()); }
+
+std::string ReadText(const fs::path& path) {
+  std::ifstream file(path);
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+void WriteText(const fs::path& path, const std::string& text) {
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  file << text;
+  ASSERT_TRUE(file.good()) << path;
+}
+
+// Llama-3.2-1B's config.json keys as raw JSON values; tests change or drop single keys.
+std::map<std::string, std::string> LlamaKeys() {
+  return {
+      {"architectures", R"(["LlamaForCausalLM"])"},
+      {"attention_bias", "false"},
+      {"bos_token_id", "128000"},
+      {"eos_token_id", "[128001, 128008, 128009]"},
+      {"head_dim", "64"},
+      {"hidden_act", R"("silu")"},
+      {"hidden_size", "2048"},
+      {"intermediate_size", "8192"},
+      {"max_position_embeddings", "131072"},
+      {"mlp_bias", "false"},
+      {"model_type", R"("llama")"},
+      {"num_attention_heads", "32"},
+      {"num_hidden_layers", "16"},
+      {"num_key_value_heads", "8"},
+      {"rms_norm_eps", "1e-05"},
+      {"rope_scaling", R"({"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                          "original_max_position_embeddings": 8192, "rope_type": "llama3"})"},
+      {"rope_theta", "500000.0"},
+      {"tie_word_embeddings", "true"},
+      {"torch_dtype", R"("bfloat16")"},
+      {"vocab_size", "128256"},
+  };
+}
+
+std::string Json(const std::map<std::string, std::string>& keys) {
+  std::vector<std::string> pairs;
+  for (const auto& [key, value] : keys) pairs.push_back(absl::StrCat("\"", key, "\": ", value));
+  return absl::StrCat("{", absl::StrJoin(pairs, ",\n"), "}");
+}
+
+absl::StatusOr<config::ModelShape> Parse(const std::map<std::string, std::string>& keys) {
+  return ModelShapeFromHfConfigJson(Json(keys), "test/config.json", "test model");
+}
+
+// The preset's shape without its name, for comparing shapes read under another name.
+std::string Unnamed(config::ModelShape shape) {
+  shape.clear_name();
+  return shape.DebugString();
+}
+
+// A fresh, empty directory under the test's scratch space.
+fs::path ScratchDir(const std::string& name) {
+  const char* root = std::getenv("TEST_TMPDIR");
+  fs::path dir = fs::path(root != nullptr ? root : fs::temp_directory_path().string()) / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+// A model directory holding Llama-3.2-1B's config.json and the named (empty) files.
+fs::path ModelDir(const std::string& name, const std::vector<std::string>& files) {
+  const fs::path dir = ScratchDir(name);
+  fs::copy_file(fs::path(kLlamaDir) / "config.json", dir / "config.json");
+  for (const std::string& file : files) WriteText(dir / file, "");
+  return dir;
+}
+
+TEST(HfModelTest, PublishedConfigIsThePreset) {
+  const std::string json = ReadText(fs::path(kLlamaDir) / "config.json");
+  ASSERT_THAT(json, HasSubstr("\"transformers_version\""));
+  absl::StatusOr<config::ModelShape> shape =
+      ModelShapeFromHfConfigJson(json, "config.json", "my llama");
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  absl::StatusOr<config::ModelShape> preset = ModelPreset("llama-3.2-1b");
+  ASSERT_TRUE(preset.ok()) << preset.status();
+  EXPECT_EQ(Unnamed(*shape), Unnamed(*preset));
+  EXPECT_EQ(shape->name(), "my llama");
+  // Presence matters to a config layered over a preset: an explicit false stays set.
+  EXPECT_TRUE(shape->has_attention_bias());
+}
+
+TEST(HfModelTest, LoadsShapeNamedAfterTheDirectory) {
+  absl::StatusOr<config::ModelShape> shape = LoadHfModelShape(kLlamaDir);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  absl::StatusOr<config::ModelShape> preset = ModelPreset("llama-3.2-1b");
+  ASSERT_TRUE(preset.ok()) << preset.status();
+  EXPECT_EQ(shape->DebugString(), preset->DebugString());  // the name too: "Llama-3.2-1B"
+  shape = LoadHfModelShape(absl::StrCat(kLlamaDir, "/"));
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->name(), "Llama-3.2-1B");
+}
+
+TEST(HfModelTest, NullRopeScalingIsNoScaling) {
+  auto keys = LlamaKeys();
+  keys["rope_scaling"] = "null";
+  absl::StatusOr<config::ModelShape> shape = Parse(keys);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_FALSE(shape->has_rope_scaling());
+  keys.erase("rope_scaling");
+  shape = Parse(keys);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_FALSE(shape->has_rope_scaling());
+}
+
+TEST(HfModelTest, HeadDimAbsentOrNullIsHiddenOverHeads) {
+  auto keys = LlamaKeys();
+  keys["hidden_size"] = "4096";
+  keys.erase("head_dim");
+  absl::StatusOr<config::ModelShape> shape = Parse(keys);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->head_dim(), 128);
+  keys["head_dim"] = "null";
+  shape = Parse(keys);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->head_dim(), 128);
+}
+
+TEST(HfModelTest, AbsentOptionalKeysTakeLlamaConfigDefaults) {
+  auto keys = LlamaKeys();
+  for (const char* key :
+       {"num_key_value_heads", "rope_theta", "rms_norm_eps", "tie_word_embeddings",
+        "attention_bias", "mlp_bias", "hidden_act", "architectures", "rope_scaling"}) {
+    keys.erase(key);
+  }
+  absl::StatusOr<config::ModelShape> shape = Parse(keys);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->num_kv_heads(), 32);  // no GQA
+  EXPECT_EQ(shape->rope_theta(), 10000.0);
+  EXPECT_EQ(shape->rms_norm_eps(), 1e-6);
+  EXPECT_TRUE(shape->has_tie_embeddings());
+  EXPECT_FALSE(shape->tie_embeddings());
+  EXPECT_TRUE(shape->has_attention_bias());
+  EXPECT_FALSE(shape->attention_bias());
+}
+
+TEST(HfModelTest, ReadsEitherDtypeKey) {
+  auto keys = LlamaKeys();
+  keys.erase("torch_dtype");
+  keys["dtype"] = R"("float16")";
+  absl::StatusOr<config::ModelShape> shape = Parse(keys);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->dtype(), config::DTYPE_FP16);
+  keys["torch_dtype"] = R"("float16")";  // both, agreeing, as some files have them
+  shape = Parse(keys);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->dtype(), config::DTYPE_FP16);
+  keys.erase("dtype");
+  keys["torch_dtype"] = R"("float32")";
+  shape = Parse(keys);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->dtype(), config::DTYPE_FP32);
+}
+
+TEST(HfModelTest, RopeScalingTypeKeyAndRopeParameters) {
+  auto keys = LlamaKeys();
+  keys["rope_scaling"] = R"({"type": "linear", "factor": 2})";
+  absl::StatusOr<config::ModelShape> shape = Parse(keys);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->rope_scaling().rope_type(), "linear");
+  EXPECT_EQ(shape->rope_scaling().factor(), 2.0);
+  EXPECT_FALSE(shape->rope_scaling().has_low_freq_factor());
+
+  // transformers 5 writes rope_theta and the scaling as one "rope_parameters" object (an integer
+  // written as 8192.0 reads as 8192).
+  keys.erase("rope_scaling");
+  keys.erase("rope_theta");
+  keys["rope_parameters"] = R"({"rope_theta": 500000.0, "rope_type": "llama3", "factor": 32.0,
+      "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192.0})";
+  shape = Parse(keys);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  absl::StatusOr<config::ModelShape> preset = ModelPreset("llama-3.2-1b");
+  ASSERT_TRUE(preset.ok()) << preset.status();
+  EXPECT_EQ(Unnamed(*shape), Unnamed(*preset));
+  keys["rope_parameters"] = R"({"rope_theta": 1000000.0, "rope_type": "default"})";
+  shape = Parse(keys);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->rope_theta(), 1000000.0);
+  EXPECT_FALSE(shape->has_rope_scaling());
+}
+
+TEST(HfModelTest, NameFallsBackToArchitecture) {
+  absl::StatusOr<config::ModelShape> shape =
+      ModelShapeFromHfConfigJson(Json(LlamaKeys()), "config.json");
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->name(), "LlamaForCausalLM");
+  auto keys = LlamaKeys();
+  keys.erase("architectures");
+  shape = ModelShapeFromHfConfigJson(Json(keys), "config.json");
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->name(), "llama");
+}
+
+TEST(HfModelTest, RefusesOtherModelTypes) {
+  auto keys = LlamaKeys();
+  keys["model_type"] = R"("qwen2")";
+  EXPECT_EQ(Message(Parse(keys).status()),
+            "test/config.json: model_type \"qwen2\" is not a Llama; kiln's model runs "
+            "Llama-family decoders (model_type \"llama\")");
+  EXPECT_TRUE(absl::IsInvalidArgument(Parse(keys).status()));
+  keys.erase("model_type");
+  EXPECT_THAT(Message(Parse(keys).status()), HasSubstr("test/config.json has no \"model_type\""));
+}
+
+TEST(HfModelTest, RefusesOtherActivationsAndMlpBias) {
+  auto keys = LlamaKeys();
+  keys["hidden_act"] = R"("gelu")";
+  EXPECT_THAT(Message(Parse(keys).status()),
+              HasSubstr("test/config.json: hidden_act \"gelu\" is not supported"));
+  keys = LlamaKeys();
+  keys["mlp_bias"] = "true";
+  EXPECT_THAT(Message(Parse(keys).status()), HasSubstr("test/config.json: mlp_bias is true"));
+}
+
+TEST(HfModelTest, NamesEachMissingRequiredKey) {
+  for (const char* key : {"hidden_size", "num_hidden_layers", "num_attention_heads",
+                          "intermediate_size", "vocab_size"}) {
+    auto keys = LlamaKeys();
+    keys.erase(key);
+    absl::Status status = Parse(keys).status();
+    EXPECT_TRUE(absl::IsInvalidArgument(status)) << key << ": " << status;
+    EXPECT_THAT(Message(status), HasSubstr(absl::StrCat("test/config.json has no \"", key, "\"")));
+  }
+  auto keys = LlamaKeys();
+  keys.erase("torch_dtype");
+  EXPECT_THAT(Message(Parse(keys).status()),
+              HasSubstr("test/config.json has no \"torch_dtype\" (or \"dtype\")"));
+}
+
+TEST(HfModelTest, RefusesNonPositiveSizes) {
+  for (const char* key :
+       {"num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim"}) {
+    auto keys = LlamaKeys();
+    keys[key] = "0";
+    EXPECT_THAT(Message(Parse(keys).status()),
+                HasSubstr(absl::StrCat("test/config.json: ", key, " is 0; it must be positive")));
+  }
+}
+
+TEST(HfModelTest, RefusesUnknownOrConflictingDtype) {
+  auto keys = LlamaKeys();
+  keys["torch_dtype"] = R"("int8")";
+  EXPECT_THAT(Message(Parse(keys).status()),
+              HasSubstr("test/config.json: torch_dtype \"int8\" is not a type kiln reads"));
+  keys["torch_dtype"] = R"("bfloat16")";
+  keys["dtype"] = R"("float16")";
+  EXPECT_THAT(Message(Parse(keys).status()),
+              HasSubstr("\"dtype\" is \"float16\" but \"torch_dtype\" is \"bfloat16\"; keep one"));
+}
+
+TEST(HfModelTest, RefusesBadJson) {
+  absl::Status status = ModelShapeFromHfConfigJson("{\"hidden_size\": 2048,,}", "c.json").status();
+  EXPECT_TRUE(absl::IsInvalidArgument(status));
+  EXPECT_THAT(Message(status), HasSubstr("Cannot read c.json as a Hugging Face config.json"));
+  auto keys = LlamaKeys();
+  keys["hidden_size"] = R"("wide")";
+  EXPECT_THAT(Message(Parse(keys).status()),
+              HasSubstr("Cannot read test/config.json as a Hugging Face config.json"));
+}
+
+TEST(HfModelTest, DirWithOneFile) {
+  const fs::path dir = ModelDir("one_file", {"model.safetensors", "README.md"});
+  absl::StatusOr<HfModel> model = LoadHfModelDir(dir.string());
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_THAT(model->weight_files, ElementsAre((dir / "model.safetensors").string()));
+  EXPECT_EQ(model->model.name(), "one_file");
+  EXPECT_EQ(model->model.hidden_size(), 2048);
+}
+
+TEST(HfModelTest, ShardedDirReadsTheIndex) {
+  const fs::path dir =
+      ModelDir("sharded", {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                           "unrelated.safetensors"});
+  WriteText(dir / "model.safetensors.index.json", R"({
+      "metadata": {"total_size": 2471645184},
+      "weight_map": {
+        "lm_head.weight": "model-00002-of-00002.safetensors",
+        "model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+        "model.layers.0.mlp.down_proj.weight": "model-00001-of-00002.safetensors",
+        "model.norm.weight": "model-00002-of-00002.safetensors"
+      }})");
+  absl::StatusOr<HfModel> model = LoadHfModelDir(dir.string());
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_THAT(model->weight_files,
+              ElementsAre((dir / "model-00001-of-00002.safetensors").string(),
+                          (dir / "model-00002-of-00002.safetensors").string()));
+}
+
+TEST(HfModelTest, IndexNamingAMissingShardIsNotFound) {
+  const fs::path dir = ModelDir("missing_shard", {"model-00001-of-00002.safetensors"});
+  WriteText(dir / "model.safetensors.index.json",
+            R"({"weight_map": {"a": "model-00001-of-00002.safetensors",
+                               "b": "model-00002-of-00002.safetensors"}})");
+  absl::Status status = LoadHfModelDir(dir.string()).status();
+  EXPECT_TRUE(absl::IsNotFound(status)) << status;
+  EXPECT_THAT(Message(status),
+              HasSubstr(absl::StrCat("Weight file \"",
+                                     (dir / "model-00002-of-00002.safetensors").string(), "\"")));
+  WriteText(dir / "model.safetensors.index.json", R"({"metadata": {}})");
+  status = LoadHfModelDir(dir.string()).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  EXPECT_THAT(Message(status), HasSubstr("names no weight files"));
+}
+
+TEST(HfModelTest, OtherSafetensorsFilesAreSorted) {
+  const fs::path dir = ModelDir("globbed", {"b.safetensors", "a.safetensors", "c.bin"});
+  absl::StatusOr<HfModel> model = LoadHfModelDir(dir.string());
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_THAT(model->weight_files,
+              ElementsAre((dir / "a.safetensors").string(), (dir / "b.safetensors").string()));
+}
+
+TEST(HfModelTest, DirWithoutSafetensorsIsNotFound) {
+  const fs::path dir = ModelDir("no_weights", {"pytorch_model.bin"});
+  absl::Status status = LoadHfModelDir(dir.string()).status();
+  EXPECT_TRUE(absl::IsNotFound(status)) << status;
+  EXPECT_THAT(Message(status),
+              HasSubstr("holds no weights: no model.safetensors.index.json, no model.safetensors "
+                        "and no other *.safetensors file"));
+  // The shape alone needs no weights.
+  EXPECT_TRUE(LoadHfModelShape(dir.string()).ok());
+}
+
+TEST(HfModelTest, MissingConfigOrDirIsNotFound) {
+  const fs::path dir = ScratchDir("no_config");
+  WriteText(dir / "model.safetensors", "");
+  absl::Status status = LoadHfModelDir(dir.string()).status();
+  EXPECT_TRUE(absl::IsNotFound(status)) << status;
+  EXPECT_THAT(Message(status), HasSubstr((dir / "config.json").string()));
+
+  const std::string missing = (dir / "no_such_model").string();
+  status = LoadHfModelDir(missing).status();
+  EXPECT_TRUE(absl::IsNotFound(status)) << status;
+  EXPECT_THAT(Message(status), HasSubstr(absl::StrCat("Model directory \"", missing, "\"")));
+}
+
+TEST(HfModelTest, CacheSnapshotIsNamedAfterTheRepository) {
+  const fs::path root = ScratchDir("hub");
+  const fs::path dir = root / "models--meta-llama--Llama-3.2-1B" / "snapshots" / "4e20de3";
+  fs::create_directories(dir);
+  fs::copy_file(fs::path(kLlamaDir) / "config.json", dir / "config.json");
+  absl::StatusOr<config::ModelShape> shape = LoadHfModelShape(dir.string());
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->name(), "Llama-3.2-1B");
+}
+
+}  // namespace
+}  // namespace kiln
