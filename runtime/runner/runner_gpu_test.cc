@@ -10,14 +10,16 @@
 //   - steps on the eager key (above every captured size) and greedy generation match the CPU
 //     float64 reference decoder (logits by relative error, tokens where the reference's top-2
 //     margin is clear), with and without Llama 3's RoPE frequency scaling;
-//   - weights read from a safetensors file give the bits of the same weights made from their
-//     seed; a missing, truncated or misshapen file is refused by name;
+//   - weights read from a safetensors file, or a Hugging Face model directory (config.json and
+//     its safetensors), give the bits of the same weights made from their seed; a missing,
+//     truncated or misshapen file is refused by name;
 //   - bad batches are refused and change nothing; so are out-of-range kernel-choice options.
 #include "runtime/runner/runner.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -33,6 +35,7 @@
 #include "absl/strings/str_join.h"
 #include "attention/rope_frequency.h"
 #include "gtest/gtest.h"
+#include "runtime/config/hf_model.h"
 #include "runtime/cuda/gpu_test_util.h"
 #include "runtime/model/decode_layer.h"
 #include "runtime/model/llama_checkpoint.h"
@@ -845,6 +848,22 @@ TEST_F(RunnerGpuTest, GreedyGenerationWithRopeScalingMatchesReference) {
       << "the scaling hardly changes the logits: the check above could not catch its absence";
 }
 
+// A prompt each (eager), then decode steps (the decode/2 graph): `a` and `b` give the same tokens
+// and logits, bit for bit.
+void ExpectSameTokensAndLogits(Runner& a, Runner& b) {
+  std::vector<SequenceTokens> batch = {{1, {3, 1, 4, 1, 5}}, {2, {9, 2, 6}}};
+  for (int t = 0; t < 4; ++t) {
+    SCOPED_TRACE(absl::StrCat("step ", t));
+    const Outcome x = RunStep(a, batch, {});
+    const Outcome y = RunStep(b, batch, {});
+    ASSERT_EQ(x.tokens.size(), 2u);
+    ASSERT_EQ(x.tokens, y.tokens);
+    ASSERT_EQ(x.logits.size(), y.logits.size());
+    EXPECT_EQ(std::memcmp(x.logits.data(), y.logits.data(), x.logits.size() * sizeof(float)), 0);
+    batch = {{1, {x.tokens[0]}}, {2, {x.tokens[1]}}};
+  }
+}
+
 TEST_F(RunnerGpuTest, SafetensorsWeightsGiveTheSeededWeightsBits) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
@@ -872,18 +891,7 @@ TEST_F(RunnerGpuTest, SafetensorsWeightsGiveTheSeededWeightsBits) {
   ASSERT_NE(b->memory().Find("weights"), nullptr);
   EXPECT_EQ(b->memory().Find("weights")->requested_bytes,
             a->memory().Find("weights")->requested_bytes);
-  // A prompt each (eager), then decode steps (the decode/2 graph).
-  std::vector<SequenceTokens> batch = {{1, {3, 1, 4, 1, 5}}, {2, {9, 2, 6}}};
-  for (int t = 0; t < 4; ++t) {
-    SCOPED_TRACE(absl::StrCat("step ", t));
-    const Outcome x = RunStep(*a, batch, {});
-    const Outcome y = RunStep(*b, batch, {});
-    ASSERT_EQ(x.tokens.size(), 2u);
-    ASSERT_EQ(x.tokens, y.tokens);
-    ASSERT_EQ(x.logits.size(), y.logits.size());
-    EXPECT_EQ(std::memcmp(x.logits.data(), y.logits.data(), x.logits.size() * sizeof(float)), 0);
-    batch = {{1, {x.tokens[0]}}, {2, {x.tokens[1]}}};
-  }
+  ExpectSameTokensAndLogits(*a, *b);
 
   // Wrong files, each refused by Create before any step, naming what is wrong.
   const std::string cut = TestTempPath("runner_cut.safetensors");
@@ -918,6 +926,47 @@ TEST_F(RunnerGpuTest, SafetensorsWeightsGiveTheSeededWeightsBits) {
         << runner.status();
     EXPECT_NE(runner.status().message().find(says), std::string::npos) << runner.status();
   }
+}
+
+// A Hugging Face model directory (config.json with Llama 3's rope_scaling, and the weights):
+// LoadHfModelDir's shape and files give the bits of the same shape and weights made from a seed.
+TEST_F(RunnerGpuTest, HfModelDirGivesTheSeededModelsBits) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  const std::string dir = TestTempPath("runner_hf_tiny");
+  std::filesystem::create_directories(dir);
+  absl::StatusOr<LlamaHostWeights> host = RandomLlamaHostWeights(TinyScaledShape(), seed);
+  ASSERT_TRUE(host.ok()) << host.status();
+  ASSERT_TRUE(WriteLlamaSafetensors(dir + "/model.safetensors", *host).ok());
+  {
+    std::ofstream config(dir + "/config.json", std::ios::trunc);
+    config << R"({
+  "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+  "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+  "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": 512, "vocab_size": 1024,
+  "rope_theta": 10000.0, "rms_norm_eps": 1e-05, "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16", "max_position_embeddings": 2048, "eos_token_id": 2,
+  "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+})";
+  }
+  absl::StatusOr<HfModel> hf = LoadHfModelDir(dir);
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  ASSERT_EQ(hf->weight_files.size(), 1u);
+
+  RunnerOptions seeded = TinyOptions(GraphExecution::kFull, seed);
+  *seeded.config.mutable_model() = TinyScaledModel();
+  for (int s : {1, 2}) seeded.config.mutable_graph()->add_capture_sizes(s);
+  seeded.capture_prefill = false;
+  RunnerOptions from_dir = seeded;
+  *from_dir.config.mutable_model() = hf->model;
+  from_dir.weight_seed = seed + 1;  // not used: the files' weights are the seed's
+  from_dir.weight_files = hf->weight_files;
+  std::unique_ptr<Runner> a = MakeRunner(seeded);
+  std::unique_ptr<Runner> b = MakeRunner(from_dir);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(b->shape().rope_scaling, TinyScaledShape().rope_scaling);
+  ExpectSameTokensAndLogits(*a, *b);
 }
 
 TEST_F(RunnerGpuTest, BadKernelChoiceOptionsAreRefused) {
