@@ -60,6 +60,10 @@ ABSL_FLAG(uint64_t, seed, 1, "Seed of the random weights and prompts");
 ABSL_FLAG(std::string, weights, "",
           "Comma-separated Hugging Face safetensors files holding the model's weights (of the "
           "--preset or --config shape) instead of random ones");
+ABSL_FLAG(std::string, logits_out, "",
+          "With --batch=1: write the sequence's generated tokens and the logits each was sampled "
+          "from to this file (int32 steps, int32 vocab, int32 tokens[steps], float32 "
+          "logits[steps][vocab], little-endian), e.g. for tools/bench/hf_reference_check.py");
 ABSL_FLAG(std::string, model_dir, "",
           "A Hugging Face model directory: config.json and its safetensors (one file, or shards "
           "with model.safetensors.index.json); sets the model and its weights");
@@ -87,6 +91,27 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
+// Writes --logits_out's file (see the flag).
+absl::Status WriteLogits(const std::string& path, const std::vector<int32_t>& tokens,
+                         const std::vector<float>& logits, int vocab) {
+  if (logits.size() != tokens.size() * static_cast<size_t>(vocab)) {
+    return absl::InternalError(absl::StrCat("--logits_out: ", logits.size(), " logits for ",
+                                            tokens.size(), " tokens of a vocabulary of ", vocab));
+  }
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) {
+    return absl::NotFoundError(absl::StrCat("--logits_out: cannot open ", path,
+                                            " for writing; check the directory exists"));
+  }
+  const int32_t header[2] = {static_cast<int32_t>(tokens.size()), vocab};
+  bool ok = std::fwrite(header, sizeof(header), 1, f) == 1;
+  ok = ok && std::fwrite(tokens.data(), sizeof(int32_t), tokens.size(), f) == tokens.size();
+  ok = ok && std::fwrite(logits.data(), sizeof(float), logits.size(), f) == logits.size();
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok) return absl::DataLossError(absl::StrCat("--logits_out: writing ", path, " failed"));
+  return absl::OkStatus();
+}
+
 double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -102,10 +127,18 @@ struct BatchResult {
 };
 
 // Prefills `prompts` (chunked into steps of at most max_num_batched_tokens), then decodes
-// gen_tokens steps for all of them.
+// gen_tokens steps for all of them. With `logits` (one prompt only), appends the logits row each
+// generated token was sampled from.
 absl::StatusOr<BatchResult> RunBatch(Runner& runner,
                                      const std::vector<std::vector<int32_t>>& prompts,
-                                     int gen_tokens, int64_t first_id) {
+                                     int gen_tokens, int64_t first_id,
+                                     std::vector<float>* logits = nullptr) {
+  auto keep_logits = [&]() -> absl::Status {
+    if (logits == nullptr) return absl::OkStatus();
+    ASSIGN_OR_RETURN(std::vector<float> row, runner.LastLogits(1));
+    logits->insert(logits->end(), row.begin(), row.end());
+    return absl::OkStatus();
+  };
   BatchResult r;
   r.batch = static_cast<int>(prompts.size());
   const int max_tokens = runner.memory_plan().config.max_num_batched_tokens();
@@ -133,6 +166,7 @@ absl::StatusOr<BatchResult> RunBatch(Runner& runner,
     left = false;
     for (size_t i = 0; i < prompts.size(); ++i) left = left || done[i] < prompts[i].size();
   }
+  RETURN_IF_ERROR(keep_logits());  // the last prefill step's: the first generated token's
   r.prefill_ms = Since(t0);
   r.first_tokens.push_back(next[0]);
 
@@ -148,6 +182,7 @@ absl::StatusOr<BatchResult> RunBatch(Runner& runner,
     wall.push_back(Since(s0));
     device.push_back(runner.last_step().device_ms);
     r.first_tokens.push_back(next[0]);
+    RETURN_IF_ERROR(keep_logits());
   }
   const double decode_ms = Since(t0);
   r.device_ms = Median(device);
@@ -242,6 +277,13 @@ int Run(int argc, char** argv) {
   if (prompt_len < 1 || gen_tokens < 1) {
     return fail(absl::InvalidArgumentError("--prompt_len and --gen_tokens must be positive"), 2);
   }
+  const std::string logits_out = absl::GetFlag(FLAGS_logits_out);
+  if (!logits_out.empty() && *batches != std::vector<int>{1}) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--logits_out writes one sequence's logits; give --batch=1 (not --batch=",
+                    absl::GetFlag(FLAGS_batch), ")")),
+                2);
+  }
   for (int b : *batches) {
     if (b < 1 || b > options.config.max_num_seqs()) {
       return fail(absl::InvalidArgumentError(absl::StrCat(
@@ -298,8 +340,16 @@ int Run(int argc, char** argv) {
         for (int i = 0; i < prompt_len; ++i) p.push_back(static_cast<int32_t>(rng() % shape.vocab));
       }
     }
-    absl::StatusOr<BatchResult> r = RunBatch(runner, prompts, gen_tokens, first_id);
+    std::vector<float> logits;
+    absl::StatusOr<BatchResult> r =
+        RunBatch(runner, prompts, gen_tokens, first_id, logits_out.empty() ? nullptr : &logits);
     if (!r.ok()) return fail(r.status(), 1);
+    if (!logits_out.empty()) {
+      absl::Status written = WriteLogits(logits_out, r->first_tokens, logits, shape.vocab);
+      if (!written.ok()) return fail(written, 1);
+      std::printf("wrote %zu tokens and their logits to %s\n", r->first_tokens.size(),
+                  logits_out.c_str());
+    }
     first_id += b;
     std::printf("%6d %8d %12.2f %10d %16.3f %14.3f %12.0f\n", b, prompt_len, r->prefill_ms,
                 r->prefill_steps, r->device_ms, r->step_ms, r->tokens_per_s);

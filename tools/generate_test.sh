@@ -17,6 +17,8 @@ expect_bad graphs 'Unknown --graphs "sometimes"; use full, piecewise or none' --
 expect_bad gen_tokens '--prompt_len and --gen_tokens must be positive' --gen_tokens=0
 expect_bad prompt_len '--prompt_len and --gen_tokens must be positive' --prompt_len=-3
 expect_bad config_missing "$tmp/missing.textproto" "--config=$tmp/missing.textproto"
+expect_bad logits_out_batches '--logits_out writes one sequence'"'"'s logits; give --batch=1 (not --batch=1,8)' \
+  "--logits_out=$tmp/logits.bin" --batch=1,8
 
 # --model_dir: a Hugging Face model directory (config.json and its safetensors).
 llama=runtime/config/testdata/Llama-3.2-1B  # Llama-3.2-1B's config.json, no weights
