@@ -615,11 +615,13 @@ class ReferenceCheck {
  public:
   static constexpr double kTolerance = 1e-2;  // bf16 activations: 1e-3 .. 1e-2
 
-  ReferenceCheck(const LlamaShape& shape, uint64_t seed) : vocab_(shape.vocab) {
+  // bf16_activations: the reference rounds where kiln stores bf16 (ReferenceDecoderOptions).
+  ReferenceCheck(const LlamaShape& shape, uint64_t seed, bool bf16_activations = true)
+      : vocab_(shape.vocab) {
     auto weights = RandomLlamaHostWeights(shape, seed);
     EXPECT_TRUE(weights.ok());
     ReferenceDecoderOptions options;
-    options.bf16_activations = true;
+    options.bf16_activations = bf16_activations;
     auto ref = ReferenceDecoder::Create(*std::move(weights), options);
     EXPECT_TRUE(ref.ok());
     ref_ = std::make_unique<ReferenceDecoder>(*std::move(ref));
@@ -861,6 +863,50 @@ void ExpectSameTokensAndLogits(Runner& a, Runner& b) {
     ASSERT_EQ(x.logits.size(), y.logits.size());
     EXPECT_EQ(std::memcmp(x.logits.data(), y.logits.data(), x.logits.size() * sizeof(float)), 0);
     batch = {{1, {x.tokens[0]}}, {2, {x.tokens[1]}}};
+  }
+}
+
+// A prompt of nearly kMaxModelLen tokens in two chunks, then decode steps, against the reference:
+// the attention paths over long contexts (prefill chunks over a cached one, decode over ~1000
+// tokens) keep the short prompts' accuracy.
+TEST_F(RunnerGpuTest, LongPromptMatchesReference) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  for (const LlamaShape& shape : {LlamaShape::Tiny(), TinyScaledShape()}) {
+    SCOPED_TRACE(shape.rope_scaling.ToString());
+    RunnerOptions options = TinyOptions(GraphExecution::kFull, seed);
+    *options.config.mutable_model() = ModelShapeFromLlamaShape(shape, "tiny");
+    for (int s : {1, 2}) options.config.mutable_graph()->add_capture_sizes(s);
+    options.capture_prefill = false;
+    std::unique_ptr<Runner> runner = MakeRunner(options);
+    ASSERT_NE(runner, nullptr);
+    ReferenceCheck check(shape, seed);
+    ReferenceCheck exact(shape, seed, /*bf16_activations=*/false);
+    std::mt19937_64 rng(seed);
+    std::vector<int32_t> prompt(kMaxModelLen - 24);
+    for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % shape.vocab);
+    int32_t next = -1;
+    for (size_t at = 0; at < prompt.size(); at += kMaxTokens) {
+      const size_t end = std::min(prompt.size(), at + kMaxTokens);
+      std::vector<SequenceTokens> chunk = {
+          {1, std::vector<int32_t>(prompt.begin() + at, prompt.begin() + end)}};
+      const Outcome got = RunStep(*runner, chunk, {});
+      check.Check(chunk, got);
+      exact.Check(chunk, got);
+      next = got.tokens[0];
+    }
+    for (int t = 0; t < 8; ++t) {
+      std::vector<SequenceTokens> step = {{1, {next}}};
+      const Outcome got = RunStep(*runner, step, {});
+      EXPECT_TRUE(got.info.replayed);
+      check.Check(step, got);
+      exact.Check(step, got);
+      next = got.tokens[0];
+    }
+    std::printf("long prompt (%zu tokens, RoPE scaling %s): max logits rel err %.2e against the "
+                "bf16-rounding reference, %.2e against float64\n",
+                prompt.size(), shape.rope_scaling.ToString().c_str(), check.max_rel(),
+                exact.max_rel());
   }
 }
 
