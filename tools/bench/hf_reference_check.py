@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""Checks kiln's generation against Hugging Face transformers on the same checkpoint.
+
+For each model shape it builds a LlamaForCausalLM with seeded weights (bf16, Llama 3's "llama3"
+RoPE scaling), saves it with save_pretrained (config.json and safetensors, sharded for the 1B
+shape), runs kiln's generate on the directory (--model_dir, --logits_out) and then evaluates the
+same weights in transformers over the prompt and kiln's tokens (teacher forcing):
+  - in float64 on the CPU: the reference. Per generated token, kiln's logits against it (relative
+    L2 error), and kiln's token against its argmax where its top-2 margin is clear;
+  - in bf16 on the GPU, as transformers users run it: its own error against the reference is the
+    yardstick for kiln's (bf16 activations cost both about the same);
+  - in float64 without the scaling: kiln's logits must be clearly farther from it than from the
+    reference, or the check could not tell that kiln applies the scaling.
+transformers computes RoPE angles in float32 whatever the model's dtype, and its bf16 runs round
+cos and sin to bf16. Its frequencies are kept in float32 here, as from_pretrained leaves them:
+Module.to(bfloat16) rounds them too (0.4% off), and at 2000 tokens that alone put kiln 5.8% away
+from a float64 reference built that way, against 1.6% from one with float32 frequencies.
+
+Needs torch, transformers and safetensors, and a GPU for kiln:
+  python3 tools/bench/hf_reference_check.py --generate=.gpu/bin/tools_generate
+Exit code 0 when every shape passes, 1 otherwise.
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+import torch
+import transformers
+from transformers import LlamaConfig, LlamaForCausalLM
+
+# Sizes; rope scaling as (factor, low_freq_factor, high_freq_factor, original length). kiln passes
+# when its mean error is within `slack` times transformers' bf16 error (or under `tolerance`).
+SHAPES = {
+    # Two layers; an original length of 64 puts the pairs in all three bands at short positions.
+    "tiny": dict(hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, ffn=512, vocab=1024,
+                 theta=10000.0, scaling=(8.0, 1.0, 4.0, 64), tie=False, prompt=40, gen=24,
+                 shard=None, tolerance=0.03, slack=1.5),
+    # Llama 3.2 1B's shape and RoPE; a prompt long enough for the scaled bands to turn far.
+    "1b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64, ffn=8192, vocab=128256,
+               theta=500000.0, scaling=(32.0, 1.0, 4.0, 8192), tie=True, prompt=2000, gen=32,
+               shard="800MB", tolerance=0.03, slack=1.5),
+}
+
+
+def make_config(s, scaled=True):
+    factor, low, high, original = s["scaling"]
+    scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
+               "high_freq_factor": high, "original_max_position_embeddings": original}
+    common = dict(hidden_size=s["hidden"], num_hidden_layers=s["layers"],
+                  num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
+                  head_dim=s["head_dim"], intermediate_size=s["ffn"], vocab_size=s["vocab"],
+                  rms_norm_eps=1e-5, tie_word_embeddings=s["tie"], hidden_act="silu",
+                  attention_bias=False, mlp_bias=False, max_position_embeddings=131072)
+    if not scaled:
+        scaling = {"rope_type": "default"}
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        return LlamaConfig(rope_parameters=dict(scaling, rope_theta=s["theta"]), **common)
+    return LlamaConfig(rope_theta=s["theta"], rope_scaling=scaling if scaled else None, **common)
+
+
+def kiln_frequencies(s):
+    """attention/rope_frequency.h's RopeFrequency, in float64."""
+    factor, low, high, original = s["scaling"]
+    out = []
+    for i in range(s["head_dim"] // 2):
+        freq = 2.0 ** (-2.0 * i / s["head_dim"] * math.log2(s["theta"]))
+        keep_from = 2 * math.pi * high / original
+        divide_below = 2 * math.pi * low / original
+        if freq >= keep_from:
+            out.append(freq)
+        elif freq < divide_below:
+            out.append(freq * (1.0 / factor))
+        else:
+            blend = freq * (original / (2 * math.pi * (high - low))) - low / (high - low)
+            out.append((1 - blend) * freq * (1.0 / factor) + blend * freq)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def make_model(s, seed, scaled=True):
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(make_config(s, scaled))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:  # projections [out, in] (unit-variance outputs) and the embedding
+                a = 1.0 if "embed_tokens" in name else math.sqrt(3.0 / p.shape[1])
+                p.uniform_(-a, a)
+            else:  # norm weights
+                p.uniform_(0.75, 1.25)
+    return model.to(torch.bfloat16).eval()
+
+
+def save(model, directory, shard):
+    kwargs = {"safe_serialization": True}
+    if shard:
+        kwargs["max_shard_size"] = shard
+    try:
+        model.save_pretrained(directory, **kwargs)
+    except TypeError:  # transformers without safe_serialization (always safetensors)
+        kwargs.pop("safe_serialization")
+        model.save_pretrained(directory, **kwargs)
+
+
+def run_kiln(generate, directory, prompt, gen, out):
+    cmd = [generate, f"--model_dir={directory}", "--batch=1", f"--gen_tokens={gen}",
+           "--prompt_ids=" + ",".join(map(str, prompt)), f"--logits_out={out}"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"kiln generate failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    with open(out, "rb") as f:
+        steps, vocab = struct.unpack("<ii", f.read(8))
+        tokens = list(struct.unpack(f"<{steps}i", f.read(4 * steps)))
+        logits = torch.frombuffer(bytearray(f.read(4 * steps * vocab)), dtype=torch.float32)
+    return tokens, logits.view(steps, vocab).double()
+
+
+def load(s, state, dtype, device, scaled=True):
+    """The weights `state` in a model of `dtype` on `device`, its RoPE frequencies in float32 as
+    from_pretrained leaves them (Module.to(dtype) rounds the rotary embedding's buffers too: to
+    bf16, 0.4% off, which turns long-range attention)."""
+    model = LlamaForCausalLM(make_config(s, scaled))
+    freqs = model.model.rotary_emb.inv_freq.clone()  # float32
+    model.load_state_dict(state)
+    model = model.to(device=device, dtype=dtype).eval()
+    model.model.rotary_emb.inv_freq = freqs.to(device)
+    return model
+
+
+def logits_at(model, prompt, tokens):
+    """`model`'s logits (as float64 on the CPU) at the positions that sampled each of `tokens`
+    (teacher forcing)."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt + tokens[:-1]], dtype=torch.long, device=device)
+    with torch.no_grad():
+        out = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1:]
+    return out.to(device="cpu", dtype=torch.float64)
+
+
+def compare(kiln, ref, tokens, tolerance):
+    rel = ((kiln - ref).norm(dim=1) / ref.norm(dim=1)).tolist()
+    top2 = ref.topk(2, dim=1)
+    clear = matched = 0
+    for i, token in enumerate(tokens):
+        margin = (top2.values[i, 0] - top2.values[i, 1]).item()
+        rms = ref[i].norm().item() / math.sqrt(ref.shape[1])
+        if margin > 8 * tolerance * rms:
+            clear += 1
+            matched += int(token == top2.indices[i, 0].item())
+    return max(rel), sum(rel) / len(rel), clear, matched
+
+
+def mean_error(a, ref):
+    return ((a - ref).norm(dim=1) / ref.norm(dim=1)).mean().item()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--generate", default=".gpu/bin/tools_generate",
+                        help="kiln's generate binary")
+    parser.add_argument("--shapes", default="tiny,1b", help="comma-separated: tiny, 1b")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--prompt", type=int, default=0, help="prompt length (0: the shape's)")
+    parser.add_argument("--layers", type=int, default=0, help="layers (0: the shape's)")
+    parser.add_argument("--unscaled", action="store_true", help="models without RoPE scaling")
+    parser.add_argument("--no_control", action="store_true",
+                        help="skip the unscaled model (its check passes)")
+    args = parser.parse_args()
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}")
+    failed = False
+    for key in args.shapes.split(","):
+        s = dict(SHAPES[key])
+        if args.prompt:
+            s["prompt"] = args.prompt
+        if args.layers:
+            s["layers"] = args.layers
+        work = tempfile.mkdtemp(prefix=f"kiln_hf_{key}_")
+        try:
+            scaled = not args.unscaled
+            model = make_model(s, args.seed, scaled)
+            state = model.state_dict()
+            freq_diff = 0.0
+            if scaled:
+                hf_freq = LlamaForCausalLM(make_config(s)).model.rotary_emb.inv_freq.double()
+                mine = kiln_frequencies(s)
+                freq_diff = ((hf_freq - mine).abs() / mine).max().item()
+                print(f"{key}: RoPE frequencies, transformers (float32) against kiln's: max rel "
+                      f"diff {freq_diff:.2e}")
+            directory = os.path.join(work, f"llama-{key}")
+            save(model, directory, s["shard"])
+            files = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
+            with open(os.path.join(directory, "config.json")) as f:
+                saved = json.load(f)
+            print(f"{key}: config.json " + ", ".join(
+                f"{k} {json.dumps(saved[k])}" for k in
+                ("rope_parameters", "rope_scaling", "rope_theta", "dtype", "torch_dtype")
+                if k in saved))
+            g = torch.Generator().manual_seed(args.seed)
+            prompt = torch.randint(0, s["vocab"], (s["prompt"],), generator=g).tolist()
+            tokens, kiln = run_kiln(args.generate, directory, prompt, s["gen"],
+                                    os.path.join(work, "kiln.bin"))
+            ref = logits_at(load(s, state, torch.float64, "cpu", scaled), prompt, tokens)
+            worst, mean, clear, matched = compare(kiln, ref, tokens, s["tolerance"])
+            gpu = "cuda" if torch.cuda.is_available() else "cpu"
+            hf_bf16 = mean_error(
+                logits_at(load(s, state, torch.bfloat16, gpu, scaled), prompt, tokens), ref)
+            control = math.inf if args.no_control or not scaled else mean_error(
+                kiln, logits_at(load(s, state, torch.float64, "cpu", False), prompt, tokens))
+            ok = (mean < max(s["tolerance"], s["slack"] * hf_bf16) and matched == clear
+                  and control > 1.5 * mean and freq_diff < 1e-5)
+            failed = failed or not ok
+            print(f"{key}: {s['layers']} layers, {len(files)} safetensors file(s), prompt {len(prompt)}, "
+                  f"{len(tokens)} tokens; kiln's logits against transformers float64: rel err "
+                  f"mean {mean:.2e}, max {worst:.2e}; transformers bf16 ({gpu}) against it: "
+                  f"mean {hf_bf16:.2e}; clear-margin tokens {matched}/{clear} match; kiln against "
+                  f"the unscaled float64 model: mean {control:.2e}; {'PASS' if ok else 'FAIL'}")
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
