@@ -3,6 +3,7 @@
 #include "attention/attention_launch.h"
 
 #include "absl/status/status.h"
+#include "attention/decode_kernel.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -66,6 +67,19 @@ TEST(AttentionLaunchTest, RejectsRopeAppendOutsideDecodeOnlyStepsAndBadArguments
   p.rope_append.scaling = RopeScaling::Llama3(0.5, 1.0, 4.0, 8192);
   EXPECT_THAT(RunAttentionStep(p, nullptr).message(),
               HasSubstr("Decode RoPE scaling factor is 0.5"));
+}
+
+TEST(AttentionLaunchTest, DecodeAttentionSupportsShapeNamesWhatIsBuilt) {
+  EXPECT_TRUE(DecodeAttentionSupportsShape(32, 8, 64).ok());
+  EXPECT_TRUE(DecodeAttentionSupportsShape(40, 8, 128).ok());  // 5 per KV head
+  EXPECT_TRUE(DecodeAttentionSupportsShape(8, 8, 128).ok());
+  EXPECT_THAT(DecodeAttentionSupportsShape(24, 8, 128).message(),
+              HasSubstr("24 query heads over 8 KV heads (3 per KV head); it is built for 1, 2, "
+                        "4, 5, 8"));
+  EXPECT_THAT(DecodeAttentionSupportsShape(32, 8, 96).message(), HasSubstr("head_dim 96"));
+  EXPECT_THAT(DecodeAttentionSupportsShape(30, 8, 64).message(),
+              HasSubstr("query heads a multiple of KV heads"));
+  EXPECT_EQ(DecodeAttentionSupportsShape(32, 0, 64).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(AttentionLaunchTest, PrefillParamsComeFromThePart) {

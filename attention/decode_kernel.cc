@@ -1,9 +1,12 @@
 #include "attention/decode_kernel.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "attention/internal/dispatch.h"
 #include "attention/internal/kernel_args.h"
 #include "attention/merge_kernel.h"
@@ -19,6 +22,31 @@ int Log2(int power_of_two) {
   while ((1 << log) < power_of_two) ++log;
   return log;
 }
+
+}  // namespace
+
+absl::Status DecodeAttentionSupportsShape(int num_q_heads, int num_kv_heads, int head_dim) {
+  if (num_q_heads <= 0 || num_kv_heads <= 0 || num_q_heads % num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Decode heads (", num_q_heads, " query, ", num_kv_heads,
+        " KV) must be positive with query heads a multiple of KV heads"));
+  }
+  if (head_dim != 64 && head_dim != 128) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Decode attention has no kernel for head_dim ", head_dim, "; it is built for 64 and 128"));
+  }
+  const std::vector<int> groups = {KILN_DECODE_GROUPS};
+  const int group = num_q_heads / num_kv_heads;
+  if (std::find(groups.begin(), groups.end(), group) == groups.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Decode attention has no kernel for ", num_q_heads, " query heads over ", num_kv_heads,
+        " KV heads (", group, " per KV head); it is built for ", absl::StrJoin(groups, ", "),
+        " (KILN_DECODE_GROUPS, attention/internal/kernel_args.h, names the instantiations)"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
 
 absl::Status Validate(const DecodeAttentionParams& p) {
   if (p.num_q_heads <= 0 || p.num_kv_heads <= 0 || p.num_q_heads % p.num_kv_heads != 0) {

@@ -52,6 +52,12 @@ struct DecodeAttentionParams {
   DecodeRopeAppendDevice rope_append;
 };
 
+// Returns OK when decode attention is built for `num_q_heads` query heads over `num_kv_heads` KV
+// heads of width `head_dim` (head_dim 64 or 128; 1, 2, 4, 5 or 8 query heads per KV head), else
+// InvalidArgument naming the unsupported value and what is built. Host-only: a model can be
+// refused before anything is allocated.
+absl::Status DecodeAttentionSupportsShape(int num_q_heads, int num_kv_heads, int head_dim);
+
 // Launches the decode kernel: unsplit tiles are written to o, split ones to the partial
 // workspace. With plan.merge_counters set (PlanBuffers sets it), the last chunk of each split
 // tile to finish merges the tile into o inside the same launch (one kernel per step, no merge

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "attention/decode_kernel.h"
 #include "graph/capture_context.h"
 #include "runtime/cuda/device_info.h"
 #include "runtime/cuda/status.h"
@@ -167,6 +168,12 @@ absl::StatusOr<LlamaShape> LlamaShapeFromConfig(const config::ModelShape& m) {
                                          r.original_max_position_embeddings());
   }
   RETURN_IF_ERROR(s.Validate());
+  // Refused here, before weights are read or memory allocated, rather than at the first step.
+  if (absl::Status attention = DecodeAttentionSupportsShape(s.heads, s.kv_heads, s.head_dim);
+      !attention.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Model ", m.name(), ": ", attention.message(), "; kiln cannot run it yet"));
+  }
   return s;
 }
 

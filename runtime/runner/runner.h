@@ -434,7 +434,8 @@ class Runner {
 
 // Returns the LlamaShape of a resolved config::ModelShape. InvalidArgument for what kiln's model
 // does not run: a dtype other than bf16, attention bias, a rope_scaling that is not a complete,
-// valid "llama3" one.
+// valid "llama3" one, heads or a head_dim decode attention has no kernel for (Llama 3.2 3B's 24
+// query heads over 8 KV heads, for one: DecodeAttentionSupportsShape).
 absl::StatusOr<LlamaShape> LlamaShapeFromConfig(const config::ModelShape& model);
 
 // Returns the config::ModelShape (bf16) of `shape`, named `name`: the inverse of

@@ -104,6 +104,27 @@ TEST(RunnerConfigTest, RefusesRopeScalingKilnDoesNotImplement) {
               HasSubstr("high_freq_factor is 0.5"));
 }
 
+// Refused when the config is read, before any weight is read or memory allocated.
+TEST(RunnerConfigTest, RefusesHeadsDecodeAttentionHasNoKernelFor) {
+  LlamaShape three_b = LlamaShape::Llama1B();  // Llama 3.2 3B: groups of 3
+  three_b.hidden = 3072;
+  three_b.layers = 28;
+  three_b.heads = 24;
+  three_b.head_dim = 128;
+  absl::Status status = LlamaShapeFromConfig(ModelShapeFromLlamaShape(three_b, "3b")).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(),
+              HasSubstr("Model 3b: Decode attention has no kernel for 24 query heads over 8 KV "
+                        "heads (3 per KV head); it is built for 1, 2, 4, 5, 8"));
+  LlamaShape wide_heads = LlamaShape::Llama1B();
+  wide_heads.heads = 16;
+  wide_heads.kv_heads = 4;
+  wide_heads.head_dim = 96;
+  status = LlamaShapeFromConfig(ModelShapeFromLlamaShape(wide_heads, "hd96")).status();
+  EXPECT_THAT(status.message(), HasSubstr("no kernel for head_dim 96; it is built for 64 and 128"));
+  EXPECT_TRUE(LlamaShapeFromConfig(ModelShapeFromLlamaShape(LlamaShape::Llama1B(), "1b")).ok());
+}
+
 TEST(RunnerConfigTest, WritesTheRunnersGraphChoicesIntoThePlannerConfig) {
   RunnerOptions options;
   options.config = OneBillion();
