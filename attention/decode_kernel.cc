@@ -49,11 +49,7 @@ absl::Status DecodeAttentionSupportsShape(int num_q_heads, int num_kv_heads, int
 namespace {
 
 absl::Status Validate(const DecodeAttentionParams& p) {
-  if (p.num_q_heads <= 0 || p.num_kv_heads <= 0 || p.num_q_heads % p.num_kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Decode heads (", p.num_q_heads, " query, ", p.num_kv_heads,
-        " KV) must be positive with query heads a multiple of KV heads"));
-  }
+  RETURN_IF_ERROR(DecodeAttentionSupportsShape(p.num_q_heads, p.num_kv_heads, p.head_dim));
   const int group = p.num_q_heads / p.num_kv_heads;
   const int bs = p.kv.block_size;
   if (bs < 16 || (bs & (bs - 1)) != 0) {

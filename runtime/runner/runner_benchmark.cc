@@ -418,8 +418,9 @@ int Main(int argc, char** argv) {
                 captured.num_graphs, captured.num_decode_sizes,
                 largest(captured.num_decode_sizes, runner->decode_sizes()),
                 captured.num_prefill_sizes,
-                largest(captured.num_prefill_sizes, runner->prefill_sizes()), captured.seconds, 1e3 * captured.seconds / captured.num_graphs,
-                captured.pool_bytes / 1048576.0, captured.num_nodes,
+                largest(captured.num_prefill_sizes, runner->prefill_sizes()), captured.seconds,
+                1e3 * captured.seconds / captured.num_graphs, captured.pool_bytes / 1048576.0,
+                captured.num_nodes,
                 captured.device_bytes / 1048576.0);
     FillKv(*runner, absl::GetFlag(FLAGS_kv_fill));
 
