@@ -370,7 +370,7 @@ std::vector<DecodeCase> AllDecodeCases() {
   std::vector<DecodeCase> cases;
   for (AttentionDtype dt : {AttentionDtype::kBf16, AttentionDtype::kFp16}) {
     for (int d : {64, 128}) {
-      for (int g : {1, 4, 5, 8}) {
+      for (int g : {1, 3, 4, 5, 8}) {
         for (int bs : {16, 64}) cases.push_back({dt, d, g, bs});
       }
     }
@@ -709,7 +709,7 @@ std::vector<DecodeCase> AllRopeCases() {
   std::vector<DecodeCase> cases;
   for (AttentionDtype dtype : {AttentionDtype::kBf16, AttentionDtype::kFp16}) {
     for (int head_dim : {64, 128}) {
-      for (int group : {1, 4, 8}) cases.push_back({dtype, head_dim, group, 16});
+      for (int group : {1, 3, 4, 8}) cases.push_back({dtype, head_dim, group, 16});
       cases.push_back({dtype, head_dim, 4, 64});
     }
   }

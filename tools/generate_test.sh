@@ -41,13 +41,13 @@ sed 's/"torch_dtype": "bfloat16"/"torch_dtype": "float16"/' "$llama/config.json"
 : >"$tmp/fp16/model.safetensors"
 expect_bad model_dir_fp16 "--model_dir=$tmp/fp16: Model dtype fp16 is not supported" \
   "--model_dir=$tmp/fp16"
-mkdir -p "$tmp/groups_of_3"  # 24 query heads over 8 KV heads, as Llama 3.2 3B
-sed 's/"num_attention_heads": 32/"num_attention_heads": 24/' "$llama/config.json" \
-  >"$tmp/groups_of_3/config.json"
-: >"$tmp/groups_of_3/model.safetensors"
-expect_bad model_dir_groups_of_3 \
-  'Decode attention has no kernel for 24 query heads over 8 KV heads (3 per KV head)' \
-  "--model_dir=$tmp/groups_of_3"
+mkdir -p "$tmp/groups_of_7"  # 56 query heads over 8 KV heads
+sed 's/"num_attention_heads": 32/"num_attention_heads": 56/' "$llama/config.json" \
+  >"$tmp/groups_of_7/config.json"
+: >"$tmp/groups_of_7/model.safetensors"
+expect_bad model_dir_groups_of_7 \
+  'Decode attention has no kernel for 56 query heads over 8 KV heads (7 per KV head)' \
+  "--model_dir=$tmp/groups_of_7"
 
 # A good directory passes the flag checks and says what it found; the empty weight file (or the
 # missing GPU) then stops it with a runtime error, exit code 1.

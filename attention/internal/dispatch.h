@@ -49,19 +49,20 @@
     }                                                                                     \
   }()
 
-// Query heads per KV head (GQA group size): 1, 2, 4, 5 or 8 (KILN_DECODE_GROUPS).
+// Query heads per KV head (GQA group size): 1, 2, 3, 4, 5 or 8 (KILN_DECODE_GROUPS).
 #define DISPATCH_GROUP(group, NAME, ...)                                               \
   [&]() -> ::absl::Status {                                                            \
     switch (group) {                                                                   \
       KILN_DISPATCH_CASE_(1, NAME, __VA_ARGS__)                                        \
       KILN_DISPATCH_CASE_(2, NAME, __VA_ARGS__)                                        \
+      KILN_DISPATCH_CASE_(3, NAME, __VA_ARGS__)                                        \
       KILN_DISPATCH_CASE_(4, NAME, __VA_ARGS__)                                        \
       KILN_DISPATCH_CASE_(5, NAME, __VA_ARGS__)                                        \
       KILN_DISPATCH_CASE_(8, NAME, __VA_ARGS__)                                        \
       default:                                                                         \
         return ::absl::InvalidArgumentError(                                           \
             ::absl::StrCat("Unsupported query heads per KV head ", (group),            \
-                           "; supported group sizes: 1, 2, 4, 5, 8"));                 \
+                           "; supported group sizes: 1, 2, 3, 4, 5, 8"));              \
     }                                                                                  \
   }()
 

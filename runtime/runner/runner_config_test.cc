@@ -106,16 +106,16 @@ TEST(RunnerConfigTest, RefusesRopeScalingKilnDoesNotImplement) {
 
 // Refused when the config is read, before any weight is read or memory allocated.
 TEST(RunnerConfigTest, RefusesHeadsDecodeAttentionHasNoKernelFor) {
-  LlamaShape three_b = LlamaShape::Llama1B();  // Llama 3.2 3B: groups of 3
-  three_b.hidden = 3072;
-  three_b.layers = 28;
-  three_b.heads = 24;
-  three_b.head_dim = 128;
-  absl::Status status = LlamaShapeFromConfig(ModelShapeFromLlamaShape(three_b, "3b")).status();
+  LlamaShape sevens = LlamaShape::Llama1B();  // Qwen2.5-7B's heads: groups of 7
+  sevens.hidden = 3584;
+  sevens.heads = 28;
+  sevens.kv_heads = 4;
+  sevens.head_dim = 128;
+  absl::Status status = LlamaShapeFromConfig(ModelShapeFromLlamaShape(sevens, "7s")).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(),
-              HasSubstr("Model 3b: Decode attention has no kernel for 24 query heads over 8 KV "
-                        "heads (3 per KV head); it is built for 1, 2, 4, 5, 8"));
+              HasSubstr("Model 7s: Decode attention has no kernel for 28 query heads over 4 KV "
+                        "heads (7 per KV head); it is built for 1, 2, 3, 4, 5, 8"));
   LlamaShape wide_heads = LlamaShape::Llama1B();
   wide_heads.heads = 16;
   wide_heads.kv_heads = 4;

@@ -816,6 +816,17 @@ void ExpectGreedyGenerationMatchesReference(const LlamaShape& shape, uint64_t se
   EXPECT_GE(check.clear_checks(), 40);
 }
 
+// Three query heads per KV head (Llama 3.2 3B's grouping: 24 over 8), at the tiny model's size.
+TEST_F(RunnerGpuTest, GreedyGenerationWithGroupsOfThreeMatchesReference) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  LlamaShape shape = LlamaShape::Tiny();
+  shape.heads = 6;
+  shape.kv_heads = 2;
+  shape.hidden = 384;
+  ExpectGreedyGenerationMatchesReference(shape, seed);
+}
+
 TEST_F(RunnerGpuTest, GreedyGenerationAndEagerFallbackMatchReference) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
