@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "attention/attention_launch.h"
+#include "attention/decode_kernel.h"
 #include "attention/paged_kv_cache.h"
 #include "runtime/cuda/capture_check.h"
 #include "runtime/cuda/status.h"
@@ -60,10 +61,6 @@ ActivationOffsets Offsets(const LlamaShape& s, int num_tokens, int num_rows) {
       take(std::min<size_t>(n, static_cast<size_t>(kPrefetchGemmMaxRows)) * s.hidden * e);
   o.total = at;
   return o;
-}
-
-bool DecodeKernelSupportsGroup(int group) {
-  return group == 1 || group == 2 || group == 4 || group == 5 || group == 8;
 }
 
 // One projection of the model: output rows n, inner dimension k, input kind, output type.
@@ -195,16 +192,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
                                                                std::unique_ptr<Gemm> gemm) {
   const LlamaShape& s = weights.shape();
   RETURN_IF_ERROR(s.Validate());
-  if (s.head_dim != 64 && s.head_dim != 128) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Model head_dim ", s.head_dim, " has no attention kernel; kiln supports 64 and 128"));
-  }
-  const int group = s.heads / s.kv_heads;
-  if (!DecodeKernelSupportsGroup(group)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Model has ", group,
-                     " query heads per KV head; the decode kernel supports 1, 2, 4, 5 or 8"));
-  }
+  RETURN_IF_ERROR(DecodeAttentionSupportsShape(s.heads, s.kv_heads, s.head_dim));
   if (options.skinny_gemm_max_rows < 0 || options.skinny_gemm_max_rows > kSkinnyGemmMaxRows) {
     return absl::InvalidArgumentError(
         absl::StrCat("skinny_gemm_max_rows ", options.skinny_gemm_max_rows, " is outside [0, ",
