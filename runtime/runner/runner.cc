@@ -262,6 +262,8 @@ absl::Status Runner::InitPlan(const RunnerOptions& options) {
   }
   RETURN_IF_ERROR(
       CheckSplitAims(options.decode_split_by_rows, "RunnerOptions::decode_split_by_rows"));
+  RETURN_IF_ERROR(CheckSplitAims(options.decode_split_by_rows_head_dim_128,
+                                 "RunnerOptions::decode_split_by_rows_head_dim_128"));
   CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
   ASSIGN_OR_RETURN(DeviceInfo device, DeviceInfo::Query(options.device));
   sm_count_ = device.sm_count;
@@ -454,8 +456,10 @@ absl::Status Runner::InitAllocations(const RunnerOptions& options) {
         PlannerOptionsFor(key, shape.heads, shape.kv_heads, shape.head_dim, sm_count_,
                           options.max_model_len, options.prefill_tile_rows);
     planner_options.decode.min_kv_chunk = options.decode_min_kv_chunk;
-    SetDecodeSplit(key, options.decode_split_by_rows, options.decode_ctas_per_sm,
-                   &planner_options.decode);
+    SetDecodeSplit(key,
+                   shape.head_dim == 128 ? options.decode_split_by_rows_head_dim_128
+                                         : options.decode_split_by_rows,
+                   options.decode_ctas_per_sm, &planner_options.decode);
     ASSIGN_OR_RETURN(SplitKvPlanner planner, SplitKvPlanner::Create(planner_options));
     const PlanLayout& layout = planner.layout();
     layouts_.push_back(MetadataLayout::Create(key, layout.plan_bytes, max_blocks_per_seq_));

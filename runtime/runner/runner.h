@@ -188,6 +188,12 @@ struct RunnerOptions {
   // as well, 9–12 gain 4–16 µs and 13–16 lose nothing (runtime/runner/NOTES.md). Above,
   // decode_ctas_per_sm.
   std::vector<SplitAim> decode_split_by_rows = {{7, 2}, {8, 4}, {24, 1}};
+  // decode_split_by_rows for models of head_dim 128 (Llama 3.1 8B and 70B, Qwen2.5 7B), whose
+  // tiles read twice the bytes per token. On an H100 (8B, 1024 tokens) 8 sequences are faster
+  // aiming at 2 CTAs per SM than at 4 (batch 8 6.137–6.149 against 6.241–6.250 ms; 3 or 1:
+  // 6.247–6.268), and every other batch from 1 to 32 is within 15 µs either way
+  // (runtime/runner/NOTES.md, "Llama 3.1 8B").
+  std::vector<SplitAim> decode_split_by_rows_head_dim_128 = {{8, 2}, {24, 1}};
   // Benchmarks only: leave attention out of every step (LlamaModelOptions::run_attention), and
   // the RoPE + KV append where attention does it, to time the rest. The tokens are then not the
   // model's.

@@ -1,5 +1,6 @@
 // Decode-step latency of the 1B-class Llama (hidden 2048, 16 layers, 32/8 heads of 64, ffn 8192,
-// vocab 128256, random bf16 weights) through the Runner, as CUDA graphs and eagerly at the same
+// vocab 128256, random bf16 weights; --preset names another model preset, e.g. llama-3.1-8b)
+// through the Runner, as CUDA graphs and eagerly at the same
 // padded sizes, at batch 1, 8, 32 and 128 with 1024 tokens of context; the capture time of every
 // default decode size up to 256 and prefill budget up to 512 tokens; the step without attention
 // (with --where, also without RoPE + KV append, the norm kernels or SiLU·mul); with
@@ -46,10 +47,13 @@
 #include "runtime/cuda/event.h"
 #include "runtime/cuda/kernel_trace.h"
 #include "runtime/cuda/status.h"
+#include "runtime/config/presets.h"
 #include "runtime/cuda/stream.h"
 #include "runtime/model/internal/benchmark_util.h"
 #include "runtime/runner/runner.h"
 
+ABSL_FLAG(std::string, preset, "llama-3.2-1b",
+          "Model preset whose shape is measured (random weights): llama-3.2-1b, llama-3.1-8b, ...");
 ABSL_FLAG(std::string, batches, "1,8,32,128", "Decode batch sizes");
 ABSL_FLAG(int, context, 1024, "Tokens of context per sequence");
 ABSL_FLAG(int, steps, 30, "Timed steps per measurement");
@@ -131,8 +135,9 @@ ABSL_FLAG(std::string, trace_batches, "",
           "the step's critical path, from the median of the traced replays (warm-ups and up to "
           "8 steps)");
 ABSL_FLAG(std::string, decode_split_by_rows, "",
-          "Decode attention split rules, max_rows:ctas_per_sm pairs (e.g. 2:2,8:4); empty: "
-          "RunnerOptions' default; none: no rules");
+          "Decode attention split rules, max_rows:ctas_per_sm pairs (e.g. 2:2,8:4), for any "
+          "head_dim; empty: RunnerOptions' defaults (decode_split_by_rows, and "
+          "decode_split_by_rows_head_dim_128 for head_dim 128); none: no rules");
 ABSL_FLAG(int, decode_ctas_per_sm, kiln::RunnerOptions{}.decode_ctas_per_sm,
           "Decode attention CTAs per SM the KV split aims to fill (keys past "
           "decode_split_by_rows)");
@@ -168,6 +173,7 @@ bool ParseSplitRules(const std::string& text, std::vector<SplitAim>* rules) {
 void UniformSplit(RunnerOptions& o, int ctas_per_sm) {
   o.decode_ctas_per_sm = ctas_per_sm;
   o.decode_split_by_rows.clear();
+  o.decode_split_by_rows_head_dim_128.clear();
 }
 
 using benchmark_internal::ValueOrDie;
@@ -314,7 +320,7 @@ void PrintTrace(Runner& runner, int batch, int context, int steps) {
 }
 
 // The runner options the flags give; `capture_sizes` and `split_rules` are the list flags Main
-// parsed (split_rules: --decode_split_by_rows, or the default rules where it is empty).
+// parsed (split_rules: --decode_split_by_rows for every head_dim; unused where it is empty).
 RunnerOptions BenchmarkOptions(const std::vector<int>& capture_sizes,
                                const std::vector<SplitAim>& split_rules) {
   RunnerOptions o;
@@ -349,8 +355,11 @@ RunnerOptions BenchmarkOptions(const std::vector<int>& capture_sizes,
   o.skinny_gemm_max_rows = absl::GetFlag(FLAGS_skinny_rows);
   o.decode_min_kv_chunk = absl::GetFlag(FLAGS_decode_min_kv_chunk);
   o.decode_ctas_per_sm = absl::GetFlag(FLAGS_decode_ctas_per_sm);
-  o.decode_split_by_rows = split_rules;
-  o.config.set_model_preset("llama-3.2-1b");
+  if (!absl::GetFlag(FLAGS_decode_split_by_rows).empty()) {
+    o.decode_split_by_rows = split_rules;
+    o.decode_split_by_rows_head_dim_128 = split_rules;
+  }
+  o.config.set_model_preset(absl::GetFlag(FLAGS_preset));
   o.config.set_max_num_seqs(256);
   o.config.set_max_num_batched_tokens(absl::GetFlag(FLAGS_max_num_batched_tokens));
   o.max_model_len = absl::GetFlag(FLAGS_max_model_len);
@@ -394,6 +403,11 @@ int Main(int argc, char** argv) {
                  context, steps, max_model_len, static_cast<long long>(longest));
     return 2;
   }
+  const std::string preset = absl::GetFlag(FLAGS_preset);
+  if (absl::Status known = ModelPreset(preset).status(); !known.ok()) {
+    std::fprintf(stderr, "--preset: %s\n", std::string(known.message()).c_str());
+    return 2;
+  }
   const RunnerOptions base = BenchmarkOptions(capture_sizes, split_rules);
   const DeviceInfo info = ValueOrDie(DeviceInfo::Query(0));
   std::printf("device: %s\n", info.ToString().c_str());
@@ -425,11 +439,12 @@ int Main(int argc, char** argv) {
     FillKv(*runner, absl::GetFlag(FLAGS_kv_fill));
 
     std::printf("\nDecode step, context %d, ms (median of %d)\n", context, steps);
-    const bool peer = IsH200(info);
+    // DESIGN.md's figures are the 1B shape's.
+    const bool peer = IsH200(info) && preset == "llama-3.2-1b";
     if (!peer) {
-      std::printf("(torch graph: DESIGN.md's figures are an H200's, not shown on %s; "
-                  "tools/bench/torch_reference.py measures PyTorch here)\n",
-                  info.name.c_str());
+      std::printf("(torch graph: DESIGN.md's figures are an H200's with the 1B shape, not shown "
+                  "for %s on %s; tools/bench/torch_reference.py measures PyTorch here)\n",
+                  preset.c_str(), info.name.c_str());
     }
     std::printf("%6s %10s %10s %10s %10s %12s %10s\n", "batch", "graph", "eager", "step(host)",
                 "floor", "torch graph", "speedup");

@@ -1043,6 +1043,8 @@ TEST_F(RunnerGpuTest, BadKernelChoiceOptionsAreRefused) {
        "rope_in_attention_min_rows 0"},
       {[](RunnerOptions& o) { o.decode_split_by_rows = {{8, 4}, {2, 2}}; },
        "RunnerOptions::decode_split_by_rows[1] (max_seqs 2"},
+      {[](RunnerOptions& o) { o.decode_split_by_rows_head_dim_128 = {{8, 0}}; },
+       "RunnerOptions::decode_split_by_rows_head_dim_128[0]"},
   };
   for (const auto& [edit, name] : bad) {
     RunnerOptions options = TinyOptions(GraphExecution::kFull, 5);

@@ -46,6 +46,11 @@ SHAPES = {
     "1b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64, ffn=8192, vocab=128256,
                theta=500000.0, scaling=(32.0, 1.0, 4.0, 8192), tie=True, prompt=2000, gen=32,
                shard="800MB", tolerance=0.03, slack=1.5),
+    # Llama 3.1 8B's widths, heads, untied LM head and RoPE with 4 of its 32 layers: every kernel
+    # at head_dim 128, hidden 4096 and ffn 14336, while the float64 reference fits the host.
+    "8b": dict(hidden=4096, layers=4, heads=32, kv_heads=8, head_dim=128, ffn=14336, vocab=128256,
+               theta=500000.0, scaling=(8.0, 1.0, 4.0, 8192), tie=False, prompt=1000, gen=16,
+               shard="2GB", tolerance=0.03, slack=1.5),
 }
 
 
@@ -163,7 +168,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--generate", default=".gpu/bin/tools_generate",
                         help="kiln's generate binary")
-    parser.add_argument("--shapes", default="tiny,1b", help="comma-separated: tiny, 1b")
+    parser.add_argument("--shapes", default="tiny,1b",
+                        help="comma-separated: " + ", ".join(SHAPES))
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--prompt", type=int, default=0, help="prompt length (0: the shape's)")
     parser.add_argument("--layers", type=int, default=0, help="layers (0: the shape's)")
@@ -171,6 +177,10 @@ def main():
     parser.add_argument("--no_control", action="store_true",
                         help="skip the unscaled model (its check passes)")
     args = parser.parse_args()
+    unknown = [k for k in args.shapes.split(",") if k not in SHAPES]
+    if unknown:
+        sys.exit(f"hf_reference_check: --shapes={args.shapes!r}: unknown {', '.join(unknown)}; "
+                 f"use {', '.join(SHAPES)}")
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     print(f"torch {torch.__version__}, transformers {transformers.__version__}")
     failed = False

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""PyTorch reference for kiln's decode step: the 1B-class Llama shape, eager and CUDA graph.
+"""PyTorch reference for kiln's decode step: a Llama shape, eager and CUDA graph.
 
-    python3 tools/bench/torch_reference.py [--batches 1,8,32,128] [--context 1024]
-        [--variants plain,grouped,compiled,autotuned] [--norms fused,hf]
+    python3 tools/bench/torch_reference.py [--model llama-3.2-1b] [--batches 1,8,32,128]
+        [--context 1024] [--variants plain,grouped,compiled,autotuned] [--norms fused,hf]
 
-The model: hidden 2048, 16 layers, 32/8 heads of 64, ffn 8192, vocab 128256, tied embeddings,
-random bf16 weights, over a plain, non-paged KV cache of `context` positions per sequence that
+The model (--model): llama-3.2-1b, the 1B-class shape of kiln's figures (hidden 2048, 16 layers,
+32/8 heads of 64, ffn 8192, vocab 128256, tied embeddings), or llama-3.1-8b (hidden 4096, 32
+layers, 32/8 heads of 128, ffn 14336, its own LM head); Llama 3's RoPE scaling; random bf16
+weights, over a plain, non-paged KV cache of `context` positions per sequence that
 starts full of random values: each decode step writes the new K/V at position context - 1 and
 attends over all `context` positions. The step ends with the logits and a greedy argmax.
 
@@ -40,10 +42,27 @@ import torch
 import torch._dynamo
 import torch.nn.functional as F
 
-HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB = 2048, 16, 32, 8, 64, 8192, 128256
+# The shapes kiln's presets of the same names give (runtime/config/presets.cc); rope_scaling is
+# llama3's: factor, low_freq_factor, high_freq_factor, original length.
+MODELS = {
+    "llama-3.2-1b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64, ffn=8192,
+                         vocab=128256, tied=True, scaling=(32.0, 1.0, 4.0, 8192)),
+    "llama-3.1-8b": dict(hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, ffn=14336,
+                         vocab=128256, tied=False, scaling=(8.0, 1.0, 4.0, 8192)),
+}
 ROPE_THETA, RMS_EPS = 500000.0, 1e-5
-# Llama 3.2 1B's rope_scaling (llama3): factor, low_freq_factor, high_freq_factor, original length.
-ROPE_SCALING = (32.0, 1.0, 4.0, 8192)
+
+
+def use_model(name):
+    """Sets the module's shape constants to MODELS[name]'s."""
+    global HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB, TIED, ROPE_SCALING
+    m = MODELS[name]
+    HIDDEN, LAYERS, HEADS, KV_HEADS = m["hidden"], m["layers"], m["heads"], m["kv_heads"]
+    HEAD_DIM, FFN, VOCAB, TIED, ROPE_SCALING = (m["head_dim"], m["ffn"], m["vocab"], m["tied"],
+                                                m["scaling"])
+
+
+use_model("llama-3.2-1b")
 
 
 def llama3_scaled(inv_freq):
@@ -126,7 +145,9 @@ class Llama:
             return ((torch.rand(*shape, generator=g, device=device) * 2 - 1) * scale).to(bf)
 
         qkv_rows = (HEADS + 2 * KV_HEADS) * HEAD_DIM
-        self.embed = uniform(VOCAB, HIDDEN, scale=math.sqrt(3))  # tied with the LM head
+        self.embed = uniform(VOCAB, HIDDEN, scale=math.sqrt(3))
+        self.lm_head = (self.embed if TIED else
+                        uniform(VOCAB, HIDDEN, scale=math.sqrt(3 / HIDDEN)))
         self.layers = []
         for _ in range(LAYERS):
             self.layers.append(dict(
@@ -158,6 +179,8 @@ class Llama:
 
     def weight_bytes(self):
         n = self.embed.numel() + self.norm.numel()
+        if self.lm_head is not self.embed:
+            n += self.lm_head.numel()
         for layer in self.layers:
             n += sum(t.numel() for t in layer.values())
         return 2 * n
@@ -185,7 +208,7 @@ class Llama:
                     q.reshape(b, KV_HEADS, HEADS // KV_HEADS, HEAD_DIM), kc, vc)
             x = self.after(x, o.reshape(b, HEADS * HEAD_DIM), w["wo"], w["ln2"], w["wgu"],
                            w["wdown"])
-        return self.head(x, self.norm, self.embed)
+        return self.head(x, self.norm, self.lm_head)
 
 
 def median_ms(fn, warmup, reps):
@@ -220,6 +243,8 @@ def parse_list(text, allowed, flag):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="llama-3.2-1b",
+                        help="shape: " + ", ".join(MODELS) + " (kiln's presets of those names)")
     parser.add_argument("--batches", default="1,8,32,128")
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--warmup", type=int, default=20)
@@ -238,6 +263,10 @@ def main():
     if not batches or min(batches) < 1 or args.context < 2 or args.warmup < 0 or args.reps < 1:
         raise SystemExit("torch_reference: --batches must be >= 1, --context >= 2, "
                          "--warmup >= 0 and --reps >= 1")
+    if args.model not in MODELS:
+        raise SystemExit(f"torch_reference: --model={args.model!r}: expected one of "
+                         f"{', '.join(MODELS)}")
+    use_model(args.model)
     variants = parse_list(args.variants, VARIANTS, "--variants")
     norms = parse_list(args.norms, tuple(NORMS), "--norms")
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -248,7 +277,7 @@ def main():
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"copy bandwidth {bw / 1e12:.2f} TB/s")
     model = Llama(max(batches), args.context, device)
-    print(f"1B-class Llama decode step, context {args.context}, "
+    print(f"{args.model} shape decode step, context {args.context}, "
           f"{model.weight_bytes() / 2**30:.2f} GiB of weights (ms, median of {args.reps})")
     rows = []
     reference = {}  # batch -> the first variant's tokens
@@ -305,7 +334,7 @@ def main():
     if out_dir:
         with open(os.path.join(out_dir, "torch_reference.json"), "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                           copy_bandwidth=bw, context=args.context, rows=rows,
+                           model=args.model, copy_bandwidth=bw, context=args.context, rows=rows,
                            fastest_graph={str(b): best[b] for b in batches}), f, indent=1)
 
 
