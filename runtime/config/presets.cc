@@ -36,9 +36,11 @@ struct ModelEntry {
 };
 
 // From each model's published config.json (Hugging Face: meta-llama/Llama-3.2-1B,
-// meta-llama/Llama-3.1-8B, meta-llama/Llama-3.1-70B, Qwen/Qwen2.5-7B). All ship in bf16.
+// meta-llama/Llama-3.2-3B, meta-llama/Llama-3.1-8B, meta-llama/Llama-3.1-70B, Qwen/Qwen2.5-7B). All ship in bf16.
 constexpr ModelEntry kModels[] = {
     {"llama-3.2-1b", "Llama-3.2-1B", 2048, 16, 32, 8, 64, 8192, 128256, true, 500000.0, 1e-5,
+     false, 32.0, 1.0, 4.0, 8192},
+    {"llama-3.2-3b", "Llama-3.2-3B", 3072, 28, 24, 8, 128, 8192, 128256, true, 500000.0, 1e-5,
      false, 32.0, 1.0, 4.0, 8192},
     {"llama-3.1-8b", "Llama-3.1-8B", 4096, 32, 32, 8, 128, 14336, 128256, false, 500000.0, 1e-5,
      false, 8.0, 1.0, 4.0, 8192},

@@ -39,6 +39,16 @@ TEST(PresetsTest, PublishedShapes) {
   EXPECT_EQ(l1->head_dim(), 64);
   EXPECT_TRUE(l1->tie_embeddings());
 
+  auto l3 = ModelPreset("llama-3.2-3b");
+  ASSERT_TRUE(l3.ok());
+  EXPECT_EQ(l3->hidden_size(), 3072);
+  EXPECT_EQ(l3->num_layers(), 28);
+  EXPECT_EQ(l3->num_heads(), 24);  // 3 query heads per KV head
+  EXPECT_EQ(l3->num_kv_heads(), 8);
+  EXPECT_EQ(l3->head_dim(), 128);
+  EXPECT_EQ(l3->intermediate_size(), 8192);
+  EXPECT_TRUE(l3->tie_embeddings());
+
   auto l70 = ModelPreset("llama-3.1-70b");
   ASSERT_TRUE(l70.ok());
   EXPECT_EQ(l70->num_layers(), 80);
@@ -65,6 +75,7 @@ void ExpectLlama3Scaling(const config::ModelShape& shape, double factor) {
 
 TEST(PresetsTest, PublishedRopeScaling) {
   ExpectLlama3Scaling(*ModelPreset("llama-3.2-1b"), 32.0);
+  ExpectLlama3Scaling(*ModelPreset("llama-3.2-3b"), 32.0);
   ExpectLlama3Scaling(*ModelPreset("llama-3.1-8b"), 8.0);
   ExpectLlama3Scaling(*ModelPreset("llama-3.1-70b"), 8.0);
   auto q7 = ModelPreset("qwen2.5-7b");
@@ -89,7 +100,7 @@ TEST(PresetsTest, UnknownNamesListTheKnownOnes) {
   auto model = ModelPreset("gpt-5");
   EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(model.status().message()),
-              HasSubstr("Unknown model preset \"gpt-5\"; use one of llama-3.2-1b, llama-3.1-8b, "
+              HasSubstr("Unknown model preset \"gpt-5\"; use one of llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, "
                         "llama-3.1-70b, qwen2.5-7b"));
   auto gpu = GpuPreset("v100");
   EXPECT_THAT(std::string(gpu.status().message()),

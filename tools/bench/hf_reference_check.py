@@ -46,6 +46,10 @@ SHAPES = {
     "1b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64, ffn=8192, vocab=128256,
                theta=500000.0, scaling=(32.0, 1.0, 4.0, 8192), tie=True, prompt=2000, gen=32,
                shard="800MB", tolerance=0.03, slack=1.5),
+    # Llama 3.2 3B's widths and 3 query heads per KV head, with 4 of its 28 layers.
+    "3b": dict(hidden=3072, layers=4, heads=24, kv_heads=8, head_dim=128, ffn=8192, vocab=128256,
+               theta=500000.0, scaling=(32.0, 1.0, 4.0, 8192), tie=True, prompt=1000, gen=16,
+               shard="2GB", tolerance=0.03, slack=1.5),
     # Llama 3.1 8B's widths, heads, untied LM head and RoPE with 4 of its 32 layers: every kernel
     # at head_dim 128, hidden 4096 and ffn 14336, while the float64 reference fits the host.
     "8b": dict(hidden=4096, layers=4, heads=32, kv_heads=8, head_dim=128, ffn=14336, vocab=128256,

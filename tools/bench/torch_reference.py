@@ -5,9 +5,9 @@
         [--context 1024] [--variants plain,grouped,compiled,autotuned] [--norms fused,hf]
 
 The model (--model): llama-3.2-1b, the 1B-class shape of kiln's figures (hidden 2048, 16 layers,
-32/8 heads of 64, ffn 8192, vocab 128256, tied embeddings), or llama-3.1-8b (hidden 4096, 32
-layers, 32/8 heads of 128, ffn 14336, its own LM head); Llama 3's RoPE scaling; random bf16
-weights, over a plain, non-paged KV cache of `context` positions per sequence that
+32/8 heads of 64, ffn 8192, vocab 128256, tied embeddings), llama-3.2-3b (hidden 3072, 28 layers,
+24/8 heads of 128, ffn 8192, tied) or llama-3.1-8b (hidden 4096, 32 layers, 32/8 heads of 128, ffn
+14336, its own LM head); Llama 3's RoPE scaling; random bf16 weights, over a plain, non-paged KV cache of `context` positions per sequence that
 starts full of random values: each decode step writes the new K/V at position context - 1 and
 attends over all `context` positions. The step ends with the logits and a greedy argmax.
 
@@ -46,6 +46,8 @@ import torch.nn.functional as F
 # llama3's: factor, low_freq_factor, high_freq_factor, original length.
 MODELS = {
     "llama-3.2-1b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64, ffn=8192,
+                         vocab=128256, tied=True, scaling=(32.0, 1.0, 4.0, 8192)),
+    "llama-3.2-3b": dict(hidden=3072, layers=28, heads=24, kv_heads=8, head_dim=128, ffn=8192,
                          vocab=128256, tied=True, scaling=(32.0, 1.0, 4.0, 8192)),
     "llama-3.1-8b": dict(hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, ffn=14336,
                          vocab=128256, tied=False, scaling=(8.0, 1.0, 4.0, 8192)),
