@@ -1,5 +1,6 @@
 // Decode-step latency of the 1B-class Llama (hidden 2048, 16 layers, 32/8 heads of 64, ffn 8192,
-// vocab 128256, random bf16 weights) with tensor parallelism, as CUDA graphs: TP=1, and
+// vocab 128256, random bf16 weights; --preset names another model preset, e.g. llama-3.1-8b) with
+// tensor parallelism, as CUDA graphs: TP=1, and
 // TP=world with the custom all-reduce (AutoCommunicator's choice per call, fused with the
 // residual add + RMSNorm after it where it takes the step's size), the same without that fusion
 // (all-reduce, then a separate norm kernel), with NCCL only, with the unfused custom one-shot
@@ -41,6 +42,7 @@
 #include "collectives/allreduce_config.pb.h"
 #include "collectives/testing/multiprocess_benchmark_util.h"
 #include "collectives/testing/process_group.h"
+#include "runtime/config/presets.h"
 #include "runtime/cuda/device_info.h"
 #include "runtime/cuda/status.h"
 #include "runtime/cuda/status_macros.h"
@@ -48,6 +50,8 @@
 #include "runtime/runner/runner.h"
 
 ABSL_FLAG(int, world_size, 0, "Ranks (one process per GPU); 0 = every visible GPU");
+ABSL_FLAG(std::string, preset, "llama-3.2-1b",
+          "Model preset whose shape is measured (random weights): llama-3.2-1b, llama-3.1-8b, ...");
 ABSL_FLAG(std::string, batches, "1,8,32", "Decode batch sizes");
 ABSL_FLAG(int, context, 1024, "Tokens of context per sequence");
 ABSL_FLAG(int, steps, 30, "Timed steps per measurement");
@@ -116,7 +120,7 @@ absl::StatusOr<std::vector<bool>> Columns() {
 
 RunnerOptions BenchmarkOptions(const std::vector<int>& batches, int context) {
   RunnerOptions o;
-  o.config.set_model_preset("llama-3.2-1b");
+  o.config.set_model_preset(absl::GetFlag(FLAGS_preset));
   const int max_batch = *std::max_element(batches.begin(), batches.end());
   o.config.set_max_num_seqs(max_batch);
   o.config.set_max_num_batched_tokens(std::max(512, max_batch));
@@ -253,9 +257,9 @@ absl::Status RunRank(testing::ProcessGroupMember& member) {
   if (member.rank == 0) {
     ASSIGN_OR_RETURN(DeviceInfo info, DeviceInfo::Query(0));
     std::printf("device: %s x %d\n", info.ToString().c_str(), world);
-    std::printf("model: 1B-class Llama (llama-3.2-1b shape, random bf16 weights), context %d, "
-                "CUDA graphs, step ms on rank 0 (median of %d)\n",
-                context, absl::GetFlag(FLAGS_steps));
+    std::printf("model: %s shape, random bf16 weights, context %d, CUDA graphs, step ms on rank 0 "
+                "(median of %d)\n",
+                absl::GetFlag(FLAGS_preset).c_str(), context, absl::GetFlag(FLAGS_steps));
     // Ratios against the custom column, of the columns timed.
     const std::pair<Variant, const char*> ratios[] = {
         {kNccl, "NCCL"}, {kUnfused, "unfused"}, {kTp1, "TP=1"}};
@@ -298,7 +302,9 @@ absl::Status RunRank(testing::ProcessGroupMember& member) {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   // Bad flags fail here, once, before any rank starts.
-  for (const absl::Status& flags : {kiln::Batches().status(), kiln::Columns().status()}) {
+  for (const absl::Status& flags :
+       {kiln::Batches().status(), kiln::Columns().status(),
+        kiln::ModelPreset(absl::GetFlag(FLAGS_preset)).status()}) {
     if (!flags.ok()) {
       std::fprintf(stderr, "tp_benchmark: %s\n", std::string(flags.message()).c_str());
       return 2;
