@@ -177,6 +177,11 @@ absl::StatusOr<LlamaShape> LlamaShapeFromConfig(const config::ModelShape& m) {
   return s;
 }
 
+const std::vector<SplitAim>& DecodeSplitRules(const RunnerOptions& options, int head_dim) {
+  return head_dim == 128 ? options.decode_split_by_rows_head_dim_128
+                         : options.decode_split_by_rows;
+}
+
 config::ModelShape ModelShapeFromLlamaShape(const LlamaShape& t, absl::string_view name) {
   config::ModelShape m;
   m.set_name(std::string(name));
@@ -456,10 +461,8 @@ absl::Status Runner::InitAllocations(const RunnerOptions& options) {
         PlannerOptionsFor(key, shape.heads, shape.kv_heads, shape.head_dim, sm_count_,
                           options.max_model_len, options.prefill_tile_rows);
     planner_options.decode.min_kv_chunk = options.decode_min_kv_chunk;
-    SetDecodeSplit(key,
-                   shape.head_dim == 128 ? options.decode_split_by_rows_head_dim_128
-                                         : options.decode_split_by_rows,
-                   options.decode_ctas_per_sm, &planner_options.decode);
+    SetDecodeSplit(key, DecodeSplitRules(options, shape.head_dim), options.decode_ctas_per_sm,
+                   &planner_options.decode);
     ASSIGN_OR_RETURN(SplitKvPlanner planner, SplitKvPlanner::Create(planner_options));
     const PlanLayout& layout = planner.layout();
     layouts_.push_back(MetadataLayout::Create(key, layout.plan_bytes, max_blocks_per_seq_));

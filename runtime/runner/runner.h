@@ -440,9 +440,13 @@ class Runner {
 
 // Returns the LlamaShape of a resolved config::ModelShape. InvalidArgument for what kiln's model
 // does not run: a dtype other than bf16, attention bias, a rope_scaling that is not a complete,
-// valid "llama3" one, heads or a head_dim decode attention has no kernel for (Llama 3.2 3B's 24
-// query heads over 8 KV heads, for one: DecodeAttentionSupportsShape).
+// valid "llama3" one, heads or a head_dim decode attention has no kernel for (Qwen2.5 7B's 28
+// query heads over 4 KV heads, for one: DecodeAttentionSupportsShape).
 absl::StatusOr<LlamaShape> LlamaShapeFromConfig(const config::ModelShape& model);
+
+// The decode split rules `options` give a model of `head_dim`:
+// decode_split_by_rows_head_dim_128 for head_dim 128, decode_split_by_rows otherwise.
+const std::vector<SplitAim>& DecodeSplitRules(const RunnerOptions& options, int head_dim);
 
 // Returns the config::ModelShape (bf16) of `shape`, named `name`: the inverse of
 // LlamaShapeFromConfig, for configs built from a LlamaShape (tests, benchmarks).

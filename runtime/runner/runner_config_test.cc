@@ -125,6 +125,30 @@ TEST(RunnerConfigTest, RefusesHeadsDecodeAttentionHasNoKernelFor) {
   EXPECT_TRUE(LlamaShapeFromConfig(ModelShapeFromLlamaShape(LlamaShape::Llama1B(), "1b")).ok());
 }
 
+// head_dim 128 models (measured on Llama 3.1 8B) aim at 2 CTAs per SM for 8 sequences; the 1B
+// shape's rules aim at 4.
+TEST(RunnerConfigTest, DecodeSplitRulesFollowTheModelsHeadDim) {
+  const RunnerOptions defaults;
+  auto aims_at_8_rows = [&](const char* preset) {
+    auto model = ModelPreset(preset);
+    EXPECT_TRUE(model.ok()) << model.status();
+    auto shape = LlamaShapeFromConfig(*model);
+    EXPECT_TRUE(shape.ok()) << shape.status();
+    for (const SplitAim& aim : DecodeSplitRules(defaults, shape->head_dim)) {
+      if (aim.max_seqs >= 8) return aim.ctas_per_sm;
+    }
+    return -1;
+  };
+  EXPECT_EQ(aims_at_8_rows("llama-3.2-1b"), 4);
+  EXPECT_EQ(aims_at_8_rows("llama-3.2-3b"), 2);
+  EXPECT_EQ(aims_at_8_rows("llama-3.1-8b"), 2);
+  RunnerOptions custom;
+  custom.decode_split_by_rows = {{4, 3}};
+  custom.decode_split_by_rows_head_dim_128 = {{16, 1}};
+  EXPECT_EQ(DecodeSplitRules(custom, 64).front().ctas_per_sm, 3);
+  EXPECT_EQ(DecodeSplitRules(custom, 128).front().max_seqs, 16);
+}
+
 TEST(RunnerConfigTest, WritesTheRunnersGraphChoicesIntoThePlannerConfig) {
   RunnerOptions options;
   options.config = OneBillion();
