@@ -192,7 +192,7 @@ struct RunnerOptions {
   // tiles read twice the bytes per token. On an H100 (8B, 1024 tokens) 8 sequences are faster
   // aiming at 2 CTAs per SM than at 4 (batch 8 6.137–6.149 against 6.241–6.250 ms; 3 or 1:
   // 6.247–6.268), and every other batch from 1 to 32 is within 15 µs either way
-  // (runtime/runner/NOTES.md, "Llama 3.1 8B").
+  // (runtime/runner/NOTES.md, "Llama 3.2 3B and 3.1 8B").
   std::vector<SplitAim> decode_split_by_rows_head_dim_128 = {{8, 2}, {24, 1}};
   // Benchmarks only: leave attention out of every step (LlamaModelOptions::run_attention), and
   // the RoPE + KV append where attention does it, to time the rest. The tokens are then not the

@@ -39,15 +39,16 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "runtime/config/presets.h"
 #include "runtime/cuda/device_buffer.h"
 #include "runtime/cuda/device_info.h"
 #include "runtime/cuda/event.h"
 #include "runtime/cuda/kernel_trace.h"
 #include "runtime/cuda/status.h"
-#include "runtime/config/presets.h"
 #include "runtime/cuda/stream.h"
 #include "runtime/model/internal/benchmark_util.h"
 #include "runtime/runner/runner.h"
@@ -440,7 +441,7 @@ int Main(int argc, char** argv) {
 
     std::printf("\nDecode step, context %d, ms (median of %d)\n", context, steps);
     // DESIGN.md's figures are the 1B shape's.
-    const bool peer = IsH200(info) && preset == "llama-3.2-1b";
+    const bool peer = IsH200(info) && absl::AsciiStrToLower(preset) == "llama-3.2-1b";
     if (!peer) {
       std::printf("(torch graph: DESIGN.md's figures are an H200's with the 1B shape, not shown "
                   "for %s on %s; tools/bench/torch_reference.py measures PyTorch here)\n",
