@@ -26,7 +26,7 @@ expect_bad model_dir_missing "Model directory \"$tmp/no_such_model\" does not ex
   "--model_dir=$tmp/no_such_model"
 mkdir -p "$tmp/qwen"
 printf '{"model_type": "qwen2", "hidden_size": 3584}' >"$tmp/qwen/config.json"
-expect_bad model_dir_qwen 'model_type "qwen2" is not a Llama' "--model_dir=$tmp/qwen"
+expect_bad model_dir_qwen 'model_type "qwen2" is not a Llama-family decoder kiln runs' "--model_dir=$tmp/qwen"
 expect_bad model_dir_no_weights 'holds no weights: no model.safetensors.index.json' \
   "--model_dir=$llama"
 expect_bad model_dir_and_weights '--model_dir and --weights both name the weights' \

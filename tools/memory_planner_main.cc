@@ -46,7 +46,7 @@ ABSL_FLAG(std::string, config, "",
           "graph_optimization_config keys); fields it sets override the built-in default");
 ABSL_FLAG(std::string, preset, "",
           "Model preset: llama-3.2-1b, llama-3.2-3b, llama-3.1-8b (default), llama-3.1-70b, "
-          "qwen2.5-7b; replaces the model");
+          "mistral-7b-v0.3, qwen2.5-7b; replaces the model");
 ABSL_FLAG(std::string, model_dir, "",
           "Hugging Face model directory: the model's shape from its config.json (the weights "
           "need not be there yet); replaces the model, as --preset does");

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -15,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "runtime/config/hf_config.pb.h"
 
@@ -26,9 +28,11 @@ using config::hf::HfConfig;
 using config::hf::HfRope;
 using config::hf::SafetensorsIndex;
 
-// transformers' LlamaConfig defaults for keys a config.json may leave out.
+// transformers' LlamaConfig and MistralConfig defaults for keys a config.json may leave out.
 constexpr double kDefaultRopeTheta = 10000.0;
 constexpr double kDefaultRmsNormEps = 1e-6;
+constexpr int kMistralDefaultKvHeads = 8;
+constexpr int kMistralDefaultSlidingWindow = 4096;
 
 constexpr char kConfigFile[] = "config.json";
 constexpr char kIndexFile[] = "model.safetensors.index.json";
@@ -80,6 +84,27 @@ absl::StatusOr<config::DType> DTypeFromHf(const HfConfig& c, absl::string_view s
       source, ": ", key, " \"", name,
       "\" is not a type kiln reads; use a checkpoint in \"bfloat16\" (kiln's model runs bf16; "
       "\"float16\" and \"float32\" are read for memory planning)"));
+}
+
+// Returns a Mistral config.json's sliding window as MistralConfig reads it: its default (4096)
+// where the key is absent, none (nullopt) where it is null, else the number, which must be
+// positive. `c` is `json` parsed.
+absl::StatusOr<std::optional<int>> MistralSlidingWindow(absl::string_view json, const HfConfig& c,
+                                                        absl::string_view source) {
+  if (c.has_sliding_window()) {
+    if (c.sliding_window() <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": sliding_window is ", c.sliding_window(),
+                       "; it must be positive, or null for attention over every token"));
+    }
+    return c.sliding_window();
+  }
+  // Unset is absent or null; the JSON as a Struct tells which.
+  google::protobuf::Struct keys;
+  absl::Status parsed = ParseJson(json, source, "JSON", &keys);
+  if (!parsed.ok()) return parsed;
+  if (keys.fields().contains("sliding_window")) return std::nullopt;  // null
+  return kMistralDefaultSlidingWindow;
 }
 
 // Returns whether `r` says anything about scaling (transformers 5's rope_parameters always holds
@@ -187,12 +212,14 @@ absl::StatusOr<config::ModelShape> ModelShapeFromHfConfigJson(absl::string_view 
     return absl::InvalidArgumentError(
         absl::StrCat(source,
                      " has no \"model_type\"; kiln's model runs Llama-family decoders (model_type "
-                     "\"llama\"): give it a transformers config.json"));
+                     "\"llama\" or \"mistral\"): give it a transformers config.json"));
   }
-  if (c.model_type() != "llama") {
+  const bool mistral = c.model_type() == "mistral";
+  if (c.model_type() != "llama" && !mistral) {
     return absl::InvalidArgumentError(absl::StrCat(
         source, ": model_type \"", c.model_type(),
-        "\" is not a Llama; kiln's model runs Llama-family decoders (model_type \"llama\")"));
+        "\" is not a Llama-family decoder kiln runs; kiln's model runs model_type \"llama\" and "
+        "\"mistral\""));
   }
   if (c.has_hidden_act() && c.hidden_act() != "silu") {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -244,8 +271,11 @@ absl::StatusOr<config::ModelShape> ModelShapeFromHfConfigJson(absl::string_view 
   m.set_hidden_size(c.hidden_size());
   m.set_num_layers(c.num_hidden_layers());
   m.set_num_heads(c.num_attention_heads());
-  m.set_num_kv_heads(c.has_num_key_value_heads() ? c.num_key_value_heads()
-                                                 : c.num_attention_heads());
+  if (c.has_num_key_value_heads()) {
+    m.set_num_kv_heads(c.num_key_value_heads());
+  } else {
+    m.set_num_kv_heads(mistral ? kMistralDefaultKvHeads : c.num_attention_heads());
+  }
   // transformers divides without checking the remainder; so does kiln, to build the same model.
   m.set_head_dim(c.has_head_dim() ? c.head_dim() : c.hidden_size() / c.num_attention_heads());
   m.set_intermediate_size(c.intermediate_size());
@@ -261,6 +291,11 @@ absl::StatusOr<config::ModelShape> ModelShapeFromHfConfigJson(absl::string_view 
   }
   m.set_rms_norm_eps(c.has_rms_norm_eps() ? c.rms_norm_eps() : kDefaultRmsNormEps);
   m.set_attention_bias(c.attention_bias());
+  if (mistral) {  // LlamaConfig has no sliding window: transformers ignores the key there
+    absl::StatusOr<std::optional<int>> window = MistralSlidingWindow(json, c, source);
+    if (!window.ok()) return window.status();
+    if (window->has_value()) m.set_sliding_window(**window);
+  }
   if (c.has_rope_scaling()) {
     // Copied as written, "default" included; the Runner says which kinds it runs.
     *m.mutable_rope_scaling() = RopeScalingFromHf(c.rope_scaling());

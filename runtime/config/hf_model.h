@@ -6,7 +6,9 @@
 //   *options.config.mutable_model() = hf.model;   // instead of a model_preset
 //   options.weight_files = hf.weight_files;
 //
-// config.json is read as transformers' LlamaConfig reads it: model_type must be "llama"; the
+// config.json is read as transformers' LlamaConfig reads it (MistralConfig, for model_type
+// "mistral": its defaults of 8 KV heads and a sliding window of 4096 tokens, which a null
+// "sliding_window" turns off): model_type must be "llama" or "mistral"; the
 // sizes (hidden_size, num_hidden_layers, num_attention_heads, intermediate_size, vocab_size) and
 // the weights' type (torch_dtype, or dtype in newer files) are required; the other keys take
 // LlamaConfig's defaults when absent (num_key_value_heads: num_attention_heads, head_dim:
@@ -17,8 +19,9 @@
 // for (bos_token_id, max_position_embeddings, ...) are ignored.
 //
 // What this accepts, the model may still refuse: the Runner runs bf16 weights without
-// attention_bias and with rope_type "llama3" or "default" (LlamaShapeFromConfig says why); the
-// memory planner sizes any of them.
+// attention_bias and with rope_type "llama3" or "default" (LlamaShapeFromConfig says why), and a
+// sliding window only as long as max_model_len (CheckSlidingWindow); the memory planner sizes
+// any of them.
 //
 // Thread-safe; no CUDA.
 #ifndef KILN_RUNTIME_CONFIG_HF_MODEL_H_

@@ -226,11 +226,80 @@ TEST(HfModelTest, RefusesOtherModelTypes) {
   auto keys = LlamaKeys();
   keys["model_type"] = R"("qwen2")";
   EXPECT_EQ(Message(Parse(keys).status()),
-            "test/config.json: model_type \"qwen2\" is not a Llama; kiln's model runs "
-            "Llama-family decoders (model_type \"llama\")");
+            "test/config.json: model_type \"qwen2\" is not a Llama-family decoder kiln runs; "
+            "kiln's model runs model_type \"llama\" and \"mistral\"");
   EXPECT_TRUE(absl::IsInvalidArgument(Parse(keys).status()));
   keys.erase("model_type");
   EXPECT_THAT(Message(Parse(keys).status()), HasSubstr("test/config.json has no \"model_type\""));
+}
+
+// Mistral-7B-v0.3's config.json keys (mistralai/Mistral-7B-v0.3) as raw JSON values.
+std::map<std::string, std::string> MistralKeys() {
+  return {
+      {"architectures", R"(["MistralForCausalLM"])"},
+      {"attention_dropout", "0.0"},
+      {"bos_token_id", "1"},
+      {"eos_token_id", "2"},
+      {"hidden_act", R"("silu")"},
+      {"hidden_size", "4096"},
+      {"initializer_range", "0.02"},
+      {"intermediate_size", "14336"},
+      {"max_position_embeddings", "32768"},
+      {"model_type", R"("mistral")"},
+      {"num_attention_heads", "32"},
+      {"num_hidden_layers", "32"},
+      {"num_key_value_heads", "8"},
+      {"rms_norm_eps", "1e-05"},
+      {"rope_theta", "1000000.0"},
+      {"sliding_window", "null"},
+      {"tie_word_embeddings", "false"},
+      {"torch_dtype", R"("bfloat16")"},
+      {"use_cache", "true"},
+      {"vocab_size", "32768"},
+  };
+}
+
+TEST(HfModelTest, ReadsMistral) {
+  auto shape = ModelShapeFromHfConfigJson(Json(MistralKeys()), "config.json");
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->name(), "MistralForCausalLM");
+  EXPECT_EQ(shape->hidden_size(), 4096);
+  EXPECT_EQ(shape->num_heads(), 32);
+  EXPECT_EQ(shape->num_kv_heads(), 8);
+  EXPECT_EQ(shape->head_dim(), 128);  // hidden_size / num_attention_heads
+  EXPECT_EQ(shape->vocab_size(), 32768);
+  EXPECT_EQ(shape->rope_theta(), 1e6);
+  EXPECT_EQ(shape->rms_norm_eps(), 1e-5);
+  EXPECT_FALSE(shape->tie_embeddings());
+  EXPECT_FALSE(shape->attention_bias());
+  EXPECT_FALSE(shape->has_rope_scaling());
+  EXPECT_FALSE(shape->has_sliding_window());  // null: attention over every token
+}
+
+// MistralConfig's defaults differ from LlamaConfig's: 8 KV heads, a window of 4096 tokens.
+TEST(HfModelTest, MistralSlidingWindowAndDefaults) {
+  auto keys = MistralKeys();
+  keys["sliding_window"] = "4096";  // Mistral-7B-v0.1
+  auto shape = Parse(keys);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->sliding_window(), 4096);
+  keys.erase("sliding_window");
+  keys.erase("num_key_value_heads");
+  shape = Parse(keys);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->sliding_window(), 4096);
+  EXPECT_EQ(shape->num_kv_heads(), 8);
+  keys["sliding_window"] = "0";
+  EXPECT_THAT(Message(Parse(keys).status()),
+              HasSubstr("test/config.json: sliding_window is 0; it must be positive"));
+  // A Llama's config.json has no sliding window; transformers ignores the key there.
+  auto llama = LlamaKeys();
+  llama["sliding_window"] = "4096";
+  shape = Parse(llama);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_FALSE(shape->has_sliding_window());
+  llama.erase("num_key_value_heads");
+  EXPECT_EQ(Parse(llama)->num_kv_heads(), 32);  // LlamaConfig: num_attention_heads
 }
 
 TEST(HfModelTest, RefusesOtherActivationsAndMlpBias) {

@@ -36,7 +36,8 @@ struct ModelEntry {
 };
 
 // From each model's published config.json (Hugging Face: meta-llama/Llama-3.2-1B,
-// meta-llama/Llama-3.2-3B, meta-llama/Llama-3.1-8B, meta-llama/Llama-3.1-70B, Qwen/Qwen2.5-7B). All ship in bf16.
+// meta-llama/Llama-3.2-3B, meta-llama/Llama-3.1-8B, meta-llama/Llama-3.1-70B,
+// mistralai/Mistral-7B-v0.3, Qwen/Qwen2.5-7B). All ship in bf16.
 constexpr ModelEntry kModels[] = {
     {"llama-3.2-1b", "Llama-3.2-1B", 2048, 16, 32, 8, 64, 8192, 128256, true, 500000.0, 1e-5,
      false, 32.0, 1.0, 4.0, 8192},
@@ -46,6 +47,8 @@ constexpr ModelEntry kModels[] = {
      false, 8.0, 1.0, 4.0, 8192},
     {"llama-3.1-70b", "Llama-3.1-70B", 8192, 80, 64, 8, 128, 28672, 128256, false, 500000.0, 1e-5,
      false, 8.0, 1.0, 4.0, 8192},
+    {"mistral-7b-v0.3", "Mistral-7B-v0.3", 4096, 32, 32, 8, 128, 14336, 32768, false, 1000000.0,
+     1e-5, false, 0.0, 0.0, 0.0, 0},
     {"qwen2.5-7b", "Qwen2.5-7B", 3584, 28, 28, 4, 128, 18944, 152064, false, 1000000.0, 1e-6, true,
      0.0, 0.0, 0.0, 0},
 };

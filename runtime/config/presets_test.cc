@@ -54,6 +54,14 @@ TEST(PresetsTest, PublishedShapes) {
   EXPECT_EQ(l70->num_layers(), 80);
   EXPECT_EQ(l70->num_heads(), 64);
 
+  auto m7 = ModelPreset("mistral-7b-v0.3");
+  ASSERT_TRUE(m7.ok());
+  EXPECT_EQ(m7->vocab_size(), 32768);
+  EXPECT_EQ(m7->rope_theta(), 1e6);
+  EXPECT_FALSE(m7->tie_embeddings());
+  EXPECT_FALSE(m7->has_rope_scaling());
+  EXPECT_FALSE(m7->has_sliding_window());
+
   auto q7 = ModelPreset("qwen2.5-7b");
   ASSERT_TRUE(q7.ok());
   EXPECT_EQ(q7->hidden_size(), 3584);
@@ -100,8 +108,8 @@ TEST(PresetsTest, UnknownNamesListTheKnownOnes) {
   auto model = ModelPreset("gpt-5");
   EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(model.status().message()),
-              HasSubstr("Unknown model preset \"gpt-5\"; use one of llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, "
-                        "llama-3.1-70b, qwen2.5-7b"));
+              HasSubstr("Unknown model preset \"gpt-5\"; use one of llama-3.2-1b, llama-3.2-3b, "
+                        "llama-3.1-8b, llama-3.1-70b, mistral-7b-v0.3, qwen2.5-7b"));
   auto gpu = GpuPreset("v100");
   EXPECT_THAT(std::string(gpu.status().message()),
               HasSubstr("Unknown GPU preset \"v100\"; use one of h100-80gb, h200-141gb"));

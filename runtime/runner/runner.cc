@@ -177,6 +177,17 @@ absl::StatusOr<LlamaShape> LlamaShapeFromConfig(const config::ModelShape& m) {
   return s;
 }
 
+absl::Status CheckSlidingWindow(const config::ModelShape& model, int max_model_len) {
+  if (!model.has_sliding_window() || max_model_len <= model.sliding_window()) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "Model ", model.name(), " attends over a sliding window of its last ",
+      model.sliding_window(), " tokens, which kiln's attention does not implement; up to ",
+      model.sliding_window(), " tokens full attention computes the same: set max_model_len (",
+      max_model_len, ") to at most ", model.sliding_window()));
+}
+
 const std::vector<SplitAim>& DecodeSplitRules(const RunnerOptions& options, int head_dim) {
   return head_dim == 128 ? options.decode_split_by_rows_head_dim_128
                          : options.decode_split_by_rows;
@@ -302,6 +313,7 @@ absl::Status Runner::InitPlan(const RunnerOptions& options) {
   ASSIGN_OR_RETURN(plan_, PlanMemory(config));
   const config::PlannerConfig& resolved = plan_.config;
   ASSIGN_OR_RETURN(full_shape_, LlamaShapeFromConfig(resolved.model()));
+  RETURN_IF_ERROR(CheckSlidingWindow(resolved.model(), options.max_model_len));
   RETURN_IF_ERROR(RankShape(full_shape_, world).status());
   // Read and checked before any device memory exists: a wrong file fails here (on every rank
   // alike under tensor parallelism, see Init).

@@ -444,6 +444,11 @@ class Runner {
 // query heads over 4 KV heads, for one: DecodeAttentionSupportsShape).
 absl::StatusOr<LlamaShape> LlamaShapeFromConfig(const config::ModelShape& model);
 
+// Returns InvalidArgument when `model` has a sliding window (Mistral 7B v0.1's attention over its
+// last 4096 tokens) shorter than max_model_len: kiln's attention sees every token, which is the
+// same only for sequences that fit the window. Runner::Create checks it.
+absl::Status CheckSlidingWindow(const config::ModelShape& model, int max_model_len);
+
 // The decode split rules `options` give a model of `head_dim`:
 // decode_split_by_rows_head_dim_128 for head_dim 128, decode_split_by_rows otherwise.
 const std::vector<SplitAim>& DecodeSplitRules(const RunnerOptions& options, int head_dim);

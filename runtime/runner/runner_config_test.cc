@@ -125,6 +125,22 @@ TEST(RunnerConfigTest, RefusesHeadsDecodeAttentionHasNoKernelFor) {
   EXPECT_TRUE(LlamaShapeFromConfig(ModelShapeFromLlamaShape(LlamaShape::Llama1B(), "1b")).ok());
 }
 
+// A sliding window (Mistral 7B v0.1) is full attention for sequences that fit it; longer ones are
+// refused.
+TEST(RunnerConfigTest, SlidingWindowBoundsMaxModelLen) {
+  config::ModelShape model = *ModelPreset("llama-3.1-8b");
+  EXPECT_TRUE(CheckSlidingWindow(model, 131072).ok());  // no window
+  model.set_name("Mistral-7B-v0.1");
+  model.set_sliding_window(4096);
+  EXPECT_TRUE(CheckSlidingWindow(model, 4096).ok());
+  const absl::Status status = CheckSlidingWindow(model, 8192);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(),
+            "Model Mistral-7B-v0.1 attends over a sliding window of its last 4096 tokens, which "
+            "kiln's attention does not implement; up to 4096 tokens full attention computes the "
+            "same: set max_model_len (8192) to at most 4096");
+}
+
 // head_dim 128 models (measured on Llama 3.1 8B) aim at 2 CTAs per SM for 8 sequences; the 1B
 // shape's rules aim at 4.
 TEST(RunnerConfigTest, DecodeSplitRulesFollowTheModelsHeadDim) {

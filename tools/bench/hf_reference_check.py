@@ -2,15 +2,16 @@
 """Checks kiln's generation against Hugging Face transformers on the same checkpoint.
 
 For each model shape it builds a LlamaForCausalLM with seeded weights (bf16, Llama 3's "llama3"
-RoPE scaling), saves it with save_pretrained (config.json and safetensors, sharded for the 1B
-shape), runs kiln's generate on the directory (--model_dir, --logits_out) and then evaluates the
-same weights in transformers over the prompt and kiln's tokens (teacher forcing):
+RoPE scaling; the "mistral" shape a MistralForCausalLM without scaling), saves it with
+save_pretrained (config.json and safetensors, sharded for the 1B shape), runs kiln's generate on
+the directory (--model_dir, --logits_out) and then evaluates the same weights in transformers over
+the prompt and kiln's tokens (teacher forcing):
   - in float64 on the CPU: the reference. Per generated token, kiln's logits against it (relative
     L2 error), and kiln's token against its argmax where its top-2 margin is clear;
   - in bf16 on the GPU, as transformers users run it: its own error against the reference is the
     yardstick for kiln's (bf16 activations cost both about the same);
-  - in float64 without the scaling: kiln's logits must be clearly farther from it than from the
-    reference, or the check could not tell that kiln applies the scaling.
+  - in float64 without the scaling (shapes that have one): kiln's logits must be clearly farther
+    from it than from the reference, or the check could not tell that kiln applies the scaling.
 transformers computes RoPE angles in float32 whatever the model's dtype, and its bf16 runs round
 cos and sin to bf16. Its frequencies are kept in float32 here, as from_pretrained leaves them:
 Module.to(bfloat16) rounds them too (0.4% off), and at 2000 tokens that alone put kiln 5.8% away
@@ -33,7 +34,7 @@ import tempfile
 
 import torch
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
 # Sizes; rope scaling as (factor, low_freq_factor, high_freq_factor, original length). kiln passes
 # when its mean error is within `slack` times transformers' bf16 error (or under `tolerance`).
@@ -46,6 +47,11 @@ SHAPES = {
     "1b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64, ffn=8192, vocab=128256,
                theta=500000.0, scaling=(32.0, 1.0, 4.0, 8192), tie=True, prompt=2000, gen=32,
                shard="800MB", tolerance=0.03, slack=1.5),
+    # A Mistral (model_type "mistral", MistralForCausalLM): Mistral 7B v0.3's head_dim, vocabulary,
+    # rope_theta and no sliding window, at a smaller width; no RoPE scaling.
+    "mistral": dict(family="mistral", hidden=1024, layers=4, heads=8, kv_heads=2, head_dim=128,
+                    ffn=3584, vocab=32768, theta=1000000.0, scaling=None, tie=False, prompt=600,
+                    gen=16, shard=None, tolerance=0.03, slack=1.5),
     # Llama 3.2 3B's widths and 3 query heads per KV head, with 4 of its 28 layers.
     "3b": dict(hidden=3072, layers=4, heads=24, kv_heads=8, head_dim=128, ffn=8192, vocab=128256,
                theta=500000.0, scaling=(32.0, 1.0, 4.0, 8192), tie=True, prompt=1000, gen=16,
@@ -58,20 +64,32 @@ SHAPES = {
 }
 
 
+def model_class(s):
+    return MistralForCausalLM if s.get("family") == "mistral" else LlamaForCausalLM
+
+
 def make_config(s, scaled=True):
-    factor, low, high, original = s["scaling"]
-    scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
-               "high_freq_factor": high, "original_max_position_embeddings": original}
+    scaled = scaled and s["scaling"] is not None
+    scaling = {"rope_type": "default"}
+    if scaled:
+        factor, low, high, original = s["scaling"]
+        scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
+                   "high_freq_factor": high, "original_max_position_embeddings": original}
     common = dict(hidden_size=s["hidden"], num_hidden_layers=s["layers"],
                   num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
                   head_dim=s["head_dim"], intermediate_size=s["ffn"], vocab_size=s["vocab"],
                   rms_norm_eps=1e-5, tie_word_embeddings=s["tie"], hidden_act="silu",
-                  attention_bias=False, mlp_bias=False, max_position_embeddings=131072)
-    if not scaled:
-        scaling = {"rope_type": "default"}
+                  max_position_embeddings=131072)
+    if s.get("family") == "mistral":
+        config_class = MistralConfig
+        common.update(sliding_window=None)
+    else:
+        config_class = LlamaConfig
+        common.update(attention_bias=False, mlp_bias=False)
     if int(transformers.__version__.split(".")[0]) >= 5:
-        return LlamaConfig(rope_parameters=dict(scaling, rope_theta=s["theta"]), **common)
-    return LlamaConfig(rope_theta=s["theta"], rope_scaling=scaling if scaled else None, **common)
+        return config_class(rope_parameters=dict(scaling, rope_theta=s["theta"]), **common)
+    return config_class(rope_theta=s["theta"], rope_scaling=scaling if scaled else None,
+                        **common)
 
 
 def kiln_frequencies(s):
@@ -94,7 +112,7 @@ def kiln_frequencies(s):
 
 def make_model(s, seed, scaled=True):
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(make_config(s, scaled))
+    model = model_class(s)(make_config(s, scaled))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 2:  # projections [out, in] (unit-variance outputs) and the embedding
@@ -133,7 +151,7 @@ def load(s, state, dtype, device, scaled=True):
     """The weights `state` in a model of `dtype` on `device`, its RoPE frequencies in float32 as
     from_pretrained leaves them (Module.to(dtype) rounds the rotary embedding's buffers too: to
     bf16, 0.4% off, which turns long-range attention)."""
-    model = LlamaForCausalLM(make_config(s, scaled))
+    model = model_class(s)(make_config(s, scaled))
     freqs = model.model.rotary_emb.inv_freq.clone()  # float32
     model.load_state_dict(state)
     model = model.to(device=device, dtype=dtype).eval()
@@ -196,17 +214,17 @@ def main():
             s["layers"] = args.layers
         work = tempfile.mkdtemp(prefix=f"kiln_hf_{key}_")
         try:
-            scaled = not args.unscaled
+            scaled = not args.unscaled and s["scaling"] is not None
             model = make_model(s, args.seed, scaled)
             state = model.state_dict()
             freq_diff = 0.0
             if scaled:
-                hf_freq = LlamaForCausalLM(make_config(s)).model.rotary_emb.inv_freq.double()
+                hf_freq = model_class(s)(make_config(s)).model.rotary_emb.inv_freq.double()
                 mine = kiln_frequencies(s)
                 freq_diff = ((hf_freq - mine).abs() / mine).max().item()
                 print(f"{key}: RoPE frequencies, transformers (float32) against kiln's: max rel "
                       f"diff {freq_diff:.2e}")
-            directory = os.path.join(work, f"llama-{key}")
+            directory = os.path.join(work, f"{s.get('family', 'llama')}-{key}")
             save(model, directory, s["shard"])
             files = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
             with open(os.path.join(directory, "config.json")) as f:
@@ -229,11 +247,14 @@ def main():
             ok = (mean < max(s["tolerance"], s["slack"] * hf_bf16) and matched == clear
                   and control > 1.5 * mean and freq_diff < 1e-5)
             failed = failed or not ok
-            print(f"{key}: {s['layers']} layers, {len(files)} safetensors file(s), prompt {len(prompt)}, "
+            print(f"{key}: {s['layers']} layers, {len(files)} safetensors file(s), prompt "
+                  f"{len(prompt)}, "
                   f"{len(tokens)} tokens; kiln's logits against transformers float64: rel err "
                   f"mean {mean:.2e}, max {worst:.2e}; transformers bf16 ({gpu}) against it: "
-                  f"mean {hf_bf16:.2e}; clear-margin tokens {matched}/{clear} match; kiln against "
-                  f"the unscaled float64 model: mean {control:.2e}; {'PASS' if ok else 'FAIL'}")
+                  f"mean {hf_bf16:.2e}; clear-margin tokens {matched}/{clear} match; "
+                  + (f"kiln against the unscaled float64 model: mean {control:.2e}; "
+                     if math.isfinite(control) else "")
+                  + ("PASS" if ok else "FAIL"))
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return 1 if failed else 0

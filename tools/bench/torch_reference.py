@@ -7,9 +7,9 @@
 The model (--model): llama-3.2-1b, the 1B-class shape of kiln's figures (hidden 2048, 16 layers,
 32/8 heads of 64, ffn 8192, vocab 128256, tied embeddings), llama-3.2-3b (hidden 3072, 28 layers,
 24/8 heads of 128, ffn 8192, tied) or llama-3.1-8b (hidden 4096, 32 layers, 32/8 heads of 128, ffn
-14336, its own LM head); Llama 3's RoPE scaling; random bf16 weights, over a plain, non-paged KV cache of `context` positions per sequence that
-starts full of random values: each decode step writes the new K/V at position context - 1 and
-attends over all `context` positions. The step ends with the logits and a greedy argmax.
+14336, its own LM head); Llama 3's RoPE scaling; random bf16 weights, over a plain, non-paged KV
+cache of `context` positions per sequence that starts full of random values: each decode step
+writes the new K/V at position context - 1 and attends over all `context` positions. The step ends with the logits and a greedy argmax.
 
 Variants (each with every RMSNorm of --norms: hf, transformers' float32 form of six operations,
 or fused, PyTorch's F.rms_norm):
