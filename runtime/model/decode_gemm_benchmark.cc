@@ -1,5 +1,5 @@
 // Times the decode and prefetch GEMMs against cuBLASLt and the skinny kernel on the 1B model's
-// projections.
+// projections (--preset: another model preset's, e.g. llama-3.1-8b).
 //
 //   bazel run -c opt //runtime/model:decode_gemm_benchmark [-- --rows=1,8,32 --sweep=true]
 //
@@ -33,6 +33,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
+#include "runtime/config/presets.h"
 #include "runtime/cuda/device_buffer.h"
 #include "runtime/cuda/device_info.h"
 #include "runtime/cuda/event.h"
@@ -45,6 +46,8 @@
 #include "runtime/model/skinny_gemm.h"
 #include "runtime/model/tma_gemm.h"
 
+ABSL_FLAG(std::string, preset, "llama-3.2-1b",
+          "Model preset whose projections are timed: llama-3.2-1b, llama-3.1-8b, ...");
 ABSL_FLAG(std::string, rows, "1,2,4,8,16,32", "Rows of x (decode batch sizes, at most 256)");
 ABSL_FLAG(bool, sweep, true, "Also time every decode GEMM configuration and report the fastest");
 ABSL_FLAG(bool, prefetch_sweep, true,
@@ -106,6 +109,11 @@ int Main(int argc, char** argv) {
                  kMaxGemmCandidates);
     return 2;
   }
+  const absl::StatusOr<config::ModelShape> model = ModelPreset(absl::GetFlag(FLAGS_preset));
+  if (!model.ok()) {
+    std::fprintf(stderr, "--preset: %s\n", std::string(model.status().message()).c_str());
+    return 2;
+  }
   const bool sweep = absl::GetFlag(FLAGS_sweep);
   const DeviceInfo info = ValueOrDie(DeviceInfo::Query(0));
   std::printf("device: %s\n", info.ToString().c_str());
@@ -113,18 +121,26 @@ int Main(int argc, char** argv) {
   cudaStream_t stream = stream_owner.get();
   std::unique_ptr<Gemm> gemm = ValueOrDie(Gemm::Create());
 
-  // The 1B model: hidden 2048, 32/8 heads of 64, ffn 8192, vocab 128256.
-  const Proj projs[] = {{"qkv", 3072, 2048, DecodeGemmInput::kPlain, false},
-                        {"o", 2048, 2048, DecodeGemmInput::kPlain, false},
-                        {"gate_up", 16384, 2048, DecodeGemmInput::kPlain, false},
-                        {"down", 2048, 8192, DecodeGemmInput::kPlain, false},
-                        {"down+silu", 2048, 8192, DecodeGemmInput::kSiluMul, false},
-                        {"lm_head", 128256, 2048, DecodeGemmInput::kPlain, true}};
+  // The preset's projections (1B: hidden 2048, 32/8 heads of 64, ffn 8192, vocab 128256).
+  const int hidden = model->hidden_size(), ffn = model->intermediate_size();
+  const int q_width = model->num_heads() * model->head_dim();
+  const int qkv_rows = (model->num_heads() + 2 * model->num_kv_heads()) * model->head_dim();
+  const int vocab = model->vocab_size();
+  std::printf("projections of %s: hidden %d, qkv rows %d, ffn %d, vocab %d\n",
+              model->name().c_str(), hidden, qkv_rows, ffn, vocab);
+  const Proj projs[] = {{"qkv", qkv_rows, hidden, DecodeGemmInput::kPlain, false},
+                        {"o", hidden, q_width, DecodeGemmInput::kPlain, false},
+                        {"gate_up", 2 * ffn, hidden, DecodeGemmInput::kPlain, false},
+                        {"down", hidden, ffn, DecodeGemmInput::kPlain, false},
+                        {"down+silu", hidden, ffn, DecodeGemmInput::kSiluMul, false},
+                        {"lm_head", vocab, hidden, DecodeGemmInput::kPlain, true}};
   const int max_m = *std::max_element(rows.begin(), rows.end());
+  int max_n = 0;
+  for (const Proj& p : projs) max_n = std::max(max_n, p.n);
   DeviceBuffer workspace = ValueOrDie(
-      DeviceBuffer::Allocate(size_t{8} * max_m * 128256 * sizeof(float), "workspace"));
+      DeviceBuffer::Allocate(size_t{8} * max_m * max_n * sizeof(float), "workspace"));
   DeviceBuffer counters =
-      ValueOrDie(DeviceBuffer::Allocate(128256 / 16 * sizeof(int32_t), "counters"));
+      ValueOrDie(DeviceBuffer::Allocate((max_n / 16 + 1) * sizeof(int32_t), "counters"));
   CHECK_CUDA(cudaMemset(counters.data(), 0, counters.size()));
 
   const bool prefetch_sweep = absl::GetFlag(FLAGS_prefetch_sweep);
