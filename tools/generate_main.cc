@@ -233,6 +233,9 @@ int Run(int argc, char** argv) {
     if (!hf.ok()) return fail(hf.status(), 2);
     // The Runner would refuse what its model cannot run only after finding a GPU; say it now.
     absl::Status runnable = LlamaShapeFromConfig(hf->model).status();
+    if (runnable.ok()) {
+      runnable = CheckSlidingWindow(hf->model, absl::GetFlag(FLAGS_max_model_len));
+    }
     if (!runnable.ok()) {
       return fail(absl::InvalidArgumentError(
                       absl::StrCat("--model_dir=", model_dir, ": ", runnable.message())),

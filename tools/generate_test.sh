@@ -49,6 +49,22 @@ expect_bad model_dir_groups_of_7 \
   'Decode attention has no kernel for 56 query heads over 8 KV heads (7 per KV head)' \
   "--model_dir=$tmp/groups_of_7"
 
+# Mistral 7B v0.1's sliding window: refused past it, accepted up to it.
+mkdir -p "$tmp/mistral"
+cat >"$tmp/mistral/config.json" <<'JSON'
+{"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
+ "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32,
+ "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
+ "tie_word_embeddings": false, "torch_dtype": "bfloat16", "vocab_size": 32000}
+JSON
+: >"$tmp/mistral/model.safetensors"
+expect_bad model_dir_sliding_window   'attends over a sliding window of its last 4096 tokens, which kiln'"'"'s attention does not implement'   "--model_dir=$tmp/mistral" --max_model_len=8192
+"$bin" "--model_dir=$tmp/mistral" --max_model_len=4096 --batch=1 >"$tmp/out" 2>"$tmp/err"
+rc=$?
+if [ "$rc" -ne 1 ]; then
+  fail "model_dir_mistral: exit code $rc, want 1 (past the flag checks); stderr: $(cat "$tmp/err")"
+fi
+
 # A good directory passes the flag checks and says what it found; the empty weight file (or the
 # missing GPU) then stops it with a runtime error, exit code 1.
 mkdir -p "$tmp/Llama-3.2-1B"
