@@ -26,7 +26,8 @@ expect_bad model_dir_missing "Model directory \"$tmp/no_such_model\" does not ex
   "--model_dir=$tmp/no_such_model"
 mkdir -p "$tmp/qwen"
 printf '{"model_type": "qwen2", "hidden_size": 3584}' >"$tmp/qwen/config.json"
-expect_bad model_dir_qwen 'model_type "qwen2" is not a Llama-family decoder kiln runs' "--model_dir=$tmp/qwen"
+expect_bad model_dir_qwen 'model_type "qwen2" is not a Llama-family decoder kiln runs' \
+  "--model_dir=$tmp/qwen"
 expect_bad model_dir_no_weights 'holds no weights: no model.safetensors.index.json' \
   "--model_dir=$llama"
 expect_bad model_dir_and_weights '--model_dir and --weights both name the weights' \
@@ -58,7 +59,9 @@ cat >"$tmp/mistral/config.json" <<'JSON'
  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "vocab_size": 32000}
 JSON
 : >"$tmp/mistral/model.safetensors"
-expect_bad model_dir_sliding_window   'attends over a sliding window of its last 4096 tokens, which kiln'"'"'s attention does not implement'   "--model_dir=$tmp/mistral" --max_model_len=8192
+expect_bad model_dir_sliding_window \
+  'attends over a sliding window of its last 4096 tokens, which kiln'"'"'s attention does not' \
+  "--model_dir=$tmp/mistral" --max_model_len=8192
 "$bin" "--model_dir=$tmp/mistral" --max_model_len=4096 --batch=1 >"$tmp/out" 2>"$tmp/err"
 rc=$?
 if [ "$rc" -ne 1 ]; then
