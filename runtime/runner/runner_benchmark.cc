@@ -385,7 +385,7 @@ int Main(int argc, char** argv) {
                                         256, &capture_sizes)) {
     return 2;
   }
-  std::vector<SplitAim> split_rules = RunnerOptions{}.decode_split_by_rows;
+  std::vector<SplitAim> split_rules;  // used only where --decode_split_by_rows is given
   if (!ParseSplitRules(absl::GetFlag(FLAGS_decode_split_by_rows), &split_rules)) return 2;
   const int context = absl::GetFlag(FLAGS_context);
   const int steps = absl::GetFlag(FLAGS_steps);
