@@ -24,10 +24,10 @@ expect_bad logits_out_batches '--logits_out writes one sequence'"'"'s logits; gi
 llama=runtime/config/testdata/Llama-3.2-1B  # Llama-3.2-1B's config.json, no weights
 expect_bad model_dir_missing "Model directory \"$tmp/no_such_model\" does not exist" \
   "--model_dir=$tmp/no_such_model"
-mkdir -p "$tmp/qwen"
-printf '{"model_type": "qwen2", "hidden_size": 3584}' >"$tmp/qwen/config.json"
-expect_bad model_dir_qwen 'model_type "qwen2" is not a Llama-family decoder kiln runs' \
-  "--model_dir=$tmp/qwen"
+mkdir -p "$tmp/gemma"
+printf '{"model_type": "gemma2", "hidden_size": 3584}' >"$tmp/gemma/config.json"
+expect_bad model_dir_gemma 'model_type "gemma2" is not a Llama-family decoder kiln runs' \
+  "--model_dir=$tmp/gemma"
 expect_bad model_dir_no_weights 'holds no weights: no model.safetensors.index.json' \
   "--model_dir=$llama"
 expect_bad model_dir_and_weights '--model_dir and --weights both name the weights' \

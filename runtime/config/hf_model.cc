@@ -28,11 +28,12 @@ using config::hf::HfConfig;
 using config::hf::HfRope;
 using config::hf::SafetensorsIndex;
 
-// transformers' LlamaConfig and MistralConfig defaults for keys a config.json may leave out.
+// transformers' LlamaConfig, MistralConfig and Qwen2Config defaults for keys a config.json may
+// leave out.
 constexpr double kDefaultRopeTheta = 10000.0;
 constexpr double kDefaultRmsNormEps = 1e-6;
 constexpr int kMistralDefaultKvHeads = 8;
-constexpr int kMistralDefaultSlidingWindow = 4096;
+constexpr int kDefaultSlidingWindow = 4096;  // MistralConfig's and Qwen2Config's
 
 constexpr char kConfigFile[] = "config.json";
 constexpr char kIndexFile[] = "model.safetensors.index.json";
@@ -86,10 +87,10 @@ absl::StatusOr<config::DType> DTypeFromHf(const HfConfig& c, absl::string_view s
       "\"float16\" and \"float32\" are read for memory planning)"));
 }
 
-// Returns a Mistral config.json's sliding window as MistralConfig reads it: its default (4096)
-// where the key is absent, none (nullopt) where it is null, else the number, which must be
-// positive. `c` is `json` parsed.
-absl::StatusOr<std::optional<int>> MistralSlidingWindow(absl::string_view json, const HfConfig& c,
+// Returns the sliding window of a config.json whose model has one, as MistralConfig and
+// Qwen2Config read it: their default (4096) where the key is absent, none (nullopt) where it is
+// null, else the number, which must be positive. `c` is `json` parsed.
+absl::StatusOr<std::optional<int>> SlidingWindow(absl::string_view json, const HfConfig& c,
                                                         absl::string_view source) {
   if (c.has_sliding_window()) {
     if (c.sliding_window() <= 0) {
@@ -104,7 +105,7 @@ absl::StatusOr<std::optional<int>> MistralSlidingWindow(absl::string_view json, 
   absl::Status parsed = ParseJson(json, source, "JSON", &keys);
   if (!parsed.ok()) return parsed;
   if (keys.fields().contains("sliding_window")) return std::nullopt;  // null
-  return kMistralDefaultSlidingWindow;
+  return kDefaultSlidingWindow;
 }
 
 // Returns whether `r` says anything about scaling (transformers 5's rope_parameters always holds
@@ -212,14 +213,15 @@ absl::StatusOr<config::ModelShape> ModelShapeFromHfConfigJson(absl::string_view 
     return absl::InvalidArgumentError(
         absl::StrCat(source,
                      " has no \"model_type\"; kiln's model runs Llama-family decoders (model_type "
-                     "\"llama\" or \"mistral\"): give it a transformers config.json"));
+                     "\"llama\", \"mistral\" or \"qwen2\"): give it a transformers config.json"));
   }
   const bool mistral = c.model_type() == "mistral";
-  if (c.model_type() != "llama" && !mistral) {
+  const bool qwen2 = c.model_type() == "qwen2";
+  if (c.model_type() != "llama" && !mistral && !qwen2) {
     return absl::InvalidArgumentError(absl::StrCat(
         source, ": model_type \"", c.model_type(),
-        "\" is not a Llama-family decoder kiln runs; kiln's model runs model_type \"llama\" and "
-        "\"mistral\""));
+        "\" is not a Llama-family decoder kiln runs; kiln's model runs model_type \"llama\", "
+        "\"mistral\" and \"qwen2\""));
   }
   if (c.has_hidden_act() && c.hidden_act() != "silu") {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -290,9 +292,13 @@ absl::StatusOr<config::ModelShape> ModelShapeFromHfConfigJson(absl::string_view 
     m.set_rope_theta(kDefaultRopeTheta);
   }
   m.set_rms_norm_eps(c.has_rms_norm_eps() ? c.rms_norm_eps() : kDefaultRmsNormEps);
-  m.set_attention_bias(c.attention_bias());
-  if (mistral) {  // LlamaConfig has no sliding window: transformers ignores the key there
-    absl::StatusOr<std::optional<int>> window = MistralSlidingWindow(json, c, source);
+  // Qwen2's q, k and v projections always have a bias (its config has no attention_bias key).
+  m.set_attention_bias(qwen2 || c.attention_bias());
+  // LlamaConfig has no sliding window (transformers ignores the key there); Qwen2's applies
+  // only with use_sliding_window (to the layers from max_window_layers on: kiln bounds
+  // max_model_len by it, which covers any of them).
+  if (mistral || (qwen2 && c.use_sliding_window())) {
+    absl::StatusOr<std::optional<int>> window = SlidingWindow(json, c, source);
     if (!window.ok()) return window.status();
     if (window->has_value()) m.set_sliding_window(**window);
   }

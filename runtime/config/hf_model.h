@@ -8,7 +8,8 @@
 //
 // config.json is read as transformers' LlamaConfig reads it (MistralConfig, for model_type
 // "mistral": its defaults of 8 KV heads and a sliding window of 4096 tokens, which a null
-// "sliding_window" turns off): model_type must be "llama" or "mistral"; the
+// "sliding_window" turns off; Qwen2Config, for "qwen2": QKV bias always, a sliding window only
+// with "use_sliding_window": true): model_type must be "llama", "mistral" or "qwen2"; the
 // sizes (hidden_size, num_hidden_layers, num_attention_heads, intermediate_size, vocab_size) and
 // the weights' type (torch_dtype, or dtype in newer files) are required; the other keys take
 // LlamaConfig's defaults when absent (num_key_value_heads: num_attention_heads, head_dim:
@@ -18,10 +19,10 @@
 // "rope_parameters" (rope_theta and the scaling in one object) is read too. Keys kiln has no use
 // for (bos_token_id, max_position_embeddings, ...) are ignored.
 //
-// What this accepts, the model may still refuse: the Runner runs bf16 weights without
-// attention_bias and with rope_type "llama3" or "default" (LlamaShapeFromConfig says why), and a
-// sliding window only as long as max_model_len (CheckSlidingWindow); the memory planner sizes
-// any of them.
+// What this accepts, the model may still refuse: the Runner runs bf16 weights with rope_type
+// "llama3" or "default" and heads its decode attention has a kernel for (LlamaShapeFromConfig
+// says why), and a sliding window only as long as max_model_len (CheckSlidingWindow); the memory
+// planner sizes any of them.
 //
 // Thread-safe; no CUDA.
 #ifndef KILN_RUNTIME_CONFIG_HF_MODEL_H_

@@ -224,10 +224,10 @@ TEST(HfModelTest, NameFallsBackToArchitecture) {
 
 TEST(HfModelTest, RefusesOtherModelTypes) {
   auto keys = LlamaKeys();
-  keys["model_type"] = R"("qwen2")";
+  keys["model_type"] = R"("gemma2")";
   EXPECT_EQ(Message(Parse(keys).status()),
-            "test/config.json: model_type \"qwen2\" is not a Llama-family decoder kiln runs; "
-            "kiln's model runs model_type \"llama\" and \"mistral\"");
+            "test/config.json: model_type \"gemma2\" is not a Llama-family decoder kiln runs; "
+            "kiln's model runs model_type \"llama\", \"mistral\" and \"qwen2\"");
   EXPECT_TRUE(absl::IsInvalidArgument(Parse(keys).status()));
   keys.erase("model_type");
   EXPECT_THAT(Message(Parse(keys).status()), HasSubstr("test/config.json has no \"model_type\""));
@@ -300,6 +300,55 @@ TEST(HfModelTest, MistralSlidingWindowAndDefaults) {
   EXPECT_FALSE(shape->has_sliding_window());
   llama.erase("num_key_value_heads");
   EXPECT_EQ(Parse(llama)->num_kv_heads(), 32);  // LlamaConfig: num_attention_heads
+}
+
+// Qwen2.5-3B's config.json keys (Qwen/Qwen2.5-3B) as raw JSON values.
+std::map<std::string, std::string> Qwen2Keys() {
+  return {
+      {"architectures", R"(["Qwen2ForCausalLM"])"},
+      {"attention_dropout", "0.0"},
+      {"bos_token_id", "151643"},
+      {"eos_token_id", "151643"},
+      {"hidden_act", R"("silu")"},
+      {"hidden_size", "2048"},
+      {"intermediate_size", "11008"},
+      {"max_position_embeddings", "32768"},
+      {"max_window_layers", "36"},
+      {"model_type", R"("qwen2")"},
+      {"num_attention_heads", "16"},
+      {"num_hidden_layers", "36"},
+      {"num_key_value_heads", "2"},
+      {"rms_norm_eps", "1e-06"},
+      {"rope_theta", "1000000.0"},
+      {"sliding_window", "32768"},
+      {"tie_word_embeddings", "true"},
+      {"torch_dtype", R"("bfloat16")"},
+      {"use_sliding_window", "false"},
+      {"vocab_size", "151936"},
+  };
+}
+
+// Qwen2's q, k and v projections have a bias though its config.json has no attention_bias; its
+// sliding_window applies only with use_sliding_window.
+TEST(HfModelTest, ReadsQwen2) {
+  auto shape = ModelShapeFromHfConfigJson(Json(Qwen2Keys()), "config.json");
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->name(), "Qwen2ForCausalLM");
+  EXPECT_TRUE(shape->attention_bias());
+  EXPECT_EQ(shape->num_heads(), 16);
+  EXPECT_EQ(shape->num_kv_heads(), 2);
+  EXPECT_EQ(shape->head_dim(), 128);
+  EXPECT_EQ(shape->intermediate_size(), 11008);
+  EXPECT_EQ(shape->vocab_size(), 151936);
+  EXPECT_EQ(shape->rope_theta(), 1e6);
+  EXPECT_EQ(shape->rms_norm_eps(), 1e-6);
+  EXPECT_TRUE(shape->tie_embeddings());
+  EXPECT_FALSE(shape->has_sliding_window());
+  auto keys = Qwen2Keys();
+  keys["use_sliding_window"] = "true";
+  shape = Parse(keys);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->sliding_window(), 32768);
 }
 
 TEST(HfModelTest, RefusesOtherActivationsAndMlpBias) {

@@ -83,6 +83,10 @@ class LlamaDeviceWeights {
   const __nv_bfloat16* final_norm() const { return tensor(layout_.final_norm()); }
   // [vocab, hidden]
   const __nv_bfloat16* lm_head() const { return tensor(layout_.lm_head()); }
+  // [qkv_rows], or nullptr for a shape without qkv_bias
+  const __nv_bfloat16* qkv_bias(int l) const {
+    return shape().qkv_bias ? tensor(layout_.qkv_bias(l)) : nullptr;
+  }
 
  private:
   static absl::StatusOr<LlamaDeviceWeights> Allocate(const LlamaShape& shape);

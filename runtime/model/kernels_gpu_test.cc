@@ -1,7 +1,7 @@
-// GPU tests of the per-token kernels (embedding gather, RMSNorm, RoPE, SiLU·mul, greedy
-// sampling) against CPU float64 references, over fresh random inputs, poisoned outputs and
-// odd sizes that take the scalar paths. One binary for the five kernels: they share the
-// reference helpers, and one gtest compile and link is cheaper than five.
+// GPU tests of the per-token kernels (embedding gather, RMSNorm, RoPE, SiLU·mul, bias add,
+// greedy sampling) against CPU float64 references, over fresh random inputs, poisoned outputs and
+// odd sizes that take the scalar paths. One binary for the six kernels: they share the
+// reference helpers, and one gtest compile and link is cheaper than six.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "attention/rope_frequency.h"
 #include "runtime/model/bf16.h"
+#include "runtime/model/bias_add.h"
 #include "runtime/model/embedding.h"
 #include "runtime/model/internal/gpu_test_helpers.h"
 #include "runtime/model/rms_norm.h"
@@ -259,6 +260,33 @@ TEST_F(SiluMulGpuTest, MatchesReference) {
     }
     EXPECT_LT(RelativeError(Bf16ToDouble(d_out.Download(stream())), ref), kBf16Tolerance);
   }
+}
+
+// ---------------------------------------------------------------- bias add
+
+class BiasAddGpuTest : public GpuTest {};
+
+// In place: every row gains the bias, and nothing past the rows changes.
+TEST_F(BiasAddGpuTest, MatchesReference) {
+  struct Case { int tokens, width; };
+  for (const Case c : {Case{1, 2560}, Case{9, 4608}, Case{64, 512}, Case{3, 24}, Case{5, 1001},
+                       Case{2, 3}}) {
+    SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << " width " << c.width);
+    const size_t n = size_t{1} * c.tokens * c.width;
+    std::vector<uint16_t> y = RandomBf16(n + c.width, -4, 4);  // one row past the matrix
+    const std::vector<uint16_t> bias = RandomBf16(c.width, -1, 1);
+    DeviceVector<uint16_t> d_y(y, stream());
+    DeviceVector<uint16_t> d_bias(bias, stream());
+    ASSERT_EQ(LaunchBiasAdd(Bf(d_y.get()), Bf(d_bias.get()), c.tokens, c.width, stream()),
+              cudaSuccess);
+    const std::vector<uint16_t> got = d_y.Download(stream());
+    std::vector<double> ref(n);
+    for (size_t i = 0; i < n; ++i) ref[i] = ToDouble(y[i]) + ToDouble(bias[i % c.width]);
+    std::vector<uint16_t> rows(got.begin(), got.begin() + n);
+    EXPECT_LT(RelativeError(Bf16ToDouble(rows), ref), kBf16Tolerance);
+    EXPECT_TRUE(std::equal(got.begin() + n, got.end(), y.begin() + n)) << "wrote past the rows";
+  }
+  EXPECT_EQ(LaunchBiasAdd(nullptr, nullptr, 1, 8, stream()), cudaErrorInvalidValue);
 }
 
 // ---------------------------------------------------------------- greedy sampling

@@ -36,6 +36,10 @@ std::string UnexpectedReason(absl::string_view name, const LlamaShape& shape) {
     return "the LlamaShape ties the LM head to the embedding; set tie_embeddings = false to load "
            "a separate lm_head.weight";
   }
+  if (!shape.qkv_bias && (absl::EndsWith(name, "_proj.bias"))) {
+    return "the LlamaShape has no QKV bias; set qkv_bias = true (config.json's attention_bias, "
+           "which Qwen2 models have) to load it";
+  }
   constexpr absl::string_view kLayers = "model.layers.";
   if (absl::StartsWith(name, kLayers)) {
     absl::string_view rest = name.substr(kLayers.size());
@@ -61,7 +65,7 @@ std::vector<HfTensorSlice> HfTensorSlices(const LlamaWeightLayout& layout) {
     slice.tensor_index = t.index;
     slice.first_row = first_row;
     slice.rows = rows;
-    slice.cols = t.kind == WeightKind::kNorm ? 0 : t.cols;
+    slice.cols = t.kind == WeightKind::kNorm || t.kind == WeightKind::kBias ? 0 : t.cols;
     slice.dims = std::move(dims);
     slices.push_back(std::move(slice));
   };
@@ -75,6 +79,13 @@ std::vector<HfTensorSlice> HfTensorSlices(const LlamaWeightLayout& layout) {
         "[kv_heads * head_dim, hidden]");
     add(p + "self_attn.v_proj.weight", layout.qkv(l), s.q_width() + s.kv_width(), s.kv_width(),
         "[kv_heads * head_dim, hidden]");
+    if (s.qkv_bias) {
+      add(p + "self_attn.q_proj.bias", layout.qkv_bias(l), 0, s.q_width(), "[heads * head_dim]");
+      add(p + "self_attn.k_proj.bias", layout.qkv_bias(l), s.q_width(), s.kv_width(),
+          "[kv_heads * head_dim]");
+      add(p + "self_attn.v_proj.bias", layout.qkv_bias(l), s.q_width() + s.kv_width(),
+          s.kv_width(), "[kv_heads * head_dim]");
+    }
     add(p + "self_attn.o_proj.weight", layout.o(l), 0, s.hidden, "[hidden, heads * head_dim]");
     add(p + "post_attention_layernorm.weight", layout.post_norm(l), 0, s.hidden, "[hidden]");
     add(p + "mlp.gate_proj.weight", layout.gate_up(l), 0, s.ffn, "[ffn, hidden]");

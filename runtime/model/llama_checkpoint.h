@@ -11,7 +11,9 @@
 // model.layers.{l}.post_attention_layernorm.weight,
 // model.layers.{l}.mlp.{gate,up,down}_proj.weight, model.norm.weight, lm_head.weight (only when
 // the shape does not tie embeddings). q, k and v are fused row-wise into qkv, gate and up into
-// gate_up. HF's q/k rows are already in rotate-half order, which is the RoPE kiln applies.
+// gate_up. With LlamaShape::qkv_bias (Qwen2), model.layers.{l}.self_attn.{q,k,v}_proj.bias too,
+// fused into qkv_bias. HF's q/k rows are already in rotate-half order, which is the RoPE kiln
+// applies.
 // Tensors named *.rotary_emb.inv_freq (buffers some old checkpoints carry) are ignored.
 //
 // Every tensor must be BF16 with exactly the shape LlamaShape implies; a missing, unexpected or

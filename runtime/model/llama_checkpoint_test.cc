@@ -81,6 +81,36 @@ TEST_F(LlamaCheckpointTest, RoundTripsThroughHfNames) {
   EXPECT_TRUE(std::equal(k_file.begin(), k_file.end(), fused_k));
 }
 
+// Qwen2's q, k and v biases: written and read under HF names, fused as the weights are; a shape
+// without them names the fix.
+TEST_F(LlamaCheckpointTest, RoundTripsQkvBiases) {
+  LlamaShape biased = shape_;
+  biased.qkv_bias = true;
+  absl::StatusOr<LlamaHostWeights> w = RandomLlamaHostWeights(biased, 3);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const std::string path = TempPath("biased.safetensors");
+  ASSERT_TRUE(WriteLlamaSafetensors(path, *w).ok());
+  absl::StatusOr<SafetensorsReader> reader = SafetensorsReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ(reader->tensors().size(), 2 + 12 * biased.layers + 1u);
+  const SafetensorsTensor* v = reader->Find("model.layers.1.self_attn.v_proj.bias");
+  ASSERT_NE(v, nullptr);
+  EXPECT_EQ(v->shape, (std::vector<int64_t>{biased.kv_width()}));
+  std::vector<uint16_t> v_file(v->bytes() / 2);
+  ASSERT_TRUE(reader->Read(*v, v_file.data(), v->bytes()).ok());
+  EXPECT_TRUE(std::equal(v_file.begin(), v_file.end(),
+                         w->tensor(w->layout.qkv_bias(1)) + biased.q_width() + biased.kv_width()));
+
+  absl::StatusOr<LlamaHostWeights> back = ReadLlamaSafetensors({path}, biased);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->data, w->data);
+  const absl::Status without = ReadLlamaSafetensors({path}, shape_).status();
+  EXPECT_EQ(without.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(without.message()),
+              HasSubstr("self_attn.k_proj.bias' in '" + path +
+                        "' is unexpected: the LlamaShape has no QKV bias; set qkv_bias = true"));
+}
+
 TEST_F(LlamaCheckpointTest, ReadsShardedCheckpoints) {
   std::vector<SafetensorsEntry> all = Entries(weights_);
   std::vector<SafetensorsEntry> first(all.begin(), all.begin() + all.size() / 2);

@@ -13,6 +13,7 @@
 #include "runtime/cuda/capture_check.h"
 #include "runtime/cuda/status.h"
 #include "runtime/cuda/status_macros.h"
+#include "runtime/model/bias_add.h"
 #include "runtime/model/decode_gemm.h"
 #include "runtime/model/decode_layer.h"
 #include "runtime/model/embedding.h"
@@ -221,6 +222,11 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
   if (options.layer_kernel_rows < 0 || options.layer_kernel_rows > kDecodeLayerMaxRows) {
     return absl::InvalidArgumentError(absl::StrCat("layer_kernel_rows ", options.layer_kernel_rows,
                                                    " is outside [0, ", kDecodeLayerMaxRows, "]"));
+  }
+  if (s.qkv_bias && options.layer_kernel_rows > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer_kernel_rows ", options.layer_kernel_rows,
+        ": the decode layer kernel has no QKV bias; set layer_kernel_rows to 0 for this model"));
   }
   if (options.rope_in_attention_rows < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -612,6 +618,10 @@ absl::Status LlamaModel::PreAttention(int layer, const LlamaStepArgs& args, cons
     }
     RETURN_IF_ERROR(
         Linear(Proj::kQkv, normed, w.qkv(layer), a.qkv, n, s.qkv_rows(), s.hidden, stream));
+  }
+  if (s.qkv_bias) {
+    CUDA_RETURN_IF_ERROR(LaunchBiasAdd(a.qkv, w.qkv_bias(layer), n,
+                                       static_cast<int>(s.qkv_rows()), stream));
   }
   // Where attention rotates, the step without attention (benchmarks) leaves the rotation out too.
   if (!options_.run_rope_append || AttentionTakesRope(args)) return absl::OkStatus();

@@ -40,6 +40,12 @@ absl::StatusOr<LlamaWeightLayout> LlamaWeightLayout::Create(const LlamaShape& sh
   }
   add("final_norm", WeightKind::kNorm, h, 1);
   if (!shape.tie_embeddings) add("lm_head", WeightKind::kMatrix, shape.vocab, h);
+  layout.bias_base_ = static_cast<int>(layout.tensors_.size());
+  if (shape.qkv_bias) {
+    for (int l = 0; l < shape.layers; ++l) {
+      add(absl::StrCat("layers.", l, ".qkv_bias"), WeightKind::kBias, shape.qkv_rows(), 1);
+    }
+  }
   layout.total_bytes_ = offset;
   return layout;
 }
@@ -64,6 +70,9 @@ WeightInitRange InitRangeFor(const WeightTensor& t) {
       break;
     case WeightKind::kMatrix:
       range.amplitude = std::sqrt(3.0 / static_cast<double>(t.cols));
+      break;
+    case WeightKind::kBias:
+      range.amplitude = 0.5;
       break;
   }
   return range;

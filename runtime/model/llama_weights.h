@@ -19,10 +19,15 @@
 //     down             [hidden, ffn]
 //   final_norm         [hidden]
 //   lm_head            [vocab, hidden]          absent when tie_embeddings (lm_head() is embedding)
+//   per layer l, only when qkv_bias:
+//     qkv_bias         [(heads + 2 * kv_heads) * head_dim]           q, k, then v heads
+// (the biases come last, so a shape's other tensors keep their indices, and seeded values, with
+// or without them)
 //
 // Seeded initialisation (RandomLlamaHostWeights here, LlamaDeviceWeights::Random on the GPU;
 // bit-identical): uniform values with standard deviation 1 for the embedding, 1/sqrt(fan_in)
-// for matrices (so each projection keeps activations O(1)), and 1 ± 0.25 for norm weights.
+// for matrices (so each projection keeps activations O(1)), 1 ± 0.25 for norm weights and
+// ± 0.5 for biases.
 // Plain value types, no CUDA; thread-safe to read.
 #ifndef KILN_RUNTIME_MODEL_LLAMA_WEIGHTS_H_
 #define KILN_RUNTIME_MODEL_LLAMA_WEIGHTS_H_
@@ -38,14 +43,14 @@
 namespace kiln {
 
 // What a weight tensor is for; decides its initialisation.
-enum class WeightKind { kEmbedding, kNorm, kMatrix };
+enum class WeightKind { kEmbedding, kNorm, kMatrix, kBias };
 
 // One tensor of the layout.
 struct WeightTensor {
   std::string name;             // kiln's name: "embedding", "layers.3.qkv", "final_norm", ...
   WeightKind kind = WeightKind::kMatrix;
   int64_t rows = 0;             // out_features (vocab for the embedding; width for a norm)
-  int64_t cols = 0;             // in_features (hidden for the embedding; 1 for a norm)
+  int64_t cols = 0;             // in_features (hidden for the embedding; 1 for a norm or bias)
   size_t offset = 0;            // bytes from the start of the region, a multiple of 256
   int index = 0;                // position in LlamaWeightLayout::tensors(), seeds its values
 
@@ -80,6 +85,8 @@ class LlamaWeightLayout {
   const WeightTensor& lm_head() const {
     return shape_.tie_embeddings ? tensors_[0] : tensors_[LayerBase(shape_.layers) + 1];
   }
+  // Returns layer `layer`'s QKV bias; only for a shape with qkv_bias.
+  const WeightTensor& qkv_bias(int layer) const { return tensors_[bias_base_ + layer]; }
 
   static constexpr int kTensorsPerLayer = 6;
 
@@ -87,6 +94,7 @@ class LlamaWeightLayout {
   static int LayerBase(int layer) { return 1 + layer * kTensorsPerLayer; }
   LlamaShape shape_;
   std::vector<WeightTensor> tensors_;
+  int bias_base_ = 0;  // index of layer 0's qkv_bias
   size_t total_bytes_ = 0;
 };
 
@@ -114,7 +122,7 @@ struct WeightInitRange {
 };
 
 // Returns the range for `t`: amplitude sqrt(3) for the embedding (std 1), sqrt(3 / cols) for a
-// matrix (std 1/sqrt(fan_in)), 0.25 around 1 for a norm weight.
+// matrix (std 1/sqrt(fan_in)), 0.25 around 1 for a norm weight, 0.5 around 0 for a bias.
 WeightInitRange InitRangeFor(const WeightTensor& t);
 
 }  // namespace kiln

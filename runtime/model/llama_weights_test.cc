@@ -1,8 +1,10 @@
 #include "runtime/model/llama_weights.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <set>
+#include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -48,6 +50,35 @@ TEST(LlamaWeightLayoutTest, TensorsAreAlignedDisjointAndComplete) {
   }
 }
 
+// The biases come after every other tensor, so those keep their indices, offsets and seeded
+// values with or without them.
+TEST(LlamaWeightLayoutTest, QkvBiasesComeLast) {
+  const LlamaShape plain = LlamaShape::Tiny();
+  LlamaShape biased = plain;
+  biased.qkv_bias = true;
+  absl::StatusOr<LlamaHostWeights> a = RandomLlamaHostWeights(plain, 11);
+  absl::StatusOr<LlamaHostWeights> b = RandomLlamaHostWeights(biased, 11);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const size_t count = a->layout.tensors().size();
+  ASSERT_EQ(b->layout.tensors().size(), count + plain.layers);
+  for (size_t i = 0; i < count; ++i) {
+    const WeightTensor& t = a->layout.tensors()[i];
+    EXPECT_EQ(b->layout.tensors()[i].offset, t.offset) << t.name;
+    EXPECT_TRUE(std::equal(a->tensor(t), a->tensor(t) + t.elements(), b->tensor(t))) << t.name;
+  }
+  int64_t elements = 0;
+  for (const WeightTensor& t : b->layout.tensors()) elements += t.elements();
+  EXPECT_EQ(elements, biased.ParameterCount());
+  for (int l = 0; l < plain.layers; ++l) {
+    const WeightTensor& bias = b->layout.qkv_bias(l);
+    EXPECT_EQ(bias.name, "layers." + std::to_string(l) + ".qkv_bias");
+    EXPECT_EQ(bias.kind, WeightKind::kBias);
+    EXPECT_EQ(bias.rows, biased.qkv_rows());
+    EXPECT_EQ(bias.cols, 1);
+    EXPECT_GE(bias.offset, a->layout.total_bytes());
+  }
+}
+
 TEST(LlamaWeightLayoutTest, RejectsABadShape) {
   LlamaShape shape = LlamaShape::Tiny();
   shape.kv_heads = 3;
@@ -55,7 +86,8 @@ TEST(LlamaWeightLayoutTest, RejectsABadShape) {
 }
 
 TEST(RandomLlamaHostWeightsTest, DeterministicPerSeedAndScaled) {
-  const LlamaShape shape = LlamaShape::Tiny();
+  LlamaShape shape = LlamaShape::Tiny();
+  shape.qkv_bias = true;  // every kind of tensor
   absl::StatusOr<LlamaHostWeights> a = RandomLlamaHostWeights(shape, 7);
   absl::StatusOr<LlamaHostWeights> b = RandomLlamaHostWeights(shape, 7);
   absl::StatusOr<LlamaHostWeights> c = RandomLlamaHostWeights(shape, 8);

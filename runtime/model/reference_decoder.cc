@@ -116,6 +116,12 @@ std::vector<double> ReferenceDecoder::Token(Sequence& seq, int32_t token) {
     RmsNorm(layout.input_norm(l), residual, h);
     MatVec(layout.qkv(l), 0, s.qkv_rows(), h.data(), qkv.data());
     RoundAll(qkv);
+    if (s.qkv_bias) {  // added to the rounded product, as kiln's bias kernel does
+      const uint16_t* bias = weights_.tensor(layout.qkv_bias(l));
+      for (int64_t i = 0; i < s.qkv_rows(); ++i) {
+        qkv[i] = Round(qkv[i] + static_cast<double>(Bf16BitsToFloat(bias[i])));
+      }
+    }
     double* q = qkv.data();
     double* k = q + s.q_width();
     double* v = k + s.kv_width();

@@ -44,6 +44,69 @@ class ReferenceDecoderTest : public ::testing::Test {
     return t;
   }
 
+  // One token's logits computed directly: at position 0 attention returns v (with its bias).
+  void ExpectFirstTokenMatchesAnIndependentComputation() {
+    const LlamaWeightLayout& L = weights_.layout;
+    auto value = [&](const WeightTensor& t, int64_t i) {
+      return static_cast<double>(Bf16BitsToFloat(weights_.tensor(t)[i]));
+    };
+    auto matvec = [&](const WeightTensor& t, int64_t row0, int64_t rows,
+                      const std::vector<double>& x) {
+      std::vector<double> y(rows, 0.0);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < t.cols; ++c) y[r] += value(t, (row0 + r) * t.cols + c) * x[c];
+      }
+      return y;
+    };
+    auto norm = [&](const WeightTensor& t, const std::vector<double>& x) {
+      double ms = 0;
+      for (double v : x) ms += v * v / x.size();
+      std::vector<double> y(x.size());
+      for (size_t i = 0; i < x.size(); ++i) {
+        y[i] = x[i] / std::sqrt(ms + shape_.rms_eps) * value(t, i);
+      }
+      return y;
+    };
+    const int32_t token = RandomTokens(1)[0];
+    std::vector<double> r(shape_.hidden);
+    for (int i = 0; i < shape_.hidden; ++i) {
+      r[i] = value(L.embedding(), int64_t{token} * shape_.hidden + i);
+    }
+    const int group = shape_.heads / shape_.kv_heads;
+    for (int l = 0; l < shape_.layers; ++l) {
+      std::vector<double> v = matvec(L.qkv(l), shape_.q_width() + shape_.kv_width(),
+                                     shape_.kv_width(), norm(L.input_norm(l), r));
+      if (shape_.qkv_bias) {
+        for (int64_t i = 0; i < shape_.kv_width(); ++i) {
+          v[i] += value(L.qkv_bias(l), shape_.q_width() + shape_.kv_width() + i);
+        }
+      }
+      std::vector<double> attn(shape_.q_width());
+      for (int h = 0; h < shape_.heads; ++h) {
+        for (int i = 0; i < shape_.head_dim; ++i) {
+          attn[h * shape_.head_dim + i] = v[(h / group) * shape_.head_dim + i];
+        }
+      }
+      const std::vector<double> o = matvec(L.o(l), 0, shape_.hidden, attn);
+      for (int i = 0; i < shape_.hidden; ++i) r[i] += o[i];
+      const std::vector<double> gu =
+          matvec(L.gate_up(l), 0, 2 * shape_.ffn, norm(L.post_norm(l), r));
+      std::vector<double> act(shape_.ffn);
+      for (int i = 0; i < shape_.ffn; ++i) {
+        act[i] = gu[i] / (1 + std::exp(-gu[i])) * gu[shape_.ffn + i];
+      }
+      const std::vector<double> d = matvec(L.down(l), 0, shape_.hidden, act);
+      for (int i = 0; i < shape_.hidden; ++i) r[i] += d[i];
+    }
+    const std::vector<double> expected =
+        matvec(L.lm_head(), 0, shape_.vocab, norm(L.final_norm(), r));
+
+    ReferenceDecoder ref = Make();
+    absl::StatusOr<std::vector<double>> logits = ref.Forward(ref.AddSequence(), {token});
+    ASSERT_TRUE(logits.ok());
+    EXPECT_LT(RelativeError(*logits, expected), 1e-12);
+  }
+
   LlamaShape shape_ = LlamaShape::Tiny();
   uint64_t seed_ = 0;
   LlamaHostWeights weights_;
@@ -148,59 +211,15 @@ TEST_F(ReferenceDecoderTest, SequencesAreIndependentAndPrefillMatchesDecodeSteps
 // position 0 is the identity, so the decoder reduces to projections and norms that this test
 // computes on its own.
 TEST_F(ReferenceDecoderTest, FirstTokenMatchesAnIndependentComputation) {
-  const LlamaWeightLayout& L = weights_.layout;
-  auto value = [&](const WeightTensor& t, int64_t i) {
-    return static_cast<double>(Bf16BitsToFloat(weights_.tensor(t)[i]));
-  };
-  auto matvec = [&](const WeightTensor& t, int64_t row0, int64_t rows,
-                    const std::vector<double>& x) {
-    std::vector<double> y(rows, 0.0);
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < t.cols; ++c) y[r] += value(t, (row0 + r) * t.cols + c) * x[c];
-    }
-    return y;
-  };
-  auto norm = [&](const WeightTensor& t, const std::vector<double>& x) {
-    double ms = 0;
-    for (double v : x) ms += v * v / x.size();
-    std::vector<double> y(x.size());
-    for (size_t i = 0; i < x.size(); ++i) {
-      y[i] = x[i] / std::sqrt(ms + shape_.rms_eps) * value(t, i);
-    }
-    return y;
-  };
-  const int32_t token = RandomTokens(1)[0];
-  std::vector<double> r(shape_.hidden);
-  for (int i = 0; i < shape_.hidden; ++i) {
-    r[i] = value(L.embedding(), int64_t{token} * shape_.hidden + i);
-  }
-  const int group = shape_.heads / shape_.kv_heads;
-  for (int l = 0; l < shape_.layers; ++l) {
-    const std::vector<double> v = matvec(L.qkv(l), shape_.q_width() + shape_.kv_width(),
-                                         shape_.kv_width(), norm(L.input_norm(l), r));
-    std::vector<double> attn(shape_.q_width());
-    for (int h = 0; h < shape_.heads; ++h) {
-      for (int i = 0; i < shape_.head_dim; ++i) {
-        attn[h * shape_.head_dim + i] = v[(h / group) * shape_.head_dim + i];
-      }
-    }
-    const std::vector<double> o = matvec(L.o(l), 0, shape_.hidden, attn);
-    for (int i = 0; i < shape_.hidden; ++i) r[i] += o[i];
-    const std::vector<double> gu = matvec(L.gate_up(l), 0, 2 * shape_.ffn, norm(L.post_norm(l), r));
-    std::vector<double> act(shape_.ffn);
-    for (int i = 0; i < shape_.ffn; ++i) {
-      act[i] = gu[i] / (1 + std::exp(-gu[i])) * gu[shape_.ffn + i];
-    }
-    const std::vector<double> d = matvec(L.down(l), 0, shape_.hidden, act);
-    for (int i = 0; i < shape_.hidden; ++i) r[i] += d[i];
-  }
-  const std::vector<double> expected =
-      matvec(L.lm_head(), 0, shape_.vocab, norm(L.final_norm(), r));
+  ExpectFirstTokenMatchesAnIndependentComputation();
+}
 
-  ReferenceDecoder ref = Make();
-  absl::StatusOr<std::vector<double>> logits = ref.Forward(ref.AddSequence(), {token});
-  ASSERT_TRUE(logits.ok());
-  EXPECT_LT(RelativeError(*logits, expected), 1e-12);
+TEST_F(ReferenceDecoderTest, FirstTokenWithQkvBiasMatchesAnIndependentComputation) {
+  shape_.qkv_bias = true;
+  absl::StatusOr<LlamaHostWeights> w = RandomLlamaHostWeights(shape_, seed_);
+  ASSERT_TRUE(w.ok()) << w.status();
+  weights_ = *std::move(w);
+  ExpectFirstTokenMatchesAnIndependentComputation();
 }
 
 TEST_F(ReferenceDecoderTest, Bf16ActivationsStayCloseToFloat64) {

@@ -83,6 +83,42 @@ TEST(TensorParallelTest, ShapesThatDoNotSplitAreRefused) {
   EXPECT_TRUE(absl::IsInvalidArgument(ShardMapFor(SplitShape(16, 8), 2, 0, 999).status()));
 }
 
+// A QKV bias splits as the QKV rows do: each rank keeps its query heads' and KV heads' entries.
+TEST(TensorParallelTest, QkvBiasesFollowTheHeads) {
+  for (int kv_heads : {8, 2}) {
+    LlamaShape full = SplitShape(16, kv_heads);
+    full.qkv_bias = true;
+    absl::StatusOr<LlamaHostWeights> w = RandomLlamaHostWeights(full, 5);
+    ASSERT_TRUE(w.ok()) << w.status();
+    const int64_t d = full.head_dim;
+    const int group = full.heads / full.kv_heads;
+    for (int tp : {1, 2, 4, 8}) {
+      const int heads = full.heads / tp;
+      for (int r = 0; r < tp; ++r) {
+        absl::StatusOr<LlamaHostWeights> s = ShardLlamaHostWeights(*w, tp, r);
+        ASSERT_TRUE(s.ok()) << s.status();
+        const LlamaShape& ls = s->layout.shape();
+        const int kv_head = (r * heads) / group;
+        for (int layer = 0; layer < full.layers; ++layer) {
+          SCOPED_TRACE(absl::StrCat("kv_heads ", kv_heads, ", tp ", tp, ", rank ", r, ", layer ",
+                                    layer));
+          const uint16_t* all = w->tensor(w->layout.qkv_bias(layer));
+          const uint16_t* mine = s->tensor(s->layout.qkv_bias(layer));
+          for (int64_t i = 0; i < ls.q_width(); ++i) {
+            ASSERT_EQ(mine[i], all[r * heads * d + i]) << "q " << i;
+          }
+          for (int64_t i = 0; i < ls.kv_width(); ++i) {
+            ASSERT_EQ(mine[ls.q_width() + i], all[full.q_width() + kv_head * d + i]) << "k " << i;
+            ASSERT_EQ(mine[ls.q_width() + ls.kv_width() + i],
+                      all[full.q_width() + full.kv_width() + kv_head * d + i])
+                << "v " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(TensorParallelTest, ShardsComputeTheFullModelsProducts) {
   std::mt19937_64 rng(std::random_device{}());
   for (int kv_heads : {8, 2}) {

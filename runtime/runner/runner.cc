@@ -112,11 +112,6 @@ absl::StatusOr<LlamaShape> LlamaShapeFromConfig(const config::ModelShape& m) {
         absl::StrCat("Model dtype ", DTypeName(m.dtype()),
                      " is not supported; kiln's model runs bf16 (set model.dtype: DTYPE_BF16)"));
   }
-  if (m.attention_bias()) {
-    return absl::InvalidArgumentError(
-        "Model has QKV bias (attention_bias), which kiln's model does not implement; use a "
-        "Llama-family model without it");
-  }
   LlamaShape s;
   s.hidden = m.hidden_size();
   s.layers = m.num_layers();
@@ -128,6 +123,7 @@ absl::StatusOr<LlamaShape> LlamaShapeFromConfig(const config::ModelShape& m) {
   if (m.has_rope_theta()) s.rope_theta = m.rope_theta();
   if (m.has_rms_norm_eps()) s.rms_eps = m.rms_norm_eps();
   s.tie_embeddings = m.tie_embeddings();
+  s.qkv_bias = m.attention_bias();
   // rope_type "default" (Hugging Face's name for unscaled RoPE) turns a preset's scaling off.
   if (m.has_rope_scaling() && m.rope_scaling().rope_type() != "default") {
     const config::RopeScaling& r = m.rope_scaling();
@@ -205,6 +201,7 @@ config::ModelShape ModelShapeFromLlamaShape(const LlamaShape& t, absl::string_vi
   m.set_vocab_size(t.vocab);
   m.set_dtype(config::DTYPE_BF16);
   m.set_tie_embeddings(t.tie_embeddings);
+  m.set_attention_bias(t.qkv_bias);
   m.set_rope_theta(t.rope_theta);
   m.set_rms_norm_eps(t.rms_eps);
   if (t.rope_scaling.enabled()) {

@@ -438,10 +438,10 @@ class Runner {
   Event step_start_, step_stop_;  // with time_steps
 };
 
-// Returns the LlamaShape of a resolved config::ModelShape. InvalidArgument for what kiln's model
-// does not run: a dtype other than bf16, attention bias, a rope_scaling that is not a complete,
-// valid "llama3" one, heads or a head_dim decode attention has no kernel for (Qwen2.5 7B's 28
-// query heads over 4 KV heads, for one: DecodeAttentionSupportsShape).
+// Returns the LlamaShape of a resolved config::ModelShape (attention_bias: LlamaShape::qkv_bias).
+// InvalidArgument for what kiln's model does not run: a dtype other than bf16, a rope_scaling
+// that is not a complete, valid "llama3" one, heads or a head_dim decode attention has no kernel
+// for (Qwen2.5 7B's 28 query heads over 4 KV heads, for one: DecodeAttentionSupportsShape).
 absl::StatusOr<LlamaShape> LlamaShapeFromConfig(const config::ModelShape& model);
 
 // Returns InvalidArgument when `model` has a sliding window (Mistral 7B v0.1's attention over its

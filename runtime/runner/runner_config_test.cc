@@ -21,7 +21,9 @@ config::PlannerConfig OneBillion() {
 }
 
 TEST(RunnerConfigTest, ModelShapeRoundTripsThroughTheConfig) {
-  for (const LlamaShape& shape : {LlamaShape::Tiny(), LlamaShape::Llama1B()}) {
+  LlamaShape biased = LlamaShape::Tiny();
+  biased.qkv_bias = true;
+  for (const LlamaShape& shape : {LlamaShape::Tiny(), LlamaShape::Llama1B(), biased}) {
     const config::ModelShape m = ModelShapeFromLlamaShape(shape, "x");
     EXPECT_EQ(m.name(), "x");
     absl::StatusOr<LlamaShape> back = LlamaShapeFromConfig(m);
@@ -34,6 +36,7 @@ TEST(RunnerConfigTest, ModelShapeRoundTripsThroughTheConfig) {
     EXPECT_EQ(back->ffn, shape.ffn);
     EXPECT_EQ(back->vocab, shape.vocab);
     EXPECT_EQ(back->tie_embeddings, shape.tie_embeddings);
+    EXPECT_EQ(back->qkv_bias, shape.qkv_bias);
     EXPECT_EQ(back->rope_theta, shape.rope_theta);
     EXPECT_EQ(back->rms_eps, shape.rms_eps);
     EXPECT_EQ(back->rope_scaling, shape.rope_scaling) << back->rope_scaling.ToString();

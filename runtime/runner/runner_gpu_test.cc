@@ -827,6 +827,15 @@ TEST_F(RunnerGpuTest, GreedyGenerationWithGroupsOfThreeMatchesReference) {
   ExpectGreedyGenerationMatchesReference(shape, seed);
 }
 
+// Qwen2's QKV bias (the bias kernel after every QKV GEMM path), at the tiny model's size.
+TEST_F(RunnerGpuTest, GreedyGenerationWithQkvBiasMatchesReference) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  LlamaShape shape = LlamaShape::Tiny();
+  shape.qkv_bias = true;
+  ExpectGreedyGenerationMatchesReference(shape, seed);
+}
+
 TEST_F(RunnerGpuTest, GreedyGenerationAndEagerFallbackMatchReference) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));

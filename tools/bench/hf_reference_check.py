@@ -2,10 +2,11 @@
 """Checks kiln's generation against Hugging Face transformers on the same checkpoint.
 
 For each model shape it builds a LlamaForCausalLM with seeded weights (bf16, Llama 3's "llama3"
-RoPE scaling; the "mistral" shape a MistralForCausalLM without scaling), saves it with
-save_pretrained (config.json and safetensors, sharded for the 1B shape), runs kiln's generate on
-the directory (--model_dir, --logits_out) and then evaluates the same weights in transformers over
-the prompt and kiln's tokens (teacher forcing):
+RoPE scaling; the "mistral" shape a MistralForCausalLM and the "qwen2" shape a Qwen2ForCausalLM,
+whose q, k and v projections have biases, both without scaling), saves it with save_pretrained
+(config.json and safetensors, sharded for the 1B shape), runs kiln's generate on the directory
+(--model_dir, --logits_out) and then evaluates the same weights in transformers over the prompt
+and kiln's tokens (teacher forcing):
   - in float64 on the CPU: the reference. Per generated token, kiln's logits against it (relative
     L2 error), and kiln's token against its argmax where its top-2 margin is clear;
   - in bf16 on the GPU, as transformers users run it: its own error against the reference is the
@@ -34,7 +35,8 @@ import tempfile
 
 import torch
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM)
 
 # Sizes; rope scaling as (factor, low_freq_factor, high_freq_factor, original length). kiln passes
 # when its mean error is within `slack` times transformers' bf16 error (or under `tolerance`).
@@ -52,6 +54,11 @@ SHAPES = {
     "mistral": dict(family="mistral", hidden=1024, layers=4, heads=8, kv_heads=2, head_dim=128,
                     ffn=3584, vocab=32768, theta=1000000.0, scaling=None, tie=False, prompt=600,
                     gen=16, shard=None, tolerance=0.03, slack=1.5),
+    # A Qwen2 (model_type "qwen2", Qwen2ForCausalLM: q, k and v projections with a bias): Qwen2.5
+    # 3B's grouping (16 over 2), vocabulary and rope_theta at a smaller width; no RoPE scaling.
+    "qwen2": dict(family="qwen2", hidden=1024, layers=4, heads=16, kv_heads=2, head_dim=64,
+                  ffn=2816, vocab=151936, theta=1000000.0, scaling=None, tie=True, prompt=600,
+                  gen=16, shard=None, tolerance=0.03, slack=1.5),
     # Llama 3.2 3B's widths and 3 query heads per KV head, with 4 of its 28 layers.
     "3b": dict(hidden=3072, layers=4, heads=24, kv_heads=8, head_dim=128, ffn=8192, vocab=128256,
                theta=500000.0, scaling=(32.0, 1.0, 4.0, 8192), tie=True, prompt=1000, gen=16,
@@ -64,8 +71,13 @@ SHAPES = {
 }
 
 
+FAMILIES = {"llama": (LlamaConfig, LlamaForCausalLM),
+            "mistral": (MistralConfig, MistralForCausalLM),
+            "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+
+
 def model_class(s):
-    return MistralForCausalLM if s.get("family") == "mistral" else LlamaForCausalLM
+    return FAMILIES[s.get("family", "llama")][1]
 
 
 def make_config(s, scaled=True):
@@ -80,11 +92,13 @@ def make_config(s, scaled=True):
                   head_dim=s["head_dim"], intermediate_size=s["ffn"], vocab_size=s["vocab"],
                   rms_norm_eps=1e-5, tie_word_embeddings=s["tie"], hidden_act="silu",
                   max_position_embeddings=131072)
-    if s.get("family") == "mistral":
-        config_class = MistralConfig
+    family = s.get("family", "llama")
+    config_class = FAMILIES[family][0]
+    if family == "mistral":
         common.update(sliding_window=None)
+    elif family == "qwen2":
+        common.update(use_sliding_window=False)
     else:
-        config_class = LlamaConfig
         common.update(attention_bias=False, mlp_bias=False)
     if int(transformers.__version__.split(".")[0]) >= 5:
         return config_class(rope_parameters=dict(scaling, rope_theta=s["theta"]), **common)
@@ -118,6 +132,8 @@ def make_model(s, seed, scaled=True):
             if p.dim() == 2:  # projections [out, in] (unit-variance outputs) and the embedding
                 a = 1.0 if "embed_tokens" in name else math.sqrt(3.0 / p.shape[1])
                 p.uniform_(-a, a)
+            elif name.endswith(".bias"):  # Qwen2's q, k and v biases
+                p.uniform_(-0.5, 0.5)
             else:  # norm weights
                 p.uniform_(0.75, 1.25)
     return model.to(torch.bfloat16).eval()
