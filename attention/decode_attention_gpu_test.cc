@@ -370,7 +370,7 @@ std::vector<DecodeCase> AllDecodeCases() {
   std::vector<DecodeCase> cases;
   for (AttentionDtype dt : {AttentionDtype::kBf16, AttentionDtype::kFp16}) {
     for (int d : {64, 128}) {
-      for (int g : {1, 3, 4, 5, 8}) {
+      for (int g : {1, 3, 4, 5, 7, 8}) {
         for (int bs : {16, 64}) cases.push_back({dt, d, g, bs});
       }
     }
@@ -709,7 +709,7 @@ std::vector<DecodeCase> AllRopeCases() {
   std::vector<DecodeCase> cases;
   for (AttentionDtype dtype : {AttentionDtype::kBf16, AttentionDtype::kFp16}) {
     for (int head_dim : {64, 128}) {
-      for (int group : {1, 3, 4, 8}) cases.push_back({dtype, head_dim, group, 16});
+      for (int group : {1, 3, 4, 6, 8}) cases.push_back({dtype, head_dim, group, 16});
       cases.push_back({dtype, head_dim, 4, 64});
     }
   }
@@ -798,8 +798,8 @@ TEST(DecodeGpuTest, RejectsUnsupportedShapesByName) {
   KILN_REQUIRE_GPUS(1);
   DecodeAttentionParams p;
   p.dtype = AttentionDtype::kBf16;
-  p.num_q_heads = 12;
-  p.num_kv_heads = 2;  // group 6
+  p.num_q_heads = 18;
+  p.num_kv_heads = 2;  // group 9
   p.head_dim = 128;
   int dummy = 0;
   p.q = p.o = &dummy;
@@ -810,10 +810,10 @@ TEST(DecodeGpuTest, RejectsUnsupportedShapesByName) {
   p.plan.work_items = &item;
   p.plan.seq_q_start = p.plan.seq_kv_len = &dummy;
   p.plan.work_capacity = 1;
-  p.plan.tile_rows = 6;
+  p.plan.tile_rows = 9;
   absl::Status status = LaunchDecodeAttention(p, nullptr);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(status.message().find("6 per KV head"), std::string::npos) << status;
+  EXPECT_NE(status.message().find("9 per KV head"), std::string::npos) << status;
   p.num_q_heads = 8;  // group 4
   p.plan.tile_rows = 4;
   p.head_dim = 96;

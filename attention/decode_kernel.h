@@ -10,7 +10,7 @@
 //   p.plan = buffers.decode();        // PlanBuffers, after planner.Plan(...) and Upload(stream)
 //   RETURN_IF_ERROR(kiln::RunDecodeAttention(p, stream));   // kernel, then merge if split
 //
-// Supported: bf16 and fp16 (float accumulation), head_dim 64 and 128, 1, 2, 3, 4, 5 or 8 query
+// Supported: bf16 and fp16 (float accumulation), head_dim 64 and 128, 1 to 8 query
 // heads per KV head, block sizes that are powers of two >= 16, work items of at most 16 packed
 // rows (plan the part with tile_rows between G and 16; with tile_rows 16 it also serves short
 // multi-token queries, causally masked). The grid is work_capacity × num_kv_heads from the plan
@@ -53,7 +53,7 @@ struct DecodeAttentionParams {
 };
 
 // Returns OK when decode attention is built for `num_q_heads` query heads over `num_kv_heads` KV
-// heads of width `head_dim` (head_dim 64 or 128; 1, 2, 3, 4, 5 or 8 query heads per KV head),
+// heads of width `head_dim` (head_dim 64 or 128; 1 to 8 query heads per KV head),
 // else InvalidArgument naming the unsupported value and what is built. Host-only: a model can be
 // refused before anything is allocated.
 absl::Status DecodeAttentionSupportsShape(int num_q_heads, int num_kv_heads, int head_dim);

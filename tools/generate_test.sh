@@ -42,13 +42,13 @@ sed 's/"torch_dtype": "bfloat16"/"torch_dtype": "float16"/' "$llama/config.json"
 : >"$tmp/fp16/model.safetensors"
 expect_bad model_dir_fp16 "--model_dir=$tmp/fp16: Model dtype fp16 is not supported" \
   "--model_dir=$tmp/fp16"
-mkdir -p "$tmp/groups_of_7"  # 56 query heads over 8 KV heads
-sed 's/"num_attention_heads": 32/"num_attention_heads": 56/' "$llama/config.json" \
-  >"$tmp/groups_of_7/config.json"
-: >"$tmp/groups_of_7/model.safetensors"
-expect_bad model_dir_groups_of_7 \
-  'Decode attention has no kernel for 56 query heads over 8 KV heads (7 per KV head)' \
-  "--model_dir=$tmp/groups_of_7"
+mkdir -p "$tmp/groups_of_9"  # 72 query heads over 8 KV heads
+sed 's/"num_attention_heads": 32/"num_attention_heads": 72/' "$llama/config.json" \
+  >"$tmp/groups_of_9/config.json"
+: >"$tmp/groups_of_9/model.safetensors"
+expect_bad model_dir_groups_of_9 \
+  'Decode attention has no kernel for 72 query heads over 8 KV heads (9 per KV head)' \
+  "--model_dir=$tmp/groups_of_9"
 
 # Mistral 7B v0.1's sliding window: refused past it, accepted up to it.
 mkdir -p "$tmp/mistral"

@@ -49,7 +49,7 @@
     }                                                                                     \
   }()
 
-// Query heads per KV head (GQA group size): 1, 2, 3, 4, 5 or 8 (KILN_DECODE_GROUPS).
+// Query heads per KV head (GQA group size): 1 to 8 (KILN_DECODE_GROUPS).
 #define DISPATCH_GROUP(group, NAME, ...)                                               \
   [&]() -> ::absl::Status {                                                            \
     switch (group) {                                                                   \
@@ -58,11 +58,13 @@
       KILN_DISPATCH_CASE_(3, NAME, __VA_ARGS__)                                        \
       KILN_DISPATCH_CASE_(4, NAME, __VA_ARGS__)                                        \
       KILN_DISPATCH_CASE_(5, NAME, __VA_ARGS__)                                        \
+      KILN_DISPATCH_CASE_(6, NAME, __VA_ARGS__)                                        \
+      KILN_DISPATCH_CASE_(7, NAME, __VA_ARGS__)                                        \
       KILN_DISPATCH_CASE_(8, NAME, __VA_ARGS__)                                        \
       default:                                                                         \
         return ::absl::InvalidArgumentError(                                           \
             ::absl::StrCat("Unsupported query heads per KV head ", (group),            \
-                           "; supported group sizes: 1, 2, 3, 4, 5, 8"));              \
+                           "; supported group sizes: 1 to 8"));                        \
     }                                                                                  \
   }()
 

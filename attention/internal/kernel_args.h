@@ -15,7 +15,7 @@ namespace attention_internal {
 
 // Query heads per KV head the decode kernel is built for (DISPATCH_GROUP); each value is one
 // instantiation per dtype and head_dim.
-#define KILN_DECODE_GROUPS 1, 2, 3, 4, 5, 8
+#define KILN_DECODE_GROUPS 1, 2, 3, 4, 5, 6, 7, 8
 
 struct DecodeKernelArgs {
   const void* q;          // [tokens, num_q_heads, head_dim], q_stride elements per token

@@ -109,16 +109,16 @@ TEST(RunnerConfigTest, RefusesRopeScalingKilnDoesNotImplement) {
 
 // Refused when the config is read, before any weight is read or memory allocated.
 TEST(RunnerConfigTest, RefusesHeadsDecodeAttentionHasNoKernelFor) {
-  LlamaShape sevens = LlamaShape::Llama1B();  // Qwen2.5-7B's heads: groups of 7
-  sevens.hidden = 3584;
-  sevens.heads = 28;
-  sevens.kv_heads = 4;
-  sevens.head_dim = 128;
-  absl::Status status = LlamaShapeFromConfig(ModelShapeFromLlamaShape(sevens, "7s")).status();
+  LlamaShape nines = LlamaShape::Llama1B();  // groups of 9
+  nines.hidden = 4608;
+  nines.heads = 36;
+  nines.kv_heads = 4;
+  nines.head_dim = 128;
+  absl::Status status = LlamaShapeFromConfig(ModelShapeFromLlamaShape(nines, "9s")).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(),
-              HasSubstr("Model 7s: Decode attention has no kernel for 28 query heads over 4 KV "
-                        "heads (7 per KV head); it is built for 1, 2, 3, 4, 5, 8"));
+              HasSubstr("Model 9s: Decode attention has no kernel for 36 query heads over 4 KV "
+                        "heads (9 per KV head); it is built for 1, 2, 3, 4, 5, 6, 7, 8"));
   LlamaShape wide_heads = LlamaShape::Llama1B();
   wide_heads.heads = 16;
   wide_heads.kv_heads = 4;

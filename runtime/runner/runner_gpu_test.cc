@@ -836,6 +836,18 @@ TEST_F(RunnerGpuTest, GreedyGenerationWithQkvBiasMatchesReference) {
   ExpectGreedyGenerationMatchesReference(shape, seed);
 }
 
+// Qwen2.5 0.5B's heads (14 over 2: seven per KV head) and width, with its QKV bias.
+TEST_F(RunnerGpuTest, GreedyGenerationWithGroupsOfSevenAndQkvBiasMatchesReference) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  LlamaShape shape = LlamaShape::Tiny();
+  shape.heads = 14;
+  shape.kv_heads = 2;
+  shape.hidden = 896;
+  shape.qkv_bias = true;
+  ExpectGreedyGenerationMatchesReference(shape, seed);
+}
+
 TEST_F(RunnerGpuTest, GreedyGenerationAndEagerFallbackMatchReference) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));

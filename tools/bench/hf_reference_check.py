@@ -59,6 +59,11 @@ SHAPES = {
     "qwen2": dict(family="qwen2", hidden=1024, layers=4, heads=16, kv_heads=2, head_dim=64,
                   ffn=2816, vocab=151936, theta=1000000.0, scaling=None, tie=True, prompt=600,
                   gen=16, shard=None, tolerance=0.03, slack=1.5),
+    # Qwen2.5 7B's widths (hidden 3584, ffn 18944, vocab 152064), 7 query heads per KV head and
+    # biases, with 4 of its 28 layers.
+    "qwen2.5-7b": dict(family="qwen2", hidden=3584, layers=4, heads=28, kv_heads=4, head_dim=128,
+                       ffn=18944, vocab=152064, theta=1000000.0, scaling=None, tie=False,
+                       prompt=1000, gen=16, shard="2GB", tolerance=0.03, slack=1.5),
     # Llama 3.2 3B's widths and 3 query heads per KV head, with 4 of its 28 layers.
     "3b": dict(hidden=3072, layers=4, heads=24, kv_heads=8, head_dim=128, ffn=8192, vocab=128256,
                theta=500000.0, scaling=(32.0, 1.0, 4.0, 8192), tie=True, prompt=1000, gen=16,
