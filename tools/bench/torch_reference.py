@@ -6,10 +6,12 @@
 
 The model (--model): llama-3.2-1b, the 1B-class shape of kiln's figures (hidden 2048, 16 layers,
 32/8 heads of 64, ffn 8192, vocab 128256, tied embeddings), llama-3.2-3b (hidden 3072, 28 layers,
-24/8 heads of 128, ffn 8192, tied) or llama-3.1-8b (hidden 4096, 32 layers, 32/8 heads of 128, ffn
-14336, its own LM head); Llama 3's RoPE scaling; random bf16 weights, over a plain, non-paged KV
-cache of `context` positions per sequence that starts full of random values: each decode step
-writes the new K/V at position context - 1 and attends over all `context` positions. The step ends with the logits and a greedy argmax.
+24/8 heads of 128, ffn 8192, tied), llama-3.1-8b (hidden 4096, 32 layers, 32/8 heads of 128, ffn
+14336, its own LM head), each with Llama 3's RoPE scaling, or qwen2.5-7b (hidden 3584, 28 layers,
+28/4 heads of 128, ffn 18944, vocab 152064, QKV bias, no scaling); random bf16 weights, over a
+plain, non-paged KV cache of `context` positions per sequence that starts full of random values:
+each decode step writes the new K/V at position context - 1 and attends over all `context`
+positions. The step ends with the logits and a greedy argmax.
 
 Variants (each with every RMSNorm of --norms: hf, transformers' float32 form of six operations,
 or fused, PyTorch's F.rms_norm):
@@ -43,25 +45,31 @@ import torch._dynamo
 import torch.nn.functional as F
 
 # The shapes kiln's presets of the same names give (runtime/config/presets.cc); rope_scaling is
-# llama3's: factor, low_freq_factor, high_freq_factor, original length.
+# llama3's: factor, low_freq_factor, high_freq_factor, original length (None: none); bias: the
+# QKV projection's (Qwen2).
+LLAMA3 = dict(theta=500000.0, bias=False)
 MODELS = {
-    "llama-3.2-1b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64, ffn=8192,
-                         vocab=128256, tied=True, scaling=(32.0, 1.0, 4.0, 8192)),
-    "llama-3.2-3b": dict(hidden=3072, layers=28, heads=24, kv_heads=8, head_dim=128, ffn=8192,
-                         vocab=128256, tied=True, scaling=(32.0, 1.0, 4.0, 8192)),
-    "llama-3.1-8b": dict(hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, ffn=14336,
-                         vocab=128256, tied=False, scaling=(8.0, 1.0, 4.0, 8192)),
+    "llama-3.2-1b": dict(LLAMA3, hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64,
+                         ffn=8192, vocab=128256, tied=True, scaling=(32.0, 1.0, 4.0, 8192)),
+    "llama-3.2-3b": dict(LLAMA3, hidden=3072, layers=28, heads=24, kv_heads=8, head_dim=128,
+                         ffn=8192, vocab=128256, tied=True, scaling=(32.0, 1.0, 4.0, 8192)),
+    "llama-3.1-8b": dict(LLAMA3, hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128,
+                         ffn=14336, vocab=128256, tied=False, scaling=(8.0, 1.0, 4.0, 8192)),
+    "qwen2.5-7b": dict(hidden=3584, layers=28, heads=28, kv_heads=4, head_dim=128, ffn=18944,
+                       vocab=152064, tied=False, scaling=None, theta=1000000.0, bias=True),
 }
-ROPE_THETA, RMS_EPS = 500000.0, 1e-5
+RMS_EPS = 1e-5
 
 
 def use_model(name):
     """Sets the module's shape constants to MODELS[name]'s."""
-    global HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB, TIED, ROPE_SCALING
+    global HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB, TIED, ROPE_SCALING, ROPE_THETA
+    global QKV_BIAS
     m = MODELS[name]
     HIDDEN, LAYERS, HEADS, KV_HEADS = m["hidden"], m["layers"], m["heads"], m["kv_heads"]
     HEAD_DIM, FFN, VOCAB, TIED, ROPE_SCALING = (m["head_dim"], m["ffn"], m["vocab"], m["tied"],
                                                 m["scaling"])
+    ROPE_THETA, QKV_BIAS = m["theta"], m["bias"]
 
 
 use_model("llama-3.2-1b")
@@ -70,6 +78,8 @@ use_model("llama-3.2-1b")
 def llama3_scaled(inv_freq):
     # As transformers' "llama3" rope type: keep short wavelengths, divide long ones by the
     # factor, blend between. Computed once, so it costs the step nothing.
+    if ROPE_SCALING is None:
+        return inv_freq
     factor, low, high, original = ROPE_SCALING
     wavelength = 2 * math.pi / inv_freq
     smooth = (original / wavelength - low) / (high - low)
@@ -104,10 +114,10 @@ def rotate_half(x):
 def make_pieces(rms_norm, variant):
     """The step's work between attentions: (before, after, head) for one variant."""
 
-    def before(x, ln, wqkv, cos, sin):
-        # x [B, H] -> q [B, HEADS, D], k and v [B, KV_HEADS, D].
+    def before(x, ln, wqkv, bqkv, cos, sin):
+        # x [B, H] -> q [B, HEADS, D], k and v [B, KV_HEADS, D]; bqkv: the QKV bias or None.
         b = x.shape[0]
-        qkv = rms_norm(x, ln) @ wqkv.t()
+        qkv = F.linear(rms_norm(x, ln), wqkv, bqkv)
         if variant == "plain":
             q, k, v = qkv.split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], -1)
             q = q.view(b, HEADS, HEAD_DIM)
@@ -155,6 +165,7 @@ class Llama:
             self.layers.append(dict(
                 ln1=1 + uniform(HIDDEN, scale=0.25),
                 wqkv=uniform(qkv_rows, HIDDEN, scale=math.sqrt(3 / HIDDEN)),
+                bqkv=uniform(qkv_rows, scale=0.5) if QKV_BIAS else None,
                 wo=uniform(HIDDEN, HEADS * HEAD_DIM, scale=math.sqrt(3 / (HEADS * HEAD_DIM))),
                 ln2=1 + uniform(HIDDEN, scale=0.25),
                 wgu=uniform(2 * FFN, HIDDEN, scale=math.sqrt(3 / HIDDEN)),
@@ -184,7 +195,7 @@ class Llama:
         if self.lm_head is not self.embed:
             n += self.lm_head.numel()
         for layer in self.layers:
-            n += sum(t.numel() for t in layer.values())
+            n += sum(t.numel() for t in layer.values() if t is not None)
         return 2 * n
 
     def kv_bytes(self, batch):
@@ -197,7 +208,7 @@ class Llama:
         cos = self.cos[pos].view(1, 1, HEAD_DIM)
         sin = self.sin[pos].view(1, 1, HEAD_DIM)
         for l, w in enumerate(self.layers):
-            q, k, v = self.before(x, w["ln1"], w["wqkv"], cos, sin)
+            q, k, v = self.before(x, w["ln1"], w["wqkv"], w["bqkv"], cos, sin)
             kc, vc = self.k_cache[l, :b], self.v_cache[l, :b]  # [B, KV, T, D]
             kc.index_copy_(2, pos, k.unsqueeze(2))
             vc.index_copy_(2, pos, v.unsqueeze(2))
