@@ -91,7 +91,7 @@ absl::StatusOr<config::DType> DTypeFromHf(const HfConfig& c, absl::string_view s
 // Qwen2Config read it: their default (4096) where the key is absent, none (nullopt) where it is
 // null, else the number, which must be positive. `c` is `json` parsed.
 absl::StatusOr<std::optional<int>> SlidingWindow(absl::string_view json, const HfConfig& c,
-                                                        absl::string_view source) {
+                                                 absl::string_view source) {
   if (c.has_sliding_window()) {
     if (c.sliding_window() <= 0) {
       return absl::InvalidArgumentError(

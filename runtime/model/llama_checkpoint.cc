@@ -36,7 +36,7 @@ std::string UnexpectedReason(absl::string_view name, const LlamaShape& shape) {
     return "the LlamaShape ties the LM head to the embedding; set tie_embeddings = false to load "
            "a separate lm_head.weight";
   }
-  if (!shape.qkv_bias && (absl::EndsWith(name, "_proj.bias"))) {
+  if (!shape.qkv_bias && absl::EndsWith(name, "_proj.bias")) {
     return "the LlamaShape has no QKV bias; set qkv_bias = true (config.json's attention_bias, "
            "which Qwen2 models have) to load it";
   }
