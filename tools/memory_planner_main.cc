@@ -46,7 +46,7 @@ ABSL_FLAG(std::string, config, "",
           "graph_optimization_config keys); fields it sets override the built-in default");
 ABSL_FLAG(std::string, preset, "",
           "Model preset: llama-3.2-1b, llama-3.2-3b, llama-3.1-8b (default), llama-3.1-70b, "
-          "mistral-7b-v0.3, qwen2.5-7b; replaces the model");
+          "mistral-7b-v0.3, qwen2.5-7b, qwen3-8b, qwen3-4b; replaces the model");
 ABSL_FLAG(std::string, model_dir, "",
           "Hugging Face model directory: the model's shape from its config.json (the weights "
           "need not be there yet); replaces the model, as --preset does");
@@ -105,6 +105,8 @@ ABSL_FLAG(std::optional<std::string>, dtype, std::nullopt,
 ABSL_FLAG(std::optional<bool>, tie_embeddings, std::nullopt,
           "The lm head shares the embedding (true or false)");
 ABSL_FLAG(std::optional<bool>, attention_bias, std::nullopt, "QKV projections have a bias");
+ABSL_FLAG(std::optional<bool>, qk_norm, std::nullopt,
+          "Query and key heads are RMS-normed before RoPE (Qwen3)");
 ABSL_FLAG(std::optional<double>, rope_theta, std::nullopt, "RoPE base (not used for memory)");
 ABSL_FLAG(std::optional<double>, rms_norm_eps, std::nullopt,
           "RMSNorm epsilon (not used for memory)");
@@ -265,6 +267,7 @@ absl::StatusOr<config::PlannerConfig> FlagOverlay() {
   }
   if (auto v = absl::GetFlag(FLAGS_tie_embeddings)) m->set_tie_embeddings(*v);
   if (auto v = absl::GetFlag(FLAGS_attention_bias)) m->set_attention_bias(*v);
+  if (auto v = absl::GetFlag(FLAGS_qk_norm)) m->set_qk_norm(*v);
   if (auto v = absl::GetFlag(FLAGS_rope_theta)) m->set_rope_theta(*v);
   if (auto v = absl::GetFlag(FLAGS_rms_norm_eps)) m->set_rms_norm_eps(*v);
 

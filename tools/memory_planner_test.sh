@@ -44,6 +44,8 @@ expect_ok flags_override_config "--config=$data/llama70b_tp4.textproto" --tensor
   expect_out flags_override_config 'tensor_parallel_size 8'
 expect_ok preset --preset=qwen2.5-7b --gpu=l40s &&
   expect_out preset 'Qwen2.5-7B (bf16) on NVIDIA L40S'
+expect_ok preset_qwen3 --preset=qwen3-4b --gpu=h100 &&
+  expect_out preset_qwen3 'QKV + QK norms, O, gate-up, down, norms'
 # A Hugging Face model directory (Llama-3.2-1B's config.json alone, no weights) plans exactly as
 # the preset of the same model.
 if expect_ok preset_1b --preset=llama-3.2-1b; then

@@ -33,7 +33,8 @@ using config::hf::SafetensorsIndex;
 constexpr double kDefaultRopeTheta = 10000.0;
 constexpr double kDefaultRmsNormEps = 1e-6;
 constexpr int kMistralDefaultKvHeads = 8;
-constexpr int kDefaultSlidingWindow = 4096;  // MistralConfig's and Qwen2Config's
+constexpr int kDefaultSlidingWindow = 4096;  // MistralConfig's, Qwen2Config's and Qwen3Config's
+constexpr int kQwen3DefaultHeadDim = 128;
 
 constexpr char kConfigFile[] = "config.json";
 constexpr char kIndexFile[] = "model.safetensors.index.json";
@@ -213,15 +214,17 @@ absl::StatusOr<config::ModelShape> ModelShapeFromHfConfigJson(absl::string_view 
     return absl::InvalidArgumentError(
         absl::StrCat(source,
                      " has no \"model_type\"; kiln's model runs Llama-family decoders (model_type "
-                     "\"llama\", \"mistral\" or \"qwen2\"): give it a transformers config.json"));
+                     "\"llama\", \"mistral\", \"qwen2\" or \"qwen3\"): give it a transformers "
+                     "config.json"));
   }
   const bool mistral = c.model_type() == "mistral";
   const bool qwen2 = c.model_type() == "qwen2";
-  if (c.model_type() != "llama" && !mistral && !qwen2) {
+  const bool qwen3 = c.model_type() == "qwen3";
+  if (c.model_type() != "llama" && !mistral && !qwen2 && !qwen3) {
     return absl::InvalidArgumentError(absl::StrCat(
         source, ": model_type \"", c.model_type(),
         "\" is not a Llama-family decoder kiln runs; kiln's model runs model_type \"llama\", "
-        "\"mistral\" and \"qwen2\""));
+        "\"mistral\", \"qwen2\" and \"qwen3\""));
   }
   if (c.has_hidden_act() && c.hidden_act() != "silu") {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -279,7 +282,12 @@ absl::StatusOr<config::ModelShape> ModelShapeFromHfConfigJson(absl::string_view 
     m.set_num_kv_heads(mistral ? kMistralDefaultKvHeads : c.num_attention_heads());
   }
   // transformers divides without checking the remainder; so does kiln, to build the same model.
-  m.set_head_dim(c.has_head_dim() ? c.head_dim() : c.hidden_size() / c.num_attention_heads());
+  // Qwen3Config's head_dim defaults to 128, not hidden_size / num_attention_heads.
+  if (c.has_head_dim()) {
+    m.set_head_dim(c.head_dim());
+  } else {
+    m.set_head_dim(qwen3 ? kQwen3DefaultHeadDim : c.hidden_size() / c.num_attention_heads());
+  }
   m.set_intermediate_size(c.intermediate_size());
   m.set_vocab_size(c.vocab_size());
   m.set_dtype(*dtype);
@@ -294,10 +302,12 @@ absl::StatusOr<config::ModelShape> ModelShapeFromHfConfigJson(absl::string_view 
   m.set_rms_norm_eps(c.has_rms_norm_eps() ? c.rms_norm_eps() : kDefaultRmsNormEps);
   // Qwen2's q, k and v projections always have a bias (its config has no attention_bias key).
   m.set_attention_bias(qwen2 || c.attention_bias());
-  // LlamaConfig has no sliding window (transformers ignores the key there); Qwen2's applies
-  // only with use_sliding_window (to the layers from max_window_layers on: kiln bounds
+  // Qwen3 norms each query and key head (q_norm, k_norm) before RoPE.
+  m.set_qk_norm(qwen3);
+  // LlamaConfig has no sliding window (transformers ignores the key there); Qwen2's and Qwen3's
+  // apply only with use_sliding_window (to the layers from max_window_layers on: kiln bounds
   // max_model_len by it, which covers any of them).
-  if (mistral || (qwen2 && c.use_sliding_window())) {
+  if (mistral || ((qwen2 || qwen3) && c.use_sliding_window())) {
     absl::StatusOr<std::optional<int>> window = SlidingWindow(json, c, source);
     if (!window.ok()) return window.status();
     if (window->has_value()) m.set_sliding_window(**window);

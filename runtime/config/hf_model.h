@@ -9,7 +9,9 @@
 // config.json is read as transformers' LlamaConfig reads it (MistralConfig, for model_type
 // "mistral": its defaults of 8 KV heads and a sliding window of 4096 tokens, which a null
 // "sliding_window" turns off; Qwen2Config, for "qwen2": QKV bias always, a sliding window only
-// with "use_sliding_window": true): model_type must be "llama", "mistral" or "qwen2"; the
+// with "use_sliding_window": true; Qwen3Config, for "qwen3": q and k heads RMS-normed before
+// RoPE (ModelShape.qk_norm), head_dim 128 when absent, a sliding window only with
+// "use_sliding_window": true): model_type must be "llama", "mistral", "qwen2" or "qwen3"; the
 // sizes (hidden_size, num_hidden_layers, num_attention_heads, intermediate_size, vocab_size) and
 // the weights' type (torch_dtype, or dtype in newer files) are required; the other keys take
 // LlamaConfig's defaults when absent (num_key_value_heads: num_attention_heads, head_dim:

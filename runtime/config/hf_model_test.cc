@@ -227,7 +227,7 @@ TEST(HfModelTest, RefusesOtherModelTypes) {
   keys["model_type"] = R"("gemma2")";
   EXPECT_EQ(Message(Parse(keys).status()),
             "test/config.json: model_type \"gemma2\" is not a Llama-family decoder kiln runs; "
-            "kiln's model runs model_type \"llama\", \"mistral\" and \"qwen2\"");
+            "kiln's model runs model_type \"llama\", \"mistral\", \"qwen2\" and \"qwen3\"");
   EXPECT_TRUE(absl::IsInvalidArgument(Parse(keys).status()));
   keys.erase("model_type");
   EXPECT_THAT(Message(Parse(keys).status()), HasSubstr("test/config.json has no \"model_type\""));
@@ -349,6 +349,63 @@ TEST(HfModelTest, ReadsQwen2) {
   shape = Parse(keys);
   ASSERT_TRUE(shape.ok()) << shape.status();
   EXPECT_EQ(shape->sliding_window(), 32768);
+}
+
+// Qwen3-4B's config.json keys (Qwen/Qwen3-4B) as raw JSON values: its query heads are 4096
+// wide against a hidden size of 2560.
+std::map<std::string, std::string> Qwen3Keys() {
+  return {
+      {"architectures", R"(["Qwen3ForCausalLM"])"},
+      {"attention_bias", "false"},
+      {"attention_dropout", "0.0"},
+      {"bos_token_id", "151643"},
+      {"eos_token_id", "151645"},
+      {"head_dim", "128"},
+      {"hidden_act", R"("silu")"},
+      {"hidden_size", "2560"},
+      {"intermediate_size", "9728"},
+      {"max_position_embeddings", "40960"},
+      {"max_window_layers", "36"},
+      {"model_type", R"("qwen3")"},
+      {"num_attention_heads", "32"},
+      {"num_hidden_layers", "36"},
+      {"num_key_value_heads", "8"},
+      {"rms_norm_eps", "1e-06"},
+      {"rope_scaling", "null"},
+      {"rope_theta", "1000000"},
+      {"sliding_window", "null"},
+      {"tie_word_embeddings", "true"},
+      {"torch_dtype", R"("bfloat16")"},
+      {"use_sliding_window", "false"},
+      {"vocab_size", "151936"},
+  };
+}
+
+// Qwen3 norms each query and key head; its head_dim is its own (128 where the file leaves it
+// out, as Qwen3Config's default), not hidden_size / num_attention_heads.
+TEST(HfModelTest, ReadsQwen3) {
+  auto shape = ModelShapeFromHfConfigJson(Json(Qwen3Keys()), "config.json");
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->name(), "Qwen3ForCausalLM");
+  EXPECT_TRUE(shape->qk_norm());
+  EXPECT_FALSE(shape->attention_bias());
+  EXPECT_EQ(shape->hidden_size(), 2560);
+  EXPECT_EQ(shape->num_heads(), 32);
+  EXPECT_EQ(shape->num_kv_heads(), 8);
+  EXPECT_EQ(shape->head_dim(), 128);
+  EXPECT_EQ(shape->intermediate_size(), 9728);
+  EXPECT_EQ(shape->rope_theta(), 1e6);
+  EXPECT_EQ(shape->rms_norm_eps(), 1e-6);
+  EXPECT_TRUE(shape->tie_embeddings());
+  EXPECT_FALSE(shape->has_sliding_window());
+  EXPECT_FALSE(shape->has_rope_scaling());
+  auto keys = Qwen3Keys();
+  keys.erase("head_dim");
+  shape = Parse(keys);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->head_dim(), 128);  // not 2560 / 32
+  // A Llama config never gets the QK norm.
+  EXPECT_FALSE(Parse(LlamaKeys())->qk_norm());
 }
 
 TEST(HfModelTest, RefusesOtherActivationsAndMlpBias) {

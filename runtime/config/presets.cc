@@ -28,6 +28,7 @@ struct ModelEntry {
   double rope_theta;
   double rms_norm_eps;
   bool attention_bias;
+  bool qk_norm;
   // config.json's "rope_scaling" of rope_type "llama3"; rope_factor 0: none (no rope_scaling).
   double rope_factor;
   double rope_low_freq_factor;
@@ -37,20 +38,24 @@ struct ModelEntry {
 
 // From each model's published config.json (Hugging Face: meta-llama/Llama-3.2-1B,
 // meta-llama/Llama-3.2-3B, meta-llama/Llama-3.1-8B, meta-llama/Llama-3.1-70B,
-// mistralai/Mistral-7B-v0.3, Qwen/Qwen2.5-7B). All ship in bf16.
+// mistralai/Mistral-7B-v0.3, Qwen/Qwen2.5-7B, Qwen/Qwen3-8B, Qwen/Qwen3-4B). All ship in bf16.
 constexpr ModelEntry kModels[] = {
     {"llama-3.2-1b", "Llama-3.2-1B", 2048, 16, 32, 8, 64, 8192, 128256, true, 500000.0, 1e-5,
-     false, 32.0, 1.0, 4.0, 8192},
+     false, false, 32.0, 1.0, 4.0, 8192},
     {"llama-3.2-3b", "Llama-3.2-3B", 3072, 28, 24, 8, 128, 8192, 128256, true, 500000.0, 1e-5,
-     false, 32.0, 1.0, 4.0, 8192},
+     false, false, 32.0, 1.0, 4.0, 8192},
     {"llama-3.1-8b", "Llama-3.1-8B", 4096, 32, 32, 8, 128, 14336, 128256, false, 500000.0, 1e-5,
-     false, 8.0, 1.0, 4.0, 8192},
+     false, false, 8.0, 1.0, 4.0, 8192},
     {"llama-3.1-70b", "Llama-3.1-70B", 8192, 80, 64, 8, 128, 28672, 128256, false, 500000.0, 1e-5,
-     false, 8.0, 1.0, 4.0, 8192},
+     false, false, 8.0, 1.0, 4.0, 8192},
     {"mistral-7b-v0.3", "Mistral-7B-v0.3", 4096, 32, 32, 8, 128, 14336, 32768, false, 1000000.0,
-     1e-5, false, 0.0, 0.0, 0.0, 0},
+     1e-5, false, false, 0.0, 0.0, 0.0, 0},
     {"qwen2.5-7b", "Qwen2.5-7B", 3584, 28, 28, 4, 128, 18944, 152064, false, 1000000.0, 1e-6, true,
-     0.0, 0.0, 0.0, 0},
+     false, 0.0, 0.0, 0.0, 0},
+    {"qwen3-8b", "Qwen3-8B", 4096, 36, 32, 8, 128, 12288, 151936, false, 1000000.0, 1e-6, false,
+     true, 0.0, 0.0, 0.0, 0},
+    {"qwen3-4b", "Qwen3-4B", 2560, 36, 32, 8, 128, 9728, 151936, true, 1000000.0, 1e-6, false,
+     true, 0.0, 0.0, 0.0, 0},
 };
 
 struct GpuEntry {
@@ -89,6 +94,7 @@ absl::StatusOr<ModelShape> ModelPreset(absl::string_view name) {
     shape.set_rope_theta(m.rope_theta);
     shape.set_rms_norm_eps(m.rms_norm_eps);
     shape.set_attention_bias(m.attention_bias);
+    shape.set_qk_norm(m.qk_norm);
     if (m.rope_factor != 0.0) {
       config::RopeScaling* scaling = shape.mutable_rope_scaling();
       scaling->set_rope_type("llama3");

@@ -68,7 +68,26 @@ TEST(PresetsTest, PublishedShapes) {
   EXPECT_EQ(q7->num_kv_heads(), 4);
   EXPECT_EQ(q7->vocab_size(), 152064);
   EXPECT_TRUE(q7->attention_bias());
+  EXPECT_FALSE(q7->qk_norm());
   EXPECT_EQ(q7->rms_norm_eps(), 1e-6);
+
+  // Qwen3: QK norm, no bias; 4B's query heads are wider together (32 x 128) than its hidden size.
+  auto q8 = ModelPreset("qwen3-8b");
+  ASSERT_TRUE(q8.ok());
+  EXPECT_EQ(q8->num_layers(), 36);
+  EXPECT_EQ(q8->intermediate_size(), 12288);
+  EXPECT_EQ(q8->vocab_size(), 151936);
+  EXPECT_TRUE(q8->qk_norm());
+  EXPECT_FALSE(q8->attention_bias());
+  EXPECT_FALSE(q8->tie_embeddings());
+  auto q4 = ModelPreset("qwen3-4b");
+  ASSERT_TRUE(q4.ok());
+  EXPECT_EQ(q4->hidden_size(), 2560);
+  EXPECT_EQ(q4->num_heads() * q4->head_dim(), 4096);
+  EXPECT_TRUE(q4->qk_norm());
+  EXPECT_TRUE(q4->tie_embeddings());
+  EXPECT_FALSE(q4->has_rope_scaling());
+  EXPECT_FALSE(ModelPreset("llama-3.1-8b")->qk_norm());
 }
 
 void ExpectLlama3Scaling(const config::ModelShape& shape, double factor) {

@@ -202,6 +202,7 @@ absl::StatusOr<ModelShape> ResolveModel(const PlannerConfig& in) {
   if (!model.has_name()) model.set_name("custom model");
   if (!model.has_tie_embeddings()) model.set_tie_embeddings(false);
   if (!model.has_attention_bias()) model.set_attention_bias(false);
+  if (!model.has_qk_norm()) model.set_qk_norm(false);
   return model;
 }
 
@@ -432,6 +433,7 @@ int64_t WeightParamsPerRank(const ModelShape& model, int tp) {
   const int64_t qkv_width = (heads + 2 * kv_heads) * d;
   const int64_t per_layer = h * qkv_width                               // QKV projection
                             + (model.attention_bias() ? qkv_width : 0)  // QKV bias (Qwen2)
+                            + (model.qk_norm() ? 2 * d : 0)             // QK norms (Qwen3)
                             + heads * d * h                             // O projection
                             + h * 2 * ffn                               // gate and up
                             + ffn * h                                   // down
@@ -757,10 +759,10 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlannerConfig& config) {
   // Weights.
   const int64_t params = WeightParamsPerRank(m, tp);
   add("weights", params * DTypeBytes(m.dtype()),
-      absl::StrFormat("%.2f B parameters x %d B (%s): embedding, %d x (QKV%s, O, gate-up, down, "
-                      "norms), lm head (%s)%s",
+      absl::StrFormat("%.2f B parameters x %d B (%s): embedding, %d x (QKV%s%s, O, gate-up, "
+                      "down, norms), lm head (%s)%s",
                       params / 1e9, DTypeBytes(m.dtype()), dtype, m.num_layers(),
-                      m.attention_bias() ? " + bias" : "",
+                      m.attention_bias() ? " + bias" : "", m.qk_norm() ? " + QK norms" : "",
                       m.tie_embeddings() ? "tied: shares the embedding" : "untied", per_rank));
 
   absl::StatusOr<std::vector<PlannedStepKey>> keys = PlanStepKeys(c);

@@ -87,6 +87,13 @@ class LlamaDeviceWeights {
   const __nv_bfloat16* qkv_bias(int l) const {
     return shape().qkv_bias ? tensor(layout_.qkv_bias(l)) : nullptr;
   }
+  // [head_dim] each, or nullptr for a shape without qk_norm
+  const __nv_bfloat16* q_norm(int l) const {
+    return shape().qk_norm ? tensor(layout_.q_norm(l)) : nullptr;
+  }
+  const __nv_bfloat16* k_norm(int l) const {
+    return shape().qk_norm ? tensor(layout_.k_norm(l)) : nullptr;
+  }
 
  private:
   static absl::StatusOr<LlamaDeviceWeights> Allocate(const LlamaShape& shape);

@@ -27,7 +27,8 @@ TEST_F(DeviceWeightsGpuTest, RandomMatchesTheHostInitialiserBitForBit) {
   for (bool tie : {false, true}) {
     LlamaShape shape = LlamaShape::Tiny();
     shape.tie_embeddings = tie;
-    shape.qkv_bias = !tie;  // both layouts, with and without the biases
+    shape.qkv_bias = !tie;  // both layouts, with and without the biases and QK norms
+    shape.qk_norm = !tie;
     const uint64_t seed = rng_();
     absl::StatusOr<LlamaDeviceWeights> dev = LlamaDeviceWeights::Random(shape, seed, stream());
     ASSERT_TRUE(dev.ok()) << dev.status();

@@ -16,6 +16,7 @@
 #include "attention/rope_frequency.h"
 #include "runtime/model/bf16.h"
 #include "runtime/model/bias_add.h"
+#include "runtime/model/qk_norm.h"
 #include "runtime/model/embedding.h"
 #include "runtime/model/internal/gpu_test_helpers.h"
 #include "runtime/model/rms_norm.h"
@@ -287,6 +288,70 @@ TEST_F(BiasAddGpuTest, MatchesReference) {
     EXPECT_TRUE(std::equal(got.begin() + n, got.end(), y.begin() + n)) << "wrote past the rows";
   }
   EXPECT_EQ(LaunchBiasAdd(nullptr, nullptr, 1, 8, stream()), cudaErrorInvalidValue);
+}
+
+// ---------------------------------------------------------------- QK norm
+
+class QkNormGpuTest : public GpuTest {};
+
+// In place: each q and k head divided by its RMS and multiplied by its side's weight, against a
+// float64 computation; V and the row past the matrix stay as they were.
+TEST_F(QkNormGpuTest, MatchesFloat64Reference) {
+  struct Case { int tokens, heads, kv_heads, head_dim; };
+  for (const Case c : {Case{1, 32, 8, 128}, Case{7, 16, 8, 128}, Case{33, 8, 2, 64},
+                       Case{2, 28, 4, 128}, Case{3, 5, 5, 256}, Case{4, 3, 1, 40}}) {
+    SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << ", heads " << c.heads << "/"
+                                      << c.kv_heads << " x " << c.head_dim);
+    const int d = c.head_dim;
+    const int row = (c.heads + 2 * c.kv_heads) * d;
+    const size_t n = size_t{1} * c.tokens * row;
+    std::vector<uint16_t> x = RandomBf16(n + row, -3, 3);  // one row past the matrix
+    const std::vector<uint16_t> q_norm = RandomBf16(d, 0.5, 1.5);
+    const std::vector<uint16_t> k_norm = RandomBf16(d, 0.5, 1.5);
+    DeviceVector<uint16_t> d_x(x, stream());
+    DeviceVector<uint16_t> d_q(q_norm, stream());
+    DeviceVector<uint16_t> d_k(k_norm, stream());
+    const float eps = 1e-6f;
+    ASSERT_EQ(LaunchQkNorm(Bf(d_x.get()), Bf(d_q.get()), Bf(d_k.get()), c.tokens, c.heads,
+                           c.kv_heads, d, eps, stream()),
+              cudaSuccess);
+    const std::vector<uint16_t> got = d_x.Download(stream());
+    std::vector<double> ref(n);
+    for (int t = 0; t < c.tokens; ++t) {
+      for (int h = 0; h < c.heads + 2 * c.kv_heads; ++h) {
+        const size_t base = size_t{1} * t * row + size_t{1} * h * d;
+        if (h >= c.heads + c.kv_heads) {  // V: untouched
+          for (int i = 0; i < d; ++i) ref[base + i] = ToDouble(x[base + i]);
+          continue;
+        }
+        const std::vector<uint16_t>& w = h < c.heads ? q_norm : k_norm;
+        double ms = 0;
+        for (int i = 0; i < d; ++i) ms += ToDouble(x[base + i]) * ToDouble(x[base + i]) / d;
+        for (int i = 0; i < d; ++i) {
+          ref[base + i] = ToDouble(x[base + i]) / std::sqrt(ms + eps) * ToDouble(w[i]);
+        }
+      }
+    }
+    std::vector<uint16_t> rows(got.begin(), got.begin() + n);
+    EXPECT_LT(RelativeError(Bf16ToDouble(rows), ref), kBf16Tolerance);
+    for (int t = 0; t < c.tokens; ++t) {  // V bit for bit
+      const size_t v = size_t{1} * t * row + size_t{1} * (c.heads + c.kv_heads) * d;
+      ASSERT_TRUE(std::equal(got.begin() + v, got.begin() + v + size_t{1} * c.kv_heads * d,
+                             x.begin() + v))
+          << "V of token " << t << " changed";
+    }
+    EXPECT_TRUE(std::equal(got.begin() + n, got.end(), x.begin() + n)) << "wrote past the rows";
+  }
+  const std::vector<uint16_t> w = RandomBf16(64, 0.5, 1.5);
+  DeviceVector<uint16_t> d_w(w, stream());
+  EXPECT_EQ(LaunchQkNorm(nullptr, Bf(d_w.get()), Bf(d_w.get()), 1, 1, 1, 64, 1e-6f, stream()),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchQkNorm(Bf(d_w.get()), Bf(d_w.get()), Bf(d_w.get()), 1, 1, 1, 512, 1e-6f,
+                         stream()),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchQkNorm(Bf(d_w.get()), Bf(d_w.get()), Bf(d_w.get()), 1, 1, 1, 64, 0.0f,
+                         stream()),
+            cudaErrorInvalidValue);
 }
 
 // ---------------------------------------------------------------- greedy sampling

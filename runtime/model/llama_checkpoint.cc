@@ -40,6 +40,10 @@ std::string UnexpectedReason(absl::string_view name, const LlamaShape& shape) {
     return "the LlamaShape has no QKV bias; set qkv_bias = true (config.json's attention_bias, "
            "which Qwen2 models have) to load it";
   }
+  if (!shape.qk_norm &&
+      (absl::EndsWith(name, "self_attn.q_norm.weight") || absl::EndsWith(name, "self_attn.k_norm.weight"))) {
+    return "the LlamaShape has no QK norm; set qk_norm = true (Qwen3 models have it) to load it";
+  }
   constexpr absl::string_view kLayers = "model.layers.";
   if (absl::StartsWith(name, kLayers)) {
     absl::string_view rest = name.substr(kLayers.size());
@@ -85,6 +89,10 @@ std::vector<HfTensorSlice> HfTensorSlices(const LlamaWeightLayout& layout) {
           "[kv_heads * head_dim]");
       add(p + "self_attn.v_proj.bias", layout.qkv_bias(l), s.q_width() + s.kv_width(),
           s.kv_width(), "[kv_heads * head_dim]");
+    }
+    if (s.qk_norm) {
+      add(p + "self_attn.q_norm.weight", layout.q_norm(l), 0, s.head_dim, "[head_dim]");
+      add(p + "self_attn.k_norm.weight", layout.k_norm(l), 0, s.head_dim, "[head_dim]");
     }
     add(p + "self_attn.o_proj.weight", layout.o(l), 0, s.hidden, "[hidden, heads * head_dim]");
     add(p + "post_attention_layernorm.weight", layout.post_norm(l), 0, s.hidden, "[hidden]");

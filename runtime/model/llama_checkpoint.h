@@ -12,7 +12,8 @@
 // model.layers.{l}.mlp.{gate,up,down}_proj.weight, model.norm.weight, lm_head.weight (only when
 // the shape does not tie embeddings). q, k and v are fused row-wise into qkv, gate and up into
 // gate_up. With LlamaShape::qkv_bias (Qwen2), model.layers.{l}.self_attn.{q,k,v}_proj.bias too,
-// fused into qkv_bias. HF's q/k rows are already in rotate-half order, which is the RoPE kiln
+// fused into qkv_bias; with LlamaShape::qk_norm (Qwen3), model.layers.{l}.self_attn.{q,k}_norm.weight.
+// HF's q/k rows are already in rotate-half order, which is the RoPE kiln
 // applies.
 // Tensors named *.rotary_emb.inv_freq (buffers some old checkpoints carry) are ignored.
 //

@@ -111,6 +111,34 @@ TEST_F(LlamaCheckpointTest, RoundTripsQkvBiases) {
                         "' is unexpected: the LlamaShape has no QKV bias; set qkv_bias = true"));
 }
 
+// Qwen3's q and k norms: written and read under HF names; a shape without them names the fix.
+TEST_F(LlamaCheckpointTest, RoundTripsQkNorms) {
+  LlamaShape normed = shape_;
+  normed.qk_norm = true;
+  absl::StatusOr<LlamaHostWeights> w = RandomLlamaHostWeights(normed, 4);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const std::string path = TempPath("qk_norm.safetensors");
+  ASSERT_TRUE(WriteLlamaSafetensors(path, *w).ok());
+  absl::StatusOr<SafetensorsReader> reader = SafetensorsReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ(reader->tensors().size(), 2 + 11 * normed.layers + 1u);
+  const SafetensorsTensor* k = reader->Find("model.layers.1.self_attn.k_norm.weight");
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(k->shape, (std::vector<int64_t>{normed.head_dim}));
+  std::vector<uint16_t> k_file(k->bytes() / 2);
+  ASSERT_TRUE(reader->Read(*k, k_file.data(), k->bytes()).ok());
+  EXPECT_TRUE(std::equal(k_file.begin(), k_file.end(), w->tensor(w->layout.k_norm(1))));
+
+  absl::StatusOr<LlamaHostWeights> back = ReadLlamaSafetensors({path}, normed);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->data, w->data);
+  const absl::Status without = ReadLlamaSafetensors({path}, shape_).status();
+  EXPECT_EQ(without.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(without.message()),
+              HasSubstr("_norm.weight' in '" + path +
+                        "' is unexpected: the LlamaShape has no QK norm; set qk_norm = true"));
+}
+
 TEST_F(LlamaCheckpointTest, ReadsShardedCheckpoints) {
   std::vector<SafetensorsEntry> all = Entries(weights_);
   std::vector<SafetensorsEntry> first(all.begin(), all.begin() + all.size() / 2);

@@ -18,6 +18,7 @@
 #include "runtime/model/decode_layer.h"
 #include "runtime/model/embedding.h"
 #include "runtime/model/prefetch_gemm.h"
+#include "runtime/model/qk_norm.h"
 #include "runtime/model/rms_norm.h"
 #include "runtime/model/rope.h"
 #include "runtime/model/rope_kv_append.h"
@@ -227,6 +228,11 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
     return absl::InvalidArgumentError(absl::StrCat(
         "layer_kernel_rows ", options.layer_kernel_rows,
         ": the decode layer kernel has no QKV bias; set layer_kernel_rows to 0 for this model"));
+  }
+  if (s.qk_norm && options.layer_kernel_rows > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer_kernel_rows ", options.layer_kernel_rows,
+        ": the decode layer kernel has no QK norm; set layer_kernel_rows to 0 for this model"));
   }
   if (options.rope_in_attention_rows < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -622,6 +628,10 @@ absl::Status LlamaModel::PreAttention(int layer, const LlamaStepArgs& args, cons
   if (s.qkv_bias) {
     CUDA_RETURN_IF_ERROR(LaunchBiasAdd(a.qkv, w.qkv_bias(layer), n,
                                        static_cast<int>(s.qkv_rows()), stream));
+  }
+  if (s.qk_norm) {
+    CUDA_RETURN_IF_ERROR(LaunchQkNorm(a.qkv, w.q_norm(layer), w.k_norm(layer), n, s.heads,
+                                      s.kv_heads, s.head_dim, eps, stream));
   }
   // Where attention rotates, the step without attention (benchmarks) leaves the rotation out too.
   if (!options_.run_rope_append || AttentionTakesRope(args)) return absl::OkStatus();

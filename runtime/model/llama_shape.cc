@@ -86,7 +86,7 @@ absl::Status LlamaShape::Validate() const {
 int64_t LlamaShape::ParameterCount() const {
   const int64_t h = hidden;
   const int64_t per_layer = 2 * h + qkv_rows() * h + h * q_width() + 3 * int64_t{ffn} * h +
-                            (qkv_bias ? qkv_rows() : 0);
+                            (qkv_bias ? qkv_rows() : 0) + (qk_norm ? 2 * int64_t{head_dim} : 0);
   int64_t total = int64_t{vocab} * h + layers * per_layer + h;
   if (!tie_embeddings) total += int64_t{vocab} * h;
   return total;
@@ -95,10 +95,10 @@ int64_t LlamaShape::ParameterCount() const {
 std::string LlamaShape::ToString() const {
   return absl::StrFormat(
       "hidden %d, %d layers, %d/%d heads x %d, ffn %d, vocab %d, rope_theta %g, rope_scaling %s, "
-      "rms_eps %g, %s%s",
+      "rms_eps %g, %s%s%s",
       hidden, layers, heads, kv_heads, head_dim, ffn, vocab, rope_theta, rope_scaling.ToString(),
       rms_eps, tie_embeddings ? "tied embeddings" : "separate lm_head",
-      qkv_bias ? ", QKV bias" : "");
+      qkv_bias ? ", QKV bias" : "", qk_norm ? ", QK norm" : "");
 }
 
 }  // namespace kiln

@@ -30,6 +30,7 @@ struct LlamaShape {
   double rms_eps = 1e-5;
   bool tie_embeddings = true;  // the LM head reuses the embedding table
   bool qkv_bias = false;       // the QKV projection adds a bias (Qwen2's attention_bias)
+  bool qk_norm = false;        // q and k heads RMS-normed before RoPE (Qwen3's q_norm, k_norm)
 
   // Returns the 1B-class shape that kiln's peer figures use: Llama 3.2 1B's sizes and RoPE
   // (theta 500000, llama3 scaling x32, low 1, high 4, original 8192), so its checkpoint loads.

@@ -46,6 +46,13 @@ absl::StatusOr<LlamaWeightLayout> LlamaWeightLayout::Create(const LlamaShape& sh
       add(absl::StrCat("layers.", l, ".qkv_bias"), WeightKind::kBias, shape.qkv_rows(), 1);
     }
   }
+  layout.qk_norm_base_ = static_cast<int>(layout.tensors_.size());
+  if (shape.qk_norm) {
+    for (int l = 0; l < shape.layers; ++l) {
+      add(absl::StrCat("layers.", l, ".q_norm"), WeightKind::kNorm, shape.head_dim, 1);
+      add(absl::StrCat("layers.", l, ".k_norm"), WeightKind::kNorm, shape.head_dim, 1);
+    }
+  }
   layout.total_bytes_ = offset;
   return layout;
 }

@@ -21,8 +21,11 @@
 //   lm_head            [vocab, hidden]          absent when tie_embeddings (lm_head() is embedding)
 //   per layer l, only when qkv_bias:
 //     qkv_bias         [(heads + 2 * kv_heads) * head_dim]           q, k, then v heads
-// (the biases come last, so a shape's other tensors keep their indices, and seeded values, with
-// or without them)
+//   per layer l, only when qk_norm:
+//     q_norm           [head_dim]                                    shared by the query heads
+//     k_norm           [head_dim]                                    shared by the key heads
+// (the biases and QK norms come last, so a shape's other tensors keep their indices, and seeded
+// values, with or without them)
 //
 // Seeded initialisation (RandomLlamaHostWeights here, LlamaDeviceWeights::Random on the GPU;
 // bit-identical): uniform values with standard deviation 1 for the embedding, 1/sqrt(fan_in)
@@ -87,6 +90,9 @@ class LlamaWeightLayout {
   }
   // Returns layer `layer`'s QKV bias; only for a shape with qkv_bias.
   const WeightTensor& qkv_bias(int layer) const { return tensors_[bias_base_ + layer]; }
+  // Returns layer `layer`'s query and key norm weights; only for a shape with qk_norm.
+  const WeightTensor& q_norm(int layer) const { return tensors_[qk_norm_base_ + 2 * layer]; }
+  const WeightTensor& k_norm(int layer) const { return tensors_[qk_norm_base_ + 2 * layer + 1]; }
 
   static constexpr int kTensorsPerLayer = 6;
 
@@ -94,7 +100,8 @@ class LlamaWeightLayout {
   static int LayerBase(int layer) { return 1 + layer * kTensorsPerLayer; }
   LlamaShape shape_;
   std::vector<WeightTensor> tensors_;
-  int bias_base_ = 0;  // index of layer 0's qkv_bias
+  int bias_base_ = 0;     // index of layer 0's qkv_bias
+  int qk_norm_base_ = 0;  // index of layer 0's q_norm
   size_t total_bytes_ = 0;
 };
 

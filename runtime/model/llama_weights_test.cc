@@ -79,6 +79,38 @@ TEST(LlamaWeightLayoutTest, QkvBiasesComeLast) {
   }
 }
 
+// Qwen3's q and k norms come after the biases: every other tensor keeps its index, offset and
+// seeded values.
+TEST(LlamaWeightLayoutTest, QkNormsComeAfterTheBiases) {
+  LlamaShape biased = LlamaShape::Tiny();
+  biased.qkv_bias = true;
+  LlamaShape normed = biased;
+  normed.qk_norm = true;
+  absl::StatusOr<LlamaHostWeights> a = RandomLlamaHostWeights(biased, 11);
+  absl::StatusOr<LlamaHostWeights> b = RandomLlamaHostWeights(normed, 11);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const size_t count = a->layout.tensors().size();
+  ASSERT_EQ(b->layout.tensors().size(), count + 2 * normed.layers);
+  for (size_t i = 0; i < count; ++i) {
+    const WeightTensor& t = a->layout.tensors()[i];
+    EXPECT_EQ(b->layout.tensors()[i].offset, t.offset) << t.name;
+    EXPECT_TRUE(std::equal(a->tensor(t), a->tensor(t) + t.elements(), b->tensor(t))) << t.name;
+  }
+  int64_t elements = 0;
+  for (const WeightTensor& t : b->layout.tensors()) elements += t.elements();
+  EXPECT_EQ(elements, normed.ParameterCount());
+  for (int l = 0; l < normed.layers; ++l) {
+    for (const WeightTensor* t : {&b->layout.q_norm(l), &b->layout.k_norm(l)}) {
+      EXPECT_EQ(t->kind, WeightKind::kNorm);
+      EXPECT_EQ(t->rows, normed.head_dim);
+      EXPECT_EQ(t->cols, 1);
+      EXPECT_GE(t->offset, a->layout.total_bytes());
+    }
+    EXPECT_EQ(b->layout.q_norm(l).name, "layers." + std::to_string(l) + ".q_norm");
+    EXPECT_EQ(b->layout.k_norm(l).name, "layers." + std::to_string(l) + ".k_norm");
+  }
+}
+
 TEST(LlamaWeightLayoutTest, RejectsABadShape) {
   LlamaShape shape = LlamaShape::Tiny();
   shape.kv_heads = 3;
@@ -88,6 +120,7 @@ TEST(LlamaWeightLayoutTest, RejectsABadShape) {
 TEST(RandomLlamaHostWeightsTest, DeterministicPerSeedAndScaled) {
   LlamaShape shape = LlamaShape::Tiny();
   shape.qkv_bias = true;  // every kind of tensor
+  shape.qk_norm = true;
   absl::StatusOr<LlamaHostWeights> a = RandomLlamaHostWeights(shape, 7);
   absl::StatusOr<LlamaHostWeights> b = RandomLlamaHostWeights(shape, 7);
   absl::StatusOr<LlamaHostWeights> c = RandomLlamaHostWeights(shape, 8);

@@ -81,6 +81,17 @@ void ReferenceDecoder::RmsNorm(const WeightTensor& w, const std::vector<double>&
   }
 }
 
+void ReferenceDecoder::HeadNorm(const WeightTensor& w, double* x) const {
+  const int d = shape().head_dim;
+  double sum_sq = 0.0;
+  for (int i = 0; i < d; ++i) sum_sq += x[i] * x[i];
+  const double scale = 1.0 / std::sqrt(sum_sq / d + shape().rms_eps);
+  const uint16_t* weight = weights_.tensor(w);
+  for (int i = 0; i < d; ++i) {
+    x[i] = Round(x[i] * scale * static_cast<double>(Bf16BitsToFloat(weight[i])));
+  }
+}
+
 std::vector<double> ReferenceDecoder::Token(Sequence& seq, int32_t token) {
   const LlamaShape& s = shape();
   const LlamaWeightLayout& layout = weights_.layout;
@@ -125,6 +136,10 @@ std::vector<double> ReferenceDecoder::Token(Sequence& seq, int32_t token) {
     double* q = qkv.data();
     double* k = q + s.q_width();
     double* v = k + s.kv_width();
+    if (s.qk_norm) {  // each head over head_dim, as kiln's QK norm kernel does
+      for (int head = 0; head < s.heads; ++head) HeadNorm(layout.q_norm(l), q + int64_t{head} * d);
+      for (int head = 0; head < s.kv_heads; ++head) HeadNorm(layout.k_norm(l), k + int64_t{head} * d);
+    }
     for (int head = 0; head < s.heads; ++head) rope(q + int64_t{head} * d);
     for (int head = 0; head < s.kv_heads; ++head) rope(k + int64_t{head} * d);
     seq.k[l].insert(seq.k[l].end(), k, k + s.kv_width());

@@ -78,6 +78,8 @@ class ReferenceDecoder {
               double* y) const;
   // out = x / rms(x) * weight
   void RmsNorm(const WeightTensor& w, const std::vector<double>& x, std::vector<double>& out) const;
+  // x [head_dim] = x / rms(x) * weight, in place (a query or key head's QK norm)
+  void HeadNorm(const WeightTensor& w, double* x) const;
   std::vector<double> Token(Sequence& seq, int32_t token);
 
   LlamaHostWeights weights_;

@@ -222,6 +222,37 @@ TEST_F(ReferenceDecoderTest, FirstTokenWithQkvBiasMatchesAnIndependentComputatio
   ExpectFirstTokenMatchesAnIndependentComputation();
 }
 
+// With Qwen3's QK norm each query and key head is divided by its own RMS, so scaling the q and k
+// rows of the QKV projection by 2 (exact in bf16) leaves the logits as they were (to eps's
+// share); without the norm the attention scores, and so the logits, change.
+TEST_F(ReferenceDecoderTest, QkNormMakesAttentionIndependentOfTheScaleOfQAndK) {
+  for (bool qk_norm : {true, false}) {
+    SCOPED_TRACE(qk_norm ? "with QK norm" : "without");
+    shape_.qk_norm = qk_norm;
+    absl::StatusOr<LlamaHostWeights> w = RandomLlamaHostWeights(shape_, seed_);
+    ASSERT_TRUE(w.ok()) << w.status();
+    LlamaHostWeights scaled = *w;
+    for (int l = 0; l < shape_.layers; ++l) {
+      uint16_t* qk = scaled.mutable_tensor(scaled.layout.qkv(l));
+      for (int64_t i = 0; i < (shape_.q_width() + shape_.kv_width()) * shape_.hidden; ++i) {
+        qk[i] = FloatToBf16Bits(2.0f * Bf16BitsToFloat(qk[i]));
+      }
+    }
+    const std::vector<int32_t> tokens = RandomTokens(6);
+    absl::StatusOr<ReferenceDecoder> a = ReferenceDecoder::Create(*std::move(w));
+    absl::StatusOr<ReferenceDecoder> b = ReferenceDecoder::Create(std::move(scaled));
+    ASSERT_TRUE(a.ok() && b.ok());
+    absl::StatusOr<std::vector<double>> la = a->Forward(a->AddSequence(), tokens);
+    absl::StatusOr<std::vector<double>> lb = b->Forward(b->AddSequence(), tokens);
+    ASSERT_TRUE(la.ok() && lb.ok());
+    if (qk_norm) {
+      EXPECT_LT(RelativeError(*lb, *la), 1e-5);
+    } else {
+      EXPECT_GT(RelativeError(*lb, *la), 1e-3);
+    }
+  }
+}
+
 TEST_F(ReferenceDecoderTest, Bf16ActivationsStayCloseToFloat64) {
   const std::vector<int32_t> tokens = RandomTokens(8);
   ReferenceDecoder exact = Make();

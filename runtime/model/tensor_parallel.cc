@@ -9,18 +9,21 @@
 namespace kiln {
 namespace {
 
-// What a tensor of LlamaWeightLayout is, from its index; a QKV bias splits as the QKV rows do.
+// What a tensor of LlamaWeightLayout is, from its index; a QKV bias splits as the QKV rows do,
+// and the QK norms' weights, shared by every head, are replicated.
 enum class Role { kReplicated, kQkv, kO, kGateUp, kDown };
 
 absl::StatusOr<Role> RoleOf(const LlamaShape& shape, int tensor_index) {
   const int per_layer = LlamaWeightLayout::kTensorsPerLayer;
   const int layer_end = 1 + shape.layers * per_layer;
   const int bias_base = layer_end + 1 + (shape.tie_embeddings ? 0 : 1);
-  const int count = bias_base + (shape.qkv_bias ? shape.layers : 0);
+  const int qk_norm_base = bias_base + (shape.qkv_bias ? shape.layers : 0);
+  const int count = qk_norm_base + (shape.qk_norm ? 2 * shape.layers : 0);
   if (tensor_index < 0 || tensor_index >= count) {
     return absl::InvalidArgumentError(absl::StrCat("Weight tensor index ", tensor_index,
                                                    " is outside [0, ", count, ") for this shape"));
   }
+  if (tensor_index >= qk_norm_base) return Role::kReplicated;  // q_norm, k_norm
   if (tensor_index >= bias_base) return Role::kQkv;  // layers' QKV biases (llama_weights.h)
   if (tensor_index == 0 || tensor_index >= layer_end) return Role::kReplicated;
   // Per layer: input_norm, qkv, o, post_norm, gate_up, down (llama_weights.h).

@@ -25,7 +25,8 @@ TEST_F(TensorParallelGpuTest, RandomShardEqualsTheHostCutOfTheFullWeights) {
       full.heads = 16;
       full.kv_heads = kv_heads;
       full.tie_embeddings = tie;
-      full.qkv_bias = tie;  // the biases split as the QKV rows do
+      full.qkv_bias = tie;  // the biases split as the QKV rows do; the QK norms are whole
+      full.qk_norm = tie;
       const uint64_t seed = rng_();
       absl::StatusOr<LlamaHostWeights> host = RandomLlamaHostWeights(full, seed);
       ASSERT_TRUE(host.ok()) << host.status();

@@ -83,6 +83,30 @@ TEST(TensorParallelTest, ShapesThatDoNotSplitAreRefused) {
   EXPECT_TRUE(absl::IsInvalidArgument(ShardMapFor(SplitShape(16, 8), 2, 0, 999).status()));
 }
 
+// The QK norms' weights are shared by every head, so every rank keeps all of them.
+TEST(TensorParallelTest, QkNormsAreReplicated) {
+  LlamaShape full = SplitShape(16, 8);
+  full.qkv_bias = true;
+  full.qk_norm = true;
+  absl::StatusOr<LlamaHostWeights> w = RandomLlamaHostWeights(full, 6);
+  ASSERT_TRUE(w.ok()) << w.status();
+  for (int tp : {2, 8}) {
+    for (int r = 0; r < tp; ++r) {
+      absl::StatusOr<LlamaHostWeights> s = ShardLlamaHostWeights(*w, tp, r);
+      ASSERT_TRUE(s.ok()) << s.status();
+      for (int layer = 0; layer < full.layers; ++layer) {
+        for (bool q : {true, false}) {
+          const WeightTensor& all = q ? w->layout.q_norm(layer) : w->layout.k_norm(layer);
+          const WeightTensor& mine = q ? s->layout.q_norm(layer) : s->layout.k_norm(layer);
+          ASSERT_EQ(mine.elements(), full.head_dim);
+          EXPECT_TRUE(std::equal(w->tensor(all), w->tensor(all) + all.elements(), s->tensor(mine)))
+              << "tp " << tp << ", rank " << r << ", layer " << layer << (q ? " q" : " k");
+        }
+      }
+    }
+  }
+}
+
 // A QKV bias splits as the QKV rows do: each rank keeps its query heads' and KV heads' entries.
 TEST(TensorParallelTest, QkvBiasesFollowTheHeads) {
   for (int kv_heads : {8, 2}) {

@@ -124,6 +124,7 @@ absl::StatusOr<LlamaShape> LlamaShapeFromConfig(const config::ModelShape& m) {
   if (m.has_rms_norm_eps()) s.rms_eps = m.rms_norm_eps();
   s.tie_embeddings = m.tie_embeddings();
   s.qkv_bias = m.attention_bias();
+  s.qk_norm = m.qk_norm();
   // rope_type "default" (Hugging Face's name for unscaled RoPE) turns a preset's scaling off.
   if (m.has_rope_scaling() && m.rope_scaling().rope_type() != "default") {
     const config::RopeScaling& r = m.rope_scaling();
@@ -202,6 +203,7 @@ config::ModelShape ModelShapeFromLlamaShape(const LlamaShape& t, absl::string_vi
   m.set_dtype(config::DTYPE_BF16);
   m.set_tie_embeddings(t.tie_embeddings);
   m.set_attention_bias(t.qkv_bias);
+  m.set_qk_norm(t.qk_norm);
   m.set_rope_theta(t.rope_theta);
   m.set_rms_norm_eps(t.rms_eps);
   if (t.rope_scaling.enabled()) {

@@ -23,7 +23,9 @@ config::PlannerConfig OneBillion() {
 TEST(RunnerConfigTest, ModelShapeRoundTripsThroughTheConfig) {
   LlamaShape biased = LlamaShape::Tiny();
   biased.qkv_bias = true;
-  for (const LlamaShape& shape : {LlamaShape::Tiny(), LlamaShape::Llama1B(), biased}) {
+  LlamaShape normed = LlamaShape::Tiny();
+  normed.qk_norm = true;
+  for (const LlamaShape& shape : {LlamaShape::Tiny(), LlamaShape::Llama1B(), biased, normed}) {
     const config::ModelShape m = ModelShapeFromLlamaShape(shape, "x");
     EXPECT_EQ(m.name(), "x");
     absl::StatusOr<LlamaShape> back = LlamaShapeFromConfig(m);
@@ -37,6 +39,7 @@ TEST(RunnerConfigTest, ModelShapeRoundTripsThroughTheConfig) {
     EXPECT_EQ(back->vocab, shape.vocab);
     EXPECT_EQ(back->tie_embeddings, shape.tie_embeddings);
     EXPECT_EQ(back->qkv_bias, shape.qkv_bias);
+    EXPECT_EQ(back->qk_norm, shape.qk_norm);
     EXPECT_EQ(back->rope_theta, shape.rope_theta);
     EXPECT_EQ(back->rms_eps, shape.rms_eps);
     EXPECT_EQ(back->rope_scaling, shape.rope_scaling) << back->rope_scaling.ToString();

@@ -848,6 +848,31 @@ TEST_F(RunnerGpuTest, GreedyGenerationWithGroupsOfSevenAndQkvBiasMatchesReferenc
   ExpectGreedyGenerationMatchesReference(shape, seed);
 }
 
+// Qwen3's QK norm (the norm kernel after every QKV GEMM path, before every RoPE path), at the
+// tiny model's size.
+TEST_F(RunnerGpuTest, GreedyGenerationWithQkNormMatchesReference) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  LlamaShape shape = LlamaShape::Tiny();
+  shape.qk_norm = true;
+  ExpectGreedyGenerationMatchesReference(shape, seed);
+}
+
+// Qwen3-4B's proportions: query heads of 128 wider together (8 x 128 = 1024) than the model
+// (hidden 512), two query heads per KV head, with the QK norm and a QKV bias on top.
+TEST_F(RunnerGpuTest, GreedyGenerationWithWideHeadsAndQkNormMatchesReference) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  LlamaShape shape = LlamaShape::Tiny();
+  shape.hidden = 512;
+  shape.heads = 8;
+  shape.kv_heads = 4;
+  shape.head_dim = 128;
+  shape.qk_norm = true;
+  shape.qkv_bias = true;
+  ExpectGreedyGenerationMatchesReference(shape, seed);
+}
+
 TEST_F(RunnerGpuTest, GreedyGenerationAndEagerFallbackMatchReference) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));

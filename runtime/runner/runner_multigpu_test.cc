@@ -74,12 +74,13 @@ config::ModelShape ModelConfig(const LlamaShape& t) {
   return ModelShapeFromLlamaShape(t, "tiny-tp");
 }
 
-// `ctx` null: one GPU (device 0). `qkv_bias`: the shape with Qwen2's QKV biases.
+// `ctx` null: one GPU (device 0). `qwen`: the shape with Qwen2's QKV biases and Qwen3's QK norms.
 RunnerOptions TpOptions(uint64_t seed, const AllReduceConfig& allreduce, RankContext* ctx,
-                        bool qkv_bias = false) {
+                        bool qwen = false) {
   RunnerOptions o;
   LlamaShape shape = TpTinyShape();
-  shape.qkv_bias = qkv_bias;
+  shape.qkv_bias = qwen;  // Qwen2's QKV bias and Qwen3's QK norm together
+  shape.qk_norm = qwen;
   *o.config.mutable_model() = ModelConfig(shape);
   o.config.set_max_num_seqs(kMaxSeqs);
   o.config.set_max_num_batched_tokens(kMaxTokens);
@@ -317,7 +318,7 @@ int CompareWithOneGpu(const std::vector<Outcome>& tp, const std::vector<Outcome>
 
 // The whole generation at TP = ctx.world_size against TP=1 on rank 0's GPU.
 void GenerationMatchesOneGpu(RankContext& ctx, const AllReduceConfig& allreduce,
-                             bool expect_custom, bool qkv_bias = false) {
+                             bool expect_custom, bool qwen = false) {
   ASSERT_EQ(cudaSetDevice(ctx.device()), cudaSuccess);
   const uint64_t seed = SharedSeed(ctx);
   SCOPED_TRACE(absl::StrCat("seed ", seed, ", rank ", ctx.rank, " of ", ctx.world_size));
@@ -325,7 +326,7 @@ void GenerationMatchesOneGpu(RankContext& ctx, const AllReduceConfig& allreduce,
   // TP=1 first, on rank 0 alone; its tokens drive every rank's inputs.
   std::vector<Outcome> one;
   if (ctx.rank == 0) {
-    std::unique_ptr<Runner> single = MakeRunner(TpOptions(seed, allreduce, nullptr, qkv_bias));
+    std::unique_ptr<Runner> single = MakeRunner(TpOptions(seed, allreduce, nullptr, qwen));
     ASSERT_NE(single, nullptr);
     // On one GPU the TMA GEMM takes O, gate-up and down from 3 rows; QKV stays on the prefetch
     // GEMM up to 8 rows.
@@ -338,7 +339,7 @@ void GenerationMatchesOneGpu(RankContext& ctx, const AllReduceConfig& allreduce,
   ASSERT_TRUE(tokens.ok()) << tokens.status();
   const std::vector<Outcome> forced = DecodeTokens(*tokens);
 
-  std::unique_ptr<Runner> runner = MakeRunner(TpOptions(seed, allreduce, &ctx, qkv_bias));
+  std::unique_ptr<Runner> runner = MakeRunner(TpOptions(seed, allreduce, &ctx, qwen));
   ASSERT_NE(runner, nullptr);
   EXPECT_EQ(runner->tensor_parallel_size(), ctx.world_size);
   EXPECT_EQ(runner->shape().heads, TpTinyShape().heads / ctx.world_size);
@@ -409,8 +410,9 @@ TEST(RunnerMultiGpuTest, GenerationWithCustomAllReduceMatchesOneGpu) {
   }
 }
 
-// Qwen2's QKV biases split with their heads (each rank adds its own part after its QKV GEMM).
-TEST(RunnerMultiGpuTest, GenerationWithQkvBiasMatchesOneGpu) {
+// Qwen2's QKV biases split with their heads (each rank adds its own part after its QKV GEMM), and
+// Qwen3's QK norms, whose weights every rank holds whole.
+TEST(RunnerMultiGpuTest, GenerationWithQkvBiasAndQkNormMatchesOneGpu) {
   KILN_REQUIRE_GPUS(2);
   for (int tp : TpSizes()) {
     SCOPED_TRACE(absl::StrCat("TP ", tp));

@@ -2,7 +2,8 @@
 """Checks kiln's generation against Hugging Face transformers on the same checkpoint.
 
 For each model shape it builds a LlamaForCausalLM with seeded weights (bf16, Llama 3's "llama3"
-RoPE scaling; the "mistral" shape a MistralForCausalLM and the "qwen2" shape a Qwen2ForCausalLM,
+RoPE scaling; the "mistral" shape a MistralForCausalLM, the "qwen3" shape a Qwen3ForCausalLM, whose
+q and k heads are RMS-normed before RoPE, and the "qwen2" shape a Qwen2ForCausalLM,
 whose q, k and v projections have biases, both without scaling), saves it with save_pretrained
 (config.json and safetensors, sharded for the 1B shape), runs kiln's generate on the directory
 (--model_dir, --logits_out) and then evaluates the same weights in transformers over the prompt
@@ -36,7 +37,7 @@ import tempfile
 import torch
 import transformers
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM)
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 # Sizes; rope scaling as (factor, low_freq_factor, high_freq_factor, original length). kiln passes
 # when its mean error is within `slack` times transformers' bf16 error (or under `tolerance`).
@@ -64,6 +65,12 @@ SHAPES = {
     "qwen2.5-7b": dict(family="qwen2", hidden=3584, layers=4, heads=28, kv_heads=4, head_dim=128,
                        ffn=18944, vocab=152064, theta=1000000.0, scaling=None, tie=False,
                        prompt=1000, gen=16, shard="2GB", tolerance=0.03, slack=1.5),
+    # A Qwen3 (model_type "qwen3", Qwen3ForCausalLM: each q and k head RMS-normed before RoPE):
+    # Qwen3 0.6B's widths, whose 16 query heads of 128 are twice as wide together as the model
+    # (hidden 1024), 2 query heads per KV head, with 4 of its 28 layers.
+    "qwen3": dict(family="qwen3", hidden=1024, layers=4, heads=16, kv_heads=8, head_dim=128,
+                  ffn=3072, vocab=151936, theta=1000000.0, scaling=None, tie=True, prompt=600,
+                  gen=16, shard=None, tolerance=0.03, slack=1.5),
     # Llama 3.2 3B's widths and 3 query heads per KV head, with 4 of its 28 layers.
     "3b": dict(hidden=3072, layers=4, heads=24, kv_heads=8, head_dim=128, ffn=8192, vocab=128256,
                theta=500000.0, scaling=(32.0, 1.0, 4.0, 8192), tie=True, prompt=1000, gen=16,
@@ -78,7 +85,8 @@ SHAPES = {
 
 FAMILIES = {"llama": (LlamaConfig, LlamaForCausalLM),
             "mistral": (MistralConfig, MistralForCausalLM),
-            "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+            "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+            "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
 
 
 def model_class(s):
@@ -103,6 +111,8 @@ def make_config(s, scaled=True):
         common.update(sliding_window=None)
     elif family == "qwen2":
         common.update(use_sliding_window=False)
+    elif family == "qwen3":
+        common.update(use_sliding_window=False, attention_bias=False)
     else:
         common.update(attention_bias=False, mlp_bias=False)
     if int(transformers.__version__.split(".")[0]) >= 5:
