@@ -7,8 +7,10 @@
 The model (--model): llama-3.2-1b, the 1B-class shape of kiln's figures (hidden 2048, 16 layers,
 32/8 heads of 64, ffn 8192, vocab 128256, tied embeddings), llama-3.2-3b (hidden 3072, 28 layers,
 24/8 heads of 128, ffn 8192, tied), llama-3.1-8b (hidden 4096, 32 layers, 32/8 heads of 128, ffn
-14336, its own LM head), each with Llama 3's RoPE scaling, or qwen2.5-7b (hidden 3584, 28 layers,
-28/4 heads of 128, ffn 18944, vocab 152064, QKV bias, no scaling); random bf16 weights, over a
+14336, its own LM head), each with Llama 3's RoPE scaling, qwen2.5-7b (hidden 3584, 28 layers,
+28/4 heads of 128, ffn 18944, vocab 152064, QKV bias, no scaling) or qwen3-8b (hidden 4096, 36
+layers, 32/8 heads of 128, ffn 12288, vocab 151936, each q and k head RMS-normed before RoPE, no
+scaling); random bf16 weights, over a
 plain, non-paged KV cache of `context` positions per sequence that starts full of random values:
 each decode step writes the new K/V at position context - 1 and attends over all `context`
 positions. The step ends with the logits and a greedy argmax.
@@ -46,8 +48,8 @@ import torch.nn.functional as F
 
 # The shapes kiln's presets of the same names give (runtime/config/presets.cc); rope_scaling is
 # llama3's: factor, low_freq_factor, high_freq_factor, original length (None: none); bias: the
-# QKV projection's (Qwen2).
-LLAMA3 = dict(theta=500000.0, bias=False)
+# QKV projection's (Qwen2); qk_norm: each q and k head RMS-normed before RoPE (Qwen3).
+LLAMA3 = dict(theta=500000.0, bias=False, qk_norm=False)
 MODELS = {
     "llama-3.2-1b": dict(LLAMA3, hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64,
                          ffn=8192, vocab=128256, tied=True, scaling=(32.0, 1.0, 4.0, 8192)),
@@ -56,7 +58,11 @@ MODELS = {
     "llama-3.1-8b": dict(LLAMA3, hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128,
                          ffn=14336, vocab=128256, tied=False, scaling=(8.0, 1.0, 4.0, 8192)),
     "qwen2.5-7b": dict(hidden=3584, layers=28, heads=28, kv_heads=4, head_dim=128, ffn=18944,
-                       vocab=152064, tied=False, scaling=None, theta=1000000.0, bias=True),
+                       vocab=152064, tied=False, scaling=None, theta=1000000.0, bias=True,
+                       qk_norm=False),
+    "qwen3-8b": dict(hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, ffn=12288,
+                     vocab=151936, tied=False, scaling=None, theta=1000000.0, bias=False,
+                     qk_norm=True),
 }
 RMS_EPS = 1e-5
 
@@ -64,12 +70,12 @@ RMS_EPS = 1e-5
 def use_model(name):
     """Sets the module's shape constants to MODELS[name]'s."""
     global HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB, TIED, ROPE_SCALING, ROPE_THETA
-    global QKV_BIAS
+    global QKV_BIAS, QK_NORM
     m = MODELS[name]
     HIDDEN, LAYERS, HEADS, KV_HEADS = m["hidden"], m["layers"], m["heads"], m["kv_heads"]
     HEAD_DIM, FFN, VOCAB, TIED, ROPE_SCALING = (m["head_dim"], m["ffn"], m["vocab"], m["tied"],
                                                 m["scaling"])
-    ROPE_THETA, QKV_BIAS = m["theta"], m["bias"]
+    ROPE_THETA, QKV_BIAS, QK_NORM = m["theta"], m["bias"], m["qk_norm"]
 
 
 use_model("llama-3.2-1b")
@@ -114,14 +120,17 @@ def rotate_half(x):
 def make_pieces(rms_norm, variant):
     """The step's work between attentions: (before, after, head) for one variant."""
 
-    def before(x, ln, wqkv, bqkv, cos, sin):
-        # x [B, H] -> q [B, HEADS, D], k and v [B, KV_HEADS, D]; bqkv: the QKV bias or None.
+    def before(x, ln, wqkv, bqkv, qn, kn, cos, sin):
+        # x [B, H] -> q [B, HEADS, D], k and v [B, KV_HEADS, D]; bqkv: the QKV bias or None; qn,
+        # kn: the QK norms' weights or None.
         b = x.shape[0]
         qkv = F.linear(rms_norm(x, ln), wqkv, bqkv)
-        if variant == "plain":
+        if variant == "plain" or qn is not None:
             q, k, v = qkv.split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], -1)
             q = q.view(b, HEADS, HEAD_DIM)
             k = k.view(b, KV_HEADS, HEAD_DIM)
+            if qn is not None:  # as Qwen3's attention: the norms over head_dim, then RoPE
+                q, k = rms_norm(q, qn), rms_norm(k, kn)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
         else:
@@ -166,6 +175,8 @@ class Llama:
                 ln1=1 + uniform(HIDDEN, scale=0.25),
                 wqkv=uniform(qkv_rows, HIDDEN, scale=math.sqrt(3 / HIDDEN)),
                 bqkv=uniform(qkv_rows, scale=0.5) if QKV_BIAS else None,
+                qn=1 + uniform(HEAD_DIM, scale=0.25) if QK_NORM else None,
+                kn=1 + uniform(HEAD_DIM, scale=0.25) if QK_NORM else None,
                 wo=uniform(HIDDEN, HEADS * HEAD_DIM, scale=math.sqrt(3 / (HEADS * HEAD_DIM))),
                 ln2=1 + uniform(HIDDEN, scale=0.25),
                 wgu=uniform(2 * FFN, HIDDEN, scale=math.sqrt(3 / HIDDEN)),
@@ -208,7 +219,7 @@ class Llama:
         cos = self.cos[pos].view(1, 1, HEAD_DIM)
         sin = self.sin[pos].view(1, 1, HEAD_DIM)
         for l, w in enumerate(self.layers):
-            q, k, v = self.before(x, w["ln1"], w["wqkv"], w["bqkv"], cos, sin)
+            q, k, v = self.before(x, w["ln1"], w["wqkv"], w["bqkv"], w["qn"], w["kn"], cos, sin)
             kc, vc = self.k_cache[l, :b], self.v_cache[l, :b]  # [B, KV, T, D]
             kc.index_copy_(2, pos, k.unsqueeze(2))
             vc.index_copy_(2, pos, v.unsqueeze(2))
