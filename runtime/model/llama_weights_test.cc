@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -50,32 +51,44 @@ TEST(LlamaWeightLayoutTest, TensorsAreAlignedDisjointAndComplete) {
   }
 }
 
-// The biases come after every other tensor, so those keep their indices, offsets and seeded
-// values with or without them.
-TEST(LlamaWeightLayoutTest, QkvBiasesComeLast) {
-  const LlamaShape plain = LlamaShape::Tiny();
-  LlamaShape biased = plain;
-  biased.qkv_bias = true;
-  absl::StatusOr<LlamaHostWeights> a = RandomLlamaHostWeights(plain, 11);
-  absl::StatusOr<LlamaHostWeights> b = RandomLlamaHostWeights(biased, 11);
-  ASSERT_TRUE(a.ok() && b.ok());
+// Returns the weights of `before` and of `after`, a shape with `added` more tensors, both of seed
+// 11, after checking that the added tensors come last: every tensor of `before` keeps its index,
+// offset and seeded values in `after`, and `after` counts its parameters as its tensors hold them.
+std::pair<LlamaHostWeights, LlamaHostWeights> ExpectAddedTensorsComeLast(const LlamaShape& before,
+                                                                       const LlamaShape& after,
+                                                                       size_t added) {
+  absl::StatusOr<LlamaHostWeights> a = RandomLlamaHostWeights(before, 11);
+  absl::StatusOr<LlamaHostWeights> b = RandomLlamaHostWeights(after, 11);
+  EXPECT_TRUE(a.ok() && b.ok());
+  if (!a.ok() || !b.ok()) return {};
   const size_t count = a->layout.tensors().size();
-  ASSERT_EQ(b->layout.tensors().size(), count + plain.layers);
-  for (size_t i = 0; i < count; ++i) {
+  EXPECT_EQ(b->layout.tensors().size(), count + added);
+  for (size_t i = 0; i < count && i < b->layout.tensors().size(); ++i) {
     const WeightTensor& t = a->layout.tensors()[i];
     EXPECT_EQ(b->layout.tensors()[i].offset, t.offset) << t.name;
     EXPECT_TRUE(std::equal(a->tensor(t), a->tensor(t) + t.elements(), b->tensor(t))) << t.name;
   }
   int64_t elements = 0;
   for (const WeightTensor& t : b->layout.tensors()) elements += t.elements();
-  EXPECT_EQ(elements, biased.ParameterCount());
+  EXPECT_EQ(elements, after.ParameterCount());
+  return {*std::move(a), *std::move(b)};
+}
+
+// The biases come after every other tensor, so those keep their indices, offsets and seeded
+// values with or without them.
+TEST(LlamaWeightLayoutTest, QkvBiasesComeLast) {
+  const LlamaShape plain = LlamaShape::Tiny();
+  LlamaShape biased = plain;
+  biased.qkv_bias = true;
+  const auto [a, b] = ExpectAddedTensorsComeLast(plain, biased, plain.layers);
+  if (HasFailure()) return;
   for (int l = 0; l < plain.layers; ++l) {
-    const WeightTensor& bias = b->layout.qkv_bias(l);
+    const WeightTensor& bias = b.layout.qkv_bias(l);
     EXPECT_EQ(bias.name, "layers." + std::to_string(l) + ".qkv_bias");
     EXPECT_EQ(bias.kind, WeightKind::kBias);
     EXPECT_EQ(bias.rows, biased.qkv_rows());
     EXPECT_EQ(bias.cols, 1);
-    EXPECT_GE(bias.offset, a->layout.total_bytes());
+    EXPECT_GE(bias.offset, a.layout.total_bytes());
   }
 }
 
@@ -86,28 +99,17 @@ TEST(LlamaWeightLayoutTest, QkNormsComeAfterTheBiases) {
   biased.qkv_bias = true;
   LlamaShape normed = biased;
   normed.qk_norm = true;
-  absl::StatusOr<LlamaHostWeights> a = RandomLlamaHostWeights(biased, 11);
-  absl::StatusOr<LlamaHostWeights> b = RandomLlamaHostWeights(normed, 11);
-  ASSERT_TRUE(a.ok() && b.ok());
-  const size_t count = a->layout.tensors().size();
-  ASSERT_EQ(b->layout.tensors().size(), count + 2 * normed.layers);
-  for (size_t i = 0; i < count; ++i) {
-    const WeightTensor& t = a->layout.tensors()[i];
-    EXPECT_EQ(b->layout.tensors()[i].offset, t.offset) << t.name;
-    EXPECT_TRUE(std::equal(a->tensor(t), a->tensor(t) + t.elements(), b->tensor(t))) << t.name;
-  }
-  int64_t elements = 0;
-  for (const WeightTensor& t : b->layout.tensors()) elements += t.elements();
-  EXPECT_EQ(elements, normed.ParameterCount());
+  const auto [a, b] = ExpectAddedTensorsComeLast(biased, normed, 2 * normed.layers);
+  if (HasFailure()) return;
   for (int l = 0; l < normed.layers; ++l) {
-    for (const WeightTensor* t : {&b->layout.q_norm(l), &b->layout.k_norm(l)}) {
+    for (const WeightTensor* t : {&b.layout.q_norm(l), &b.layout.k_norm(l)}) {
       EXPECT_EQ(t->kind, WeightKind::kNorm);
       EXPECT_EQ(t->rows, normed.head_dim);
       EXPECT_EQ(t->cols, 1);
-      EXPECT_GE(t->offset, a->layout.total_bytes());
+      EXPECT_GE(t->offset, a.layout.total_bytes());
     }
-    EXPECT_EQ(b->layout.q_norm(l).name, "layers." + std::to_string(l) + ".q_norm");
-    EXPECT_EQ(b->layout.k_norm(l).name, "layers." + std::to_string(l) + ".k_norm");
+    EXPECT_EQ(b.layout.q_norm(l).name, "layers." + std::to_string(l) + ".q_norm");
+    EXPECT_EQ(b.layout.k_norm(l).name, "layers." + std::to_string(l) + ".k_norm");
   }
 }
 
