@@ -10,7 +10,8 @@ The model (--model): llama-3.2-1b, the 1B-class shape of kiln's figures (hidden 
 14336, its own LM head), each with Llama 3's RoPE scaling, qwen2.5-7b (hidden 3584, 28 layers,
 28/4 heads of 128, ffn 18944, vocab 152064, QKV bias, no scaling) or qwen3-8b (hidden 4096, 36
 layers, 32/8 heads of 128, ffn 12288, vocab 151936, each q and k head RMS-normed before RoPE, no
-scaling); random bf16 weights, over a
+scaling) or qwen3-4b (the same heads beside a hidden size of 2560, ffn 9728, tied); random bf16
+weights, over a
 plain, non-paged KV cache of `context` positions per sequence that starts full of random values:
 each decode step writes the new K/V at position context - 1 and attends over all `context`
 positions. The step ends with the logits and a greedy argmax.
@@ -62,6 +63,9 @@ MODELS = {
                        qk_norm=False),
     "qwen3-8b": dict(hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, ffn=12288,
                      vocab=151936, tied=False, scaling=None, theta=1000000.0, bias=False,
+                     qk_norm=True),
+    "qwen3-4b": dict(hidden=2560, layers=36, heads=32, kv_heads=8, head_dim=128, ffn=9728,
+                     vocab=151936, tied=True, scaling=None, theta=1000000.0, bias=False,
                      qk_norm=True),
 }
 RMS_EPS = 1e-5
