@@ -36,6 +36,13 @@ graph of any variant per batch, which is the figure to compare kiln with. Each v
 are checked against the first variant's (a note where they differ). The floor column is weights
 + KV cache bytes read once at the measured device-to-device copy bandwidth. Writes the tables as
 JSON to $OUT/torch_reference.json when $OUT is set.
+
+With --prefill=N1,N2,... it times prefill instead: one prompt of N tokens through every layer
+(F.scaled_dot_product_attention with is_causal over the prompt, the K/V written to the cache) and
+the last token's logits and argmax, as a serving engine's first step; eager and compiled (the
+pieces between attentions by torch.compile), median of --reps after --warmup, with the step's
+matrix FLOPs and the rate they come to. kiln's figure: `generate --batch=1 --prompt_len=N
+--gen_tokens=1` ("prefill ms").
 """
 import argparse
 import json
@@ -151,6 +158,26 @@ def make_pieces(rms_norm, variant):
     def head(x, norm, embed):
         return (rms_norm(x, norm) @ embed.t()).argmax(dim=-1)
 
+    def prefill_before(x, ln, wqkv, bqkv, qn, kn, cos, sin):
+        # x [P, H] of one prompt -> q [1, HEADS, P, D], k and v [1, KV_HEADS, P, D].
+        p = x.shape[0]
+        qkv = F.linear(rms_norm(x, ln), wqkv, bqkv)
+        q, k, v = qkv.split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], -1)
+        q = q.view(p, HEADS, HEAD_DIM)
+        k = k.view(p, KV_HEADS, HEAD_DIM)
+        if qn is not None:
+            q, k = rms_norm(q, qn), rms_norm(k, kn)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        return (q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+                v.view(p, KV_HEADS, HEAD_DIM).transpose(0, 1).unsqueeze(0))
+
+    if variant == "prefill":
+        return torch.compile(prefill_before, dynamic=False), torch.compile(after, dynamic=False), \
+            torch.compile(head, dynamic=False)
+    if variant == "prefill_eager":
+        return prefill_before, after, head
+
     if variant in ("compiled", "autotuned"):
         mode = "max-autotune-no-cudagraphs" if variant == "autotuned" else None
 
@@ -216,6 +243,29 @@ class Llama:
     def kv_bytes(self, batch):
         return 2 * LAYERS * batch * KV_HEADS * self.context * HEAD_DIM * 2
 
+    def prefill(self, tokens):
+        """tokens: int64 [P], one prompt from position 0. Returns its next token ([1])."""
+        p = tokens.shape[0]
+        x = self.embed[tokens]  # [P, H]
+        cos = self.cos[:p].view(p, 1, HEAD_DIM)
+        sin = self.sin[:p].view(p, 1, HEAD_DIM)
+        for l, w in enumerate(self.layers):
+            q, k, v = self.before(x, w["ln1"], w["wqkv"], w["bqkv"], w["qn"], w["kn"], cos, sin)
+            self.k_cache[l, :1, :, :p] = k
+            self.v_cache[l, :1, :, :p] = v
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            x = self.after(x, o[0].transpose(0, 1).reshape(p, HEADS * HEAD_DIM), w["wo"],
+                           w["ln2"], w["wgu"], w["wdown"])
+        return self.head(x[-1:], self.norm, self.lm_head)
+
+    def matrix_flops(self, p):
+        """The prefill's matrix FLOPs: every layer's projections over p tokens, causal attention
+        (q·k and p·v over the p(p+1)/2 pairs) and the LM head for the last token."""
+        per_token = (HEADS + 2 * KV_HEADS) * HEAD_DIM * HIDDEN + HIDDEN * HEADS * HEAD_DIM + \
+            3 * FFN * HIDDEN
+        attention = 2 * HEADS * HEAD_DIM * p * (p + 1) // 2
+        return 2 * (LAYERS * (per_token * p + attention) + VOCAB * HIDDEN)
+
     def step(self, tokens, pos):
         """tokens: int64 [B]; pos: int64 [1], the position every sequence writes. Returns [B]."""
         b = tokens.shape[0]
@@ -269,6 +319,46 @@ def parse_list(text, allowed, flag):
     return items
 
 
+def run_prefill(args):
+    try:
+        lengths = [int(n) for n in args.prefill.split(",")]
+    except ValueError:
+        raise SystemExit(f"torch_reference: --prefill={args.prefill!r}: expected integers, "
+                         "e.g. 512,2048")
+    if not lengths or min(lengths) < 1 or args.reps < 1 or args.warmup < 0:
+        raise SystemExit("torch_reference: --prefill lengths must be >= 1, --reps >= 1 and "
+                         "--warmup >= 0")
+    if args.model not in MODELS:
+        raise SystemExit(f"torch_reference: --model={args.model!r}: expected one of "
+                         f"{', '.join(MODELS)}")
+    use_model(args.model)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch._dynamo.config.recompile_limit = max(8, 2 * len(lengths))
+    device = torch.device("cuda")
+    model = Llama(1, max(lengths), device)
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print(f"{args.model} shape, prefill of one prompt (ms, median of {args.reps})")
+    rows = []
+    with torch.inference_mode():
+        for variant in ("prefill_eager", "prefill"):
+            torch._dynamo.reset()
+            model.before, model.after, model.head = make_pieces(rms_norm_fused, variant)
+            name = "eager" if variant == "prefill_eager" else "compiled"
+            print(f"\n{name}\n{'tokens':>7} {'ms':>9} {'TFLOP/s':>9}")
+            for p in lengths:
+                tokens = torch.randint(0, VOCAB, (p,), device=device,
+                                       generator=torch.Generator(device=device).manual_seed(p))
+                ms = median_ms(lambda: model.prefill(tokens), max(args.warmup, 3), args.reps)
+                rate = model.matrix_flops(p) / (ms * 1e-3) / 1e12
+                print(f"{p:>7} {ms:>9.3f} {rate:>9.1f}")
+                rows.append(dict(variant=name, tokens=p, ms=ms, tflops=rate))
+    out_dir = os.environ.get("OUT")
+    if out_dir:
+        with open(os.path.join(out_dir, "torch_reference_prefill.json"), "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                           model=args.model, rows=rows), f, indent=1)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="llama-3.2-1b",
@@ -282,7 +372,11 @@ def main():
                         "module docstring)")
     parser.add_argument("--norms", default="fused",
                         help="RMSNorm forms: fused (F.rms_norm), hf (transformers' six operations)")
+    parser.add_argument("--prefill", default="",
+                        help="prompt lengths: time a prefill of each instead of decode steps")
     args = parser.parse_args()
+    if args.prefill:
+        return run_prefill(args)
     try:
         batches = [int(b) for b in args.batches.split(",")]
     except ValueError:
