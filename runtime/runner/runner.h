@@ -438,7 +438,8 @@ class Runner {
   Event step_start_, step_stop_;  // with time_steps
 };
 
-// Returns the LlamaShape of a resolved config::ModelShape (attention_bias: LlamaShape::qkv_bias).
+// Returns the LlamaShape of a resolved config::ModelShape (attention_bias: LlamaShape::qkv_bias;
+// qk_norm: LlamaShape::qk_norm).
 // InvalidArgument for what kiln's model does not run: a dtype other than bf16, a rope_scaling
 // that is not a complete, valid "llama3" one, heads or a head_dim decode attention has no kernel
 // for (Qwen2.5 7B's 28 query heads over 4 KV heads, for one: DecodeAttentionSupportsShape).
