@@ -442,7 +442,7 @@ class Runner {
 // qk_norm: LlamaShape::qk_norm).
 // InvalidArgument for what kiln's model does not run: a dtype other than bf16, a rope_scaling
 // that is not a complete, valid "llama3" one, heads or a head_dim decode attention has no kernel
-// for (Qwen2.5 7B's 28 query heads over 4 KV heads, for one: DecodeAttentionSupportsShape).
+// for (head_dim 96, or more than 8 query heads per KV head: DecodeAttentionSupportsShape).
 absl::StatusOr<LlamaShape> LlamaShapeFromConfig(const config::ModelShape& model);
 
 // Returns InvalidArgument when `model` has a sliding window (Mistral 7B v0.1's attention over its
