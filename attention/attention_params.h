@@ -109,7 +109,9 @@ struct PagedKvDevice {
 // loads it (Llama's rotate-half form, attention/rope_rotation.cuh), and the chunk that holds each
 // sequence's new position kv_len − 1 takes that token's K (rotated) and V from here instead of
 // the cache and writes both into its cache slot: the same bits as a RoPE + KV append kernel run
-// before, without that kernel. The rotated q is not written back.
+// before, without that kernel. The rotated q is not written back. With q_norm and k_norm set
+// (Qwen3, bf16 only), each head of q and of the new k is first RMS-normed over head_dim
+// (attention/qk_norm_math.cuh): the bits of runtime/model's QK norm kernel run before.
 struct DecodeRopeAppendDevice {
   const int32_t* positions = nullptr;  // [tokens]: RoPE positions; null: the cache holds the
                                        // step's K and V already and q is rotated
@@ -118,6 +120,9 @@ struct DecodeRopeAppendDevice {
   const void* k = nullptr;             // [tokens, num_kv_heads, head_dim]: the new, unrotated k
   const void* v = nullptr;             // [tokens, num_kv_heads, head_dim]: the new v
   int64_t kv_stride = 0;               // elements between tokens of k and of v
+  const void* q_norm = nullptr;        // [head_dim]: the query heads' norm weight; null: none
+  const void* k_norm = nullptr;        // [head_dim]: the key heads' norm weight (with q_norm)
+  float qk_norm_eps = 0.f;             // the norms' epsilon, > 0 with them
 };
 
 }  // namespace kiln

@@ -606,11 +606,33 @@ TEST_P(DecodeRopeGpuTest, RotatesQAndAppendsTheNewTokenItself) {
   ASSERT_OK(MakeSetup(spec, &s));
   // The first trial splits the long sequences' tiles (fused merge); the second has only short
   // sequences, whose tiles stay whole; the third is the first with Llama 3's frequency scaling
-  // (3.2 1B's at head_dim 64, 3.1 8B's at 128).
-  for (int trial = 0; trial < 3; ++trial) {
+  // (3.2 1B's at head_dim 64, 3.1 8B's at 128); the fourth (bf16) is the first with Qwen3's QK
+  // norm of q and the new k before their rotation.
+  const int trials = c.dtype == AttentionDtype::kBf16 ? 4 : 3;
+  for (int trial = 0; trial < trials; ++trial) {
     SCOPED_TRACE(absl::StrCat("trial ", trial));
     std::vector<SeqLens> step = seqs;
     if (trial == 1) step.resize(3);
+    const bool qk_norm = trial == 3;
+    const float eps = 1e-6f;
+    FastRng weight_rng(40 + trial);
+    std::vector<uint16_t> q_norm(s->head_dim), k_norm(s->head_dim);
+    for (auto& x : q_norm) x = ToBits(weight_rng.Uniform(0.5f, 1.5f), s->dtype);
+    for (auto& x : k_norm) x = ToBits(weight_rng.Uniform(0.5f, 1.5f), s->dtype);
+    // x = x / rms(x) · w over the head, rounded once (what the kernel computes in float).
+    auto head_norm = [&](uint16_t* x, const std::vector<uint16_t>& w) {
+      double sum_sq = 0;
+      for (int d = 0; d < s->head_dim; ++d) {
+        const double v = FromBits(x[d], s->dtype);
+        sum_sq += v * v;
+      }
+      const double scale = 1.0 / std::sqrt(sum_sq / s->head_dim + eps);
+      for (int d = 0; d < s->head_dim; ++d) {
+        x[d] = ToBits(static_cast<float>(FromBits(x[d], s->dtype) * scale *
+                                         FromBits(w[d], s->dtype)),
+                      s->dtype);
+      }
+    };
     RopeScaling scaling;
     if (trial == 2) scaling = RopeScaling::Llama3(c.head_dim == 64 ? 32 : 8, 1, 4, 8192);
     const RopeFrequencies freqs = RopeFrequencies::Make(theta, scaling);
@@ -641,6 +663,7 @@ TEST_P(DecodeRopeGpuTest, RotatesQAndAppendsTheNewTokenItself) {
         uint16_t* k = &new_k[i * kv_row + static_cast<size_t>(h) * s->head_dim];
         const uint16_t* v = &new_v[i * kv_row + static_cast<size_t>(h) * s->head_dim];
         std::vector<uint16_t> rotated(k, k + s->head_dim);
+        if (qk_norm) head_norm(rotated.data(), k_norm);
         RotateRow(rotated.data(), s->head_dim, positions[i], freqs, s->dtype);
         for (int d = 0; d < s->head_dim; ++d) {
           s->k_host[off + d] = s->v_host[off + d] = nan;
@@ -655,9 +678,13 @@ TEST_P(DecodeRopeGpuTest, RotatesQAndAppendsTheNewTokenItself) {
     absl::StatusOr<DeviceBuffer> d_k = Upload(new_k.data(), new_k.size() * 2, "new k");
     absl::StatusOr<DeviceBuffer> d_v = Upload(new_v.data(), new_v.size() * 2, "new v");
     absl::StatusOr<DeviceBuffer> d_pos = Upload(positions.data(), positions.size() * 4, "pos");
+    absl::StatusOr<DeviceBuffer> d_qn = Upload(q_norm.data(), q_norm.size() * 2, "q norm");
+    absl::StatusOr<DeviceBuffer> d_kn = Upload(k_norm.data(), k_norm.size() * 2, "k norm");
     ASSERT_OK(d_k.status());
     ASSERT_OK(d_v.status());
     ASSERT_OK(d_pos.status());
+    ASSERT_OK(d_qn.status());
+    ASSERT_OK(d_kn.status());
     DecodeAttentionParams p;
     p.dtype = s->dtype;
     p.num_q_heads = s->q_heads();
@@ -673,15 +700,22 @@ TEST_P(DecodeRopeGpuTest, RotatesQAndAppendsTheNewTokenItself) {
     p.rope_append.k = d_k->data();
     p.rope_append.v = d_v->data();
     p.rope_append.kv_stride = kv_row;
+    if (qk_norm) {
+      p.rope_append.q_norm = d_qn->data();
+      p.rope_append.k_norm = d_kn->data();
+      p.rope_append.qk_norm_eps = eps;
+    }
     ASSERT_OK(RunDecodeAttention(p, s->stream.get()));
     ASSERT_OK(s->stream.Synchronize());
     const std::vector<uint16_t> out = ReadOutput(*s);
 
-    // The reference attends with the rotated q and the cache as the kernel should leave it.
+    // The reference attends with the (normed and) rotated q and the cache as the kernel should
+    // leave it.
     for (size_t i = 0; i < step.size(); ++i) {
       for (int h = 0; h < s->q_heads(); ++h) {
-        RotateRow(&s->q_host[(i * s->q_heads() + h) * s->head_dim], s->head_dim, positions[i],
-                  freqs, s->dtype);
+        uint16_t* row = &s->q_host[(i * s->q_heads() + h) * s->head_dim];
+        if (qk_norm) head_norm(row, q_norm);
+        RotateRow(row, s->head_dim, positions[i], freqs, s->dtype);
       }
     }
     std::vector<uint16_t> got_k(s->k_host.size()), got_v(s->v_host.size());
@@ -690,10 +724,23 @@ TEST_P(DecodeRopeGpuTest, RotatesQAndAppendsTheNewTokenItself) {
     ASSERT_CUDA(cudaMemcpy(got_v.data(), s->cache.v_cache(), got_v.size() * 2,
                            cudaMemcpyDeviceToHost));
     for (size_t off : new_rows) {
+      // Normed, the host's float64 scale may round a value one unit apart before the rotation,
+      // which can cancel: within 3/256 of the head's largest value then.
+      double largest = 0;
       for (int d = 0; d < s->head_dim; ++d) {
-        ASSERT_TRUE(WithinOneUnit(got_k[off + d], expected_k[off + d]))
-            << "rotated k at pool offset " << off + d << ": " << got_k[off + d] << " against "
-            << expected_k[off + d];
+        largest = std::max(largest, std::abs(double{FromBits(expected_k[off + d], s->dtype)}));
+      }
+      for (int d = 0; d < s->head_dim; ++d) {
+        if (qk_norm) {
+          ASSERT_LE(std::abs(double{FromBits(got_k[off + d], s->dtype)} -
+                             FromBits(expected_k[off + d], s->dtype)),
+                    3.0 / 256 * largest)
+              << "normed and rotated k at pool offset " << off + d;
+        } else {
+          ASSERT_TRUE(WithinOneUnit(got_k[off + d], expected_k[off + d]))
+              << "rotated k at pool offset " << off + d << ": " << got_k[off + d] << " against "
+              << expected_k[off + d];
+        }
         got_k[off + d] = expected_k[off + d];
       }
     }

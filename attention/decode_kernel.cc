@@ -101,6 +101,21 @@ absl::Status Validate(const DecodeAttentionParams& p) {
           " must be a multiple of 8 of at least num_kv_heads × head_dim = ", kv_row));
     }
   }
+  if (r.q_norm != nullptr || r.k_norm != nullptr) {
+    if (r.positions == nullptr || r.q_norm == nullptr || r.k_norm == nullptr ||
+        reinterpret_cast<uintptr_t>(r.q_norm) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(r.k_norm) % 16 != 0) {
+      return absl::InvalidArgumentError(
+          "Decode QK norm needs the RoPE + KV append (positions) and both q_norm and k_norm, each "
+          "16-byte aligned");
+    }
+    if (p.dtype != AttentionDtype::kBf16 || !(r.qk_norm_eps > 0.f)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Decode QK norm runs bf16 with an epsilon above 0 (dtype ",
+          p.dtype == AttentionDtype::kBf16 ? "bf16" : "fp16",
+          ", qk_norm_eps ", r.qk_norm_eps, ")"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -140,6 +155,9 @@ absl::Status LaunchDecodeAttention(const DecodeAttentionParams& params, cudaStre
   args.new_k = rope.k;
   args.new_v = rope.v;
   args.new_kv_stride = rope.kv_stride;
+  args.q_norm = rope.q_norm;
+  args.k_norm = rope.k_norm;
+  args.qk_norm_eps = rope.qk_norm_eps;
   const int group = params.num_q_heads / params.num_kv_heads;
   const int grid = params.plan.work_capacity;
   return DISPATCH_DTYPE(params.dtype, kDtype, [&] {

@@ -40,6 +40,7 @@
 #include "attention/internal/kernel_args.h"
 #include "attention/internal/merge.cuh"
 #include "attention/internal/mma.cuh"
+#include "attention/qk_norm_math.cuh"
 #include "attention/rope_rotation.cuh"
 #include "runtime/cuda/compute_capability.h"
 #include "runtime/cuda/device_helpers.cuh"
@@ -85,10 +86,11 @@ constexpr int kStepTokens = 16;  // KV tokens per warp step (two n-tiles of 8)
 // Resident CTAs per SM: 2 for head_dim 128 (212 registers); 3 for head_dim 64 (168 registers with
 // its two register sets, none spilled): a decode step is bound by the serial 16-token steps of
 // each warp, so a third of the warps more in flight cuts it.
-// kRope: RoPE + KV append in the kernel (args.rope_positions set). A template parameter so that
-// the kernel without it has none of its code: the double-precision sincos alone makes the
-// compiler keep a call frame.
-template <AttentionDtype kDtype, int kHeadDim, int kGroup, bool kRope>
+// kRope: 0, none; 1, RoPE + KV append in the kernel (args.rope_positions set); 2, the same with
+// the QK norm of q and the new k before their rotation (args.q_norm set; bf16 only). A template
+// parameter so that a kernel without them has none of their code (the double-precision sincos
+// alone makes the compiler keep a call frame; the norm's registers spill some of the others).
+template <AttentionDtype kDtype, int kHeadDim, int kGroup, int kRope>
 __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
     DecodeAttentionKernel(const DecodeKernelArgs args) {
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
@@ -138,7 +140,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
   // load that step take the new K (rotated) and V from new_k / new_v instead of the cache, and
   // the CTA of the tile's first rows writes them into the cache slot (none where the block table
   // maps no block there, as the RoPE + KV append kernel).
-  constexpr bool rope = kRope;
+  constexpr bool rope = kRope != 0;
   const int new_pos = kv_len - 1;
   const int new_base =
       rope && new_pos >= kv_begin && new_pos < kv_end ? new_pos & ~(kStepTokens - 1) : -1;
@@ -146,6 +148,26 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
   constexpr int kHalfLoads = kKLoads / 2;  // a lane's K loads of the first half of a head
   __shared__ float s_cos[kHeadDim / 2];
   __shared__ float s_sin[kHeadDim / 2];
+  // QK norm (bf16 only) of q and the new k before their rotation: the weights, q's then k's,
+  // staged before the wait; a head's values lie in its quad's lanes (attention/qk_norm_math.cuh).
+  constexpr bool kQkNorm = kRope == 2;
+  static_assert(!kQkNorm || kDtype == AttentionDtype::kBf16, "the QK norm runs bf16");
+  __shared__ __align__(16) uint16_t s_qk_norm[kQkNorm ? 2 * kHeadDim : 8];
+  const unsigned quad = 0xfu << (lane & ~3);
+  // Norms the head whose pieces (8 values at 32c + 8tig) `piece` holds with weight `side` (0: q,
+  // 1: k) and returns them normed; every lane of the quad calls it.
+  auto norm_head = [&](uint4 (&piece)[kKLoads], int side) {
+    float s = 0.f;
+#pragma unroll
+    for (int c = 0; c < kKLoads; ++c) s = QkNormSumSquares(piece[c], s);
+    const float scale = QkNormScale(QkNormQuadSum(s, quad), kHeadDim, args.qk_norm_eps);
+#pragma unroll
+    for (int c = 0; c < kKLoads; ++c) {
+      const uint4 w =
+          *reinterpret_cast<const uint4*>(s_qk_norm + side * kHeadDim + 32 * c + 8 * tig);
+      piece[c] = QkNormApply(piece[c], w, scale);
+    }
+  };
   const int64_t new_row = static_cast<int64_t>(q_start) * args.new_kv_stride + kv_head * kHeadDim;
   // The new token's cache slot in `pool` at dimension `dim` of the head, when the step at `base`
   // lies in `block` (patch_k / patch_v write it there).
@@ -159,13 +181,23 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
   auto patch_k = [&](uint32_t (&dst)[2][kKLoads][4], int own, int block, int base) {
     const uint16_t* src = static_cast<const uint16_t*>(args.new_k) + new_row + 8 * tig;
     uint16_t* slot = new_slot(k_pool, block, base, 8 * tig);
+    // With the QK norm, the whole head first (the quad of token gid holds it), normed.
+    uint4 piece[kQkNorm ? kKLoads : 1];
+    if constexpr (kQkNorm) {
+#pragma unroll
+      for (int c = 0; c < kKLoads; ++c) piece[c] = *reinterpret_cast<const uint4*>(src + 32 * c);
+      norm_head(piece, 1);
+    }
 #pragma unroll
     for (int c = 0; c < kHalfLoads; ++c) {
-      const uint4 x = *reinterpret_cast<const uint4*>(src + 32 * c);
-      const uint4 y = *reinterpret_cast<const uint4*>(src + 32 * (c + kHalfLoads));
       uint32_t lo[4], hi[4];
-      ToWords(x, lo);
-      ToWords(y, hi);
+      if constexpr (kQkNorm) {
+        ToWords(piece[c], lo);
+        ToWords(piece[c + kHalfLoads], hi);
+      } else {
+        ToWords(*reinterpret_cast<const uint4*>(src + 32 * c), lo);
+        ToWords(*reinterpret_cast<const uint4*>(src + 32 * (c + kHalfLoads)), hi);
+      }
       RopeRotateWords<Ops>(lo, hi, s_cos + 32 * c + 8 * tig, s_sin + 32 * c + 8 * tig);
 #pragma unroll
       for (int t = 0; t < 2; ++t) {
@@ -283,6 +315,14 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
     for (int i = threadIdx.x; i < kHeadDim / 2; i += kDecodeThreads) {
       RopeCosSin(position, i, kHeadDim, args.rope_freqs, &s_cos[i], &s_sin[i]);
     }
+    if constexpr (kQkNorm) {  // weights: static data, staged before the wait
+      for (int i = threadIdx.x; i < 2 * kHeadDim / 8; i += kDecodeThreads) {
+        const uint16_t* w =
+            static_cast<const uint16_t*>(i < kHeadDim / 8 ? args.q_norm : args.k_norm);
+        const int at = 8 * (i % (kHeadDim / 8));
+        *reinterpret_cast<uint4*>(s_qk_norm + 8 * i) = *reinterpret_cast<const uint4*>(w + at);
+      }
+    }
     __syncthreads();
   }
 #pragma unroll
@@ -316,9 +356,18 @@ __global__ void __launch_bounds__(kDecodeThreads, kHeadDim == 64 ? 3 : 2)
       const int g = r - j * kGroup;
       const uint16_t* row = q + static_cast<int64_t>(q_start + j) * args.q_stride +
                             static_cast<int64_t>(kv_head * kGroup + g) * kHeadDim + 8 * tig;
+      if constexpr (kQkNorm) {
+        uint4 piece[kKLoads];
 #pragma unroll
-      for (int c = 0; c < kKLoads; ++c) {
-        ToWords(*reinterpret_cast<const uint4*>(row + 32 * c), qf[c][h]);
+        for (int c = 0; c < kKLoads; ++c) piece[c] = *reinterpret_cast<const uint4*>(row + 32 * c);
+        norm_head(piece, 0);  // m depends on gid only: the quad is here
+#pragma unroll
+        for (int c = 0; c < kKLoads; ++c) ToWords(piece[c], qf[c][h]);
+      } else {
+#pragma unroll
+        for (int c = 0; c < kKLoads; ++c) {
+          ToWords(*reinterpret_cast<const uint4*>(row + 32 * c), qf[c][h]);
+        }
       }
       if (rope) {
 #pragma unroll
@@ -586,10 +635,15 @@ cudaError_t LaunchDecodeKernel(const DecodeKernelArgs& args, int grid_x, cudaStr
   config.attrs = attribute;
   config.numAttrs = DecodeSupportsProgrammaticLaunch() ? 1 : 0;
   if (args.rope_positions != nullptr) {
-    return cudaLaunchKernelEx(&config, DecodeAttentionKernel<kDtype, kHeadDim, kGroup, true>,
-                              args);
+    if constexpr (kDtype == AttentionDtype::kBf16) {
+      if (args.q_norm != nullptr) {
+        return cudaLaunchKernelEx(&config, DecodeAttentionKernel<kDtype, kHeadDim, kGroup, 2>,
+                                  args);
+      }
+    }
+    return cudaLaunchKernelEx(&config, DecodeAttentionKernel<kDtype, kHeadDim, kGroup, 1>, args);
   }
-  return cudaLaunchKernelEx(&config, DecodeAttentionKernel<kDtype, kHeadDim, kGroup, false>, args);
+  return cudaLaunchKernelEx(&config, DecodeAttentionKernel<kDtype, kHeadDim, kGroup, 0>, args);
 }
 
 #define KILN_INSTANTIATE_DECODE_ONE_(DTYPE, HEAD_DIM, GROUP)                                \

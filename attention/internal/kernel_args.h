@@ -44,6 +44,10 @@ struct DecodeKernelArgs {
   const void* new_k;      // [tokens, num_kv_heads, head_dim], new_kv_stride elements per token
   const void* new_v;
   int64_t new_kv_stride;
+  // QK norm of q and the new k before their rotation (DecodeRopeAppendDevice); null: none.
+  const void* q_norm;
+  const void* k_norm;
+  float qk_norm_eps;
 };
 
 struct MergeKernelArgs {

@@ -629,7 +629,8 @@ absl::Status LlamaModel::PreAttention(int layer, const LlamaStepArgs& args, cons
     CUDA_RETURN_IF_ERROR(LaunchBiasAdd(a.qkv, w.qkv_bias(layer), n,
                                        static_cast<int>(s.qkv_rows()), stream));
   }
-  if (s.qk_norm) {
+  // Where attention rotates q and the new k, it norms them first (the same bits).
+  if (s.qk_norm && !AttentionTakesRope(args)) {
     CUDA_RETURN_IF_ERROR(LaunchQkNorm(a.qkv, w.q_norm(layer), w.k_norm(layer), n, s.heads,
                                       s.kv_heads, s.head_dim, eps, stream));
   }
@@ -700,6 +701,11 @@ absl::Status LlamaModel::RunAttention(int layer, const LlamaStepArgs& args, cuda
     step.rope_append.k = a.qkv + s.q_width();
     step.rope_append.v = a.qkv + s.q_width() + s.kv_width();
     step.rope_append.kv_stride = s.qkv_rows();
+    if (s.qk_norm) {  // instead of the QK norm kernel (PreAttention)
+      step.rope_append.q_norm = weights_.q_norm(layer);
+      step.rope_append.k_norm = weights_.k_norm(layer);
+      step.rope_append.qk_norm_eps = static_cast<float>(s.rms_eps);
+    }
   }
   return RunAttentionStep(step, stream);
 }

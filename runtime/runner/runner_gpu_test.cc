@@ -603,6 +603,27 @@ TEST_F(RunnerGpuTest, RopeInAttentionGivesTheRopeKernelBitsAtHeadDim128) {
   ExpectVariantGivesBaseBits(RopeInAttentionVariant(WideModel(), seed), seed);
 }
 
+// Qwen3's QK norm: where attention rotates, it norms q and the new k itself
+// (attention/qk_norm_math.cuh), the bits of the QK norm kernel before the RoPE kernel; at
+// head_dim 64 at every row count, and at 128.
+config::ModelShape WithQkNorm(config::ModelShape model) {
+  model.set_qk_norm(true);
+  return model;
+}
+
+TEST_F(RunnerGpuTest, RopeInAttentionGivesTheQkNormAndRopeKernelBitsAtEveryRowCount) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  ExpectDecodeStepsOfEveryRowCountGiveBaseBits(
+      RopeInAttentionVariant(WithQkNorm(TinyModel()), seed), seed);
+}
+
+TEST_F(RunnerGpuTest, RopeInAttentionGivesTheQkNormAndRopeKernelBitsAtHeadDim128) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  ExpectVariantGivesBaseBits(RopeInAttentionVariant(WithQkNorm(WideModel()), seed), seed);
+}
+
 TEST_F(RunnerGpuTest, RopeInAttentionGivesTheRopeKernelBitsWithRopeScaling) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
