@@ -319,19 +319,18 @@ def parse_list(text, allowed, flag):
     return items
 
 
-def run_prefill(args):
+def parse_ints(text, flag, example):
     try:
-        lengths = [int(n) for n in args.prefill.split(",")]
+        values = [int(v) for v in text.split(",")]
     except ValueError:
-        raise SystemExit(f"torch_reference: --prefill={args.prefill!r}: expected integers, "
-                         "e.g. 512,2048")
-    if not lengths or min(lengths) < 1 or args.reps < 1 or args.warmup < 0:
-        raise SystemExit("torch_reference: --prefill lengths must be >= 1, --reps >= 1 and "
-                         "--warmup >= 0")
-    if args.model not in MODELS:
-        raise SystemExit(f"torch_reference: --model={args.model!r}: expected one of "
-                         f"{', '.join(MODELS)}")
-    use_model(args.model)
+        raise SystemExit(f"torch_reference: {flag}={text!r}: expected integers, e.g. {example}")
+    if not values or min(values) < 1:
+        raise SystemExit(f"torch_reference: {flag}={text!r}: every value must be >= 1")
+    return values
+
+
+def run_prefill(args):
+    lengths = parse_ints(args.prefill, "--prefill", "512,2048")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch._dynamo.config.recompile_limit = max(8, 2 * len(lengths))
     device = torch.device("cuda")
@@ -375,20 +374,17 @@ def main():
     parser.add_argument("--prefill", default="",
                         help="prompt lengths: time a prefill of each instead of decode steps")
     args = parser.parse_args()
-    if args.prefill:
-        return run_prefill(args)
-    try:
-        batches = [int(b) for b in args.batches.split(",")]
-    except ValueError:
-        raise SystemExit(f"torch_reference: --batches={args.batches!r}: expected integers, "
-                         "e.g. 1,8,32,128")
-    if not batches or min(batches) < 1 or args.context < 2 or args.warmup < 0 or args.reps < 1:
-        raise SystemExit("torch_reference: --batches must be >= 1, --context >= 2, "
-                         "--warmup >= 0 and --reps >= 1")
+    if args.warmup < 0 or args.reps < 1:
+        raise SystemExit("torch_reference: --warmup must be >= 0 and --reps >= 1")
     if args.model not in MODELS:
         raise SystemExit(f"torch_reference: --model={args.model!r}: expected one of "
                          f"{', '.join(MODELS)}")
     use_model(args.model)
+    if args.prefill:
+        return run_prefill(args)
+    batches = parse_ints(args.batches, "--batches", "1,8,32,128")
+    if args.context < 2:
+        raise SystemExit("torch_reference: --context must be >= 2")
     variants = parse_list(args.variants, VARIANTS, "--variants")
     norms = parse_list(args.norms, tuple(NORMS), "--norms")
     torch.backends.cuda.matmul.allow_tf32 = False
