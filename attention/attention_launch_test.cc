@@ -67,6 +67,20 @@ TEST(AttentionLaunchTest, RejectsRopeAppendOutsideDecodeOnlyStepsAndBadArguments
   p.rope_append.scaling = RopeScaling::Llama3(0.5, 1.0, 4.0, 8192);
   EXPECT_THAT(RunAttentionStep(p, nullptr).message(),
               HasSubstr("Decode RoPE scaling factor is 0.5"));
+  p.rope_append.scaling = RopeScaling();
+  // The QK norm: both weights, aligned, bf16, an epsilon above 0.
+  p.rope_append.q_norm = &buffers[0];
+  EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("both q_norm and k_norm"));
+  p.rope_append.k_norm = &buffers[1];  // 4 bytes in: not 16-byte aligned
+  EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("16-byte aligned"));
+  p.rope_append.k_norm = &buffers[4];
+  EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("qk_norm_eps 0"));
+  p.rope_append.qk_norm_eps = 1e-6f;
+  p.dtype = AttentionDtype::kFp16;
+  EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("dtype fp16"));
+  p.dtype = AttentionDtype::kBf16;
+  p.rope_append.positions = nullptr;  // the norm only comes with the RoPE + KV append
+  EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("needs the RoPE + KV append"));
 }
 
 TEST(AttentionLaunchTest, DecodeAttentionSupportsShapeNamesWhatIsBuilt) {
