@@ -1,10 +1,6 @@
 #include "runtime/config/config_loader.h"
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
 #include <map>
-#include <sstream>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -15,6 +11,7 @@
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
+#include "runtime/config/file_text.h"
 
 namespace kiln {
 namespace {
@@ -222,14 +219,9 @@ absl::StatusOr<PlannerConfig> ParsePlannerConfigJson(absl::string_view json,
 }
 
 absl::StatusOr<PlannerConfig> LoadPlannerConfigFile(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    return absl::NotFoundError(absl::StrCat("Cannot open config file \"", path,
-                                            "\": ", std::strerror(errno), "; check the path"));
-  }
-  std::stringstream contents;
-  contents << file.rdbuf();
-  const std::string text = contents.str();
+  absl::StatusOr<std::string> read = ReadFileText(path, "config file");
+  if (!read.ok()) return read.status();
+  const std::string& text = *read;
   const absl::string_view stripped = absl::StripLeadingAsciiWhitespace(text);
   if (absl::EndsWithIgnoreCase(path, ".json") || absl::StartsWith(stripped, "{")) {
     return ParsePlannerConfigJson(text, path);

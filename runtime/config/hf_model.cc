@@ -1,13 +1,9 @@
 #include "runtime/config/hf_model.h"
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -18,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
+#include "runtime/config/file_text.h"
 #include "runtime/config/hf_config.pb.h"
 
 namespace kiln {
@@ -28,8 +25,8 @@ using config::hf::HfConfig;
 using config::hf::HfRope;
 using config::hf::SafetensorsIndex;
 
-// transformers' LlamaConfig, MistralConfig and Qwen2Config defaults for keys a config.json may
-// leave out.
+// transformers' LlamaConfig, MistralConfig, Qwen2Config and Qwen3Config defaults for keys a
+// config.json may leave out.
 constexpr double kDefaultRopeTheta = 10000.0;
 constexpr double kDefaultRmsNormEps = 1e-6;
 constexpr int kMistralDefaultKvHeads = 8;
@@ -39,17 +36,6 @@ constexpr int kQwen3DefaultHeadDim = 128;
 constexpr char kConfigFile[] = "config.json";
 constexpr char kIndexFile[] = "model.safetensors.index.json";
 constexpr char kSingleFile[] = "model.safetensors";
-
-absl::StatusOr<std::string> ReadFile(const fs::path& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    return absl::NotFoundError(absl::StrCat("Cannot open \"", path.string(),
-                                            "\": ", std::strerror(errno), "; check the path"));
-  }
-  std::stringstream contents;
-  contents << file.rdbuf();
-  return contents.str();
-}
 
 // Parses `json` into `out`, skipping the keys `out` has no field for.
 absl::Status ParseJson(absl::string_view json, absl::string_view source, absl::string_view what,
@@ -88,8 +74,8 @@ absl::StatusOr<config::DType> DTypeFromHf(const HfConfig& c, absl::string_view s
       "\"float16\" and \"float32\" are read for memory planning)"));
 }
 
-// Returns the sliding window of a config.json whose model has one, as MistralConfig and
-// Qwen2Config read it: their default (4096) where the key is absent, none (nullopt) where it is
+// Returns the sliding window of a config.json whose model has one, as MistralConfig, Qwen2Config
+// and Qwen3Config read it: their default (4096) where the key is absent, none (nullopt) where it is
 // null, else the number, which must be positive. `c` is `json` parsed.
 absl::StatusOr<std::optional<int>> SlidingWindow(absl::string_view json, const HfConfig& c,
                                                  absl::string_view source) {
@@ -159,7 +145,7 @@ bool IsFile(const fs::path& path) {
 // The distinct files a sharded checkpoint's index names, as paths in `dir`, sorted.
 absl::StatusOr<std::vector<std::string>> ShardFiles(const fs::path& dir) {
   const fs::path index_path = dir / kIndexFile;
-  absl::StatusOr<std::string> text = ReadFile(index_path);
+  absl::StatusOr<std::string> text = ReadFileText(index_path.string());
   if (!text.ok()) return text.status();
   SafetensorsIndex index;
   absl::Status parsed = ParseJson(*text, index_path.string(), "a safetensors index", &index);
@@ -335,7 +321,7 @@ absl::StatusOr<config::ModelShape> LoadHfModelShape(const std::string& dir) {
         "Model directory \"", dir, "\" has no config.json (", config_path.string(),
         " does not exist); download the model's config.json beside its safetensors files"));
   }
-  absl::StatusOr<std::string> text = ReadFile(config_path);
+  absl::StatusOr<std::string> text = ReadFileText(config_path.string());
   if (!text.ok()) return text.status();
   return ModelShapeFromHfConfigJson(*text, config_path.string(), DisplayName(dir));
 }
