@@ -224,15 +224,10 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
     return absl::InvalidArgumentError(absl::StrCat("layer_kernel_rows ", options.layer_kernel_rows,
                                                    " is outside [0, ", kDecodeLayerMaxRows, "]"));
   }
-  if (s.qkv_bias && options.layer_kernel_rows > 0) {
+  if ((s.qkv_bias || s.qk_norm) && options.layer_kernel_rows > 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "layer_kernel_rows ", options.layer_kernel_rows,
-        ": the decode layer kernel has no QKV bias; set layer_kernel_rows to 0 for this model"));
-  }
-  if (s.qk_norm && options.layer_kernel_rows > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "layer_kernel_rows ", options.layer_kernel_rows,
-        ": the decode layer kernel has no QK norm; set layer_kernel_rows to 0 for this model"));
+        "layer_kernel_rows ", options.layer_kernel_rows, ": the decode layer kernel has no ",
+        s.qkv_bias ? "QKV bias" : "QK norm", "; set layer_kernel_rows to 0 for this model"));
   }
   if (options.rope_in_attention_rows < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -629,13 +624,14 @@ absl::Status LlamaModel::PreAttention(int layer, const LlamaStepArgs& args, cons
     CUDA_RETURN_IF_ERROR(LaunchBiasAdd(a.qkv, w.qkv_bias(layer), n,
                                        static_cast<int>(s.qkv_rows()), stream));
   }
-  // Where attention rotates q and the new k, it norms them first (the same bits).
-  if (s.qk_norm && !AttentionTakesRope(args)) {
+  // Where attention rotates q and the new k, it norms them first (the same bits); the step
+  // without attention (benchmarks) leaves both out there too.
+  const bool attention_rotates = AttentionTakesRope(args);
+  if (s.qk_norm && !attention_rotates) {
     CUDA_RETURN_IF_ERROR(LaunchQkNorm(a.qkv, w.q_norm(layer), w.k_norm(layer), n, s.heads,
                                       s.kv_heads, s.head_dim, eps, stream));
   }
-  // Where attention rotates, the step without attention (benchmarks) leaves the rotation out too.
-  if (!options_.run_rope_append || AttentionTakesRope(args)) return absl::OkStatus();
+  if (!options_.run_rope_append || attention_rotates) return absl::OkStatus();
   // The per-sequence arrays are shared by both parts of a plan; either enabled part has them.
   const AttentionPlanPartDevice& plan = args.decode.work_capacity > 0 ? args.decode : args.prefill;
   if (options_.fuse_rope_append) {
