@@ -17,6 +17,7 @@
 #include "absl/strings/string_view.h"
 #include "runtime/cuda/status_macros.h"
 #include "runtime/model/safetensors.h"
+#include "runtime/model/tensor_parallel.h"
 
 namespace kiln {
 namespace {
@@ -108,11 +109,36 @@ std::vector<HfTensorSlice> HfTensorSlices(const LlamaWeightLayout& layout) {
 absl::StatusOr<LlamaHostWeights> ReadLlamaSafetensors(absl::Span<const std::string> paths,
                                                       const LlamaShape& shape,
                                                       const ReadProgress& progress) {
+  return ReadLlamaSafetensorsShard(paths, shape, 1, 0, progress);
+}
+
+absl::StatusOr<LlamaHostWeights> ReadLlamaSafetensorsShard(absl::Span<const std::string> paths,
+                                                           const LlamaShape& shape, int tp_size,
+                                                           int rank,
+                                                           const ReadProgress& progress) {
   if (paths.empty()) {
     return absl::InvalidArgumentError(
         "No safetensors files given; pass the checkpoint's model*.safetensors files");
   }
-  ASSIGN_OR_RETURN(LlamaHostWeights weights, ZeroLlamaHostWeights(shape));
+  // Each tensor's rows and columns this rank holds (the whole tensor without a split).
+  ASSIGN_OR_RETURN(LlamaWeightLayout full_layout, LlamaWeightLayout::Create(shape));
+  std::vector<WeightShardMap> maps;
+  LlamaShape local_shape = shape;
+  if (tp_size != 1 || rank != 0) {
+    ASSIGN_OR_RETURN(local_shape, RankShape(shape, tp_size));
+    for (const WeightTensor& t : full_layout.tensors()) {
+      ASSIGN_OR_RETURN(WeightShardMap map, ShardMapFor(shape, tp_size, rank, t.index));
+      maps.push_back(std::move(map));
+    }
+  } else {
+    for (const WeightTensor& t : full_layout.tensors()) {
+      WeightShardMap map;
+      map.rows = {{0, 0, t.rows}};
+      map.full_cols = t.cols;
+      map.identity = true;
+      maps.push_back(std::move(map));
+    }
+  }
   std::vector<SafetensorsReader> readers;
   readers.reserve(paths.size());
   for (const std::string& path : paths) {
@@ -133,7 +159,7 @@ absl::StatusOr<LlamaHostWeights> ReadLlamaSafetensors(absl::Span<const std::stri
       }
     }
   }
-  const std::vector<HfTensorSlice> slices = HfTensorSlices(weights.layout);
+  const std::vector<HfTensorSlice> slices = HfTensorSlices(full_layout);
   absl::flat_hash_map<std::string, const HfTensorSlice*> expected;
   for (const HfTensorSlice& s : slices) expected[s.hf_name] = &s;
 
@@ -171,17 +197,41 @@ absl::StatusOr<LlamaHostWeights> ReadLlamaSafetensors(absl::Span<const std::stri
                        "config.json values"));
     }
   }
+  // Allocated only once the files are known to fit the shape.
+  ASSIGN_OR_RETURN(LlamaHostWeights weights, ZeroLlamaHostWeights(local_shape));
+  // What this rank reads of each HF tensor: for each run of rows its map keeps, the rows the
+  // tensor covers, each read as `cols` values from column `col_offset` of a full row.
+  struct RowBlock {
+    const HfTensorSlice* slice;
+    int64_t local_row;  // where the first row lands in the rank's tensor
+    int64_t hf_row;     // the first row within the HF tensor
+    int64_t rows;
+  };
+  std::vector<RowBlock> blocks;
   int64_t total_bytes = 0;
   for (const HfTensorSlice& s : slices) {
-    total_bytes += static_cast<int64_t>(found[s.hf_name].second->bytes());
+    const WeightShardMap& map = maps[s.tensor_index];
+    const int64_t cols = weights.layout.tensors()[s.tensor_index].cols;
+    for (const WeightShardMap::Rows& run : map.rows) {
+      const int64_t begin = std::max(run.full_first, s.first_row);
+      const int64_t end = std::min(run.full_first + run.count, s.first_row + s.rows);
+      if (begin >= end) continue;
+      blocks.push_back(
+          {&s, run.local_first + (begin - run.full_first), begin - s.first_row, end - begin});
+      total_bytes += (end - begin) * cols * 2;
+    }
   }
   int64_t bytes_read = 0;
-  for (const HfTensorSlice& s : slices) {
+  for (const RowBlock& b : blocks) {
+    const HfTensorSlice& s = *b.slice;
     const auto& [reader, t] = found[s.hf_name];
     const WeightTensor& dst = weights.layout.tensors()[s.tensor_index];
-    uint16_t* out = weights.mutable_tensor(dst) + s.first_row * dst.cols;
-    RETURN_IF_ERROR(reader->Read(*t, out, t->bytes()));
-    bytes_read += static_cast<int64_t>(t->bytes());
+    const WeightShardMap& map = maps[s.tensor_index];
+    const uint64_t row_bytes = static_cast<uint64_t>(map.full_cols) * 2;
+    const uint64_t offset = b.hf_row * row_bytes + static_cast<uint64_t>(map.col_offset) * 2;
+    RETURN_IF_ERROR(reader->ReadStrided(*t, offset, static_cast<uint64_t>(dst.cols) * 2, row_bytes,
+                                        b.rows, weights.mutable_tensor(dst) + b.local_row * dst.cols));
+    bytes_read += b.rows * dst.cols * 2;
     if (progress) progress(bytes_read, total_bytes);
   }
   return weights;

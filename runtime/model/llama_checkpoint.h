@@ -5,6 +5,9 @@
 //                    kiln::ReadLlamaSafetensors({"/models/llama-1b/model.safetensors"},
 //                                               kiln::LlamaShape::Llama1B()));
 //   ASSIGN_OR_RETURN(kiln::LlamaDeviceWeights dw, kiln::LlamaDeviceWeights::Upload(w, stream));
+//   // Rank 1 of 4: its heads' QKV rows, its O columns, ... (a quarter of those bytes read).
+//   ASSIGN_OR_RETURN(kiln::LlamaHostWeights mine,
+//                    kiln::ReadLlamaSafetensorsShard(paths, shape_70b, 4, 1));
 //
 // Names (HF LlamaForCausalLM): model.embed_tokens.weight,
 // model.layers.{l}.input_layernorm.weight, model.layers.{l}.self_attn.{q,k,v,o}_proj.weight,
@@ -60,6 +63,16 @@ using ReadProgress = std::function<void(int64_t bytes_read, int64_t total_bytes)
 absl::StatusOr<LlamaHostWeights> ReadLlamaSafetensors(absl::Span<const std::string> paths,
                                                       const LlamaShape& shape,
                                                       const ReadProgress& progress = nullptr);
+
+// Reads rank `rank`'s shard of a tensor-parallel split over `tp_size` ranks (tensor_parallel.h)
+// straight from the files: the same bits as ShardLlamaHostWeights of ReadLlamaSafetensors' result,
+// with 1 / tp_size of the column- and row-parallel projections read and held instead of the whole
+// model. `shape` is the whole model's; the checks are ReadLlamaSafetensors' (on the whole
+// checkpoint's names, dtypes and shapes) and ShardMapFor's; `progress` counts this rank's bytes.
+absl::StatusOr<LlamaHostWeights> ReadLlamaSafetensorsShard(absl::Span<const std::string> paths,
+                                                           const LlamaShape& shape, int tp_size,
+                                                           int rank,
+                                                           const ReadProgress& progress = nullptr);
 
 // Writes `weights` to one safetensors file under HF names (q/k/v and gate/up unfused).
 absl::Status WriteLlamaSafetensors(const std::string& path, const LlamaHostWeights& weights);

@@ -10,7 +10,9 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "absl/strings/str_cat.h"
 #include "runtime/model/safetensors.h"
+#include "runtime/model/tensor_parallel.h"
 
 namespace kiln {
 namespace {
@@ -153,6 +155,67 @@ TEST_F(LlamaCheckpointTest, ReadsShardedCheckpoints) {
   absl::Status twice = ReadLlamaSafetensors({a, a, b}, shape_).status();
   EXPECT_EQ(twice.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(twice.message()), HasSubstr("appears in both"));
+}
+
+// Each tensor-parallel rank reads its shard straight from the files (split across two of them):
+// the bits ShardLlamaHostWeights cuts from the whole model, at 2 and 4 ranks, with KV heads split
+// (2 ranks) and shared (4 ranks of 2 KV heads), with QKV biases and with QK norms; progress counts
+// the rank's bytes alone.
+TEST_F(LlamaCheckpointTest, ReadsEachTensorParallelRanksShardAlone) {
+  LlamaShape biased = shape_;
+  biased.qkv_bias = true;
+  LlamaShape normed = shape_;
+  normed.qk_norm = true;
+  normed.tie_embeddings = true;
+  for (const LlamaShape& shape : {shape_, biased, normed}) {
+    absl::StatusOr<LlamaHostWeights> full = RandomLlamaHostWeights(shape, 11);
+    ASSERT_TRUE(full.ok()) << full.status();
+    std::vector<SafetensorsEntry> all = Entries(*full);
+    std::vector<SafetensorsEntry> first(all.begin(), all.begin() + all.size() / 3);
+    std::vector<SafetensorsEntry> second(all.begin() + all.size() / 3, all.end());
+    const std::string a = TempPath("tp-1.safetensors"), b = TempPath("tp-2.safetensors");
+    ASSERT_TRUE(WriteSafetensors(a, first).ok());
+    ASSERT_TRUE(WriteSafetensors(b, second).ok());
+    for (int world : {1, 2, 4}) {
+      for (int rank = 0; rank < world; ++rank) {
+        SCOPED_TRACE(absl::StrCat(shape.ToString(), ", rank ", rank, " of ", world));
+        absl::StatusOr<LlamaHostWeights> expected = ShardLlamaHostWeights(*full, world, rank);
+        ASSERT_TRUE(expected.ok()) << expected.status();
+        int64_t last_done = 0, last_total = 0;
+        absl::StatusOr<LlamaHostWeights> mine = ReadLlamaSafetensorsShard(
+            {a, b}, shape, world, rank, [&](int64_t done, int64_t total) {
+              EXPECT_GT(done, last_done);
+              last_done = done;
+              last_total = total;
+            });
+        ASSERT_TRUE(mine.ok()) << mine.status();
+        EXPECT_EQ(mine->layout.shape().heads, shape.heads / world);
+        EXPECT_EQ(mine->data, expected->data);
+        int64_t shard_bytes = 0;  // the tensors' own bytes, without the layout's alignment
+        for (const WeightTensor& t : expected->layout.tensors()) shard_bytes += t.rows * t.cols * 2;
+        EXPECT_EQ(last_total, shard_bytes);
+        EXPECT_EQ(last_done, last_total);
+      }
+    }
+  }
+}
+
+TEST_F(LlamaCheckpointTest, ShardOfAnUnsplittableShapeOrRankIsRefused) {
+  const std::string path = TempPath("tp-refused.safetensors");
+  ASSERT_TRUE(WriteLlamaSafetensors(path, weights_).ok());
+  absl::Status three = ReadLlamaSafetensorsShard({path}, shape_, 3, 0).status();
+  EXPECT_EQ(three.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(three.message()), HasSubstr("heads 4 do not split over tensor-parallel size 3"));
+  absl::Status rank = ReadLlamaSafetensorsShard({path}, shape_, 2, 2).status();
+  EXPECT_EQ(rank.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(rank.message()), HasSubstr("Rank 2 is outside [0, 2)"));
+  // The whole checkpoint's names are still checked: a missing tensor of another rank's rows.
+  std::vector<SafetensorsEntry> entries = Entries(weights_);
+  entries.erase(entries.begin() + 3);  // model.layers.0.self_attn.k_proj.weight
+  ASSERT_TRUE(WriteSafetensors(path, entries).ok());
+  absl::Status missing = ReadLlamaSafetensorsShard({path}, shape_, 2, 0).status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(missing.message()), HasSubstr("'model.layers.0.self_attn.k_proj.weight'"));
 }
 
 TEST_F(LlamaCheckpointTest, TiedShapeNeedsNoLmHead) {

@@ -12,6 +12,9 @@
 #include <utility>
 #include <vector>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
@@ -567,21 +570,62 @@ absl::Status SafetensorsReader::Read(const SafetensorsTensor& tensor, void* dst,
                                                    " bytes is too small for tensor '", tensor.name,
                                                    "' of ", tensor.bytes(), " bytes"));
   }
-  if (tensor.bytes() == 0) return absl::OkStatus();
-  File f(std::fopen(path_.c_str(), "rb"));
-  if (f == nullptr) return IoError("Cannot open safetensors file", path_, errno);
-  const uint64_t start = data_start_ + tensor.data_begin;
-  if (start > static_cast<uint64_t>(std::numeric_limits<long>::max()) ||
-      std::fseek(f.get(), static_cast<long>(start), SEEK_SET) != 0) {
-    return IoError(absl::StrCat("Cannot seek to tensor '", tensor.name, "' in"), path_, errno);
+  return ReadStrided(tensor, 0, tensor.bytes(), tensor.bytes(), 1, dst);
+}
+
+absl::Status SafetensorsReader::ReadStrided(const SafetensorsTensor& tensor, uint64_t offset,
+                                            uint64_t run_bytes, uint64_t stride, int64_t runs,
+                                            void* dst) const {
+  if (runs < 0 || (runs > 1 && stride < run_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Strided read of tensor '", tensor.name, "': ", runs, " runs of ", run_bytes,
+        " bytes every ", stride, " bytes; runs must be >= 0 and the stride at least a run"));
   }
-  const size_t got = std::fread(dst, 1, tensor.bytes(), f.get());
-  if (got != tensor.bytes()) {
-    return absl::DataLossError(absl::StrCat("Read ", got, " of ", tensor.bytes(),
-                                            " bytes of tensor '", tensor.name, "' from '", path_,
-                                            "'; the file shrank since it was opened"));
+  if (runs == 0 || run_bytes == 0) return absl::OkStatus();
+  // The last run's end, checked without overflow against the tensor's bytes.
+  const uint64_t size = tensor.bytes();
+  const uint64_t last = static_cast<uint64_t>(runs - 1);
+  if (offset > size || run_bytes > size - offset ||
+      (last > 0 && (stride > (size - offset - run_bytes) / last))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Strided read of tensor '", tensor.name, "' (", size, " bytes): ", runs, " runs of ",
+        run_bytes, " bytes every ", stride, " bytes from byte ", offset,
+        " leave the tensor; read within its shape ", tensor.ShapeString()));
   }
-  return absl::OkStatus();
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return IoError("Cannot open safetensors file", path_, errno);
+  // Runs that touch are one read.
+  const bool contiguous = stride == run_bytes;
+  const uint64_t span = contiguous ? run_bytes * static_cast<uint64_t>(runs) : run_bytes;
+  const int64_t reads = contiguous ? 1 : runs;
+  char* out = static_cast<char*>(dst);
+  absl::Status status;
+  for (int64_t r = 0; r < reads && status.ok(); ++r) {
+    uint64_t at = data_start_ + tensor.data_begin + offset + static_cast<uint64_t>(r) * stride;
+    uint64_t left = span;
+    while (left > 0) {
+      // Linux moves at most about 2 GiB per call; a short count only means "call again".
+      const size_t want = static_cast<size_t>(std::min<uint64_t>(left, uint64_t{1} << 30));
+      const ssize_t got = ::pread(fd, out, want, static_cast<off_t>(at));
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) {
+        status = IoError(absl::StrCat("Cannot read tensor '", tensor.name, "' from"), path_, errno);
+        break;
+      }
+      if (got == 0) {
+        status = absl::DataLossError(absl::StrCat(
+            "Read stopped at byte ", at - data_start_ - tensor.data_begin, " of tensor '",
+            tensor.name, "' (", size, " bytes) in '", path_,
+            "'; the file shrank since it was opened"));
+        break;
+      }
+      out += got;
+      at += static_cast<uint64_t>(got);
+      left -= static_cast<uint64_t>(got);
+    }
+  }
+  ::close(fd);
+  return status;
 }
 
 }  // namespace kiln

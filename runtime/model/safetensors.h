@@ -14,7 +14,8 @@
 // opened: every tensor's byte range must lie inside the file, not overlap another, and match
 // its dtype and shape. A file that fails these checks (truncated, malformed header, sizes that
 // disagree) is DataLoss naming the tensor or byte offset; a missing file is NotFound.
-// Host-only; a reader is immutable after Open and safe to share between threads.
+// Host-only; a reader is immutable after Open and safe to share between threads (each read
+// opens the file itself).
 #ifndef KILN_RUNTIME_MODEL_SAFETENSORS_H_
 #define KILN_RUNTIME_MODEL_SAFETENSORS_H_
 
@@ -81,6 +82,15 @@ class SafetensorsReader {
   // Copies `tensor`'s data (a tensor of this reader) into `dst`, which has room for
   // `dst_bytes` >= tensor.bytes(). DataLoss if the file became shorter since Open.
   absl::Status Read(const SafetensorsTensor& tensor, void* dst, size_t dst_bytes) const;
+
+  // Copies `runs` runs of `run_bytes` each from `tensor`'s data into `dst`, packed: the first run
+  // starts `offset` bytes into the tensor's data and each next one `stride` bytes after the one
+  // before. For a row-major matrix that is a block of columns (offset = the block's first byte,
+  // run_bytes = its bytes per row, stride = a row's bytes); runs that touch are read at once.
+  // InvalidArgument when a run would leave the tensor (the numbers named); DataLoss if the file
+  // became shorter since Open.
+  absl::Status ReadStrided(const SafetensorsTensor& tensor, uint64_t offset, uint64_t run_bytes,
+                           uint64_t stride, int64_t runs, void* dst) const;
 
  private:
   std::string path_;

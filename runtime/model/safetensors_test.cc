@@ -1,5 +1,6 @@
 #include "runtime/model/safetensors.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -106,6 +107,57 @@ TEST(SafetensorsTest, ReadsAHandWrittenHeaderWithUnicodeEscapesAndOtherValues) {
   ASSERT_TRUE(reader.ok()) << reader.status();
   EXPECT_EQ(reader->metadata().at("k"), "\xc3\xa9\xf0\x9f\x98\x80");
   ASSERT_NE(reader->Find("tA"), nullptr);
+}
+
+// A block of columns of a row-major matrix, read row by row; touching runs in one read; runs
+// that leave the tensor and a file that shrank after Open are errors naming the numbers.
+TEST(SafetensorsTest, ReadsBlocksOfColumns) {
+  constexpr int kRows = 6, kCols = 10;
+  std::vector<uint16_t> m(kRows * kCols);
+  for (int i = 0; i < kRows * kCols; ++i) m[i] = static_cast<uint16_t>(1000 + i);
+  std::vector<uint16_t> before(7, 7);
+  const std::string path = TempPath("strided.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, {{"before", "BF16", {7}, before.data(), 14},
+                                      {"m", "BF16", {kRows, kCols}, m.data(), m.size() * 2}})
+                  .ok());
+  absl::StatusOr<SafetensorsReader> reader = SafetensorsReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const SafetensorsTensor& t = *reader->Find("m");
+
+  // Rows 1..4, columns 3..7.
+  std::vector<uint16_t> block(4 * 5, 0xdead);
+  ASSERT_TRUE(reader->ReadStrided(t, (1 * kCols + 3) * 2, 5 * 2, kCols * 2, 4, block.data()).ok());
+  for (int r = 0; r < 4; ++r) {
+    for (int c = 0; c < 5; ++c) {
+      EXPECT_EQ(block[r * 5 + c], m[(1 + r) * kCols + 3 + c]) << r << ", " << c;
+    }
+  }
+  // Whole rows 2..5: runs that touch.
+  std::vector<uint16_t> rows(4 * kCols, 0xdead);
+  ASSERT_TRUE(reader->ReadStrided(t, 2 * kCols * 2, kCols * 2, kCols * 2, 4, rows.data()).ok());
+  EXPECT_TRUE(std::equal(rows.begin(), rows.end(), m.begin() + 2 * kCols));
+  // Zero runs read nothing.
+  EXPECT_TRUE(reader->ReadStrided(t, 0, 2, 20, 0, nullptr).ok());
+
+  // The last run would end 2 bytes past the tensor.
+  absl::Status past = reader->ReadStrided(t, (1 * kCols + 6) * 2, 5 * 2, kCols * 2, 5, block.data());
+  EXPECT_EQ(past.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(past.message()), HasSubstr("5 runs of 10 bytes every 20 bytes"));
+  EXPECT_THAT(std::string(past.message()), HasSubstr("[6, 10]"));
+  absl::Status overlapping = reader->ReadStrided(t, 0, 8, 4, 2, block.data());
+  EXPECT_EQ(overlapping.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(overlapping.message()), HasSubstr("stride at least a run"));
+
+  // The file loses its last row after Open.
+  std::string raw = ReadAll(path);
+  {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f << raw.substr(0, raw.size() - kCols * 2);
+  }
+  absl::Status shrank = reader->ReadStrided(t, (4 * kCols + 3) * 2, 5 * 2, kCols * 2, 2, block.data());
+  EXPECT_EQ(shrank.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(shrank.message()), HasSubstr("shrank"));
+  EXPECT_THAT(std::string(shrank.message()), HasSubstr("'m'"));
 }
 
 TEST(SafetensorsTest, MissingFileIsNotFound) {

@@ -374,26 +374,25 @@ absl::Status Runner::ReadWeightFiles(const RunnerOptions& options) {
                              total / 1073741824.0);
     }
   };
-  absl::StatusOr<LlamaHostWeights> full =
-      ReadLlamaSafetensors(options.weight_files, full_shape_, progress);
-  if (!full.ok()) {
-    return absl::Status(full.status().code(),
+  // Each rank reads its own shard: its heads' QKV rows, its O and down columns, its gate-up rows.
+  const int world = tensor_parallel_size();
+  absl::StatusOr<LlamaHostWeights> mine =
+      ReadLlamaSafetensorsShard(options.weight_files, full_shape_, world, rank(), progress);
+  if (!mine.ok()) {
+    return absl::Status(mine.status().code(),
                         absl::StrCat("RunnerOptions::weight_files (", plan_.config.model().name(),
-                                     " shape): ", full.status().message()));
+                                     " shape): ", mine.status().message()));
   }
   if (report) {
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    const double bytes = static_cast<double>(full->data.size()) * 2;
-    out << absl::StrFormat("weights: %d file(s), %.2f GiB read in %.2f s (%.2f GB/s)\n",
-                           options.weight_files.size(), bytes / 1073741824.0, seconds,
-                           seconds > 0 ? bytes / seconds / 1e9 : 0.0);
+    int64_t bytes = 0;  // the tensors' own bytes, as the progress lines count them
+    for (const WeightTensor& t : mine->layout.tensors()) bytes += t.rows * t.cols * 2;
+    out << absl::StrFormat("weights: %d file(s), %.2f GiB%s read in %.2f s (%.2f GB/s)\n",
+                           options.weight_files.size(), bytes / 1073741824.0,
+                           world > 1 ? absl::StrFormat(" (rank 0's shard of %d)", world) : "",
+                           seconds, seconds > 0 ? bytes / seconds / 1e9 : 0.0);
   }
-  const int world = tensor_parallel_size();
-  if (world == 1) {
-    file_weights_ = *std::move(full);
-  } else {
-    ASSIGN_OR_RETURN(file_weights_, ShardLlamaHostWeights(*full, world, rank()));
-  }
+  file_weights_ = *std::move(mine);
   return absl::OkStatus();
 }
 

@@ -116,13 +116,14 @@ struct RunnerOptions {
   // runtime/model/llama_checkpoint.h: every tensor BF16, of exactly the shape the config's model
   // implies). A missing, misnamed or misshapen tensor is InvalidArgument and a truncated file
   // DataLoss, each naming the tensor or file, before any device memory is allocated. Empty:
-  // seeded random weights (weight_seed). With tensor parallelism every rank reads the files and
-  // uploads its shard, so each needs host memory for the whole model while it loads. kiln's
+  // seeded random weights (weight_seed). With tensor parallelism each rank reads only its shard
+  // from the files (ReadLlamaSafetensorsShard: 1 / world of the projections, the replicated
+  // tensors whole) and holds only that in host memory while it uploads. kiln's
   // RoPE is the rotate-half form with rope_theta and the model's rope_scaling (the "llama3"
   // kind): Llama 3.1 and 3.2 checkpoints give their reference logits when the config carries
   // their rope_scaling, as the presets do; other scaling kinds are refused. Progress goes to
-  // progress_stream: a line at each quarter of the bytes (not with kNone) and one with the size,
-  // time and rate (not with kQuiet).
+  // progress_stream: a line at each quarter of rank 0's bytes (not with kNone) and one with the
+  // size, time and rate (not with kQuiet).
   std::vector<std::string> weight_files;
   // Seed of the random weights (runtime/model/llama_weights.h), without weight_files.
   uint64_t weight_seed = 1;
