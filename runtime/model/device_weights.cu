@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/cuda/capture_check.h"
 #include "runtime/cuda/device_buffer.h"
+#include "runtime/cuda/event.h"
+#include "runtime/cuda/pinned_buffer.h"
 #include "runtime/cuda/status.h"
 #include "runtime/model/internal/weight_init.h"
 #include "runtime/model/tensor_parallel.h"
@@ -158,6 +160,54 @@ absl::StatusOr<LlamaDeviceWeights> LlamaDeviceWeights::Upload(const LlamaHostWei
   RETURN_IF_ERROR(CopyHostToDevice(weights.buffer_.data(), host.data.data(),
                                    weights.buffer_.size(), stream));
   RETURN_IF_ERROR(CheckNotCapturing(stream, "LlamaDeviceWeights::Upload"));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return weights;
+}
+
+absl::StatusOr<LlamaDeviceWeights> LlamaDeviceWeights::Load(const LlamaShardReader& reader,
+                                                            cudaStream_t stream,
+                                                            const ReadProgress& progress,
+                                                            size_t staging_bytes) {
+  RETURN_IF_ERROR(CheckNotCapturing(stream, "LlamaDeviceWeights::Load"));
+  // Each copy takes whole rows; a stage holds at least the widest row.
+  size_t widest_row = 0;
+  for (const LlamaShardReader::Block& b : reader.blocks()) {
+    widest_row = std::max(widest_row,
+                          static_cast<size_t>(reader.layout().tensors()[b.tensor_index].cols) * 2);
+  }
+  const size_t stage_bytes = std::max(staging_bytes, widest_row);
+  ASSIGN_OR_RETURN(LlamaDeviceWeights weights, Allocate(reader.layout().shape()));
+  // Padding between tensors is zero, as on the host.
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(weights.buffer_.data(), 0, weights.buffer_.size(), stream));
+  // Two pinned stages: the file is read into one while the other's copy runs.
+  PinnedHostBuffer stages[2];
+  Event copied[2];
+  bool in_flight[2] = {false, false};
+  for (int i = 0; i < 2; ++i) {
+    ASSIGN_OR_RETURN(stages[i], PinnedHostBuffer::Allocate(stage_bytes, "weight staging buffer"));
+    ASSIGN_OR_RETURN(copied[i], Event::Create());
+  }
+  int stage = 0;
+  int64_t bytes_done = 0;
+  for (const LlamaShardReader::Block& b : reader.blocks()) {
+    const WeightTensor& t = weights.layout_.tensors()[b.tensor_index];
+    const size_t row_bytes = static_cast<size_t>(t.cols) * 2;
+    const int64_t rows_per_stage = static_cast<int64_t>(stage_bytes / row_bytes);
+    for (int64_t first = 0; first < b.rows; first += rows_per_stage) {
+      const int64_t rows = std::min(rows_per_stage, b.rows - first);
+      if (in_flight[stage]) RETURN_IF_ERROR(copied[stage].Synchronize());
+      RETURN_IF_ERROR(reader.ReadRows(b, first, rows, stages[stage].as<uint16_t>()));
+      char* dst = static_cast<char*>(weights.buffer_.data()) + t.offset +
+                  static_cast<size_t>(b.local_row + first) * row_bytes;
+      const size_t bytes = static_cast<size_t>(rows) * row_bytes;
+      RETURN_IF_ERROR(CopyHostToDevice(dst, stages[stage].data(), bytes, stream));
+      RETURN_IF_ERROR(copied[stage].Record(stream));
+      in_flight[stage] = true;
+      stage ^= 1;
+      bytes_done += static_cast<int64_t>(bytes);
+      if (progress) progress(bytes_done, reader.bytes());
+    }
+  }
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return weights;
 }

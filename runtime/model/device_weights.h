@@ -1,5 +1,6 @@
 // The weights of a Llama decoder on the GPU: one device allocation in LlamaWeightLayout's
-// layout, filled from host weights (a checkpoint) or by the seeded random initialiser.
+// layout, filled from host weights, straight from a checkpoint's files (Load) or by the seeded
+// random initialiser.
 //
 //   ASSIGN_OR_RETURN(kiln::LlamaDeviceWeights w,
 //                    kiln::LlamaDeviceWeights::Random(kiln::LlamaShape::Llama1B(), /*seed=*/1,
@@ -22,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/cuda/device_buffer.h"
+#include "runtime/model/llama_checkpoint.h"
 #include "runtime/model/llama_shape.h"
 #include "runtime/model/llama_weights.h"
 
@@ -46,6 +48,17 @@ class LlamaDeviceWeights {
   // Allocates the weights and copies `host` in (waits for the copy: `host` may be freed after).
   static absl::StatusOr<LlamaDeviceWeights> Upload(const LlamaHostWeights& host,
                                                    cudaStream_t stream);
+
+  // Allocates the weights of `reader`'s rank and streams its blocks from the files to the GPU
+  // through two pinned staging buffers of `staging_bytes` (at least one row of the widest tensor),
+  // reading one while the other's copy runs on `stream`: host memory stays at the two buffers
+  // whatever the model's size. Waits for the last copy; `progress` (optional) follows the bytes.
+  // The bits of Upload(ReadLlamaSafetensorsShard(...)). DataLoss if a file shrank since the
+  // reader opened it; FailedPrecondition during capture.
+  static absl::StatusOr<LlamaDeviceWeights> Load(const LlamaShardReader& reader,
+                                                 cudaStream_t stream,
+                                                 const ReadProgress& progress = nullptr,
+                                                 size_t staging_bytes = size_t{64} << 20);
 
   // Copies the weights back to the host (waits for the copy).
   absl::StatusOr<LlamaHostWeights> Download(cudaStream_t stream) const;

@@ -1,6 +1,6 @@
 // GPU tests of LlamaDeviceWeights: the GPU's seeded initialisation equals the host's bit for
-// bit (tiny shape in full, the 1B shape by sampling), and host weights (from a checkpoint)
-// survive the trip to the device and back.
+// bit (tiny shape in full, the 1B shape by sampling), host weights (from a checkpoint) survive
+// the trip to the device and back, and Load streams a rank's shard from the files.
 #include "runtime/model/device_weights.h"
 
 #include <chrono>
@@ -10,11 +10,14 @@
 #include <random>
 #include <string>
 
+#include <unistd.h>
+
 #include "gtest/gtest.h"
 #include "runtime/model/internal/gpu_test_helpers.h"
 #include "runtime/model/internal/weight_init.h"
 #include "runtime/model/llama_checkpoint.h"
 #include "runtime/model/llama_weights.h"
+#include "runtime/model/tensor_parallel.h"
 
 namespace kiln {
 namespace {
@@ -88,6 +91,57 @@ TEST_F(DeviceWeightsGpuTest, CheckpointUploadRoundTrips) {
   broken.data.pop_back();
   EXPECT_EQ(LlamaDeviceWeights::Upload(broken, stream()).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Load streams a rank's shard from the files through the pinned stages: the bits of the host
+// read, at 1, 2 and 4 ranks, with stages of a few rows (many copies in flight, each stage reused)
+// and of the default size; progress reaches the reader's bytes; a file cut after Open is DataLoss.
+TEST_F(DeviceWeightsGpuTest, LoadStreamsEachRanksShardFromTheFiles) {
+  LlamaShape shape = LlamaShape::Tiny();
+  shape.qkv_bias = true;
+  shape.qk_norm = true;
+  absl::StatusOr<LlamaHostWeights> host = RandomLlamaHostWeights(shape, rng_());
+  ASSERT_TRUE(host.ok());
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/load.safetensors";
+  ASSERT_TRUE(WriteLlamaSafetensors(path, *host).ok());
+  for (int world : {1, 2, 4}) {
+    for (int rank = 0; rank < world; ++rank) {
+      for (size_t staging : {size_t{4096}, size_t{64} << 20}) {
+        SCOPED_TRACE(::testing::Message() << "rank " << rank << " of " << world << ", stages of "
+                                          << staging << " bytes");
+        absl::StatusOr<LlamaHostWeights> expected = ShardLlamaHostWeights(*host, world, rank);
+        ASSERT_TRUE(expected.ok()) << expected.status();
+        absl::StatusOr<LlamaShardReader> reader = LlamaShardReader::Open({path}, shape, world, rank);
+        ASSERT_TRUE(reader.ok()) << reader.status();
+        int64_t done = 0, calls = 0;
+        absl::StatusOr<LlamaDeviceWeights> dev = LlamaDeviceWeights::Load(
+            *reader, stream(),
+            [&](int64_t bytes, int64_t total) {
+              EXPECT_GT(bytes, done);
+              EXPECT_EQ(total, reader->bytes());
+              done = bytes;
+              ++calls;
+            },
+            staging);
+        ASSERT_TRUE(dev.ok()) << dev.status();
+        EXPECT_EQ(done, reader->bytes());
+        if (staging == 4096) {
+          EXPECT_GT(calls, static_cast<int64_t>(reader->blocks().size()));
+        }
+        absl::StatusOr<LlamaHostWeights> back = dev->Download(stream());
+        ASSERT_TRUE(back.ok());
+        EXPECT_EQ(back->data, expected->data);
+      }
+    }
+  }
+
+  absl::StatusOr<LlamaShardReader> reader = LlamaShardReader::Open({path}, shape, 2, 1);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  ASSERT_EQ(truncate(path.c_str(), 4096), 0);
+  absl::StatusOr<LlamaDeviceWeights> cut = LlamaDeviceWeights::Load(*reader, stream());
+  EXPECT_EQ(cut.status().code(), absl::StatusCode::kDataLoss) << cut.status();
+  EXPECT_NE(cut.status().message().find("shrank"), std::string::npos) << cut.status();
 }
 
 }  // namespace

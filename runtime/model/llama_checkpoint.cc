@@ -106,16 +106,9 @@ std::vector<HfTensorSlice> HfTensorSlices(const LlamaWeightLayout& layout) {
   return slices;
 }
 
-absl::StatusOr<LlamaHostWeights> ReadLlamaSafetensors(absl::Span<const std::string> paths,
-                                                      const LlamaShape& shape,
-                                                      const ReadProgress& progress) {
-  return ReadLlamaSafetensorsShard(paths, shape, 1, 0, progress);
-}
-
-absl::StatusOr<LlamaHostWeights> ReadLlamaSafetensorsShard(absl::Span<const std::string> paths,
-                                                           const LlamaShape& shape, int tp_size,
-                                                           int rank,
-                                                           const ReadProgress& progress) {
+absl::StatusOr<LlamaShardReader> LlamaShardReader::Open(absl::Span<const std::string> paths,
+                                                        const LlamaShape& shape, int tp_size,
+                                                        int rank) {
   if (paths.empty()) {
     return absl::InvalidArgumentError(
         "No safetensors files given; pass the checkpoint's model*.safetensors files");
@@ -139,16 +132,16 @@ absl::StatusOr<LlamaHostWeights> ReadLlamaSafetensorsShard(absl::Span<const std:
       maps.push_back(std::move(map));
     }
   }
-  std::vector<SafetensorsReader> readers;
-  readers.reserve(paths.size());
+  LlamaShardReader out;
+  out.files_.reserve(paths.size());
   for (const std::string& path : paths) {
     ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::Open(path));
-    readers.push_back(std::move(reader));
+    out.files_.push_back(std::move(reader));
   }
   // Name → (reader, tensor); a name in two shards is ambiguous.
   absl::flat_hash_map<std::string, std::pair<const SafetensorsReader*, const SafetensorsTensor*>>
       found;
-  for (const SafetensorsReader& reader : readers) {
+  for (const SafetensorsReader& reader : out.files_) {
     for (const SafetensorsTensor& t : reader.tensors()) {
       auto [it, inserted] = found.try_emplace(t.name, &reader, &t);
       if (!inserted) {
@@ -197,42 +190,65 @@ absl::StatusOr<LlamaHostWeights> ReadLlamaSafetensorsShard(absl::Span<const std:
                        "config.json values"));
     }
   }
-  // Allocated only once the files are known to fit the shape.
-  ASSIGN_OR_RETURN(LlamaHostWeights weights, ZeroLlamaHostWeights(local_shape));
+  ASSIGN_OR_RETURN(out.layout_, LlamaWeightLayout::Create(local_shape));
   // What this rank reads of each HF tensor: for each run of rows its map keeps, the rows the
-  // tensor covers, each read as `cols` values from column `col_offset` of a full row.
-  struct RowBlock {
-    const HfTensorSlice* slice;
-    int64_t local_row;  // where the first row lands in the rank's tensor
-    int64_t hf_row;     // the first row within the HF tensor
-    int64_t rows;
-  };
-  std::vector<RowBlock> blocks;
-  int64_t total_bytes = 0;
+  // tensor covers, each read as the rank's columns from column col_offset of a full row.
   for (const HfTensorSlice& s : slices) {
     const WeightShardMap& map = maps[s.tensor_index];
-    const int64_t cols = weights.layout.tensors()[s.tensor_index].cols;
+    const int64_t cols = out.layout_.tensors()[s.tensor_index].cols;
+    const auto& [file, tensor] = found[s.hf_name];
     for (const WeightShardMap::Rows& run : map.rows) {
       const int64_t begin = std::max(run.full_first, s.first_row);
       const int64_t end = std::min(run.full_first + run.count, s.first_row + s.rows);
       if (begin >= end) continue;
-      blocks.push_back(
-          {&s, run.local_first + (begin - run.full_first), begin - s.first_row, end - begin});
-      total_bytes += (end - begin) * cols * 2;
+      Block b;
+      b.tensor_index = s.tensor_index;
+      b.local_row = run.local_first + (begin - run.full_first);
+      b.rows = end - begin;
+      b.file = file;
+      b.tensor = tensor;
+      b.row_stride = static_cast<uint64_t>(map.full_cols) * 2;
+      b.offset = static_cast<uint64_t>(begin - s.first_row) * b.row_stride +
+                 static_cast<uint64_t>(map.col_offset) * 2;
+      out.blocks_.push_back(b);
+      out.bytes_ += b.rows * cols * 2;
     }
   }
+  return out;
+}
+
+absl::Status LlamaShardReader::ReadRows(const Block& block, int64_t first, int64_t rows,
+                                        uint16_t* dst) const {
+  if (first < 0 || rows < 0 || first + rows > block.rows) {
+    return absl::InvalidArgumentError(absl::StrCat("Rows [", first, ", ", first + rows,
+                                                   ") are outside the block's ", block.rows));
+  }
+  const uint64_t cols = static_cast<uint64_t>(layout_.tensors()[block.tensor_index].cols);
+  return block.file->ReadStrided(*block.tensor,
+                                 block.offset + static_cast<uint64_t>(first) * block.row_stride,
+                                 cols * 2, block.row_stride, rows, dst);
+}
+
+absl::StatusOr<LlamaHostWeights> ReadLlamaSafetensors(absl::Span<const std::string> paths,
+                                                      const LlamaShape& shape,
+                                                      const ReadProgress& progress) {
+  return ReadLlamaSafetensorsShard(paths, shape, 1, 0, progress);
+}
+
+absl::StatusOr<LlamaHostWeights> ReadLlamaSafetensorsShard(absl::Span<const std::string> paths,
+                                                           const LlamaShape& shape, int tp_size,
+                                                           int rank,
+                                                           const ReadProgress& progress) {
+  ASSIGN_OR_RETURN(LlamaShardReader reader, LlamaShardReader::Open(paths, shape, tp_size, rank));
+  // Allocated only once the files are known to fit the shape.
+  ASSIGN_OR_RETURN(LlamaHostWeights weights, ZeroLlamaHostWeights(reader.layout().shape()));
   int64_t bytes_read = 0;
-  for (const RowBlock& b : blocks) {
-    const HfTensorSlice& s = *b.slice;
-    const auto& [reader, t] = found[s.hf_name];
-    const WeightTensor& dst = weights.layout.tensors()[s.tensor_index];
-    const WeightShardMap& map = maps[s.tensor_index];
-    const uint64_t row_bytes = static_cast<uint64_t>(map.full_cols) * 2;
-    const uint64_t offset = b.hf_row * row_bytes + static_cast<uint64_t>(map.col_offset) * 2;
-    RETURN_IF_ERROR(reader->ReadStrided(*t, offset, static_cast<uint64_t>(dst.cols) * 2, row_bytes,
-                                        b.rows, weights.mutable_tensor(dst) + b.local_row * dst.cols));
+  for (const LlamaShardReader::Block& b : reader.blocks()) {
+    const WeightTensor& dst = weights.layout.tensors()[b.tensor_index];
+    RETURN_IF_ERROR(
+        reader.ReadRows(b, 0, b.rows, weights.mutable_tensor(dst) + b.local_row * dst.cols));
     bytes_read += b.rows * dst.cols * 2;
-    if (progress) progress(bytes_read, total_bytes);
+    if (progress) progress(bytes_read, reader.bytes());
   }
   return weights;
 }

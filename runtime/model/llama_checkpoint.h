@@ -37,6 +37,7 @@
 #include "absl/types/span.h"
 #include "runtime/model/llama_shape.h"
 #include "runtime/model/llama_weights.h"
+#include "runtime/model/safetensors.h"
 
 namespace kiln {
 
@@ -56,6 +57,57 @@ std::vector<HfTensorSlice> HfTensorSlices(const LlamaWeightLayout& layout);
 // Called after each tensor is read with the bytes read so far and the total (the same every
 // call); the last call has bytes_read == total_bytes.
 using ReadProgress = std::function<void(int64_t bytes_read, int64_t total_bytes)>;
+
+// One rank's shard of a checkpoint, checked and ready to read: the files' headers matched against
+// the whole model's shape (every name, dtype and shape, as above) and, for each of the rank's
+// tensors, the blocks of rows it reads (tensor_parallel.h's split; the whole model at one rank).
+// ReadLlamaSafetensorsShard reads them into host memory; LlamaDeviceWeights::Load
+// (device_weights.h) streams them to the GPU through a small pinned buffer. Move-only; reading is
+// const and may run from several threads.
+class LlamaShardReader {
+ public:
+  // A run of rows of one of the rank's tensors, all from one HF tensor.
+  struct Block {
+    int tensor_index = 0;   // into layout().tensors()
+    int64_t local_row = 0;  // the first row it fills in the rank's tensor
+    int64_t rows = 0;
+    const SafetensorsReader* file = nullptr;
+    const SafetensorsTensor* tensor = nullptr;
+    uint64_t offset = 0;      // byte of the first row's first value within the HF tensor
+    uint64_t row_stride = 0;  // bytes of one of the HF tensor's rows
+  };
+
+  // Opens the files and checks them against `shape` (the whole model's) for rank `rank` of
+  // `tp_size`: InvalidArgument as ReadLlamaSafetensors and ShardMapFor describe, DataLoss for a
+  // corrupt header, NotFound for a missing file.
+  static absl::StatusOr<LlamaShardReader> Open(absl::Span<const std::string> paths,
+                                               const LlamaShape& shape, int tp_size = 1,
+                                               int rank = 0);
+
+  LlamaShardReader(LlamaShardReader&&) = default;
+  LlamaShardReader& operator=(LlamaShardReader&&) = default;
+  LlamaShardReader(const LlamaShardReader&) = delete;
+  LlamaShardReader& operator=(const LlamaShardReader&) = delete;
+
+  // The rank's layout (RankShape of the whole shape).
+  const LlamaWeightLayout& layout() const { return layout_; }
+  const std::vector<Block>& blocks() const { return blocks_; }
+  // The bytes the blocks hold: the rank's tensors without the layout's alignment.
+  int64_t bytes() const { return bytes_; }
+
+  // Reads rows [first, first + rows) of `block` (counted from its first row) into `dst`, packed:
+  // rows × the tensor's cols values. InvalidArgument for rows outside the block; DataLoss if a
+  // file shrank since Open.
+  absl::Status ReadRows(const Block& block, int64_t first, int64_t rows, uint16_t* dst) const;
+
+ private:
+  LlamaShardReader() = default;
+
+  LlamaWeightLayout layout_;
+  std::vector<SafetensorsReader> files_;  // the blocks point into these
+  std::vector<Block> blocks_;
+  int64_t bytes_ = 0;
+};
 
 // Reads the weights for `shape` from one or more safetensors files (the shards of one
 // checkpoint; every tensor must appear in exactly one of them). Every name, dtype and shape is

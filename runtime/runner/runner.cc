@@ -316,7 +316,7 @@ absl::Status Runner::InitPlan(const RunnerOptions& options) {
   RETURN_IF_ERROR(RankShape(full_shape_, world).status());
   // Read and checked before any device memory exists: a wrong file fails here (on every rank
   // alike under tensor parallelism, see Init).
-  if (!options.weight_files.empty()) RETURN_IF_ERROR(ReadWeightFiles(options));
+  if (!options.weight_files.empty()) RETURN_IF_ERROR(OpenWeightFiles(options));
   if (resolved.kv_cache_dtype() != config::DTYPE_BF16) {
     return absl::InvalidArgumentError(absl::StrCat(
         "kv_cache_dtype ", DTypeName(resolved.kv_cache_dtype()),
@@ -361,7 +361,24 @@ absl::Status Runner::InitPlan(const RunnerOptions& options) {
   return absl::OkStatus();
 }
 
-absl::Status Runner::ReadWeightFiles(const RunnerOptions& options) {
+absl::Status Runner::OpenWeightFiles(const RunnerOptions& options) {
+  // Each rank reads its own shard: its heads' QKV rows, its O and down columns, its gate-up rows.
+  // The files are checked here, before any device memory is allocated; LoadWeights reads them.
+  absl::StatusOr<LlamaShardReader> reader = LlamaShardReader::Open(
+      options.weight_files, full_shape_, tensor_parallel_size(), rank());
+  if (!reader.ok()) return WeightFilesError(reader.status());
+  weight_reader_.emplace(*std::move(reader));
+  return absl::OkStatus();
+}
+
+absl::Status Runner::WeightFilesError(const absl::Status& status) const {
+  return absl::Status(status.code(),
+                      absl::StrCat("RunnerOptions::weight_files (", plan_.config.model().name(),
+                                   " shape): ", status.message()));
+}
+
+absl::StatusOr<LlamaDeviceWeights> Runner::LoadWeights(const RunnerOptions& options,
+                                                       cudaStream_t stream) {
   // Progress on the capture's stream: a line at each quarter of the bytes, then a summary.
   const bool report = options.progress != CaptureProgress::kQuiet && rank() == 0;
   const bool quarters = report && options.progress != CaptureProgress::kNone;
@@ -370,30 +387,25 @@ absl::Status Runner::ReadWeightFiles(const RunnerOptions& options) {
   int next_quarter = 1;
   auto progress = [&](int64_t done, int64_t total) {
     for (; quarters && next_quarter < 4 && done * 4 >= total * next_quarter; ++next_quarter) {
-      out << absl::StrFormat("weights: %d%% of %.2f GiB read\n", 25 * next_quarter,
+      out << absl::StrFormat("weights: %d%% of %.2f GiB loaded\n", 25 * next_quarter,
                              total / 1073741824.0);
     }
   };
-  // Each rank reads its own shard: its heads' QKV rows, its O and down columns, its gate-up rows.
-  const int world = tensor_parallel_size();
-  absl::StatusOr<LlamaHostWeights> mine =
-      ReadLlamaSafetensorsShard(options.weight_files, full_shape_, world, rank(), progress);
-  if (!mine.ok()) {
-    return absl::Status(mine.status().code(),
-                        absl::StrCat("RunnerOptions::weight_files (", plan_.config.model().name(),
-                                     " shape): ", mine.status().message()));
-  }
+  absl::StatusOr<LlamaDeviceWeights> weights =
+      LlamaDeviceWeights::Load(*weight_reader_, stream, progress);
+  if (!weights.ok()) return WeightFilesError(weights.status());
   if (report) {
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    int64_t bytes = 0;  // the tensors' own bytes, as the progress lines count them
-    for (const WeightTensor& t : mine->layout.tensors()) bytes += t.rows * t.cols * 2;
-    out << absl::StrFormat("weights: %d file(s), %.2f GiB%s read in %.2f s (%.2f GB/s)\n",
-                           options.weight_files.size(), bytes / 1073741824.0,
-                           world > 1 ? absl::StrFormat(" (rank 0's shard of %d)", world) : "",
-                           seconds, seconds > 0 ? bytes / seconds / 1e9 : 0.0);
+    const double bytes = static_cast<double>(weight_reader_->bytes());
+    const int world = tensor_parallel_size();
+    out << absl::StrFormat(
+        "weights: %d file(s), %.2f GiB%s read and copied to the GPU in %.2f s (%.2f GB/s)\n",
+        options.weight_files.size(), bytes / 1073741824.0,
+        world > 1 ? absl::StrFormat(" (rank 0's shard of %d)", world) : "", seconds,
+        seconds > 0 ? bytes / seconds / 1e9 : 0.0);
   }
-  file_weights_ = *std::move(mine);
-  return absl::OkStatus();
+  weight_reader_.reset();
+  return weights;
 }
 
 absl::Status Runner::InitAllocations(const RunnerOptions& options) {
@@ -412,12 +424,11 @@ absl::Status Runner::InitAllocations(const RunnerOptions& options) {
   // logical model.
   ASSIGN_OR_RETURN(size_t free_bytes, FreeDeviceBytes());
   absl::StatusOr<LlamaDeviceWeights> uploaded =
-      file_weights_.has_value()
-          ? LlamaDeviceWeights::Upload(*file_weights_, stream)
+      weight_reader_.has_value()
+          ? LoadWeights(options, stream)
           : world > 1 ? LlamaDeviceWeights::RandomShard(full_shape_, world, rank(),
                                                         options.weight_seed, stream)
                       : LlamaDeviceWeights::Random(shape, options.weight_seed, stream);
-  file_weights_.reset();  // Upload waited for its copy
   if (!uploaded.ok()) return uploaded.status();
   LlamaDeviceWeights weights = *std::move(uploaded);
   RETURN_IF_ERROR(stream_.Synchronize());

@@ -85,6 +85,8 @@
 #include "runtime/cuda/pinned_buffer.h"
 #include "runtime/cuda/stream.h"
 #include "runtime/memory/memory_planner.h"
+#include "runtime/model/device_weights.h"
+#include "runtime/model/llama_checkpoint.h"
 #include "runtime/model/llama_model.h"
 #include "runtime/model/llama_shape.h"
 #include "runtime/model/llama_weights.h"
@@ -116,9 +118,10 @@ struct RunnerOptions {
   // runtime/model/llama_checkpoint.h: every tensor BF16, of exactly the shape the config's model
   // implies). A missing, misnamed or misshapen tensor is InvalidArgument and a truncated file
   // DataLoss, each naming the tensor or file, before any device memory is allocated. Empty:
-  // seeded random weights (weight_seed). With tensor parallelism each rank reads only its shard
-  // from the files (ReadLlamaSafetensorsShard: 1 / world of the projections, the replicated
-  // tensors whole) and holds only that in host memory while it uploads. kiln's
+  // seeded random weights (weight_seed). The weights stream from the files to the GPU through two
+  // 64 MiB pinned buffers (LlamaDeviceWeights::Load), so loading holds no host copy of the model;
+  // with tensor parallelism each rank reads only its shard (1 / world of the projections, the
+  // replicated tensors whole). kiln's
   // RoPE is the rotate-half form with rope_theta and the model's rope_scaling (the "llama3"
   // kind): Llama 3.1 and 3.2 checkpoints give their reference logits when the config carries
   // their rope_scaling, as the presets do; other scaling kinds are refused. Progress goes to
@@ -377,9 +380,14 @@ class Runner {
   // Init's steps before and after the communicator exists.
   absl::Status InitPlan(const RunnerOptions& options);
   absl::Status InitAllocations(const RunnerOptions& options);
-  // InitPlan's reading of RunnerOptions::weight_files for full_shape_ into file_weights_ (this
-  // rank's shard).
-  absl::Status ReadWeightFiles(const RunnerOptions& options);
+  // InitPlan's check of RunnerOptions::weight_files against full_shape_: opens weight_reader_
+  // (this rank's shard).
+  absl::Status OpenWeightFiles(const RunnerOptions& options);
+  // InitAllocations' streaming of weight_reader_'s shard to the GPU, with progress.
+  absl::StatusOr<LlamaDeviceWeights> LoadWeights(const RunnerOptions& options,
+                                                 cudaStream_t stream);
+  // `status` prefixed with the option and the model it was read for.
+  absl::Status WeightFilesError(const absl::Status& status) const;
   // Captures fn for every size of `sizes` into `set`, largest first: one GPU through
   // GraphSet::CaptureAll; tensor parallel in lock-step (see the file comment). Returns the number
   // of graphs.
@@ -404,8 +412,8 @@ class Runner {
 
   RunnerOptions options_;
   LlamaShape full_shape_;
-  // This rank's weights read from RunnerOptions::weight_files, between InitPlan and the upload.
-  std::optional<LlamaHostWeights> file_weights_;
+  // This rank's shard of RunnerOptions::weight_files, checked, between InitPlan and the load.
+  std::optional<LlamaShardReader> weight_reader_;
   std::unique_ptr<AutoCommunicator> comm_;  // tensor parallel; outlives the model and graphs
   absl::Status peer_lost_;  // a step's collectives timed out: every later step returns this
   bool graphs_registered_ = false;
