@@ -211,6 +211,7 @@ int Run(int argc, char** argv) {
   }
   const std::string preset = absl::GetFlag(FLAGS_preset);
   const std::string model_dir = absl::GetFlag(FLAGS_model_dir);
+  std::string converted_from;  // the checkpoint's dtype where it is not bf16
   if (!model_dir.empty()) {
     // The directory is the whole model: a second source of shape or weights would be mixed in.
     if (!preset.empty()) {
@@ -231,6 +232,11 @@ int Run(int argc, char** argv) {
     }
     absl::StatusOr<HfModel> hf = LoadHfModelDir(model_dir);
     if (!hf.ok()) return fail(hf.status(), 2);
+    // kiln's model runs bf16; float16 and float32 weights are rounded to bf16 as they load.
+    if (hf->model.dtype() == config::DTYPE_FP16 || hf->model.dtype() == config::DTYPE_FP32) {
+      converted_from = DTypeName(hf->model.dtype());
+      hf->model.set_dtype(config::DTYPE_BF16);
+    }
     // The Runner would refuse what its model cannot run only after finding a GPU; say it now.
     absl::Status runnable = LlamaShapeFromConfig(hf->model).status();
     if (runnable.ok()) {
@@ -296,9 +302,13 @@ int Run(int argc, char** argv) {
     }
   }
   if (!model_dir.empty()) {
-    std::printf("model_dir %s: %s, %zu safetensors file%s\n", model_dir.c_str(),
+    std::printf("model_dir %s: %s, %zu safetensors file%s%s\n", model_dir.c_str(),
                 options.config.model().name().c_str(), options.weight_files.size(),
-                options.weight_files.size() == 1 ? "" : "s");
+                options.weight_files.size() == 1 ? "" : "s",
+                converted_from.empty()
+                    ? ""
+                    : absl::StrCat(", ", converted_from, " weights rounded to bf16 as they load")
+                          .c_str());
   }
   if (DeviceCount() == 0) {
     return fail(absl::FailedPreconditionError("No CUDA device is visible; generate needs a GPU"),

@@ -40,8 +40,16 @@ mkdir -p "$tmp/fp16"
 sed 's/"torch_dtype": "bfloat16"/"torch_dtype": "float16"/' "$llama/config.json" \
   >"$tmp/fp16/config.json"
 : >"$tmp/fp16/model.safetensors"
-expect_bad model_dir_fp16 "--model_dir=$tmp/fp16: Model dtype fp16 is not supported" \
-  "--model_dir=$tmp/fp16"
+# float16 weights load rounded to bf16: past the flag checks, saying so (the empty file or the
+# missing GPU then stops it, exit code 1).
+"$bin" "--model_dir=$tmp/fp16" --batch=1 >"$tmp/out" 2>"$tmp/err"
+rc=$?
+if [ "$rc" -ne 1 ]; then
+  fail "model_dir_fp16: exit code $rc, want 1 (past the flag checks); stderr: $(cat "$tmp/err")"
+fi
+if ! grep -q "1 safetensors file, fp16 weights rounded to bf16 as they load" "$tmp/out"; then
+  fail "model_dir_fp16: stdout does not say the weights are rounded: $(cat "$tmp/out")"
+fi
 mkdir -p "$tmp/groups_of_9"  # 72 query heads over 8 KV heads
 sed 's/"num_attention_heads": 32/"num_attention_heads": 72/' "$llama/config.json" \
   >"$tmp/groups_of_9/config.json"

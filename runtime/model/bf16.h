@@ -47,6 +47,33 @@ KILN_HOST_DEVICE inline float Bf16BitsToFloat(uint16_t bits) {
 #endif
 }
 
+// Returns the float whose value equals the IEEE half-precision `bits` (exact; subnormals, infinities
+// and NaNs included). Host-only: checkpoints stored in float16 convert through it.
+inline float Fp16BitsToFloat(uint16_t bits) {
+  const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
+  uint32_t exponent = (bits >> 10) & 0x1fu;
+  uint32_t mantissa = bits & 0x3ffu;
+  uint32_t wide;
+  if (exponent == 0x1fu) {
+    wide = sign | 0x7f800000u | (mantissa << 13);  // infinity or NaN
+  } else if (exponent != 0) {
+    wide = sign | ((exponent + 112u) << 23) | (mantissa << 13);  // rebias 15 -> 127
+  } else if (mantissa == 0) {
+    wide = sign;  // signed zero
+  } else {
+    // A subnormal, mantissa * 2^-24: shift its leading one into the implicit bit.
+    exponent = 113u;
+    while ((mantissa & 0x400u) == 0) {
+      mantissa <<= 1;
+      --exponent;
+    }
+    wide = sign | (exponent << 23) | ((mantissa & 0x3ffu) << 13);
+  }
+  float value;
+  std::memcpy(&value, &wide, sizeof(value));
+  return value;
+}
+
 // Returns `value` rounded to float and then to the nearest bfloat16 (ties to even), as a double:
 // the rounding a kernel applies when it stores a float result as bf16.
 inline double RoundToBf16(double value) {

@@ -1,6 +1,7 @@
 #include "runtime/model/llama_checkpoint.h"
 
 #include <algorithm>
+#include <cstring>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "runtime/cuda/status_macros.h"
+#include "runtime/model/bf16.h"
 #include "runtime/model/safetensors.h"
 #include "runtime/model/tensor_parallel.h"
 
@@ -29,6 +31,14 @@ std::vector<int64_t> SliceShape(const HfTensorSlice& s) {
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// The bytes of one value of a dtype the reader takes (BF16 as it is, F16 and F32 rounded to bf16),
+// or 0 for any other.
+int SourceBytes(absl::string_view dtype) {
+  if (dtype == "BF16" || dtype == "F16") return 2;
+  if (dtype == "F32") return 4;
+  return 0;
 }
 
 // Explains why `name` is not part of the checkpoint `shape` describes.
@@ -175,11 +185,11 @@ absl::StatusOr<LlamaShardReader> LlamaShardReader::Open(absl::Span<const std::st
           " needs; check LlamaShape (layers, tie_embeddings) and that every shard is given"));
     }
     const SafetensorsTensor& t = *it->second.second;
-    if (t.dtype != "BF16") {
+    if (SourceBytes(t.dtype) == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "Checkpoint tensor '", s.hf_name, "' has dtype ", t.dtype,
-          "; kiln loads BF16 weights: convert the checkpoint to bfloat16 (for example "
-          "model.to(torch.bfloat16).save_pretrained(...))"));
+          "; kiln loads BF16 weights, and F16 or F32 ones converted to BF16: convert the "
+          "checkpoint to bfloat16 (for example model.to(torch.bfloat16).save_pretrained(...))"));
     }
     const std::vector<int64_t> want = SliceShape(s);
     if (t.shape != want) {
@@ -207,9 +217,11 @@ absl::StatusOr<LlamaShardReader> LlamaShardReader::Open(absl::Span<const std::st
       b.rows = end - begin;
       b.file = file;
       b.tensor = tensor;
-      b.row_stride = static_cast<uint64_t>(map.full_cols) * 2;
+      b.source_bytes = SourceBytes(tensor->dtype);
+      b.row_stride = static_cast<uint64_t>(map.full_cols) * b.source_bytes;
       b.offset = static_cast<uint64_t>(begin - s.first_row) * b.row_stride +
-                 static_cast<uint64_t>(map.col_offset) * 2;
+                 static_cast<uint64_t>(map.col_offset) * b.source_bytes;
+      if (tensor->dtype != "BF16") out.converted_.insert(tensor->dtype);
       out.blocks_.push_back(b);
       out.bytes_ += b.rows * cols * 2;
     }
@@ -223,10 +235,35 @@ absl::Status LlamaShardReader::ReadRows(const Block& block, int64_t first, int64
     return absl::InvalidArgumentError(absl::StrCat("Rows [", first, ", ", first + rows,
                                                    ") are outside the block's ", block.rows));
   }
-  const uint64_t cols = static_cast<uint64_t>(layout_.tensors()[block.tensor_index].cols);
-  return block.file->ReadStrided(*block.tensor,
-                                 block.offset + static_cast<uint64_t>(first) * block.row_stride,
-                                 cols * 2, block.row_stride, rows, dst);
+  const int64_t cols = layout_.tensors()[block.tensor_index].cols;
+  auto read = [&](int64_t from, int64_t count, void* to) {
+    return block.file->ReadStrided(
+        *block.tensor, block.offset + static_cast<uint64_t>(from) * block.row_stride,
+        static_cast<uint64_t>(cols) * block.source_bytes, block.row_stride, count, to);
+  };
+  if (block.tensor->dtype == "BF16") return read(first, rows, dst);
+  // F16 or F32: read a few MiB of rows at a time and round each value to bf16.
+  const int64_t row_bytes = cols * block.source_bytes;
+  const int64_t rows_per_read = std::max<int64_t>(1, (int64_t{8} << 20) / row_bytes);
+  std::vector<char> raw(static_cast<size_t>(std::min(rows, rows_per_read) * row_bytes));
+  const bool half = block.source_bytes == 2;
+  for (int64_t done = 0; done < rows; done += rows_per_read) {
+    const int64_t count = std::min(rows_per_read, rows - done);
+    RETURN_IF_ERROR(read(first + done, count, raw.data()));
+    uint16_t* out = dst + done * cols;
+    for (int64_t i = 0; i < count * cols; ++i) {
+      float value;
+      if (half) {
+        uint16_t bits;
+        std::memcpy(&bits, raw.data() + 2 * i, 2);
+        value = Fp16BitsToFloat(bits);
+      } else {
+        std::memcpy(&value, raw.data() + 4 * i, 4);
+      }
+      out[i] = FloatToBf16Bits(value);
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<LlamaHostWeights> ReadLlamaSafetensors(absl::Span<const std::string> paths,

@@ -20,8 +20,9 @@
 // applies.
 // Tensors named *.rotary_emb.inv_freq (buffers some old checkpoints carry) are ignored.
 //
-// Every tensor must be BF16 with exactly the shape LlamaShape implies; a missing, unexpected or
-// duplicated name, a wrong shape or dtype is InvalidArgument naming the tensor, what was
+// Every tensor must be BF16, or F16 or F32 (each value rounded to the nearest bf16 as it is read:
+// kiln's model runs bf16), with exactly the shape LlamaShape implies; a missing, unexpected or
+// duplicated name, a wrong shape or another dtype is InvalidArgument naming the tensor, what was
 // expected and which LlamaShape field to check; a truncated or corrupt file is DataLoss.
 // Host-only; thread-compatible.
 #ifndef KILN_RUNTIME_MODEL_LLAMA_CHECKPOINT_H_
@@ -29,6 +30,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -73,6 +75,7 @@ class LlamaShardReader {
     int64_t rows = 0;
     const SafetensorsReader* file = nullptr;
     const SafetensorsTensor* tensor = nullptr;
+    int source_bytes = 2;     // of one value in the file: 2 (BF16, F16) or 4 (F32)
     uint64_t offset = 0;      // byte of the first row's first value within the HF tensor
     uint64_t row_stride = 0;  // bytes of one of the HF tensor's rows
   };
@@ -94,9 +97,11 @@ class LlamaShardReader {
   const std::vector<Block>& blocks() const { return blocks_; }
   // The bytes the blocks hold: the rank's tensors without the layout's alignment.
   int64_t bytes() const { return bytes_; }
+  // The dtypes other than BF16 among the rank's tensors ("F16", "F32"), converted as they are read.
+  const std::set<std::string>& converted_dtypes() const { return converted_; }
 
   // Reads rows [first, first + rows) of `block` (counted from its first row) into `dst`, packed:
-  // rows × the tensor's cols values. InvalidArgument for rows outside the block; DataLoss if a
+  // rows × the tensor's cols bf16 values (F16 and F32 rounded to nearest, ties to even). InvalidArgument for rows outside the block; DataLoss if a
   // file shrank since Open.
   absl::Status ReadRows(const Block& block, int64_t first, int64_t rows, uint16_t* dst) const;
 
@@ -107,6 +112,7 @@ class LlamaShardReader {
   std::vector<SafetensorsReader> files_;  // the blocks point into these
   std::vector<Block> blocks_;
   int64_t bytes_ = 0;
+  std::set<std::string> converted_;
 };
 
 // Reads the weights for `shape` from one or more safetensors files (the shards of one

@@ -1,9 +1,11 @@
 #include "runtime/model/llama_checkpoint.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <random>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/model/bf16.h"
 #include "runtime/model/safetensors.h"
 #include "runtime/model/tensor_parallel.h"
 
@@ -300,18 +303,106 @@ TEST_F(LlamaCheckpointTest, WrongShapeNamesTheFields) {
 
 TEST_F(LlamaCheckpointTest, WrongDtypeSaysConvert) {
   std::vector<SafetensorsEntry> entries = Entries(weights_);
-  std::vector<float> norm(shape_.hidden, 1.0f);
+  std::vector<int8_t> norm(shape_.hidden, 1);
+  for (SafetensorsEntry& e : entries) {
+    if (e.name == "model.norm.weight") {
+      e.dtype = "I8";
+      e.data = norm.data();
+      e.bytes = norm.size();
+    }
+  }
+  absl::Status s = ReadWith(entries, "dtype.safetensors");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("'model.norm.weight' has dtype I8"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("F16 or F32 ones converted to BF16"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("bfloat16"));
+}
+
+// Entries of `w` with every tensor stored as F32 (each bf16 value exactly) in `storage`.
+std::vector<SafetensorsEntry> F32Entries(const LlamaHostWeights& w,
+                                         std::vector<std::vector<float>>& storage) {
+  std::vector<SafetensorsEntry> entries = Entries(w);
+  storage.clear();
+  storage.reserve(entries.size());
+  for (SafetensorsEntry& e : entries) {
+    const uint16_t* bits = static_cast<const uint16_t*>(e.data);
+    std::vector<float>& values = storage.emplace_back(e.bytes / 2);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = Bf16BitsToFloat(bits[i]);
+    e.dtype = "F32";
+    e.data = values.data();
+    e.bytes = values.size() * 4;
+  }
+  return entries;
+}
+
+// F32 and F16 checkpoints load as bf16: F32 values that are bf16 values come back exactly (whole
+// model and each tensor-parallel rank's shard, whose column blocks are then 4-byte values), values
+// between two bf16s round to nearest with ties to even, F16 values are rounded the same way, and
+// the reader names what it converted.
+TEST_F(LlamaCheckpointTest, ConvertsF32AndF16ToBf16) {
+  std::vector<std::vector<float>> storage;
+  const std::string f32 = TempPath("f32.safetensors");
+  ASSERT_TRUE(WriteSafetensors(f32, F32Entries(weights_, storage)).ok());
+  absl::StatusOr<LlamaHostWeights> whole = ReadLlamaSafetensors({f32}, shape_);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->data, weights_.data);
+  for (int world : {2, 4}) {
+    for (int rank = 0; rank < world; ++rank) {
+      absl::StatusOr<LlamaHostWeights> expected = ShardLlamaHostWeights(weights_, world, rank);
+      ASSERT_TRUE(expected.ok()) << expected.status();
+      absl::StatusOr<LlamaHostWeights> mine = ReadLlamaSafetensorsShard({f32}, shape_, world, rank);
+      ASSERT_TRUE(mine.ok()) << mine.status();
+      EXPECT_EQ(mine->data, expected->data) << "rank " << rank << " of " << world;
+    }
+  }
+  absl::StatusOr<LlamaShardReader> reader = LlamaShardReader::Open({f32}, shape_);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ(reader->converted_dtypes(), (std::set<std::string>{"F32"}));
+
+  // The final norm in F32 between bf16 values: 1 + 2^-8 is a tie (to 1, even), 1 + 3 * 2^-9 rounds
+  // up to 1 + 2^-7, 1 + 2^-7 + 2^-8 is a tie (to 1 + 2^-6, even), -(1 + 2^-9) rounds to -1.
+  std::vector<SafetensorsEntry> entries = Entries(weights_);
+  std::vector<float> norm(shape_.hidden);
+  const float cases[4] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-9f, 1.0f + 0x1p-7f + 0x1p-8f,
+                          -(1.0f + 0x1p-9f)};
+  const float rounded[4] = {1.0f, 1.0f + 0x1p-7f, 1.0f + 0x1p-6f, -1.0f};
+  for (int i = 0; i < shape_.hidden; ++i) norm[i] = cases[i % 4];
+  // An F16 embedding of random finite halves.
+  std::mt19937 rng(std::random_device{}());
+  std::vector<uint16_t> half(static_cast<size_t>(shape_.vocab) * shape_.hidden);
+  for (uint16_t& h : half) {
+    h = static_cast<uint16_t>(rng() & 0xffffu);
+    if (((h >> 10) & 0x1fu) == 0x1fu) h &= 0xbfffu;  // no infinities or NaNs
+  }
   for (SafetensorsEntry& e : entries) {
     if (e.name == "model.norm.weight") {
       e.dtype = "F32";
       e.data = norm.data();
       e.bytes = norm.size() * 4;
+    } else if (e.name == "model.embed_tokens.weight") {
+      e.dtype = "F16";
+      e.data = half.data();
+      e.bytes = half.size() * 2;
     }
   }
-  absl::Status s = ReadWith(entries, "dtype.safetensors");
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("'model.norm.weight' has dtype F32"));
-  EXPECT_THAT(std::string(s.message()), HasSubstr("bfloat16"));
+  const std::string mixed = TempPath("mixed.safetensors");
+  ASSERT_TRUE(WriteSafetensors(mixed, entries).ok());
+  absl::StatusOr<LlamaHostWeights> back = ReadLlamaSafetensors({mixed}, shape_);
+  ASSERT_TRUE(back.ok()) << back.status();
+  const uint16_t* got_norm = back->tensor(back->layout.final_norm());
+  for (int i = 0; i < shape_.hidden; ++i) {
+    ASSERT_EQ(Bf16BitsToFloat(got_norm[i]), rounded[i % 4]) << i;
+  }
+  const uint16_t* got_embedding = back->tensor(back->layout.embedding());
+  for (size_t i = 0; i < half.size(); ++i) {
+    ASSERT_EQ(got_embedding[i], FloatToBf16Bits(Fp16BitsToFloat(half[i]))) << i;
+  }
+  const uint16_t* got_qkv = back->tensor(back->layout.qkv(1));
+  const uint16_t* want_qkv = weights_.tensor(weights_.layout.qkv(1));
+  EXPECT_TRUE(std::equal(got_qkv, got_qkv + weights_.layout.qkv(1).elements(), want_qkv));
+  reader = LlamaShardReader::Open({mixed}, shape_);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ(reader->converted_dtypes(), (std::set<std::string>{"F16", "F32"}));
 }
 
 TEST_F(LlamaCheckpointTest, TruncatedFileIsDataLoss) {

@@ -4,10 +4,13 @@
 #include <chrono>
 #include <cstring>
 #include <iostream>
+#include <set>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "attention/decode_kernel.h"
@@ -398,11 +401,15 @@ absl::StatusOr<LlamaDeviceWeights> Runner::LoadWeights(const RunnerOptions& opti
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     const double bytes = static_cast<double>(weight_reader_->bytes());
     const int world = tensor_parallel_size();
+    const std::set<std::string>& converted = weight_reader_->converted_dtypes();
     out << absl::StrFormat(
-        "weights: %d file(s), %.2f GiB%s read and copied to the GPU in %.2f s (%.2f GB/s)\n",
+        "weights: %d file(s), %.2f GiB%s%s read and copied to the GPU in %.2f s (%.2f GB/s)\n",
         options.weight_files.size(), bytes / 1073741824.0,
-        world > 1 ? absl::StrFormat(" (rank 0's shard of %d)", world) : "", seconds,
-        seconds > 0 ? bytes / seconds / 1e9 : 0.0);
+        world > 1 ? absl::StrFormat(" (rank 0's shard of %d)", world) : "",
+        converted.empty() ? ""
+                          : absl::StrCat(", ", absl::StrJoin(converted, " and "),
+                                         " values rounded to bf16"),
+        seconds, seconds > 0 ? bytes / seconds / 1e9 : 0.0);
   }
   weight_reader_.reset();
   return weights;

@@ -115,7 +115,8 @@ struct RunnerOptions {
   // Longest sequence (prompt plus generated tokens); sets the block-table width.
   int max_model_len = 4096;
   // The model's weights as Hugging Face safetensors files (the names and layout of
-  // runtime/model/llama_checkpoint.h: every tensor BF16, of exactly the shape the config's model
+  // runtime/model/llama_checkpoint.h: every tensor BF16, or F16 or F32 rounded to bf16 as it
+  // loads (the config's model.dtype stays bf16), of exactly the shape the config's model
   // implies). A missing, misnamed or misshapen tensor is InvalidArgument and a truncated file
   // DataLoss, each naming the tensor or file, before any device memory is allocated. Empty:
   // seeded random weights (weight_seed). The weights stream from the files to the GPU through two
