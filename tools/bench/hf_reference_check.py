@@ -19,6 +19,10 @@ cos and sin to bf16. Its frequencies are kept in float32 here, as from_pretraine
 Module.to(bfloat16) rounds them too (0.4% off), and at 2000 tokens that alone put kiln 5.8% away
 from a float64 reference built that way, against 1.6% from one with float32 frequencies.
 
+With --dtype=float16 or float32 the checkpoint is saved in that type (config.json's torch_dtype
+follows): kiln rounds each weight to bf16 as it loads, as transformers' bf16 run does, and the
+float64 reference takes the saved values as they are.
+
 Needs torch, transformers and safetensors, and a GPU for kiln:
   python3 tools/bench/hf_reference_check.py --generate=.gpu/bin/tools_generate
 Exit code 0 when every shape passes, 1 otherwise.
@@ -139,7 +143,7 @@ def kiln_frequencies(s):
     return torch.tensor(out, dtype=torch.float64)
 
 
-def make_model(s, seed, scaled=True):
+def make_model(s, seed, scaled=True, dtype=torch.bfloat16):
     torch.manual_seed(seed)
     model = model_class(s)(make_config(s, scaled))
     with torch.no_grad():
@@ -151,7 +155,7 @@ def make_model(s, seed, scaled=True):
                 p.uniform_(-0.5, 0.5)
             else:  # norm weights
                 p.uniform_(0.75, 1.25)
-    return model.to(torch.bfloat16).eval()
+    return model.to(dtype).eval()
 
 
 def save(model, directory, shard):
@@ -227,6 +231,8 @@ def main():
     parser.add_argument("--prompt", type=int, default=0, help="prompt length (0: the shape's)")
     parser.add_argument("--layers", type=int, default=0, help="layers (0: the shape's)")
     parser.add_argument("--unscaled", action="store_true", help="models without RoPE scaling")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                        help="the type the checkpoint is saved in")
     parser.add_argument("--no_control", action="store_true",
                         help="skip the unscaled model (its check passes)")
     args = parser.parse_args()
@@ -246,7 +252,7 @@ def main():
         work = tempfile.mkdtemp(prefix=f"kiln_hf_{key}_")
         try:
             scaled = not args.unscaled and s["scaling"] is not None
-            model = make_model(s, args.seed, scaled)
+            model = make_model(s, args.seed, scaled, getattr(torch, args.dtype))
             state = model.state_dict()
             freq_diff = 0.0
             if scaled:
@@ -278,7 +284,7 @@ def main():
             ok = (mean < max(s["tolerance"], s["slack"] * hf_bf16) and matched == clear
                   and control > 1.5 * mean and freq_diff < 1e-5)
             failed = failed or not ok
-            print(f"{key}: {s['layers']} layers, {len(files)} safetensors file(s), prompt "
+            print(f"{key}: {s['layers']} layers, {len(files)} {args.dtype} safetensors file(s), prompt "
                   f"{len(prompt)}, "
                   f"{len(tokens)} tokens; kiln's logits against transformers float64: rel err "
                   f"mean {mean:.2e}, max {worst:.2e}; transformers bf16 ({gpu}) against it: "
