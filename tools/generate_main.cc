@@ -60,6 +60,7 @@ ABSL_FLAG(uint64_t, seed, 1, "Seed of the random weights and prompts");
 ABSL_FLAG(std::string, weights, "",
           "Comma-separated Hugging Face safetensors files holding the model's weights (of the "
           "--preset or --config shape) instead of random ones");
+ABSL_FLAG(int, load_threads, 4, "Threads that read --weights or --model_dir's files");
 ABSL_FLAG(std::string, logits_out, "",
           "With --batch=1: write the sequence's generated tokens and the logits each was sampled "
           "from to this file (int32 steps, int32 vocab, int32 tokens[steps], float32 "
@@ -274,6 +275,13 @@ int Run(int argc, char** argv) {
   for (absl::string_view file : absl::StrSplit(absl::GetFlag(FLAGS_weights), ',',
                                                absl::SkipWhitespace())) {
     options.weight_files.emplace_back(file);  // empty under --model_dir (checked above)
+  }
+  options.weight_load_threads = absl::GetFlag(FLAGS_load_threads);
+  if (options.weight_load_threads < 1) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("--load_threads is ",
+                                                        options.weight_load_threads,
+                                                        "; read with at least 1 thread")),
+                2);
   }
   options.time_steps = true;
 

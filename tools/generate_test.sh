@@ -14,6 +14,7 @@ expect_bad batch_above_limit '--batch 9 is outside [1, --max_num_seqs 8]' --batc
 expect_bad batch_text '--batch has "x", which is not an integer' --batch=1,x
 expect_bad prompt_ids_text '--prompt_ids has "y", which is not an integer' --prompt_ids=1,y
 expect_bad graphs 'Unknown --graphs "sometimes"; use full, piecewise or none' --graphs=sometimes
+expect_bad load_threads '--load_threads is 0; read with at least 1 thread' --load_threads=0
 expect_bad gen_tokens '--prompt_len and --gen_tokens must be positive' --gen_tokens=0
 expect_bad prompt_len '--prompt_len and --gen_tokens must be positive' --prompt_len=-3
 expect_bad config_missing "$tmp/missing.textproto" "--config=$tmp/missing.textproto"

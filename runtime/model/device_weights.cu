@@ -3,8 +3,12 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <mutex>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -167,48 +171,101 @@ absl::StatusOr<LlamaDeviceWeights> LlamaDeviceWeights::Upload(const LlamaHostWei
 absl::StatusOr<LlamaDeviceWeights> LlamaDeviceWeights::Load(const LlamaShardReader& reader,
                                                             cudaStream_t stream,
                                                             const ReadProgress& progress,
-                                                            size_t staging_bytes) {
+                                                            const WeightLoadOptions& options) {
   RETURN_IF_ERROR(CheckNotCapturing(stream, "LlamaDeviceWeights::Load"));
+  if (options.threads < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("WeightLoadOptions::threads is ", options.threads,
+                                                   "; read with at least 1 thread"));
+  }
   // Each copy takes whole rows; a stage holds at least the widest row.
   size_t widest_row = 0;
   for (const LlamaShardReader::Block& b : reader.blocks()) {
     widest_row = std::max(widest_row,
                           static_cast<size_t>(reader.layout().tensors()[b.tensor_index].cols) * 2);
   }
-  const size_t stage_bytes = std::max(staging_bytes, widest_row);
+  const size_t stage_bytes = std::max(options.staging_bytes, widest_row);
   ASSIGN_OR_RETURN(LlamaDeviceWeights weights, Allocate(reader.layout().shape()));
   // Padding between tensors is zero, as on the host.
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(weights.buffer_.data(), 0, weights.buffer_.size(), stream));
-  // Two pinned stages: the file is read into one while the other's copy runs.
-  PinnedHostBuffer stages[2];
-  Event copied[2];
-  bool in_flight[2] = {false, false};
-  for (int i = 0; i < 2; ++i) {
-    ASSIGN_OR_RETURN(stages[i], PinnedHostBuffer::Allocate(stage_bytes, "weight staging buffer"));
-    ASSIGN_OR_RETURN(copied[i], Event::Create());
-  }
-  int stage = 0;
-  int64_t bytes_done = 0;
+
+  // The copies, each of whole rows of one block, at most a stage each.
+  struct Chunk {
+    const LlamaShardReader::Block* block;
+    int64_t first;
+    int64_t rows;
+    char* dst;
+    size_t bytes;
+  };
+  std::vector<Chunk> chunks;
   for (const LlamaShardReader::Block& b : reader.blocks()) {
     const WeightTensor& t = weights.layout_.tensors()[b.tensor_index];
     const size_t row_bytes = static_cast<size_t>(t.cols) * 2;
     const int64_t rows_per_stage = static_cast<int64_t>(stage_bytes / row_bytes);
     for (int64_t first = 0; first < b.rows; first += rows_per_stage) {
       const int64_t rows = std::min(rows_per_stage, b.rows - first);
-      if (in_flight[stage]) RETURN_IF_ERROR(copied[stage].Synchronize());
-      RETURN_IF_ERROR(reader.ReadRows(b, first, rows, stages[stage].as<uint16_t>()));
-      char* dst = static_cast<char*>(weights.buffer_.data()) + t.offset +
-                  static_cast<size_t>(b.local_row + first) * row_bytes;
-      const size_t bytes = static_cast<size_t>(rows) * row_bytes;
-      RETURN_IF_ERROR(CopyHostToDevice(dst, stages[stage].data(), bytes, stream));
-      RETURN_IF_ERROR(copied[stage].Record(stream));
-      in_flight[stage] = true;
-      stage ^= 1;
-      bytes_done += static_cast<int64_t>(bytes);
-      if (progress) progress(bytes_done, reader.bytes());
+      chunks.push_back({&b, first, rows,
+                        static_cast<char*>(weights.buffer_.data()) + t.offset +
+                            static_cast<size_t>(b.local_row + first) * row_bytes,
+                        static_cast<size_t>(rows) * row_bytes});
     }
   }
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  // Each thread takes every threads-th chunk and owns two pinned stages: it reads into one while
+  // the other's copy runs.
+  const int threads = static_cast<int>(
+      std::max<size_t>(1, std::min<size_t>(static_cast<size_t>(options.threads), chunks.size())));
+  std::vector<PinnedHostBuffer> stages(2 * threads);
+  std::vector<Event> copied(2 * threads);
+  for (int i = 0; i < 2 * threads; ++i) {
+    ASSIGN_OR_RETURN(stages[i], PinnedHostBuffer::Allocate(stage_bytes, "weight staging buffer"));
+    ASSIGN_OR_RETURN(copied[i], Event::Create());
+  }
+  int device = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  std::mutex mu;  // guards first_error, bytes_done and the progress calls
+  absl::Status first_error;
+  std::atomic<bool> failed{false};
+  int64_t bytes_done = 0;
+  // Waits for the stage's last copy (if any), reads the chunk into it and starts its copy.
+  auto copy = [&](const Chunk& c, PinnedHostBuffer& buffer, Event& event,
+                  bool in_flight) -> absl::Status {
+    if (in_flight) RETURN_IF_ERROR(event.Synchronize());
+    RETURN_IF_ERROR(reader.ReadRows(*c.block, c.first, c.rows, buffer.as<uint16_t>()));
+    RETURN_IF_ERROR(CopyHostToDevice(c.dst, buffer.data(), c.bytes, stream));
+    return event.Record(stream);
+  };
+  auto work = [&](int thread) {
+    auto fail = [&](absl::Status status) {
+      std::lock_guard<std::mutex> lock(mu);
+      first_error.Update(status);  // keeps the first
+      failed = true;
+    };
+    if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+      return fail(ToStatus(e, "cudaSetDevice in a weight reading thread"));
+    }
+    bool in_flight[2] = {false, false};
+    int stage = 0;
+    for (size_t i = static_cast<size_t>(thread); i < chunks.size() && !failed;
+         i += static_cast<size_t>(threads)) {
+      const Chunk& c = chunks[i];
+      PinnedHostBuffer& buffer = stages[2 * thread + stage];
+      Event& event = copied[2 * thread + stage];
+      absl::Status status = copy(c, buffer, event, in_flight[stage]);
+      if (!status.ok()) return fail(std::move(status));
+      in_flight[stage] = true;
+      stage ^= 1;
+      std::lock_guard<std::mutex> lock(mu);
+      bytes_done += static_cast<int64_t>(c.bytes);
+      if (progress) progress(bytes_done, reader.bytes());
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (std::thread& t : pool) t.join();
+  // Every copy ends before the stages are freed, whatever happened.
+  const cudaError_t synced = cudaStreamSynchronize(stream);
+  RETURN_IF_ERROR(first_error);
+  CUDA_RETURN_IF_ERROR(synced);
   return weights;
 }
 

@@ -19,6 +19,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "absl/status/statusor.h"
@@ -28,6 +29,15 @@
 #include "runtime/model/llama_weights.h"
 
 namespace kiln {
+
+// How LlamaDeviceWeights::Load reads: `threads` threads each read every threads-th chunk of the
+// files into one of its two pinned stages of `staging_bytes` (at least one row of the widest
+// tensor) while the other's copy to the GPU runs, so host memory holds 2 × threads stages
+// whatever the model's size.
+struct WeightLoadOptions {
+  int threads = 4;
+  size_t staging_bytes = size_t{32} << 20;
+};
 
 class LlamaDeviceWeights {
  public:
@@ -49,16 +59,15 @@ class LlamaDeviceWeights {
   static absl::StatusOr<LlamaDeviceWeights> Upload(const LlamaHostWeights& host,
                                                    cudaStream_t stream);
 
-  // Allocates the weights of `reader`'s rank and streams its blocks from the files to the GPU
-  // through two pinned staging buffers of `staging_bytes` (at least one row of the widest tensor),
-  // reading one while the other's copy runs on `stream`: host memory stays at the two buffers
-  // whatever the model's size. Waits for the last copy; `progress` (optional) follows the bytes.
-  // The bits of Upload(ReadLlamaSafetensorsShard(...)). DataLoss if a file shrank since the
-  // reader opened it; FailedPrecondition during capture.
+  // Allocates the weights of `reader`'s rank and streams its blocks from the files to the GPU on
+  // `stream` as `options` says. Waits for the last copy; `progress` (optional) follows the bytes,
+  // called from the reading threads one at a time. The bits of Upload(ReadLlamaSafetensorsShard(
+  // ...)). DataLoss if a file shrank since the reader opened it; InvalidArgument for threads < 1;
+  // FailedPrecondition during capture.
   static absl::StatusOr<LlamaDeviceWeights> Load(const LlamaShardReader& reader,
                                                  cudaStream_t stream,
                                                  const ReadProgress& progress = nullptr,
-                                                 size_t staging_bytes = size_t{64} << 20);
+                                                 const WeightLoadOptions& options = {});
 
   // Copies the weights back to the host (waits for the copy).
   absl::StatusOr<LlamaHostWeights> Download(cudaStream_t stream) const;

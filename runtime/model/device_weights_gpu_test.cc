@@ -98,7 +98,8 @@ TEST_F(DeviceWeightsGpuTest, CheckpointUploadRoundTrips) {
 
 // Load streams a rank's shard from the files through the pinned stages: the bits of the host
 // read, at 1, 2 and 4 ranks, with stages of a few rows (many copies in flight, each stage reused)
-// and of the default size; progress reaches the reader's bytes; a file cut after Open is DataLoss.
+// read by 1 and by 4 threads, and with the defaults; progress reaches the reader's bytes; a file
+// cut after Open is DataLoss; no thread is refused.
 TEST_F(DeviceWeightsGpuTest, LoadStreamsEachRanksShardFromTheFiles) {
   LlamaShape shape = LlamaShape::Tiny();
   shape.qkv_bias = true;
@@ -110,9 +111,12 @@ TEST_F(DeviceWeightsGpuTest, LoadStreamsEachRanksShardFromTheFiles) {
   ASSERT_TRUE(WriteLlamaSafetensors(path, *host).ok());
   for (int world : {1, 2, 4}) {
     for (int rank = 0; rank < world; ++rank) {
-      for (size_t staging : {size_t{4096}, size_t{64} << 20}) {
-        SCOPED_TRACE(::testing::Message() << "rank " << rank << " of " << world << ", stages of "
-                                          << staging << " bytes");
+      for (const WeightLoadOptions load : {WeightLoadOptions{1, 4096}, WeightLoadOptions{4, 4096},
+                                           WeightLoadOptions{}}) {
+        const size_t staging = load.staging_bytes;
+        SCOPED_TRACE(::testing::Message() << "rank " << rank << " of " << world << ", "
+                                          << load.threads << " threads, stages of " << staging
+                                          << " bytes");
         absl::StatusOr<LlamaHostWeights> expected = ShardLlamaHostWeights(*host, world, rank);
         ASSERT_TRUE(expected.ok()) << expected.status();
         absl::StatusOr<LlamaShardReader> reader = LlamaShardReader::Open({path}, shape, world, rank);
@@ -126,7 +130,7 @@ TEST_F(DeviceWeightsGpuTest, LoadStreamsEachRanksShardFromTheFiles) {
               done = bytes;
               ++calls;
             },
-            staging);
+            load);
         ASSERT_TRUE(dev.ok()) << dev.status();
         EXPECT_EQ(done, reader->bytes());
         if (staging == 4096) {
@@ -163,7 +167,7 @@ TEST_F(DeviceWeightsGpuTest, LoadStreamsEachRanksShardFromTheFiles) {
   absl::StatusOr<LlamaShardReader> f32_reader = LlamaShardReader::Open({f32}, shape, 2, 1);
   ASSERT_TRUE(f32_reader.ok()) << f32_reader.status();
   absl::StatusOr<LlamaDeviceWeights> f32_dev =
-      LlamaDeviceWeights::Load(*f32_reader, stream(), nullptr, 4096);
+      LlamaDeviceWeights::Load(*f32_reader, stream(), nullptr, {3, 4096});
   ASSERT_TRUE(f32_dev.ok()) << f32_dev.status();
   absl::StatusOr<LlamaHostWeights> f32_back = f32_dev->Download(stream());
   absl::StatusOr<LlamaHostWeights> shard = ShardLlamaHostWeights(*host, 2, 1);
@@ -173,6 +177,8 @@ TEST_F(DeviceWeightsGpuTest, LoadStreamsEachRanksShardFromTheFiles) {
   absl::StatusOr<LlamaShardReader> reader = LlamaShardReader::Open({path}, shape, 2, 1);
   ASSERT_TRUE(reader.ok()) << reader.status();
   ASSERT_EQ(truncate(path.c_str(), 4096), 0);
+  absl::StatusOr<LlamaDeviceWeights> none = LlamaDeviceWeights::Load(*reader, stream(), nullptr, {0});
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument) << none.status();
   absl::StatusOr<LlamaDeviceWeights> cut = LlamaDeviceWeights::Load(*reader, stream());
   EXPECT_EQ(cut.status().code(), absl::StatusCode::kDataLoss) << cut.status();
   EXPECT_NE(cut.status().message().find("shrank"), std::string::npos) << cut.status();

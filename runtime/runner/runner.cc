@@ -395,7 +395,8 @@ absl::StatusOr<LlamaDeviceWeights> Runner::LoadWeights(const RunnerOptions& opti
     }
   };
   absl::StatusOr<LlamaDeviceWeights> weights =
-      LlamaDeviceWeights::Load(*weight_reader_, stream, progress);
+      LlamaDeviceWeights::Load(*weight_reader_, stream, progress,
+                               WeightLoadOptions{options.weight_load_threads});
   if (!weights.ok()) return WeightFilesError(weights.status());
   if (report) {
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);

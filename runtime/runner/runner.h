@@ -120,15 +120,17 @@ struct RunnerOptions {
   // implies). A missing, misnamed or misshapen tensor is InvalidArgument and a truncated file
   // DataLoss, each naming the tensor or file, before any device memory is allocated. Empty:
   // seeded random weights (weight_seed). The weights stream from the files to the GPU through two
-  // 64 MiB pinned buffers (LlamaDeviceWeights::Load), so loading holds no host copy of the model;
-  // with tensor parallelism each rank reads only its shard (1 / world of the projections, the
-  // replicated tensors whole). kiln's
+  // 32 MiB pinned buffers per reading thread (LlamaDeviceWeights::Load, weight_load_threads), so
+  // loading holds no host copy of the model; with tensor parallelism each rank reads only its
+  // shard (1 / world of the projections, the replicated tensors whole). kiln's
   // RoPE is the rotate-half form with rope_theta and the model's rope_scaling (the "llama3"
   // kind): Llama 3.1 and 3.2 checkpoints give their reference logits when the config carries
   // their rope_scaling, as the presets do; other scaling kinds are refused. Progress goes to
   // progress_stream: a line at each quarter of rank 0's bytes (not with kNone) and one with the
   // size, time and rate (not with kQuiet).
   std::vector<std::string> weight_files;
+  // Threads that read weight_files (at least 1), each with two 32 MiB pinned buffers.
+  int weight_load_threads = 4;
   // Seed of the random weights (runtime/model/llama_weights.h), without weight_files.
   uint64_t weight_seed = 1;
   // > 0: allocate at most this many KV blocks (tests and benchmarks that need few).
