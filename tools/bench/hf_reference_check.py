@@ -79,6 +79,12 @@ SHAPES = {
     "3b": dict(hidden=3072, layers=4, heads=24, kv_heads=8, head_dim=128, ffn=8192, vocab=128256,
                theta=500000.0, scaling=(32.0, 1.0, 4.0, 8192), tie=True, prompt=1000, gen=16,
                shard="2GB", tolerance=0.03, slack=1.5),
+    # Llama 2 7B's widths (ffn 11008), one query head per KV head (multi-head attention), vocab
+    # 32000 and no RoPE scaling, with 4 of its 32 layers, saved in float16 as Llama 2's checkpoints
+    # are (its own dtype unless --dtype says otherwise).
+    "llama2-7b": dict(hidden=4096, layers=4, heads=32, kv_heads=32, head_dim=128, ffn=11008,
+                      vocab=32000, theta=10000.0, scaling=None, tie=False, prompt=1000, gen=16,
+                      shard="2GB", tolerance=0.03, slack=1.5, dtype="float16"),
     # Llama 3.1 8B's widths, heads, untied LM head and RoPE with 4 of its 32 layers: every kernel
     # at head_dim 128, hidden 4096 and ffn 14336, while the float64 reference fits the host.
     "8b": dict(hidden=4096, layers=4, heads=32, kv_heads=8, head_dim=128, ffn=14336, vocab=128256,
@@ -231,8 +237,9 @@ def main():
     parser.add_argument("--prompt", type=int, default=0, help="prompt length (0: the shape's)")
     parser.add_argument("--layers", type=int, default=0, help="layers (0: the shape's)")
     parser.add_argument("--unscaled", action="store_true", help="models without RoPE scaling")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
-                        help="the type the checkpoint is saved in")
+    parser.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
+                        help="the type the checkpoint is saved in (default: the shape's, else "
+                             "bfloat16)")
     parser.add_argument("--no_control", action="store_true",
                         help="skip the unscaled model (its check passes)")
     args = parser.parse_args()
@@ -252,7 +259,8 @@ def main():
         work = tempfile.mkdtemp(prefix=f"kiln_hf_{key}_")
         try:
             scaled = not args.unscaled and s["scaling"] is not None
-            model = make_model(s, args.seed, scaled, getattr(torch, args.dtype))
+            dtype = args.dtype or s.get("dtype", "bfloat16")
+            model = make_model(s, args.seed, scaled, getattr(torch, dtype))
             state = model.state_dict()
             freq_diff = 0.0
             if scaled:
@@ -284,7 +292,7 @@ def main():
             ok = (mean < max(s["tolerance"], s["slack"] * hf_bf16) and matched == clear
                   and control > 1.5 * mean and freq_diff < 1e-5)
             failed = failed or not ok
-            print(f"{key}: {s['layers']} layers, {len(files)} {args.dtype} safetensors file(s), prompt "
+            print(f"{key}: {s['layers']} layers, {len(files)} {dtype} safetensors file(s), prompt "
                   f"{len(prompt)}, "
                   f"{len(tokens)} tokens; kiln's logits against transformers float64: rel err "
                   f"mean {mean:.2e}, max {worst:.2e}; transformers bf16 ({gpu}) against it: "
