@@ -233,7 +233,8 @@ absl::Status LlamaShardReader::ReadRows(const Block& block, int64_t first, int64
                                         uint16_t* dst) const {
   if (first < 0 || rows < 0 || first + rows > block.rows) {
     return absl::InvalidArgumentError(absl::StrCat("Rows [", first, ", ", first + rows,
-                                                   ") are outside the block's ", block.rows));
+                                                   ") are outside the block's ", block.rows,
+                                                   "; read rows within [0, ", block.rows, ")"));
   }
   const int64_t cols = layout_.tensors()[block.tensor_index].cols;
   auto read = [&](int64_t from, int64_t count, void* to) {
