@@ -203,6 +203,29 @@ TEST_F(LlamaCheckpointTest, ReadsEachTensorParallelRanksShardAlone) {
   }
 }
 
+// A reader's blocks read any run of their rows; rows outside a block are refused.
+TEST_F(LlamaCheckpointTest, ShardReaderReadsRunsOfABlocksRows) {
+  const std::string path = TempPath("rows.safetensors");
+  ASSERT_TRUE(WriteLlamaSafetensors(path, weights_).ok());
+  absl::StatusOr<LlamaShardReader> reader = LlamaShardReader::Open({path}, shape_, 2, 1);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  absl::StatusOr<LlamaHostWeights> shard = ShardLlamaHostWeights(weights_, 2, 1);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  for (const LlamaShardReader::Block& b : reader->blocks()) {
+    const WeightTensor& t = reader->layout().tensors()[b.tensor_index];
+    const int64_t first = b.rows / 3, rows = b.rows - b.rows / 3 - b.rows / 4;
+    std::vector<uint16_t> got(static_cast<size_t>(rows * t.cols), 0xdead);
+    ASSERT_TRUE(reader->ReadRows(b, first, rows, got.data()).ok()) << t.name;
+    const uint16_t* want = shard->tensor(t) + (b.local_row + first) * t.cols;
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), want)) << t.name;
+  }
+  const LlamaShardReader::Block& b = reader->blocks().front();
+  std::vector<uint16_t> room(static_cast<size_t>((b.rows + 1) * reader->layout().tensors()[b.tensor_index].cols));
+  absl::Status past = reader->ReadRows(b, 1, b.rows, room.data());
+  EXPECT_EQ(past.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(past.message()), HasSubstr(absl::StrCat("read rows within [0, ", b.rows, ")")));
+}
+
 TEST_F(LlamaCheckpointTest, ShardOfAnUnsplittableShapeOrRankIsRefused) {
   const std::string path = TempPath("tp-refused.safetensors");
   ASSERT_TRUE(WriteLlamaSafetensors(path, weights_).ok());
