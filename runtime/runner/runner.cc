@@ -365,6 +365,11 @@ absl::Status Runner::InitPlan(const RunnerOptions& options) {
 }
 
 absl::Status Runner::OpenWeightFiles(const RunnerOptions& options) {
+  if (options.weight_load_threads < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("RunnerOptions::weight_load_threads is ",
+                                                   options.weight_load_threads,
+                                                   "; read the weight files with at least 1 thread"));
+  }
   // Each rank reads its own shard: its heads' QKV rows, its O and down columns, its gate-up rows.
   // The files are checked here, before any device memory is allocated; LoadWeights reads them.
   absl::StatusOr<LlamaShardReader> reader = LlamaShardReader::Open(

@@ -1050,6 +1050,14 @@ TEST_F(RunnerGpuTest, SafetensorsWeightsGiveTheSeededWeightsBits) {
         << runner.status();
     EXPECT_NE(runner.status().message().find(says), std::string::npos) << runner.status();
   }
+  RunnerOptions no_threads = seeded;
+  no_threads.weight_files = {path};
+  no_threads.weight_load_threads = 0;
+  auto refused = Runner::Create(no_threads);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_NE(refused.status().message().find("weight_load_threads is 0"), std::string::npos)
+      << refused.status();
 }
 
 // A Hugging Face model directory (config.json with Llama 3's rope_scaling, and the weights):
