@@ -56,16 +56,16 @@ struct HfTensorSlice {
 // Returns the HF tensors that make up `layout`, in file order.
 std::vector<HfTensorSlice> HfTensorSlices(const LlamaWeightLayout& layout);
 
-// Called after each tensor is read with the bytes read so far and the total (the same every
-// call); the last call has bytes_read == total_bytes.
+// Called after each block of rows is read with the bytes read so far and the total (the same
+// every call); the last call has bytes_read == total_bytes.
 using ReadProgress = std::function<void(int64_t bytes_read, int64_t total_bytes)>;
 
 // One rank's shard of a checkpoint, checked and ready to read: the files' headers matched against
 // the whole model's shape (every name, dtype and shape, as above) and, for each of the rank's
 // tensors, the blocks of rows it reads (tensor_parallel.h's split; the whole model at one rank).
 // ReadLlamaSafetensorsShard reads them into host memory; LlamaDeviceWeights::Load
-// (device_weights.h) streams them to the GPU through a small pinned buffer. Move-only; reading is
-// const and may run from several threads.
+// (device_weights.h) streams them to the GPU through small pinned buffers. Host-only; move-only
+// (the blocks point into the reader's files); reading is const and may run from several threads.
 class LlamaShardReader {
  public:
   // A run of rows of one of the rank's tensors, all from one HF tensor.
@@ -101,8 +101,8 @@ class LlamaShardReader {
   const std::set<std::string>& converted_dtypes() const { return converted_; }
 
   // Reads rows [first, first + rows) of `block` (counted from its first row) into `dst`, packed:
-  // rows × the tensor's cols bf16 values (F16 and F32 rounded to nearest, ties to even). InvalidArgument for rows outside the block; DataLoss if a
-  // file shrank since Open.
+  // rows × the tensor's cols bf16 values (F16 and F32 rounded to nearest, ties to even).
+  // InvalidArgument for rows outside the block; DataLoss if a file shrank since Open.
   absl::Status ReadRows(const Block& block, int64_t first, int64_t rows, uint16_t* dst) const;
 
  private:
