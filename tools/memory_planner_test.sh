@@ -58,6 +58,18 @@ if expect_ok preset_1b --preset=llama-3.2-1b; then
 fi
 expect_ok model_dir_override "--model_dir=$data/Llama-3.2-1B" --gpu=l40s &&
   expect_out model_dir_override 'Llama-3.2-1B (bf16) on NVIDIA L40S'
+# A float32 checkpoint's directory plans the bf16 weights the runner holds, and says so; --dtype
+# plans them as stored.
+mkdir -p "$tmp/Llama-fp32"
+sed 's/"torch_dtype": "bfloat16"/"torch_dtype": "float32"/' "$data/Llama-3.2-1B/config.json" \
+  >"$tmp/Llama-fp32/config.json"
+if expect_ok model_dir_fp32 "--model_dir=$tmp/Llama-fp32"; then
+  expect_out model_dir_fp32 'Llama-fp32 (bf16) on NVIDIA H100 80GB HBM3'
+  grep -qF "holds fp32 weights, which kiln rounds to bf16 as it loads them" "$tmp/err" ||
+    fail "model_dir_fp32: stderr does not say the weights are planned as bf16: $(cat "$tmp/err")"
+fi
+expect_ok model_dir_fp32_as_stored "--model_dir=$tmp/Llama-fp32" --dtype=fp32 &&
+  expect_out model_dir_fp32_as_stored 'Llama-fp32 (fp32) on NVIDIA H100 80GB HBM3'
 expect_ok no_graphs --graph_mode=none && expect_out no_graphs 'no CUDA graphs'
 expect_ok capture_sizes --capture_sizes=1,2,4,8 &&
   expect_out capture_sizes '4 decode graphs, sizes 1..8 +'

@@ -70,8 +70,8 @@ absl::StatusOr<config::DType> DTypeFromHf(const HfConfig& c, absl::string_view s
   if (name == "float32") return config::DTYPE_FP32;
   return absl::InvalidArgumentError(absl::StrCat(
       source, ": ", key, " \"", name,
-      "\" is not a type kiln reads; use a checkpoint in \"bfloat16\" (kiln's model runs bf16; "
-      "\"float16\" and \"float32\" are read for memory planning)"));
+      "\" is not a type kiln reads; use a checkpoint in \"bfloat16\", or in \"float16\" or "
+      "\"float32\", which kiln rounds to bf16 as it loads them"));
 }
 
 // Returns the sliding window of a config.json whose model has one, as MistralConfig, Qwen2Config
