@@ -125,22 +125,12 @@ absl::StatusOr<LlamaShardReader> LlamaShardReader::Open(absl::Span<const std::st
   }
   // Each tensor's rows and columns this rank holds (the whole tensor without a split).
   ASSIGN_OR_RETURN(LlamaWeightLayout full_layout, LlamaWeightLayout::Create(shape));
+  // At one rank every map is the identity.
+  ASSIGN_OR_RETURN(const LlamaShape local_shape, RankShape(shape, tp_size));
   std::vector<WeightShardMap> maps;
-  LlamaShape local_shape = shape;
-  if (tp_size != 1 || rank != 0) {
-    ASSIGN_OR_RETURN(local_shape, RankShape(shape, tp_size));
-    for (const WeightTensor& t : full_layout.tensors()) {
-      ASSIGN_OR_RETURN(WeightShardMap map, ShardMapFor(shape, tp_size, rank, t.index));
-      maps.push_back(std::move(map));
-    }
-  } else {
-    for (const WeightTensor& t : full_layout.tensors()) {
-      WeightShardMap map;
-      map.rows = {{0, 0, t.rows}};
-      map.full_cols = t.cols;
-      map.identity = true;
-      maps.push_back(std::move(map));
-    }
+  for (const WeightTensor& t : full_layout.tensors()) {
+    ASSIGN_OR_RETURN(WeightShardMap map, ShardMapFor(shape, tp_size, rank, t.index));
+    maps.push_back(std::move(map));
   }
   LlamaShardReader out;
   out.files_.reserve(paths.size());
