@@ -177,13 +177,16 @@ absl::StatusOr<LlamaDeviceWeights> LlamaDeviceWeights::Load(const LlamaShardRead
     return absl::InvalidArgumentError(absl::StrCat("WeightLoadOptions::threads is ", options.threads,
                                                    "; read with at least 1 thread"));
   }
-  // Each copy takes whole rows; a stage holds at least the widest row.
-  size_t widest_row = 0;
+  // Each copy takes whole rows; a stage holds at least the widest row and no more than the
+  // largest block (a small model pins no more than it copies).
+  size_t widest_row = 0, largest_block = 0;
   for (const LlamaShardReader::Block& b : reader.blocks()) {
-    widest_row = std::max(widest_row,
-                          static_cast<size_t>(reader.layout().tensors()[b.tensor_index].cols) * 2);
+    const size_t row_bytes =
+        static_cast<size_t>(reader.layout().tensors()[b.tensor_index].cols) * 2;
+    widest_row = std::max(widest_row, row_bytes);
+    largest_block = std::max(largest_block, row_bytes * static_cast<size_t>(b.rows));
   }
-  const size_t stage_bytes = std::max(options.staging_bytes, widest_row);
+  const size_t stage_bytes = std::max(std::min(options.staging_bytes, largest_block), widest_row);
   ASSIGN_OR_RETURN(LlamaDeviceWeights weights, Allocate(reader.layout().shape()));
   // Padding between tensors is zero, as on the host.
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(weights.buffer_.data(), 0, weights.buffer_.size(), stream));
