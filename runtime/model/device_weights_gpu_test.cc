@@ -14,12 +14,10 @@
 #include <unistd.h>
 
 #include "gtest/gtest.h"
-#include "runtime/model/bf16.h"
 #include "runtime/model/internal/gpu_test_helpers.h"
 #include "runtime/model/internal/weight_init.h"
 #include "runtime/model/llama_checkpoint.h"
 #include "runtime/model/llama_weights.h"
-#include "runtime/model/safetensors.h"
 #include "runtime/model/tensor_parallel.h"
 
 namespace kiln {
@@ -144,26 +142,8 @@ TEST_F(DeviceWeightsGpuTest, LoadStreamsEachRanksShardFromTheFiles) {
   }
 
   // An F32 checkpoint (each value the bf16 one, exactly) loads to the same bits, rank 1 of 2.
-  std::vector<SafetensorsEntry> entries;
-  std::vector<std::vector<float>> values;
-  const std::vector<HfTensorSlice> slices = HfTensorSlices(host->layout);
-  values.reserve(slices.size());
-  for (const HfTensorSlice& slice : slices) {
-    const WeightTensor& t = host->layout.tensors()[slice.tensor_index];
-    const uint16_t* bits = host->tensor(t) + slice.first_row * t.cols;
-    std::vector<float>& v = values.emplace_back(static_cast<size_t>(slice.rows * t.cols));
-    for (size_t i = 0; i < v.size(); ++i) v[i] = Bf16BitsToFloat(bits[i]);
-    SafetensorsEntry e;
-    e.name = slice.hf_name;
-    e.dtype = "F32";
-    e.shape = slice.cols == 0 ? std::vector<int64_t>{slice.rows}
-                              : std::vector<int64_t>{slice.rows, slice.cols};
-    e.data = v.data();
-    e.bytes = v.size() * 4;
-    entries.push_back(e);
-  }
   const std::string f32 = std::string(dir != nullptr ? dir : "/tmp") + "/load_f32.safetensors";
-  ASSERT_TRUE(WriteSafetensors(f32, entries).ok());
+  ASSERT_TRUE(WriteLlamaSafetensors(f32, *host, "F32").ok());
   absl::StatusOr<LlamaShardReader> f32_reader = LlamaShardReader::Open({f32}, shape, 2, 1);
   ASSERT_TRUE(f32_reader.ok()) << f32_reader.status();
   absl::StatusOr<LlamaDeviceWeights> f32_dev =

@@ -281,7 +281,12 @@ absl::StatusOr<LlamaHostWeights> ReadLlamaSafetensorsShard(absl::Span<const std:
   return weights;
 }
 
-absl::Status WriteLlamaSafetensors(const std::string& path, const LlamaHostWeights& weights) {
+absl::Status WriteLlamaSafetensors(const std::string& path, const LlamaHostWeights& weights,
+                                   absl::string_view dtype) {
+  if (dtype != "BF16" && dtype != "F32") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "WriteLlamaSafetensors writes dtype BF16 or F32 (each bf16 value exactly), not ", dtype));
+  }
   const std::vector<HfTensorSlice> slices = HfTensorSlices(weights.layout);
   if (weights.data.size() * 2 != weights.layout.total_bytes()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -289,15 +294,27 @@ absl::Status WriteLlamaSafetensors(const std::string& path, const LlamaHostWeigh
         weights.layout.total_bytes(), "; build them with ZeroLlamaHostWeights or "
         "RandomLlamaHostWeights"));
   }
+  const bool widen = dtype == "F32";
+  std::vector<std::vector<float>> widened;  // F32 only: each tensor's values
+  widened.reserve(widen ? slices.size() : 0);
   std::vector<SafetensorsEntry> entries;
   for (const HfTensorSlice& s : slices) {
     const WeightTensor& t = weights.layout.tensors()[s.tensor_index];
+    const uint16_t* bits = weights.tensor(t) + s.first_row * t.cols;
+    const size_t count = static_cast<size_t>(s.rows * t.cols);
     SafetensorsEntry e;
     e.name = s.hf_name;
-    e.dtype = "BF16";
+    e.dtype = std::string(dtype);
     e.shape = SliceShape(s);
-    e.data = weights.tensor(t) + s.first_row * t.cols;
-    e.bytes = static_cast<size_t>(s.rows * t.cols) * 2;
+    if (widen) {
+      std::vector<float>& values = widened.emplace_back(count);
+      for (size_t i = 0; i < count; ++i) values[i] = Bf16BitsToFloat(bits[i]);
+      e.data = values.data();
+      e.bytes = count * 4;
+    } else {
+      e.data = bits;
+      e.bytes = count * 2;
+    }
     entries.push_back(std::move(e));
   }
   return WriteSafetensors(path, entries, {{"format", "pt"}});

@@ -36,6 +36,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "runtime/model/llama_shape.h"
 #include "runtime/model/llama_weights.h"
@@ -132,8 +133,11 @@ absl::StatusOr<LlamaHostWeights> ReadLlamaSafetensorsShard(absl::Span<const std:
                                                            int rank,
                                                            const ReadProgress& progress = nullptr);
 
-// Writes `weights` to one safetensors file under HF names (q/k/v and gate/up unfused).
-absl::Status WriteLlamaSafetensors(const std::string& path, const LlamaHostWeights& weights);
+// Writes `weights` to one safetensors file under HF names (q/k/v and gate/up unfused), as BF16
+// or, widened exactly, as F32 (a float32 checkpoint of the same model). InvalidArgument for
+// another dtype.
+absl::Status WriteLlamaSafetensors(const std::string& path, const LlamaHostWeights& weights,
+                                   absl::string_view dtype = "BF16");
 
 }  // namespace kiln
 

@@ -341,31 +341,14 @@ TEST_F(LlamaCheckpointTest, WrongDtypeSaysConvert) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("bfloat16"));
 }
 
-// Entries of `w` with every tensor stored as F32 (each bf16 value exactly) in `storage`.
-std::vector<SafetensorsEntry> F32Entries(const LlamaHostWeights& w,
-                                         std::vector<std::vector<float>>& storage) {
-  std::vector<SafetensorsEntry> entries = Entries(w);
-  storage.clear();
-  storage.reserve(entries.size());
-  for (SafetensorsEntry& e : entries) {
-    const uint16_t* bits = static_cast<const uint16_t*>(e.data);
-    std::vector<float>& values = storage.emplace_back(e.bytes / 2);
-    for (size_t i = 0; i < values.size(); ++i) values[i] = Bf16BitsToFloat(bits[i]);
-    e.dtype = "F32";
-    e.data = values.data();
-    e.bytes = values.size() * 4;
-  }
-  return entries;
-}
-
 // F32 and F16 checkpoints load as bf16: F32 values that are bf16 values come back exactly (whole
 // model and each tensor-parallel rank's shard, whose column blocks are then 4-byte values), values
 // between two bf16s round to nearest with ties to even, F16 values are rounded the same way, and
 // the reader names what it converted.
 TEST_F(LlamaCheckpointTest, ConvertsF32AndF16ToBf16) {
-  std::vector<std::vector<float>> storage;
   const std::string f32 = TempPath("f32.safetensors");
-  ASSERT_TRUE(WriteSafetensors(f32, F32Entries(weights_, storage)).ok());
+  ASSERT_TRUE(WriteLlamaSafetensors(f32, weights_, "F32").ok());
+  EXPECT_EQ(WriteLlamaSafetensors(f32, weights_, "F16").code(), absl::StatusCode::kInvalidArgument);
   absl::StatusOr<LlamaHostWeights> whole = ReadLlamaSafetensors({f32}, shape_);
   ASSERT_TRUE(whole.ok()) << whole.status();
   EXPECT_EQ(whole->data, weights_.data);
