@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -234,9 +235,8 @@ int Run(int argc, char** argv) {
     absl::StatusOr<HfModel> hf = LoadHfModelDir(model_dir);
     if (!hf.ok()) return fail(hf.status(), 2);
     // kiln's model runs bf16; float16 and float32 weights are rounded to bf16 as they load.
-    if (hf->model.dtype() == config::DTYPE_FP16 || hf->model.dtype() == config::DTYPE_FP32) {
-      converted_from = DTypeName(hf->model.dtype());
-      hf->model.set_dtype(config::DTYPE_BF16);
+    if (std::optional<config::DType> stored = RunInBf16(&hf->model)) {
+      converted_from = DTypeName(*stored);
     }
     // The Runner would refuse what its model cannot run only after finding a GPU; say it now.
     absl::Status runnable = LlamaShapeFromConfig(hf->model).status();

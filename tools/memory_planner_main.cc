@@ -390,12 +390,10 @@ int Run(int argc, char** argv) {
     if (!shape.ok()) return Fail(shape.status());
     // kiln's runner rounds float16 and float32 checkpoints to bf16 as it loads them, so the plan
     // counts the weights it will hold (--dtype, applied below, plans them as stored).
-    if (shape->dtype() == config::DTYPE_FP16 || shape->dtype() == config::DTYPE_FP32) {
-      std::cerr << "memory_planner: --model_dir=" << model_dir << " holds "
-                << DTypeName(shape->dtype())
+    if (std::optional<config::DType> stored = RunInBf16(&*shape)) {
+      std::cerr << "memory_planner: --model_dir=" << model_dir << " holds " << DTypeName(*stored)
                 << " weights, which kiln rounds to bf16 as it loads them; planning bf16 (pass "
                    "--dtype to plan another type)\n";
-      shape->set_dtype(config::DTYPE_BF16);
     }
     config.clear_model_preset();
     *config.mutable_model() = *std::move(shape);

@@ -353,4 +353,11 @@ absl::StatusOr<HfModel> LoadHfModelDir(const std::string& dir) {
   return model;
 }
 
+std::optional<config::DType> RunInBf16(config::ModelShape* model) {
+  const config::DType stored = model->dtype();
+  if (stored != config::DTYPE_FP16 && stored != config::DTYPE_FP32) return std::nullopt;
+  model->set_dtype(config::DTYPE_BF16);
+  return stored;
+}
+
 }  // namespace kiln

@@ -30,6 +30,7 @@
 #ifndef KILN_RUNTIME_CONFIG_HF_MODEL_H_
 #define KILN_RUNTIME_CONFIG_HF_MODEL_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,11 @@ absl::StatusOr<config::ModelShape> LoadHfModelShape(const std::string& dir);
 // looked for when `dir` holds no safetensors; InvalidArgument for an index that is not JSON or
 // names no files.
 absl::StatusOr<HfModel> LoadHfModelDir(const std::string& dir);
+
+// Sets a float16 or float32 model's dtype to bf16, the type kiln's runner holds such a
+// checkpoint's weights in (it rounds them as it loads them), and returns the dtype it had; any
+// other dtype is left as it is (nullopt). Host-only; thread-compatible.
+std::optional<config::DType> RunInBf16(config::ModelShape* model);
 
 }  // namespace kiln
 

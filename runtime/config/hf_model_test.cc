@@ -550,5 +550,21 @@ TEST(HfModelTest, CacheSnapshotIsNamedAfterTheRepository) {
   EXPECT_EQ(shape->name(), "Llama-3.2-1B");
 }
 
+// float16 and float32 models run in bf16 (their weights rounded as they load); other dtypes stay.
+TEST(HfModelTest, RunInBf16TakesFloat16AndFloat32) {
+  for (config::DType stored : {config::DTYPE_FP16, config::DTYPE_FP32}) {
+    config::ModelShape model;
+    model.set_dtype(stored);
+    EXPECT_EQ(RunInBf16(&model), std::optional<config::DType>(stored));
+    EXPECT_EQ(model.dtype(), config::DTYPE_BF16);
+  }
+  for (config::DType other : {config::DTYPE_BF16, config::DTYPE_FP8_E4M3}) {
+    config::ModelShape model;
+    model.set_dtype(other);
+    EXPECT_EQ(RunInBf16(&model), std::nullopt);
+    EXPECT_EQ(model.dtype(), other);
+  }
+}
+
 }  // namespace
 }  // namespace kiln

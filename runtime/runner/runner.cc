@@ -317,7 +317,7 @@ absl::Status Runner::InitPlan(const RunnerOptions& options) {
   ASSIGN_OR_RETURN(full_shape_, LlamaShapeFromConfig(resolved.model()));
   RETURN_IF_ERROR(CheckSlidingWindow(resolved.model(), options.max_model_len));
   RETURN_IF_ERROR(RankShape(full_shape_, world).status());
-  // Read and checked before any device memory exists: a wrong file fails here (on every rank
+  // Checked before any device memory exists: a wrong file fails here (on every rank
   // alike under tensor parallelism, see Init).
   if (!options.weight_files.empty()) RETURN_IF_ERROR(OpenWeightFiles(options));
   if (resolved.kv_cache_dtype() != config::DTYPE_BF16) {
