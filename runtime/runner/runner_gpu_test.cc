@@ -36,6 +36,7 @@
 #include "attention/rope_frequency.h"
 #include "gtest/gtest.h"
 #include "runtime/config/hf_model.h"
+#include "runtime/cuda/compute_capability.h"
 #include "runtime/cuda/gpu_test_util.h"
 #include "runtime/model/decode_layer.h"
 #include "runtime/model/llama_checkpoint.h"
@@ -477,11 +478,14 @@ TEST_F(RunnerGpuTest, FoldedNormsGiveTheNormKernelsBits) {
   v.base.fold_norm_into_gemm = false;
   v.base.layer_kernel_rows = 0;  // it would take the steps the fold applies to
   v.base.prefetch_gemm_rows = kPrefetchEverywhere;  // the fold needs the prefetch GEMM
-  std::unique_ptr<Runner> probe = MakeProbe(v);
-  ASSERT_NE(probe, nullptr);
-  if (!probe->model().FoldsNorms(1)) {
+  // Skip on what the GPU is, never on what the model chose: otherwise a model that stopped
+  // folding on a GPU of compute capability 9.0 would pass by skipping.
+  if (!CurrentDeviceIsSm90OrLater()) {
     GTEST_SKIP() << "The fold runs in the prefetch GEMM, which needs compute capability 9.0";
   }
+  std::unique_ptr<Runner> probe = MakeProbe(v);
+  ASSERT_NE(probe, nullptr);
+  ASSERT_TRUE(probe->model().FoldsNorms(1)) << "the fold does not run on this GPU";
   EXPECT_TRUE(probe->model().FoldsNorms(8));
   EXPECT_FALSE(probe->model().FoldsNorms(16));  // past the prefetch GEMM's rows
   probe.reset();
@@ -506,7 +510,9 @@ Variant LayerKernelVariant(const config::ModelShape& model, uint64_t seed) {
 }
 
 // Returns whether the decode layer kernel runs on this GPU; where it does, expects it at every
-// row count up to kDecodeLayerMaxRows and at none above.
+// row count up to kDecodeLayerMaxRows and at none above. Callers skip on a GPU without compute
+// capability 9.0 only (CurrentDeviceIsSm90OrLater) and assert this on one that has it, so a
+// model that stopped choosing the kernel fails there instead of skipping.
 bool LayerKernelRunsAtItsRows(const Variant& v) {
   std::unique_ptr<Runner> probe = MakeProbe(v);
   EXPECT_NE(probe, nullptr);
@@ -521,7 +527,8 @@ constexpr char kNoLayerKernel[] = "The decode layer kernel needs compute capabil
 // Over random traffic.
 void ExpectLayerKernelGivesKernelPerOperationBits(const config::ModelShape& model, uint64_t seed) {
   const Variant v = LayerKernelVariant(model, seed);
-  if (!LayerKernelRunsAtItsRows(v)) GTEST_SKIP() << kNoLayerKernel;
+  if (!CurrentDeviceIsSm90OrLater()) GTEST_SKIP() << kNoLayerKernel;
+  ASSERT_TRUE(LayerKernelRunsAtItsRows(v)) << "the decode layer kernel does not run on this GPU";
   ExpectVariantGivesBaseBits(v, seed);
 }
 
@@ -542,7 +549,8 @@ TEST_F(RunnerGpuTest, LayerKernelGivesTheChainBitsAtEveryRowCount) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
   const Variant v = LayerKernelVariant(TinyModel(), seed);
-  if (!LayerKernelRunsAtItsRows(v)) GTEST_SKIP() << kNoLayerKernel;
+  if (!CurrentDeviceIsSm90OrLater()) GTEST_SKIP() << kNoLayerKernel;
+  ASSERT_TRUE(LayerKernelRunsAtItsRows(v)) << "the decode layer kernel does not run on this GPU";
   ExpectDecodeStepsOfEveryRowCountGiveBaseBits(v, seed);
 }
 
@@ -724,7 +732,8 @@ Variant GateUpSiluVariant(const config::ModelShape& model, uint64_t seed) {
 constexpr char kNoBulkCopy[] = "The prefetch and TMA GEMMs need compute capability 9.0";
 
 // Returns whether the epilogue runs on this GPU; where it does, expects it at 1 to `last` rows
-// (where the prefetch and TMA GEMMs take the gate-up projection) and not above.
+// (where the prefetch and TMA GEMMs take the gate-up projection) and not above. Callers skip on a
+// GPU without compute capability 9.0 only and assert this on one that has it.
 bool GateUpSiluRunsAtItsRows(const Variant& v, int last) {
   std::unique_ptr<Runner> probe = MakeProbe(v);
   EXPECT_NE(probe, nullptr);
@@ -738,7 +747,9 @@ bool GateUpSiluRunsAtItsRows(const Variant& v, int last) {
 // Over random traffic: the prefetch GEMM at 1–2 rows, the TMA GEMM above.
 void ExpectGateUpSiluGivesSiluMulKernelBits(const config::ModelShape& model, uint64_t seed) {
   const Variant v = GateUpSiluVariant(model, seed);
-  if (!GateUpSiluRunsAtItsRows(v, v.base.tma_gemm_rows.gate_up)) GTEST_SKIP() << kNoBulkCopy;
+  if (!CurrentDeviceIsSm90OrLater()) GTEST_SKIP() << kNoBulkCopy;
+  ASSERT_TRUE(GateUpSiluRunsAtItsRows(v, v.base.tma_gemm_rows.gate_up))
+      << "the SiLU·mul epilogue does not run on this GPU";
   ExpectVariantGivesBaseBits(v, seed);
 }
 
@@ -756,7 +767,9 @@ TEST_F(RunnerGpuTest, GateUpSiluEpilogueGivesTheSiluMulKernelBitsAtEveryRowCount
   // for gate-up.
   v.base.layer_kernel_rows = 0;
   v.base.prefetch_gemm_rows.gate_up = 0;
-  if (!GateUpSiluRunsAtItsRows(v, v.base.tma_gemm_rows.gate_up)) GTEST_SKIP() << kNoBulkCopy;
+  if (!CurrentDeviceIsSm90OrLater()) GTEST_SKIP() << kNoBulkCopy;
+  ASSERT_TRUE(GateUpSiluRunsAtItsRows(v, v.base.tma_gemm_rows.gate_up))
+      << "the SiLU·mul epilogue does not run on this GPU";
   ExpectDecodeStepsOfEveryRowCountGiveBaseBits(v, seed);
 }
 
@@ -768,7 +781,9 @@ TEST_F(RunnerGpuTest, PrefetchGateUpSiluGivesTheSiluMulKernelBitsAtEveryRowCount
   v.base.layer_kernel_rows = 0;
   v.base.prefetch_gemm_rows.gate_up = kPrefetchGemmMaxRows;
   v.base.tma_gemm_rows.gate_up = 0;
-  if (!GateUpSiluRunsAtItsRows(v, kPrefetchGemmMaxRows)) GTEST_SKIP() << kNoBulkCopy;
+  if (!CurrentDeviceIsSm90OrLater()) GTEST_SKIP() << kNoBulkCopy;
+  ASSERT_TRUE(GateUpSiluRunsAtItsRows(v, kPrefetchGemmMaxRows))
+      << "the SiLU·mul epilogue does not run on this GPU";
   ExpectDecodeStepsOfEveryRowCountGiveBaseBits(v, seed);
 }
 
