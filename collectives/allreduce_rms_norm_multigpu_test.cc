@@ -126,9 +126,9 @@ Inputs MakeInputs(const Shape& s, int world, uint64_t seed) {
   return in;
 }
 
-// The one-shot all-reduce: float sum in rank order, rounded once.
+// The one-shot all-reduce of in.partial: float sum in rank order, rounded once.
 std::vector<uint16_t> EmulateSum(const Inputs& in) {
-  std::vector<uint16_t> sum(in.residual.size());
+  std::vector<uint16_t> sum(in.partial[0].size());
   for (size_t i = 0; i < sum.size(); ++i) {
     float acc = Bf16ToFloat(in.partial[0][i]);
     for (size_t r = 1; r < in.partial.size(); ++r) acc = acc + Bf16ToFloat(in.partial[r][i]);
@@ -440,14 +440,17 @@ void GraphReplays(RankContext& ctx, bool registered) {
   DeviceBuffer plain_out = AllocOrFail(plain_count * 2, "plain out");
 
   std::vector<Inputs> inputs(calls.size());
-  std::vector<uint16_t> plain_values;
+  Inputs plain_inputs;  // every rank's input of the plain all-reduce (partial only)
   auto load_all = [&](uint64_t seed) {
     for (size_t i = 0; i < calls.size(); ++i) {
       inputs[i] = MakeInputs(calls[i].shape, ctx.world_size, seed + 101 * i);
       ASSERT_NO_FATAL_FAILURE(Load(calls[i], inputs[i], ctx.rank, s));
     }
-    plain_values = RandomBf16(plain_count, seed * 7 + ctx.rank, -1.0, 1.0);
-    ASSERT_NO_FATAL_FAILURE(Upload(plain_in.data(), plain_values, s));
+    plain_inputs.partial.clear();
+    for (int r = 0; r < ctx.world_size; ++r) {
+      plain_inputs.partial.push_back(RandomBf16(plain_count, seed * 7 + r, -1.0, 1.0));
+    }
+    ASSERT_NO_FATAL_FAILURE(Upload(plain_in.data(), plain_inputs.partial[ctx.rank], s));
     ASSERT_NO_FATAL_FAILURE(Poison(plain_out.data(), plain_count * 2, s));
   };
   auto run_all = [&]() {
@@ -472,6 +475,9 @@ void GraphReplays(RankContext& ctx, bool registered) {
     size_t nan = 0;
     for (uint16_t v : plain) nan += (v & 0x7f80) == 0x7f80;
     EXPECT_EQ(nan, 0u) << when << ": plain all-reduce output not written";
+    // One-shot (the call counts below say so): the rank-order sum of every rank's input.
+    EXPECT_TRUE(plain == EmulateSum(plain_inputs))
+        << when << ": plain all-reduce differs from the rank-order sum";
     EXPECT_EQ(RanksDisagreeing(ctx, plain), 0) << when;
   };
 
