@@ -1,6 +1,6 @@
 # Shared by the command-line tools' shell tests (source it after setting bin and tmp): fail,
-# expect_ok, expect_bad, expect_out and finish. Every check records a failure and goes on, so a
-# run lists all that is wrong.
+# expect_ok, expect_bad, expect_exit, expect_out and finish. Every check records a failure and
+# goes on, so a run lists all that is wrong.
 failures=0
 
 fail() {
@@ -25,10 +25,18 @@ expect_ok() {
 expect_bad() {
   local name=$1 message=$2
   shift 2
+  expect_exit "$name" 2 "$message" "$@"
+}
+
+# expect_exit NAME CODE MESSAGE ARGS...: exit code CODE, MESSAGE (a fixed string) on stderr, empty
+# stdout.
+expect_exit() {
+  local name=$1 code=$2 message=$3
+  shift 3
   "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
   local rc=$?
-  if [ "$rc" -ne 2 ]; then
-    fail "$name: exit code $rc, want 2; stderr: $(cat "$tmp/err")"
+  if [ "$rc" -ne "$code" ]; then
+    fail "$name: exit code $rc, want $code; stderr: $(cat "$tmp/err")"
   elif ! grep -qF -- "$message" "$tmp/err"; then
     fail "$name: stderr lacks \"$message\": $(cat "$tmp/err")"
   elif [ -s "$tmp/out" ]; then

@@ -14,11 +14,13 @@
 // work is the real work; --weights reads a Hugging Face checkpoint of the preset's (or --config's)
 // shape instead, and --model_dir a Hugging Face model directory: the shape from its config.json,
 // the weights from its safetensors files. Exit codes: 0 on success, 2 for bad flags, 1 for a
-// runtime error.
+// runtime error. Every flag, the config and the model are checked (and the weight files' headers
+// read) before the GPU is looked for, so a bad flag gets its message on any machine.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <random>
 #include <string>
@@ -29,6 +31,7 @@
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -39,6 +42,7 @@
 #include "runtime/cuda/status_macros.h"
 #include "runtime/memory/memory_planner.h"
 #include "runtime/runner/runner.h"
+#include "tools/cli_flags.h"
 
 // Empty by default, so that an explicit --preset can be told from the default one.
 ABSL_FLAG(std::string, preset, "",
@@ -74,18 +78,62 @@ namespace kiln {
 namespace {
 
 constexpr char kDefaultPreset[] = "llama-3.2-1b";
+// Stands in for the device's GPU when the flags are checked before the GPU is looked for: the
+// GPU's memory and SMs size only the KV cache, which is not checked then.
+constexpr char kStandInGpuPreset[] = "h100-80gb";
 
-absl::StatusOr<std::vector<int>> ParseInts(const std::string& text, const char* flag) {
+// Parses --`flag`'s comma-separated integers ("" is none); `example` shows the form in the
+// message about a bad list.
+absl::StatusOr<std::vector<int>> ParseInts(const std::string& text, const char* flag,
+                                           const char* example) {
   std::vector<int> out;
-  for (absl::string_view piece : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+  if (absl::StripAsciiWhitespace(text).empty()) return out;
+  const std::string fix =
+      absl::StrCat("; give comma-separated integers, e.g. --", flag, "=", example);
+  for (absl::string_view piece : absl::StrSplit(text, ',')) {
+    piece = absl::StripAsciiWhitespace(piece);
+    if (piece.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, "=", text, " has an empty entry", fix));
+    }
     int v = 0;
     if (!absl::SimpleAtoi(piece, &v)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", flag, " has \"", piece, "\", which is not an integer"));
+      int64_t wide = 0;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", flag, " has \"", piece, "\", which is ",
+          absl::SimpleAtoi(piece, &wide) ? "out of range" : "not an integer", fix));
     }
     out.push_back(v);
   }
   return out;
+}
+
+// Checks, without a GPU, what Runner::Create refuses before it allocates: the config as the
+// planner resolves it (limits, presets, capture sizes; a stand-in GPU where the device's would
+// be used), the model's shape and sliding window, the KV cache's dtype, and one rank. Returns
+// the model's shape.
+absl::StatusOr<LlamaShape> CheckRunnable(const RunnerOptions& options) {
+  config::PlannerConfig config = Runner::PlannerConfigFor(options);
+  if (config.gpu_preset() == "auto" ||
+      (!config.has_gpu_preset() && !config.gpu().has_total_bytes())) {
+    config.set_gpu_preset(kStandInGpuPreset);  // the config's GPU fields still override it
+  }
+  ASSIGN_OR_RETURN(config::PlannerConfig resolved, ResolvePlannerConfig(config));
+  ASSIGN_OR_RETURN(LlamaShape shape, LlamaShapeFromConfig(resolved.model()));
+  RETURN_IF_ERROR(CheckSlidingWindow(resolved.model(), options.max_model_len));
+  if (resolved.kv_cache_dtype() != config::DTYPE_BF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_cache_dtype ", DTypeName(resolved.kv_cache_dtype()),
+                     " is not supported; kiln's KV cache is bf16: drop kv_cache_dtype from the "
+                     "--config file"));
+  }
+  if (resolved.tensor_parallel_size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor_parallel_size ", resolved.tensor_parallel_size(),
+        " needs one process per GPU, and generate runs one; set tensor_parallel_size to 1 in the "
+        "--config file (tp_benchmark runs tensor parallelism)"));
+  }
+  return shape;
 }
 
 double Median(std::vector<double> v) {
@@ -200,14 +248,30 @@ int Run(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Runs a model through kiln's Runner and reports memory, capture time, latency and "
       "throughput.\n  generate --batch=1,8,32 --prompt_len=128 --gen_tokens=64");
-  absl::ParseCommandLine(argc, argv);
   auto fail = [](const absl::Status& s, int code) {
     std::fprintf(stderr, "generate: %s\n", std::string(s.message()).c_str());
     return code;
   };
+  absl::Status flags = CheckFlags(argc, argv, "generate");
+  if (!flags.ok()) return fail(flags, 2);
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) {
+    return fail(absl::InvalidArgumentError(
+                    absl::StrCat("Unexpected argument \"", rest[1],
+                                 "\"; generate takes only flags (see --help)")),
+                2);
+  }
   RunnerOptions options;
   if (!absl::GetFlag(FLAGS_config).empty()) {
-    absl::StatusOr<config::PlannerConfig> file = LoadPlannerConfigFile(absl::GetFlag(FLAGS_config));
+    const std::string path = absl::GetFlag(FLAGS_config);
+    std::error_code error;
+    if (std::filesystem::is_directory(path, error)) {  // which would read as an empty config
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+                      "--config=", path,
+                      " is a directory; give a PlannerConfig file (textproto or JSON)")),
+                  2);
+    }
+    absl::StatusOr<config::PlannerConfig> file = LoadPlannerConfigFile(path);
     if (!file.ok()) return fail(file.status(), 2);
     options.config = *file;
   }
@@ -250,8 +314,12 @@ int Run(int argc, char** argv) {
     }
     *options.config.mutable_model() = hf->model;
     options.weight_files = hf->weight_files;
+  } else if (!preset.empty()) {
+    // The file is layered under the flags: --preset replaces the model it sets.
+    options.config.clear_model();
+    options.config.set_model_preset(preset);
   } else if (!options.config.has_model_preset() && !options.config.model().has_hidden_size()) {
-    options.config.set_model_preset(preset.empty() ? kDefaultPreset : preset);
+    options.config.set_model_preset(kDefaultPreset);
   }
   options.config.set_max_num_seqs(absl::GetFlag(FLAGS_max_num_seqs));
   options.config.set_max_num_batched_tokens(absl::GetFlag(FLAGS_max_num_batched_tokens));
@@ -270,11 +338,25 @@ int Run(int argc, char** argv) {
   }
   options.max_model_len = absl::GetFlag(FLAGS_max_model_len);
   options.max_kv_blocks = absl::GetFlag(FLAGS_max_kv_blocks);
+  if (options.max_kv_blocks < 0) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--max_kv_blocks is ", options.max_kv_blocks,
+                    "; give a positive limit, or 0 for the blocks the planner gives")),
+                2);
+  }
   options.capture_prefill = absl::GetFlag(FLAGS_capture_prefill);
   options.weight_seed = absl::GetFlag(FLAGS_seed);
   for (absl::string_view file : absl::StrSplit(absl::GetFlag(FLAGS_weights), ',',
                                                absl::SkipWhitespace())) {
     options.weight_files.emplace_back(file);  // empty under --model_dir (checked above)
+    std::error_code error;
+    if (std::filesystem::is_directory(options.weight_files.back(), error)) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+                      "--weights=", file,
+                      " is a directory; give its safetensors files, or the directory as "
+                      "--model_dir")),
+                  2);
+    }
   }
   options.weight_load_threads = absl::GetFlag(FLAGS_load_threads);
   if (options.weight_load_threads < 1) {
@@ -285,9 +367,16 @@ int Run(int argc, char** argv) {
   }
   options.time_steps = true;
 
-  absl::StatusOr<std::vector<int>> batches = ParseInts(absl::GetFlag(FLAGS_batch), "batch");
+  absl::StatusOr<std::vector<int>> batches =
+      ParseInts(absl::GetFlag(FLAGS_batch), "batch", "1,8,32");
   if (!batches.ok()) return fail(batches.status(), 2);
-  absl::StatusOr<std::vector<int>> ids = ParseInts(absl::GetFlag(FLAGS_prompt_ids), "prompt_ids");
+  if (batches->empty()) {
+    return fail(absl::InvalidArgumentError(
+                    "--batch is empty; give the batch sizes to run, e.g. --batch=1,8,32"),
+                2);
+  }
+  absl::StatusOr<std::vector<int>> ids =
+      ParseInts(absl::GetFlag(FLAGS_prompt_ids), "prompt_ids", "128000,791,6460");
   if (!ids.ok()) return fail(ids.status(), 2);
   const int prompt_len = ids->empty() ? absl::GetFlag(FLAGS_prompt_len) : ids->size();
   const int gen_tokens = absl::GetFlag(FLAGS_gen_tokens);
@@ -301,6 +390,24 @@ int Run(int argc, char** argv) {
                     absl::GetFlag(FLAGS_batch), ")")),
                 2);
   }
+  if (!logits_out.empty()) {
+    // Checked now, as the file is written only after the whole run.
+    const std::filesystem::path path(logits_out);
+    const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : ".";
+    std::error_code error;
+    const char* problem = std::filesystem::is_directory(path, error) ? " is a directory"
+                          : !std::filesystem::is_directory(dir, error)
+                              ? "'s directory does not exist"
+                              : nullptr;
+    if (problem != nullptr) {
+      return fail(absl::InvalidArgumentError(
+                      absl::StrCat("--logits_out=", logits_out, problem,
+                                   "; give a file in an existing directory, e.g. /tmp/logits.bin")),
+                  2);
+    }
+  }
+  absl::StatusOr<LlamaShape> runnable = CheckRunnable(options);
+  if (!runnable.ok()) return fail(runnable.status(), 2);
   for (int b : *batches) {
     if (b < 1 || b > options.config.max_num_seqs()) {
       return fail(absl::InvalidArgumentError(absl::StrCat(
@@ -308,6 +415,23 @@ int Run(int argc, char** argv) {
                       options.config.max_num_seqs(), "]; give batch sizes in that range")),
                   2);
     }
+  }
+  for (int id : *ids) {
+    if (id < 0 || id >= runnable->vocab) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+                      "--prompt_ids has token ", id, ", outside the model's vocabulary [0, ",
+                      runnable->vocab, "); give token ids of the model's tokenizer")),
+                  2);
+    }
+  }
+  // A sequence holds its prompt and every generated token but the last (never fed back).
+  if (static_cast<int64_t>(prompt_len) + gen_tokens - 1 > options.max_model_len) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+                    "A prompt of ", prompt_len, " tokens and ", gen_tokens,
+                    " generated tokens exceed --max_model_len ", options.max_model_len,
+                    "; shorten --prompt_len (or --prompt_ids) or --gen_tokens, or raise "
+                    "--max_model_len")),
+                2);
   }
   if (!model_dir.empty()) {
     std::printf("model_dir %s: %s, %zu safetensors file%s%s\n", model_dir.c_str(),
@@ -317,6 +441,21 @@ int Run(int argc, char** argv) {
                     ? ""
                     : absl::StrCat(", ", converted_from, " weights rounded to bf16 as they load")
                           .c_str());
+  }
+  // The weight files' headers (names, dtypes, shapes, sizes) are read now too, as the Runner reads
+  // them again: a missing file is a bad flag, a wrong or truncated one a runtime error (as when
+  // the Runner finds it).
+  if (!options.weight_files.empty()) {
+    absl::StatusOr<LlamaShardReader> reader =
+        LlamaShardReader::Open(options.weight_files, *runnable);
+    if (!reader.ok()) {
+      const bool missing = reader.status().code() == absl::StatusCode::kNotFound;
+      return fail(absl::Status(reader.status().code(),
+                               absl::StrCat(model_dir.empty() ? "--weights" : "--model_dir=",
+                                            model_dir, ": ", reader.status().message(),
+                                            missing ? "; check the path" : "")),
+                  missing ? 2 : 1);
+    }
   }
   if (DeviceCount() == 0) {
     return fail(absl::FailedPreconditionError("No CUDA device is visible; generate needs a GPU"),

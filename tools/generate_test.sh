@@ -21,6 +21,55 @@ expect_bad config_missing "$tmp/missing.textproto" "--config=$tmp/missing.textpr
 expect_bad logits_out_batches '--logits_out writes one sequence'"'"'s logits; give --batch=1 (not --batch=1,8)' \
   "--logits_out=$tmp/logits.bin" --batch=1,8
 
+# Flags absl cannot parse, and arguments that are not flags: exit code 2 (not absl's 1).
+expect_bad bad_int 'Bad value "abc" for --prompt_len' --prompt_len=abc
+expect_bad bad_bool 'Bad value "maybe" for --capture_prefill' --capture_prefill=maybe
+expect_bad unknown_flag 'Unknown flag --batches; run with --help' --batches=1
+expect_bad missing_value 'Flag --batch needs a value' --batch
+expect_bad positional 'Unexpected argument "llama"; generate takes only flags' llama
+# Lists: empty, an empty entry, a number beyond int.
+expect_bad batch_empty '--batch is empty; give the batch sizes to run' --batch=
+expect_bad batch_empty_entry '--batch=1,,8 has an empty entry' --batch=1,,8
+expect_bad batch_out_of_range '--batch has "99999999999", which is out of range' --batch=99999999999
+expect_bad max_kv_blocks '--max_kv_blocks is -1; give a positive limit, or 0' --max_kv_blocks=-1
+# What the planner and the Runner refuse, said before the GPU is looked for.
+expect_bad max_num_seqs_zero 'max_num_seqs must be positive, got 0; set --max_num_seqs' \
+  --max_num_seqs=0
+expect_bad max_num_batched_tokens 'max_num_batched_tokens must be positive, got -1' \
+  --max_num_batched_tokens=-1
+expect_bad max_model_len 'max_model_len must be positive, got 0' --max_model_len=0
+expect_bad utilization 'gpu_memory_utilization 1.5 is outside (0, 1]' --gpu_memory_utilization=1.5
+expect_bad unknown_preset 'Unknown model preset "llama-9"' --preset=llama-9
+expect_bad config_tp 'tensor_parallel_size 4 needs one process per GPU, and generate runs one' \
+  --config=runtime/config/testdata/llama70b_tp4.textproto
+expect_bad config_dir "--config=$tmp is a directory; give a PlannerConfig file" "--config=$tmp"
+expect_bad prompt_ids_vocab 'has token 128256, outside the model'"'"'s vocabulary [0, 128256)' \
+  --prompt_ids=1,128256
+expect_bad too_long 'A prompt of 4000 tokens and 100 generated tokens exceed --max_model_len 4096' \
+  --prompt_len=4000 --gen_tokens=100
+expect_bad logits_out_dir "--logits_out=$tmp/no/such/logits.bin's directory does not exist" \
+  "--logits_out=$tmp/no/such/logits.bin" --batch=1
+# --weights: a missing file or a directory is a bad flag; a truncated file is found (exit code 1)
+# before the GPU is looked for.
+expect_bad weights_missing "Cannot open safetensors file '$tmp/missing.safetensors'" \
+  "--weights=$tmp/missing.safetensors"
+expect_bad weights_dir "--weights=$tmp is a directory; give its safetensors files" "--weights=$tmp"
+header='{"model.norm.weight":{"dtype":"BF16","shape":[2048],"data_offsets":[0,4096]}}'
+{
+  printf "$(printf '\\x%02x' ${#header})\\x00\\x00\\x00\\x00\\x00\\x00\\x00"
+  printf '%s' "$header"
+  head -c 100 /dev/zero
+} >"$tmp/truncated.safetensors"
+expect_exit weights_truncated 1 "'$tmp/truncated.safetensors' has only 100 bytes of data" \
+  "--weights=$tmp/truncated.safetensors"
+# --preset is layered over --config's model (the 1B preset's vocabulary takes token 100, a
+# 64-token model's would not); the truncated weights then stop it.
+printf '{"model": {"name": "tiny", "hidden_size": 64, "num_layers": 1, "num_heads": 1,
+  "num_kv_heads": 1, "head_dim": 64, "intermediate_size": 64, "vocab_size": 64,
+  "dtype": "DTYPE_BF16"}}' >"$tmp/tiny.json"
+expect_exit preset_over_config 1 'has only 100 bytes of data' "--config=$tmp/tiny.json" \
+  --preset=llama-3.2-1b --prompt_ids=100 --batch=1 "--weights=$tmp/truncated.safetensors"
+
 # --model_dir: a Hugging Face model directory (config.json and its safetensors).
 llama=runtime/config/testdata/Llama-3.2-1B  # Llama-3.2-1B's config.json, no weights
 expect_bad model_dir_missing "Model directory \"$tmp/no_such_model\" does not exist" \

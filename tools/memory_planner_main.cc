@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -21,12 +22,10 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -36,6 +35,7 @@
 #include "runtime/config/presets.h"
 #include "runtime/cuda/device_info.h"
 #include "runtime/memory/memory_planner.h"
+#include "tools/cli_flags.h"
 #include "tools/memory_planner_measure.h"
 #include "tools/memory_planner_output.h"
 
@@ -134,6 +134,9 @@ namespace kiln {
 namespace {
 
 constexpr int kBadInput = 2;
+// The longest --context: the planner's bound on max_model_len. Longer ones are typos, and near
+// 2^63 tokens MaxConcurrency's rounding up would overflow.
+constexpr int64_t kMaxContext = int64_t{1} << 24;
 
 int Fail(const std::string& message) {
   std::cerr << "memory_planner: " << message << "\n";
@@ -141,50 +144,6 @@ int Fail(const std::string& message) {
 }
 
 int Fail(const absl::Status& status) { return Fail(std::string(status.message())); }
-
-// absl::ParseCommandLine exits with status 1 on an unknown flag or a bad value; the contract of
-// this tool is exit code 2 for bad input, so every flag is checked first with the same parser.
-absl::Status CheckFlags(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view arg = argv[i];
-    if (arg == "--") break;
-    if (!absl::StartsWith(arg, "-") || arg == "-") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Unexpected argument \"", arg, "\"; memory_planner takes only flags (see --help)"));
-    }
-    arg.remove_prefix(absl::StartsWith(arg, "--") ? 2 : 1);
-    std::string name(arg.substr(0, arg.find('=')));
-    const bool has_value = arg.find('=') != absl::string_view::npos;
-    std::string value = has_value ? std::string(arg.substr(arg.find('=') + 1)) : "";
-    if (absl::StartsWith(name, "help") || name == "flagfile" || name == "fromenv" ||
-        name == "tryfromenv" || name == "undefok" || name == "version" ||
-        name == "only_check_args") {
-      continue;  // absl's own flags, handled by ParseCommandLine
-    }
-    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
-    if (flag == nullptr && absl::StartsWith(name, "no")) {
-      absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
-      if (negated != nullptr && negated->IsOfType<bool>() && !has_value) continue;
-    }
-    if (flag == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Unknown flag --", name, "; run with --help to list the flags"));
-    }
-    if (!has_value) {
-      if (flag->IsOfType<bool>()) continue;
-      if (i + 1 >= argc) {
-        return absl::InvalidArgumentError(absl::StrCat("Flag --", name, " needs a value"));
-      }
-      value = argv[++i];
-    }
-    std::string error;
-    if (!flag->ParseFrom(value, &error)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Bad value \"", value, "\" for --", name, ": ", error, "; ", flag->Help()));
-    }
-  }
-  return absl::OkStatus();
-}
 
 absl::StatusOr<config::DType> ParseDType(const std::string& text, absl::string_view flag) {
   const std::string t = absl::AsciiStrToLower(text);
@@ -298,18 +257,31 @@ absl::Status ApplySizeList(const std::optional<std::string>& text, absl::string_
   if (!text) return absl::OkStatus();
   sizes->Clear();
   if (absl::AsciiStrToLower(*text) == "default") return absl::OkStatus();
-  for (absl::string_view piece : absl::StrSplit(*text, ',', absl::SkipWhitespace())) {
+  bool empty_entry = false;
+  for (absl::string_view piece : absl::StrSplit(*text, ',')) {
+    piece = absl::StripAsciiWhitespace(piece);
+    if (piece.empty()) {
+      empty_entry = true;
+      continue;
+    }
     int size = 0;
     if (!absl::SimpleAtoi(piece, &size)) {
-      return absl::InvalidArgumentError(absl::StrCat("--", flag, " has \"", piece,
-                                                     "\", which is not an integer; give sizes like "
-                                                     "1,2,4,8 or 'default'"));
+      int64_t wide = 0;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", flag, " has \"", piece, "\", which is ",
+          absl::SimpleAtoi(piece, &wide) ? "out of range" : "not an integer",
+          "; give sizes like 1,2,4,8 or 'default'"));
     }
     sizes->Add(size);
   }
   if (sizes->empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--", flag, " is empty; give sizes like 1,2,4,8, 'default', or --graph_mode=none"));
+  }
+  // A missing size ("1,,8") is more likely a typo than a wish for the sizes around it.
+  if (empty_entry) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, "=", *text, " has an empty entry; give sizes like 1,2,4,8 or 'default'"));
   }
   return absl::OkStatus();
 }
@@ -323,9 +295,38 @@ absl::Status ApplyCaptureSizes(config::PlannerConfig* config) {
                        config->mutable_graph()->mutable_prefill_sizes());
 }
 
+bool IsAutoGpu(const config::PlannerConfig& config) {
+  return absl::AsciiStrToLower(config.gpu_preset()) == "auto";
+}
+
+// Returns the first flag --measure cannot honour: it prints its own table, of GPU 0 of this
+// machine, whatever output or GPU the other flags ask for.
+absl::Status CheckMeasureFlags() {
+  std::string conflict;
+  const std::string gpu = absl::GetFlag(FLAGS_gpu);
+  if (absl::GetFlag(FLAGS_format) != "table") {
+    conflict = absl::StrCat("--format=", absl::GetFlag(FLAGS_format));
+  } else if (!absl::GetFlag(FLAGS_svg).empty()) {
+    conflict = "--svg";
+  } else if (!gpu.empty() && absl::AsciiStrToLower(gpu) != "auto") {
+    conflict = absl::StrCat("--gpu=", gpu);
+  } else if (absl::GetFlag(FLAGS_gpu_name)) {
+    conflict = "--gpu_name";
+  } else if (absl::GetFlag(FLAGS_gpu_total_bytes)) {
+    conflict = "--gpu_total_bytes";
+  } else if (absl::GetFlag(FLAGS_gpu_sm_count)) {
+    conflict = "--gpu_sm_count";
+  }
+  if (conflict.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(conflict, " does not apply to --measure, which prints its own table for GPU 0 "
+                             "of this machine; drop ",
+                   conflict, " or --measure"));
+}
+
 // Replaces gpu_preset "auto" with GPU 0 of this machine; explicit GPU fields still win.
 absl::Status ResolveAutoGpu(config::PlannerConfig* config) {
-  if (absl::AsciiStrToLower(config->gpu_preset()) != "auto") return absl::OkStatus();
+  if (!IsAutoGpu(*config)) return absl::OkStatus();
   if (DeviceCount() == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "--gpu=auto found no GPU (no CUDA device is visible on this machine); pick a preset "
@@ -350,7 +351,7 @@ int Run(int argc, char** argv) {
       "  memory_planner                                 Llama-3.1-8B on an H100 80GB\n"
       "  memory_planner --preset=llama-3.1-70b --gpu=h200 --tensor_parallel_size=4\n"
       "  memory_planner --config=serve.json --format=json --svg=plan.svg");
-  absl::Status flags = CheckFlags(argc, argv);
+  absl::Status flags = CheckFlags(argc, argv, "memory_planner");
   if (!flags.ok()) return Fail(flags);
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() > 1) {
@@ -358,12 +359,9 @@ int Run(int argc, char** argv) {
                              "\"; memory_planner takes only flags (see --help)"));
   }
 
+  // Every flag is checked before the GPU is looked for (--measure, --gpu=auto), so a bad one gets
+  // its own message on any machine.
   const bool measure = absl::GetFlag(FLAGS_measure);
-  if (measure && DeviceCount() == 0) {
-    return Fail(
-        "--measure runs the real allocations and graph captures through the runner on GPU 0, and "
-        "no CUDA device is visible on this machine; run without --measure for the estimate");
-  }
   const std::string format = absl::GetFlag(FLAGS_format);
   if (format != "table" && format != "json" && format != "textproto") {
     return Fail(absl::StrCat("Unknown --format \"", format, "\"; use table, json or textproto"));
@@ -373,11 +371,25 @@ int Run(int argc, char** argv) {
     return Fail(absl::StrCat("--context ", context,
                              " must be positive; give the tokens per sequence, e.g. 8192"));
   }
+  if (context > kMaxContext) {
+    return Fail(absl::StrCat("--context ", context, " is above ", kMaxContext,
+                             " tokens, beyond anything kiln plans for; give the tokens per "
+                             "sequence, e.g. 8192"));
+  }
+  if (measure) {
+    absl::Status flags_for_measure = CheckMeasureFlags();
+    if (!flags_for_measure.ok()) return Fail(flags_for_measure);
+  }
 
   config::PlannerConfig config = DefaultPlannerConfig();
   if (!absl::GetFlag(FLAGS_config).empty()) {
-    absl::StatusOr<config::PlannerConfig> file =
-        LoadPlannerConfigFile(UserPath(absl::GetFlag(FLAGS_config)));
+    const std::string path = UserPath(absl::GetFlag(FLAGS_config));
+    std::error_code error;
+    if (std::filesystem::is_directory(path, error)) {  // which would read as an empty config
+      return Fail(absl::StrCat("--config=", path,
+                               " is a directory; give a PlannerConfig file (textproto or JSON)"));
+    }
+    absl::StatusOr<config::PlannerConfig> file = LoadPlannerConfigFile(path);
     if (!file.ok()) return Fail(file.status());
     MergePlannerConfig(*file, &config);
   }
@@ -408,6 +420,20 @@ int Run(int argc, char** argv) {
     config.clear_gpu();
     config.set_gpu_preset("auto");
   }
+  if (IsAutoGpu(config)) {
+    // The device's memory and SMs size only the KV cache: a preset stands in for them while the
+    // rest is checked.
+    config::PlannerConfig stand_in = config;
+    stand_in.set_gpu_preset(GpuPresetNames().front());
+    absl::Status checked =
+        measure ? CheckMeasurable(stand_in) : ResolvePlannerConfig(stand_in).status();
+    if (!checked.ok()) return Fail(checked);
+  }
+  if (measure && DeviceCount() == 0) {
+    return Fail(
+        "--measure runs the real allocations and graph captures through the runner on GPU 0, and "
+        "no CUDA device is visible on this machine; run without --measure for the estimate");
+  }
   absl::Status gpu = ResolveAutoGpu(&config);
   if (!gpu.ok()) return Fail(gpu);
   if (measure) {
@@ -424,6 +450,11 @@ int Run(int argc, char** argv) {
   // The SVG is written first, so a bad --svg path fails before anything reaches stdout.
   if (!absl::GetFlag(FLAGS_svg).empty()) {
     const std::string path = UserPath(absl::GetFlag(FLAGS_svg));
+    std::error_code error;
+    if (std::filesystem::is_directory(path, error)) {
+      return Fail(absl::StrCat("--svg=", path, " is a directory; give a file, e.g. ", path,
+                               "/plan.svg"));
+    }
     std::ofstream svg(path, std::ios::binary | std::ios::trunc);
     svg << RenderSvg(*plan);
     svg.close();

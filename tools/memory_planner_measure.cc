@@ -35,7 +35,30 @@ int64_t Predicted(const MemoryPlan& plan, const std::string& name) {
 
 }  // namespace
 
+absl::Status CheckMeasurable(const config::PlannerConfig& config) {
+  ASSIGN_OR_RETURN(config::PlannerConfig resolved, ResolvePlannerConfig(config));
+  absl::Status runnable = LlamaShapeFromConfig(resolved.model()).status();
+  if (runnable.ok()) runnable = CheckSlidingWindow(resolved.model(), resolved.max_model_len());
+  if (!runnable.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--measure builds kiln's runner, which refuses this model: ", runnable.message(),
+        " (without --measure the model is planned)"));
+  }
+  if (resolved.kv_cache_dtype() != config::DTYPE_BF16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--measure builds kiln's runner, whose KV cache is bf16, not ",
+        DTypeName(resolved.kv_cache_dtype()), "; measure with --kv_cache_dtype=bf16"));
+  }
+  if (resolved.tensor_parallel_size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--measure runs one rank on GPU 0 and cannot measure tensor_parallel_size ",
+        resolved.tensor_parallel_size(), "; set --tensor_parallel_size=1"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<MeasuredPlan> MeasurePlan(const config::PlannerConfig& config) {
+  RETURN_IF_ERROR(CheckMeasurable(config));
   if (DeviceCount() == 0) {
     return absl::FailedPreconditionError(
         "--measure needs a GPU, and no CUDA device is visible on this machine; run without "

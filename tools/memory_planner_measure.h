@@ -44,8 +44,16 @@ struct MeasuredPlan {
   config::Calibration calibration;
 };
 
-// Runs the measurement for `config` on GPU 0 (gpu_preset "auto" or no GPU fields: the device's own
-// numbers). FailedPrecondition without a GPU; what Runner::Create returns on bad input.
+// Returns what MeasurePlan refuses in `config` before it looks for a GPU: what the planner
+// rejects, a model the Runner cannot build (its shape, sliding window or KV cache dtype), and
+// tensor parallelism, as one process on GPU 0 measures one rank. `config` names a GPU (a preset
+// may stand in for the device's, which sizes only the KV cache). Host-only; thread-safe.
+absl::Status CheckMeasurable(const config::PlannerConfig& config);
+
+// Runs the measurement for `config` on GPU 0, whose GPU fields must be set (the CLI fills them
+// from the device, as for --gpu=auto; a gpu_preset of "auto" is refused as the planner refuses it).
+// InvalidArgument as CheckMeasurable says, checked first; FailedPrecondition without a GPU; what
+// Runner::Create returns on other bad input.
 absl::StatusOr<MeasuredPlan> MeasurePlan(const config::PlannerConfig& config);
 
 // Returns the comparison as a table followed by the calibration as a textproto block.

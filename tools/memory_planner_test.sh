@@ -136,6 +136,30 @@ expect_bad kv_dtype 'Unknown --kv_cache_dtype "int4"; use bf16, fp16, fp32 or fp
   --kv_cache_dtype=int4
 expect_bad tp_split 'does not split over tensor_parallel_size 3' --tensor_parallel_size=3
 expect_bad svg_dir 'Cannot write --svg file' "--svg=$tmp/no/such/dir/plan.svg"
+expect_bad svg_is_dir "--svg=$tmp is a directory; give a file" "--svg=$tmp"
+expect_bad config_is_dir "--config=$tmp is a directory; give a PlannerConfig file" "--config=$tmp"
+# An empty value would leave an optional flag unset, planning its default.
+expect_bad empty_number 'Flag --max_num_seqs is empty; give it a value or leave it out' \
+  --max_num_seqs=
+expect_bad empty_sizes 'Flag --capture_sizes is empty' --capture_sizes=
+expect_bad empty_size_entry '--capture_sizes=1,,8 has an empty entry' --capture_sizes=1,,8
+expect_bad size_out_of_range '--prefill_sizes has "99999999999", which is out of range' \
+  --prefill_sizes=99999999999
+expect_bad context_huge '--context 9223372036854775807 is above 16777216 tokens' \
+  --context=9223372036854775807
+# Bad flags are named before the GPU is looked for (--gpu=auto, --measure), with or without one.
+expect_bad gpu_auto_bad_flag 'max_num_seqs must be positive, got 0' --gpu=auto --max_num_seqs=0
+expect_bad measure_bad_format 'Unknown --format "xml"' --measure --format=xml
+expect_bad measure_bad_preset 'Unknown model preset "llama-9"' --measure --preset=llama-9
+# What --measure cannot honour or build.
+expect_bad measure_json '--format=json does not apply to --measure' --measure --format=json
+expect_bad measure_svg '--svg does not apply to --measure' --measure "--svg=$tmp/plan.svg"
+expect_bad measure_gpu '--gpu=h200 does not apply to --measure' --measure --gpu=h200
+expect_bad measure_tp 'cannot measure tensor_parallel_size 4; set --tensor_parallel_size=1' \
+  --measure "--config=$data/llama70b_tp4.textproto"
+expect_bad measure_kv_dtype 'whose KV cache is bf16, not fp8' --measure --kv_cache_dtype=fp8
+expect_bad measure_head_dim 'refuses this model: Model Llama-3.1-8B (modified): Decode attention' \
+  --measure --head_dim=96
 
 # --gpu=auto reads GPU 0; on a machine without one it must say so (exit 2), not crash.
 "$bin" --gpu=auto >"$tmp/out" 2>"$tmp/err"

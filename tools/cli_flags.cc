@@ -1,0 +1,57 @@
+#include "tools/cli_flags.h"
+
+#include <string>
+
+#include "absl/flags/reflection.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace kiln {
+
+absl::Status CheckFlags(int argc, char** argv, absl::string_view program) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (!absl::StartsWith(arg, "-") || arg == "-") {
+      return absl::InvalidArgumentError(absl::StrCat("Unexpected argument \"", arg, "\"; ",
+                                                     program, " takes only flags (see --help)"));
+    }
+    arg.remove_prefix(absl::StartsWith(arg, "--") ? 2 : 1);
+    std::string name(arg.substr(0, arg.find('=')));
+    const bool has_value = arg.find('=') != absl::string_view::npos;
+    std::string value = has_value ? std::string(arg.substr(arg.find('=') + 1)) : "";
+    if (absl::StartsWith(name, "help") || name == "flagfile" || name == "fromenv" ||
+        name == "tryfromenv" || name == "undefok" || name == "version" ||
+        name == "only_check_args") {
+      continue;  // absl's own flags, handled by ParseCommandLine
+    }
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && absl::StartsWith(name, "no")) {
+      absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
+      if (negated != nullptr && negated->IsOfType<bool>() && !has_value) continue;
+    }
+    if (flag == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Unknown flag --", name, "; run with --help to list the flags"));
+    }
+    if (!has_value) {
+      if (flag->IsOfType<bool>()) continue;
+      if (i + 1 >= argc) {
+        return absl::InvalidArgumentError(absl::StrCat("Flag --", name, " needs a value"));
+      }
+      value = argv[++i];
+    }
+    if (value.empty() && !flag->IsOfType<std::string>()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Flag --", name, " is empty; give it a value or leave it out"));
+    }
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Bad value \"", value, "\" for --", name, ": ", error, "; ", flag->Help()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln

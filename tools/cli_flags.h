@@ -1,0 +1,27 @@
+// Checks a tool's command line before absl::ParseCommandLine sees it. absl exits with status 1 on
+// an unknown flag or a bad value; kiln's tools exit with 2 for bad flags, with a message that names
+// the flag and the fix:
+//
+//   absl::Status flags = kiln::CheckFlags(argc, argv, "generate");
+//   if (!flags.ok()) return Fail(flags, 2);
+//   absl::ParseCommandLine(argc, argv);
+//
+// Thread-compatible (reads the process's flag registry).
+#ifndef KILN_TOOLS_CLI_FLAGS_H_
+#define KILN_TOOLS_CLI_FLAGS_H_
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace kiln {
+
+// Returns InvalidArgument for the first argument of argv[1..] that is not a flag (before "--"), an
+// unknown flag, a flag without its value, an empty value for a flag that is not a string (an
+// optional flag would parse "" as unset, so the default would run silently), or a value the flag
+// does not parse; OK otherwise. absl's own flags (--help, --flagfile, ...) are left to
+// ParseCommandLine. `program` names the tool in the message about a stray argument.
+absl::Status CheckFlags(int argc, char** argv, absl::string_view program);
+
+}  // namespace kiln
+
+#endif  // KILN_TOOLS_CLI_FLAGS_H_
