@@ -49,18 +49,28 @@ ABSL_FLAG(std::string, preset, "",
           "Model preset (random weights of its shape; default llama-3.2-1b)");
 ABSL_FLAG(std::string, config, "",
           "PlannerConfig file (textproto or JSON) layered under the flags");
-ABSL_FLAG(std::string, graphs, "full", "CUDA graphs: full, piecewise or none");
+// The flags a --config file can also set are unset by default, so that the file's value holds
+// unless the flag is given; the help names the default used when neither sets it.
+ABSL_FLAG(std::optional<std::string>, graphs, std::nullopt,
+          "CUDA graphs: full, piecewise or none (default: --config's execution, or full)");
 ABSL_FLAG(std::string, batch, "1,8,32", "Comma-separated batch sizes to run, one after another");
-ABSL_FLAG(int, prompt_len, 128, "Tokens per random prompt");
+ABSL_FLAG(std::optional<int>, prompt_len, std::nullopt,
+          "Tokens per random prompt (default 128; not with --prompt_ids)");
 ABSL_FLAG(std::string, prompt_ids, "",
           "Comma-separated token ids used as every sequence's prompt instead of random tokens");
 ABSL_FLAG(int, gen_tokens, 64, "Tokens to generate per sequence");
-ABSL_FLAG(int, max_num_seqs, 256, "Most sequences in one step (and the largest decode graph)");
-ABSL_FLAG(int, max_num_batched_tokens, 8192, "Most tokens in one step (the prefill chunk)");
-ABSL_FLAG(int, max_model_len, 4096, "Longest sequence");
+ABSL_FLAG(std::optional<int>, max_num_seqs, std::nullopt,
+          "Most sequences in one step, and the largest decode graph (default: --config's, or "
+          "256)");
+ABSL_FLAG(std::optional<int>, max_num_batched_tokens, std::nullopt,
+          "Most tokens in one step, the prefill chunk (default: --config's, or 8192)");
+ABSL_FLAG(std::optional<int>, max_model_len, std::nullopt,
+          "Longest sequence (default: --config's, or 4096)");
 ABSL_FLAG(int64_t, max_kv_blocks, 0, "Use at most this many KV blocks (0: what the planner gives)");
-ABSL_FLAG(double, gpu_memory_utilization, 0.9, "Fraction of the GPU's memory to plan for");
-ABSL_FLAG(bool, capture_prefill, true, "Also capture prefill graphs (up to 512 tokens)");
+ABSL_FLAG(std::optional<double>, gpu_memory_utilization, std::nullopt,
+          "Fraction of the GPU's memory to plan for (default: --config's, or 0.9)");
+ABSL_FLAG(std::optional<bool>, capture_prefill, std::nullopt,
+          "Also capture prefill graphs, up to 512 tokens (default: --config's, or true)");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the random weights and prompts");
 ABSL_FLAG(std::string, weights, "",
           "Comma-separated Hugging Face safetensors files holding the model's weights (of the "
@@ -275,6 +285,10 @@ int Run(int argc, char** argv) {
     if (!file.ok()) return fail(file.status(), 2);
     options.config = *file;
   }
+  // Each limit: the flag, else the --config file's, else generate's default.
+  config::PlannerConfig& c = options.config;
+  options.max_model_len = absl::GetFlag(FLAGS_max_model_len)
+                              .value_or(c.has_max_model_len() ? c.max_model_len() : 4096);
   const std::string preset = absl::GetFlag(FLAGS_preset);
   const std::string model_dir = absl::GetFlag(FLAGS_model_dir);
   std::string converted_from;  // the checkpoint's dtype where it is not bf16
@@ -305,7 +319,7 @@ int Run(int argc, char** argv) {
     // The Runner would refuse what its model cannot run only after finding a GPU; say it now.
     absl::Status runnable = LlamaShapeFromConfig(hf->model).status();
     if (runnable.ok()) {
-      runnable = CheckSlidingWindow(hf->model, absl::GetFlag(FLAGS_max_model_len));
+      runnable = CheckSlidingWindow(hf->model, options.max_model_len);
     }
     if (!runnable.ok()) {
       return fail(absl::InvalidArgumentError(
@@ -321,10 +335,16 @@ int Run(int argc, char** argv) {
   } else if (!options.config.has_model_preset() && !options.config.model().has_hidden_size()) {
     options.config.set_model_preset(kDefaultPreset);
   }
-  options.config.set_max_num_seqs(absl::GetFlag(FLAGS_max_num_seqs));
-  options.config.set_max_num_batched_tokens(absl::GetFlag(FLAGS_max_num_batched_tokens));
-  options.config.set_gpu_memory_utilization(absl::GetFlag(FLAGS_gpu_memory_utilization));
-  const std::string graphs = absl::GetFlag(FLAGS_graphs);
+  c.set_max_num_seqs(absl::GetFlag(FLAGS_max_num_seqs)
+                         .value_or(c.has_max_num_seqs() ? c.max_num_seqs() : 256));
+  c.set_max_num_batched_tokens(
+      absl::GetFlag(FLAGS_max_num_batched_tokens)
+          .value_or(c.has_max_num_batched_tokens() ? c.max_num_batched_tokens() : 8192));
+  c.set_gpu_memory_utilization(
+      absl::GetFlag(FLAGS_gpu_memory_utilization)
+          .value_or(c.has_gpu_memory_utilization() ? c.gpu_memory_utilization() : 0.9));
+  const std::string graphs = absl::GetFlag(FLAGS_graphs).value_or(
+      c.graph().execution() == config::GRAPH_EXECUTION_PIECEWISE ? "piecewise" : "full");
   if (graphs == "full") {
     options.graphs = GraphExecution::kFull;
   } else if (graphs == "piecewise") {
@@ -336,7 +356,6 @@ int Run(int argc, char** argv) {
                     "Unknown --graphs \"", graphs, "\"; use full, piecewise or none")),
                 2);
   }
-  options.max_model_len = absl::GetFlag(FLAGS_max_model_len);
   options.max_kv_blocks = absl::GetFlag(FLAGS_max_kv_blocks);
   if (options.max_kv_blocks < 0) {
     return fail(absl::InvalidArgumentError(absl::StrCat(
@@ -344,7 +363,9 @@ int Run(int argc, char** argv) {
                     "; give a positive limit, or 0 for the blocks the planner gives")),
                 2);
   }
-  options.capture_prefill = absl::GetFlag(FLAGS_capture_prefill);
+  options.capture_prefill = absl::GetFlag(FLAGS_capture_prefill)
+                                .value_or(!c.graph().has_capture_prefill() ||
+                                          c.graph().capture_prefill());
   options.weight_seed = absl::GetFlag(FLAGS_seed);
   for (absl::string_view file : absl::StrSplit(absl::GetFlag(FLAGS_weights), ',',
                                                absl::SkipWhitespace())) {
@@ -378,7 +399,14 @@ int Run(int argc, char** argv) {
   absl::StatusOr<std::vector<int>> ids =
       ParseInts(absl::GetFlag(FLAGS_prompt_ids), "prompt_ids", "128000,791,6460");
   if (!ids.ok()) return fail(ids.status(), 2);
-  const int prompt_len = ids->empty() ? absl::GetFlag(FLAGS_prompt_len) : ids->size();
+  if (!ids->empty() && absl::GetFlag(FLAGS_prompt_len).has_value()) {
+    return fail(absl::InvalidArgumentError(
+                    "--prompt_len and --prompt_ids both set the prompt; keep one (the ids' count "
+                    "is the prompt's length)"),
+                2);
+  }
+  const int prompt_len =
+      ids->empty() ? absl::GetFlag(FLAGS_prompt_len).value_or(128) : static_cast<int>(ids->size());
   const int gen_tokens = absl::GetFlag(FLAGS_gen_tokens);
   if (prompt_len < 1 || gen_tokens < 1) {
     return fail(absl::InvalidArgumentError("--prompt_len and --gen_tokens must be positive"), 2);

@@ -49,6 +49,18 @@ expect_bad too_long 'A prompt of 4000 tokens and 100 generated tokens exceed --m
   --prompt_len=4000 --gen_tokens=100
 expect_bad logits_out_dir "--logits_out=$tmp/no/such/logits.bin's directory does not exist" \
   "--logits_out=$tmp/no/such/logits.bin" --batch=1
+# A --config file's limits hold where no flag sets them; a flag still wins.
+printf 'max_num_seqs: 4\nmax_model_len: 64\n' >"$tmp/limits.textproto"
+expect_bad config_max_num_seqs '--batch 8 is outside [1, --max_num_seqs 4]' \
+  "--config=$tmp/limits.textproto" --batch=8
+expect_bad config_max_model_len 'generated tokens exceed --max_model_len 64' \
+  "--config=$tmp/limits.textproto" --batch=1
+expect_bad flag_over_config '--batch 8 is outside [1, --max_num_seqs 6]' \
+  "--config=$tmp/limits.textproto" --max_num_seqs=6 --batch=8
+expect_bad prompt_len_and_ids '--prompt_len and --prompt_ids both set the prompt' \
+  --prompt_len=3 --prompt_ids=1,2,3
+expect_bad empty_int 'Flag --max_num_seqs is empty; give it a value or leave it out' \
+  --max_num_seqs=
 # --weights: a missing file or a directory is a bad flag; a truncated file is found (exit code 1)
 # before the GPU is looked for.
 expect_bad weights_missing "Cannot open safetensors file '$tmp/missing.safetensors'" \
