@@ -109,6 +109,14 @@ absl::Status RunAttentionStep(const AttentionStepParams& params, cudaStream_t st
         "part, tiles of at most 16 rows): the decode kernel rotates only q_len-1 tokens; run "
         "RoPE and the KV append before attention for other steps");
   }
+  // A part the prefill kernel runs is checked before anything is enqueued: otherwise a part it
+  // refuses would fail the step after the decode part's kernel had already run (or been
+  // captured into the graph).
+  for (const AttentionPlanPartDevice* part : {&params.decode, &params.prefill}) {
+    if (Enabled(*part) && part->tile_rows > kDecodeKernelMaxTileRows) {
+      RETURN_IF_ERROR(ValidatePrefillAttentionParams(PrefillParamsForPart(params, *part)));
+    }
+  }
   // Both kernels first (they write disjoint rows of o and separate workspaces), then the
   // merges, which read the partials the kernels wrote earlier on this stream.
   RETURN_IF_ERROR(RunPart(params, params.decode, params.rope_append, stream));

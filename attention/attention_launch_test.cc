@@ -83,6 +83,35 @@ TEST(AttentionLaunchTest, RejectsRopeAppendOutsideDecodeOnlyStepsAndBadArguments
   EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("needs the RoPE + KV append"));
 }
 
+// A prefill part the prefill kernel refuses fails the step before the decode part's kernel is
+// enqueued (on a host without a GPU that launch would fail otherwise, not the check).
+TEST(AttentionLaunchTest, RefusesABadPrefillPartBeforeLaunchingTheDecodePart) {
+  alignas(16) int buffers[16] = {};
+  AttentionStepParams p;
+  p.num_q_heads = 8;
+  p.num_kv_heads = 2;
+  p.head_dim = 64;
+  p.q = &buffers[0];
+  p.o = &buffers[4];
+  p.kv.k_cache = &buffers[8];
+  p.kv.v_cache = &buffers[8];
+  p.kv.block_table = &buffers[9];
+  p.kv.block_size = 16;
+  p.kv.max_blocks_per_seq = 4;
+  AttentionWorkItem item{};
+  for (AttentionPlanPartDevice* part : {&p.decode, &p.prefill}) {
+    part->work_items = &item;
+    part->seq_q_start = &buffers[10];
+    part->seq_kv_len = &buffers[11];
+    part->work_capacity = 1;
+  }
+  p.decode.tile_rows = 4;
+  p.prefill.tile_rows = 96;  // the planner takes any tile_rows >= G; the kernel 64 or 128
+  const absl::Status s = RunAttentionStep(p, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("Prefill tile_rows 96"));
+}
+
 TEST(AttentionLaunchTest, DecodeAttentionSupportsShapeNamesWhatIsBuilt) {
   EXPECT_TRUE(DecodeAttentionSupportsShape(32, 8, 64).ok());
   EXPECT_TRUE(DecodeAttentionSupportsShape(40, 8, 128).ok());  // 5 per KV head

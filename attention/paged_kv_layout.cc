@@ -1,6 +1,8 @@
 #include "attention/paged_kv_layout.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -20,17 +22,25 @@ absl::Status PagedKvLayout::Validate() const {
         absl::StrCat("KV layout heads ", num_kv_heads, " and head_dim ", head_dim,
                      " must be positive, head_dim a multiple of 8"));
   }
+  // Slots (block · block_size + offset) are int32 in the slot mapping and the kernels' tables.
+  if (int64_t{num_blocks} * block_size > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV layout of ", num_blocks, " blocks x ", block_size, " tokens has more than 2^31 - 1 "
+        "token slots (int32 slot indices); use fewer blocks"));
+  }
   return absl::OkStatus();
 }
 
+// Negative counts (a layout or sizes that were never validated) make an empty table whose
+// Reserve refuses every sequence, rather than a vector of negative size.
 BlockTable::BlockTable(absl::Span<int32_t> storage, int max_seqs, int max_blocks_per_seq,
                        const PagedKvLayout& layout)
     : storage_(storage),
-      max_seqs_(max_seqs),
-      max_blocks_per_seq_(max_blocks_per_seq),
+      max_seqs_(std::max(max_seqs, 0)),
+      max_blocks_per_seq_(std::max(max_blocks_per_seq, 0)),
       block_size_(layout.block_size),
-      num_blocks_(layout.num_blocks),
-      blocks_(max_seqs, 0) {
+      num_blocks_(std::max(layout.num_blocks, 0)),
+      blocks_(max_seqs_, 0) {
   std::fill(storage_.begin(), storage_.end(), -1);
   free_.reserve(num_blocks_);
   for (int b = num_blocks_ - 1; b >= 0; --b) free_.push_back(b);  // block 0 is taken first
@@ -41,13 +51,25 @@ absl::Status BlockTable::Reserve(int seq, int num_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("Reserve(seq ", seq, ", tokens ", num_tokens,
                                                    ") is outside ", max_seqs_, " sequences"));
   }
-  const int need = (num_tokens + block_size_ - 1) / block_size_;
+  if (block_size_ < 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "BlockTable has block_size ", block_size_, "; build it over a layout that Validate() "
+        "accepts"));
+  }
+  if ((static_cast<size_t>(seq) + 1) * max_blocks_per_seq_ > storage_.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "BlockTable storage holds ", storage_.size(), " entries, fewer than sequence ", seq,
+        "'s row needs (", max_blocks_per_seq_, " per sequence); bind max_seqs x "
+        "max_blocks_per_seq entries"));
+  }
+  // In 64 bits: num_tokens near INT_MAX must not wrap to a negative block count.
+  const int64_t need = (int64_t{num_tokens} + block_size_ - 1) / block_size_;
   if (need > max_blocks_per_seq_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Sequence ", seq, " needs ", need, " blocks for ", num_tokens,
         " tokens, above max_blocks_per_seq ", max_blocks_per_seq_, "; raise it"));
   }
-  const int more = need - blocks_[seq];
+  const int more = static_cast<int>(need) - blocks_[seq];
   if (more <= 0) return absl::OkStatus();
   if (more > static_cast<int>(free_.size())) {
     return absl::ResourceExhaustedError(absl::StrCat("KV cache has ", free_.size(),
@@ -99,6 +121,16 @@ int BlockTable::max_blocks_in_use() const {
 
 absl::Status FillSlotMapping(absl::Span<const SeqLens> seqs, const BlockTable& table,
                              int block_size, absl::Span<int32_t> slots) {
+  if (block_size < 1 || block_size != table.block_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Slot mapping block_size ", block_size, " is not the block table's ",
+        table.block_size(), "; pass the block_size of a layout that Validate() accepts"));
+  }
+  if (seqs.size() > static_cast<size_t>(table.max_seqs())) {
+    return absl::InvalidArgumentError(absl::StrCat("Slot mapping has ", seqs.size(),
+                                                   " sequences; the block table holds ",
+                                                   table.max_seqs()));
+  }
   size_t t = 0;
   for (int s = 0; s < static_cast<int>(seqs.size()); ++s) {
     const SeqLens& sl = seqs[s];
@@ -107,18 +139,19 @@ absl::Status FillSlotMapping(absl::Span<const SeqLens> seqs, const BlockTable& t
         return absl::InvalidArgumentError(absl::StrCat(
             "Slot mapping has ", slots.size(), " entries; the step has more tokens"));
       }
-      const int pos = sl.kv_len - sl.q_len + j;
+      const int64_t pos = int64_t{sl.kv_len} - sl.q_len + j;
       if (pos < 0) {
         slots[t] = -1;
         continue;
       }
-      const int logical = pos / block_size;
-      const int32_t block = logical < table.blocks_of(s) ? table.at(s, logical) : -1;
+      const int64_t logical = pos / block_size;
+      const int32_t block =
+          logical < table.blocks_of(s) ? table.at(s, static_cast<int>(logical)) : -1;
       if (block < 0) {
         return absl::InvalidArgumentError(absl::StrCat("Sequence ", s, " position ", pos,
                                                        " has no block; Reserve it first"));
       }
-      slots[t] = block * block_size + pos % block_size;
+      slots[t] = static_cast<int32_t>(int64_t{block} * block_size + pos % block_size);
     }
   }
   for (; t < slots.size(); ++t) slots[t] = -1;

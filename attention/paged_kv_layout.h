@@ -72,7 +72,8 @@ class BlockTable {
 
   // Gives sequence `seq` blocks for positions [0, num_tokens), taking them from the free list.
   // InvalidArgument for a bad seq or more than max_blocks_per_seq blocks; ResourceExhausted
-  // when the pool has too few free blocks (nothing is taken then).
+  // when the pool has too few free blocks (nothing is taken then); FailedPrecondition for a
+  // table built over a bad layout or over storage too small for the sequence's row.
   absl::Status Reserve(int seq, int num_tokens);
 
   // Returns every block of `seq` to the free list.
@@ -85,6 +86,7 @@ class BlockTable {
   int free_blocks() const { return static_cast<int>(free_.size()); }
   int blocks_of(int seq) const { return blocks_[seq]; }
   int max_seqs() const { return max_seqs_; }
+  int block_size() const { return block_size_; }
   int max_blocks_per_seq() const { return max_blocks_per_seq_; }
   // Returns the widest row in use (blocks), for uploading only the used columns.
   int max_blocks_in_use() const;
@@ -106,7 +108,8 @@ class BlockTable {
 // Writes the slot (block · block_size + offset) of every new token of a step into
 // `slots` ([num_tokens] entries; token order as in the plan: sequence by sequence), and -1 for
 // the entries past the step's tokens (padding). A token at position kv_len − q_len + j < 0 gets
-// -1 too. InvalidArgument when a token's block is unassigned or `slots` is too small.
+// -1 too. InvalidArgument when a token's block is unassigned, `slots` is too small, `seqs` has
+// more sequences than the table or `block_size` is not the table's.
 absl::Status FillSlotMapping(absl::Span<const SeqLens> seqs, const BlockTable& table,
                              int block_size, absl::Span<int32_t> slots);
 

@@ -28,6 +28,13 @@ TEST(PagedKvLayoutTest, ValidatesBlockSizeAndShape) {
   EXPECT_FALSE(odd.Validate().ok());
 }
 
+TEST(PagedKvLayoutTest, RefusesMoreSlotsThanInt32Holds) {
+  EXPECT_TRUE(Layout((1 << 27) - 1, 16).Validate().ok());
+  const absl::Status many = Layout(1 << 27, 16).Validate();  // 2^31 slots
+  EXPECT_EQ(many.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(many.message().find("134217728 blocks x 16 tokens"), std::string::npos) << many;
+}
+
 TEST(PagedKvLayoutTest, OffsetsFollowBlockHeadTokenOrder) {
   for (int bs : {16, 64}) {
     const PagedKvLayout l = Layout(10, bs);
@@ -92,6 +99,51 @@ TEST(BlockTableTest, FreeOrderScattersBlocks) {
   table.Release(0);
   table.Release(1);
   EXPECT_EQ(table.SetFreeOrder(repeated).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Sizes near int32's limit, storage shorter than the rows, and an unvalidated layout are refused
+// with a Status, never a wrapped block count, a write past the storage or a division by zero.
+TEST(BlockTableTest, RefusesWhatWouldOverflowOrWritePastTheStorage) {
+  const PagedKvLayout l = Layout(8, 16);
+  std::vector<int32_t> storage(2 * 4);
+  BlockTable table(absl::MakeSpan(storage), 2, 4, l);
+  const absl::Status huge = table.Reserve(0, 2147483647);
+  EXPECT_EQ(huge.code(), absl::StatusCode::kInvalidArgument) << huge;
+  EXPECT_EQ(table.blocks_of(0), 0);
+
+  std::vector<int32_t> short_storage(4 + 2, 7);  // one row and a half for two sequences
+  BlockTable short_table(absl::MakeSpan(short_storage), 2, 4, l);
+  EXPECT_TRUE(short_table.Reserve(0, 64).ok());
+  const absl::Status past = short_table.Reserve(1, 16);
+  EXPECT_EQ(past.code(), absl::StatusCode::kFailedPrecondition) << past;
+  EXPECT_EQ(short_table.blocks_of(1), 0);
+
+  std::vector<int32_t> none;
+  BlockTable unvalidated(absl::MakeSpan(none), 1, 0, Layout(4, 0));
+  EXPECT_EQ(unvalidated.Reserve(0, 1).code(), absl::StatusCode::kFailedPrecondition);
+  BlockTable negative(absl::MakeSpan(none), -1, -2, Layout(-3, 16));
+  EXPECT_EQ(negative.free_blocks(), 0);
+  EXPECT_EQ(negative.Reserve(0, 1).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(FillSlotMappingTest, RefusesMoreSequencesThanTheTableAndAnotherBlockSize) {
+  const PagedKvLayout l = Layout(8, 16);
+  std::vector<int32_t> storage(2 * 2);
+  BlockTable table(absl::MakeSpan(storage), 2, 2, l);
+  ASSERT_TRUE(table.Reserve(0, 4).ok());
+  ASSERT_TRUE(table.Reserve(1, 4).ok());
+  std::vector<int32_t> slots(8);
+  const std::vector<SeqLens> three = {{1, 4}, {1, 4}, {1, 4}};
+  const absl::Status more = FillSlotMapping(three, table, 16, absl::MakeSpan(slots));
+  EXPECT_EQ(more.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(more.message().find("3 sequences; the block table holds 2"), std::string::npos)
+      << more;
+  const std::vector<SeqLens> two = {{1, 4}, {1, 4}};
+  EXPECT_TRUE(FillSlotMapping(two, table, 16, absl::MakeSpan(slots)).ok());
+  EXPECT_EQ(FillSlotMapping(two, table, 64, absl::MakeSpan(slots)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FillSlotMapping(two, table, 0, absl::MakeSpan(slots)).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(FillSlotMappingTest, MapsNewTokensAndPadsTheRest) {

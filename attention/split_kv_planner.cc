@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -11,6 +13,9 @@ namespace kiln {
 namespace {
 
 constexpr size_t kAlign = 16;
+
+// Work items, merge items, headers and grids hold int32 counts, packed rows and KV positions.
+constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 
 size_t AlignUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
@@ -49,10 +54,12 @@ int StepSlots(const SplitKvPlannerOptions& options, const PlanPartOptions& part,
   return slot_capacity;
 }
 
-// Computes the key-only shape of one part that receives at most `max_seqs` sequences and
-// `max_tokens` tokens.
-PlanPartLayout MakePartLayout(const SplitKvPlannerOptions& options, const PlanPartOptions& part,
-                              int max_seqs, int max_tokens, int group_size) {
+// Computes the key-only shape of one part (`name`) that receives at most `max_seqs` sequences
+// and `max_tokens` tokens. InvalidArgument when a capacity would not fit an int32 or a workspace
+// size would not fit a size_t.
+absl::StatusOr<PlanPartLayout> MakePartLayout(const SplitKvPlannerOptions& options,
+                                              const PlanPartOptions& part, const char* name,
+                                              int max_seqs, int max_tokens, int group_size) {
   PlanPartLayout layout;
   if (part.tile_rows <= 0) return layout;
   layout.enabled = true;
@@ -60,23 +67,41 @@ PlanPartLayout MakePartLayout(const SplitKvPlannerOptions& options, const PlanPa
   layout.max_seqs = max_seqs;
   layout.max_tokens = max_tokens;
   layout.max_tiles = MaxQueryTiles(max_seqs, max_tokens, group_size, part.tile_rows);
-  int slots = 0;
+  int64_t slots = 0;
   if (part.allow_split && options.key.max_kv_len > part.min_kv_chunk) {
     // One item per CTA-slot of the GPU, per KV head (grid.y): enough chunks to fill the GPU
     // once when the step has few tiles.
-    slots = static_cast<int>(CeilDiv(static_cast<int64_t>(options.sm_count) * part.ctas_per_sm,
-                                     options.num_kv_heads));
+    slots = CeilDiv(static_cast<int64_t>(options.sm_count) * part.ctas_per_sm,
+                    options.num_kv_heads);
   }
-  const int merges = std::min(layout.max_tiles, slots / 2);
+  const int64_t merges = std::min<int64_t>(layout.max_tiles, slots / 2);
   if (merges == 0) slots = 0;  // a split needs two slots and a tile to merge
-  layout.slot_capacity = slots;
-  layout.merge_capacity = merges;
-  layout.work_capacity = layout.max_tiles + slots;
-  const size_t rows = static_cast<size_t>(slots) * options.num_kv_heads * part.tile_rows;
+  const int64_t work = layout.max_tiles + slots;
+  if (work > kMaxInt32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Planner ", name, " part needs ", work, " work items (", layout.max_tiles,
+        " query tiles + ", slots, " partial slots of sm_count ", options.sm_count, " x ",
+        name, ".ctas_per_sm ", part.ctas_per_sm, "), above the int32 grid limit ", kMaxInt32,
+        "; lower the key's max_tokens or ctas_per_sm"));
+  }
+  // Below 2^31 slots, slots · num_kv_heads fits 64 bits, but the workspace (times tile_rows and
+  // head_dim floats) need not fit a size_t.
+  const uint64_t slot_heads = static_cast<uint64_t>(slots) * options.num_kv_heads;
+  const uint64_t per_row = static_cast<uint64_t>(options.head_dim) * sizeof(float);
+  if (slot_heads > 0 && static_cast<uint64_t>(part.tile_rows) >
+                            std::numeric_limits<size_t>::max() / per_row / slot_heads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Planner buffer '", name, " partial_o' of ", slots, " slots x ", options.num_kv_heads,
+        " KV heads x ", part.tile_rows, " rows x ", options.head_dim,
+        " floats overflows size_t; lower ", name, ".ctas_per_sm or tile_rows"));
+  }
+  layout.slot_capacity = static_cast<int>(slots);
+  layout.merge_capacity = static_cast<int>(merges);
+  layout.work_capacity = static_cast<int>(work);
+  const size_t rows = static_cast<size_t>(slot_heads) * part.tile_rows;
   layout.partial_o_bytes = rows * options.head_dim * sizeof(float);
   layout.partial_lse_bytes = rows * sizeof(float);
-  layout.merge_counter_bytes =
-      static_cast<size_t>(slots) * options.num_kv_heads * sizeof(int32_t);
+  layout.merge_counter_bytes = static_cast<size_t>(slot_heads) * sizeof(int32_t);
   return layout;
 }
 
@@ -167,6 +192,27 @@ absl::StatusOr<SplitKvPlanner> SplitKvPlanner::Create(const SplitKvPlannerOption
   const int group = options.num_q_heads / options.num_kv_heads;
   if (absl::Status s = ValidatePart(options.decode, "decode", group); !s.ok()) return s;
   if (absl::Status s = ValidatePart(options.prefill, "prefill", group); !s.ok()) return s;
+  // A sequence of the key may bring max_tokens tokens: its packed rows (row = token·G + g) are
+  // int32 in the work items.
+  if (static_cast<int64_t>(key.max_tokens) * group > kMaxInt32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Planner key max_tokens ", key.max_tokens, " x ", group,
+        " query heads per KV head is above ", kMaxInt32,
+        " packed query rows (int32 in the work items); lower max_tokens"));
+  }
+  // The chunk size (a multiple of kv_granularity that covers the longest KV) is an int32 in the
+  // plan header.
+  for (const auto& [part, name] : {std::pair<const PlanPartOptions*, const char*>{
+                                       &options.decode, "decode"},
+                                   {&options.prefill, "prefill"}}) {
+    if (part->tile_rows > 0 &&
+        CeilDiv(key.max_kv_len, part->kv_granularity) * part->kv_granularity > kMaxInt32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Planner key max_kv_len ", key.max_kv_len, " rounded up to ", name,
+          ".kv_granularity ", part->kv_granularity, " is above ", kMaxInt32,
+          " (int32 KV chunk sizes); lower max_kv_len"));
+    }
+  }
 
   PlanLayout layout;
   layout.max_seqs = key.max_seqs;
@@ -177,9 +223,14 @@ absl::StatusOr<SplitKvPlanner> SplitKvPlanner::Create(const SplitKvPlannerOption
   const int decode_seqs = std::min(key.max_seqs, key.max_tokens);
   const int prefill_seqs =
       std::min(key.max_seqs, has_decode ? key.max_tokens / 2 : key.max_tokens);
-  layout.decode = MakePartLayout(options, options.decode, decode_seqs, decode_seqs, group);
-  layout.prefill =
-      MakePartLayout(options, options.prefill, prefill_seqs, key.max_tokens, group);
+  absl::StatusOr<PlanPartLayout> decode =
+      MakePartLayout(options, options.decode, "decode", decode_seqs, decode_seqs, group);
+  if (!decode.ok()) return decode.status();
+  absl::StatusOr<PlanPartLayout> prefill =
+      MakePartLayout(options, options.prefill, "prefill", prefill_seqs, key.max_tokens, group);
+  if (!prefill.ok()) return prefill.status();
+  layout.decode = *decode;
+  layout.prefill = *prefill;
 
   size_t offset = 0;
   layout.seq_q_start_offset = offset;
@@ -299,12 +350,15 @@ absl::Status SplitKvPlanner::PlanPart(absl::Span<const SeqLens> seqs, bool decod
   for (int i = 0; i < n; ++i) {
     const SeqLens& s = seqs[i];
     if (!routed(s.q_len)) continue;
-    const int32_t rows = s.q_len * group;
-    for (int32_t row_begin = 0; row_begin < rows; row_begin += tile_rows) {
-      const int32_t row_end = std::min(row_begin + tile_rows, rows);
-      const int32_t last_token = (row_end - 1) / group;
-      const int32_t kv_end = std::max(0, s.kv_len - s.q_len + last_token + 1);
-      tiles[k++] = AttentionWorkItem{i, row_begin, row_end, 0, kv_end, -1};
+    // Within int32 (Create bounds max_tokens · G); the sums below are taken in 64 bits.
+    const int64_t rows = static_cast<int64_t>(s.q_len) * group;
+    for (int64_t row_begin = 0; row_begin < rows; row_begin += tile_rows) {
+      const int64_t row_end = std::min(row_begin + tile_rows, rows);
+      const int64_t last_token = (row_end - 1) / group;
+      const int32_t kv_end =
+          static_cast<int32_t>(std::max<int64_t>(0, int64_t{s.kv_len} - s.q_len + last_token + 1));
+      tiles[k++] = AttentionWorkItem{i, static_cast<int32_t>(row_begin),
+                                     static_cast<int32_t>(row_end), 0, kv_end, -1};
       max_kv = std::max(max_kv, kv_end);
     }
   }
@@ -376,10 +430,14 @@ absl::Status SplitKvPlanner::PlanPart(absl::Span<const SeqLens> seqs, bool decod
     }
     view.merge_items[merges++] =
         AttentionMergeItem{tile.seq, tile.row_begin, tile.row_end, slot, num_chunks};
-    for (int32_t c0 = 0; c0 < len; c0 += c) {
-      items[p++] =
-          AttentionWorkItem{tile.seq, tile.row_begin, tile.row_end, c0, std::min(c0 + c, len),
-                            slot++};
+    // In 64 bits: the last chunk's c0 + c may pass int32 when len is near its limit.
+    for (int64_t c0 = 0; c0 < len; c0 += c) {
+      items[p++] = AttentionWorkItem{tile.seq,
+                                     tile.row_begin,
+                                     tile.row_end,
+                                     static_cast<int32_t>(c0),
+                                     static_cast<int32_t>(std::min<int64_t>(c0 + c, len)),
+                                     slot++};
     }
   }
   for (int j = p; j < capacity; ++j) items[j] = kPaddingWorkItem;

@@ -187,7 +187,9 @@ int MaxQueryTiles(int b, int n, int g, int t);
 
 class SplitKvPlanner {
  public:
-  // Validates `options` and computes the layout. InvalidArgument names a bad option.
+  // Validates `options` and computes the layout. InvalidArgument names a bad option, including
+  // a key or options whose counts would not fit the plan's int32 fields (max_tokens × G packed
+  // rows, max_kv_len rounded up to kv_granularity, work items per part).
   static absl::StatusOr<SplitKvPlanner> Create(const SplitKvPlannerOptions& options);
 
   // Returns the key-only layout (grids, capacities, sizes).

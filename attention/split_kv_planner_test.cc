@@ -602,6 +602,49 @@ TEST(SplitKvPlannerTest, RejectsBadOptions) {
   EXPECT_EQ(SplitKvPlanner::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A KV length near int32's limit splits into chunks whose last end is computed without
+// overflow (c0 + chunk passes int32 there), and the chunks still cover it exactly.
+TEST(SplitKvPlannerTest, PlansKvLengthsNearTheInt32Limit) {
+  constexpr int32_t kLongest = 2147483584;  // int32's largest multiple of the 64-token step
+  SplitKvPlannerOptions o = LargeOptions(1, 0);
+  o.key = {1, 1, kLongest};
+  auto planner = SplitKvPlanner::Create(o);
+  ASSERT_TRUE(planner.ok()) << planner.status();
+  Blob blob(planner->layout().plan_bytes);
+  for (int32_t kv_len : {kLongest, kLongest - 1000, int32_t{1} << 30}) {
+    const std::vector<SeqLens> seqs = {{1, kv_len}};
+    auto s = planner->Plan(seqs, blob.data());
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_GT(s->decode.num_merge_items, 0) << kv_len;  // it splits
+    EXPECT_EQ(CheckPlan(*planner, seqs, blob, *s, /*count_cells=*/false), "") << kv_len;
+  }
+  // One more granule and the chunk size itself would not fit the header's int32.
+  o.key.max_kv_len = kLongest + 1;
+  auto too_long = SplitKvPlanner::Create(o);
+  EXPECT_EQ(too_long.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(too_long.status().message().find("max_kv_len 2147483585"), std::string::npos)
+      << too_long.status();
+}
+
+// Counts that the kernels read as int32 (packed query rows, grids) are refused when a key or
+// the options would overflow them, instead of wrapping into a wrong layout.
+TEST(SplitKvPlannerTest, RejectsKeysAndOptionsThatOverflowInt32) {
+  SplitKvPlannerOptions o = SmallOptions(64, 0, 64);
+  o.key = {1, 1 << 26, 4096};  // 2^26 tokens x 64 heads per KV head = 2^32 packed rows
+  auto rows = SplitKvPlanner::Create(o);
+  EXPECT_EQ(rows.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(rows.status().message().find("max_tokens 67108864 x 64"), std::string::npos)
+      << rows.status();
+
+  o = LargeOptions(64, 0);
+  o.sm_count = 1 << 30;
+  o.decode.ctas_per_sm = 64;  // 2^36 CTA slots over 8 KV heads: 2^33 partial slots
+  auto slots = SplitKvPlanner::Create(o);
+  EXPECT_EQ(slots.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(slots.status().message().find("above the int32 grid limit"), std::string::npos)
+      << slots.status();
+}
+
 TEST(SplitKvPlannerTest, WorkspaceSizesFollowTheKeyAndNameTheirBuffers) {
   auto planner = SplitKvPlanner::Create(LargeOptions(4096, 128));
   ASSERT_TRUE(planner.ok());
