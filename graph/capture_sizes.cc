@@ -57,21 +57,27 @@ std::vector<int> CaptureSizes::DefaultPrefillSizes(int max_num_tokens) {
 
 absl::StatusOr<CaptureSizes> CaptureSizes::Decode(int max_num_seqs,
                                                   const std::vector<int>& user_sizes) {
+  if (!user_sizes.empty()) return FromList(user_sizes, max_num_seqs, "max_num_seqs");
+  // The default list ends at the limit itself, so the limit bounds the padding table.
   RETURN_IF_ERROR(CheckLimit(max_num_seqs, "max_num_seqs"));
-  if (user_sizes.empty()) return CaptureSizes(DefaultDecodeSizes(max_num_seqs));
-  return FromList(user_sizes, max_num_seqs, "max_num_seqs");
+  return CaptureSizes(DefaultDecodeSizes(max_num_seqs));
 }
 
 absl::StatusOr<CaptureSizes> CaptureSizes::Prefill(int max_num_tokens,
                                                    const std::vector<int>& user_sizes) {
+  if (!user_sizes.empty()) return FromList(user_sizes, max_num_tokens, "max_num_tokens");
   RETURN_IF_ERROR(CheckLimit(max_num_tokens, "max_num_tokens"));
-  if (user_sizes.empty()) return CaptureSizes(DefaultPrefillSizes(max_num_tokens));
-  return FromList(user_sizes, max_num_tokens, "max_num_tokens");
+  return CaptureSizes(DefaultPrefillSizes(max_num_tokens));
 }
 
 absl::StatusOr<CaptureSizes> CaptureSizes::FromList(const std::vector<int>& sizes, int limit,
                                                     absl::string_view limit_name) {
-  RETURN_IF_ERROR(CheckLimit(limit, limit_name));
+  // A listed size, not the limit, bounds the padding table: a limit above kMaxLimit is fine
+  // (batches above the largest size run eagerly), a size above it is not.
+  if (limit < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(limit_name, " ", limit, " is out of range; use a positive value"));
+  }
   if (sizes.empty()) {
     return absl::InvalidArgumentError(
         "The capture size list is empty; give at least one size or leave it unset for the "
@@ -87,6 +93,11 @@ absl::StatusOr<CaptureSizes> CaptureSizes::FromList(const std::vector<int>& size
       return absl::InvalidArgumentError(absl::StrCat("Capture size ", s, " exceeds ", limit_name,
                                                      " ", limit, "; remove it or raise ",
                                                      limit_name));
+    }
+    if (s > kMaxLimit) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Capture size ", s, " is above ", kMaxLimit,
+          ", the largest size batches are padded to; remove it (larger batches run eagerly)"));
     }
     if (!seen.insert(s).second) {
       return absl::InvalidArgumentError(

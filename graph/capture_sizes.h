@@ -36,8 +36,9 @@ namespace kiln {
 
 class CaptureSizes {
  public:
-  // The largest limit accepted (max_num_seqs or max_num_tokens). The padding table holds one
-  // int32 per size up to the limit, so this bounds it at 256 KiB.
+  // The largest size, and the largest limit (max_num_seqs or max_num_tokens) the default lists
+  // accept (they end at the limit). The padding table holds one int32 per size up to the
+  // largest, so this bounds it at 256 KiB.
   static constexpr int kMaxLimit = 1 << 16;
 
   // Returns the default decode sizes for `max_num_seqs` (ascending; see the file comment).
@@ -60,8 +61,9 @@ class CaptureSizes {
                                               const std::vector<int>& user_sizes = {});
 
   // Returns `sizes` validated against `limit` (whose name, e.g. "max_num_seqs", appears in
-  // errors): every size in [1, limit], no duplicates, at least one size; limit in
-  // [1, kMaxLimit]. The sizes may come in any order.
+  // errors): every size in [1, min(limit, kMaxLimit)], no duplicates, at least one size; limit
+  // at least 1 (it may be above kMaxLimit: batches above the largest size run eagerly). The
+  // sizes may come in any order.
   static absl::StatusOr<CaptureSizes> FromList(const std::vector<int>& sizes, int limit,
                                                absl::string_view limit_name);
 

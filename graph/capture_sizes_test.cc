@@ -149,6 +149,28 @@ TEST(CaptureSizesTest, InvalidListsNameTheBadValue) {
   EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A limit above kMaxLimit refuses only the default list (which ends at the limit); a given list
+// of smaller sizes is fine under it, since the largest size bounds the padding table (e.g.
+// explicit prefill budgets under max_num_batched_tokens 131072).
+TEST(CaptureSizesTest, ListsUnderALimitAboveTheTableBound) {
+  absl::StatusOr<CaptureSizes> prefill = CaptureSizes::Prefill(131072, {64, 16});
+  ASSERT_TRUE(prefill.ok()) << prefill.status();
+  EXPECT_EQ(prefill->sizes(), std::vector<int>({16, 64}));
+  EXPECT_EQ(prefill->PaddedSize(17), 64);
+  EXPECT_EQ(prefill->PaddedSize(65), std::nullopt);
+  absl::StatusOr<CaptureSizes> decode =
+      CaptureSizes::FromList({1, 2, 4}, 100000, "max_num_seqs");
+  ASSERT_TRUE(decode.ok()) << decode.status();
+  EXPECT_EQ(decode->max_size(), 4);
+
+  absl::Status huge = CaptureSizes::Decode(100000, {8, 70000}).status();
+  EXPECT_EQ(huge.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(huge.message()), HasSubstr("Capture size 70000 is above 65536"));
+  EXPECT_EQ(CaptureSizes::FromList({1}, -3, "max_num_seqs").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CaptureSizes::Decode(100000).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(CaptureSizesTest, ToStringShortensLongLists) {
   absl::StatusOr<CaptureSizes> small = CaptureSizes::Decode(8);
   ASSERT_TRUE(small.ok());

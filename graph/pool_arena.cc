@@ -1,6 +1,7 @@
 #include "graph/pool_arena.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -34,10 +35,22 @@ void PoolArena::Begin(CaptureKey key) {
   per_key_.emplace(key, 0);
 }
 
+namespace {
+
+// Returns true when `bytes`, rounded up to the alignment, fits `room`; compared without
+// overflow (sizes within an alignment of SIZE_MAX would round up to 0).
+bool FitsAligned(size_t bytes, size_t room) {
+  if (bytes > room || bytes > std::numeric_limits<size_t>::max() - (PoolArena::kAlignment - 1)) {
+    return false;
+  }
+  return PoolArena::AlignUp(bytes) <= room;
+}
+
+}  // namespace
+
 bool PoolArena::NeedsGrowth(size_t bytes) const {
-  if (!open_) return false;
-  const size_t aligned = AlignUp(bytes);
-  return aligned <= budget_ - offset_ && offset_ + aligned > reserved_;
+  if (!open_ || !FitsAligned(bytes, budget_ - offset_)) return false;
+  return offset_ + AlignUp(bytes) > reserved_;
 }
 
 absl::StatusOr<uintptr_t> PoolArena::Allocate(size_t bytes, absl::string_view name) {
@@ -47,14 +60,14 @@ absl::StatusOr<uintptr_t> PoolArena::Allocate(size_t bytes, absl::string_view na
         "' outside a capture sequence; allocate inside GraphSet::Capture's function (or call "
         "Begin first)"));
   }
-  // Compare without overflow: offset_ <= budget_ always holds.
-  const size_t aligned = bytes > budget_ ? budget_ + 1 : AlignUp(bytes);
-  if (aligned > budget_ - offset_) {
+  // offset_ <= budget_ always holds.
+  if (!FitsAligned(bytes, budget_ - offset_)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "Graph memory pool budget exceeded while capturing ", KeyName(key_), ": '", name, "' asks ",
         bytes, " bytes with ", offset_, " in use, over the budget of ", budget_,
         " bytes; raise the graph pool budget or drop the sizes that need it"));
   }
+  const size_t aligned = AlignUp(bytes);
   if (offset_ + aligned > reserved_) {
     return absl::FailedPreconditionError(
         absl::StrCat("Graph memory pool region of ", reserved_, " bytes is too small for ",

@@ -1,6 +1,7 @@
 #include "graph/pool_arena.h"
 
 #include <algorithm>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -119,6 +120,23 @@ TEST(PoolArenaTest, AllocationOutsideASequenceIsRefused) {
   EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(p.status().message()), HasSubstr("'early'"));
   EXPECT_EQ(arena.HighWater(kDecode8), 0u);
+}
+
+// A budget of SIZE_MAX ("no limit") must not let a size within an alignment of SIZE_MAX round
+// up to 0 bytes and come back as an allocation.
+TEST(PoolArenaTest, SizesThatWouldWrapWhenAlignedAreRefused) {
+  PoolArena arena(std::numeric_limits<size_t>::max());
+  ASSERT_TRUE(arena.Rebase(kBase, 1 << 20).ok());
+  arena.Begin(kDecode8);
+  const size_t huge = std::numeric_limits<size_t>::max() - 10;
+  EXPECT_FALSE(arena.NeedsGrowth(huge));
+  absl::StatusOr<uintptr_t> p = arena.Allocate(huge, "huge");
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(arena.in_use_bytes(), 0u);
+  EXPECT_TRUE(arena.NeedsGrowth(2 << 20));
+  absl::StatusOr<uintptr_t> small = arena.Allocate(300, "small");
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(arena.in_use_bytes(), 512u);
 }
 
 TEST(PoolArenaTest, ZeroBudgetRefusesEverything) {

@@ -48,8 +48,15 @@ StaticBuffers::Snapshot StaticBuffers::Take() const {
 }
 
 absl::Status StaticBuffers::CheckUnchanged(const Snapshot& snapshot, CaptureKey key) const {
-  // Entries are never removed, so every index in the snapshot exists.
+  // Entries are never removed, so every index of this registry's snapshot exists; a snapshot
+  // of another registry (or of this one before it was replaced) may hold more.
   const size_t n = snapshot.items.size();
+  if (n > entries_.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Static buffer snapshot of ", KeyName(key), " has ", n, " buffers but the registry has ",
+        entries_.size(), "; it was taken from another registry (or this one was replaced): "
+        "capture ", KeyName(key), " again"));
+  }
   for (size_t i = 0; i < n; ++i) {
     const Entry& now = entries_[i];
     const Snapshot::Item& then = snapshot.items[i];

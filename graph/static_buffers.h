@@ -72,7 +72,9 @@ class StaticBuffers {
 
   // Returns OK if every entry recorded in `snapshot` is still at its recorded address and size;
   // else FailedPrecondition naming the first buffer that moved, its old and new place, and `key`.
-  // Entries declared after the snapshot are not part of that graph and are ignored. O(entries).
+  // Entries declared after the snapshot are not part of that graph and are ignored; a snapshot
+  // with more entries than the registry (taken from another one) is FailedPrecondition.
+  // O(entries).
   absl::Status CheckUnchanged(const Snapshot& snapshot, CaptureKey key) const;
 
  private:

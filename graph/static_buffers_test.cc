@@ -56,6 +56,20 @@ TEST(StaticBuffersTest, BuffersDeclaredAfterTheSnapshotAreIgnored) {
   EXPECT_EQ(buffers.Find("c"), nullptr);
 }
 
+TEST(StaticBuffersTest, SnapshotOfALargerRegistryIsRefused) {
+  std::vector<char> a(64), b(64);
+  StaticBuffers buffers;
+  ASSERT_TRUE(buffers.Bind("a", a.data(), a.size(), BufferRole::kInput).ok());
+  ASSERT_TRUE(buffers.Bind("b", b.data(), b.size(), BufferRole::kOutput).ok());
+  const StaticBuffers::Snapshot snapshot = buffers.Take();
+  buffers = StaticBuffers();  // the owner rebuilt its registry
+  ASSERT_TRUE(buffers.Bind("a", a.data(), a.size(), BufferRole::kInput).ok());
+  absl::Status status = buffers.CheckUnchanged(snapshot, kKey);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("has 2 buffers but the registry has 1"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("capture decode/16 again"));
+}
+
 TEST(StaticBuffersTest, InvalidDeclarationsAreRefused) {
   std::vector<char> a(64);
   StaticBuffers buffers;
