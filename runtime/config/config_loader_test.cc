@@ -168,6 +168,12 @@ TEST(ConfigLoaderTest, UnparsableInputSaysWhereAndHowToFix) {
   auto missing = LoadPlannerConfigFile("runtime/config/testdata/no_such_file.textproto");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(Message(missing.status()), HasSubstr("check the path"));
+
+  // A directory opens like a file on Linux and reads as nothing: an empty config, which would
+  // plan the defaults as if the file had asked for them.
+  auto directory = LoadPlannerConfigFile("runtime/config/testdata");
+  EXPECT_FALSE(directory.ok());
+  EXPECT_THAT(Message(directory.status()), HasSubstr("runtime/config/testdata"));
 }
 
 TEST(ConfigLoaderTest, MergeReplacesListsAndPresets) {

@@ -4,7 +4,7 @@
 //   ASSIGN_OR_RETURN(std::string text, kiln::ReadFileText(path, "config file"));
 //
 // NotFound names the file (as "Cannot open <what> \"<path>\": <reason>; check the path") when it
-// cannot be opened. Thread-safe; no CUDA.
+// cannot be opened, or cannot be read (e.g. a directory). Thread-safe; no CUDA.
 #ifndef KILN_RUNTIME_CONFIG_FILE_TEXT_H_
 #define KILN_RUNTIME_CONFIG_FILE_TEXT_H_
 

@@ -271,8 +271,16 @@ absl::StatusOr<config::ModelShape> ModelShapeFromHfConfigJson(absl::string_view 
   // Qwen3Config's head_dim defaults to 128, not hidden_size / num_attention_heads.
   if (c.has_head_dim()) {
     m.set_head_dim(c.head_dim());
+  } else if (qwen3) {
+    m.set_head_dim(kQwen3DefaultHeadDim);
+  } else if (c.hidden_size() < c.num_attention_heads()) {
+    // The quotient rounds down to 0: no model has heads of no width.
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": head_dim is absent and hidden_size ", c.hidden_size(),
+        " / num_attention_heads ", c.num_attention_heads(),
+        " is 0; fix hidden_size or num_attention_heads, or give head_dim"));
   } else {
-    m.set_head_dim(qwen3 ? kQwen3DefaultHeadDim : c.hidden_size() / c.num_attention_heads());
+    m.set_head_dim(c.hidden_size() / c.num_attention_heads());
   }
   m.set_intermediate_size(c.intermediate_size());
   m.set_vocab_size(c.vocab_size());

@@ -147,6 +147,17 @@ TEST(HfModelTest, HeadDimAbsentOrNullIsHiddenOverHeads) {
   EXPECT_EQ(shape->head_dim(), 128);
 }
 
+// hidden_size / num_attention_heads rounds down to 0 when there are more heads than columns: a
+// shape with head_dim 0 is refused here, naming the keys it came from.
+TEST(HfModelTest, HeadDimDerivedAsZeroIsRefused) {
+  auto keys = LlamaKeys();
+  keys.erase("head_dim");
+  keys["hidden_size"] = "16";
+  absl::Status status = Parse(keys).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  EXPECT_THAT(Message(status), HasSubstr("hidden_size 16 / num_attention_heads 32 is 0"));
+}
+
 TEST(HfModelTest, AbsentOptionalKeysTakeLlamaConfigDefaults) {
   auto keys = LlamaKeys();
   for (const char* key :

@@ -598,7 +598,9 @@ absl::StatusOr<std::vector<PlannedStepKey>> PlanStepKeys(const PlannerConfig& c)
 
 int64_t MemoryPlan::MaxConcurrency(int64_t context_tokens) const {
   if (context_tokens < 1 || block_size < 1) return 0;
-  return num_kv_blocks / CeilDiv(context_tokens, block_size);
+  // Rounded up without CeilDiv's a + b - 1, which overflows for contexts near INT64_MAX.
+  const int64_t blocks = context_tokens / block_size + (context_tokens % block_size != 0 ? 1 : 0);
+  return num_kv_blocks / blocks;
 }
 
 const MemoryTerm* MemoryPlan::Find(absl::string_view name) const {

@@ -1,6 +1,7 @@
 #include "runtime/memory/memory_planner.h"
 
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "attention/split_kv_planner.h"
@@ -11,6 +12,7 @@
 namespace kiln {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 constexpr int64_t kMiB = int64_t{1} << 20;
@@ -268,6 +270,8 @@ TEST(MemoryPlannerTest, DefaultPlanByHand) {
   EXPECT_EQ(plan.MaxConcurrency(8193), 6969 / 129);
   EXPECT_EQ(plan.MaxConcurrency(1), 6969);
   EXPECT_EQ(plan.MaxConcurrency(0), 0);
+  // A context longer than any cache holds no sequence (its block count must not wrap negative).
+  EXPECT_EQ(plan.MaxConcurrency(std::numeric_limits<int64_t>::max()), 0);
   EXPECT_EQ(plan.Find("kv_cache")->bytes, 6969 * block);
   EXPECT_EQ(plan.Find("unused")->bytes, budget - reserved - 6969 * block);
   EXPECT_LT(plan.Find("unused")->bytes, block);
@@ -596,6 +600,24 @@ TEST(MemoryPlannerTest, BadInputsNameTheValueAndTheFix) {
   EXPECT_THAT(std::string(PlanStatus(c).message()),
               HasSubstr("max_num_seqs 100000 is above 65536, the largest limit graph sizes are "
                         "padded to"));
+
+  // The fix that message gives works: listed sizes under that limit plan.
+  c.mutable_graph()->add_capture_sizes(1);
+  c.mutable_graph()->add_capture_sizes(8);
+  c.set_model_preset("llama-3.2-1b");
+  c.set_gpu_preset("h200-141gb");
+  absl::StatusOr<MemoryPlan> listed = PlanMemory(c);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->config.graph().max_capture_size(), 8);
+
+  // So do explicit prefill budgets under a long-context token budget above 65536.
+  c = DefaultPlannerConfig();
+  c.set_max_num_batched_tokens(131072);
+  c.mutable_graph()->add_prefill_sizes(16);
+  c.mutable_graph()->add_prefill_sizes(64);
+  absl::StatusOr<MemoryPlan> long_context = PlanMemory(c);
+  ASSERT_TRUE(long_context.ok()) << long_context.status();
+  EXPECT_THAT(long_context->config.graph().prefill_sizes(), ElementsAre(16, 64));
 
   // The attention kernels take at most 64 query heads per KV head in a prefill tile.
   c = DefaultPlannerConfig();
