@@ -221,9 +221,10 @@ absl::StatusOr<LlamaShardReader> LlamaShardReader::Open(absl::Span<const std::st
 
 absl::Status LlamaShardReader::ReadRows(const Block& block, int64_t first, int64_t rows,
                                         uint16_t* dst) const {
-  if (first < 0 || rows < 0 || first + rows > block.rows) {
-    return absl::InvalidArgumentError(absl::StrCat("Rows [", first, ", ", first + rows,
-                                                   ") are outside the block's ", block.rows,
+  // rows > block.rows - first, not first + rows > block.rows: the sum may overflow.
+  if (first < 0 || rows < 0 || first > block.rows || rows > block.rows - first) {
+    return absl::InvalidArgumentError(absl::StrCat(rows, " rows from row ", first,
+                                                   " are outside the block's ", block.rows,
                                                    "; read rows within [0, ", block.rows, ")"));
   }
   const int64_t cols = layout_.tensors()[block.tensor_index].cols;

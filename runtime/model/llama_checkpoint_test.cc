@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <set>
 #include <string>
@@ -224,6 +225,10 @@ TEST_F(LlamaCheckpointTest, ShardReaderReadsRunsOfABlocksRows) {
   absl::Status past = reader->ReadRows(b, 1, b.rows, room.data());
   EXPECT_EQ(past.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(past.message()), HasSubstr(absl::StrCat("read rows within [0, ", b.rows, ")")));
+  // first + rows would overflow int64 (and wrap to a range inside the block): refused, not read.
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(reader->ReadRows(b, kMax, 2, room.data()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(reader->ReadRows(b, 1, kMax, room.data()).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(LlamaCheckpointTest, ShardOfAnUnsplittableShapeOrRankIsRefused) {

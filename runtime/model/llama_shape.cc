@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -39,6 +41,20 @@ absl::Status Positive(const char* field, int value) {
       absl::StrCat("LlamaShape.", field, " is ", value, "; it must be positive"));
 }
 
+// Upper bounds far above any real model (the memory planner's, runtime/memory), so that every
+// GEMM dimension fits an int and no weight count or byte size overflows 64 bits: the weights stay
+// below 2^57 bytes. Values above them are typos.
+constexpr int kMaxWidth = 1 << 20;  // hidden, ffn
+constexpr int kMaxHeads = 1 << 12;  // heads, kv_heads, layers
+constexpr int kMaxVocab = 1 << 24;
+
+absl::Status AtMost(const char* field, int value, int limit) {
+  if (value <= limit) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "LlamaShape.", field, " is ", value, ", above ", limit,
+      ", beyond anything kiln runs; check the value (a typo or the wrong field?)"));
+}
+
 }  // namespace
 
 absl::Status LlamaShape::Validate() const {
@@ -46,6 +62,13 @@ absl::Status LlamaShape::Validate() const {
        {std::pair<const char*, int>{"hidden", hidden}, {"layers", layers}, {"heads", heads},
         {"kv_heads", kv_heads}, {"head_dim", head_dim}, {"ffn", ffn}, {"vocab", vocab}}) {
     absl::Status status = Positive(field, value);
+    if (!status.ok()) return status;
+  }
+  for (const auto& [field, value, limit] :
+       {std::tuple<const char*, int, int>{"hidden", hidden, kMaxWidth},
+        {"ffn", ffn, kMaxWidth}, {"layers", layers, kMaxHeads}, {"heads", heads, kMaxHeads},
+        {"kv_heads", kv_heads, kMaxHeads}, {"vocab", vocab, kMaxVocab}}) {
+    absl::Status status = AtMost(field, value, limit);
     if (!status.ok()) return status;
   }
   if (heads % kv_heads != 0) {

@@ -41,11 +41,13 @@ struct LlamaShape {
   static LlamaShape Tiny();
 
   // Returns OK, or InvalidArgument naming the first field that is out of range or
-  // inconsistent (e.g. heads not a multiple of kv_heads) and how to fix it.
+  // inconsistent (e.g. heads not a multiple of kv_heads) and how to fix it. Sizes are bounded
+  // far above any real model (hidden and ffn 2^20, heads, kv_heads and layers 4096, vocab 2^24,
+  // head_dim 256), so every dimension and count derived from a valid shape fits its type.
   absl::Status Validate() const;
 
   // Rows of the fused QKV projection: (heads + 2 * kv_heads) * head_dim.
-  int64_t qkv_rows() const { return int64_t{heads + 2 * kv_heads} * head_dim; }
+  int64_t qkv_rows() const { return (int64_t{heads} + 2 * int64_t{kv_heads}) * head_dim; }
   // Width of the attention output (the O projection's input): heads * head_dim.
   int64_t q_width() const { return int64_t{heads} * head_dim; }
   // Width of one token's K (or V): kv_heads * head_dim.

@@ -1,5 +1,10 @@
 #include "runtime/model/llama_shape.h"
 
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -70,6 +75,36 @@ TEST(LlamaShapeTest, ValidateNamesTheBadField) {
   s.rope_scaling = RopeScaling::Llama3(8.0, 1.0, 4.0, -1);
   EXPECT_THAT(std::string(s.Validate().message()),
               HasSubstr("LlamaShape.rope_scaling: RoPE scaling original_max_position is -1"));
+}
+
+// Sizes whose products overflow (heads + 2 kv_heads in int, QKV rows x hidden, a layer count
+// that would build billions of tensors) are refused instead of wrapping into a small shape.
+TEST(LlamaShapeTest, ValidateRefusesSizesBeyondAnyModel) {
+  LlamaShape s = LlamaShape::Tiny();
+  s.heads = 1431655766;  // heads + 2 · kv_heads = 2^32 + 2: 2 in int arithmetic
+  s.kv_heads = 1431655766;
+  EXPECT_EQ(s.qkv_rows(), int64_t{4294967298} * s.head_dim);
+  absl::Status status = s.Validate();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("LlamaShape.heads is 1431655766, above 4096"));
+  for (auto [field, set] :
+       std::vector<std::pair<const char*, void (*)(LlamaShape&)>>{
+           {"hidden", [](LlamaShape& t) { t.hidden = 1 << 30; }},
+           {"ffn", [](LlamaShape& t) { t.ffn = 1 << 30; }},
+           {"layers", [](LlamaShape& t) { t.layers = 1 << 30; }},
+           {"vocab", [](LlamaShape& t) { t.vocab = 1 << 30; }}}) {
+    s = LlamaShape::Tiny();
+    set(s);
+    EXPECT_THAT(std::string(s.Validate().message()),
+                HasSubstr(std::string("LlamaShape.") + field + " is 1073741824, above"));
+  }
+  // The largest shapes every preset lies far inside still validate.
+  s = LlamaShape::Tiny();
+  s.hidden = s.ffn = 1 << 20;
+  s.heads = s.kv_heads = s.layers = 1 << 12;
+  s.vocab = 1 << 24;
+  EXPECT_TRUE(s.Validate().ok()) << s.Validate();
 }
 
 TEST(LlamaShapeTest, ToStringNamesTheRopeScaling) {

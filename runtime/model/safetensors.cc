@@ -371,7 +371,12 @@ absl::StatusOr<SafetensorsTensor> ParseTensorEntry(const std::string& name, cons
                                             "] that end before they begin"));
   }
   uint64_t expected = 0;
-  if (!ByteCount(t.shape, SafetensorsDtypeSize(t.dtype), expected) || expected != t.bytes()) {
+  if (!ByteCount(t.shape, SafetensorsDtypeSize(t.dtype), expected)) {
+    return absl::DataLossError(absl::StrCat("Safetensors tensor '", name, "' has shape ",
+                                            t.ShapeString(), " whose bytes (dtype ", t.dtype,
+                                            ") overflow 64 bits; the file is corrupt"));
+  }
+  if (expected != t.bytes()) {
     return absl::DataLossError(absl::StrCat(
         "Safetensors tensor '", name, "' holds ", t.bytes(), " bytes but dtype ", t.dtype,
         " and shape ", t.ShapeString(), " need ", expected, "; the file is corrupt"));

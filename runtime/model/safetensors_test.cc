@@ -212,6 +212,10 @@ TEST(SafetensorsTest, MalformedHeadersAreDataLoss) {
        "non-negative integer"},
       {"{\"t\": {\"dtype\": \"BF16\", \"shape\": [2], \"data_offsets\": [4, 0]}}",
        "end before they begin"},
+      // 2^62 x 8 elements: the byte count overflows, which is no count of "0 bytes needed".
+      {"{\"t\": {\"dtype\": \"BF16\", \"shape\": [4611686018427387904, 8], "
+       "\"data_offsets\": [0, 4]}}",
+       "overflow 64 bits"},
       {"{\"a\": {\"dtype\": \"BF16\", \"shape\": [2], \"data_offsets\": [0, 4]},"
        " \"b\": {\"dtype\": \"BF16\", \"shape\": [2], \"data_offsets\": [2, 6]}}",
        "overlap"},
