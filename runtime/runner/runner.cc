@@ -282,6 +282,20 @@ absl::Status Runner::InitPlan(const RunnerOptions& options) {
       CheckSplitAims(options.decode_split_by_rows, "RunnerOptions::decode_split_by_rows"));
   RETURN_IF_ERROR(CheckSplitAims(options.decode_split_by_rows_head_dim_128,
                                  "RunnerOptions::decode_split_by_rows_head_dim_128"));
+  // The attention planner's options, checked here on the host: the planners are built only after
+  // the weights and the KV cache are allocated (InitAllocations), and the prefill kernel's tile
+  // rows are checked only at the first prefill launch.
+  if (options.prefill_tile_rows != 64 && options.prefill_tile_rows != 128) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RunnerOptions::prefill_tile_rows ", options.prefill_tile_rows,
+        " is not a tile size the prefill attention kernel has; use 64 or 128"));
+  }
+  if (options.decode_min_kv_chunk < 1 || options.decode_ctas_per_sm < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RunnerOptions::decode_min_kv_chunk ", options.decode_min_kv_chunk,
+        " and decode_ctas_per_sm ", options.decode_ctas_per_sm,
+        " must be positive (defaults: 64 and 2)"));
+  }
   CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
   ASSIGN_OR_RETURN(DeviceInfo device, DeviceInfo::Query(options.device));
   sm_count_ = device.sm_count;

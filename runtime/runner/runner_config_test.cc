@@ -171,6 +171,28 @@ TEST(RunnerConfigTest, DecodeSplitRulesFollowTheModelsHeadDim) {
   EXPECT_EQ(DecodeSplitRules(custom, 128).front().max_seqs, 16);
 }
 
+// Options whose bad values need no GPU to see are refused before the device is touched (on a
+// host without one, too), not after the weights and the KV cache were allocated or at the
+// first prefill step.
+TEST(RunnerConfigTest, RefusesBadAttentionOptionsBeforeTheDevice) {
+  RunnerOptions options;
+  options.config = OneBillion();
+  options.prefill_tile_rows = 96;
+  absl::Status status = Runner::Create(options).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("prefill_tile_rows 96"));
+  options.prefill_tile_rows = 64;
+  options.decode_min_kv_chunk = 0;
+  status = Runner::Create(options).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("decode_min_kv_chunk 0"));
+  options.decode_min_kv_chunk = 64;
+  options.decode_ctas_per_sm = 0;
+  status = Runner::Create(options).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("decode_ctas_per_sm 0"));
+}
+
 TEST(RunnerConfigTest, WritesTheRunnersGraphChoicesIntoThePlannerConfig) {
   RunnerOptions options;
   options.config = OneBillion();

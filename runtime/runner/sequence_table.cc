@@ -1,6 +1,7 @@
 #include "runtime/runner/sequence_table.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -31,10 +32,14 @@ absl::StatusOr<std::vector<SeqLens>> SequenceTable::Reserve(absl::Span<const Ent
           "Sequence ", e.id, " brings ", e.q_len, " tokens; every entry needs at least one"));
     }
     const int64_t kv_len = int64_t{Length(e.id)} + e.q_len;
-    if (kv_len > max_tokens()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Sequence ", e.id, " would hold ", kv_len, " tokens, above the limit of ",
-                       max_tokens(), " (max_model_len); finish it or raise max_model_len"));
+    // Lengths are int32 (SeqLens, the attention plan), whatever a row of blocks could hold.
+    const int64_t limit =
+        std::min<int64_t>(max_tokens(), std::numeric_limits<int32_t>::max());
+    if (kv_len > limit) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Sequence ", e.id, " would hold ", kv_len, " tokens, above the limit of ", limit,
+          limit < max_tokens() ? " (int32 lengths)" : " (max_model_len)",
+          "; finish it or raise max_model_len"));
     }
     const int have = static_cast<int>(Blocks(e.id).size());
     needed += std::max(0, BlocksFor(kv_len) - have);

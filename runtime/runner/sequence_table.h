@@ -40,8 +40,9 @@ class SequenceTable {
 
   // Returns the (q_len, kv_len) of each entry, in order, after making sure every sequence has
   // blocks for kv_len = Length(id) + q_len tokens. InvalidArgument: an id twice in the step, a
-  // q_len < 1, or a sequence that would pass max_tokens(). ResourceExhausted: the pool lacks the
-  // blocks (names the blocks needed and free). Nothing changes on error.
+  // q_len < 1, or a sequence that would pass max_tokens() or 2^31 - 1 tokens (lengths are
+  // int32). ResourceExhausted: the pool lacks the blocks (names the blocks needed and free).
+  // Nothing changes on error.
   absl::StatusOr<std::vector<SeqLens>> Reserve(absl::Span<const Entry> entries);
 
   // Advances each entry's length by its q_len (after its step ran). Entries must have been

@@ -78,6 +78,23 @@ TEST(SequenceTableTest, ErrorsChangeNothing) {
   EXPECT_FALSE(table.Contains(6));
 }
 
+// A row of blocks may describe more than 2^31 tokens, but lengths are int32: a sequence that
+// would pass that is refused, not wrapped to a negative kv_len.
+TEST(SequenceTableTest, LengthsStayWithinInt32) {
+  SequenceTable table(/*num_blocks=*/1 << 16, /*block_size=*/1 << 16,
+                      /*max_blocks_per_seq=*/1 << 16);  // rows of 2^32 tokens
+  const std::vector<SequenceTable::Entry> prompt = {{1, 2147483647}};
+  auto lens = table.Reserve(prompt);
+  ASSERT_TRUE(lens.ok()) << lens.status();
+  EXPECT_EQ((*lens)[0].kv_len, 2147483647);
+  table.Commit(prompt);
+  const std::vector<SequenceTable::Entry> next = {{1, 1}};
+  absl::Status status = table.Reserve(next).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("above the limit of 2147483647"));
+  EXPECT_EQ(table.Length(1), 2147483647);
+}
+
 TEST(SequenceTableTest, ReleaseReturnsBlocksForReuse) {
   SequenceTable table(6, 16, 6);
   ASSERT_TRUE(table.Reserve(std::vector<SequenceTable::Entry>{{1, 64}, {2, 32}}).ok());

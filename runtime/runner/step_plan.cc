@@ -211,8 +211,12 @@ absl::Status FillStepInputs(const MetadataLayout& layout, const StepRoute& route
         "Step inputs disagree: ", seqs.size(), " sequences, ", tokens.size(), " token lists, ",
         blocks.size(), " block lists"));
   }
-  if (route.num_tokens > layout.max_tokens || route.num_rows > layout.max_rows ||
-      num_seqs > route.num_rows) {
+  if (block_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Step inputs block_size ", block_size, " must be positive; pass the KV cache's"));
+  }
+  if (route.num_tokens < 0 || route.num_rows < 0 || route.num_tokens > layout.max_tokens ||
+      route.num_rows > layout.max_rows || num_seqs > route.num_rows) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Step of ", num_seqs, " sequences at ", route.num_tokens, " token rows and ",
         route.num_rows, " logits rows does not fit the layout (", layout.max_tokens, " tokens, ",
@@ -226,17 +230,24 @@ absl::Status FillStepInputs(const MetadataLayout& layout, const StepRoute& route
   int row = 0;
   for (int i = 0; i < num_seqs; ++i) {
     const SeqLens& s = seqs[i];
-    if (static_cast<int>(tokens[i].size()) != s.q_len) {
+    // An empty sequence has no last token: its row would read -1 (or the previous sequence's
+    // row), which ends the fetch's count of sequences early.
+    if (s.q_len < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Sequence ", i, " has q_len ", s.q_len, "; every sequence of a step brings at least "
+          "one token: leave it out of the step"));
+    }
+    if (tokens[i].size() != static_cast<size_t>(s.q_len)) {
       return absl::InvalidArgumentError(absl::StrCat("Sequence ", i, " has ", tokens[i].size(),
                                                      " tokens but q_len ", s.q_len));
     }
-    if (row + s.q_len > route.num_tokens) {
+    if (int64_t{row} + s.q_len > route.num_tokens) {
       return absl::InvalidArgumentError(absl::StrCat("The step's tokens exceed its ",
                                                      route.num_tokens, " token rows"));
     }
-    const int needed = (s.kv_len + block_size - 1) / block_size;
-    if (static_cast<int>(blocks[i].size()) < needed ||
-        static_cast<int>(blocks[i].size()) > layout.max_blocks_per_seq) {
+    const int64_t needed = (int64_t{s.kv_len} + block_size - 1) / block_size;
+    if (static_cast<int64_t>(blocks[i].size()) < needed ||
+        static_cast<int64_t>(blocks[i].size()) > layout.max_blocks_per_seq) {
       return absl::InvalidArgumentError(absl::StrCat(
           "Sequence ", i, " has ", blocks[i].size(), " KV blocks; its ", s.kv_len,
           " tokens need ", needed, " and a row holds at most ", layout.max_blocks_per_seq));

@@ -177,8 +177,9 @@ struct MetadataLayout {
 // by `layout`, at least layout.bytes): `tokens[i]` are sequence i's new tokens (seqs[i].q_len of
 // them), `blocks[i]` its KV blocks in position order, which must cover seqs[i].kv_len tokens
 // of `block_size`. Rows past route.num_tokens / num_rows are padding (see MetadataLayout).
-// InvalidArgument when the step does not fit the layout or the route, a token count disagrees with
-// q_len, or a block list is too short or too long for a row.
+// InvalidArgument when the step does not fit the layout or the route, a sequence brings no
+// token, a token count disagrees with q_len, a block list is too short or too long for a row, or
+// block_size is not positive.
 absl::Status FillStepInputs(const MetadataLayout& layout, const StepRoute& route,
                             absl::Span<const SeqLens> seqs,
                             absl::Span<const absl::Span<const int32_t>> tokens,

@@ -351,6 +351,33 @@ TEST(StepPlanTest, FillRejectsInconsistentInputs) {
               HasSubstr("need 3"));
   b = {blocks};
   EXPECT_TRUE(FillStepInputs(l, route, seqs, t, b, 16, blob.data()).ok());
+  EXPECT_THAT(FillStepInputs(l, route, seqs, t, b, 0, blob.data()).message(),
+              HasSubstr("block_size 0"));
+  // A KV length near INT_MAX needs more blocks than a row holds, not a negative count.
+  const std::vector<SeqLens> huge = {{2, 2147483647}};
+  EXPECT_EQ(FillStepInputs(l, route, huge, t, b, 16, blob.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// An empty sequence has no last token: its last-token row would be -1 (or repeat the sequence
+// before it), and the step's fetch, which counts sequences up to the first -1, would miss the
+// sequences after it. It is refused, as is a route of negative size (no fill runs backwards).
+TEST(StepPlanTest, FillRejectsEmptySequencesAndNegativeRoutes) {
+  Fixture f;
+  const StepKey& eager = f.keys.key(f.keys.eager_index());
+  const MetadataLayout l = MetadataLayout::Create(eager, 64, /*blocks=*/4);
+  std::vector<char> blob(l.bytes, 0x11);
+  const std::vector<int32_t> none, one = {9}, b0 = {0}, b1 = {1};
+  const std::vector<absl::Span<const int32_t>> tokens = {none, one}, blocks = {b0, b1};
+  const std::vector<SeqLens> seqs = {{0, 7}, {1, 8}};
+  const StepRoute route{f.keys.eager_index(), 1, 2};
+  const absl::Status empty = FillStepInputs(l, route, seqs, tokens, blocks, 16, blob.data());
+  EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(empty.message(), HasSubstr("Sequence 0 has q_len 0"));
+
+  const StepRoute backwards{f.keys.eager_index(), -4, 0};
+  EXPECT_EQ(FillStepInputs(l, backwards, {}, {}, {}, 16, blob.data()).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
