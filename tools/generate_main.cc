@@ -129,14 +129,7 @@ absl::StatusOr<LlamaShape> CheckRunnable(const RunnerOptions& options) {
     config.set_gpu_preset(kStandInGpuPreset);  // the config's GPU fields still override it
   }
   ASSIGN_OR_RETURN(config::PlannerConfig resolved, ResolvePlannerConfig(config));
-  ASSIGN_OR_RETURN(LlamaShape shape, LlamaShapeFromConfig(resolved.model()));
-  RETURN_IF_ERROR(CheckSlidingWindow(resolved.model(), options.max_model_len));
-  if (resolved.kv_cache_dtype() != config::DTYPE_BF16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("kv_cache_dtype ", DTypeName(resolved.kv_cache_dtype()),
-                     " is not supported; kiln's KV cache is bf16: drop kv_cache_dtype from the "
-                     "--config file"));
-  }
+  ASSIGN_OR_RETURN(LlamaShape shape, CheckRunnerModel(resolved, options.max_model_len));
   if (resolved.tensor_parallel_size() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tensor_parallel_size ", resolved.tensor_parallel_size(),

@@ -37,17 +37,11 @@ int64_t Predicted(const MemoryPlan& plan, const std::string& name) {
 
 absl::Status CheckMeasurable(const config::PlannerConfig& config) {
   ASSIGN_OR_RETURN(config::PlannerConfig resolved, ResolvePlannerConfig(config));
-  absl::Status runnable = LlamaShapeFromConfig(resolved.model()).status();
-  if (runnable.ok()) runnable = CheckSlidingWindow(resolved.model(), resolved.max_model_len());
+  absl::Status runnable = CheckRunnerModel(resolved, resolved.max_model_len()).status();
   if (!runnable.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--measure builds kiln's runner, which refuses this model: ", runnable.message(),
-        " (without --measure the model is planned)"));
-  }
-  if (resolved.kv_cache_dtype() != config::DTYPE_BF16) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--measure builds kiln's runner, whose KV cache is bf16, not ",
-        DTypeName(resolved.kv_cache_dtype()), "; measure with --kv_cache_dtype=bf16"));
+        "--measure builds kiln's runner, which refuses this config: ", runnable.message(),
+        " (without --measure it is planned)"));
   }
   if (resolved.tensor_parallel_size() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -188,6 +188,18 @@ absl::Status CheckSlidingWindow(const config::ModelShape& model, int max_model_l
       max_model_len, ") to at most ", model.sliding_window()));
 }
 
+absl::StatusOr<LlamaShape> CheckRunnerModel(const config::PlannerConfig& resolved,
+                                            int max_model_len) {
+  ASSIGN_OR_RETURN(LlamaShape shape, LlamaShapeFromConfig(resolved.model()));
+  RETURN_IF_ERROR(CheckSlidingWindow(resolved.model(), max_model_len));
+  if (resolved.kv_cache_dtype() != config::DTYPE_BF16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv_cache_dtype ", DTypeName(resolved.kv_cache_dtype()),
+        " is not supported; kiln's KV cache is bf16: leave kv_cache_dtype unset or bf16"));
+  }
+  return shape;
+}
+
 const std::vector<SplitAim>& DecodeSplitRules(const RunnerOptions& options, int head_dim) {
   return head_dim == 128 ? options.decode_split_by_rows_head_dim_128
                          : options.decode_split_by_rows;
@@ -328,17 +340,11 @@ absl::Status Runner::InitPlan(const RunnerOptions& options) {
   }
   ASSIGN_OR_RETURN(plan_, PlanMemory(config));
   const config::PlannerConfig& resolved = plan_.config;
-  ASSIGN_OR_RETURN(full_shape_, LlamaShapeFromConfig(resolved.model()));
-  RETURN_IF_ERROR(CheckSlidingWindow(resolved.model(), options.max_model_len));
+  ASSIGN_OR_RETURN(full_shape_, CheckRunnerModel(resolved, options.max_model_len));
   RETURN_IF_ERROR(RankShape(full_shape_, world).status());
   // Checked before any device memory exists: a wrong file fails here (on every rank
   // alike under tensor parallelism, see Init).
   if (!options.weight_files.empty()) RETURN_IF_ERROR(OpenWeightFiles(options));
-  if (resolved.kv_cache_dtype() != config::DTYPE_BF16) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "kv_cache_dtype ", DTypeName(resolved.kv_cache_dtype()),
-        " is not supported; kiln's KV cache is bf16"));
-  }
   const StepLimits limits{resolved.max_num_seqs(), resolved.max_num_batched_tokens()};
   const int block_size = resolved.block_size();
 

@@ -462,6 +462,13 @@ absl::StatusOr<LlamaShape> LlamaShapeFromConfig(const config::ModelShape& model)
 // same only for sequences that fit the window. Runner::Create checks it.
 absl::Status CheckSlidingWindow(const config::ModelShape& model, int max_model_len);
 
+// Returns the LlamaShape of `resolved` (a config ResolvePlannerConfig returned) where the Runner
+// can build it: LlamaShapeFromConfig's shape, no sliding window shorter than max_model_len
+// (CheckSlidingWindow) and a bf16 KV cache. Host-only: Runner::Create checks the same before it
+// allocates, so tools can say it before they look for a GPU.
+absl::StatusOr<LlamaShape> CheckRunnerModel(const config::PlannerConfig& resolved,
+                                            int max_model_len);
+
 // The decode split rules `options` give a model of `head_dim`:
 // decode_split_by_rows_head_dim_128 for head_dim 128, decode_split_by_rows otherwise.
 const std::vector<SplitAim>& DecodeSplitRules(const RunnerOptions& options, int head_dim);

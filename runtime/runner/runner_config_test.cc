@@ -147,6 +147,32 @@ TEST(RunnerConfigTest, SlidingWindowBoundsMaxModelLen) {
             "same: set max_model_len (8192) to at most 4096");
 }
 
+// What Runner::Create refuses about the model before it allocates, checked on the host.
+TEST(RunnerConfigTest, CheckRunnerModelRefusesWhatTheRunnerCannotBuild) {
+  absl::StatusOr<config::PlannerConfig> resolved = ResolvePlannerConfig(OneBillion());
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  absl::StatusOr<LlamaShape> shape = CheckRunnerModel(*resolved, 4096);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->hidden, 2048);
+  EXPECT_EQ(shape->layers, 16);
+
+  config::PlannerConfig fp8 = *resolved;
+  fp8.set_kv_cache_dtype(config::DTYPE_FP8_E4M3);
+  EXPECT_THAT(CheckRunnerModel(fp8, 4096).status().message(),
+              HasSubstr("kv_cache_dtype fp8 is not supported; kiln's KV cache is bf16"));
+
+  config::PlannerConfig windowed = *resolved;
+  windowed.mutable_model()->set_sliding_window(1024);
+  EXPECT_TRUE(CheckRunnerModel(windowed, 1024).ok());
+  EXPECT_THAT(CheckRunnerModel(windowed, 4096).status().message(),
+              HasSubstr("set max_model_len (4096) to at most 1024"));
+
+  config::PlannerConfig head_dim_96 = *resolved;
+  head_dim_96.mutable_model()->set_head_dim(96);
+  EXPECT_EQ(CheckRunnerModel(head_dim_96, 4096).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // head_dim 128 models (measured on Llama 3.1 8B) aim at 2 CTAs per SM for 8 sequences; the 1B
 // shape's rules aim at 4.
 TEST(RunnerConfigTest, DecodeSplitRulesFollowTheModelsHeadDim) {
