@@ -189,10 +189,7 @@ size_t LlamaModel::KvBlockBytes(const LlamaShape& s, int block_size) {
   return 2 * static_cast<size_t>(s.layers) * s.kv_heads * s.head_dim * block_size * sizeof(bf16);
 }
 
-absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeights weights,
-                                                               const LlamaModelOptions& options,
-                                                               std::unique_ptr<Gemm> gemm) {
-  const LlamaShape& s = weights.shape();
+absl::Status CheckLlamaModelOptions(const LlamaShape& s, const LlamaModelOptions& options) {
   RETURN_IF_ERROR(s.Validate());
   RETURN_IF_ERROR(DecodeAttentionSupportsShape(s.heads, s.kv_heads, s.head_dim));
   if (options.skinny_gemm_max_rows < 0 || options.skinny_gemm_max_rows > kSkinnyGemmMaxRows) {
@@ -248,6 +245,19 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeight
   PagedKvLayout layout{options.num_kv_blocks, options.block_size, s.kv_heads, s.head_dim,
                        AttentionDtype::kBf16};
   RETURN_IF_ERROR(layout.Validate());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaDeviceWeights weights,
+                                                               const LlamaModelOptions& options,
+                                                               std::unique_ptr<Gemm> gemm) {
+  const LlamaShape& s = weights.shape();
+  RETURN_IF_ERROR(CheckLlamaModelOptions(s, options));
+  const PrefetchGemmRows& prefetch = options.prefetch_gemm_rows;
+  const TmaGemmRows& tma = options.tma_gemm_rows;
+  const DecodeGemmRows& rows = options.decode_gemm_rows;
+  PagedKvLayout layout{options.num_kv_blocks, options.block_size, s.kv_heads, s.head_dim,
+                       AttentionDtype::kBf16};
   const size_t kv_bytes = 2 * static_cast<size_t>(s.layers) * layout.PoolBytes();
   ASSIGN_OR_RETURN(DeviceBuffer kv, DeviceBuffer::Allocate(kv_bytes, "kv cache"));
   if (gemm == nullptr) {

@@ -304,6 +304,11 @@ struct LlamaStepArgs {
   int32_t* next_tokens_mirror = nullptr;
 };
 
+// Returns InvalidArgument for what LlamaModel::Create refuses in `shape` and `options` before it
+// allocates: the shape, the kernels' row limits and choices, the KV cache's layout. Host-only, so
+// a caller (the Runner) can check before it uploads weights.
+absl::Status CheckLlamaModelOptions(const LlamaShape& shape, const LlamaModelOptions& options);
+
 class LlamaModel {
  public:
   // The projections of a layer and the LM head (each has its own GEMM path, DecodeGemmRows).

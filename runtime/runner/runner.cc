@@ -381,7 +381,9 @@ absl::Status Runner::InitPlan(const RunnerOptions& options) {
   if (options.max_kv_blocks > 0) num_blocks = std::min(num_blocks, options.max_kv_blocks);
   if (num_blocks > int64_t{1} << 30) num_blocks = int64_t{1} << 30;
   table_ = SequenceTable(static_cast<int>(num_blocks), block_size, max_blocks_per_seq_);
-  return absl::OkStatus();
+  // What the model would refuse once the weights are on the GPU, checked before they are.
+  ASSIGN_OR_RETURN(LlamaShape rank_shape, RankShape(full_shape_, world));
+  return CheckLlamaModelOptions(rank_shape, ModelOptions(options));
 }
 
 absl::Status Runner::OpenWeightFiles(const RunnerOptions& options) {
@@ -441,13 +443,44 @@ absl::StatusOr<LlamaDeviceWeights> Runner::LoadWeights(const RunnerOptions& opti
   return weights;
 }
 
+LlamaModelOptions Runner::ModelOptions(const RunnerOptions& options) const {
+  const int world = tensor_parallel_size();
+  LlamaModelOptions model_options;
+  model_options.num_kv_blocks = table_.num_blocks();
+  model_options.block_size = plan_.config.block_size();
+  model_options.skinny_gemm_max_rows = options.skinny_gemm_max_rows;
+  model_options.prefetch_gemm_rows =
+      world > 1 ? options.sharded_prefetch_gemm_rows : options.prefetch_gemm_rows;
+  model_options.prefetch_gemm_ctas_per_sm = options.prefetch_gemm_ctas_per_sm;
+  model_options.prefetch_gemm_silu = options.prefetch_gemm_silu;
+  model_options.fold_norm_into_gemm = options.fold_norm_into_gemm;
+  model_options.tma_gemm_rows = options.tma_gemm_rows;
+  model_options.tma_gemm_ctas_per_sm = options.tma_gemm_ctas_per_sm;
+  model_options.tma_gemm_max_splits = options.tma_gemm_max_splits;
+  model_options.tma_qkv_next_after_wait = options.tma_qkv_next_after_wait;
+  model_options.prefetch_gate_up_silu = options.prefetch_gate_up_silu;
+  model_options.prefetch_row_halves = options.prefetch_row_halves;
+  model_options.tma_gate_up_silu = options.tma_gate_up_silu;
+  model_options.layer_kernel_rows = options.layer_kernel_rows;
+  model_options.decode_gemm_rows = options.decode_gemm_rows;
+  model_options.silu_in_down = options.silu_in_down;
+  model_options.fuse_rope_append = options.fuse_rope_append;
+  model_options.rope_in_attention_rows = options.rope_in_attention_rows;
+  model_options.rope_in_attention_min_rows = options.rope_in_attention_min_rows;
+  model_options.run_attention = !options.skip_attention;
+  model_options.run_rope_append = !options.skip_rope_append;
+  model_options.run_norms = !options.skip_norms;
+  model_options.run_silu_mul = !options.skip_silu_mul;
+  model_options.communicator = options.skip_allreduce ? nullptr : comm_.get();
+  model_options.fuse_allreduce_norm = options.fuse_allreduce_norm;
+  return model_options;
+}
+
 absl::Status Runner::InitAllocations(const RunnerOptions& options) {
   const config::PlannerConfig& resolved = plan_.config;
   const int world = tensor_parallel_size();
   ASSIGN_OR_RETURN(LlamaShape shape, RankShape(full_shape_, world));
   const StepLimits limits{resolved.max_num_seqs(), resolved.max_num_batched_tokens()};
-  const int block_size = resolved.block_size();
-  const int num_blocks = table_.num_blocks();
 
   ASSIGN_OR_RETURN(stream_, Stream::Create());
   cudaStream_t stream = stream_.get();
@@ -474,34 +507,7 @@ absl::Status Runner::InitAllocations(const RunnerOptions& options) {
                          static_cast<int64_t>(gemm->workspace_bytes()), free_bytes));
 
   ASSIGN_OR_RETURN(free_bytes, FreeDeviceBytes());
-  LlamaModelOptions model_options;
-  model_options.num_kv_blocks = num_blocks;
-  model_options.block_size = block_size;
-  model_options.skinny_gemm_max_rows = options.skinny_gemm_max_rows;
-  model_options.prefetch_gemm_rows =
-      world > 1 ? options.sharded_prefetch_gemm_rows : options.prefetch_gemm_rows;
-  model_options.prefetch_gemm_ctas_per_sm = options.prefetch_gemm_ctas_per_sm;
-  model_options.prefetch_gemm_silu = options.prefetch_gemm_silu;
-  model_options.fold_norm_into_gemm = options.fold_norm_into_gemm;
-  model_options.tma_gemm_rows = options.tma_gemm_rows;
-  model_options.tma_gemm_ctas_per_sm = options.tma_gemm_ctas_per_sm;
-  model_options.tma_gemm_max_splits = options.tma_gemm_max_splits;
-  model_options.tma_qkv_next_after_wait = options.tma_qkv_next_after_wait;
-  model_options.prefetch_gate_up_silu = options.prefetch_gate_up_silu;
-  model_options.prefetch_row_halves = options.prefetch_row_halves;
-  model_options.tma_gate_up_silu = options.tma_gate_up_silu;
-  model_options.layer_kernel_rows = options.layer_kernel_rows;
-  model_options.decode_gemm_rows = options.decode_gemm_rows;
-  model_options.silu_in_down = options.silu_in_down;
-  model_options.fuse_rope_append = options.fuse_rope_append;
-  model_options.rope_in_attention_rows = options.rope_in_attention_rows;
-  model_options.rope_in_attention_min_rows = options.rope_in_attention_min_rows;
-  model_options.run_attention = !options.skip_attention;
-  model_options.run_rope_append = !options.skip_rope_append;
-  model_options.run_norms = !options.skip_norms;
-  model_options.run_silu_mul = !options.skip_silu_mul;
-  model_options.communicator = options.skip_allreduce ? nullptr : comm_.get();
-  model_options.fuse_allreduce_norm = options.fuse_allreduce_norm;
+  const LlamaModelOptions model_options = ModelOptions(options);
   ASSIGN_OR_RETURN(model_, LlamaModel::Create(std::move(weights), model_options, std::move(gemm)));
   RETURN_IF_ERROR(Record(&memory_, "kv_cache", static_cast<int64_t>(model_->kv_cache_bytes()),
                          free_bytes));

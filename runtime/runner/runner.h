@@ -389,6 +389,9 @@ class Runner {
   // InitAllocations' streaming of weight_reader_'s shard to the GPU, with progress.
   absl::StatusOr<LlamaDeviceWeights> LoadWeights(const RunnerOptions& options,
                                                  cudaStream_t stream);
+  // The model's options from `options`, the plan and the sequence table (InitPlan's), and the
+  // communicator where it exists.
+  LlamaModelOptions ModelOptions(const RunnerOptions& options) const;
   // `status` prefixed with the option and the model it was read for.
   absl::Status WeightFilesError(const absl::Status& status) const;
   // Captures fn for every size of `sizes` into `set`, largest first: one GPU through

@@ -6,6 +6,7 @@
 #include "gtest/gtest.h"
 #include "runtime/config/presets.h"
 #include "runtime/memory/memory_planner.h"
+#include "runtime/model/llama_model.h"
 #include "runtime/runner/runner.h"
 
 namespace kiln {
@@ -200,6 +201,30 @@ TEST(RunnerConfigTest, DecodeSplitRulesFollowTheModelsHeadDim) {
 // Options whose bad values need no GPU to see are refused before the device is touched (on a
 // host without one, too), not after the weights and the KV cache were allocated or at the
 // first prefill step.
+// What LlamaModel::Create refuses, which Runner::Create now checks before the weights upload.
+TEST(RunnerConfigTest, ModelOptionsAreCheckedOnTheHost) {
+  LlamaModelOptions options;
+  options.num_kv_blocks = 100;
+  EXPECT_TRUE(CheckLlamaModelOptions(LlamaShape::Llama1B(), options).ok());
+  LlamaModelOptions bad = options;
+  bad.layer_kernel_rows = 99;
+  EXPECT_THAT(std::string(CheckLlamaModelOptions(LlamaShape::Llama1B(), bad).message()),
+              HasSubstr("layer_kernel_rows 99 is outside [0, "));
+  bad = options;
+  bad.num_kv_blocks = 0;
+  EXPECT_THAT(std::string(CheckLlamaModelOptions(LlamaShape::Llama1B(), bad).message()),
+              HasSubstr("num_kv_blocks 0 must be positive"));
+  bad = options;
+  bad.tma_gemm_ctas_per_sm = 3;
+  EXPECT_TRUE(absl::IsInvalidArgument(CheckLlamaModelOptions(LlamaShape::Llama1B(), bad)));
+  LlamaShape biased = LlamaShape::Llama1B();
+  biased.qkv_bias = true;
+  bad = options;
+  bad.layer_kernel_rows = 1;
+  EXPECT_THAT(std::string(CheckLlamaModelOptions(biased, bad).message()),
+              HasSubstr("the decode layer kernel has no QKV bias"));
+}
+
 TEST(RunnerConfigTest, RefusesBadAttentionOptionsBeforeTheDevice) {
   RunnerOptions options;
   options.config = OneBillion();
