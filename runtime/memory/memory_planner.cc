@@ -246,6 +246,17 @@ absl::StatusOr<GpuSpec> ResolveGpu(const PlannerConfig& in) {
 
 absl::Status ResolveGraphs(PlannerConfig* out) {
   config::GraphConfig* graph = out->mutable_graph();
+  // A number the enums do not name (a textproto may give one) would plan as some other mode.
+  if (!config::GraphMode_IsValid(graph->mode())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "graph.mode ", static_cast<int>(graph->mode()),
+        " is not a graph mode; use GRAPH_MODE_DECODE, GRAPH_MODE_PREFILL_ONLY or GRAPH_MODE_NONE"));
+  }
+  if (!config::GraphExecution_IsValid(graph->execution())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "graph.execution ", static_cast<int>(graph->execution()),
+        " is not a graph execution; use GRAPH_EXECUTION_FULL or GRAPH_EXECUTION_PIECEWISE"));
+  }
   if (graph->mode() == config::GRAPH_MODE_UNSPECIFIED) graph->set_mode(config::GRAPH_MODE_DECODE);
   if (graph->mode() == config::GRAPH_MODE_NONE) {
     // Sizes mean nothing without graphs (FastDeploy's use_cudagraph: false keeps its list too).

@@ -554,6 +554,16 @@ TEST(MemoryPlannerTest, BadInputsNameTheValueAndTheFix) {
   EXPECT_THAT(std::string(PlanStatus(c).message()),
               HasSubstr("max_num_batched_tokens 128 is below max_num_seqs 256"));
 
+  // Open enums: a textproto may give a number no value names.
+  c = DefaultPlannerConfig();
+  c.mutable_graph()->set_mode(static_cast<config::GraphMode>(7));
+  EXPECT_THAT(std::string(PlanStatus(c).message()),
+              HasSubstr("graph.mode 7 is not a graph mode; use GRAPH_MODE_DECODE"));
+  c = DefaultPlannerConfig();
+  c.mutable_graph()->set_execution(static_cast<config::GraphExecution>(9));
+  EXPECT_THAT(std::string(PlanStatus(c).message()),
+              HasSubstr("graph.execution 9 is not a graph execution"));
+
   c = DefaultPlannerConfig();
   c.mutable_graph()->add_capture_sizes(300);
   EXPECT_EQ(std::string(PlanStatus(c).message()),
