@@ -23,10 +23,10 @@ TEST(AttentionLaunchTest, RejectsMissingBuffersAndParts) {
   EXPECT_THAT(s.message(), HasSubstr("neither a decode nor a prefill part"));
 }
 
-// RoPE + KV append in the decode kernel: only for decode-only steps, with the new k and v and a
-// usable theta and stride; every refusal comes before anything is launched.
-TEST(AttentionLaunchTest, RejectsRopeAppendOutsideDecodeOnlyStepsAndBadArguments) {
-  alignas(16) int buffers[16] = {};
+// Step parameters over host stand-ins (`buffers`: 16 ints, 16-byte aligned; `item`), with a
+// decode and a prefill part of one work item and 4 tile rows each: for checks that refuse a step
+// before anything touches the pointers.
+AttentionStepParams HostStepParams(int* buffers, AttentionWorkItem* item) {
   AttentionStepParams p;
   p.num_q_heads = 8;
   p.num_kv_heads = 2;
@@ -37,14 +37,22 @@ TEST(AttentionLaunchTest, RejectsRopeAppendOutsideDecodeOnlyStepsAndBadArguments
   p.kv.v_cache = &buffers[8];
   p.kv.block_table = &buffers[9];
   p.kv.block_size = 16;
-  AttentionWorkItem item{};
   for (AttentionPlanPartDevice* part : {&p.decode, &p.prefill}) {
-    part->work_items = &item;
+    part->work_items = item;
     part->seq_q_start = &buffers[10];
     part->seq_kv_len = &buffers[11];
     part->work_capacity = 1;
     part->tile_rows = 4;
   }
+  return p;
+}
+
+// RoPE + KV append in the decode kernel: only for decode-only steps, with the new k and v and a
+// usable theta and stride; every refusal comes before anything is launched.
+TEST(AttentionLaunchTest, RejectsRopeAppendOutsideDecodeOnlyStepsAndBadArguments) {
+  alignas(16) int buffers[16] = {};
+  AttentionWorkItem item{};
+  AttentionStepParams p = HostStepParams(buffers, &item);
   p.rope_append.positions = &buffers[12];
   p.rope_append.theta = 10000.0;
   absl::Status s = RunAttentionStep(p, nullptr);
@@ -87,25 +95,9 @@ TEST(AttentionLaunchTest, RejectsRopeAppendOutsideDecodeOnlyStepsAndBadArguments
 // enqueued (on a host without a GPU that launch would fail otherwise, not the check).
 TEST(AttentionLaunchTest, RefusesABadPrefillPartBeforeLaunchingTheDecodePart) {
   alignas(16) int buffers[16] = {};
-  AttentionStepParams p;
-  p.num_q_heads = 8;
-  p.num_kv_heads = 2;
-  p.head_dim = 64;
-  p.q = &buffers[0];
-  p.o = &buffers[4];
-  p.kv.k_cache = &buffers[8];
-  p.kv.v_cache = &buffers[8];
-  p.kv.block_table = &buffers[9];
-  p.kv.block_size = 16;
-  p.kv.max_blocks_per_seq = 4;
   AttentionWorkItem item{};
-  for (AttentionPlanPartDevice* part : {&p.decode, &p.prefill}) {
-    part->work_items = &item;
-    part->seq_q_start = &buffers[10];
-    part->seq_kv_len = &buffers[11];
-    part->work_capacity = 1;
-  }
-  p.decode.tile_rows = 4;
+  AttentionStepParams p = HostStepParams(buffers, &item);
+  p.kv.max_blocks_per_seq = 4;
   p.prefill.tile_rows = 96;  // the planner takes any tile_rows >= G; the kernel 64 or 128
   const absl::Status s = RunAttentionStep(p, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
