@@ -1,10 +1,12 @@
 #include "tools/cli_flags.h"
 
+#include <fstream>
 #include <string>
 
 #include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace kiln {
 
@@ -20,9 +22,19 @@ absl::Status CheckFlags(int argc, char** argv, absl::string_view program) {
     std::string name(arg.substr(0, arg.find('=')));
     const bool has_value = arg.find('=') != absl::string_view::npos;
     std::string value = has_value ? std::string(arg.substr(arg.find('=') + 1)) : "";
-    if (absl::StartsWith(name, "help") || name == "flagfile" || name == "fromenv" ||
-        name == "tryfromenv" || name == "undefok" || name == "version" ||
-        name == "only_check_args") {
+    if (name == "flagfile") {
+      // ParseCommandLine would exit with status 1 on a file it cannot open.
+      if (!has_value && i + 1 < argc) value = argv[++i];
+      for (absl::string_view path : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+        if (!std::ifstream(std::string(path)).good()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "Cannot open --flagfile ", path, "; give a readable file of --flag=value lines"));
+        }
+      }
+      continue;
+    }
+    if (absl::StartsWith(name, "help") || name == "fromenv" || name == "tryfromenv" ||
+        name == "undefok" || name == "version" || name == "only_check_args") {
       continue;  // absl's own flags, handled by ParseCommandLine
     }
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);

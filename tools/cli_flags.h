@@ -18,8 +18,8 @@ namespace kiln {
 // Returns InvalidArgument for the first argument of argv[1..] that is not a flag (before "--"), an
 // unknown flag, a flag without its value, an empty value for a flag that is not a string (an
 // optional flag would parse "" as unset, so the default would run silently), or a value the flag
-// does not parse; OK otherwise. absl's own flags (--help, --flagfile, ...) are left to
-// ParseCommandLine. `program` names the tool in the message about a stray argument.
+// does not parse, or a --flagfile that cannot be opened; OK otherwise. absl's other flags (--help,
+// --fromenv, ...) are left to ParseCommandLine. `program` names the tool in the message about a stray argument.
 absl::Status CheckFlags(int argc, char** argv, absl::string_view program);
 
 }  // namespace kiln

@@ -115,6 +115,10 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
   expect_bad measure 'no CUDA device is visible on this machine; run without --measure' --measure
 fi
 expect_bad unknown_flag 'Unknown flag --utilization; run with --help' --utilization=0.9
+expect_bad flagfile_missing "Cannot open --flagfile $tmp/no_flags" --flagfile "$tmp/no_flags"
+# A readable flagfile is read, and its values checked as the flags' are.
+printf -- '--max_num_seqs=0\n' >"$tmp/flags"
+expect_bad flagfile_read 'max_num_seqs must be positive, got 0' "--flagfile=$tmp/flags"
 expect_bad bad_number 'Bad value "lots" for --max_num_seqs' --max_num_seqs=lots
 expect_bad bad_bool 'Bad value "maybe" for --tie_embeddings' --tie_embeddings=maybe
 expect_bad missing_value 'Flag --preset needs a value' --preset
