@@ -3,7 +3,7 @@
 // It starts one process per visible GPU itself (RunBenchmarkOnEveryGpu in
 // collectives/testing/multiprocess_benchmark_util.h); rank 0 prints. Every output is checked
 // against the exact sum of integer-valued inputs; the program exits non-zero if any value is
-// wrong on any rank (3), or if a rank fails (1).
+// wrong on any rank (3), or if a rank fails (1); a bad flag exits 2 before any rank starts.
 //
 //   bazel run -c opt //collectives:allreduce_benchmark -- --world_size=4
 //   .gpu_collectives/bin/collectives_allreduce_benchmark --modes=graph --max_bytes=4194304
@@ -346,11 +346,74 @@ absl::Status RunRank(testing::ProcessGroupMember& member, int64_t* total_wrong) 
   return absl::OkStatus();
 }
 
+// Returns InvalidArgument naming the first flag no run could use, before any rank starts: a
+// message size of 0 divided the calls per batch by zero, --ops_per_graph 0 the replays, and
+// sizes out of order printed an empty table with exit code 0.
+absl::Status ValidateFlags() {
+  const int64_t min_bytes = absl::GetFlag(FLAGS_min_bytes);
+  const int64_t max_bytes = absl::GetFlag(FLAGS_max_bytes);
+  ASSIGN_OR_RETURN(DataType dtype, ParseDtype(absl::GetFlag(FLAGS_dtype)));
+  const int64_t element = static_cast<int64_t>(DataTypeSize(dtype));
+  if (min_bytes < element || min_bytes % element != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--min_bytes=%d must be a positive multiple of the %d-byte %s element", min_bytes,
+        element, DataTypeName(dtype)));
+  }
+  if (max_bytes < min_bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--max_bytes=%d is less than --min_bytes=%d; sizes double from min to max", max_bytes,
+        min_bytes));
+  }
+  // Calls per timed batch are clamped to [ops_per_graph, 400].
+  const int ops_per_graph = absl::GetFlag(FLAGS_ops_per_graph);
+  if (ops_per_graph < 1 || ops_per_graph > 400) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--ops_per_graph=%d must be in 1..400", ops_per_graph));
+  }
+  if (absl::GetFlag(FLAGS_samples) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--samples=%d must be at least 1", absl::GetFlag(FLAGS_samples)));
+  }
+  if (absl::GetFlag(FLAGS_world_size) < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--world_size=%d must be 0 (every visible GPU) or the number of ranks",
+        absl::GetFlag(FLAGS_world_size)));
+  }
+  if (absl::GetFlag(FLAGS_timeout_s) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--timeout_s=%d must be at least 1", absl::GetFlag(FLAGS_timeout_s)));
+  }
+  for (absl::string_view mode : absl::StrSplit(absl::GetFlag(FLAGS_modes), ',')) {
+    if (mode != "eager" && mode != "graph") {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--modes has unknown mode '%s'; use eager, graph or both, comma-separated", mode));
+    }
+  }
+  for (absl::string_view algo : absl::StrSplit(absl::GetFlag(FLAGS_algos), ',')) {
+    if (algo != "one-shot" && algo != "one-shot-reg" && algo != "two-shot" && algo != "auto" &&
+        algo != "nccl") {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--algos has unknown '%s'; use one-shot, one-shot-reg, two-shot, auto, nccl", algo));
+    }
+  }
+  AllReduceConfig config;
+  if (!google::protobuf::TextFormat::ParseFromString(absl::GetFlag(FLAGS_config), &config)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--config='%s' is not an AllReduceConfig text proto",
+                        absl::GetFlag(FLAGS_config)));
+  }
+  return ValidateAllReduceConfig(config);
+}
+
 }  // namespace
 }  // namespace kiln
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (absl::Status flags = kiln::ValidateFlags(); !flags.ok()) {
+    std::fprintf(stderr, "allreduce_benchmark: %s\n", std::string(flags.message()).c_str());
+    return 2;
+  }
   kiln::testing::BenchmarkGroupOptions options;
   options.name = "allreduce_benchmark";
   options.world_size = absl::GetFlag(FLAGS_world_size);

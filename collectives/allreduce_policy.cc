@@ -61,10 +61,11 @@ int64_t TwoShotMaxBytes(const AllReduceConfig& config, int world_size) {
 }
 
 absl::Status ValidateAllReduceConfig(const AllReduceConfig& config) {
-  if (config.buffer_bytes() <= 0 || config.buffer_bytes() % 16 != 0) {
+  if (config.buffer_bytes() <= 0 || config.buffer_bytes() % 16 != 0 ||
+      config.buffer_bytes() > kMaxAllReduceBufferBytes) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "AllReduceConfig.buffer_bytes %d must be a positive multiple of 16",
-        config.buffer_bytes()));
+        "AllReduceConfig.buffer_bytes %d must be a positive multiple of 16 of at most %d (1 TiB)",
+        config.buffer_bytes(), kMaxAllReduceBufferBytes));
   }
   const int threads = config.threads_per_block();
   if (threads < 64 || threads > 1024 || threads % 32 != 0) {
@@ -81,11 +82,13 @@ absl::Status ValidateAllReduceConfig(const AllReduceConfig& config) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "AllReduceConfig.max_blocks %d must be in 1..128", config.max_blocks()));
   }
-  if (config.barrier_timeout_ms() <= 0 || config.bootstrap_timeout_ms() <= 0) {
+  if (config.barrier_timeout_ms() <= 0 || config.bootstrap_timeout_ms() <= 0 ||
+      config.barrier_timeout_ms() > kMaxAllReduceTimeoutMs ||
+      config.bootstrap_timeout_ms() > kMaxAllReduceTimeoutMs) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "AllReduceConfig timeouts must be positive (barrier_timeout_ms %d, "
-        "bootstrap_timeout_ms %d)",
-        config.barrier_timeout_ms(), config.bootstrap_timeout_ms()));
+        "AllReduceConfig timeouts must be positive and at most %d ms, about 292 years "
+        "(barrier_timeout_ms %d, bootstrap_timeout_ms %d)",
+        kMaxAllReduceTimeoutMs, config.barrier_timeout_ms(), config.bootstrap_timeout_ms()));
   }
   if (config.max_graph_inputs() <= 0) {
     return absl::InvalidArgumentError(absl::StrFormat(

@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 
 #include "absl/status/status.h"
 #include "collectives/allreduce_config.pb.h"
@@ -75,9 +76,20 @@ bool BuffersOverlap(const void* a, const void* b, size_t bytes);
 int64_t OneShotMaxBytes(const AllReduceConfig& config, int world_size);
 int64_t TwoShotMaxBytes(const AllReduceConfig& config, int world_size);
 
+// The largest AllReduceConfig.buffer_bytes: each rank allocates 2 x buffer_bytes + 64 KiB and the
+// kernels index world size x buffer_bytes bytes in 64 bits, which a value near 2^63 would wrap (a
+// few KiB allocated for a buffer the kernels take to be huge). No GPU holds 2 TiB.
+constexpr int64_t kMaxAllReduceBufferBytes = int64_t{1} << 40;
+
+// The longest AllReduceConfig timeout in milliseconds: the kernels wait barrier_timeout_ms x 10^6
+// nanoseconds in 64 bits, which a larger value would wrap into a short wait (spurious
+// DeadlineExceeded).
+constexpr int64_t kMaxAllReduceTimeoutMs = std::numeric_limits<int64_t>::max() / 1000000;
+
 // Returns InvalidArgument naming the first field out of range (buffer_bytes a positive multiple
-// of 16, threads_per_block and min_threads_per_block multiples of 32 in 64..1024, max_blocks in
-// 1..128, positive timeouts and max_graph_inputs, crossovers not negative).
+// of 16 up to kMaxAllReduceBufferBytes, threads_per_block and min_threads_per_block multiples of
+// 32 in 64..1024, max_blocks in 1..128, timeouts in 1..kMaxAllReduceTimeoutMs, positive
+// max_graph_inputs, crossovers not negative).
 absl::Status ValidateAllReduceConfig(const AllReduceConfig& config);
 
 // Returns whether the custom all-reduce may take `request` at all (eligibility only: world size,

@@ -1,6 +1,7 @@
 #include "collectives/allreduce_policy.h"
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -169,6 +170,33 @@ TEST(AllReducePolicyTest, ValidationNamesTheBadField) {
   config = AllReduceConfig();
   config.set_max_graph_inputs(0);
   EXPECT_EQ(ValidateAllReduceConfig(config).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(AllReducePolicyTest, ValidationRefusesSizesAndTimeoutsThatWrap) {
+  // 2 x buffer_bytes + 64 KiB wraps to 65,504 bytes: a tiny region the kernels would overrun.
+  AllReduceConfig config;
+  config.set_buffer_bytes(std::numeric_limits<int64_t>::max() - 15);
+  EXPECT_EQ(ValidateAllReduceConfig(config).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(ValidateAllReduceConfig(config).message()),
+              HasSubstr("buffer_bytes 9223372036854775792"));
+  config.set_buffer_bytes(kMaxAllReduceBufferBytes + 16);
+  EXPECT_EQ(ValidateAllReduceConfig(config).code(), absl::StatusCode::kInvalidArgument);
+  config.set_buffer_bytes(kMaxAllReduceBufferBytes);
+  EXPECT_TRUE(ValidateAllReduceConfig(config).ok());
+
+  // 2^58 ms is 2^64 x 15625 ns: the kernels' wait would wrap to 0 and time out at once.
+  config = AllReduceConfig();
+  config.set_barrier_timeout_ms(int64_t{1} << 58);
+  EXPECT_EQ(ValidateAllReduceConfig(config).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(ValidateAllReduceConfig(config).message()),
+              HasSubstr("barrier_timeout_ms 288230376151711744"));
+  config = AllReduceConfig();
+  config.set_bootstrap_timeout_ms(std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(ValidateAllReduceConfig(config).code(), absl::StatusCode::kInvalidArgument);
+  config = AllReduceConfig();
+  config.set_barrier_timeout_ms(kMaxAllReduceTimeoutMs);
+  config.set_bootstrap_timeout_ms(kMaxAllReduceTimeoutMs);
+  EXPECT_TRUE(ValidateAllReduceConfig(config).ok());
 }
 
 TEST(AllReducePolicyTest, LaunchShapeSpreadsThreadsOverBlocksFirst) {

@@ -48,7 +48,9 @@ absl::StatusOr<AllReducePlan> AutoCommunicator::Plan(const void* in, const void*
                                                      size_t count, DataType dtype,
                                                      cudaStream_t stream) const {
   AllReduceRequest request;
-  request.bytes = count * DataTypeSize(dtype);
+  // Refused before the policy sees them: a null input is 16-byte aligned and a wrapped size may
+  // look small, and either would send the call to the custom kernel.
+  ASSIGN_OR_RETURN(request.bytes, CheckAllReduceArgs(in, out, count, dtype));
   request.world_size = world_size();
   request.in = in;
   request.out = out;

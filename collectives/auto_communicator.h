@@ -65,7 +65,9 @@ class AutoCommunicator : public Communicator {
   int rank() const override { return nccl_->rank(); }
   int world_size() const override { return nccl_->world_size(); }
 
-  // Picks the path with SelectAllReduce and enqueues it. Legal during capture.
+  // Picks the path with SelectAllReduce and enqueues it. InvalidArgument, on every path, for
+  // what CheckAllReduceArgs refuses (a dtype outside the enum, a size that overflows, null
+  // buffers). Legal during capture.
   absl::Status AllReduce(const void* in, void* out, size_t count, DataType dtype,
                          cudaStream_t stream) override;
 
@@ -94,7 +96,8 @@ class AutoCommunicator : public Communicator {
   // Returns FailedPrecondition while captured inputs await RegisterGraphBuffers.
   absl::Status CheckReplayable() const;
 
-  // Returns the plan this call would take (the same decision AllReduce makes).
+  // Returns the plan this call would take (the same decision AllReduce makes; the same
+  // InvalidArgument for arguments it refuses).
   absl::StatusOr<AllReducePlan> Plan(const void* in, const void* out, size_t count,
                                      DataType dtype, cudaStream_t stream) const;
 

@@ -1,5 +1,6 @@
 #include "collectives/communicator.h"
 
+#include <limits>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -34,7 +35,37 @@ const char* DataTypeName(DataType dtype) {
   return "unknown";
 }
 
+absl::StatusOr<size_t> CheckAllReduceArgs(const void* in, const void* out, size_t count,
+                                          DataType dtype) {
+  const size_t element = DataTypeSize(dtype);
+  if (element == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "All-reduce dtype %d is not a DataType; pass DataType::kBf16, kFp16 or kFp32",
+        static_cast<int>(dtype)));
+  }
+  if (count > std::numeric_limits<size_t>::max() / element) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "All-reduce of %d %s elements overflows size_t bytes; pass the element count, not a "
+        "negative or wrapped value",
+        count, DataTypeName(dtype)));
+  }
+  if (count > 0 && (in == nullptr || out == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "All-reduce of %d %s elements got a null buffer (in %p, out %p); pass device pointers "
+        "(null only with count 0)",
+        count, DataTypeName(dtype), in, out));
+  }
+  return count * element;
+}
+
 absl::Status Communicator::SynchronizeStream(cudaStream_t stream, absl::Duration timeout) {
+  if (timeout <= absl::ZeroDuration()) {
+    // A zero or negative wait would abort the communicator whenever the stream still had work.
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Communicator::SynchronizeStream timeout %s must be positive; pass the longest a healthy "
+        "step may take (a stuck peer shows up after it)",
+        absl::FormatDuration(timeout)));
+  }
   RETURN_IF_ERROR(CheckNotCapturing(stream, "Communicator::SynchronizeStream"));
   // Polls: a blocking wait could not be given up. Spins for the first millisecond (a decode
   // step's wait), then sleeps between polls.

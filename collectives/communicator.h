@@ -32,6 +32,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
 namespace kiln {
@@ -48,6 +49,15 @@ size_t DataTypeSize(DataType dtype);
 
 // Returns "bf16", "fp16" or "fp32".
 const char* DataTypeName(DataType dtype);
+
+// Returns the bytes of an all-reduce of `count` elements of `dtype` from `in` into `out` after the
+// checks every implementation makes first: `dtype` one of DataType's values, count x element
+// size within size_t, and `in` and `out` non-null unless `count` is 0. InvalidArgument naming
+// the bad value otherwise (a bad call never reaches a kernel, where a null pointer would end the
+// CUDA context and an out-of-range dtype or a wrapped size would reduce the wrong bytes).
+// Thread-safe.
+absl::StatusOr<size_t> CheckAllReduceArgs(const void* in, const void* out, size_t count,
+                                          DataType dtype);
 
 // One fused all-reduce + residual add + RMSNorm over rows of `hidden` elements (device pointers,
 // owned by the caller, 16-byte aligned):
@@ -99,7 +109,8 @@ class Communicator {
   // (every later call fails; recreate it on every rank). Aborted NCCL kernels of eager calls
   // return; those launched from a CUDA graph may keep waiting (NCCL 2.28), which the message
   // then says: the process should exit. Use it instead of cudaStreamSynchronize where a peer may
-  // die. Not during capture.
+  // die. InvalidArgument for a `timeout` that is not positive (it would abort the communicator
+  // whenever the stream still had work). Not during capture.
   absl::Status SynchronizeStream(cudaStream_t stream, absl::Duration timeout);
 
   // Returns whether AllReduceAddRmsNorm takes rows of this shape. The answer depends only on the

@@ -362,7 +362,7 @@ absl::Status CustomAllReduce::AllReduce(const void* in, void* out, size_t count,
     return absl::InvalidArgumentError(
         "CustomAllReduce::AllReduce needs a one-shot or two-shot plan, not nccl");
   }
-  const size_t bytes = count * DataTypeSize(dtype);
+  ASSIGN_OR_RETURN(const size_t bytes, CheckAllReduceArgs(in, out, count, dtype));
   // The size and alignment checks run on every call, capturing or not: a captured kernel with
   // an oversize input would overrun the staging buffers on every replay.
   if (bytes == 0 || bytes % 16 != 0 || bytes > half_bytes_) {

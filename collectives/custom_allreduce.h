@@ -84,8 +84,9 @@ class CustomAllReduce {
   size_t max_bytes() const { return half_bytes_; }
 
   // Enqueues the sum of `count` elements of `dtype` over all ranks from `in` into `out` with
-  // `plan` (algorithm kOneShot or kTwoShot). Checks on every call, capturing or not: bytes a
-  // positive multiple of 16 and at most max_bytes(), 16-byte-aligned pointers, registered input
+  // `plan` (algorithm kOneShot or kTwoShot). Checks on every call, capturing or not:
+  // CheckAllReduceArgs (dtype, size overflow, non-null buffers), bytes a positive multiple of
+  // 16 and at most max_bytes(), 16-byte-aligned pointers, registered input
   // only while `stream` is capturing, and for a one-shot registered call no overlap of in and
   // out (InvalidArgument otherwise). Reads the capture state on every call (cudaStreamIsCapturing
   // and //graph:capture_context; FailedPrecondition when the context says capture but `stream`

@@ -601,6 +601,84 @@ TEST(CustomAllReduceMultiGpuTest, UnalignedAndOversizeEagerCallsTakeNccl) {
   }, Options());
 }
 
+TEST(CustomAllReduceMultiGpuTest, BadArgumentsAreRefusedOnEveryPathAndLaterCallsWork) {
+  KILN_REQUIRE_GPUS(2);
+  RunOnEveryGpu([](RankContext& ctx) {
+    RankRig rig;
+    ASSERT_NO_FATAL_FAILURE(MakeRig(ctx, TestConfig(), &rig));
+    const cudaStream_t s = rig.stream.get();
+    AutoCommunicator& comm = *rig.comm;
+    constexpr size_t kCount = 4096;  // 8 KiB of bf16: a size AutoCommunicator sends to one-shot
+    DeviceBuffer in = AllocOrFail(kCount * 4, "in");  // room for fp32, the dtype NCCL assumed
+    DeviceBuffer out = AllocOrFail(kCount * 4, "out");
+    struct Case {
+      const char* name;
+      const void* in;
+      void* out;
+      size_t count;
+      DataType dtype;
+    };
+    // A null input is 16-byte aligned and used to reach the custom kernel (an illegal address
+    // that ends the CUDA context); dtype 7 made NCCL reduce fp32; 2^63 + 8 bf16 elements wrap to
+    // 16 bytes, which the custom kernel took.
+    const Case cases[] = {
+        {"null in", nullptr, out.data(), kCount, DataType::kBf16},
+        {"null out", in.data(), nullptr, kCount, DataType::kBf16},
+        {"dtype 7", in.data(), out.data(), kCount, static_cast<DataType>(7)},
+        {"wrapping count", in.data(), out.data(), (size_t{1} << 63) + 8, DataType::kBf16},
+    };
+    const AllReducePlan one_shot{AllReduceAlgorithm::kOneShot, AllReduceInput::kStaged};
+    for (const Case& c : cases) {
+      EXPECT_EQ(comm.AllReduce(c.in, c.out, c.count, c.dtype, s).code(),
+                absl::StatusCode::kInvalidArgument)
+          << c.name;
+      EXPECT_EQ(comm.Plan(c.in, c.out, c.count, c.dtype, s).status().code(),
+                absl::StatusCode::kInvalidArgument)
+          << c.name;
+      EXPECT_EQ(comm.nccl()->AllReduce(c.in, c.out, c.count, c.dtype, s).code(),
+                absl::StatusCode::kInvalidArgument)
+          << c.name;
+      EXPECT_EQ(comm.custom()->AllReduce(c.in, c.out, c.count, c.dtype, one_shot, s).code(),
+                absl::StatusCode::kInvalidArgument)
+          << c.name;
+    }
+    // None of them reached a kernel: the stream, the context and both paths still work.
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    EXPECT_TRUE(comm.CheckAsyncErrors().ok());
+    const uint64_t seed = SharedSeed(ctx);
+    Upload(in.data(), Encode(IntegerInputs(kCount, ctx.rank, seed), DataType::kBf16), s);
+    for (bool nccl : {false, true}) {
+      Poison(out.data(), kCount * 2, s);
+      ASSERT_TRUE((nccl ? comm.nccl()->AllReduce(in.data(), out.data(), kCount, DataType::kBf16, s)
+                        : comm.AllReduce(in.data(), out.data(), kCount, DataType::kBf16, s))
+                      .ok());
+      EXPECT_EQ(Mismatches(Download(out.data(), kCount * 2, s),
+                           IntegerSum(kCount, ctx.world_size, seed), DataType::kBf16),
+                0u)
+          << (nccl ? "nccl" : "auto");
+    }
+    EXPECT_EQ(comm.stats().one_shot_staged, 1);
+  }, Options());
+}
+
+TEST(CustomAllReduceMultiGpuTest, AnNcclCommunicatorAbortedWithAnOkReasonStillFails) {
+  KILN_REQUIRE_GPUS(2);
+  RunOnEveryGpu([](RankContext& ctx) {
+    RankRig rig;
+    ASSERT_NO_FATAL_FAILURE(MakeRig(ctx, TestConfig(), &rig));
+    DeviceBuffer in = AllocOrFail(4096, "in");
+    DeviceBuffer out = AllocOrFail(4096, "out");
+    // Every rank aborts alike. An OK reason used to make every later call return OK without
+    // enqueuing anything.
+    rig.comm->nccl()->Abort(absl::OkStatus());
+    EXPECT_EQ(rig.comm->nccl()
+                  ->AllReduce(in.data(), out.data(), 2048, DataType::kBf16, rig.stream.get())
+                  .code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(rig.comm->nccl()->CheckAsyncErrors().code(), absl::StatusCode::kFailedPrecondition);
+  }, Options());
+}
+
 // The dead-peer tests' common start: a rig with `config`, `count` integer inputs, three
 // all-reduces of them enqueued.
 struct DeadPeerCase {

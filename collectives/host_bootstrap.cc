@@ -6,6 +6,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -35,7 +36,11 @@ absl::StatusOr<bool> WaitReady(int fd, short events, absl::Time deadline) {
     absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) return false;
     pollfd p{fd, events, 0};
-    int ms = static_cast<int>(absl::ToInt64Milliseconds(left)) + 1;
+    // poll takes an int: a wait of 2^31 ms (24.9 days) or more, an infinite timeout included,
+    // would wrap to a negative value (wait forever, past the deadline) or to 0 (spin). Wait at
+    // most a day at a time; the loop checks the deadline again.
+    constexpr int64_t kMaxPollMs = 24 * 60 * 60 * 1000;
+    const int ms = static_cast<int>(std::min(absl::ToInt64Milliseconds(left), kMaxPollMs - 1) + 1);
     int n = poll(&p, 1, ms);
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -95,6 +100,16 @@ absl::Status CheckShape(int rank, int world_size) {
         world_size));
   }
   return absl::OkStatus();
+}
+
+// Rank 0's verdict on a joining rank, sent once every rank joined (or at once, to a rank it
+// refuses): a uint32 length and that many bytes of the reason it refused, none when accepted.
+absl::StatusOr<bool> SendVerdict(int fd, absl::string_view refusal, absl::Time deadline) {
+  const uint32_t length = static_cast<uint32_t>(refusal.size());
+  ASSIGN_OR_RETURN(bool sent, SendAll(fd, reinterpret_cast<const char*>(&length), sizeof(length),
+                                      deadline));
+  if (!sent || refusal.empty()) return sent;
+  return SendAll(fd, refusal.data(), refusal.size(), deadline);
 }
 
 void CloseAll(std::vector<int>& fds) {
@@ -186,11 +201,14 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
                   : absl::StatusOr<bool>(nb);
       if (!got.ok() || !*got || hello[1] != world_size || hello[0] < 1 ||
           hello[0] >= world_size || fds[hello[0] - 1] >= 0) {
-        close(fd);
         status = absl::InvalidArgumentError(absl::StrFormat(
             "A process joined the bootstrap at %s as rank %d of %d, which does not fit world "
             "size %d or is taken; give every rank a distinct rank and the same world size",
             path, hello[0], hello[1], world_size));
+        // Tell the refused process why (best effort): it would otherwise take the closed
+        // connection for an ordinary join and fail later, blaming a peer that exited.
+        if (got.ok() && *got) SendVerdict(fd, status.message(), deadline).IgnoreError();
+        close(fd);
         break;
       }
       fds[hello[0] - 1] = fd;
@@ -198,8 +216,16 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
     }
     close(listener);
     if (!abstract) unlink(path.c_str());
+    for (size_t i = 0; status.ok() && i < fds.size(); ++i) {
+      absl::StatusOr<bool> sent = SendVerdict(fds[i], "", deadline);
+      if (!sent.ok() || !*sent) {
+        status = absl::UnavailableError(absl::StrFormat(
+            "Rank %d left the bootstrap at %s before every rank joined; start it again", i + 1,
+            path));
+      }
+    }
     if (!status.ok()) {
-      CloseAll(fds);
+      CloseAll(fds);  // the ranks that joined see the connection close and fail too
       return status;
     }
     return FromConnectedSockets(0, world_size, std::move(fds), timeout);
@@ -223,6 +249,28 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
         return absl::DeadlineExceededError(absl::StrFormat(
             "Rank %d could not introduce itself to rank 0 at %s within %s", rank, path,
             absl::FormatDuration(timeout)));
+      }
+      // Wait for rank 0's verdict: sent once every rank joined, or at once if it refused this
+      // rank (a rank or world size that does not fit its own).
+      uint32_t length = 0;
+      absl::StatusOr<bool> got =
+          ReceiveAll(fd, reinterpret_cast<char*>(&length), sizeof(length), deadline);
+      std::string refusal(got.ok() && *got ? std::min<uint32_t>(length, 4096) : 0, '\0');
+      if (!refusal.empty()) got = ReceiveAll(fd, refusal.data(), refusal.size(), deadline);
+      if (!got.ok() || (*got && length > 0)) {
+        close(fd);
+        if (got.ok()) return absl::InvalidArgumentError(absl::StrCat("Rank 0 refused: ", refusal));
+        return absl::UnavailableError(absl::StrFormat(
+            "Rank %d of %d: rank 0 at %s ended the rendezvous before every rank joined (it "
+            "refused another rank or gave up); see its error, and start every rank again",
+            rank, world_size, path));
+      }
+      if (!*got) {
+        close(fd);
+        return absl::DeadlineExceededError(absl::StrFormat(
+            "Rank %d joined rank 0 at %s, but not every one of the %d ranks joined within %s; "
+            "start every rank with the same path and world size",
+            rank, path, world_size, absl::FormatDuration(timeout)));
       }
       return FromConnectedSockets(rank, world_size, std::move(fds), timeout);
     }

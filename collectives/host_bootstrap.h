@@ -36,8 +36,11 @@ class HostBootstrap {
   // Connects `world_size` processes through a Unix-domain socket at `path` (at most 107
   // characters; "@name" names an abstract socket, which leaves no file behind). Rank 0 creates
   // the socket (replacing a stale file) and removes it once everyone joined; the others retry
-  // connecting until `timeout` passes. InvalidArgument for a bad rank,
-  // world size or path; DeadlineExceeded when not everyone joined in time.
+  // connecting until `timeout` passes. Returns on every rank once all joined. InvalidArgument for
+  // a bad rank, world size or path, and on both rank 0 and the joining process when that process
+  // brings a rank or world size that does not fit rank 0's (taken, out of range, another world
+  // size); the ranks that had joined then get Unavailable. DeadlineExceeded when not everyone
+  // joined in time.
   static absl::StatusOr<std::unique_ptr<HostBootstrap>> Rendezvous(const std::string& path,
                                                                    int rank, int world_size,
                                                                    absl::Duration timeout);

@@ -1,6 +1,7 @@
 #include "collectives/host_bootstrap.h"
 
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -137,6 +138,87 @@ TEST(HostBootstrapTest, ExitedPeerIsUnavailableAtOnce) {
   EXPECT_EQ(all.status().code(), absl::StatusCode::kUnavailable) << all.status();
   EXPECT_THAT(std::string(all.status().message()), HasSubstr("lost rank 2"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST(HostBootstrapTest, MismatchedWorldSizesAreRefusedOnEveryRank) {
+  // Rank 1 believes in a world of 3, rank 0 in one of 2. Rank 1's Rendezvous used to succeed and
+  // its first exchange to fail with "lost rank 0 ... did that process exit?".
+  const std::string path = TempPath("mismatch");
+  absl::StatusOr<std::unique_ptr<HostBootstrap>> joiner;
+  std::thread rank1([&] { joiner = HostBootstrap::Rendezvous(path, 1, 3, absl::Seconds(10)); });
+  auto root = HostBootstrap::Rendezvous(path, 0, 2, absl::Seconds(10));
+  rank1.join();
+  EXPECT_EQ(root.status().code(), absl::StatusCode::kInvalidArgument) << root.status();
+  EXPECT_THAT(std::string(root.status().message()), HasSubstr("as rank 1 of 3"));
+  EXPECT_EQ(joiner.status().code(), absl::StatusCode::kInvalidArgument) << joiner.status();
+  EXPECT_THAT(std::string(joiner.status().message()),
+              HasSubstr("Rank 0 refused: A process joined the bootstrap at " + path +
+                        " as rank 1 of 3, which does not fit world size 2"));
+}
+
+TEST(HostBootstrapTest, ATakenRankIsRefusedAndTheRanksThatJoinedLearnIt) {
+  // Two processes both claim rank 1 of 3: whichever comes second is refused, the other one was
+  // accepted and learns that the rendezvous failed.
+  const std::string path = TempPath("taken");
+  absl::StatusOr<std::unique_ptr<HostBootstrap>> claims[2];
+  std::thread root([&] {
+    EXPECT_EQ(HostBootstrap::Rendezvous(path, 0, 3, absl::Seconds(10)).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  });
+  std::thread a([&] { claims[0] = HostBootstrap::Rendezvous(path, 1, 3, absl::Seconds(10)); });
+  claims[1] = HostBootstrap::Rendezvous(path, 1, 3, absl::Seconds(10));
+  a.join();
+  root.join();
+  const int refused = claims[0].status().code() == absl::StatusCode::kInvalidArgument ? 0 : 1;
+  const absl::Status& refusal = claims[refused].status();
+  const absl::Status& accepted = claims[1 - refused].status();
+  EXPECT_EQ(refusal.code(), absl::StatusCode::kInvalidArgument) << refusal;
+  EXPECT_THAT(std::string(refusal.message()), HasSubstr("or is taken"));
+  EXPECT_EQ(accepted.code(), absl::StatusCode::kUnavailable) << accepted;
+  EXPECT_THAT(std::string(accepted.message()),
+              HasSubstr("ended the rendezvous before every rank joined"));
+}
+
+TEST(HostBootstrapTest, AJoinedRankWaitsForTheOthersWithinItsTimeout) {
+  // Rank 0 and rank 1 of 3; rank 2 never comes.
+  const std::string path = TempPath("incomplete");
+  std::thread root([&] {
+    EXPECT_EQ(HostBootstrap::Rendezvous(path, 0, 3, absl::Milliseconds(400)).status().code(),
+              absl::StatusCode::kDeadlineExceeded);
+  });
+  auto joined = HostBootstrap::Rendezvous(path, 1, 3, absl::Milliseconds(300));
+  root.join();
+  EXPECT_FALSE(joined.ok());
+  EXPECT_TRUE(joined.status().code() == absl::StatusCode::kDeadlineExceeded ||
+              joined.status().code() == absl::StatusCode::kUnavailable)
+      << joined.status();
+}
+
+// CPU time this thread has used.
+absl::Duration ThreadCpuTime() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return absl::DurationFromTimespec(t);
+}
+
+TEST(HostBootstrapTest, LongAndInfiniteTimeoutsWaitWithoutSpinning) {
+  // Timeouts of 2^31 ms and more used to wrap in poll's int argument: the infinite one spun
+  // (poll(0) in a loop); 30 days became a negative wait, which blocks past the deadline (here the
+  // peer answers, so that case only shows both still work).
+  for (absl::Duration timeout : {absl::InfiniteDuration(), absl::Hours(24 * 30)}) {
+    auto star = MakeStar(2, timeout);
+    std::thread late([&] {
+      absl::SleepFor(absl::Milliseconds(300));
+      EXPECT_TRUE(star[1]->AllGather("b").ok());
+    });
+    const absl::Duration cpu_before = ThreadCpuTime();
+    auto all = star[0]->AllGather("a");
+    const absl::Duration cpu = ThreadCpuTime() - cpu_before;
+    late.join();
+    ASSERT_TRUE(all.ok()) << all.status();
+    EXPECT_THAT(*all, ElementsAre("a", "b"));
+    EXPECT_LT(cpu, absl::Milliseconds(100)) << "rank 0 spun while waiting " << timeout;
+  }
 }
 
 TEST(HostBootstrapTest, RejectsBadArguments) {

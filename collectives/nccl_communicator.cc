@@ -49,6 +49,14 @@ absl::Status WaitForComm(ncclComm_t comm, absl::Time deadline, const char* what,
 
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     HostBootstrap& bootstrap, int device, absl::Duration timeout) {
+  if (timeout <= absl::ZeroDuration()) {
+    // Checked before the id goes out: a rank that gave up at once would leave its peers'
+    // initialisation waiting and its own helper thread joining without it.
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "NcclCommunicator::Create timeout %s must be positive; pass how long every rank may "
+        "take to join",
+        absl::FormatDuration(timeout)));
+  }
   RETURN_IF_ERROR(CheckNotCapturing(cudaStreamLegacy, "NcclCommunicator::Create"));
   CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   ncclUniqueId id{};
@@ -116,14 +124,26 @@ NcclCommunicator::~NcclCommunicator() {
   }
 }
 
+namespace {
+
+// Returns the error later calls of an aborted communicator return: `reason`, or a
+// FailedPrecondition when it is OK (those calls must not pass for all-reduces that never ran).
+absl::Status AbortedStatus(absl::Status reason) {
+  if (!reason.ok()) return reason;
+  return absl::FailedPreconditionError(
+      "The NCCL communicator was aborted; recreate it on every rank");
+}
+
+}  // namespace
+
 void NcclCommunicator::Abort(absl::Status reason) {
   if (comm_ != nullptr) ncclCommAbort(comm_);
   comm_ = nullptr;
-  if (aborted_.ok()) aborted_ = std::move(reason);
+  if (aborted_.ok()) aborted_ = AbortedStatus(std::move(reason));
 }
 
 void NcclCommunicator::AbortWithoutWaiting(absl::Status reason) {
-  if (aborted_.ok()) aborted_ = std::move(reason);
+  if (aborted_.ok()) aborted_ = AbortedStatus(std::move(reason));
   if (comm_ == nullptr) return;
   ncclComm_t comm = comm_;
   comm_ = nullptr;
@@ -139,6 +159,8 @@ absl::Status NcclCommunicator::Await(ncclResult_t result, const char* what) {
 absl::Status NcclCommunicator::AllReduce(const void* in, void* out, size_t count, DataType dtype,
                                          cudaStream_t stream) {
   if (comm_ == nullptr) return aborted_;
+  // ToNccl would read a dtype outside the enum as fp32, over twice the bytes of a 16-bit one.
+  RETURN_IF_ERROR(CheckAllReduceArgs(in, out, count, dtype).status());
   return Await(ncclAllReduce(in, out, count, ToNccl(dtype), ncclSum, comm_, stream),
                "ncclAllReduce");
 }

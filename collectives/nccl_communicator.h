@@ -33,7 +33,7 @@ class NcclCommunicator : public Communicator {
   // Makes `device` current and joins the NCCL communicator of the bootstrap's ranks (rank 0
   // creates the unique id and broadcasts it). Collective. DeadlineExceeded if the ranks have not
   // all joined within `timeout`; the helper thread then stays blocked in NCCL, so the process
-  // should exit. Not during capture.
+  // should exit. InvalidArgument for a `timeout` that is not positive. Not during capture.
   static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Create(HostBootstrap& bootstrap,
                                                                   int device,
                                                                   absl::Duration timeout);
@@ -45,7 +45,8 @@ class NcclCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
 
-  // Enqueues ncclAllReduce(sum). Legal during capture.
+  // Enqueues ncclAllReduce(sum). InvalidArgument for what CheckAllReduceArgs refuses (a dtype
+  // outside the enum, a size that overflows, null buffers). Legal during capture.
   absl::Status AllReduce(const void* in, void* out, size_t count, DataType dtype,
                          cudaStream_t stream) override;
 
@@ -54,13 +55,14 @@ class NcclCommunicator : public Communicator {
 
   // Aborts the communicator now (ncclCommAbort) instead of finalizing it with its peers on
   // destruction: for when a peer is known to be gone. NCCL kernels still waiting for peers
-  // return. Later calls return `reason`.
+  // return. Later calls return `reason` (a FailedPrecondition when `reason` is OK).
   void Abort(absl::Status reason =
                  absl::FailedPreconditionError("The NCCL communicator was aborted"));
 
   // Like Abort, but ncclCommAbort runs on a detached thread of its own and this returns at once:
   // with NCCL 2.28, ncclCommAbort blocks while kernels launched from a CUDA graph still wait for
-  // a dead peer (kernels of eager calls return and it completes). Later calls return `reason`.
+  // a dead peer (kernels of eager calls return and it completes). Later calls return `reason`
+  // (a FailedPrecondition when `reason` is OK).
   // If those kernels never end, the process cannot use this GPU any more and should exit.
   void AbortWithoutWaiting(absl::Status reason);
 
