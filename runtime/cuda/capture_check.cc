@@ -14,11 +14,15 @@ thread_local bool capture_noted = false;
 bool IsCapturing(cudaStream_t stream) {
   if (capture_noted) return true;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
-    // Asking about the legacy stream while another stream captures in global mode is itself
-    // an error; treat it as capturing, which is what it means.
+  const cudaError_t error = cudaStreamIsCapturing(stream, &status);
+  if (error != cudaSuccess) {
     cudaGetLastError();
-    return true;
+    // Asking about the legacy stream while another stream captures in global mode is itself
+    // an error; treat it as capturing, which is what it means. Any other error (no GPU or
+    // driver, a sticky error from an earlier kernel) says nothing about capture: the operation
+    // itself then fails with it, instead of being blamed on a capture that does not exist.
+    return error == cudaErrorStreamCaptureImplicit || error == cudaErrorStreamCaptureUnsupported ||
+           error == cudaErrorStreamCaptureInvalidated;
   }
   return status != cudaStreamCaptureStatusNone;
 }

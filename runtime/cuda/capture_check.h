@@ -24,7 +24,9 @@
 namespace kiln {
 
 // Returns true if `stream` is capturing, or if this thread has a capture under way on any
-// stream (global or thread-local capture mode forbids unsafe calls on every stream then).
+// stream (global or thread-local capture mode forbids unsafe calls on every stream then). False
+// when CUDA cannot answer for a reason other than a capture (no GPU, a sticky error): the
+// operation the caller guards then reports that error itself.
 bool IsCapturing(cudaStream_t stream);
 
 // Returns FailedPrecondition naming `operation` when IsCapturing(stream), after recording it as

@@ -52,6 +52,14 @@ int DeviceCount() {
 }
 
 absl::StatusOr<bool> CanAccessPeer(int from, int to) {
+  const int count = DeviceCount();
+  for (int device : {from, to}) {
+    if (device < 0 || device >= count) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "Device %d does not exist (%d visible); pick 0..%d or check CUDA_VISIBLE_DEVICES",
+          device, count, count - 1));
+    }
+  }
   if (from == to) return true;
   int can = 0;
   CUDA_RETURN_IF_ERROR(cudaDeviceCanAccessPeer(&can, from, to));

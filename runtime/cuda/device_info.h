@@ -38,7 +38,8 @@ struct DeviceInfo {
 int DeviceCount();
 
 // Returns whether device `from` can access device `to`'s memory directly (P2P), as the driver
-// reports it. The collectives prove it with a real write before relying on it.
+// reports it (true for a device and itself). InvalidArgument when either device does not exist.
+// The collectives prove it with a real write before relying on it.
 absl::StatusOr<bool> CanAccessPeer(int from, int to);
 
 }  // namespace kiln

@@ -169,7 +169,16 @@ absl::StatusOr<ReplayProfile> ProfileReplays(std::vector<KernelRecord> records) 
       })->first;
   std::vector<KernelRecord> kernels;
   for (KernelRecord& r : records) {
-    if (r.graph_id == graph) kernels.push_back(std::move(r));
+    if (r.graph_id != graph) continue;
+    // A span is a difference of unsigned timestamps: a record that ends before it starts would
+    // wrap it into centuries.
+    if (r.end_ns < r.start_ns) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ProfileReplays: kernel ", ShortKernelName(r.name), " (node ", r.graph_node,
+          " of graph ", graph, ") ends at ", r.end_ns, " ns, before its start at ", r.start_ns,
+          " ns; pass CUPTI's records as they came"));
+    }
+    kernels.push_back(std::move(r));
   }
   std::stable_sort(kernels.begin(), kernels.end(),
                    [](const auto& a, const auto& b) { return a.start_ns < b.start_ns; });

@@ -87,7 +87,8 @@ struct RepeatedBlock {
 // is profiled: each kernel's increment is its end minus the latest end before it (the replay's
 // first start for the first kernel), 0 where it ends before that. With programmatic dependent
 // launch the kernels overlap; the increments are what each adds to the replay's critical path,
-// and they sum to its span. Errors: no graph kernels, or replays with different node counts.
+// and they sum to its span. Errors: no graph kernels, replays with different node counts, or a
+// kernel of the graph that ends before it starts.
 absl::StatusOr<ReplayProfile> ProfileReplays(std::vector<KernelRecord> records);
 
 // Returns the block of kernel names that repeats back to back over the most of `nodes` at least

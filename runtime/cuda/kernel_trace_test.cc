@@ -161,5 +161,18 @@ TEST(ProfileReplaysTest, RefusesRecordsWithoutGraphsOrWithAPartialReplay) {
   EXPECT_THAT(cut.status().message(), HasSubstr("replay 1 of graph 7 has 1 kernels, replay 0 3"));
 }
 
+TEST(ProfileReplaysTest, RefusesAKernelThatEndsBeforeItStarts) {
+  // The replay's span is its last end - its first start in unsigned arithmetic: this replay of
+  // one kernel from 100 to 50 ns spanned 2^64 - 50 ns.
+  std::vector<KernelRecord> records = {Kernel(100, 50, 1, "void Backwards(int)")};
+  absl::StatusOr<ReplayProfile> profile = ProfileReplays(records);
+  EXPECT_EQ(profile.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(profile.status().message(), HasSubstr("Backwards (node 1 of graph 7) ends at 50"));
+  // Kernels outside the profiled graph are not looked at.
+  records = Replay(0, 10);
+  records.push_back(Kernel(500, 400, 9, "void Eager(int)", 0));
+  EXPECT_TRUE(ProfileReplays(records).ok());
+}
+
 }  // namespace
 }  // namespace kiln

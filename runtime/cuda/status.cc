@@ -1,5 +1,7 @@
 #include "runtime/cuda/status.h"
 
+#include <cstdio>
+
 #include "absl/strings/str_cat.h"
 
 namespace kiln {
@@ -50,17 +52,18 @@ const char* CuResultName(CUresult result) {
     KILN_CU_CASE(CUDA_ERROR_CAPTURED_EVENT)
     KILN_CU_CASE(CUDA_ERROR_UNKNOWN)
 #undef KILN_CU_CASE
-    default:
-      return nullptr;
+    default: {
+      // Per thread, so concurrent callers each keep their own text until their next call.
+      thread_local char unknown[32];
+      std::snprintf(unknown, sizeof(unknown), "CUresult %d", static_cast<int>(result));
+      return unknown;
+    }
   }
 }
 
 absl::Status ToStatus(CUresult result, absl::string_view context) {
   if (result == CUDA_SUCCESS) return absl::OkStatus();
-  const char* name = CuResultName(result);
-  std::string message = name != nullptr
-                            ? absl::StrCat(context, " failed: ", name)
-                            : absl::StrCat(context, " failed: CUresult ", static_cast<int>(result));
+  std::string message = absl::StrCat(context, " failed: ", CuResultName(result));
   if (result == CUDA_ERROR_OUT_OF_MEMORY) return absl::ResourceExhaustedError(message);
   return absl::InternalError(message);
 }

@@ -24,7 +24,8 @@ absl::Status ToStatus(cudaError_t error, absl::string_view context);
 // library: names come from a table in kiln, so it works where libcuda is absent.
 absl::Status ToStatus(CUresult result, absl::string_view context);
 
-// Returns the name of a CUresult ("CUDA_ERROR_OUT_OF_MEMORY"), or "CUresult <n>" if unknown.
+// Returns the name of a CUresult ("CUDA_ERROR_OUT_OF_MEMORY"), or "CUresult <n>" if unknown
+// (never null; that text lives in a per-thread buffer until this thread's next unknown code).
 const char* CuResultName(CUresult result);
 
 }  // namespace kiln

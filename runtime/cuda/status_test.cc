@@ -55,6 +55,9 @@ TEST(CudaStatusTest, UnknownDriverCodeNamesTheNumber) {
   absl::Status d = ToStatus(static_cast<CUresult>(123456), "cuSomething");
   EXPECT_EQ(d.code(), absl::StatusCode::kInternal);
   EXPECT_THAT(std::string(d.message()), HasSubstr("CUresult 123456"));
+  // The name itself, as documented: never null.
+  EXPECT_STREQ(CuResultName(static_cast<CUresult>(123456)), "CUresult 123456");
+  EXPECT_STREQ(CuResultName(CUDA_ERROR_OUT_OF_MEMORY), "CUDA_ERROR_OUT_OF_MEMORY");
 }
 
 TEST(CudaStatusTest, InvalidUsageIsInvalidArgument) {

@@ -28,6 +28,13 @@ Stream::~Stream() {
 }
 
 absl::Status Stream::Synchronize() const {
+  if (stream_ == nullptr) {
+    // cudaStreamSynchronize(nullptr) would wait for the legacy default stream, which kiln's
+    // non-blocking streams do not order with: it could return before this stream's work ends.
+    return absl::FailedPreconditionError(
+        "Stream::Synchronize on an empty Stream (default-constructed or moved from); make one "
+        "with Stream::Create");
+  }
   RETURN_IF_ERROR(CheckNotCapturing(stream_, "Stream::Synchronize (cudaStreamSynchronize)"));
   return ToStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
 }

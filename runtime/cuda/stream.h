@@ -34,7 +34,7 @@ class Stream {
   cudaStream_t get() const { return stream_; }
 
   // Waits for all work on the stream. FailedPrecondition during capture (a synchronize would
-  // invalidate it).
+  // invalidate it) and on an empty Stream (default-constructed or moved from).
   absl::Status Synchronize() const;
 
  private:
