@@ -80,6 +80,15 @@ CaptureGuard::CaptureGuard(cudaStream_t stream, CaptureKey key, cudaStreamCaptur
                      "kiln::Stream::Create"));
     return;
   }
+  if (CaptureContext::IsCapturing()) {
+    // A second capture on this thread would, when it ends, clear the first one's note for
+    // capture_check (kiln's helpers would stop refusing) and take its recorded illegal call.
+    begin_status_ = absl::FailedPreconditionError(absl::StrCat(
+        "Capture of ", KeyName(key), " began while this thread captures ",
+        KeyName(CaptureContext::Key()),
+        "; nested captures are not supported: end that capture first"));
+    return;
+  }
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &status) == cudaSuccess &&
       status != cudaStreamCaptureStatusNone) {

@@ -24,7 +24,8 @@
 // The default capture mode is cudaStreamCaptureModeGlobal: unsafe calls from this thread (and
 // other threads' global-mode calls) fail fast instead of silently breaking the graph.
 // A guard belongs to the thread that made it (capture state is per thread). Not copyable or
-// movable. Nesting captures is not supported.
+// movable. Nesting captures is not supported: a guard made while this thread captures (its
+// CaptureContext phase is kCapture) does not begin (FailedPrecondition naming both keys).
 #ifndef KILN_GRAPH_CAPTURE_GUARD_H_
 #define KILN_GRAPH_CAPTURE_GUARD_H_
 

@@ -1,6 +1,7 @@
 // CaptureGuard on a GPU: a clean capture yields the launched nodes and sets the phase; a failed
 // or abandoned capture leaves the stream usable; errors name what broke the capture.
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -157,6 +158,33 @@ TEST_F(CaptureGuardGpuTest, DefaultStreamIsRefusedBeforeBeginning) {
   EXPECT_EQ(CaptureContext::Phase(), CapturePhase::kEager);
   EXPECT_EQ(guard.End().status().code(), absl::StatusCode::kInvalidArgument);
   ExpectCaptureAndReplayWork(8.0f);
+}
+
+TEST_F(CaptureGuardGpuTest, NestedCaptureOnAnotherStreamIsRefusedAndTheOuterOneKeepsItsChecks) {
+  KILN_ASSERT_OK_AND_ASSIGN(Stream other, Stream::Create());
+  {
+    CaptureGuard outer(stream_.get(), kKey);
+    ASSERT_TRUE(outer.ok()) << outer.begin_status();
+    ASSERT_EQ(LaunchFill(y_.as<float>(), kN, 1.0f, stream_.get()), cudaSuccess);
+    {
+      CaptureGuard inner(other.get(), {GraphMode::kPrefill, 16});
+      EXPECT_FALSE(inner.ok());
+      EXPECT_EQ(inner.begin_status().code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_THAT(std::string(inner.begin_status().message()), HasSubstr("nested"));
+      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+      ASSERT_EQ(cudaStreamIsCapturing(other.get(), &status), cudaSuccess);
+      EXPECT_EQ(status, cudaStreamCaptureStatusNone);
+    }
+    // The refused inner guard left the outer capture's note in place: kiln's helpers still refuse
+    // by name, and the outer End reports it.
+    EXPECT_EQ(CaptureContext::Phase(), CapturePhase::kCapture);
+    EXPECT_EQ(DeviceBuffer::Allocate(16, "after the inner guard").status().code(),
+              absl::StatusCode::kFailedPrecondition);
+    absl::StatusOr<OwnedGraph> graph = outer.End();
+    EXPECT_EQ(graph.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(graph.status().message()), HasSubstr("after the inner guard"));
+  }
+  ExpectCaptureAndReplayWork(9.0f);
 }
 
 TEST_F(CaptureGuardGpuTest, ModeIsConfigurable) {

@@ -62,6 +62,11 @@ absl::Status GraphSet::RunEager(CaptureKey key, const StepFn& fn, cudaStream_t s
 
 absl::Status GraphSet::Capture(CaptureKey key, StepFn fn, cudaStream_t stream,
                                const StaticBuffers* buffers) {
+  if (!fn) {
+    // Calling an empty std::function throws std::bad_function_call: no exception may leave.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GraphSet::Capture of ", KeyName(key), " got an empty step function; pass the step"));
+  }
   graphs_.erase(key);
   Captured captured;
   captured.stats.key = key;
@@ -135,6 +140,12 @@ absl::Status GraphSet::Capture(CaptureKey key, StepFn fn, cudaStream_t stream,
 absl::StatusOr<CaptureSummary> GraphSet::CaptureAll(GraphMode mode, const CaptureSizes& sizes,
                                                     KeyedStepFn fn, cudaStream_t stream,
                                                     const StaticBuffers* buffers) {
+  if (!fn) {
+    return absl::InvalidArgumentError(absl::StrCat("GraphSet::CaptureAll of ",
+                                                   GraphModeName(mode),
+                                                   " graphs got an empty step function; pass "
+                                                   "the step"));
+  }
   std::ostream& out = options_.progress_stream != nullptr ? *options_.progress_stream : std::cerr;
   CaptureProgress style = options_.progress;
   if (style == CaptureProgress::kAuto) {

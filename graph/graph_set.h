@@ -131,13 +131,14 @@ class GraphSet {
   // stream), replacing any graph `key` had. `buffers` (nullable, not owned, must outlive the
   // graph) declares the static buffers fn uses; it is snapshotted now and checked at Replay.
   // Errors name the key and the phase that failed: the warm-up's own status, CaptureGuard's
-  // explanation, or Verify's mismatch. On error no graph is kept for `key`, and the stream is
-  // usable.
+  // explanation, or Verify's mismatch; InvalidArgument for an empty `fn` (before anything runs
+  // or is dropped). On error no graph is kept for `key`, and the stream is usable.
   absl::Status Capture(CaptureKey key, StepFn fn, cudaStream_t stream,
                        const StaticBuffers* buffers = nullptr);
 
   // Captures `fn` for every size of `sizes`, largest first, as keys {mode, size}, reporting
-  // progress (see GraphSetOptions) and ending with a summary line. Stops at the first error.
+  // progress (see GraphSetOptions) and ending with a summary line. Stops at the first error;
+  // InvalidArgument for an empty `fn`.
   absl::StatusOr<CaptureSummary> CaptureAll(GraphMode mode, const CaptureSizes& sizes,
                                             KeyedStepFn fn, cudaStream_t stream,
                                             const StaticBuffers* buffers = nullptr);
