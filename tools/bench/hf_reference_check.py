@@ -38,10 +38,16 @@ import subprocess
 import sys
 import tempfile
 
-import torch
-import transformers
-from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+try:
+    import safetensors  # noqa: F401 (save_pretrained writes safetensors files with it)
+    import torch
+    import transformers
+    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                              Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+except ImportError as error:  # reported by main() once the arguments are checked
+    IMPORT_ERROR = error
+else:
+    IMPORT_ERROR = None
 
 # Sizes; rope scaling as (factor, low_freq_factor, high_freq_factor, original length). kiln passes
 # when its mean error is within `slack` times transformers' bf16 error (or under `tolerance`).
@@ -93,10 +99,11 @@ SHAPES = {
 }
 
 
-FAMILIES = {"llama": (LlamaConfig, LlamaForCausalLM),
-            "mistral": (MistralConfig, MistralForCausalLM),
-            "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-            "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
+FAMILIES = {} if IMPORT_ERROR is not None else {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "mistral": (MistralConfig, MistralForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
 
 
 def model_class(s):
@@ -149,7 +156,9 @@ def kiln_frequencies(s):
     return torch.tensor(out, dtype=torch.float64)
 
 
-def make_model(s, seed, scaled=True, dtype=torch.bfloat16):
+def make_model(s, seed, scaled=True, dtype=None):
+    # dtype None: bf16 (a default of torch.bfloat16 would need torch to load this file).
+    dtype = torch.bfloat16 if dtype is None else dtype
     torch.manual_seed(seed)
     model = model_class(s)(make_config(s, scaled))
     with torch.no_grad():
@@ -243,10 +252,21 @@ def main():
     parser.add_argument("--no_control", action="store_true",
                         help="skip the unscaled model (its check passes)")
     args = parser.parse_args()
-    unknown = [k for k in args.shapes.split(",") if k not in SHAPES]
+    # Every argument is checked before the packages are needed and before any model is built.
+    unknown = [repr(k) for k in args.shapes.split(",") if k not in SHAPES]
     if unknown:
         sys.exit(f"hf_reference_check: --shapes={args.shapes!r}: unknown {', '.join(unknown)}; "
-                 f"use {', '.join(SHAPES)}")
+                 f"use a comma-separated list of {', '.join(SHAPES)}")
+    if args.prompt < 0 or args.layers < 0:
+        sys.exit(f"hf_reference_check: --prompt={args.prompt} and --layers={args.layers} must be "
+                 ">= 0 (0: the shape's own)")
+    if shutil.which(args.generate) is None:
+        sys.exit(f"hf_reference_check: --generate={args.generate!r} is not an executable; build "
+                 "kiln's generate (tools/generate) and pass its path")
+    if IMPORT_ERROR is not None:
+        sys.exit(f"hf_reference_check: needs torch, transformers with Qwen3 (4.51 or later) and "
+                 f"safetensors ({IMPORT_ERROR}); install them, e.g. pip install torch "
+                 "transformers safetensors")
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     print(f"torch {torch.__version__}, transformers {transformers.__version__}")
     failed = False

@@ -50,9 +50,14 @@ import math
 import os
 import statistics
 
-import torch
-import torch._dynamo
-import torch.nn.functional as F
+try:
+    import torch
+    import torch._dynamo
+    import torch.nn.functional as F
+except ImportError as error:  # reported by main() once the arguments are checked
+    TORCH_IMPORT_ERROR = error
+else:
+    TORCH_IMPORT_ERROR = None
 
 # The shapes kiln's presets of the same names give (runtime/config/presets.cc); rope_scaling is
 # llama3's: factor, low_freq_factor, high_freq_factor, original length (None: none); bias: the
@@ -374,19 +379,29 @@ def main():
     parser.add_argument("--prefill", default="",
                         help="prompt lengths: time a prefill of each instead of decode steps")
     args = parser.parse_args()
+    # Every argument is checked before torch is needed, so a bad one is named even where torch is
+    # missing, and none is ignored because another mode was picked.
     if args.warmup < 0 or args.reps < 1:
         raise SystemExit("torch_reference: --warmup must be >= 0 and --reps >= 1")
     if args.model not in MODELS:
         raise SystemExit(f"torch_reference: --model={args.model!r}: expected one of "
                          f"{', '.join(MODELS)}")
-    use_model(args.model)
-    if args.prefill:
-        return run_prefill(args)
     batches = parse_ints(args.batches, "--batches", "1,8,32,128")
     if args.context < 2:
         raise SystemExit("torch_reference: --context must be >= 2")
     variants = parse_list(args.variants, VARIANTS, "--variants")
     norms = parse_list(args.norms, tuple(NORMS), "--norms")
+    if args.prefill:
+        parse_ints(args.prefill, "--prefill", "512,2048")
+    if TORCH_IMPORT_ERROR is not None:
+        raise SystemExit(f"torch_reference: needs PyTorch with CUDA ({TORCH_IMPORT_ERROR}); "
+                         "install it, e.g. pip install torch")
+    if not torch.cuda.is_available():
+        raise SystemExit("torch_reference: needs a CUDA GPU, and torch.cuda.is_available() is "
+                         "False; run it on the GPU kiln runs on")
+    use_model(args.model)
+    if args.prefill:
+        return run_prefill(args)
     torch.backends.cuda.matmul.allow_tf32 = False
     # One compilation per batch size and piece.
     torch._dynamo.config.recompile_limit = max(8, 2 * len(batches))
