@@ -15,8 +15,20 @@ constexpr int kDecodeKernelMaxTileRows = 16;
 
 bool Enabled(const AttentionPlanPartDevice& part) { return part.work_capacity > 0; }
 
-absl::Status RunDecodeKernel(const AttentionStepParams& p, const AttentionPlanPartDevice& part,
-                             const DecodeRopeAppendDevice& rope_append, cudaStream_t stream) {
+bool RunsOnDecodeKernel(const AttentionPlanPartDevice& part) {
+  return part.tile_rows <= kDecodeKernelMaxTileRows;
+}
+
+// Whether the part's split tiles are finished by the merge kernel: the decode kernel merges
+// them itself when the part has merge counters.
+bool LaunchesMerge(const AttentionPlanPartDevice& part) {
+  return Enabled(part) && part.merge_capacity > 0 &&
+         !(part.merge_counters != nullptr && RunsOnDecodeKernel(part));
+}
+
+DecodeAttentionParams DecodeParamsForPart(const AttentionStepParams& p,
+                                          const AttentionPlanPartDevice& part,
+                                          const DecodeRopeAppendDevice& rope_append) {
   DecodeAttentionParams d;
   d.dtype = p.dtype;
   d.num_q_heads = p.num_q_heads;
@@ -30,26 +42,11 @@ absl::Status RunDecodeKernel(const AttentionStepParams& p, const AttentionPlanPa
   d.kv = p.kv;
   d.plan = part;
   d.rope_append = rope_append;
-  return LaunchDecodeAttention(d, stream);
+  return d;
 }
 
-// rope_append: for the decode part only (its sequences have q_len 1).
-absl::Status RunPart(const AttentionStepParams& p, const AttentionPlanPartDevice& part,
-                     const DecodeRopeAppendDevice& rope_append, cudaStream_t stream) {
-  if (!Enabled(part)) return absl::OkStatus();
-  if (part.tile_rows <= kDecodeKernelMaxTileRows) {
-    return RunDecodeKernel(p, part, rope_append, stream);
-  }
-  return LaunchPrefillAttention(PrefillParamsForPart(p, part), stream);
-}
-
-absl::Status MergePart(const AttentionStepParams& p, const AttentionPlanPartDevice& part,
-                       cudaStream_t stream) {
-  if (!Enabled(part) || part.merge_capacity == 0) return absl::OkStatus();
-  // The decode kernel merges split tiles itself when the part has merge counters.
-  if (part.merge_counters != nullptr && part.tile_rows <= kDecodeKernelMaxTileRows) {
-    return absl::OkStatus();
-  }
+AttentionMergeParams MergeParamsForPart(const AttentionStepParams& p,
+                                        const AttentionPlanPartDevice& part) {
   AttentionMergeParams m;
   m.dtype = p.dtype;
   m.num_q_heads = p.num_q_heads;
@@ -58,7 +55,44 @@ absl::Status MergePart(const AttentionStepParams& p, const AttentionPlanPartDevi
   m.o = p.o;
   m.o_stride = p.o_stride;
   m.plan = part;
-  return LaunchAttentionMerge(m, stream);
+  return m;
+}
+
+// Returns what the launches of `part` (its kernel and merge) would refuse, so that a refusal
+// comes before anything of the step is enqueued. rope_append: for the decode part only.
+absl::Status ValidatePart(const AttentionStepParams& p, const AttentionPlanPartDevice& part,
+                          const DecodeRopeAppendDevice& rope_append) {
+  if (!Enabled(part)) return absl::OkStatus();
+  if (RunsOnDecodeKernel(part)) {
+    RETURN_IF_ERROR(ValidateDecodeAttentionParams(DecodeParamsForPart(p, part, rope_append)));
+  } else {
+    RETURN_IF_ERROR(ValidatePrefillAttentionParams(PrefillParamsForPart(p, part)));
+    // PrefillParamsForPart passes the workspace only to a part that may split; one that may
+    // split without it would have its split tiles written through null.
+    if (part.slot_capacity > 0 && (part.partial_o == nullptr || part.partial_lse == nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Attention step part of tile_rows ", part.tile_rows, " may split (slot_capacity ",
+          part.slot_capacity, ") but has no partial workspace; pass PlanBuffers' part"));
+    }
+  }
+  if (!LaunchesMerge(part)) return absl::OkStatus();
+  return ValidateAttentionMergeParams(MergeParamsForPart(p, part));
+}
+
+// rope_append: for the decode part only (its sequences have q_len 1).
+absl::Status RunPart(const AttentionStepParams& p, const AttentionPlanPartDevice& part,
+                     const DecodeRopeAppendDevice& rope_append, cudaStream_t stream) {
+  if (!Enabled(part)) return absl::OkStatus();
+  if (RunsOnDecodeKernel(part)) {
+    return LaunchDecodeAttention(DecodeParamsForPart(p, part, rope_append), stream);
+  }
+  return LaunchPrefillAttention(PrefillParamsForPart(p, part), stream);
+}
+
+absl::Status MergePart(const AttentionStepParams& p, const AttentionPlanPartDevice& part,
+                       cudaStream_t stream) {
+  if (!LaunchesMerge(part)) return absl::OkStatus();
+  return LaunchAttentionMerge(MergeParamsForPart(p, part), stream);
 }
 
 }  // namespace
@@ -109,14 +143,11 @@ absl::Status RunAttentionStep(const AttentionStepParams& params, cudaStream_t st
         "part, tiles of at most 16 rows): the decode kernel rotates only q_len-1 tokens; run "
         "RoPE and the KV append before attention for other steps");
   }
-  // A part the prefill kernel runs is checked before anything is enqueued: otherwise a part it
-  // refuses would fail the step after the decode part's kernel had already run (or been
+  // Every launch of the step is checked before anything is enqueued: otherwise a part or merge
+  // refused later would fail the step after the decode part's kernel had already run (or been
   // captured into the graph).
-  for (const AttentionPlanPartDevice* part : {&params.decode, &params.prefill}) {
-    if (Enabled(*part) && part->tile_rows > kDecodeKernelMaxTileRows) {
-      RETURN_IF_ERROR(ValidatePrefillAttentionParams(PrefillParamsForPart(params, *part)));
-    }
-  }
+  RETURN_IF_ERROR(ValidatePart(params, params.decode, params.rope_append));
+  RETURN_IF_ERROR(ValidatePart(params, params.prefill, DecodeRopeAppendDevice{}));
   // Both kernels first (they write disjoint rows of o and separate workspaces), then the
   // merges, which read the partials the kernels wrote earlier on this stream.
   RETURN_IF_ERROR(RunPart(params, params.decode, params.rope_append, stream));

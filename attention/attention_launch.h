@@ -55,9 +55,10 @@ struct AttentionStepParams {
 // Enqueues on `stream`: the decode part's kernel, the prefill part's kernel, then the merge of
 // each part that can split (same stream, so the merges see the partials), except a part the
 // decode kernel runs with merge counters (it merges those itself). A disabled part
-// (work_capacity 0) launches nothing. InvalidArgument names a missing pointer or an unsupported
-// shape (a part the prefill kernel runs is checked before either kernel is enqueued); launch
-// errors come back as a Status. Callable during capture; thread-safe.
+// (work_capacity 0) launches nothing. InvalidArgument names a missing or misaligned pointer or
+// an unsupported shape, including a part that may split without a partial workspace; every
+// launch is checked before the first is enqueued. Launch errors come back as a Status. Callable
+// during capture; thread-safe.
 absl::Status RunAttentionStep(const AttentionStepParams& params, cudaStream_t stream);
 
 // Returns the prefill kernel's params for `part` of a step (tile_rows 64 or 128). For callers

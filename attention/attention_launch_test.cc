@@ -2,8 +2,11 @@
 // from a plan part; no GPU needed (nothing is launched).
 #include "attention/attention_launch.h"
 
+#include <cmath>
+
 #include "absl/status/status.h"
 #include "attention/decode_kernel.h"
+#include "attention/merge_kernel.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -37,6 +40,7 @@ AttentionStepParams HostStepParams(int* buffers, AttentionWorkItem* item) {
   p.kv.v_cache = &buffers[8];
   p.kv.block_table = &buffers[9];
   p.kv.block_size = 16;
+  p.kv.max_blocks_per_seq = 4;
   for (AttentionPlanPartDevice* part : {&p.decode, &p.prefill}) {
     part->work_items = item;
     part->seq_q_start = &buffers[10];
@@ -97,11 +101,101 @@ TEST(AttentionLaunchTest, RefusesABadPrefillPartBeforeLaunchingTheDecodePart) {
   alignas(16) int buffers[16] = {};
   AttentionWorkItem item{};
   AttentionStepParams p = HostStepParams(buffers, &item);
-  p.kv.max_blocks_per_seq = 4;
   p.prefill.tile_rows = 96;  // the planner takes any tile_rows >= G; the kernel 64 or 128
   const absl::Status s = RunAttentionStep(p, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(s.message(), HasSubstr("Prefill tile_rows 96"));
+}
+
+// The same for every other launch of the step: a second part the decode kernel runs, a prefill
+// part that may split without a workspace (its kernel would write split tiles through null),
+// and a merge; each refusal names what is wrong and comes before the decode part's kernel is
+// enqueued (on a host without a GPU that launch would fail otherwise, not the check).
+TEST(AttentionLaunchTest, RefusesEveryLaunchOfTheStepBeforeEnqueueingAny) {
+  alignas(16) int buffers[16] = {};
+  alignas(16) float partial[8] = {};
+  AttentionWorkItem item{};
+  AttentionStepParams p = HostStepParams(buffers, &item);
+  p.prefill.tile_rows = 2;  // run by the decode kernel, which needs at least G = 4 rows
+  EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("Decode plan tile_rows 2"));
+
+  p = HostStepParams(buffers, &item);
+  p.prefill.tile_rows = 64;
+  p.prefill.slot_capacity = 2;  // may split, but no partial_o / partial_lse
+  absl::Status s = RunAttentionStep(p, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("slot_capacity 2) but has no partial workspace"));
+
+  p.prefill.partial_o = partial;
+  p.prefill.partial_lse = partial;
+  p.prefill.merge_capacity = 1;  // the merge kernel runs: it needs the merge items
+  EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("Merge needs o"));
+
+  // The decode part splits without a workspace; its merge counters need the header.
+  p = HostStepParams(buffers, &item);
+  p.prefill.work_capacity = 0;
+  p.decode.slot_capacity = 2;
+  EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("no (16-byte aligned) partial"));
+}
+
+// The kernels move q, o and the cache in 16-byte vectors and index the block table by rows of
+// max_blocks_per_seq: a misaligned tensor or rows of no width are refused, not launched.
+TEST(AttentionLaunchTest, RefusesMisalignedTensorsAndEmptyBlockTableRows) {
+  alignas(16) int buffers[16] = {};
+  AttentionWorkItem item{};
+  AttentionStepParams p = HostStepParams(buffers, &item);
+  p.prefill.work_capacity = 0;
+  p.q = &buffers[1];
+  EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("16-byte aligned"));
+  p = HostStepParams(buffers, &item);
+  p.prefill.work_capacity = 0;
+  p.kv.v_cache = &buffers[2];
+  EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("16-byte aligned"));
+  p = HostStepParams(buffers, &item);
+  p.prefill.work_capacity = 0;
+  p.kv.max_blocks_per_seq = 0;
+  EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("max_blocks_per_seq 0"));
+  // A scale the prefill kernel refuses is refused by the decode kernel too (NaN weights).
+  p = HostStepParams(buffers, &item);
+  p.prefill.work_capacity = 0;
+  p.sm_scale = std::nanf("");
+  EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("Decode sm_scale nan"));
+  // The prefill kernel: cp.async reads q, k and v in 16-byte pieces.
+  p = HostStepParams(buffers, &item);
+  p.decode.work_capacity = 0;
+  p.prefill.tile_rows = 64;
+  p.kv.k_cache = &buffers[3];
+  EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("16-byte aligned"));
+}
+
+TEST(AttentionLaunchTest, MergeRefusesStridesAndPointersItCannotWrite) {
+  alignas(16) int buffers[16] = {};
+  alignas(16) float partial[8] = {};
+  AttentionMergeItem merge{};
+  AttentionMergeParams m;
+  m.num_q_heads = 8;
+  m.num_kv_heads = 2;
+  m.head_dim = 64;
+  m.o = &buffers[0];
+  m.plan.merge_items = &merge;
+  m.plan.merge_capacity = 1;
+  m.plan.seq_q_start = &buffers[8];
+  m.plan.partial_o = partial;
+  m.plan.partial_lse = partial;
+  m.plan.tile_rows = 4;
+  EXPECT_TRUE(ValidateAttentionMergeParams(m).ok());
+  m.o_stride = -512;  // rows would be written before o
+  EXPECT_THAT(LaunchAttentionMerge(m, nullptr).message(), HasSubstr("o_stride -512"));
+  m.o_stride = 100;
+  EXPECT_THAT(LaunchAttentionMerge(m, nullptr).message(), HasSubstr("o_stride 100"));
+  m.o_stride = 0;
+  m.o = &buffers[1];
+  EXPECT_THAT(LaunchAttentionMerge(m, nullptr).message(), HasSubstr("16-byte aligned"));
+  m.o = &buffers[0];
+  m.head_dim = 96;
+  EXPECT_THAT(LaunchAttentionMerge(m, nullptr).message(), HasSubstr("head_dim 96"));
+  m.plan.merge_capacity = 0;  // no merge: nothing is checked or launched
+  EXPECT_TRUE(LaunchAttentionMerge(m, nullptr).ok());
 }
 
 TEST(AttentionLaunchTest, DecodeAttentionSupportsShapeNamesWhatIsBuilt) {
@@ -121,7 +215,7 @@ TEST(AttentionLaunchTest, DecodeAttentionSupportsShapeNamesWhatIsBuilt) {
 }
 
 TEST(AttentionLaunchTest, PrefillParamsComeFromThePart) {
-  int buffers[8] = {};
+  alignas(16) int buffers[20] = {};
   AttentionStepParams p;
   p.dtype = AttentionDtype::kFp16;
   p.num_q_heads = 32;
@@ -130,16 +224,16 @@ TEST(AttentionLaunchTest, PrefillParamsComeFromThePart) {
   p.sm_scale = 0.5f;
   p.q = &buffers[0];
   p.q_stride = 6144;
-  p.o = &buffers[1];
-  p.kv.k_cache = &buffers[2];
-  p.kv.v_cache = &buffers[3];
-  p.kv.block_table = &buffers[4];
+  p.o = &buffers[4];
+  p.kv.k_cache = &buffers[8];
+  p.kv.v_cache = &buffers[12];
+  p.kv.block_table = &buffers[16];
   p.kv.block_size = 16;
   p.kv.max_blocks_per_seq = 512;
   AttentionPlanPartDevice part;
-  part.seq_q_start = &buffers[5];
-  part.seq_kv_len = &buffers[6];
-  part.work_items = reinterpret_cast<const AttentionWorkItem*>(&buffers[7]);
+  part.seq_q_start = &buffers[17];
+  part.seq_kv_len = &buffers[18];
+  part.work_items = reinterpret_cast<const AttentionWorkItem*>(&buffers[19]);
   part.work_capacity = 300;
   part.tile_rows = 128;
   float partial = 0;

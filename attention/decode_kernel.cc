@@ -23,6 +23,8 @@ int Log2(int power_of_two) {
   return log;
 }
 
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 }  // namespace
 
 absl::Status DecodeAttentionSupportsShape(int num_q_heads, int num_kv_heads, int head_dim) {
@@ -46,9 +48,7 @@ absl::Status DecodeAttentionSupportsShape(int num_q_heads, int num_kv_heads, int
   return absl::OkStatus();
 }
 
-namespace {
-
-absl::Status Validate(const DecodeAttentionParams& p) {
+absl::Status ValidateDecodeAttentionParams(const DecodeAttentionParams& p) {
   RETURN_IF_ERROR(DecodeAttentionSupportsShape(p.num_q_heads, p.num_kv_heads, p.head_dim));
   const int group = p.num_q_heads / p.num_kv_heads;
   const int bs = p.kv.block_size;
@@ -67,11 +67,30 @@ absl::Status Validate(const DecodeAttentionParams& p) {
     return absl::InvalidArgumentError(
         "Decode needs q, o, the KV cache, its block table and an uploaded plan part");
   }
-  if (p.plan.slot_capacity > 0 && (p.plan.partial_o == nullptr || p.plan.partial_lse == nullptr)) {
-    return absl::InvalidArgumentError("Decode plan part splits but has no partial workspace");
+  // The kernel moves q, o and the cache in 16-byte vectors.
+  if (!Aligned16(p.q) || !Aligned16(p.o) || !Aligned16(p.kv.k_cache) || !Aligned16(p.kv.v_cache)) {
+    return absl::InvalidArgumentError(
+        "Decode q, o, k_cache and v_cache must each be 16-byte aligned");
+  }
+  // Row s of the block table starts at s × max_blocks_per_seq.
+  if (p.kv.max_blocks_per_seq < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Decode KV max_blocks_per_seq ", p.kv.max_blocks_per_seq,
+        " must be positive; pass the block table's row width"));
+  }
+  if (p.plan.slot_capacity > 0 &&
+      (p.plan.partial_o == nullptr || p.plan.partial_lse == nullptr ||
+       !Aligned16(p.plan.partial_o))) {
+    return absl::InvalidArgumentError(
+        "Decode plan part splits but has no (16-byte aligned) partial workspace");
   }
   if (p.plan.merge_counters != nullptr && p.plan.header == nullptr) {
     return absl::InvalidArgumentError("Decode fused merge needs the plan part's header");
+  }
+  // As the prefill kernel: a negative, infinite or NaN scale gives NaN or meaningless weights.
+  if (!(p.sm_scale >= 0.f) || std::isinf(p.sm_scale)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Decode sm_scale ", p.sm_scale, " is not finite and non-negative; 0 means 1/sqrt(d)"));
   }
   const int64_t row = static_cast<int64_t>(p.num_q_heads) * p.head_dim;
   if ((p.q_stride != 0 && (p.q_stride < row || p.q_stride % 8 != 0)) ||
@@ -119,11 +138,9 @@ absl::Status Validate(const DecodeAttentionParams& p) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
 absl::Status LaunchDecodeAttention(const DecodeAttentionParams& params, cudaStream_t stream) {
   if (params.plan.work_capacity <= 0) return absl::OkStatus();
-  RETURN_IF_ERROR(Validate(params));
+  RETURN_IF_ERROR(ValidateDecodeAttentionParams(params));
   attention_internal::DecodeKernelArgs args;
   const int64_t row = static_cast<int64_t>(params.num_q_heads) * params.head_dim;
   args.q = params.q;

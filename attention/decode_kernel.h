@@ -58,6 +58,13 @@ struct DecodeAttentionParams {
 // refused before anything is allocated.
 absl::Status DecodeAttentionSupportsShape(int num_q_heads, int num_kv_heads, int head_dim);
 
+// Checks the host-side fields of `params` (DecodeAttentionSupportsShape, block size, tile rows,
+// non-null and 16-byte aligned tensors, strides, the partial workspace of a part that splits,
+// the RoPE + KV append and QK norm) and returns InvalidArgument naming the bad value, or OK.
+// Device contents (items, lengths, block table) are the planner's responsibility and are not
+// read. Thread-safe; callable during capture.
+absl::Status ValidateDecodeAttentionParams(const DecodeAttentionParams& params);
+
 // Launches the decode kernel: unsplit tiles are written to o, split ones to the partial
 // workspace. With plan.merge_counters set (PlanBuffers sets it), the last chunk of each split
 // tile to finish merges the tile into o inside the same launch (one kernel per step, no merge

@@ -37,8 +37,15 @@ struct AttentionMergeParams {
   AttentionPlanPartDevice plan;  // the part whose partials to merge (merge items, workspace)
 };
 
+// Checks the host-side fields of `params` (heads, head_dim 64 or 128, o, the merge items,
+// seq_q_start and the partial workspace set, o_stride 0 or a multiple of 8 of at least
+// num_q_heads × head_dim, o and partial_o 16-byte aligned) and returns InvalidArgument naming
+// the bad value, or OK. Thread-safe; callable during capture.
+absl::Status ValidateAttentionMergeParams(const AttentionMergeParams& params);
+
 // Launches the merge of `params.plan` on `stream`; does nothing when the part has no merge
-// capacity. InvalidArgument names an unsupported dtype or head_dim, or a missing pointer.
+// capacity. InvalidArgument names an unsupported dtype or head_dim, a missing pointer or a bad
+// o_stride or alignment (ValidateAttentionMergeParams).
 absl::Status LaunchAttentionMerge(const AttentionMergeParams& params, cudaStream_t stream);
 
 }  // namespace kiln

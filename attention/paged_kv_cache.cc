@@ -1,5 +1,6 @@
 #include "attention/paged_kv_cache.h"
 
+#include <cstdint>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -27,6 +28,14 @@ absl::Status AppendKv(const AppendKvParams& params, const PagedKvLayout& layout,
   if (params.k == nullptr || params.v == nullptr || k_cache == nullptr || v_cache == nullptr) {
     return absl::InvalidArgumentError("AppendKv needs k, v and both cache pools");
   }
+  // The kernel copies 16-byte vectors.
+  for (const void* p : {params.k, params.v, static_cast<const void*>(k_cache),
+                        static_cast<const void*>(v_cache)}) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
+      return absl::InvalidArgumentError(
+          "AppendKv k, v and both cache pools must each be 16-byte aligned");
+    }
+  }
   if ((params.k_stride != 0 && (params.k_stride < row || params.k_stride % 8 != 0)) ||
       (params.v_stride != 0 && (params.v_stride < row || params.v_stride % 8 != 0))) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -35,9 +44,10 @@ absl::Status AppendKv(const AppendKvParams& params, const PagedKvLayout& layout,
   }
   if (params.slot_mapping == nullptr &&
       (params.plan.seq_q_start == nullptr || params.plan.seq_kv_len == nullptr ||
-       kv.block_table == nullptr || params.plan.max_seqs <= 0)) {
-    return absl::InvalidArgumentError(
-        "AppendKv needs a slot mapping, or an uploaded plan and the block table");
+       kv.block_table == nullptr || params.plan.max_seqs <= 0 || kv.max_blocks_per_seq < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AppendKv needs a slot mapping, or an uploaded plan and the block table (rows of "
+        "max_blocks_per_seq ", kv.max_blocks_per_seq, " blocks, at least 1)"));
   }
   attention_internal::AppendKernelArgs args;
   args.k = params.k;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "attention/attention_params.h"
@@ -184,6 +185,37 @@ TEST(PagedKvCacheGpuTest, UploadsAreRefusedDuringCapture) {
   ASSERT_OK(cache->UploadBlockTable(stream->get()));
   ASSERT_OK(buffers->Upload(stream->get()));
   ASSERT_OK(stream->Synchronize());
+}
+
+// AppendKv's refusals come before anything is launched (this case needs no GPU): the kernel
+// copies 16-byte vectors and, without a slot mapping, indexes the block table by rows of
+// max_blocks_per_seq.
+TEST(PagedKvCacheGpuTest, AppendRefusesMisalignedTensorsAndEmptyBlockTableRows) {
+  const PagedKvLayout layout{8, 16, 1, 64, AttentionDtype::kBf16};
+  alignas(16) int32_t buffers[16] = {};
+  AppendKvParams append;
+  append.k = &buffers[0];
+  append.v = &buffers[4];
+  append.max_tokens = 1;
+  append.plan.seq_q_start = &buffers[8];
+  append.plan.seq_kv_len = &buffers[10];
+  append.plan.max_seqs = 1;
+  PagedKvDevice kv;
+  kv.block_table = &buffers[12];
+  kv.max_blocks_per_seq = 0;
+  kv.block_size = 16;
+  void* pool = &buffers[0];
+  absl::Status s = AppendKv(append, layout, kv, pool, pool, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("max_blocks_per_seq 0"), std::string::npos) << s;
+  kv.max_blocks_per_seq = 2;
+  append.v = &buffers[5];  // 4 bytes past a 16-byte boundary
+  s = AppendKv(append, layout, kv, pool, pool, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("16-byte aligned"), std::string::npos) << s;
+  append.v = &buffers[4];
+  s = AppendKv(append, layout, kv, pool, &buffers[1], nullptr);
+  EXPECT_NE(s.message().find("16-byte aligned"), std::string::npos) << s;
 }
 
 }  // namespace

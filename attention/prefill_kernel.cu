@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include <cmath>
+#include <cstdint>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -16,6 +17,8 @@ namespace kiln {
 namespace {
 
 using prefill_internal::KernelArgs;
+
+bool Aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 // One DISPATCH helper per axis; each default names the unsupported value.
 template <typename T, int kHeadDim>
@@ -129,6 +132,14 @@ absl::Status ValidatePrefillAttentionParams(const PrefillAttentionParams& p) {
   if ((p.partial_o == nullptr) != (p.partial_lse == nullptr)) {
     return absl::InvalidArgumentError(
         "Prefill partial_o and partial_lse must be both set or both null");
+  }
+  // q, k and v arrive through 16-byte cp.async copies; o is written in pairs of elements and
+  // partial_o in pairs of floats.
+  if (!Aligned(p.q, 16) || !Aligned(p.k_cache, 16) || !Aligned(p.v_cache, 16) ||
+      !Aligned(p.o, 4) || !Aligned(p.partial_o, 8)) {
+    return absl::InvalidArgumentError(
+        "Prefill q, k_cache and v_cache must be 16-byte aligned, o 4-byte and partial_o 8-byte "
+        "aligned");
   }
   return absl::OkStatus();
 }

@@ -68,7 +68,8 @@ struct PrefillAttentionParams {
 };
 
 // Checks the host-side fields of `params` (supported dtype, head_dim and tile_rows, head counts,
-// non-null tensors) and returns InvalidArgument naming the bad value, or OK. Device contents
+// non-null tensors, q, k_cache and v_cache 16-byte aligned, o 4-byte, partial_o 8-byte) and
+// returns InvalidArgument naming the bad value, or OK. Device contents
 // (items, lengths, block table) are the planner's responsibility and are not read.
 // Thread-safe; callable during capture.
 absl::Status ValidatePrefillAttentionParams(const PrefillAttentionParams& params);

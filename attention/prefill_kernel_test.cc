@@ -18,7 +18,7 @@ using ::testing::HasSubstr;
 using prefill_testing::SeqSpec;
 
 PrefillAttentionParams ValidParams() {
-  static int dummy[4];
+  alignas(16) static int dummy[4];
   static AttentionWorkItem item;
   PrefillAttentionParams p;
   p.num_q_heads = 32;
@@ -93,6 +93,14 @@ TEST(PrefillKernelTest, RejectsBadValuesNamingThem) {
   p = ValidParams();
   p.softmax_scale = -1.0f;
   EXPECT_THAT(ValidatePrefillAttentionParams(p).message(), HasSubstr("softmax_scale"));
+
+  // cp.async copies q, k and v 16 bytes at a time.
+  alignas(16) static int buffer[4];
+  for (const void** tensor : {&p.q, &p.k_cache, &p.v_cache}) {
+    p = ValidParams();
+    *tensor = &buffer[1];  // 4 bytes past a 16-byte boundary
+    EXPECT_THAT(ValidatePrefillAttentionParams(p).message(), HasSubstr("16-byte aligned"));
+  }
 }
 
 TEST(PrefillKernelTest, ZeroItemsLaunchNothing) {
