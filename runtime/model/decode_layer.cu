@@ -617,8 +617,8 @@ bool DecodeLayerSupports(const DecodeLayerArgs& a, const DecodeLayerConfig& c) {
     const int bs = a.kv.block_size;
     if (!Aligned(a.qkv_w) || !Aligned(a.qkv) || a.positions == nullptr ||
         a.plan.seq_q_start == nullptr || a.plan.seq_kv_len == nullptr || a.plan.max_seqs < 1 ||
-        a.kv.k_cache == nullptr || a.kv.v_cache == nullptr || a.kv.block_table == nullptr ||
-        bs < 1 || (bs & (bs - 1)) != 0) {
+        !Aligned(a.kv.k_cache) || !Aligned(a.kv.v_cache) || a.kv.block_table == nullptr ||
+        a.kv.max_blocks_per_seq < 1 || bs < 1 || (bs & (bs - 1)) != 0) {
       return false;
     }
   }

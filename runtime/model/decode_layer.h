@@ -154,7 +154,8 @@ size_t DecodeLayerSharedBytes(int m, const DecodeLayerShape& shape, int stages);
 // kDecodeLayerMaxRows, widths multiples of 16 with hidden, q_width and ffn at most 8192, head_dim
 // a multiple of 16 up to 256, at least two stages and more than half of an SM's shared memory
 // (two launches' CTAs never share an SM), one CTA per SM of the current device, the pointers of
-// the parts asked for set and aligned, finish or start asked for, valid work sets.
+// the parts asked for set and aligned (the KV pools too, and block-table rows of at least one
+// block), finish or start asked for, valid work sets.
 bool DecodeLayerSupports(const DecodeLayerArgs& args, const DecodeLayerConfig& config);
 
 // Sets the kernel's shared-memory limit; not during capture. Idempotent.

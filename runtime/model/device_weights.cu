@@ -86,6 +86,9 @@ absl::StatusOr<LlamaDeviceWeights> LlamaDeviceWeights::RandomShard(const LlamaSh
                                                                    cudaStream_t stream) {
   ASSIGN_OR_RETURN(LlamaShape local, RankShape(full, tp_size));
   ASSIGN_OR_RETURN(LlamaWeightLayout full_layout, LlamaWeightLayout::Create(full));
+  // The rank is checked by every tensor's map below; a bad one is refused here, before the
+  // weights are allocated and the stream is given any work.
+  RETURN_IF_ERROR(ShardMapFor(full, tp_size, rank, /*tensor_index=*/0).status());
   ASSIGN_OR_RETURN(LlamaDeviceWeights weights, Allocate(local));
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(weights.buffer_.data(), 0, weights.buffer_.size(), stream));
   for (const WeightTensor& t : weights.layout_.tensors()) {

@@ -50,7 +50,8 @@ class LlamaDeviceWeights {
   // ranks (runtime/model/tensor_parallel.h; laid out for RankShape(full, tp_size)) and fills it
   // on `stream` (asynchronous) with exactly the bits
   // ShardLlamaHostWeights(RandomLlamaHostWeights(full, seed), tp_size, rank) holds, so every
-  // tensor-parallel size runs the same logical model. InvalidArgument when `full` does not split.
+  // tensor-parallel size runs the same logical model. InvalidArgument, before anything is
+  // allocated or enqueued, when `full` does not split or `rank` is outside [0, tp_size).
   static absl::StatusOr<LlamaDeviceWeights> RandomShard(const LlamaShape& full, int tp_size,
                                                         int rank, uint64_t seed,
                                                         cudaStream_t stream);

@@ -13,6 +13,7 @@
 
 #include <unistd.h>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "runtime/model/internal/gpu_test_helpers.h"
 #include "runtime/model/internal/weight_init.h"
@@ -162,6 +163,19 @@ TEST_F(DeviceWeightsGpuTest, LoadStreamsEachRanksShardFromTheFiles) {
   absl::StatusOr<LlamaDeviceWeights> cut = LlamaDeviceWeights::Load(*reader, stream());
   EXPECT_EQ(cut.status().code(), absl::StatusCode::kDataLoss) << cut.status();
   EXPECT_NE(cut.status().message().find("shrank"), std::string::npos) << cut.status();
+}
+
+// A rank outside the split is refused before the shard is allocated or its fill enqueued (this
+// case needs no GPU: the refusal comes first).
+TEST(DeviceWeightsTest, RandomShardRefusesARankOutsideTheSplitFirst) {
+  const LlamaShape shape = LlamaShape::Tiny();
+  for (int rank : {-1, 2}) {
+    absl::StatusOr<LlamaDeviceWeights> shard =
+        LlamaDeviceWeights::RandomShard(shape, /*tp_size=*/2, rank, /*seed=*/1, nullptr);
+    EXPECT_EQ(shard.status().code(), absl::StatusCode::kInvalidArgument) << shard.status();
+    EXPECT_NE(shard.status().message().find(absl::StrCat("Rank ", rank)), std::string::npos)
+        << shard.status();
+  }
 }
 
 }  // namespace

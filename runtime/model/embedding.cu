@@ -57,6 +57,7 @@ cudaError_t LaunchEmbeddingGather(const __nv_bfloat16* table, int64_t table_rows
     return cudaErrorInvalidValue;
   }
   if (num_rows == 0) return cudaSuccess;
+  if (table == nullptr || indices == nullptr || out == nullptr) return cudaErrorInvalidValue;
   if (clear_width == 0) clear = nullptr;
   const bool vec = width % 8 == 0 && internal::Aligned16(table) && internal::Aligned16(out);
   const bool clear_vec = clear_width % 8 == 0 && internal::Aligned16(clear);

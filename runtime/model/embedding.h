@@ -23,8 +23,8 @@
 namespace kiln {
 
 // Enqueues the gather on `stream`. Returns cudaErrorInvalidValue for a negative count, a
-// non-positive width or a negative clear_width, else the launch's error. num_rows == 0 launches
-// nothing.
+// non-positive width, a negative clear_width or (for num_rows > 0) a null table, indices or out,
+// else the launch's error. num_rows == 0 launches nothing.
 cudaError_t LaunchEmbeddingGather(const __nv_bfloat16* table,  // [table_rows, width]
                                   int64_t table_rows, int width,
                                   const int32_t* indices,      // [num_rows]

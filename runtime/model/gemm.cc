@@ -202,6 +202,11 @@ absl::Status Gemm::Prepare(int64_t m, int64_t n, int64_t k, GemmOutput output) {
 absl::Status Gemm::Run(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, int64_t m,
                        int64_t n, int64_t k, cudaStream_t stream, GemmOutput output) {
   if (m == 0) return absl::OkStatus();
+  if (x == nullptr || w == nullptr || y == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s got a null pointer (x %p, w %p, y %p); pass device buffers of the shape",
+        ShapeName(m, n, k, output), static_cast<const void*>(x), static_cast<const void*>(w), y));
+  }
   if (!Aligned16(x) || !Aligned16(w) || !Aligned16(y)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s got a pointer that is not 16-byte aligned (x %p, w %p, y %p); allocate or offset "

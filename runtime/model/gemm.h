@@ -79,7 +79,8 @@ class Gemm {
   absl::Status Prepare(int64_t m, int64_t n, int64_t k, GemmOutput output = GemmOutput::kBf16);
 
   // Enqueues y = x · Wᵀ on `stream` (preparing the shape first when outside capture). m == 0
-  // does nothing. `y` is bf16 or float according to `output`.
+  // does nothing. `y` is bf16 or float according to `output`. InvalidArgument for a null or
+  // not 16-byte aligned pointer and what Prepare refuses.
   absl::Status Run(const __nv_bfloat16* x,  // [m, k]
                    const __nv_bfloat16* w,  // [n, k]
                    void* y,                 // [m, n]

@@ -207,6 +207,12 @@ TEST_F(GemmGpuTest, ReportsBadArguments) {
   absl::Status misaligned = gemm_->Run(p + 1, p, buf.get(), 2, 8, 8, stream());
   EXPECT_EQ(misaligned.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(misaligned.message()), HasSubstr("16-byte aligned"));
+  for (const absl::Status& null : {gemm_->Run(nullptr, p, buf.get(), 2, 8, 8, stream()),
+                                   gemm_->Run(p, nullptr, buf.get(), 2, 8, 8, stream()),
+                                   gemm_->Run(p, p, nullptr, 2, 8, 8, stream())}) {
+    EXPECT_EQ(null.code(), absl::StatusCode::kInvalidArgument) << null;
+    EXPECT_THAT(std::string(null.message()), HasSubstr("null pointer"));
+  }
   EXPECT_EQ(gemm_->Prepare(4, 0, 8).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(gemm_->Run(p, p, buf.get(), 0, 8, 8, stream()).ok());  // empty batch: nothing to do
   EXPECT_EQ(gemm_->Algorithm(77, 77, 77).status().code(), absl::StatusCode::kNotFound);

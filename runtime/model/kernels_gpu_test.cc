@@ -513,6 +513,49 @@ TEST_F(GreedySampleGpuTest, RefusesBadSizes) {
   EXPECT_EQ(LaunchGreedySample(d_logits.get(), 0, 16, d_tokens.get(), stream()), cudaSuccess);
 }
 
+// ---------------------------------------------------------------- argument checks
+
+// What each launcher refuses before it launches anything (this test needs no GPU): a null
+// tensor where there are rows to read or write, an epsilon that makes the norm NaN, sizes whose
+// int indices would wrap. Zero rows still launch nothing, null pointers or not.
+TEST(KernelArgumentsTest, NullTensorsAndWrappingSizesAreRefusedBeforeAnyLaunch) {
+  alignas(16) static uint16_t buffer[64];
+  alignas(16) static int32_t ids[8];
+  alignas(16) static float logits[8];
+  __nv_bfloat16* p = Bf(buffer);
+  constexpr cudaError_t kRefused = cudaErrorInvalidValue;
+
+  EXPECT_EQ(LaunchEmbeddingGather(nullptr, 4, 8, ids, 1, p, nullptr), kRefused);
+  EXPECT_EQ(LaunchEmbeddingGather(p, 4, 8, nullptr, 1, p, nullptr), kRefused);
+  EXPECT_EQ(LaunchEmbeddingGather(p, 4, 8, ids, 1, nullptr, nullptr), kRefused);
+  EXPECT_EQ(LaunchEmbeddingGather(nullptr, 4, 8, nullptr, 0, nullptr, nullptr), cudaSuccess);
+
+  EXPECT_EQ(LaunchRmsNorm(nullptr, p, p, 1, 8, 1e-5f, nullptr), kRefused);
+  EXPECT_EQ(LaunchRmsNorm(p, nullptr, p, 1, 8, 1e-5f, nullptr), kRefused);
+  EXPECT_EQ(LaunchRmsNorm(p, p, nullptr, 1, 8, 1e-5f, nullptr), kRefused);
+  EXPECT_EQ(LaunchFusedAddRmsNorm(p, nullptr, p, p, 1, 8, 1e-5f, nullptr), kRefused);
+  EXPECT_EQ(LaunchRmsNorm(p, p, p, 1, 8, -1e-5f, nullptr), kRefused);
+  EXPECT_EQ(LaunchFusedAddRmsNorm(p, p, p, p, 1, 8, std::nanf(""), nullptr), kRefused);
+  EXPECT_EQ(LaunchRmsNorm(nullptr, nullptr, nullptr, 0, 8, 1e-5f, nullptr), cudaSuccess);
+
+  EXPECT_EQ(LaunchSiluMul(nullptr, p, 1, 8, nullptr), kRefused);
+  EXPECT_EQ(LaunchSiluMul(p, nullptr, 1, 8, nullptr), kRefused);
+  EXPECT_EQ(LaunchSiluMul(nullptr, nullptr, 0, 8, nullptr), cudaSuccess);
+
+  EXPECT_EQ(LaunchRope(nullptr, ids, 1, 4, 2, 64, 1e4, {}, nullptr), kRefused);
+  EXPECT_EQ(LaunchRope(p, nullptr, 1, 4, 2, 64, 1e4, {}, nullptr), kRefused);
+  // (2^22 + 2 · 2^21) heads × 256 = 2^31 elements a row: its int offsets would wrap.
+  EXPECT_EQ(LaunchRope(p, ids, 1, 1 << 22, 1 << 21, 256, 1e4, {}, nullptr), kRefused);
+
+  EXPECT_EQ(LaunchGreedySample(static_cast<const float*>(nullptr), 1, 8, ids, nullptr), kRefused);
+  EXPECT_EQ(LaunchGreedySample(logits, 1, 8, nullptr, nullptr), kRefused);
+  EXPECT_EQ(LaunchGreedySample(Bf(buffer), 1, 8, nullptr, nullptr), kRefused);
+  // A row's last round looks up to 2^14 elements past its end: int indices would wrap.
+  EXPECT_EQ(LaunchGreedySample(logits, 1, std::numeric_limits<int32_t>::max(), ids, nullptr),
+            kRefused);
+  EXPECT_EQ(LaunchGreedySample(logits, 0, 8, nullptr, nullptr), cudaSuccess);
+}
+
 // ---------------------------------------------------------------- graph replay
 
 // The launch shapes depend only on sizes: a graph captured once gives the right answer for new

@@ -1,6 +1,7 @@
 #include "runtime/model/llama_model.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
@@ -144,6 +145,33 @@ absl::Status GateUpSiluRefused(const char* gemm, int64_t m, const std::string& c
   return absl::InternalError(absl::StrCat("The ", gemm,
                                           " refuses the gate-up projection with SiLU·mul at ", m,
                                           " rows (", config, "); set ", option, " = false"));
+}
+
+// Returns InvalidArgument for step views no kernel of a piece or an attention may be launched
+// with: sizes out of order, a null or misaligned activation region (Carve places every
+// activation inside it), or a missing device view. Checked before each piece and attention
+// enqueues anything.
+absl::Status CheckStepArgs(const LlamaStepArgs& args) {
+  if (args.num_tokens < 1 || args.num_rows < 1 || args.num_rows > args.num_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Step sizes num_tokens ", args.num_tokens, " and num_rows ", args.num_rows,
+        " must be positive with num_rows <= num_tokens"));
+  }
+  if (args.activations == nullptr || reinterpret_cast<uintptr_t>(args.activations) % 256 != 0) {
+    return absl::InvalidArgumentError(
+        "Step activations must be a 256-byte aligned region of ActivationBytes(num_tokens, "
+        "num_rows) bytes; pass the arena or a graph memory pool allocation");
+  }
+  if (args.token_ids == nullptr || args.positions == nullptr || args.last_token_rows == nullptr ||
+      args.block_table == nullptr || args.logits == nullptr || args.next_tokens == nullptr ||
+      args.max_blocks_per_seq < 1 ||
+      (args.decode.work_capacity <= 0 && args.prefill.work_capacity <= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Step views token_ids, positions, last_token_rows, block_table (max_blocks_per_seq ",
+        args.max_blocks_per_seq, "), logits, next_tokens and an enabled plan part must all be "
+        "set; pass the step's uploaded metadata"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -684,6 +712,13 @@ absl::Status LlamaModel::PreAttention(int layer, const LlamaStepArgs& args, cons
 
 absl::Status LlamaModel::RunAttention(int layer, const LlamaStepArgs& args, cudaStream_t stream) {
   const LlamaShape& s = shape();
+  // The layer picks the KV pools (k_cache, v_cache) and QK norm weights: outside the model they
+  // would lie past the cache and the weights.
+  if (layer < 0 || layer >= s.layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Layer ", layer, " is outside [0, ", s.layers, ")"));
+  }
+  RETURN_IF_ERROR(CheckStepArgs(args));
   const Activations a = Carve(args);
   AttentionStepParams step;
   step.dtype = AttentionDtype::kBf16;
@@ -810,11 +845,7 @@ absl::Status LlamaModel::RunPiece(int piece, const LlamaStepArgs& args, cudaStre
     return absl::InvalidArgumentError(
         absl::StrCat("Piece ", piece, " is outside [0, ", num_pieces(), ")"));
   }
-  if (args.num_tokens < 1 || args.num_rows < 1 || args.num_rows > args.num_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Step sizes num_tokens ", args.num_tokens, " and num_rows ", args.num_rows,
-        " must be positive with num_rows <= num_tokens"));
-  }
+  RETURN_IF_ERROR(CheckStepArgs(args));
   const Activations a = Carve(args);
   const int n = args.num_tokens;
   if (UsesLayerKernel(n)) return RunLayerKernelPiece(piece, args, a, stream);

@@ -374,11 +374,14 @@ class LlamaModel {
   // Returns the number of pieces: layers + 1.
   int num_pieces() const { return shape().layers + 1; }
 
-  // Enqueues piece `piece` in [0, num_pieces()) (see the file comment). Callable during capture.
+  // Enqueues piece `piece` in [0, num_pieces()) (see the file comment). InvalidArgument, before
+  // anything is enqueued, for a piece outside that range or `args` with sizes out of order
+  // (1 <= num_rows <= num_tokens), a null or not 256-byte aligned activation region, a null view
+  // or no enabled plan part. Callable during capture.
   absl::Status RunPiece(int piece, const LlamaStepArgs& args, cudaStream_t stream);
 
-  // Enqueues layer `layer`'s attention over the KV cache with the step's plan. Callable during
-  // capture.
+  // Enqueues layer `layer`'s attention over the KV cache with the step's plan. InvalidArgument
+  // for a layer outside [0, layers) and the `args` RunPiece refuses. Callable during capture.
   absl::Status RunAttention(int layer, const LlamaStepArgs& args, cudaStream_t stream);
 
   const LlamaShape& shape() const { return weights_.shape(); }

@@ -391,7 +391,10 @@ bool PrefetchGemmSupports(const PrefetchGemmArgs& a, const PrefetchGemmConfig& c
   }
   if (!IsNorm(a.input)) return true;
   const bool add = a.input == PrefetchGemmInput::kAddRmsNorm;
-  if (a.norm_weight == nullptr || !internal::Aligned16(a.norm_weight)) return false;
+  // As the norm kernel: a negative or NaN eps would give NaN for rows of small values.
+  if (a.norm_weight == nullptr || !internal::Aligned16(a.norm_weight) || !(a.eps >= 0.0f)) {
+    return false;
+  }
   if (add && (a.residual_in == nullptr || a.residual_out == nullptr ||
               !internal::Aligned16(a.residual_in))) {
     return false;

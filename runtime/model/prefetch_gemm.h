@@ -142,7 +142,8 @@ bool PrefetchGemmSupportsNormShape(int m, int n, int k, const PrefetchGemmConfig
 
 // Returns PrefetchGemmSupportsShape (PrefetchGemmSupportsNormShape for a norm input) for `args`
 // and whether x, w, y and the norm input's buffers are set, 16-byte aligned and residual_out
-// overlaps neither x nor residual_in, and for the SiLU·mul output its conditions.
+// overlaps neither x nor residual_in, the norm's eps is not negative (nor NaN), and for the
+// SiLU·mul output its conditions.
 bool PrefetchGemmSupports(const PrefetchGemmArgs& args, const PrefetchGemmConfig& config);
 
 // Raises the kernels' shared-memory limits (once per process; later calls return the first

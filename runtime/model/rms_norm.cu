@@ -67,8 +67,13 @@ template <bool kAddResidual>
 cudaError_t Launch(const __nv_bfloat16* x, __nv_bfloat16* residual, const __nv_bfloat16* weight,
                    __nv_bfloat16* out, int num_tokens, int hidden, float eps,
                    cudaStream_t stream) {
-  if (num_tokens < 0 || hidden <= 0) return cudaErrorInvalidValue;
+  // A negative (or NaN) eps would make rsqrt's argument negative for small rows: NaN out.
+  if (num_tokens < 0 || hidden <= 0 || !(eps >= 0.0f)) return cudaErrorInvalidValue;
   if (num_tokens == 0) return cudaSuccess;
+  if (x == nullptr || weight == nullptr || out == nullptr ||
+      (kAddResidual && residual == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
   const bool vec = hidden % 8 == 0 && internal::Aligned16(x) && internal::Aligned16(weight) &&
                    internal::Aligned16(out) &&
                    (!kAddResidual || internal::Aligned16(residual));

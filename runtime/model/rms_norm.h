@@ -25,7 +25,8 @@
 namespace kiln {
 
 // Enqueues out = RMSNorm(x) * weight. `out` may alias `x`. Returns cudaErrorInvalidValue for
-// a negative num_tokens or an unsupported hidden size, else the launch's error.
+// a negative num_tokens, an unsupported hidden size, a negative or NaN eps, or (for num_tokens
+// > 0) a null pointer, else the launch's error.
 cudaError_t LaunchRmsNorm(const __nv_bfloat16* x,       // [num_tokens, hidden]
                           const __nv_bfloat16* weight,  // [hidden]
                           __nv_bfloat16* out,           // [num_tokens, hidden]

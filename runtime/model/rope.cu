@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "attention/rope_rotation.cuh"
 #include "runtime/model/internal/vec.cuh"
@@ -57,7 +58,12 @@ cudaError_t LaunchRope(__nv_bfloat16* qkv, const int32_t* positions, int num_tok
       head_dim / 2 > kMaxHalf || !(theta > 0.0) || !scaling.Validate().ok()) {
     return cudaErrorInvalidValue;
   }
+  // The kernel indexes a row in int: wider rows would wrap.
+  if ((int64_t{heads} + 2 * int64_t{kv_heads}) * head_dim > std::numeric_limits<int32_t>::max()) {
+    return cudaErrorInvalidValue;
+  }
   if (num_tokens == 0) return cudaSuccess;
+  if (qkv == nullptr || positions == nullptr) return cudaErrorInvalidValue;
   const int rotated_heads = heads + kv_heads;  // q heads then k heads, contiguous
   const int row_width = (heads + 2 * kv_heads) * head_dim;
   const RopeFrequencies freqs = RopeFrequencies::Make(theta, scaling);

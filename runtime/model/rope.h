@@ -26,8 +26,9 @@
 namespace kiln {
 
 // Enqueues the rotation on `stream`. Returns cudaErrorInvalidValue for a negative num_tokens,
-// non-positive head counts, an odd head_dim or one above 256, theta <= 0 or a scaling that
-// RopeScaling::Validate refuses; else the launch's error.
+// non-positive head counts, an odd head_dim or one above 256, a row of more than 2^31 - 1
+// elements, theta <= 0, a scaling that RopeScaling::Validate refuses, or (for num_tokens > 0) a
+// null qkv or positions; else the launch's error.
 cudaError_t LaunchRope(__nv_bfloat16* qkv,        // [num_tokens, (heads + 2 * kv_heads) * head_dim]
                        const int32_t* positions,  // [num_tokens]
                        int num_tokens, int heads, int kv_heads, int head_dim, double theta,

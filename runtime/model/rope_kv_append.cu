@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <limits>
 
 #include "runtime/model/internal/pdl_launch.cuh"
 #include "runtime/model/internal/rope_kv_append.cuh"
@@ -38,13 +39,17 @@ __global__ void __launch_bounds__(kMaxThreads) RopeKvAppendKernel(const internal
 
 bool RopeKvAppendSupports(const RopeKvAppendParams& p) {
   const int bs = p.kv.block_size;
+  // The kernel indexes a qkv row, and its work units, in int.
+  const int64_t row_width = (int64_t{p.heads} + 2 * int64_t{p.kv_heads}) * p.head_dim;
   return p.num_tokens > 0 && p.heads > 0 && p.kv_heads > 0 && p.head_dim > 0 &&
-         p.head_dim % 16 == 0 && p.head_dim / 2 <= internal::kRopeMaxHalf && p.theta > 0.0 &&
+         p.head_dim % 16 == 0 && p.head_dim / 2 <= internal::kRopeMaxHalf &&
+         row_width <= std::numeric_limits<int32_t>::max() && p.theta > 0.0 &&
          p.rope_scaling.Validate().ok() &&
          p.qkv != nullptr && internal::Aligned16(p.qkv) && p.positions != nullptr &&
          p.plan.seq_q_start != nullptr && p.plan.seq_kv_len != nullptr && p.plan.max_seqs > 0 &&
          p.kv.k_cache != nullptr && p.kv.v_cache != nullptr && p.kv.block_table != nullptr &&
-         bs >= 1 && (bs & (bs - 1)) == 0;
+         internal::Aligned16(p.kv.k_cache) && internal::Aligned16(p.kv.v_cache) &&
+         p.kv.max_blocks_per_seq >= 1 && bs >= 1 && (bs & (bs - 1)) == 0;
 }
 
 cudaError_t LaunchRopeKvAppend(const RopeKvAppendParams& p, cudaStream_t stream) {

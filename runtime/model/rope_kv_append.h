@@ -49,8 +49,9 @@ struct RopeKvAppendParams {
 };
 
 // Returns whether LaunchRopeKvAppend takes `params`: positive sizes, head_dim a multiple of 16 up
-// to 256, theta > 0, a valid rope_scaling, a 16-byte aligned qkv, block_size a power of two, the plan arrays, the block
-// table and both cache pools set.
+// to 256, a qkv row of at most 2^31 - 1 elements, theta > 0, a valid rope_scaling, a 16-byte
+// aligned qkv, block_size a power of two, max_blocks_per_seq at least 1, the plan arrays, the
+// block table and both cache pools set, the pools 16-byte aligned.
 bool RopeKvAppendSupports(const RopeKvAppendParams& params);
 
 // Enqueues the kernel on `stream`. Returns cudaErrorInvalidValue when RopeKvAppendSupports is

@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <limits>
 
 #include "runtime/model/internal/pdl_launch.cuh"
 #include "runtime/model/internal/vec.cuh"
@@ -64,7 +65,10 @@ constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kClusterCtas = 8;
 constexpr int kRoundElements = 32;  // elements each thread loads before it reduces them
-constexpr int kMaxRows = 65535;     // rows lie along the grid's y extent
+constexpr int kMaxRows = kGreedySampleMaxRows;
+// Indices and loop counters are int: a thread's last round may look up to a round's elements
+// past the row's end, which must not wrap.
+constexpr int kMaxVocab = std::numeric_limits<int32_t>::max() - kRoundElements * kThreads;
 
 // Reduces `best` over the warp's lanes by an xor butterfly; every lane gets the result, which
 // does not depend on the order since Beats orders any two seen entries the same way.
@@ -158,8 +162,11 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T>
 cudaError_t Launch(const T* logits, int num_rows, int vocab, int32_t* tokens, cudaStream_t stream,
                    int32_t* mirror) {
-  if (num_rows < 0 || num_rows > kMaxRows || vocab <= 0) return cudaErrorInvalidValue;
+  if (num_rows < 0 || num_rows > kMaxRows || vocab <= 0 || vocab > kMaxVocab) {
+    return cudaErrorInvalidValue;
+  }
   if (num_rows == 0) return cudaSuccess;
+  if (logits == nullptr || tokens == nullptr) return cudaErrorInvalidValue;
   // A row stays 16-byte aligned only if vocab is a multiple of the vector width.
   const bool vec = vocab % Loader<T>::kVec == 0 && internal::Aligned16(logits);
   // On sm_90+ a cluster of kClusterCtas CTAs per row; below, where there are no clusters, one

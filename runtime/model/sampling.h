@@ -21,8 +21,12 @@
 
 namespace kiln {
 
+// The most rows one launch takes: rows lie along the grid's y extent.
+inline constexpr int kGreedySampleMaxRows = 65535;
+
 // Enqueues tokens[r] = argmax_j logits[r, j] on `stream`. Returns cudaErrorInvalidValue for a
-// num_rows outside [0, 65535] or a non-positive vocab, else the launch's error.
+// num_rows outside [0, kGreedySampleMaxRows], a vocab outside [1, 2^31 - 2^14 - 1] or (for num_rows > 0) a
+// null logits or tokens, else the launch's error.
 cudaError_t LaunchGreedySample(const __nv_bfloat16* logits,  // [num_rows, vocab]
                                int num_rows, int vocab,
                                int32_t* tokens,               // [num_rows]

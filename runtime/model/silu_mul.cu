@@ -36,6 +36,7 @@ cudaError_t LaunchSiluMul(const __nv_bfloat16* gate_up, __nv_bfloat16* out, int 
                           cudaStream_t stream) {
   if (num_tokens < 0 || ffn <= 0) return cudaErrorInvalidValue;
   if (num_tokens == 0) return cudaSuccess;
+  if (gate_up == nullptr || out == nullptr) return cudaErrorInvalidValue;
   const bool vec = ffn % 8 == 0 && internal::Aligned16(gate_up) && internal::Aligned16(out);
   const int V = vec ? 8 : 1;
   const dim3 grid(num_tokens, (ffn + V * kThreads - 1) / (V * kThreads));

@@ -16,8 +16,9 @@
 
 namespace kiln {
 
-// Enqueues the product on `stream`. Returns cudaErrorInvalidValue for a negative num_tokens or
-// a non-positive ffn, else the launch's error. `out` must not overlap `gate_up`.
+// Enqueues the product on `stream`. Returns cudaErrorInvalidValue for a negative num_tokens, a
+// non-positive ffn or (for num_tokens > 0) a null pointer, else the launch's error. `out` must
+// not overlap `gate_up`.
 cudaError_t LaunchSiluMul(const __nv_bfloat16* gate_up,  // [num_tokens, 2 * ffn]
                           __nv_bfloat16* out,            // [num_tokens, ffn]
                           int num_tokens, int ffn, cudaStream_t stream);

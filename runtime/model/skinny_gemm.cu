@@ -123,8 +123,9 @@ cudaError_t Dispatch(const __nv_bfloat16* x, const __nv_bfloat16* w, OutT* y, in
 }  // namespace
 
 bool SkinnyGemmSupports(int64_t m, int64_t k, const void* x, const void* w, const void* y) {
-  return m >= 1 && m <= kSkinnyGemmMaxRows && k > 0 && k % 8 == 0 && internal::Aligned16(x) &&
-         internal::Aligned16(w) && internal::Aligned16(y);
+  return m >= 1 && m <= kSkinnyGemmMaxRows && k > 0 && k % 8 == 0 && x != nullptr &&
+         w != nullptr && y != nullptr && internal::Aligned16(x) && internal::Aligned16(w) &&
+         internal::Aligned16(y);
 }
 
 cudaError_t LaunchSkinnyGemm(const __nv_bfloat16* x, const __nv_bfloat16* w, void* y, int64_t m,

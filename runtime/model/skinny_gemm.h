@@ -40,7 +40,7 @@ namespace kiln {
 inline constexpr int kSkinnyGemmMaxRows = 8;
 
 // Returns whether LaunchSkinnyGemm supports the shape: 1 ≤ m ≤ kSkinnyGemmMaxRows, k a positive
-// multiple of 8, and x, w, y 16-byte aligned.
+// multiple of 8, and x, w, y set and 16-byte aligned.
 bool SkinnyGemmSupports(int64_t m, int64_t k, const void* x, const void* w, const void* y);
 
 // Enqueues y [m, n] = x [m, k] · W [n, k]ᵀ on `stream`; y is float when `float_output`, else bf16

@@ -94,5 +94,16 @@ TEST_F(SkinnyGemmGpuTest, RejectsUnsupportedShapes) {
   EXPECT_EQ(LaunchSkinnyGemm(p, p, buf.get(), 1, 0, 64, false, stream()), cudaErrorInvalidValue);
 }
 
+// Null tensors are refused like misaligned ones, before any launch (this case needs no GPU).
+TEST(SkinnyGemmTest, RejectsNullTensors) {
+  alignas(16) static uint16_t buffer[64];
+  auto* p = reinterpret_cast<const __nv_bfloat16*>(buffer);
+  EXPECT_FALSE(SkinnyGemmSupports(1, 64, nullptr, p, buffer));
+  EXPECT_FALSE(SkinnyGemmSupports(1, 64, p, nullptr, buffer));
+  EXPECT_FALSE(SkinnyGemmSupports(1, 64, p, p, nullptr));
+  EXPECT_EQ(LaunchSkinnyGemm(nullptr, p, buffer, 1, 8, 64, false, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchSkinnyGemm(p, p, nullptr, 1, 8, 64, true, nullptr), cudaErrorInvalidValue);
+}
+
 }  // namespace
 }  // namespace kiln
