@@ -20,6 +20,7 @@
 #include "runtime/cuda/status_macros.h"
 #include "runtime/model/device_weights.h"
 #include "runtime/model/llama_checkpoint.h"
+#include "runtime/model/sampling.h"
 #include "runtime/model/tensor_parallel.h"
 #include "runtime/runner/rank_agreement.h"
 #include "runtime/runner/step_fetch.h"
@@ -196,6 +197,13 @@ absl::StatusOr<LlamaShape> CheckRunnerModel(const config::PlannerConfig& resolve
     return absl::InvalidArgumentError(absl::StrCat(
         "kv_cache_dtype ", DTypeName(resolved.kv_cache_dtype()),
         " is not supported; kiln's KV cache is bf16: leave kv_cache_dtype unset or bf16"));
+  }
+  // A step samples a token for each of its sequences in one launch; the planner allows more
+  // sequences than that launch takes, which would fail a step only after its model had run.
+  if (resolved.max_num_seqs() > kGreedySampleMaxRows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_num_seqs ", resolved.max_num_seqs(), " is above ", kGreedySampleMaxRows,
+        ", the most sequences a step's greedy sampling takes; lower max_num_seqs"));
   }
   return shape;
 }
@@ -798,9 +806,16 @@ absl::Status Runner::RunPiecewise(int key_index, const StepRoute& route) {
 absl::StatusOr<std::vector<int32_t>> Runner::Step(absl::Span<const SequenceTokens> batch,
                                                   const StepOptions& step_options) {
   std::vector<SequenceTable::Entry> entries;
-  std::vector<SeqLens> q_only;
+  std::vector<SeqLens> lens;
   entries.reserve(batch.size());
+  lens.reserve(batch.size());
   for (const SequenceTokens& s : batch) {
+    // Before the int casts below (a longer list would wrap) and before any sequence takes blocks.
+    if (s.tokens.size() > static_cast<size_t>(keys_.limits().max_num_batched_tokens)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Sequence ", s.id, " brings ", s.tokens.size(), " tokens, above max_num_batched_tokens ",
+          keys_.limits().max_num_batched_tokens, "; chunk the prefill into smaller steps"));
+    }
     for (int32_t t : s.tokens) {
       if (t < 0 || t >= shape().vocab) {
         return absl::InvalidArgumentError(absl::StrCat("Sequence ", s.id, " has token ", t,
@@ -808,25 +823,24 @@ absl::StatusOr<std::vector<int32_t>> Runner::Step(absl::Span<const SequenceToken
                                                        shape().vocab, ")"));
       }
     }
+    // The table's rows hold max_model_len rounded up to whole blocks; the attention plans only
+    // max_model_len, so a sequence between the two is refused here, before it takes blocks.
+    const int64_t kv_len = int64_t{table_.Length(s.id)} + static_cast<int64_t>(s.tokens.size());
+    if (kv_len > options_.max_model_len) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Sequence ", s.id, " would hold ", kv_len, " tokens, above max_model_len ",
+          options_.max_model_len, "; finish it (Release) or raise max_model_len"));
+    }
     entries.push_back({s.id, static_cast<int>(s.tokens.size())});
-    q_only.push_back({static_cast<int32_t>(s.tokens.size()), 0});
+    lens.push_back({static_cast<int32_t>(s.tokens.size()), static_cast<int32_t>(kv_len)});
   }
-  RETURN_IF_ERROR(keys_.Check(q_only));
-  ASSIGN_OR_RETURN(std::vector<SeqLens> lens, table_.Reserve(entries));
+  RETURN_IF_ERROR(keys_.Check(lens));
 
+  // The route, and with it whether the step replays, follows from the lengths above: every
+  // refusal that depends on it comes before Reserve, so a refused step changes no sequence.
   const StepRoute route = keys_.Route(lens);
   const StepKey& key = keys_.key(route.key_index);
   const MetadataLayout& layout = layouts_[route.key_index];
-  std::vector<absl::Span<const int32_t>> tokens, blocks;
-  for (const SequenceTokens& s : batch) {
-    tokens.push_back(s.tokens);
-    blocks.push_back(table_.Blocks(s.id));
-  }
-  char* host = metadata_host_.as<char>();
-  RETURN_IF_ERROR(
-      FillStepInputs(layout, route, lens, tokens, blocks, table_.block_size(), host));
-  RETURN_IF_ERROR(planners_[route.key_index].Plan(lens, host + layout.plan).status());
-
   bool replay = false;
   if (!key.eager_only && !step_options.force_eager) {
     if (options_.graphs == GraphExecution::kFull && graphs_ != nullptr) {
@@ -847,6 +861,17 @@ absl::StatusOr<std::vector<int32_t>> Runner::Step(absl::Span<const SequenceToken
     }
     RETURN_IF_ERROR(comm_->CheckReplayable());
   }
+  ASSIGN_OR_RETURN(lens, table_.Reserve(entries));
+
+  std::vector<absl::Span<const int32_t>> tokens, blocks;
+  for (const SequenceTokens& s : batch) {
+    tokens.push_back(s.tokens);
+    blocks.push_back(table_.Blocks(s.id));
+  }
+  char* host = metadata_host_.as<char>();
+  RETURN_IF_ERROR(
+      FillStepInputs(layout, route, lens, tokens, blocks, table_.block_size(), host));
+  RETURN_IF_ERROR(planners_[route.key_index].Plan(lens, host + layout.plan).status());
   const int num_seqs = static_cast<int>(batch.size());
   // The step's first kernel fetches the metadata (FetchMetadata, inside the graphs too), and the
   // sampling kernel writes the tokens into next_tokens_host_ as well: no copies of their own.
@@ -914,6 +939,13 @@ absl::Status Runner::PoisonOutputs() {
 }
 
 absl::Status Runner::SetContextForBenchmark(int64_t id, int length) {
+  // As Step: the table's rows may hold more than max_model_len, the attention plans no more.
+  if (int64_t{table_.Length(id)} + length > options_.max_model_len) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Sequence ", id, " would hold ", int64_t{table_.Length(id)} + length,
+        " tokens, above max_model_len ", options_.max_model_len,
+        "; give a shorter context or raise max_model_len"));
+  }
   const SequenceTable::Entry entry{id, length};
   RETURN_IF_ERROR(table_.Reserve({&entry, 1}).status());
   table_.Commit({&entry, 1});

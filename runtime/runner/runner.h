@@ -346,7 +346,8 @@ class Runner {
   absl::Status PoisonOutputs();
 
   // Sets sequence `id` to `length` cached tokens without computing them (the KV cache keeps
-  // whatever its blocks hold): for benchmarks that need long contexts quickly.
+  // whatever its blocks hold): for benchmarks that need long contexts quickly. InvalidArgument
+  // past max_model_len, ResourceExhausted when the KV cache lacks blocks.
   absl::Status SetContextForBenchmark(int64_t id, int length);
 
   // Returns the shape this rank runs (its heads and MLP columns; the whole model on one GPU).
@@ -467,7 +468,8 @@ absl::Status CheckSlidingWindow(const config::ModelShape& model, int max_model_l
 
 // Returns the LlamaShape of `resolved` (a config ResolvePlannerConfig returned) where the Runner
 // can build it: LlamaShapeFromConfig's shape, no sliding window shorter than max_model_len
-// (CheckSlidingWindow) and a bf16 KV cache. Host-only: Runner::Create checks the same before it
+// (CheckSlidingWindow), a bf16 KV cache and max_num_seqs within one greedy-sampling launch
+// (kGreedySampleMaxRows). Host-only: Runner::Create checks the same before it
 // allocates, so tools can say it before they look for a GPU.
 absl::StatusOr<LlamaShape> CheckRunnerModel(const config::PlannerConfig& resolved,
                                             int max_model_len);

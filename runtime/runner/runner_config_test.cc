@@ -172,6 +172,16 @@ TEST(RunnerConfigTest, CheckRunnerModelRefusesWhatTheRunnerCannotBuild) {
   head_dim_96.mutable_model()->set_head_dim(96);
   EXPECT_EQ(CheckRunnerModel(head_dim_96, 4096).status().code(),
             absl::StatusCode::kInvalidArgument);
+
+  // The planner takes up to 2^20 sequences (with listed capture sizes); a step samples them all
+  // in one launch of at most 65535 rows, which would refuse a larger step after its model ran.
+  config::PlannerConfig many = *resolved;
+  many.set_max_num_seqs(65535);
+  many.set_max_num_batched_tokens(65536);
+  EXPECT_TRUE(CheckRunnerModel(many, 4096).ok());
+  many.set_max_num_seqs(65536);
+  EXPECT_THAT(CheckRunnerModel(many, 4096).status().message(),
+              HasSubstr("max_num_seqs 65536 is above 65535"));
 }
 
 // head_dim 128 models (measured on Llama 3.1 8B) aim at 2 CTAs per SM for 8 sequences; the 1B

@@ -1176,5 +1176,77 @@ TEST_F(RunnerGpuTest, BadBatchesAreRefusedAndChangeNothing) {
   EXPECT_EQ(runner->Release(99).code(), absl::StatusCode::kNotFound);
 }
 
+// A max_model_len that is not a multiple of the block size: a block-table row holds 1008 tokens
+// but attention plans 1000, so a sequence past 1000 is refused before it takes a block (the
+// attention planner used to refuse it after the step's blocks were reserved), and so is a
+// benchmark context past it.
+TEST_F(RunnerGpuTest, PastMaxModelLenWithinTheLastBlockIsRefusedBeforeBlocksAreTaken) {
+  RunnerOptions options = TinyOptions(GraphExecution::kFull, 4);
+  options.max_model_len = 1000;
+  std::unique_ptr<Runner> runner = MakeRunner(options);
+  ASSERT_NE(runner, nullptr);
+  ASSERT_TRUE(runner->Step({{1, std::vector<int32_t>(600, 9)}}).ok());
+  const int free_blocks = runner->sequences().free_blocks();
+  const absl::StatusOr<std::vector<int32_t>> past =
+      runner->Step({{1, std::vector<int32_t>(401, 9)}});  // 1001 tokens
+  EXPECT_EQ(past.status().code(), absl::StatusCode::kInvalidArgument) << past.status();
+  EXPECT_NE(past.status().message().find("max_model_len 1000"), std::string::npos) << past.status();
+  EXPECT_EQ(runner->sequences().Length(1), 600);
+  EXPECT_EQ(runner->sequences().free_blocks(), free_blocks);
+  EXPECT_EQ(runner->SetContextForBenchmark(2, 1001).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(runner->sequences().Contains(2));
+  EXPECT_EQ(runner->sequences().free_blocks(), free_blocks);
+  // Exactly max_model_len is fine.
+  ASSERT_TRUE(runner->Step({{1, std::vector<int32_t>(400, 9)}}).ok());
+  EXPECT_EQ(runner->sequences().Length(1), 1000);
+}
+
+// LlamaModel's step methods refuse, before anything is enqueued, a layer outside the model
+// (whose KV pools would lie past the cache) and step views a kernel would read through null.
+TEST_F(RunnerGpuTest, ModelRefusesLayersOutsideTheModelAndMissingStepViews) {
+  std::unique_ptr<Runner> runner = MakeRunner(TinyOptions(GraphExecution::kNone, 6));
+  ASSERT_NE(runner, nullptr);
+  LlamaModel& model = runner->model();
+  // Host stand-ins, never read: every call below is refused first.
+  alignas(256) static char region[512];
+  int32_t ints[4] = {};
+  float logits[4] = {};
+  LlamaStepArgs args;
+  args.num_tokens = 1;
+  args.num_rows = 1;
+  args.token_ids = ints;
+  args.positions = ints;
+  args.last_token_rows = ints;
+  args.block_table = ints;
+  args.max_blocks_per_seq = 1;
+  args.decode.work_capacity = 1;
+  args.activations = region;
+  args.logits = logits;
+  args.next_tokens = ints;
+  const int layers = model.shape().layers;
+  for (int layer : {-1, layers}) {
+    const absl::Status s = model.RunAttention(layer, args, runner->stream());
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(absl::StrCat("Layer ", layer, " is outside")), std::string::npos)
+        << s;
+  }
+  std::vector<LlamaStepArgs> bad(6, args);
+  bad[0].activations = nullptr;
+  bad[1].activations = region + 16;
+  bad[2].token_ids = nullptr;
+  bad[3].max_blocks_per_seq = 0;
+  bad[4].decode.work_capacity = 0;  // no plan part
+  bad[5].num_rows = 2;              // more rows than tokens
+  for (size_t i = 0; i < bad.size(); ++i) {
+    EXPECT_EQ(model.RunPiece(0, bad[i], runner->stream()).code(),
+              absl::StatusCode::kInvalidArgument)
+        << i;
+    EXPECT_EQ(model.RunAttention(0, bad[i], runner->stream()).code(),
+              absl::StatusCode::kInvalidArgument)
+        << i;
+  }
+  EXPECT_EQ(cudaStreamSynchronize(runner->stream()), cudaSuccess);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -616,6 +616,11 @@ TEST(RunnerMultiGpuTest, ReplayBeforeRegistrationIsRefused) {
     EXPECT_TRUE(absl::IsFailedPrecondition(step.status())) << step.status();
     EXPECT_NE(step.status().message().find("RegisterGraphBuffers"), std::string::npos)
         << step.status();
+    // The refusal comes before any sequence takes blocks: a new sequence is not left behind.
+    const int free_blocks = runner.sequences().free_blocks();
+    EXPECT_TRUE(absl::IsFailedPrecondition(runner.Step({{1, {8}}, {2, {9}}, {3, {10}}}).status()));
+    EXPECT_FALSE(runner.sequences().Contains(3));
+    EXPECT_EQ(runner.sequences().free_blocks(), free_blocks);
 
     ASSERT_TRUE(runner.RegisterGraphBuffers().ok());
     EXPECT_TRUE(runner.communicator()->CheckReplayable().ok());
