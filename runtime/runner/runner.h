@@ -345,9 +345,9 @@ class Runner {
   // unwritten output from a written one. Asynchronous on the runner's stream.
   absl::Status PoisonOutputs();
 
-  // Sets sequence `id` to `length` cached tokens without computing them (the KV cache keeps
-  // whatever its blocks hold): for benchmarks that need long contexts quickly. InvalidArgument
-  // past max_model_len, ResourceExhausted when the KV cache lacks blocks.
+  // Gives sequence `id` `length` more cached tokens without computing them (a new id starts at
+  // 0; the KV cache keeps whatever its blocks hold): for benchmarks that need long contexts
+  // quickly. InvalidArgument past max_model_len, ResourceExhausted when the KV cache lacks blocks.
   absl::Status SetContextForBenchmark(int64_t id, int length);
 
   // Returns the shape this rank runs (its heads and MLP columns; the whole model on one GPU).
