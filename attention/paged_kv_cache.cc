@@ -42,6 +42,12 @@ absl::Status AppendKv(const AppendKvParams& params, const PagedKvLayout& layout,
         "AppendKv k_stride ", params.k_stride, " and v_stride ", params.v_stride,
         " must be 0 or multiples of 8 of at least num_kv_heads × head_dim = ", row));
   }
+  // The pools are laid out in the layout's blocks; attention reads them in kv.block_size ones.
+  if (kv.block_size != layout.block_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AppendKv block_size ", kv.block_size, " differs from the layout's ", layout.block_size,
+        ": attention would read other slots than the append writes; pass the layout's"));
+  }
   if (params.slot_mapping == nullptr &&
       (params.plan.seq_q_start == nullptr || params.plan.seq_kv_len == nullptr ||
        kv.block_table == nullptr || params.plan.max_seqs <= 0 || kv.max_blocks_per_seq < 1)) {

@@ -54,7 +54,8 @@ struct AppendKvParams {
 // Appends `params` into the pools described by `kv` and `layout` on `stream` (the raw form of
 // PagedKvCache::Append, for caches owned elsewhere). Row s of the block table belongs to
 // sequence s of the plan. InvalidArgument for a bad layout or stride, a missing or not 16-byte
-// aligned k, v or pool, or, without a slot mapping, a missing plan or block table.
+// aligned k, v or pool, a kv.block_size other than the layout's, or, without a slot mapping, a
+// missing plan or block table.
 absl::Status AppendKv(const AppendKvParams& params, const PagedKvLayout& layout,
                       const PagedKvDevice& kv, void* k_cache, void* v_cache,
                       cudaStream_t stream);

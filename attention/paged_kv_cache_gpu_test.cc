@@ -216,6 +216,11 @@ TEST(PagedKvCacheGpuTest, AppendRefusesMisalignedTensorsAndEmptyBlockTableRows) 
   append.v = &buffers[4];
   s = AppendKv(append, layout, kv, pool, &buffers[1], nullptr);
   EXPECT_NE(s.message().find("16-byte aligned"), std::string::npos) << s;
+  kv.block_size = 32;  // attention would read blocks of 32 where the append writes blocks of 16
+  s = AppendKv(append, layout, kv, pool, pool, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("block_size 32 differs from the layout's 16"), std::string::npos)
+      << s;
 }
 
 }  // namespace
