@@ -266,15 +266,8 @@ int Run(int argc, char** argv) {
   }
   RunnerOptions options;
   if (!absl::GetFlag(FLAGS_config).empty()) {
-    const std::string path = absl::GetFlag(FLAGS_config);
-    std::error_code error;
-    if (std::filesystem::is_directory(path, error)) {  // which would read as an empty config
-      return fail(absl::InvalidArgumentError(absl::StrCat(
-                      "--config=", path,
-                      " is a directory; give a PlannerConfig file (textproto or JSON)")),
-                  2);
-    }
-    absl::StatusOr<config::PlannerConfig> file = LoadPlannerConfigFile(path);
+    absl::StatusOr<config::PlannerConfig> file =
+        LoadPlannerConfigFile(absl::GetFlag(FLAGS_config));
     if (!file.ok()) return fail(file.status(), 2);
     options.config = *file;
   }

@@ -43,7 +43,7 @@ expect_bad utilization 'gpu_memory_utilization 1.5 is outside (0, 1]' --gpu_memo
 expect_bad unknown_preset 'Unknown model preset "llama-9"' --preset=llama-9
 expect_bad config_tp 'tensor_parallel_size 4 needs one process per GPU, and generate runs one' \
   --config=runtime/config/testdata/llama70b_tp4.textproto
-expect_bad config_dir "--config=$tmp is a directory; give a PlannerConfig file" "--config=$tmp"
+expect_bad config_dir "Cannot read config file \"$tmp\": Is a directory" "--config=$tmp"
 expect_bad prompt_ids_vocab 'has token 128256, outside the model'"'"'s vocabulary [0, 128256)' \
   --prompt_ids=1,128256
 expect_bad too_long 'A prompt of 4000 tokens and 100 generated tokens exceed --max_model_len 4096' \

@@ -383,13 +383,8 @@ int Run(int argc, char** argv) {
 
   config::PlannerConfig config = DefaultPlannerConfig();
   if (!absl::GetFlag(FLAGS_config).empty()) {
-    const std::string path = UserPath(absl::GetFlag(FLAGS_config));
-    std::error_code error;
-    if (std::filesystem::is_directory(path, error)) {  // which would read as an empty config
-      return Fail(absl::StrCat("--config=", path,
-                               " is a directory; give a PlannerConfig file (textproto or JSON)"));
-    }
-    absl::StatusOr<config::PlannerConfig> file = LoadPlannerConfigFile(path);
+    absl::StatusOr<config::PlannerConfig> file =
+        LoadPlannerConfigFile(UserPath(absl::GetFlag(FLAGS_config)));
     if (!file.ok()) return Fail(file.status());
     MergePlannerConfig(*file, &config);
   }

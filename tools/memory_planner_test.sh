@@ -141,7 +141,7 @@ expect_bad kv_dtype 'Unknown --kv_cache_dtype "int4"; use bf16, fp16, fp32 or fp
 expect_bad tp_split 'does not split over tensor_parallel_size 3' --tensor_parallel_size=3
 expect_bad svg_dir 'Cannot write --svg file' "--svg=$tmp/no/such/dir/plan.svg"
 expect_bad svg_is_dir "--svg=$tmp is a directory; give a file" "--svg=$tmp"
-expect_bad config_is_dir "--config=$tmp is a directory; give a PlannerConfig file" "--config=$tmp"
+expect_bad config_is_dir "Cannot read config file \"$tmp\": Is a directory" "--config=$tmp"
 # An empty value would leave an optional flag unset, planning its default.
 expect_bad empty_number 'Flag --max_num_seqs is empty; give it a value or leave it out' \
   --max_num_seqs=
