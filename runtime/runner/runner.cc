@@ -384,11 +384,11 @@ absl::Status Runner::InitPlan(const RunnerOptions& options) {
                                     options.capture_prefill));
   ASSIGN_OR_RETURN(keys_, StepKeys::Create(limits, &*decode_sizes_, &*prefill_sizes_));
 
-  max_blocks_per_seq_ = (options.max_model_len + block_size - 1) / block_size;
   int64_t num_blocks = plan_.num_kv_blocks;
   if (options.max_kv_blocks > 0) num_blocks = std::min(num_blocks, options.max_kv_blocks);
   if (num_blocks > int64_t{1} << 30) num_blocks = int64_t{1} << 30;
-  table_ = SequenceTable(static_cast<int>(num_blocks), block_size, max_blocks_per_seq_);
+  table_ = SequenceTable(static_cast<int>(num_blocks), block_size, options.max_model_len);
+  max_blocks_per_seq_ = table_.max_blocks_per_seq();
   // What the model would refuse once the weights are on the GPU, checked before they are.
   ASSIGN_OR_RETURN(LlamaShape rank_shape, RankShape(full_shape_, world));
   return CheckLlamaModelOptions(rank_shape, ModelOptions(options));
@@ -823,14 +823,11 @@ absl::StatusOr<std::vector<int32_t>> Runner::Step(absl::Span<const SequenceToken
                                                        shape().vocab, ")"));
       }
     }
-    // The table's rows hold max_model_len rounded up to whole blocks; the attention plans only
-    // max_model_len, so a sequence between the two is refused here, before it takes blocks.
-    const int64_t kv_len = int64_t{table_.Length(s.id)} + static_cast<int64_t>(s.tokens.size());
-    if (kv_len > options_.max_model_len) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Sequence ", s.id, " would hold ", kv_len, " tokens, above max_model_len ",
-          options_.max_model_len, "; finish it (Release) or raise max_model_len"));
-    }
+    // A sequence past max_model_len is refused here, before the route is chosen or it takes
+    // blocks (Reserve checks the same).
+    const int64_t q_len = static_cast<int64_t>(s.tokens.size());
+    RETURN_IF_ERROR(table_.CheckGrowth(s.id, q_len));
+    const int64_t kv_len = int64_t{table_.Length(s.id)} + q_len;
     entries.push_back({s.id, static_cast<int>(s.tokens.size())});
     lens.push_back({static_cast<int32_t>(s.tokens.size()), static_cast<int32_t>(kv_len)});
   }
@@ -939,13 +936,6 @@ absl::Status Runner::PoisonOutputs() {
 }
 
 absl::Status Runner::SetContextForBenchmark(int64_t id, int length) {
-  // As Step: the table's rows may hold more than max_model_len, the attention plans no more.
-  if (int64_t{table_.Length(id)} + length > options_.max_model_len) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Sequence ", id, " would hold ", int64_t{table_.Length(id)} + length,
-        " tokens, above max_model_len ", options_.max_model_len,
-        "; give a shorter context or raise max_model_len"));
-  }
   const SequenceTable::Entry entry{id, length};
   RETURN_IF_ERROR(table_.Reserve({&entry, 1}).status());
   table_.Commit({&entry, 1});

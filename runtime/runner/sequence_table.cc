@@ -8,13 +8,30 @@
 
 namespace kiln {
 
-SequenceTable::SequenceTable(int num_blocks, int block_size, int max_blocks_per_seq)
+SequenceTable::SequenceTable(int num_blocks, int block_size, int64_t max_tokens)
     : num_blocks_(std::max(num_blocks, 0)),
       block_size_(std::max(block_size, 1)),
-      max_blocks_per_seq_(std::max(max_blocks_per_seq, 0)) {
+      // Lengths are int32 (SeqLens, the attention plan), so no sequence passes 2^31 - 1 tokens.
+      max_tokens_(std::clamp<int64_t>(max_tokens, 0, std::numeric_limits<int32_t>::max())),
+      max_blocks_per_seq_(BlocksFor(max_tokens_)) {
   // Block 0 on top of the stack: a fresh table hands out blocks in ascending order.
   free_.reserve(num_blocks_);
   for (int b = num_blocks_ - 1; b >= 0; --b) free_.push_back(b);
+}
+
+absl::Status SequenceTable::CheckGrowth(int64_t id, int64_t q_len) const {
+  if (q_len < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Sequence ", id, " brings ", q_len, " tokens; every entry needs at least one"));
+  }
+  const int64_t kv_len = int64_t{Length(id)} + q_len;
+  if (kv_len > max_tokens_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Sequence ", id, " would hold ", kv_len, " tokens, above max_model_len ", max_tokens_,
+        max_tokens_ == std::numeric_limits<int32_t>::max() ? " (lengths are int32)" : "",
+        "; finish it (Release) or raise max_model_len"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<SeqLens>> SequenceTable::Reserve(absl::Span<const Entry> entries) {
@@ -27,20 +44,8 @@ absl::StatusOr<std::vector<SeqLens>> SequenceTable::Reserve(absl::Span<const Ent
       return absl::InvalidArgumentError(absl::StrCat(
           "Sequence ", e.id, " appears twice in one step; give each sequence one entry"));
     }
-    if (e.q_len < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Sequence ", e.id, " brings ", e.q_len, " tokens; every entry needs at least one"));
-    }
+    if (absl::Status growth = CheckGrowth(e.id, e.q_len); !growth.ok()) return growth;
     const int64_t kv_len = int64_t{Length(e.id)} + e.q_len;
-    // Lengths are int32 (SeqLens, the attention plan), whatever a row of blocks could hold.
-    const int64_t limit =
-        std::min<int64_t>(max_tokens(), std::numeric_limits<int32_t>::max());
-    if (kv_len > limit) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Sequence ", e.id, " would hold ", kv_len, " tokens, above the limit of ", limit,
-          limit < max_tokens() ? " (int32 lengths)" : " (max_model_len)",
-          "; finish it or raise max_model_len"));
-    }
     const int have = static_cast<int>(Blocks(e.id).size());
     needed += std::max(0, BlocksFor(kv_len) - have);
     lens.push_back(SeqLens{e.q_len, static_cast<int32_t>(kv_len)});

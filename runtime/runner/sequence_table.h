@@ -1,7 +1,7 @@
 // Host bookkeeping of the sequences a runner serves: each sequence's cached length and the KV
 // blocks that hold it, taken from one fixed pool of blocks.
 //
-//   kiln::SequenceTable table(/*num_blocks=*/4096, /*block_size=*/64, /*max_blocks_per_seq=*/128);
+//   kiln::SequenceTable table(/*num_blocks=*/4096, /*block_size=*/64, /*max_tokens=*/8192);
 //   std::vector<kiln::SequenceTable::Entry> step = {{/*id=*/7, /*q_len=*/300}, {9, 1}};
 //   ASSIGN_OR_RETURN(std::vector<kiln::SeqLens> lens, table.Reserve(step));  // blocks for the step
 //   ... run the step ...
@@ -35,14 +35,20 @@ class SequenceTable {
   };
 
   // Creates a table over blocks [0, num_blocks) of `block_size` tokens; a sequence holds at most
-  // max_blocks_per_seq blocks. All three must be positive.
-  SequenceTable(int num_blocks, int block_size, int max_blocks_per_seq);
+  // max_tokens tokens (a runner's max_model_len), so at most ceil(max_tokens / block_size)
+  // blocks. All three must be positive.
+  SequenceTable(int num_blocks, int block_size, int64_t max_tokens);
+
+  // Returns OK if sequence `id` may take q_len more tokens: q_len >= 1 and Length(id) + q_len
+  // within max_tokens() and 2^31 - 1 (lengths are int32). InvalidArgument otherwise, naming the
+  // sequence, its length and the limit. Reserve checks every entry with it; a caller that must
+  // refuse a step before anything else may call it first.
+  absl::Status CheckGrowth(int64_t id, int64_t q_len) const;
 
   // Returns the (q_len, kv_len) of each entry, in order, after making sure every sequence has
-  // blocks for kv_len = Length(id) + q_len tokens. InvalidArgument: an id twice in the step, a
-  // q_len < 1, or a sequence that would pass max_tokens() or 2^31 - 1 tokens (lengths are
-  // int32). ResourceExhausted: the pool lacks the blocks (names the blocks needed and free).
-  // Nothing changes on error.
+  // blocks for kv_len = Length(id) + q_len tokens. InvalidArgument: an id twice in the step, or
+  // an entry CheckGrowth refuses. ResourceExhausted: the pool lacks the blocks (names the blocks
+  // needed and free). Nothing changes on error.
   absl::StatusOr<std::vector<SeqLens>> Reserve(absl::Span<const Entry> entries);
 
   // Advances each entry's length by its q_len (after its step ran). Entries must have been
@@ -63,8 +69,8 @@ class SequenceTable {
   int num_blocks() const { return num_blocks_; }
   int block_size() const { return block_size_; }
   int max_blocks_per_seq() const { return max_blocks_per_seq_; }
-  // Returns the longest sequence a block-table row can describe: max_blocks_per_seq × block_size.
-  int64_t max_tokens() const { return int64_t{max_blocks_per_seq_} * block_size_; }
+  // Returns the longest sequence the table admits (the max_tokens it was created with).
+  int64_t max_tokens() const { return max_tokens_; }
   int num_sequences() const { return static_cast<int>(sequences_.size()); }
 
  private:
@@ -79,6 +85,7 @@ class SequenceTable {
 
   int num_blocks_;
   int block_size_;
+  int64_t max_tokens_;
   int max_blocks_per_seq_;
   std::vector<int32_t> free_;  // a stack: the back is taken first
   absl::flat_hash_map<int64_t, Sequence> sequences_;

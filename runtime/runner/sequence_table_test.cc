@@ -15,7 +15,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 TEST(SequenceTableTest, NewSequencesStartEmptyAndGrowByWholeBlocks) {
-  SequenceTable table(/*num_blocks=*/10, /*block_size=*/16, /*max_blocks_per_seq=*/4);
+  SequenceTable table(/*num_blocks=*/10, /*block_size=*/16, /*max_tokens=*/64);
   std::vector<SequenceTable::Entry> step = {{7, 16}, {9, 17}};
   auto lens = table.Reserve(step);
   ASSERT_TRUE(lens.ok()) << lens.status();
@@ -43,7 +43,7 @@ TEST(SequenceTableTest, NewSequencesStartEmptyAndGrowByWholeBlocks) {
 }
 
 TEST(SequenceTableTest, ReserveWithoutCommitIsRepeatable) {
-  SequenceTable table(8, 16, 8);
+  SequenceTable table(8, 16, 128);
   std::vector<SequenceTable::Entry> step = {{1, 40}};
   ASSERT_TRUE(table.Reserve(step).ok());
   const int free_after_first = table.free_blocks();
@@ -54,7 +54,7 @@ TEST(SequenceTableTest, ReserveWithoutCommitIsRepeatable) {
 }
 
 TEST(SequenceTableTest, ErrorsChangeNothing) {
-  SequenceTable table(/*num_blocks=*/4, /*block_size=*/16, /*max_blocks_per_seq=*/3);
+  SequenceTable table(/*num_blocks=*/4, /*block_size=*/16, /*max_tokens=*/48);
   ASSERT_TRUE(table.Reserve(std::vector<SequenceTable::Entry>{{1, 20}}).ok());
   const int free_before = table.free_blocks();
 
@@ -78,11 +78,13 @@ TEST(SequenceTableTest, ErrorsChangeNothing) {
   EXPECT_FALSE(table.Contains(6));
 }
 
-// A row of blocks may describe more than 2^31 tokens, but lengths are int32: a sequence that
-// would pass that is refused, not wrapped to a negative kv_len.
+// Lengths are int32: a max_tokens above 2^31 - 1 admits no more than that, and a sequence that
+// would pass it is refused, not wrapped to a negative kv_len.
 TEST(SequenceTableTest, LengthsStayWithinInt32) {
   SequenceTable table(/*num_blocks=*/1 << 16, /*block_size=*/1 << 16,
-                      /*max_blocks_per_seq=*/1 << 16);  // rows of 2^32 tokens
+                      /*max_tokens=*/int64_t{1} << 32);
+  EXPECT_EQ(table.max_tokens(), 2147483647);
+  EXPECT_EQ(table.max_blocks_per_seq(), 1 << 15);
   const std::vector<SequenceTable::Entry> prompt = {{1, 2147483647}};
   auto lens = table.Reserve(prompt);
   ASSERT_TRUE(lens.ok()) << lens.status();
@@ -91,12 +93,43 @@ TEST(SequenceTableTest, LengthsStayWithinInt32) {
   const std::vector<SequenceTable::Entry> next = {{1, 1}};
   absl::Status status = table.Reserve(next).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(status.message()), HasSubstr("above the limit of 2147483647"));
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("above max_model_len 2147483647 (lengths are int32)"));
   EXPECT_EQ(table.Length(1), 2147483647);
 }
 
+// max_tokens need not be a multiple of the block size: the last block is only partly usable,
+// and CheckGrowth refuses what Reserve would, without changing anything.
+TEST(SequenceTableTest, MaxTokensWithinTheLastBlock) {
+  SequenceTable table(/*num_blocks=*/8, /*block_size=*/16, /*max_tokens=*/40);
+  EXPECT_EQ(table.max_tokens(), 40);
+  EXPECT_EQ(table.max_blocks_per_seq(), 3);
+  ASSERT_TRUE(table.Reserve(std::vector<SequenceTable::Entry>{{1, 30}}).ok());
+  table.Commit(std::vector<SequenceTable::Entry>{{1, 30}});
+  const int free_before = table.free_blocks();
+
+  EXPECT_TRUE(table.CheckGrowth(1, 10).ok());
+  absl::Status past = table.CheckGrowth(1, 11);
+  EXPECT_EQ(past.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(past.message()),
+              HasSubstr("Sequence 1 would hold 41 tokens, above max_model_len 40"));
+  EXPECT_EQ(table.CheckGrowth(2, 0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(table.CheckGrowth(2, 41).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(table.CheckGrowth(2, 40).ok());
+
+  // 41 tokens fit three blocks, but not max_tokens: refused, no block taken.
+  EXPECT_EQ(table.Reserve(std::vector<SequenceTable::Entry>{{1, 11}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(table.free_blocks(), free_before);
+  EXPECT_EQ(table.Length(1), 30);
+  auto lens = table.Reserve(std::vector<SequenceTable::Entry>{{1, 10}});
+  ASSERT_TRUE(lens.ok()) << lens.status();
+  EXPECT_EQ((*lens)[0].kv_len, 40);
+  EXPECT_EQ(table.Blocks(1).size(), 3u);
+}
+
 TEST(SequenceTableTest, ReleaseReturnsBlocksForReuse) {
-  SequenceTable table(6, 16, 6);
+  SequenceTable table(6, 16, 96);
   ASSERT_TRUE(table.Reserve(std::vector<SequenceTable::Entry>{{1, 64}, {2, 32}}).ok());
   EXPECT_EQ(table.free_blocks(), 0);
   ASSERT_TRUE(table.Release(1).ok());
@@ -111,7 +144,7 @@ TEST(SequenceTableTest, ReleaseReturnsBlocksForReuse) {
 // one.
 TEST(SequenceTableTest, RandomTrafficKeepsBlocksDisjoint) {
   std::mt19937 rng(std::random_device{}());
-  SequenceTable table(/*num_blocks=*/64, /*block_size=*/16, /*max_blocks_per_seq=*/16);
+  SequenceTable table(/*num_blocks=*/64, /*block_size=*/16, /*max_tokens=*/256);
   std::vector<int64_t> live;
   int64_t next_id = 0;
   for (int round = 0; round < 2000; ++round) {
