@@ -51,26 +51,35 @@ absl::Status PlanBuffers::Upload(cudaStream_t stream) const {
                   "cudaMemcpyAsync(plan)");
 }
 
+AttentionPlanPartDevice PlanPartDeviceView(const PlanLayout& layout, const PlanPartLayout& part,
+                                           const char* plan, const DeviceBuffer& partial_o,
+                                           const DeviceBuffer& partial_lse,
+                                           const DeviceBuffer& merge_counters) {
+  AttentionPlanPartDevice view;
+  if (!part.enabled) return view;
+  view.header = reinterpret_cast<const AttentionPlanHeader*>(plan + part.header_offset);
+  view.seq_q_start = reinterpret_cast<const int32_t*>(plan + layout.seq_q_start_offset);
+  view.seq_kv_len = reinterpret_cast<const int32_t*>(plan + layout.seq_kv_len_offset);
+  view.max_seqs = layout.max_seqs;
+  view.work_items = reinterpret_cast<const AttentionWorkItem*>(plan + part.work_items_offset);
+  view.work_capacity = part.work_capacity;
+  view.merge_items = reinterpret_cast<const AttentionMergeItem*>(plan + part.merge_items_offset);
+  view.merge_capacity = part.merge_capacity;
+  view.tile_rows = part.tile_rows;
+  view.partial_o = partial_o.as<float>();
+  view.partial_lse = partial_lse.as<float>();
+  view.slot_capacity = part.slot_capacity;
+  if (part.merge_counter_bytes > 0 && merge_counters.size() >= part.merge_counter_bytes) {
+    view.merge_counters = merge_counters.as<int32_t>();
+  }
+  return view;
+}
+
 AttentionPlanPartDevice PlanBuffers::Part(const PlanPartLayout& part, const DeviceBuffer& o,
                                           const DeviceBuffer& lse,
                                           const DeviceBuffer& counters) const {
-  AttentionPlanPartDevice view;
-  if (!part.enabled) return view;
-  const char* base = static_cast<const char*>(device_.data());
-  view.header = reinterpret_cast<const AttentionPlanHeader*>(base + part.header_offset);
-  view.seq_q_start = reinterpret_cast<const int32_t*>(base + layout_.seq_q_start_offset);
-  view.seq_kv_len = reinterpret_cast<const int32_t*>(base + layout_.seq_kv_len_offset);
-  view.max_seqs = layout_.max_seqs;
-  view.work_items = reinterpret_cast<const AttentionWorkItem*>(base + part.work_items_offset);
-  view.work_capacity = part.work_capacity;
-  view.merge_items = reinterpret_cast<const AttentionMergeItem*>(base + part.merge_items_offset);
-  view.merge_capacity = part.merge_capacity;
-  view.tile_rows = part.tile_rows;
-  view.partial_o = o.as<float>();
-  view.partial_lse = lse.as<float>();
-  view.slot_capacity = part.slot_capacity;
-  view.merge_counters = counters.as<int32_t>();
-  return view;
+  return PlanPartDeviceView(layout_, part, static_cast<const char*>(device_.data()), o, lse,
+                            counters);
 }
 
 }  // namespace kiln

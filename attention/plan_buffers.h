@@ -27,6 +27,16 @@
 
 namespace kiln {
 
+// Returns the device view of `part` inside a plan blob at device address `plan` laid out as
+// `layout`, with the given partial workspace and merge counters (all null for a disabled part;
+// counters too small for the part, or empty, leave the merge to the merge kernel). PlanBuffers
+// uses it for its own blob; a caller that uploads plans elsewhere (e.g. inside a larger step
+// blob) with workspaces shared between layouts uses it directly.
+AttentionPlanPartDevice PlanPartDeviceView(const PlanLayout& layout, const PlanPartLayout& part,
+                                           const char* plan, const DeviceBuffer& partial_o,
+                                           const DeviceBuffer& partial_lse,
+                                           const DeviceBuffer& merge_counters);
+
 class PlanBuffers {
  public:
   // Allocates the pinned blob, its device copy and the workspaces of `layout`, each named as in

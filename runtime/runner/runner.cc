@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "attention/decode_kernel.h"
+#include "attention/plan_buffers.h"
 #include "graph/capture_context.h"
 #include "runtime/cuda/device_info.h"
 #include "runtime/cuda/status.h"
@@ -46,33 +47,6 @@ absl::Status Record(RunnerMemory* memory, const std::string& name, int64_t reque
   memory->items.push_back(RunnerMemoryItem{
       name, requested, static_cast<int64_t>(free_before) - static_cast<int64_t>(free_after)});
   return absl::OkStatus();
-}
-
-// The device view of one plan part inside an uploaded plan blob at `plan` (the layout of
-// attention/plan_buffers.h, with the partial workspace and merge counters shared by every key;
-// empty counters leave the merge to the merge kernel).
-AttentionPlanPartDevice PartView(const PlanLayout& layout, const PlanPartLayout& part,
-                                 const char* plan, const DeviceBuffer& partial_o,
-                                 const DeviceBuffer& partial_lse,
-                                 const DeviceBuffer& merge_counters) {
-  AttentionPlanPartDevice view;
-  if (!part.enabled) return view;
-  view.header = reinterpret_cast<const AttentionPlanHeader*>(plan + part.header_offset);
-  view.seq_q_start = reinterpret_cast<const int32_t*>(plan + layout.seq_q_start_offset);
-  view.seq_kv_len = reinterpret_cast<const int32_t*>(plan + layout.seq_kv_len_offset);
-  view.max_seqs = layout.max_seqs;
-  view.work_items = reinterpret_cast<const AttentionWorkItem*>(plan + part.work_items_offset);
-  view.work_capacity = part.work_capacity;
-  view.merge_items = reinterpret_cast<const AttentionMergeItem*>(plan + part.merge_items_offset);
-  view.merge_capacity = part.merge_capacity;
-  view.tile_rows = part.tile_rows;
-  view.partial_o = partial_o.as<float>();
-  view.partial_lse = partial_lse.as<float>();
-  view.slot_capacity = part.slot_capacity;
-  if (part.merge_counter_bytes > 0 && merge_counters.size() >= part.merge_counter_bytes) {
-    view.merge_counters = merge_counters.as<int32_t>();
-  }
-  return view;
 }
 
 absl::Status AllocateIfNeeded(size_t bytes, const char* name, DeviceBuffer* out) {
@@ -642,10 +616,10 @@ LlamaStepArgs Runner::Args(int key_index, const StepRoute& route, void* activati
   args.last_token_rows = reinterpret_cast<const int32_t*>(base + l.last_token_rows);
   args.block_table = reinterpret_cast<const int32_t*>(base + l.block_table);
   args.max_blocks_per_seq = l.max_blocks_per_seq;
-  args.decode = PartView(plan, plan.decode, base + l.plan, decode_partial_o_, decode_partial_lse_,
-                         decode_merge_counters_);
-  args.prefill = PartView(plan, plan.prefill, base + l.plan, prefill_partial_o_,
-                          prefill_partial_lse_, prefill_merge_counters_);
+  args.decode = PlanPartDeviceView(plan, plan.decode, base + l.plan, decode_partial_o_,
+                                   decode_partial_lse_, decode_merge_counters_);
+  args.prefill = PlanPartDeviceView(plan, plan.prefill, base + l.plan, prefill_partial_o_,
+                                    prefill_partial_lse_, prefill_merge_counters_);
   args.activations = activations;
   args.logits = logits_.as<float>();
   args.next_tokens = next_tokens_.as<int32_t>();
