@@ -38,6 +38,7 @@
 #include "absl/strings/str_split.h"
 #include "runtime/config/config_loader.h"
 #include "runtime/config/hf_model.h"
+#include "runtime/config/presets.h"
 #include "runtime/cuda/device_info.h"
 #include "runtime/cuda/status_macros.h"
 #include "runtime/memory/memory_planner.h"
@@ -88,9 +89,6 @@ namespace kiln {
 namespace {
 
 constexpr char kDefaultPreset[] = "llama-3.2-1b";
-// Stands in for the device's GPU when the flags are checked before the GPU is looked for: the
-// GPU's memory and SMs size only the KV cache, which is not checked then.
-constexpr char kStandInGpuPreset[] = "h100-80gb";
 
 // Parses --`flag`'s comma-separated integers ("" is none); `example` shows the form in the
 // message about a bad list.
@@ -124,7 +122,7 @@ absl::StatusOr<std::vector<int>> ParseInts(const std::string& text, const char* 
 // the model's shape.
 absl::StatusOr<LlamaShape> CheckRunnable(const RunnerOptions& options) {
   config::PlannerConfig config = Runner::PlannerConfigFor(options);
-  if (config.gpu_preset() == "auto" ||
+  if (IsAutoGpuPreset(config.gpu_preset()) ||
       (!config.has_gpu_preset() && !config.gpu().has_total_bytes())) {
     config.set_gpu_preset(kStandInGpuPreset);  // the config's GPU fields still override it
   }

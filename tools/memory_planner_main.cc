@@ -296,7 +296,7 @@ absl::Status ApplyCaptureSizes(config::PlannerConfig* config) {
 }
 
 bool IsAutoGpu(const config::PlannerConfig& config) {
-  return absl::AsciiStrToLower(config.gpu_preset()) == "auto";
+  return IsAutoGpuPreset(config.gpu_preset());
 }
 
 // Returns the first flag --measure cannot honour: it prints its own table, of GPU 0 of this
@@ -308,7 +308,7 @@ absl::Status CheckMeasureFlags() {
     conflict = absl::StrCat("--format=", absl::GetFlag(FLAGS_format));
   } else if (!absl::GetFlag(FLAGS_svg).empty()) {
     conflict = "--svg";
-  } else if (!gpu.empty() && absl::AsciiStrToLower(gpu) != "auto") {
+  } else if (!gpu.empty() && !IsAutoGpuPreset(gpu)) {
     conflict = absl::StrCat("--gpu=", gpu);
   } else if (absl::GetFlag(FLAGS_gpu_name)) {
     conflict = "--gpu_name";
@@ -419,7 +419,7 @@ int Run(int argc, char** argv) {
     // The device's memory and SMs size only the KV cache: a preset stands in for them while the
     // rest is checked.
     config::PlannerConfig stand_in = config;
-    stand_in.set_gpu_preset(GpuPresetNames().front());
+    stand_in.set_gpu_preset(kStandInGpuPreset);
     absl::Status checked =
         measure ? CheckMeasurable(stand_in) : ResolvePlannerConfig(stand_in).status();
     if (!checked.ok()) return Fail(checked);

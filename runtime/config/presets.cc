@@ -125,6 +125,8 @@ absl::StatusOr<GpuSpec> GpuPreset(absl::string_view name) {
       ", \"auto\" on a GPU machine, or give total_bytes and sm_count"));
 }
 
+bool IsAutoGpuPreset(absl::string_view name) { return absl::AsciiStrToLower(name) == "auto"; }
+
 std::vector<std::string> ModelPresetNames() {
   std::vector<std::string> names;
   for (const ModelEntry& m : kModels) names.push_back(m.key);

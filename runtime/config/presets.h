@@ -31,6 +31,14 @@ absl::StatusOr<config::ModelShape> ModelPreset(absl::string_view name);
 // InvalidArgument naming the unknown name and listing the known ones.
 absl::StatusOr<config::GpuSpec> GpuPreset(absl::string_view name);
 
+// Returns true for the GPU preset "auto" (any case): the GPU is the device's, looked up where the
+// config is used (the Runner, the memory_planner CLI); GpuPreset itself refuses it.
+bool IsAutoGpuPreset(absl::string_view name);
+
+// The preset that stands in for the device's GPU where a config is checked before the device is
+// looked up (its memory and SMs size only the KV cache, which such a check leaves out).
+inline constexpr char kStandInGpuPreset[] = "h100-80gb";
+
 // Returns the canonical model preset names, in a fixed order.
 std::vector<std::string> ModelPresetNames();
 

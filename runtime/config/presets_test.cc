@@ -123,6 +123,19 @@ TEST(PresetsTest, GpuPresets) {
   EXPECT_EQ(GpuPresetNames().size(), 4u);
 }
 
+// "auto" is the device's GPU in any case, never a preset GpuPreset resolves; the stand-in for it
+// is a preset that does.
+TEST(PresetsTest, AutoGpuInAnyCase) {
+  EXPECT_TRUE(IsAutoGpuPreset("auto"));
+  EXPECT_TRUE(IsAutoGpuPreset("AUTO"));
+  EXPECT_TRUE(IsAutoGpuPreset("Auto"));
+  EXPECT_FALSE(IsAutoGpuPreset(""));
+  EXPECT_FALSE(IsAutoGpuPreset("h100"));
+  EXPECT_FALSE(IsAutoGpuPreset("automatic"));
+  EXPECT_FALSE(GpuPreset("auto").ok());
+  EXPECT_TRUE(GpuPreset(kStandInGpuPreset).ok());
+}
+
 TEST(PresetsTest, UnknownNamesListTheKnownOnes) {
   auto model = ModelPreset("gpt-5");
   EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);

@@ -16,6 +16,7 @@
 #include "attention/decode_kernel.h"
 #include "attention/plan_buffers.h"
 #include "graph/capture_context.h"
+#include "runtime/config/presets.h"
 #include "runtime/cuda/device_info.h"
 #include "runtime/cuda/status.h"
 #include "runtime/cuda/status_macros.h"
@@ -296,7 +297,7 @@ absl::Status Runner::InitPlan(const RunnerOptions& options) {
 
   // The planner sizes memory for the GPU it is told about; by default, this one.
   config::PlannerConfig config = PlannerConfigFor(options);
-  if (config.gpu_preset() == "auto" ||
+  if (IsAutoGpuPreset(config.gpu_preset()) ||
       (!config.has_gpu_preset() && !config.gpu().has_total_bytes())) {
     config.clear_gpu_preset();
     config::GpuSpec gpu;
