@@ -102,7 +102,7 @@ TEST_P(AppendKvGpuTest, WritesEveryNewTokenToItsSlotAndNothingElse) {
   ASSERT_CUDA(cudaMemset(cache->v_cache(), 0xab, layout.PoolBytes()));
 
   std::vector<int32_t> slots(max_tokens);
-  ASSERT_OK(FillSlotMapping(seqs, cache->block_table(), c.block_size, absl::MakeSpan(slots)));
+  ASSERT_OK(FillSlotMapping(seqs, cache->block_table(), absl::MakeSpan(slots)));
   auto slots_dev = DeviceBuffer::Allocate(slots.size() * 4, "slots");
   ASSERT_TRUE(slots_dev.ok());
   ASSERT_CUDA(

@@ -120,12 +120,8 @@ int BlockTable::max_blocks_in_use() const {
 }
 
 absl::Status FillSlotMapping(absl::Span<const SeqLens> seqs, const BlockTable& table,
-                             int block_size, absl::Span<int32_t> slots) {
-  if (block_size < 1 || block_size != table.block_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Slot mapping block_size ", block_size, " is not the block table's ",
-        table.block_size(), "; pass the block_size of a layout that Validate() accepts"));
-  }
+                             absl::Span<int32_t> slots) {
+  const int block_size = table.block_size();
   if (seqs.size() > static_cast<size_t>(table.max_seqs())) {
     return absl::InvalidArgumentError(absl::StrCat("Slot mapping has ", seqs.size(),
                                                    " sequences; the block table holds ",

@@ -105,13 +105,13 @@ class BlockTable {
   std::vector<int32_t> free_;    // a stack: the back is taken first
 };
 
-// Writes the slot (block · block_size + offset) of every new token of a step into
-// `slots` ([num_tokens] entries; token order as in the plan: sequence by sequence), and -1 for
-// the entries past the step's tokens (padding). A token at position kv_len − q_len + j < 0 gets
-// -1 too. InvalidArgument when a token's block is unassigned, `slots` is too small, `seqs` has
-// more sequences than the table or `block_size` is not the table's.
+// Writes the slot (block · block_size + offset, with the table's block_size) of every new token
+// of a step into `slots` ([num_tokens] entries; token order as in the plan: sequence by
+// sequence), and -1 for the entries past the step's tokens (padding). A token at position
+// kv_len − q_len + j < 0 gets -1 too. InvalidArgument when a token's block is unassigned, `slots`
+// is too small or `seqs` has more sequences than the table.
 absl::Status FillSlotMapping(absl::Span<const SeqLens> seqs, const BlockTable& table,
-                             int block_size, absl::Span<int32_t> slots);
+                             absl::Span<int32_t> slots);
 
 }  // namespace kiln
 
