@@ -98,7 +98,7 @@ constexpr int64_t kActivationAlign = 256;
 // runtime/model/prefetch_gemm.h): the rows of its mid_residual buffer.
 constexpr int64_t kFoldedNormMaxRows = 8;
 
-// Prefill-only graphs are captured up to this many tokens by default (DESIGN.md, graph/).
+// Prefill-only graphs are captured up to this many tokens by default.
 constexpr int kDefaultPrefillCaptureLimit = 512;
 
 // Upper bounds on the inputs, far above any real model or GPU, so that no product in the formulas

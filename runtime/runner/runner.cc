@@ -30,7 +30,7 @@
 namespace kiln {
 namespace {
 
-// Prefill graphs are captured up to this many tokens unless told otherwise (DESIGN.md, graph/).
+// Prefill graphs are captured up to this many tokens unless told otherwise.
 constexpr int kDefaultPrefillLimit = 512;
 
 absl::StatusOr<size_t> FreeDeviceBytes() {

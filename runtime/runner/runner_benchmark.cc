@@ -181,10 +181,10 @@ using benchmark_internal::ValueOrDie;
 
 constexpr int kWarmup = 5;
 
-// DESIGN.md's PyTorch CUDA-graph figures on H200; batches 8 and 16 from torch_reference.py's
-// compiled variant (torch.compile between attentions, one H200, 2026-11-21), which gives 1.60 ms
-// at batch 32 where DESIGN.md says 1.59. Shown only on an H200: on another GPU they would compare
-// two GPUs (run tools/bench/torch_reference.py there instead).
+// The peer PyTorch CUDA-graph figures on H200 (README, "Peer figures"); batches 8 and 16 from
+// torch_reference.py's compiled variant (torch.compile between attentions, one H200,
+// 2026-11-21), which gives 1.60 ms at batch 32 where the peer figure is 1.59. Shown only on an
+// H200: on another GPU they would compare two GPUs (run tools/bench/torch_reference.py there).
 const std::map<int, double> kTorchGraphMs = {
     {1, 1.27}, {8, 1.40}, {16, 1.44}, {32, 1.59}, {128, 2.53}};
 
@@ -440,10 +440,10 @@ int Main(int argc, char** argv) {
     FillKv(*runner, absl::GetFlag(FLAGS_kv_fill));
 
     std::printf("\nDecode step, context %d, ms (median of %d)\n", context, steps);
-    // DESIGN.md's figures are the 1B shape's.
+    // The peer figures are the 1B shape's.
     const bool peer = IsH200(info) && absl::AsciiStrToLower(preset) == "llama-3.2-1b";
     if (!peer) {
-      std::printf("(torch graph: DESIGN.md's figures are an H200's with the 1B shape, not shown "
+      std::printf("(torch graph: the peer figures are an H200's with the 1B shape, not shown "
                   "for %s on %s; tools/bench/torch_reference.py measures PyTorch here)\n",
                   preset.c_str(), info.name.c_str());
     }
