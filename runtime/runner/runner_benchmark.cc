@@ -128,6 +128,9 @@ ABSL_FLAG(int, decode_lm_head_rows, kiln::DecodeGemmRows{}.lm_head, "Decode GEMM
 ABSL_FLAG(int, skinny_rows, kiln::RunnerOptions{}.skinny_gemm_max_rows, "Skinny GEMM rows");
 ABSL_FLAG(int, decode_min_kv_chunk, kiln::RunnerOptions{}.decode_min_kv_chunk,
           "Shortest KV chunk of a split decode attention tile");
+ABSL_FLAG(int, warm_runners, 0,
+          "Runners like the main one built, captured and freed before it (0-16): a process's first "
+          "runners run 16 and 32 rows slower than later ones (runtime/runner/NOTES.md)");
 ABSL_FLAG(bool, where, false,
           "Also time the step without RoPE + KV append, without the norm kernels and without "
           "SiLU·mul (each from layer_kernel_rows + 1 rows), not only without attention");
@@ -409,11 +412,22 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "--preset: %s\n", std::string(known.message()).c_str());
     return 2;
   }
+  const int warm_runners = absl::GetFlag(FLAGS_warm_runners);
+  if (warm_runners < 0 || warm_runners > 16) {
+    std::fprintf(stderr, "--warm_runners %d: want 0 to 16\n", warm_runners);
+    return 2;
+  }
   const RunnerOptions base = BenchmarkOptions(capture_sizes, split_rules);
   const DeviceInfo info = ValueOrDie(DeviceInfo::Query(0));
   std::printf("device: %s\n", info.ToString().c_str());
   const double bandwidth = CopyBandwidth();
   std::printf("device-to-device copy: %.0f GB/s (read + write)\n", bandwidth / 1e9);
+
+  for (int i = 0; i < warm_runners; ++i) {
+    std::unique_ptr<Runner> runner = ValueOrDie(Runner::Create(base));
+    CHECK_OK(runner->Capture().status());
+  }
+  if (warm_runners > 0) std::printf("built, captured and freed %d runners first\n", warm_runners);
 
   double weight_bytes = 0, kv_bytes_per_token = 0;
   {
