@@ -36,6 +36,7 @@
 #include "attention/rope_frequency.h"
 #include "gtest/gtest.h"
 #include "runtime/config/hf_model.h"
+#include "runtime/config/presets.h"
 #include "runtime/cuda/compute_capability.h"
 #include "runtime/cuda/gpu_test_util.h"
 #include "runtime/model/decode_layer.h"
@@ -1144,6 +1145,31 @@ TEST_F(RunnerGpuTest, BadKernelChoiceOptionsAreRefused) {
     EXPECT_EQ(runner.status().code(), absl::StatusCode::kInvalidArgument) << runner.status();
     EXPECT_NE(runner.status().message().find(name), std::string::npos) << runner.status();
   }
+}
+
+// gpu_preset "auto", in any case, and no GPU at all both plan for the device the runner runs
+// on; a named preset plans for that GPU.
+TEST_F(RunnerGpuTest, AutoGpuPresetInAnyCasePlansForThisDevice) {
+  const absl::StatusOr<DeviceInfo> device = DeviceInfo::Query(0);
+  ASSERT_TRUE(device.ok()) << device.status();
+  for (const char* preset : {"auto", "AUTO", "Auto", ""}) {
+    RunnerOptions options = TinyOptions(GraphExecution::kNone, 7);
+    if (*preset != '\0') options.config.set_gpu_preset(preset);
+    auto runner = Runner::Create(options);
+    ASSERT_TRUE(runner.ok()) << "gpu_preset \"" << preset << "\": " << runner.status();
+    EXPECT_EQ((*runner)->memory_plan().total_bytes,
+              static_cast<int64_t>(device->total_memory_bytes))
+        << preset;
+    EXPECT_EQ((*runner)->memory_plan().config.gpu().name(), device->name) << preset;
+  }
+  // A named preset (here a GPU with less memory than any this test runs on) plans for that GPU.
+  RunnerOptions named = TinyOptions(GraphExecution::kNone, 7);
+  named.config.set_gpu_preset("l40s-48gb");
+  auto runner = Runner::Create(named);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  const absl::StatusOr<config::GpuSpec> l40s = GpuPreset("l40s-48gb");
+  ASSERT_TRUE(l40s.ok()) << l40s.status();
+  EXPECT_EQ((*runner)->memory_plan().total_bytes, static_cast<int64_t>(l40s->total_bytes()));
 }
 
 TEST_F(RunnerGpuTest, BadBatchesAreRefusedAndChangeNothing) {
