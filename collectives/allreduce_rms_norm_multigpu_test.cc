@@ -46,10 +46,15 @@ namespace kiln {
 namespace {
 
 using testing::AllocOrFail;
+using testing::Download;
 using testing::MakeRig;
+using testing::Poison;
 using testing::RankContext;
 using testing::RankRig;
+using testing::RanksDisagreeing;
 using testing::RunOnEveryGpu;
+using testing::SharedSeed;
+using testing::Upload;
 
 constexpr size_t kBufferBytes = 4 << 20;
 constexpr float kEps = 1e-5f;
@@ -239,54 +244,6 @@ int UlpDistance(uint16_t a, uint16_t b) {
 
 // ---- device helpers ---------------------------------------------------------------------------
 
-uint64_t Fnv1a(const void* data, size_t bytes) {
-  const uint8_t* p = static_cast<const uint8_t*>(data);
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
-
-uint64_t SharedSeed(RankContext& ctx) {
-  const uint64_t mine = (static_cast<uint64_t>(std::random_device{}()) << 32) ^
-                        std::random_device{}();
-  auto shared = ctx.bootstrap.Broadcast(
-      absl::string_view(reinterpret_cast<const char*>(&mine), sizeof(mine)));
-  EXPECT_TRUE(shared.ok()) << shared.status();
-  uint64_t seed = 0;
-  if (shared.ok()) std::memcpy(&seed, shared->data(), sizeof(seed));
-  return seed;
-}
-
-// Returns how many ranks' `v` differs from rank 0's.
-int RanksDisagreeing(RankContext& ctx, const std::vector<uint16_t>& v) {
-  const uint64_t h = Fnv1a(v.data(), v.size() * 2);
-  auto all = ctx.bootstrap.AllGather(
-      absl::string_view(reinterpret_cast<const char*>(&h), sizeof(h)));
-  EXPECT_TRUE(all.ok()) << all.status();
-  int differ = 0;
-  if (all.ok()) {
-    for (const std::string& s : *all) differ += s != (*all)[0];
-  }
-  return differ;
-}
-
-void Upload(void* dst, const std::vector<uint16_t>& src, cudaStream_t stream) {
-  ASSERT_EQ(cudaMemcpyAsync(dst, src.data(), src.size() * 2, cudaMemcpyHostToDevice, stream),
-            cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-}
-
-std::vector<uint16_t> Download(const void* src, size_t count, cudaStream_t stream) {
-  std::vector<uint16_t> out(count);
-  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(out.data(), src, count * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-  return out;
-}
-
-void Poison(void* p, size_t bytes, cudaStream_t stream) {  // NaN in bf16
-  ASSERT_EQ(cudaMemsetAsync(p, 0xFF, bytes, stream), cudaSuccess);
-}
-
 // Device buffers of one fused call; `out` is `partial` itself when in place.
 struct CallBuffers {
   Shape shape;
@@ -336,8 +293,8 @@ void Load(const CallBuffers& c, const Inputs& in, int rank, cudaStream_t s) {
 void CheckCall(RankContext& ctx, const CallBuffers& c, const Inputs& in,
                const std::vector<uint16_t>& sum, cudaStream_t s, const std::string& what) {
   SCOPED_TRACE(what);
-  const std::vector<uint16_t> residual = Download(c.residual.data(), c.count(), s);
-  const std::vector<uint16_t> out = Download(c.out(), c.count(), s);
+  const std::vector<uint16_t> residual = Download<uint16_t>(c.residual.data(), c.count(), s);
+  const std::vector<uint16_t> out = Download<uint16_t>(c.out(), c.count(), s);
   const Normed want = EmulateAddRmsNorm(c.shape, sum, in);
   EXPECT_TRUE(residual == want.residual) << "residual differs from the unfused add";
   size_t inexact = 0;
@@ -405,7 +362,7 @@ TEST(AllReduceRmsNormMultiGpuTest, EagerFusedEqualsUnfusedAndFloat64Reference) {
                                     DataType::kBf16,
                                     {AllReduceAlgorithm::kOneShot, AllReduceInput::kStaged}, s)
                         .ok());
-        const std::vector<uint16_t> sum = Download(sum_buffer.data(), c.count(), s);
+        const std::vector<uint16_t> sum = Download<uint16_t>(sum_buffer.data(), c.count(), s);
         ASSERT_TRUE(sum == EmulateSum(in)) << "the plain one-shot sum is not the rank-order sum";
 
         EXPECT_EQ(rig.comm->custom()->AddRmsNormPushes(shape.tokens, shape.hidden),
@@ -471,7 +428,7 @@ void GraphReplays(RankContext& ctx, bool registered) {
                                 calls[i].shape.hidden));
     }
     // The plain all-reduce between the fused calls: right, and the same on every rank.
-    const std::vector<uint16_t> plain = Download(plain_out.data(), plain_count, s);
+    const std::vector<uint16_t> plain = Download<uint16_t>(plain_out.data(), plain_count, s);
     size_t nan = 0;
     for (uint16_t v : plain) nan += (v & 0x7f80) == 0x7f80;
     EXPECT_EQ(nan, 0u) << when << ": plain all-reduce output not written";
@@ -571,7 +528,7 @@ TEST(AllReduceRmsNormMultiGpuTest, SentinelBitsInTheDataDoNotStallThePushKernel)
     ASSERT_NO_FATAL_FAILURE(Load(c, in, ctx.rank, s));
     const absl::Time start = absl::Now();
     ASSERT_TRUE(rig.comm->AllReduceAddRmsNorm(c.Args(), s).ok());
-    const std::vector<uint16_t> out = Download(c.out(), c.count(), s);
+    const std::vector<uint16_t> out = Download<uint16_t>(c.out(), c.count(), s);
     EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "the reader waited for real data";
     EXPECT_TRUE(rig.comm->CheckAsyncErrors().ok());
     const Normed want = EmulateAddRmsNorm(shape, EmulateSum(in), in);

@@ -35,10 +35,15 @@ namespace kiln {
 namespace {
 
 using testing::AllocOrFail;
+using testing::Download;
 using testing::MakeRig;
+using testing::Poison;
 using testing::RankContext;
 using testing::RankRig;
+using testing::RanksDisagreeing;
 using testing::RunOnEveryGpu;
+using testing::SharedSeed;
+using testing::Upload;
 
 constexpr size_t kBufferBytes = 4 << 20;  // the tests' custom buffer limit
 
@@ -159,57 +164,6 @@ std::vector<double> IntegerSum(size_t count, int world, uint64_t seed) {
   return sum;
 }
 
-uint64_t Fnv1a(const std::vector<uint8_t>& bytes) {
-  uint64_t h = 1469598103934665603ull;
-  for (uint8_t b : bytes) h = (h ^ b) * 1099511628211ull;
-  return h;
-}
-
-// A fresh seed from rank 0, the same on every rank.
-uint64_t SharedSeed(RankContext& ctx) {
-  const uint64_t mine = (static_cast<uint64_t>(std::random_device{}()) << 32) ^
-                        std::random_device{}();
-  auto shared = ctx.bootstrap.Broadcast(
-      absl::string_view(reinterpret_cast<const char*>(&mine), sizeof(mine)));
-  uint64_t seed = 0;
-  EXPECT_TRUE(shared.ok()) << shared.status();
-  if (shared.ok()) std::memcpy(&seed, shared->data(), sizeof(seed));
-  return seed;
-}
-
-// Returns the number of ranks whose `bytes` hash differs from rank 0's.
-int RanksDisagreeing(RankContext& ctx, const std::vector<uint8_t>& bytes) {
-  const uint64_t h = Fnv1a(bytes);
-  auto all = ctx.bootstrap.AllGather(
-      absl::string_view(reinterpret_cast<const char*>(&h), sizeof(h)));
-  EXPECT_TRUE(all.ok()) << all.status();
-  int differ = 0;
-  if (all.ok()) {
-    for (const std::string& s : *all) differ += s != (*all)[0];
-  }
-  return differ;
-}
-
-// ---- device helpers ---------------------------------------------------------------------------
-
-void Upload(void* dst, const std::vector<uint8_t>& src, cudaStream_t stream) {
-  ASSERT_EQ(cudaMemcpyAsync(dst, src.data(), src.size(), cudaMemcpyHostToDevice, stream),
-            cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-}
-
-std::vector<uint8_t> Download(const void* src, size_t bytes, cudaStream_t stream) {
-  std::vector<uint8_t> out(bytes);
-  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(out.data(), src, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-  return out;
-}
-
-// All-ones bytes: NaN in every dtype, so an unwritten element can never pass.
-void Poison(void* p, size_t bytes, cudaStream_t stream) {
-  ASSERT_EQ(cudaMemsetAsync(p, 0xFF, bytes, stream), cudaSuccess);
-}
-
 // Number of elements of `got` that differ from `want` (exact comparison: integer sums).
 size_t Mismatches(const std::vector<uint8_t>& got, const std::vector<double>& want,
                   DataType dtype) {
@@ -245,7 +199,7 @@ void EagerKernelsEqualNccl(const AllReduceConfig& config) {
         const std::vector<double> want = IntegerSum(count, ctx.world_size, case_seed);
         Poison(ref.data(), bytes, s);
         ASSERT_TRUE(rig.comm->nccl()->AllReduce(in.data(), ref.data(), count, dtype, s).ok());
-        const std::vector<uint8_t> nccl = Download(ref.data(), bytes, s);
+        const std::vector<uint8_t> nccl = Download<uint8_t>(ref.data(), bytes, s);
         ASSERT_EQ(Mismatches(nccl, want, dtype), 0u) << "NCCL itself, " << bytes << " bytes";
         for (AllReduceAlgorithm algo :
              {AllReduceAlgorithm::kOneShot, AllReduceAlgorithm::kTwoShot}) {
@@ -256,7 +210,7 @@ void EagerKernelsEqualNccl(const AllReduceConfig& config) {
                           ->AllReduce(in.data(), out.data(), count, dtype,
                                       {algo, AllReduceInput::kStaged}, s)
                           .ok());
-          const std::vector<uint8_t> got = Download(out.data(), bytes, s);
+          const std::vector<uint8_t> got = Download<uint8_t>(out.data(), bytes, s);
           EXPECT_EQ(Mismatches(got, want, dtype), 0u);
           EXPECT_TRUE(got == nccl) << "not bitwise equal to NCCL";
           EXPECT_EQ(RanksDisagreeing(ctx, got), 0);
@@ -272,7 +226,7 @@ void EagerKernelsEqualNccl(const AllReduceConfig& config) {
                       ->AllReduce(in.data(), in.data(), count, DataType::kBf16,
                                   {algo, AllReduceInput::kStaged}, s)
                       .ok());
-      EXPECT_EQ(Mismatches(Download(in.data(), bytes, s),
+      EXPECT_EQ(Mismatches(Download<uint8_t>(in.data(), bytes, s),
                            IntegerSum(count, ctx.world_size, seed + 1), DataType::kBf16),
                 0u)
           << "in place, " << AllReduceAlgorithmName(algo);
@@ -322,7 +276,7 @@ TEST(CustomAllReduceMultiGpuTest, RealValuedSumsAreBitwiseIdenticalOnEveryRank) 
                         ->AllReduce(in.data(), out.data(), count, dtype,
                                     {algo, AllReduceInput::kStaged}, s)
                         .ok());
-        const std::vector<uint8_t> got = Download(out.data(), bytes, s);
+        const std::vector<uint8_t> got = Download<uint8_t>(out.data(), bytes, s);
         EXPECT_EQ(RanksDisagreeing(ctx, got), 0)
             << AllReduceAlgorithmName(algo) << " " << DataTypeName(dtype);
         const std::vector<double> g = Decode(got, dtype);
@@ -398,7 +352,7 @@ void GraphReplaysWithInputsChangedAfterCapture(const AllReduceConfig& config) {
     auto check_outputs = [&](uint64_t seed, const char* when) {
       for (int i = 0; i < kOps; ++i) {
         const size_t count = ops[i].bytes / 2;
-        const std::vector<uint8_t> got = Download(out_ptr(i), ops[i].bytes, s);
+        const std::vector<uint8_t> got = Download<uint8_t>(out_ptr(i), ops[i].bytes, s);
         EXPECT_EQ(Mismatches(got, IntegerSum(count, ctx.world_size, seed + i), dtype), 0u)
             << ops[i].name << " " << when;
         EXPECT_EQ(RanksDisagreeing(ctx, got), 0) << ops[i].name << " " << when;
@@ -508,7 +462,7 @@ TEST(CustomAllReduceMultiGpuTest, ReplayBeforeRegistrationIsFailedPrecondition) 
     uint64_t seed = SharedSeed(ctx);
     Upload(in.data(), Encode(IntegerInputs(count, ctx.rank, seed), DataType::kBf16), s);
     ASSERT_TRUE(rig.comm->AllReduce(in.data(), out.data(), count, DataType::kBf16, s).ok());
-    ASSERT_EQ(Mismatches(Download(out.data(), bytes, s), IntegerSum(count, ctx.world_size, seed),
+    ASSERT_EQ(Mismatches(Download<uint8_t>(out.data(), bytes, s), IntegerSum(count, ctx.world_size, seed),
                          DataType::kBf16),
               0u);
 
@@ -531,7 +485,7 @@ TEST(CustomAllReduceMultiGpuTest, ReplayBeforeRegistrationIsFailedPrecondition) 
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
     absl::Status async = rig.comm->CheckAsyncErrors();
     EXPECT_EQ(async.code(), absl::StatusCode::kFailedPrecondition) << async;
-    const std::vector<uint8_t> untouched = Download(out.data(), bytes, s);
+    const std::vector<uint8_t> untouched = Download<uint8_t>(out.data(), bytes, s);
     size_t written = 0;
     for (uint8_t b : untouched) written += b != 0xFF;
     EXPECT_EQ(written, 0u) << "an unregistered replay wrote its output";
@@ -541,7 +495,7 @@ TEST(CustomAllReduceMultiGpuTest, ReplayBeforeRegistrationIsFailedPrecondition) 
     seed = SharedSeed(ctx);
     Upload(in.data(), Encode(IntegerInputs(count, ctx.rank, seed), DataType::kBf16), s);
     ASSERT_TRUE(rig.comm->AllReduce(in.data(), out.data(), count, DataType::kBf16, s).ok());
-    EXPECT_EQ(Mismatches(Download(out.data(), bytes, s), IntegerSum(count, ctx.world_size, seed),
+    EXPECT_EQ(Mismatches(Download<uint8_t>(out.data(), bytes, s), IntegerSum(count, ctx.world_size, seed),
                          DataType::kBf16),
               0u);
     // ...and after registration the same graph replays correctly.
@@ -549,7 +503,7 @@ TEST(CustomAllReduceMultiGpuTest, ReplayBeforeRegistrationIsFailedPrecondition) 
     EXPECT_TRUE(rig.comm->CheckReplayable().ok());
     Poison(out.data(), bytes, s);
     ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
-    EXPECT_EQ(Mismatches(Download(out.data(), bytes, s), IntegerSum(count, ctx.world_size, seed),
+    EXPECT_EQ(Mismatches(Download<uint8_t>(out.data(), bytes, s), IntegerSum(count, ctx.world_size, seed),
                          DataType::kBf16),
               0u);
     EXPECT_TRUE(rig.comm->CheckAsyncErrors().ok());
@@ -586,7 +540,7 @@ TEST(CustomAllReduceMultiGpuTest, UnalignedAndOversizeEagerCallsTakeNccl) {
       Poison(o, c.count * 2, s);
       ASSERT_TRUE(rig.comm->AllReduce(i, o, c.count, DataType::kBf16, s).ok()) << c.name;
       EXPECT_EQ(rig.comm->stats().nccl, nccl_before + 1) << c.name;
-      EXPECT_EQ(Mismatches(Download(o, c.count * 2, s), IntegerSum(c.count, ctx.world_size, seed),
+      EXPECT_EQ(Mismatches(Download<uint8_t>(o, c.count * 2, s), IntegerSum(c.count, ctx.world_size, seed),
                            DataType::kBf16),
                 0u)
           << c.name;
@@ -652,7 +606,7 @@ TEST(CustomAllReduceMultiGpuTest, BadArgumentsAreRefusedOnEveryPathAndLaterCalls
       ASSERT_TRUE((nccl ? comm.nccl()->AllReduce(in.data(), out.data(), kCount, DataType::kBf16, s)
                         : comm.AllReduce(in.data(), out.data(), kCount, DataType::kBf16, s))
                       .ok());
-      EXPECT_EQ(Mismatches(Download(out.data(), kCount * 2, s),
+      EXPECT_EQ(Mismatches(Download<uint8_t>(out.data(), kCount * 2, s),
                            IntegerSum(kCount, ctx.world_size, seed), DataType::kBf16),
                 0u)
           << (nccl ? "nccl" : "auto");
@@ -763,7 +717,7 @@ TEST(CustomAllReduceMultiGpuTest, DeadPeerInNcclEndsInDeadlineExceededFromSynchr
         absl::Status ok = c.rig.comm->SynchronizeStream(s, absl::Seconds(20));
         ASSERT_TRUE(ok.ok()) << ok;
         // The results are right before anyone dies.
-        EXPECT_EQ(Mismatches(Download(c.out.data(), count * 2, s),
+        EXPECT_EQ(Mismatches(Download<uint8_t>(c.out.data(), count * 2, s),
                              IntegerSum(count, ctx.world_size, c.seed), DataType::kBf16),
                   0u);
         ASSERT_NO_FATAL_FAILURE(LastRankDies(ctx));

@@ -11,8 +11,12 @@
 #ifndef KILN_COLLECTIVES_TESTING_RANK_RIG_H_
 #define KILN_COLLECTIVES_TESTING_RANK_RIG_H_
 
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "collectives/allreduce_config.pb.h"
 #include "collectives/auto_communicator.h"
@@ -34,6 +38,39 @@ void MakeRig(RankContext& ctx, const AllReduceConfig& config, RankRig* rig);
 
 // Returns a device buffer of `bytes` named `name`, or an empty one after a test failure.
 DeviceBuffer AllocOrFail(size_t bytes, const char* name);
+
+// Returns a seed drawn on rank 0 and broadcast: the same on every rank (0 after a test failure).
+uint64_t SharedSeed(RankContext& ctx);
+
+// Returns how many ranks' `bytes` bytes at `data` differ from rank 0's (compared by an FNV-1a
+// hash gathered from every rank); a test failure when the exchange fails.
+int RanksDisagreeing(RankContext& ctx, const void* data, size_t bytes);
+template <typename T>
+int RanksDisagreeing(RankContext& ctx, const std::vector<T>& v) {
+  return RanksDisagreeing(ctx, v.data(), v.size() * sizeof(T));
+}
+
+// Copies `bytes` host bytes to device `dst` on `stream` and waits for them; a fatal test failure
+// on error.
+void UploadBytes(void* dst, const void* src, size_t bytes, cudaStream_t stream);
+template <typename T>
+void Upload(void* dst, const std::vector<T>& src, cudaStream_t stream) {
+  UploadBytes(dst, src.data(), src.size() * sizeof(T), stream);
+}
+
+// Waits for `stream`, then returns `count` elements of T copied from device `src`; a test
+// failure on error.
+void DownloadBytes(void* dst, const void* src, size_t bytes, cudaStream_t stream);
+template <typename T>
+std::vector<T> Download(const void* src, size_t count, cudaStream_t stream) {
+  std::vector<T> out(count);
+  DownloadBytes(out.data(), src, count * sizeof(T), stream);
+  return out;
+}
+
+// Fills `bytes` of device memory at `p` with all-ones bytes on `stream` (NaN in every float
+// dtype, so an element a kernel does not write can never pass); a fatal test failure on error.
+void Poison(void* p, size_t bytes, cudaStream_t stream);
 
 }  // namespace testing
 }  // namespace kiln

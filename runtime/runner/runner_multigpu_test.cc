@@ -29,12 +29,12 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "collectives/allreduce_config.pb.h"
 #include "collectives/testing/multiprocess_test_util.h"
+#include "collectives/testing/rank_rig.h"
 #include "graph/capture_context.h"
 #include "gtest/gtest.h"
 #include "runtime/cuda/gpu_test_util.h"
@@ -47,6 +47,7 @@ namespace {
 
 using testing::RankContext;
 using testing::RunOnEveryGpu;
+using testing::SharedSeed;
 
 constexpr int kMaxSeqs = 8;
 constexpr int kMaxTokens = 128;
@@ -120,17 +121,6 @@ testing::MultiProcessTestOptions Options(int world_size = 0) {
   options.world_size = world_size;
   options.timeout = absl::Seconds(120);
   return options;
-}
-
-// A seed drawn on rank 0 and shared with every rank.
-uint64_t SharedSeed(RankContext& ctx) {
-  std::random_device rd;
-  const uint64_t mine = (uint64_t{rd()} << 32) ^ rd();
-  absl::StatusOr<std::string> got = ctx.bootstrap.Broadcast(absl::StrCat(mine));
-  EXPECT_TRUE(got.ok()) << got.status();
-  uint64_t seed = 0;
-  EXPECT_TRUE(got.ok() && absl::SimpleAtoi(*got, &seed));
-  return seed;
 }
 
 std::unique_ptr<Runner> MakeRunner(const RunnerOptions& options) {
