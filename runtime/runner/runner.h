@@ -329,9 +329,12 @@ class Runner {
   // Runs one step: each entry's tokens are appended to its sequence, and the greedy next token
   // of each sequence is returned in entry order. InvalidArgument for an empty or oversized
   // batch, a duplicate id, an empty token list, a token outside the vocabulary, or a sequence
-  // past max_model_len; ResourceExhausted when the KV cache lacks blocks. On error no sequence
-  // changes. With tensor parallelism: FailedPrecondition for a step that would replay graphs
-  // before RegisterGraphBuffers(), DeadlineExceeded when a peer stopped answering.
+  // past max_model_len; ResourceExhausted when the KV cache lacks blocks. With tensor
+  // parallelism: FailedPrecondition for a step that would replay graphs before
+  // RegisterGraphBuffers(), DeadlineExceeded when a peer stopped answering. A refused step
+  // (these errors but the last) changes no sequence. A step that fails on the device (a CUDA
+  // error, a lost peer) changes no sequence's length, but the blocks it reserved stay with its
+  // sequences (a sequence it named first exists with length 0) until Release.
   absl::StatusOr<std::vector<int32_t>> Step(absl::Span<const SequenceTokens> batch,
                                             const StepOptions& step_options = {});
 
