@@ -462,8 +462,8 @@ TEST(CustomAllReduceMultiGpuTest, ReplayBeforeRegistrationIsFailedPrecondition) 
     uint64_t seed = SharedSeed(ctx);
     Upload(in.data(), Encode(IntegerInputs(count, ctx.rank, seed), DataType::kBf16), s);
     ASSERT_TRUE(rig.comm->AllReduce(in.data(), out.data(), count, DataType::kBf16, s).ok());
-    ASSERT_EQ(Mismatches(Download<uint8_t>(out.data(), bytes, s), IntegerSum(count, ctx.world_size, seed),
-                         DataType::kBf16),
+    ASSERT_EQ(Mismatches(Download<uint8_t>(out.data(), bytes, s),
+                         IntegerSum(count, ctx.world_size, seed), DataType::kBf16),
               0u);
 
     cudaGraph_t graph = nullptr;
@@ -495,16 +495,16 @@ TEST(CustomAllReduceMultiGpuTest, ReplayBeforeRegistrationIsFailedPrecondition) 
     seed = SharedSeed(ctx);
     Upload(in.data(), Encode(IntegerInputs(count, ctx.rank, seed), DataType::kBf16), s);
     ASSERT_TRUE(rig.comm->AllReduce(in.data(), out.data(), count, DataType::kBf16, s).ok());
-    EXPECT_EQ(Mismatches(Download<uint8_t>(out.data(), bytes, s), IntegerSum(count, ctx.world_size, seed),
-                         DataType::kBf16),
+    EXPECT_EQ(Mismatches(Download<uint8_t>(out.data(), bytes, s),
+                         IntegerSum(count, ctx.world_size, seed), DataType::kBf16),
               0u);
     // ...and after registration the same graph replays correctly.
     ASSERT_TRUE(rig.comm->RegisterGraphBuffers().ok());
     EXPECT_TRUE(rig.comm->CheckReplayable().ok());
     Poison(out.data(), bytes, s);
     ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
-    EXPECT_EQ(Mismatches(Download<uint8_t>(out.data(), bytes, s), IntegerSum(count, ctx.world_size, seed),
-                         DataType::kBf16),
+    EXPECT_EQ(Mismatches(Download<uint8_t>(out.data(), bytes, s),
+                         IntegerSum(count, ctx.world_size, seed), DataType::kBf16),
               0u);
     EXPECT_TRUE(rig.comm->CheckAsyncErrors().ok());
     cudaGraphExecDestroy(exec);
@@ -540,8 +540,8 @@ TEST(CustomAllReduceMultiGpuTest, UnalignedAndOversizeEagerCallsTakeNccl) {
       Poison(o, c.count * 2, s);
       ASSERT_TRUE(rig.comm->AllReduce(i, o, c.count, DataType::kBf16, s).ok()) << c.name;
       EXPECT_EQ(rig.comm->stats().nccl, nccl_before + 1) << c.name;
-      EXPECT_EQ(Mismatches(Download<uint8_t>(o, c.count * 2, s), IntegerSum(c.count, ctx.world_size, seed),
-                           DataType::kBf16),
+      EXPECT_EQ(Mismatches(Download<uint8_t>(o, c.count * 2, s),
+                           IntegerSum(c.count, ctx.world_size, seed), DataType::kBf16),
                 0u)
           << c.name;
       // Forcing the custom kernel on it is refused, not run.
