@@ -1,7 +1,9 @@
 #include "tools/cli_flags.h"
 
+#include <filesystem>
 #include <fstream>
 #include <string>
+#include <system_error>
 
 #include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
@@ -26,7 +28,10 @@ absl::Status CheckFlags(int argc, char** argv, absl::string_view program) {
       // ParseCommandLine would exit with status 1 on a file it cannot open.
       if (!has_value && i + 1 < argc) value = argv[++i];
       for (absl::string_view path : absl::StrSplit(value, ',', absl::SkipEmpty())) {
-        if (!std::ifstream(std::string(path)).good()) {
+        // A directory opens like a file on Linux and reads as no lines: refuse it too.
+        std::error_code ec;
+        if (std::filesystem::is_directory(std::string(path), ec) ||
+            !std::ifstream(std::string(path)).good()) {
           return absl::InvalidArgumentError(absl::StrCat(
               "Cannot open --flagfile ", path, "; give a readable file of --flag=value lines"));
         }

@@ -116,6 +116,7 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
 fi
 expect_bad unknown_flag 'Unknown flag --utilization; run with --help' --utilization=0.9
 expect_bad flagfile_missing "Cannot open --flagfile $tmp/no_flags" --flagfile "$tmp/no_flags"
+expect_bad flagfile_directory "Cannot open --flagfile $tmp;" --flagfile "$tmp"
 # A readable flagfile is read, and its values checked as the flags' are.
 printf -- '--max_num_seqs=0\n' >"$tmp/flags"
 expect_bad flagfile_read 'max_num_seqs must be positive, got 0' "--flagfile=$tmp/flags"
