@@ -300,16 +300,6 @@ int Run(int argc, char** argv) {
     if (std::optional<config::DType> stored = RunInBf16(&hf->model)) {
       converted_from = DTypeName(*stored);
     }
-    // The Runner would refuse what its model cannot run only after finding a GPU; say it now.
-    absl::Status runnable = LlamaShapeFromConfig(hf->model).status();
-    if (runnable.ok()) {
-      runnable = CheckSlidingWindow(hf->model, options.max_model_len);
-    }
-    if (!runnable.ok()) {
-      return fail(absl::InvalidArgumentError(
-                      absl::StrCat("--model_dir=", model_dir, ": ", runnable.message())),
-                  2);
-    }
     *options.config.mutable_model() = hf->model;
     options.weight_files = hf->weight_files;
   } else if (!preset.empty()) {
