@@ -7,13 +7,20 @@
 
 namespace kiln {
 
+namespace {
+
+// InvalidArgument unless `device` is one of the `count` visible devices.
+absl::Status CheckOrdinal(int device, int count) {
+  if (device >= 0 && device < count) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "Device %d does not exist (%d visible); pick 0..%d or check CUDA_VISIBLE_DEVICES", device,
+      count, count - 1));
+}
+
+}  // namespace
+
 absl::StatusOr<DeviceInfo> DeviceInfo::Query(int ordinal) {
-  int count = DeviceCount();
-  if (ordinal < 0 || ordinal >= count) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "Device %d does not exist (%d visible); pick 0..%d or check CUDA_VISIBLE_DEVICES",
-        ordinal, count, count - 1));
-  }
+  if (absl::Status s = CheckOrdinal(ordinal, DeviceCount()); !s.ok()) return s;
   cudaDeviceProp prop{};
   CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, ordinal));
   DeviceInfo info;
@@ -54,11 +61,7 @@ int DeviceCount() {
 absl::StatusOr<bool> CanAccessPeer(int from, int to) {
   const int count = DeviceCount();
   for (int device : {from, to}) {
-    if (device < 0 || device >= count) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "Device %d does not exist (%d visible); pick 0..%d or check CUDA_VISIBLE_DEVICES",
-          device, count, count - 1));
-    }
+    if (absl::Status s = CheckOrdinal(device, count); !s.ok()) return s;
   }
   if (from == to) return true;
   int can = 0;
