@@ -134,8 +134,7 @@ namespace kiln {
 namespace {
 
 constexpr int kBadInput = 2;
-// The longest --context: the planner's bound on max_model_len. Longer ones are typos, and near
-// 2^63 tokens MaxConcurrency's rounding up would overflow.
+// The longest --context: the planner's bound on max_model_len. Longer ones are typos.
 constexpr int64_t kMaxContext = int64_t{1} << 24;
 
 int Fail(const std::string& message) {

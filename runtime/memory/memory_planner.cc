@@ -376,7 +376,8 @@ absl::Status CheckTensorParallel(const ModelShape& model, int tp) {
   return absl::OkStatus();
 }
 
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// Rounds a / b up for a >= 0, b >= 1, without a + b - 1 (which overflows near INT64_MAX).
+int64_t CeilDiv(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
 std::string Thousands(int64_t n) {
   std::string digits = absl::StrCat(n < 0 ? -n : n);
@@ -609,8 +610,7 @@ absl::StatusOr<std::vector<PlannedStepKey>> PlanStepKeys(const PlannerConfig& c)
 
 int64_t MemoryPlan::MaxConcurrency(int64_t context_tokens) const {
   if (context_tokens < 1 || block_size < 1) return 0;
-  // Rounded up without CeilDiv's a + b - 1, which overflows for contexts near INT64_MAX.
-  const int64_t blocks = context_tokens / block_size + (context_tokens % block_size != 0 ? 1 : 0);
+  const int64_t blocks = CeilDiv(context_tokens, block_size);
   return num_kv_blocks / blocks;
 }
 
