@@ -122,8 +122,7 @@ absl::StatusOr<std::vector<int>> ParseInts(const std::string& text, const char* 
 // the model's shape.
 absl::StatusOr<LlamaShape> CheckRunnable(const RunnerOptions& options) {
   config::PlannerConfig config = Runner::PlannerConfigFor(options);
-  if (IsAutoGpuPreset(config.gpu_preset()) ||
-      (!config.has_gpu_preset() && !config.gpu().has_total_bytes())) {
+  if (UsesDeviceGpu(config)) {
     config.set_gpu_preset(kStandInGpuPreset);  // the config's GPU fields still override it
   }
   ASSIGN_OR_RETURN(config::PlannerConfig resolved, ResolvePlannerConfig(config));

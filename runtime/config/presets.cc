@@ -127,6 +127,11 @@ absl::StatusOr<GpuSpec> GpuPreset(absl::string_view name) {
 
 bool IsAutoGpuPreset(absl::string_view name) { return absl::AsciiStrToLower(name) == "auto"; }
 
+bool UsesDeviceGpu(const config::PlannerConfig& config) {
+  return IsAutoGpuPreset(config.gpu_preset()) ||
+         (!config.has_gpu_preset() && !config.gpu().has_total_bytes());
+}
+
 std::vector<std::string> ModelPresetNames() {
   std::vector<std::string> names;
   for (const ModelEntry& m : kModels) names.push_back(m.key);

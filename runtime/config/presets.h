@@ -35,6 +35,11 @@ absl::StatusOr<config::GpuSpec> GpuPreset(absl::string_view name);
 // config is used (the Runner, the memory_planner CLI); GpuPreset itself refuses it.
 bool IsAutoGpuPreset(absl::string_view name);
 
+// Returns true where the Runner plans for the GPU it runs on: gpu_preset "auto" (any case), or
+// neither a GPU preset nor gpu.total_bytes (the config's other GPU fields still override the
+// device's).
+bool UsesDeviceGpu(const config::PlannerConfig& config);
+
 // The preset that stands in for the device's GPU where a config is checked before the device is
 // looked up (its memory and SMs size only the KV cache, which such a check leaves out).
 inline constexpr char kStandInGpuPreset[] = "h100-80gb";

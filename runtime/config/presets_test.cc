@@ -136,6 +136,19 @@ TEST(PresetsTest, AutoGpuInAnyCase) {
   EXPECT_TRUE(GpuPreset(kStandInGpuPreset).ok());
 }
 
+TEST(PresetsTest, UsesDeviceGpuWithAutoOrNoGpuGiven) {
+  config::PlannerConfig config;
+  EXPECT_TRUE(UsesDeviceGpu(config));
+  config.mutable_gpu()->set_sm_count(100);  // a field that overrides the device's
+  EXPECT_TRUE(UsesDeviceGpu(config));
+  config.mutable_gpu()->set_total_bytes(int64_t{40} << 30);
+  EXPECT_FALSE(UsesDeviceGpu(config));
+  config.set_gpu_preset("AUTO");
+  EXPECT_TRUE(UsesDeviceGpu(config));
+  config.set_gpu_preset("h200");
+  EXPECT_FALSE(UsesDeviceGpu(config));
+}
+
 TEST(PresetsTest, UnknownNamesListTheKnownOnes) {
   auto model = ModelPreset("gpt-5");
   EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);

@@ -297,8 +297,7 @@ absl::Status Runner::InitPlan(const RunnerOptions& options) {
 
   // The planner sizes memory for the GPU it is told about; by default, this one.
   config::PlannerConfig config = PlannerConfigFor(options);
-  if (IsAutoGpuPreset(config.gpu_preset()) ||
-      (!config.has_gpu_preset() && !config.gpu().has_total_bytes())) {
+  if (UsesDeviceGpu(config)) {
     config.clear_gpu_preset();
     config::GpuSpec gpu;
     gpu.set_name(device.name);
