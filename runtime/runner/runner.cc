@@ -323,7 +323,7 @@ absl::Status Runner::InitPlan(const RunnerOptions& options) {
   ASSIGN_OR_RETURN(plan_, PlanMemory(config));
   const config::PlannerConfig& resolved = plan_.config;
   ASSIGN_OR_RETURN(full_shape_, CheckRunnerModel(resolved, options.max_model_len));
-  RETURN_IF_ERROR(RankShape(full_shape_, world).status());
+  ASSIGN_OR_RETURN(const LlamaShape rank_shape, RankShape(full_shape_, world));
   // Checked before any device memory exists: a wrong file fails here (on every rank
   // alike under tensor parallelism, see Init).
   if (!options.weight_files.empty()) RETURN_IF_ERROR(OpenWeightFiles(options));
@@ -364,7 +364,6 @@ absl::Status Runner::InitPlan(const RunnerOptions& options) {
   table_ = SequenceTable(static_cast<int>(num_blocks), block_size, options.max_model_len);
   max_blocks_per_seq_ = table_.max_blocks_per_seq();
   // What the model would refuse once the weights are on the GPU, checked before they are.
-  ASSIGN_OR_RETURN(LlamaShape rank_shape, RankShape(full_shape_, world));
   return CheckLlamaModelOptions(rank_shape, ModelOptions(options));
 }
 
