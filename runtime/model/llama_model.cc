@@ -157,7 +157,7 @@ absl::Status CheckStepArgs(const LlamaStepArgs& args) {
         "Step sizes num_tokens ", args.num_tokens, " and num_rows ", args.num_rows,
         " must be positive with num_rows <= num_tokens"));
   }
-  if (args.activations == nullptr || reinterpret_cast<uintptr_t>(args.activations) % 256 != 0) {
+  if (args.activations == nullptr || reinterpret_cast<uintptr_t>(args.activations) % kAlign != 0) {
     return absl::InvalidArgumentError(
         "Step activations must be a 256-byte aligned region of ActivationBytes(num_tokens, "
         "num_rows) bytes; pass the arena or a graph memory pool allocation");
