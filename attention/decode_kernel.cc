@@ -109,8 +109,7 @@ absl::Status ValidateDecodeAttentionParams(const DecodeAttentionParams& p) {
     if (absl::Status status = r.scaling.Validate(); !status.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("Decode ", status.message()));
     }
-    if (r.k == nullptr || r.v == nullptr || reinterpret_cast<uintptr_t>(r.k) % 16 != 0 ||
-        reinterpret_cast<uintptr_t>(r.v) % 16 != 0) {
+    if (r.k == nullptr || r.v == nullptr || !Aligned16(r.k) || !Aligned16(r.v)) {
       return absl::InvalidArgumentError(
           "Decode RoPE + KV append needs the new k and v, each 16-byte aligned");
     }
@@ -122,8 +121,7 @@ absl::Status ValidateDecodeAttentionParams(const DecodeAttentionParams& p) {
   }
   if (r.q_norm != nullptr || r.k_norm != nullptr) {
     if (r.positions == nullptr || r.q_norm == nullptr || r.k_norm == nullptr ||
-        reinterpret_cast<uintptr_t>(r.q_norm) % 16 != 0 ||
-        reinterpret_cast<uintptr_t>(r.k_norm) % 16 != 0) {
+        !Aligned16(r.q_norm) || !Aligned16(r.k_norm)) {
       return absl::InvalidArgumentError(
           "Decode QK norm needs the RoPE + KV append (positions) and both q_norm and k_norm, each "
           "16-byte aligned");
