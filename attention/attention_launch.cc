@@ -135,7 +135,10 @@ absl::Status RunAttentionStep(const AttentionStepParams& params, cudaStream_t st
         "Attention step has neither a decode nor a prefill part; pass PlanBuffers::decode() "
         "and/or prefill() of an enabled plan part");
   }
-  if (params.rope_append.positions != nullptr &&
+  // The QK norm runs only with the rotation, so it too needs a decode-only step (a step without
+  // a decode part would drop it silently).
+  const DecodeRopeAppendDevice& r = params.rope_append;
+  if ((r.positions != nullptr || r.q_norm != nullptr || r.k_norm != nullptr) &&
       (!Enabled(params.decode) || Enabled(params.prefill) ||
        params.decode.tile_rows > kDecodeKernelMaxTileRows)) {
     return absl::InvalidArgumentError(

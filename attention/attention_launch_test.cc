@@ -93,6 +93,13 @@ TEST(AttentionLaunchTest, RejectsRopeAppendOutsideDecodeOnlyStepsAndBadArguments
   p.dtype = AttentionDtype::kBf16;
   p.rope_append.positions = nullptr;  // the norm only comes with the RoPE + KV append
   EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("needs the RoPE + KV append"));
+  // A step without a decode part would drop the norm silently: refused like the rotation.
+  AttentionStepParams prefill_only = HostStepParams(buffers, &item);
+  prefill_only.decode.work_capacity = 0;
+  prefill_only.rope_append.q_norm = &buffers[0];
+  prefill_only.rope_append.k_norm = &buffers[4];
+  prefill_only.rope_append.qk_norm_eps = 1e-6f;
+  EXPECT_THAT(RunAttentionStep(prefill_only, nullptr).message(), HasSubstr("decode-only"));
 }
 
 // A prefill part the prefill kernel refuses fails the step before the decode part's kernel is
