@@ -268,10 +268,12 @@ int Run(int argc, char** argv) {
     if (!file.ok()) return fail(file.status(), 2);
     options.config = *file;
   }
-  // Each limit: the flag, else the --config file's, else generate's default.
+  // Each limit: the flag, else the --config file's, else kiln's default (DefaultPlannerConfig).
   config::PlannerConfig& c = options.config;
+  const config::PlannerConfig defaults = DefaultPlannerConfig();
   options.max_model_len = absl::GetFlag(FLAGS_max_model_len)
-                              .value_or(c.has_max_model_len() ? c.max_model_len() : 4096);
+                              .value_or(c.has_max_model_len() ? c.max_model_len()
+                                                              : defaults.max_model_len());
   const std::string preset = absl::GetFlag(FLAGS_preset);
   const std::string model_dir = absl::GetFlag(FLAGS_model_dir);
   std::string converted_from;  // the checkpoint's dtype where it is not bf16
@@ -309,13 +311,16 @@ int Run(int argc, char** argv) {
     options.config.set_model_preset(kDefaultPreset);
   }
   c.set_max_num_seqs(absl::GetFlag(FLAGS_max_num_seqs)
-                         .value_or(c.has_max_num_seqs() ? c.max_num_seqs() : 256));
-  c.set_max_num_batched_tokens(
-      absl::GetFlag(FLAGS_max_num_batched_tokens)
-          .value_or(c.has_max_num_batched_tokens() ? c.max_num_batched_tokens() : 8192));
-  c.set_gpu_memory_utilization(
-      absl::GetFlag(FLAGS_gpu_memory_utilization)
-          .value_or(c.has_gpu_memory_utilization() ? c.gpu_memory_utilization() : 0.9));
+                         .value_or(c.has_max_num_seqs() ? c.max_num_seqs()
+                                                        : defaults.max_num_seqs()));
+  c.set_max_num_batched_tokens(absl::GetFlag(FLAGS_max_num_batched_tokens)
+                                   .value_or(c.has_max_num_batched_tokens()
+                                                 ? c.max_num_batched_tokens()
+                                                 : defaults.max_num_batched_tokens()));
+  c.set_gpu_memory_utilization(absl::GetFlag(FLAGS_gpu_memory_utilization)
+                                   .value_or(c.has_gpu_memory_utilization()
+                                                 ? c.gpu_memory_utilization()
+                                                 : defaults.gpu_memory_utilization()));
   const std::string graphs = absl::GetFlag(FLAGS_graphs).value_or(
       c.graph().execution() == config::GRAPH_EXECUTION_PIECEWISE ? "piecewise" : "full");
   if (graphs == "full") {
