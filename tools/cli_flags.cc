@@ -6,7 +6,9 @@
 #include <system_error>
 
 #include "absl/flags/reflection.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
@@ -69,6 +71,32 @@ absl::Status CheckFlags(int argc, char** argv, absl::string_view program) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int>> ParseIntList(absl::string_view text, absl::string_view flag,
+                                              absl::string_view fix) {
+  std::vector<int> out;
+  bool empty_entry = false;
+  for (absl::string_view piece : absl::StrSplit(text, ',')) {
+    piece = absl::StripAsciiWhitespace(piece);
+    if (piece.empty()) {
+      empty_entry = true;
+      continue;
+    }
+    int v = 0;
+    if (!absl::SimpleAtoi(piece, &v)) {
+      int64_t wide = 0;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", flag, " has \"", piece, "\", which is ",
+          absl::SimpleAtoi(piece, &wide) ? "out of range" : "not an integer", fix));
+    }
+    out.push_back(v);
+  }
+  if (empty_entry && !out.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", text, " has an empty entry", fix));
+  }
+  return out;
 }
 
 }  // namespace kiln

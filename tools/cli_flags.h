@@ -10,7 +10,10 @@
 #ifndef KILN_TOOLS_CLI_FLAGS_H_
 #define KILN_TOOLS_CLI_FLAGS_H_
 
+#include <vector>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace kiln {
@@ -21,6 +24,13 @@ namespace kiln {
 // does not parse, or a --flagfile that cannot be opened; OK otherwise. absl's other flags (--help,
 // --fromenv, ...) are left to ParseCommandLine. `program` names the tool in the message about a stray argument.
 absl::Status CheckFlags(int argc, char** argv, absl::string_view program);
+
+// Parses --`flag`'s comma-separated integers, each stripped of spaces. A text of nothing but
+// spaces and commas gives an empty list (the caller decides what that means). InvalidArgument,
+// ending in `fix`, for an empty entry among others ("1,,8": more likely a typo than a wish), or
+// an entry that is not an integer or is out of int's range (said apart).
+absl::StatusOr<std::vector<int>> ParseIntList(absl::string_view text, absl::string_view flag,
+                                              absl::string_view fix);
 
 }  // namespace kiln
 

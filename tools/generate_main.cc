@@ -94,24 +94,13 @@ constexpr char kDefaultPreset[] = "llama-3.2-1b";
 // message about a bad list.
 absl::StatusOr<std::vector<int>> ParseInts(const std::string& text, const char* flag,
                                            const char* example) {
-  std::vector<int> out;
-  if (absl::StripAsciiWhitespace(text).empty()) return out;
   const std::string fix =
       absl::StrCat("; give comma-separated integers, e.g. --", flag, "=", example);
-  for (absl::string_view piece : absl::StrSplit(text, ',')) {
-    piece = absl::StripAsciiWhitespace(piece);
-    if (piece.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", flag, "=", text, " has an empty entry", fix));
-    }
-    int v = 0;
-    if (!absl::SimpleAtoi(piece, &v)) {
-      int64_t wide = 0;
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--", flag, " has \"", piece, "\", which is ",
-          absl::SimpleAtoi(piece, &wide) ? "out of range" : "not an integer", fix));
-    }
-    out.push_back(v);
+  absl::StatusOr<std::vector<int>> out = ParseIntList(text, flag, fix);
+  // Commas with no integer between them (",") are a typo, not "none".
+  if (out.ok() && out->empty() && text.find(',') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", text, " has an empty entry", fix));
   }
   return out;
 }

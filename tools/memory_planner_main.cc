@@ -256,32 +256,14 @@ absl::Status ApplySizeList(const std::optional<std::string>& text, absl::string_
   if (!text) return absl::OkStatus();
   sizes->Clear();
   if (absl::AsciiStrToLower(*text) == "default") return absl::OkStatus();
-  bool empty_entry = false;
-  for (absl::string_view piece : absl::StrSplit(*text, ',')) {
-    piece = absl::StripAsciiWhitespace(piece);
-    if (piece.empty()) {
-      empty_entry = true;
-      continue;
-    }
-    int size = 0;
-    if (!absl::SimpleAtoi(piece, &size)) {
-      int64_t wide = 0;
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--", flag, " has \"", piece, "\", which is ",
-          absl::SimpleAtoi(piece, &wide) ? "out of range" : "not an integer",
-          "; give sizes like 1,2,4,8 or 'default'"));
-    }
-    sizes->Add(size);
-  }
-  if (sizes->empty()) {
+  absl::StatusOr<std::vector<int>> parsed =
+      ParseIntList(*text, flag, "; give sizes like 1,2,4,8 or 'default'");
+  if (!parsed.ok()) return parsed.status();
+  if (parsed->empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--", flag, " is empty; give sizes like 1,2,4,8, 'default', or --graph_mode=none"));
   }
-  // A missing size ("1,,8") is more likely a typo than a wish for the sizes around it.
-  if (empty_entry) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--", flag, "=", *text, " has an empty entry; give sizes like 1,2,4,8 or 'default'"));
-  }
+  sizes->Add(parsed->begin(), parsed->end());
   return absl::OkStatus();
 }
 
