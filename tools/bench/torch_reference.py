@@ -334,8 +334,7 @@ def parse_ints(text, flag, example):
     return values
 
 
-def run_prefill(args):
-    lengths = parse_ints(args.prefill, "--prefill", "512,2048")
+def run_prefill(args, lengths):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch._dynamo.config.recompile_limit = max(8, 2 * len(lengths))
     device = torch.device("cuda")
@@ -391,8 +390,7 @@ def main():
         raise SystemExit("torch_reference: --context must be >= 2")
     variants = parse_list(args.variants, VARIANTS, "--variants")
     norms = parse_list(args.norms, tuple(NORMS), "--norms")
-    if args.prefill:
-        parse_ints(args.prefill, "--prefill", "512,2048")
+    lengths = parse_ints(args.prefill, "--prefill", "512,2048") if args.prefill else None
     if TORCH_IMPORT_ERROR is not None:
         raise SystemExit(f"torch_reference: needs PyTorch with CUDA ({TORCH_IMPORT_ERROR}); "
                          "install it, e.g. pip install torch")
@@ -401,7 +399,7 @@ def main():
                          "False; run it on the GPU kiln runs on")
     use_model(args.model)
     if args.prefill:
-        return run_prefill(args)
+        return run_prefill(args, lengths)
     torch.backends.cuda.matmul.allow_tf32 = False
     # One compilation per batch size and piece.
     torch._dynamo.config.recompile_limit = max(8, 2 * len(batches))
