@@ -24,7 +24,10 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 constexpr AttentionWorkItem kPaddingWorkItem = {-1, 0, 0, 0, 0, -1};
 constexpr AttentionMergeItem kPaddingMergeItem = {-1, 0, 0, 0, 0};
 
-absl::Status ValidatePart(const PlanPartOptions& part, const char* name, int group_size) {
+// `max_kv_len`: the key's longest KV, whose chunk size (a multiple of kv_granularity that covers
+// it) is an int32 in the plan header.
+absl::Status ValidatePart(const PlanPartOptions& part, const char* name, int group_size,
+                          int64_t max_kv_len) {
   if (part.tile_rows == 0) return absl::OkStatus();
   if (part.tile_rows < group_size) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -37,6 +40,11 @@ absl::Status ValidatePart(const PlanPartOptions& part, const char* name, int gro
         "Planner ", name, " options are out of range (tile_rows ", part.tile_rows,
         ", kv_granularity ", part.kv_granularity, ", min_kv_chunk ", part.min_kv_chunk,
         ", ctas_per_sm ", part.ctas_per_sm, "); each must be positive"));
+  }
+  if (CeilDiv(max_kv_len, part.kv_granularity) * part.kv_granularity > kMaxInt32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Planner key max_kv_len ", max_kv_len, " rounded up to ", name, ".kv_granularity ",
+        part.kv_granularity, " is above ", kMaxInt32, " (int32 KV chunk sizes); lower max_kv_len"));
   }
   return CheckSplitAims(part.aim_by_seqs, absl::StrCat("Planner ", name, ".aim_by_seqs"));
 }
@@ -190,8 +198,13 @@ absl::StatusOr<SplitKvPlanner> SplitKvPlanner::Create(const SplitKvPlannerOption
         "prefill.tile_rows");
   }
   const int group = options.num_q_heads / options.num_kv_heads;
-  if (absl::Status s = ValidatePart(options.decode, "decode", group); !s.ok()) return s;
-  if (absl::Status s = ValidatePart(options.prefill, "prefill", group); !s.ok()) return s;
+  if (absl::Status s = ValidatePart(options.decode, "decode", group, key.max_kv_len); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ValidatePart(options.prefill, "prefill", group, key.max_kv_len);
+      !s.ok()) {
+    return s;
+  }
   // A sequence of the key may bring max_tokens tokens: its packed rows (row = token·G + g) are
   // int32 in the work items.
   if (static_cast<int64_t>(key.max_tokens) * group > kMaxInt32) {
@@ -199,19 +212,6 @@ absl::StatusOr<SplitKvPlanner> SplitKvPlanner::Create(const SplitKvPlannerOption
         "Planner key max_tokens ", key.max_tokens, " x ", group,
         " query heads per KV head is above ", kMaxInt32,
         " packed query rows (int32 in the work items); lower max_tokens"));
-  }
-  // The chunk size (a multiple of kv_granularity that covers the longest KV) is an int32 in the
-  // plan header.
-  for (const auto& [part, name] : {std::pair<const PlanPartOptions*, const char*>{
-                                       &options.decode, "decode"},
-                                   {&options.prefill, "prefill"}}) {
-    if (part->tile_rows > 0 &&
-        CeilDiv(key.max_kv_len, part->kv_granularity) * part->kv_granularity > kMaxInt32) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Planner key max_kv_len ", key.max_kv_len, " rounded up to ", name,
-          ".kv_granularity ", part->kv_granularity, " is above ", kMaxInt32,
-          " (int32 KV chunk sizes); lower max_kv_len"));
-    }
   }
 
   PlanLayout layout;
