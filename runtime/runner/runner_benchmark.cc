@@ -33,6 +33,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -323,6 +324,14 @@ void PrintTrace(Runner& runner, int batch, int context, int steps) {
   for (const NodeShare& n : layer->nodes) std::printf("%10.1f  %s\n", n.us, n.kernel.c_str());
 }
 
+// Makes `o` capture exactly `sizes` (each once, whatever --capture_sizes gave the main runner).
+void CaptureOnly(const std::vector<int>& sizes, RunnerOptions& o) {
+  o.config.mutable_graph()->clear_capture_sizes();
+  for (int b : std::set<int>(sizes.begin(), sizes.end())) {
+    o.config.mutable_graph()->add_capture_sizes(b);
+  }
+}
+
 // The runner options the flags give; `capture_sizes` and `split_rules` are the list flags Main
 // parsed (split_rules: --decode_split_by_rows for every head_dim; unused where it is empty).
 RunnerOptions BenchmarkOptions(const std::vector<int>& capture_sizes,
@@ -512,7 +521,7 @@ int Main(int argc, char** argv) {
     o.config.set_max_num_batched_tokens(512);
     o.max_kv_blocks = 2600;
     o.capture_prefill = false;
-    for (int b : batches) o.config.mutable_graph()->add_capture_sizes(b);
+    CaptureOnly(batches, o);
     std::unique_ptr<Runner> runner = ValueOrDie(Runner::Create(o));
     CHECK_OK(runner->Capture().status());
     if (i == 0) {
@@ -543,7 +552,7 @@ int Main(int argc, char** argv) {
     o.config.set_max_num_batched_tokens(512);
     o.max_kv_blocks = 2600;
     o.capture_prefill = false;
-    for (int b : sizes) o.config.mutable_graph()->add_capture_sizes(b);
+    CaptureOnly(sizes, o);
     edit(o);
     std::unique_ptr<Runner> runner = ValueOrDie(Runner::Create(o));
     CHECK_OK(runner->Capture().status());
