@@ -1,5 +1,6 @@
 #include "runtime/model/llama_weights.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <utility>
@@ -55,6 +56,15 @@ absl::StatusOr<LlamaWeightLayout> LlamaWeightLayout::Create(const LlamaShape& sh
   }
   layout.total_bytes_ = offset;
   return layout;
+}
+
+size_t LlamaWeightLayout::StepReadBytes(int64_t num_tokens) const {
+  size_t bytes = 0;
+  for (const WeightTensor& t : tensors_) bytes += t.bytes();
+  if (shape_.tie_embeddings) return bytes;
+  const WeightTensor& table = embedding();
+  const int64_t gathered = std::clamp<int64_t>(num_tokens, 0, table.rows);
+  return bytes - table.bytes() + static_cast<size_t>(gathered * table.cols) * 2;
 }
 
 absl::StatusOr<LlamaHostWeights> ZeroLlamaHostWeights(const LlamaShape& shape) {

@@ -75,6 +75,10 @@ class LlamaWeightLayout {
   const std::vector<WeightTensor>& tensors() const { return tensors_; }
   // Returns the bytes of the whole region (the sum of the tensors plus alignment padding).
   size_t total_bytes() const { return total_bytes_; }
+  // Returns the weight bytes a step of `num_tokens` token rows reads: every tensor once, except
+  // an embedding table the LM head does not share, of which it gathers only the tokens' rows
+  // (at most the whole table). With tied embeddings the table is read whole, as the LM head.
+  size_t StepReadBytes(int64_t num_tokens) const;
 
   const WeightTensor& embedding() const { return tensors_[0]; }
   const WeightTensor& input_norm(int layer) const { return tensors_[LayerBase(layer) + 0]; }

@@ -51,6 +51,30 @@ TEST(LlamaWeightLayoutTest, TensorsAreAlignedDisjointAndComplete) {
   }
 }
 
+// A step reads every tensor once; an untied embedding table only in the rows it gathers.
+TEST(LlamaWeightLayoutTest, StepReadsTheEmbeddingTableOnlyWhereTheLmHeadIsIt) {
+  for (bool tie : {false, true}) {
+    LlamaShape shape = LlamaShape::Tiny();
+    shape.tie_embeddings = tie;
+    absl::StatusOr<LlamaWeightLayout> layout = LlamaWeightLayout::Create(shape);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    const size_t all = static_cast<size_t>(shape.ParameterCount()) * 2;
+    const size_t row = static_cast<size_t>(shape.hidden) * 2;
+    const size_t table = static_cast<size_t>(shape.vocab) * row;
+    for (int64_t tokens : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{shape.vocab},
+                           int64_t{shape.vocab} + 5}) {
+      const size_t gathered = static_cast<size_t>(std::min<int64_t>(tokens, shape.vocab)) * row;
+      EXPECT_EQ(layout->StepReadBytes(tokens), tie ? all : all - table + gathered)
+          << "tie " << tie << ", " << tokens << " tokens";
+    }
+  }
+  // The 1B preset's figures: tied, so its 2.30 GiB are all read.
+  absl::StatusOr<LlamaWeightLayout> one_b = LlamaWeightLayout::Create(LlamaShape::Llama1B());
+  ASSERT_TRUE(one_b.ok()) << one_b.status();
+  EXPECT_EQ(one_b->StepReadBytes(1),
+            static_cast<size_t>(LlamaShape::Llama1B().ParameterCount()) * 2);
+}
+
 // Returns the weights of `before` and of `after`, a shape with `added` more tensors, both of seed
 // 11, after checking that the added tensors come last: every tensor of `before` keeps its index,
 // offset and seeded values in `after`, and `after` counts its parameters as its tensors hold them.

@@ -20,8 +20,9 @@
 // A step is timed on the device with CUDA events around its kernels, from the metadata fetch to
 // the sampled tokens in pinned memory (RunnerOptions::time_steps), after warm-up; the table shows
 // medians. "step" is the host's wall time of Runner::Step (planning, replay, synchronisation).
-// The floor is the weights plus the KV cache read once at the device-to-device copy bandwidth
-// measured here. Exits non-zero on any error.
+// The floor is the weight bytes a step reads (every tensor once; an embedding table the LM head
+// does not share, only in the rows it gathers) plus the KV cache, read once at the
+// device-to-device copy bandwidth measured here. Exits non-zero on any error.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -52,6 +53,7 @@
 #include "runtime/cuda/status.h"
 #include "runtime/cuda/stream.h"
 #include "runtime/model/internal/benchmark_util.h"
+#include "runtime/model/llama_weights.h"
 #include "runtime/runner/runner.h"
 
 ABSL_FLAG(std::string, preset, "llama-3.2-1b",
@@ -438,13 +440,13 @@ int Main(int argc, char** argv) {
   }
   if (warm_runners > 0) std::printf("built, captured and freed %d runners first\n", warm_runners);
 
-  double weight_bytes = 0, kv_bytes_per_token = 0;
   {
     std::unique_ptr<Runner> runner = ValueOrDie(Runner::Create(base));
     const LlamaShape& s = runner->shape();
-    weight_bytes = static_cast<double>(runner->model().weights().bytes());
-    kv_bytes_per_token = 2.0 * s.layers * s.kv_heads * s.head_dim * 2;
-    std::printf("model: %s, %.2f GiB of weights\n", s.ToString().c_str(), weight_bytes / (1 << 30));
+    const LlamaWeightLayout& layout = runner->model().weights().layout();
+    const double kv_bytes_per_token = 2.0 * s.layers * s.kv_heads * s.head_dim * 2;
+    std::printf("model: %s, %.2f GiB of weights\n", s.ToString().c_str(),
+                static_cast<double>(runner->model().weights().bytes()) / (1 << 30));
     const RunnerCaptureSummary captured = ValueOrDie(runner->Capture());
     // The largest captured size of a list (0: none captured).
     const auto largest = [](int captured_count, const std::optional<CaptureSizes>& sizes) {
@@ -483,7 +485,8 @@ int Main(int argc, char** argv) {
                     static_cast<long long>(t.no_token));
       }
       const double floor_ms =
-          (weight_bytes + kv_bytes_per_token * context * b) / bandwidth * 1e3;
+          (static_cast<double>(layout.StepReadBytes(b)) + kv_bytes_per_token * context * b) /
+          bandwidth * 1e3;
       auto torch = kTorchGraphMs.find(b);
       if (peer && torch != kTorchGraphMs.end()) {
         std::printf("%6d %10.3f %10.3f %10.3f %10.3f %12.2f %9.2fx\n", b, t.graph_ms, t.eager_ms,

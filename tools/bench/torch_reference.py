@@ -33,8 +33,9 @@ or fused, PyTorch's F.rms_norm):
 Times one decode step per batch size with CUDA events after warm-up and prints medians: eager,
 and replaying one torch.cuda.CUDAGraph of the step (inputs in static tensors); then the fastest
 graph of any variant per batch, which is the figure to compare kiln with. Each variant's tokens
-are checked against the first variant's (a note where they differ). The floor column is weights
-+ KV cache bytes read once at the measured device-to-device copy bandwidth. Writes the tables as
+are checked against the first variant's (a note where they differ). The floor column is the weight
+bytes a step reads (every tensor once; an embedding table the LM head does not share, only in the
+rows it gathers) + KV cache bytes, read once at the measured device-to-device copy bandwidth. Writes the tables as
 JSON to $OUT/torch_reference.json when $OUT is set.
 
 With --prefill=N1,N2,... it times prefill instead: one prompt of N tokens through every layer
@@ -245,6 +246,14 @@ class Llama:
             n += sum(t.numel() for t in layer.values() if t is not None)
         return 2 * n
 
+    def step_read_bytes(self, tokens):
+        """Weight bytes a step of `tokens` rows reads: every tensor once, except an embedding
+        table the LM head does not share, of which only the gathered rows."""
+        if self.lm_head is self.embed:
+            return self.weight_bytes()
+        vocab, hidden = self.embed.shape
+        return self.weight_bytes() - 2 * self.embed.numel() + 2 * min(tokens, vocab) * hidden
+
     def kv_bytes(self, batch):
         return 2 * LAYERS * batch * KV_HEADS * self.context * HEAD_DIM * 2
 
@@ -447,7 +456,7 @@ def main():
                         print(f"  note: batch {b}: {differ} of {b} tokens differ from the "
                               "first variant's")
                     reference.setdefault(b, eager_out.clone())
-                    floor = (model.weight_bytes() + model.kv_bytes(b)) / bw * 1e3
+                    floor = (model.step_read_bytes(b) + model.kv_bytes(b)) / bw * 1e3
                     print(f"{b:>6} {eager:>9.3f} {graph_ms:>9.3f} {floor:>9.3f}")
                     rows.append(dict(variant=variant, norm=norm, batch=b, eager_ms=eager,
                                      graph_ms=graph_ms, floor_ms=floor))
