@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -40,6 +41,21 @@ struct JsonValue {
   std::vector<JsonValue> array;
   std::vector<std::pair<std::string, JsonValue>> object;  // in file order
 };
+
+// Names byte `c` of a header for a message: as itself when printable, else by its value, so that
+// a NUL, a newline or a stray byte of binary data never lands raw in a message.
+std::string ByteName(char c) {
+  const unsigned char u = static_cast<unsigned char>(c);
+  if (u >= 0x20 && u < 0x7f) return absl::StrCat("character '", std::string(1, c), "'");
+  return absl::StrCat("byte 0x", absl::Hex(u, absl::kZeroPad2));
+}
+
+// Quotes a string from a header (a tensor name, a metadata key) for a message, with C escapes
+// for quotes, backslashes and control characters: JSON escapes can put any of them in a name,
+// and a message must not carry them raw.
+std::string Quote(absl::string_view s) {
+  return absl::StrCat("'", absl::Utf8SafeCHexEscape(s), "'");
+}
 
 const char* TypeName(JsonValue::Type type) {
   switch (type) {
@@ -110,7 +126,7 @@ class JsonParser {
       out.type = JsonValue::kNull;
       return absl::OkStatus();
     }
-    return Error(absl::StrCat("unexpected character '", std::string(1, c), "'"));
+    return Error(absl::StrCat("unexpected ", ByteName(c)));
   }
 
   absl::Status ParseObject(JsonValue& out, int depth) {
@@ -206,6 +222,40 @@ class JsonParser {
     return absl::OkStatus();
   }
 
+  // Appends the UTF-8 sequence whose lead byte is at pos_ - 1, checked as RFC 3629 does (no
+  // overlong forms, surrogates or code points past U+10FFFF). A header is UTF-8 JSON: the
+  // reference reader refuses any other bytes, and a name that is not UTF-8 would garble the
+  // messages that quote it.
+  absl::Status ParseUtf8(std::string& out) {
+    const size_t start = pos_ - 1;
+    const unsigned char lead = static_cast<unsigned char>(text_[start]);
+    int more = 0;      // continuation bytes after the lead byte
+    uint32_t min = 0;  // the least code point that needs them (less is an overlong form)
+    if (lead >= 0xC2 && lead <= 0xDF) {
+      more = 1;
+      min = 0x80;
+    } else if (lead >= 0xE0 && lead <= 0xEF) {
+      more = 2;
+      min = 0x800;
+    } else if (lead >= 0xF0 && lead <= 0xF4) {
+      more = 3;
+      min = 0x10000;
+    }
+    uint32_t cp = lead & (0x7Fu >> (more + 1));
+    bool ok = more > 0;
+    for (int i = 0; ok && i < more; ++i, ++pos_) {
+      const unsigned char next = pos_ < text_.size() ? static_cast<unsigned char>(text_[pos_]) : 0;
+      ok = (next & 0xC0) == 0x80;
+      cp = (cp << 6) | (next & 0x3F);
+    }
+    if (!ok || cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp < 0xE000)) {
+      pos_ = start;
+      return Error(absl::StrCat("a string that is not UTF-8 (", ByteName(text_[start]), ")"));
+    }
+    out.append(text_.data() + start, pos_ - start);
+    return absl::OkStatus();
+  }
+
   absl::Status ParseString(std::string& out) {
     ++pos_;  // opening quote
     out.clear();
@@ -213,7 +263,14 @@ class JsonParser {
       if (pos_ >= text_.size()) return Error("an unterminated string");
       const char c = text_[pos_++];
       if (c == '"') return absl::OkStatus();
-      if (static_cast<unsigned char>(c) < 0x20) return Error("a control character in a string");
+      if (static_cast<unsigned char>(c) < 0x20) {
+        --pos_;
+        return Error(absl::StrCat("a control character (", ByteName(c), ") in a string"));
+      }
+      if (static_cast<unsigned char>(c) >= 0x80) {
+        RETURN_IF_ERROR(ParseUtf8(out));
+        continue;
+      }
       if (c != '\\') {
         out.push_back(c);
         continue;
@@ -245,7 +302,8 @@ class JsonParser {
           break;
         }
         default:
-          return Error(absl::StrCat("an unknown escape '\\", std::string(1, e), "'"));
+          --pos_;
+          return Error(absl::StrCat("an unknown escape: '\\' before ", ByteName(e)));
       }
     }
   }
@@ -287,6 +345,16 @@ struct FileCloser {
 };
 using File = std::unique_ptr<std::FILE, FileCloser>;
 
+// The error for an fread of `f` that came back short. At the end of the file fread sets no
+// errno (and ErrnoToStatus(0) is OK, no error at all), so that case is named apart: the file
+// shrank after its size was taken.
+absl::Status ShortReadError(std::FILE* f, const std::string& path) {
+  if (std::ferror(f) != 0) return IoError("Cannot read the header of", path, errno);
+  return absl::DataLossError(absl::StrCat("Safetensors file '", path,
+                                          "' shrank while its header was read; open it again "
+                                          "once whatever writes it is done"));
+}
+
 absl::StatusOr<uint64_t> FileSize(std::FILE* f, const std::string& path) {
   if (std::fseek(f, 0, SEEK_END) != 0) return IoError("Cannot seek in", path, errno);
   const long size = std::ftell(f);
@@ -313,7 +381,7 @@ absl::StatusOr<uint64_t> ParseUnsigned(const JsonValue& v, absl::string_view wha
   if (v.type != JsonValue::kNumber || !absl::SimpleAtoi(v.text, &n) ||
       v.text.find_first_of(".eE-") != std::string::npos) {
     return absl::DataLossError(
-        absl::StrCat("Safetensors tensor '", tensor, "' has ", what, " ",
+        absl::StrCat("Safetensors tensor ", Quote(tensor), " has ", what, " ",
                      v.type == JsonValue::kNumber ? v.text : TypeName(v.type),
                      "; expected a non-negative integer"));
   }
@@ -322,7 +390,7 @@ absl::StatusOr<uint64_t> ParseUnsigned(const JsonValue& v, absl::string_view wha
 
 absl::StatusOr<SafetensorsTensor> ParseTensorEntry(const std::string& name, const JsonValue& v) {
   if (v.type != JsonValue::kObject) {
-    return absl::DataLossError(absl::StrCat("Safetensors entry '", name, "' is ",
+    return absl::DataLossError(absl::StrCat("Safetensors entry ", Quote(name), " is ",
                                             TypeName(v.type), "; expected an object"));
   }
   SafetensorsTensor t;
@@ -337,48 +405,50 @@ absl::StatusOr<SafetensorsTensor> ParseTensorEntry(const std::string& name, cons
   }
   if (dtype == nullptr || shape == nullptr || offsets == nullptr) {
     return absl::DataLossError(absl::StrCat(
-        "Safetensors tensor '", name, "' lacks ",
+        "Safetensors tensor ", Quote(name), " lacks ",
         dtype == nullptr ? "\"dtype\"" : shape == nullptr ? "\"shape\"" : "\"data_offsets\""));
   }
   if (dtype->type != JsonValue::kString || SafetensorsDtypeSize(dtype->text) == 0) {
     return absl::DataLossError(absl::StrCat(
-        "Safetensors tensor '", name, "' has dtype ",
-        dtype->type == JsonValue::kString ? dtype->text : TypeName(dtype->type),
+        "Safetensors tensor ", Quote(name), " has dtype ",
+        dtype->type == JsonValue::kString ? absl::Utf8SafeCHexEscape(dtype->text)
+                                          : TypeName(dtype->type),
         ", which safetensors does not define"));
   }
   t.dtype = dtype->text;
   if (shape->type != JsonValue::kArray) {
-    return absl::DataLossError(absl::StrCat("Safetensors tensor '", name, "' has a shape that is ",
-                                            TypeName(shape->type), "; expected an array"));
+    return absl::DataLossError(absl::StrCat("Safetensors tensor ", Quote(name),
+                                            " has a shape that is ", TypeName(shape->type),
+                                            "; expected an array"));
   }
   for (const JsonValue& d : shape->array) {
     ASSIGN_OR_RETURN(uint64_t dim, ParseUnsigned(d, "a shape dimension", name));
     if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
       return absl::DataLossError(
-          absl::StrCat("Safetensors tensor '", name, "' has dimension ", dim, ", too large"));
+          absl::StrCat("Safetensors tensor ", Quote(name), " has dimension ", dim, ", too large"));
     }
     t.shape.push_back(static_cast<int64_t>(dim));
   }
   if (offsets->type != JsonValue::kArray || offsets->array.size() != 2) {
-    return absl::DataLossError(absl::StrCat("Safetensors tensor '", name,
-                                            "' has data_offsets that are not a [begin, end] pair"));
+    return absl::DataLossError(absl::StrCat("Safetensors tensor ", Quote(name),
+                                            " has data_offsets that are not a [begin, end] pair"));
   }
   ASSIGN_OR_RETURN(t.data_begin, ParseUnsigned(offsets->array[0], "data_offsets[0]", name));
   ASSIGN_OR_RETURN(t.data_end, ParseUnsigned(offsets->array[1], "data_offsets[1]", name));
   if (t.data_end < t.data_begin) {
-    return absl::DataLossError(absl::StrCat("Safetensors tensor '", name, "' has data_offsets [",
-                                            t.data_begin, ", ", t.data_end,
-                                            "] that end before they begin"));
+    return absl::DataLossError(absl::StrCat("Safetensors tensor ", Quote(name),
+                                            " has data_offsets [", t.data_begin, ", ",
+                                            t.data_end, "] that end before they begin"));
   }
   uint64_t expected = 0;
   if (!ByteCount(t.shape, SafetensorsDtypeSize(t.dtype), expected)) {
-    return absl::DataLossError(absl::StrCat("Safetensors tensor '", name, "' has shape ",
+    return absl::DataLossError(absl::StrCat("Safetensors tensor ", Quote(name), " has shape ",
                                             t.ShapeString(), " whose bytes (dtype ", t.dtype,
                                             ") overflow 64 bits; the file is corrupt"));
   }
   if (expected != t.bytes()) {
     return absl::DataLossError(absl::StrCat(
-        "Safetensors tensor '", name, "' holds ", t.bytes(), " bytes but dtype ", t.dtype,
+        "Safetensors tensor ", Quote(name), " holds ", t.bytes(), " bytes but dtype ", t.dtype,
         " and shape ", t.ShapeString(), " need ", expected, "; the file is corrupt"));
   }
   return t;
@@ -486,7 +556,7 @@ absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& pat
   }
   std::fseek(f.get(), 0, SEEK_SET);
   unsigned char length[8];
-  if (std::fread(length, 1, 8, f.get()) != 8) return IoError("Cannot read", path, errno);
+  if (std::fread(length, 1, 8, f.get()) != 8) return ShortReadError(f.get(), path);
   uint64_t header_size = 0;
   for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | length[i];
   if (header_size > kMaxHeaderBytes || header_size > file_size - 8) {
@@ -496,7 +566,7 @@ absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& pat
   }
   std::string text(header_size, '\0');
   if (std::fread(text.data(), 1, header_size, f.get()) != header_size) {
-    return IoError("Cannot read the header of", path, errno);
+    return ShortReadError(f.get(), path);
   }
   absl::StatusOr<JsonValue> root = JsonParser(text).ParseDocument();
   if (!root.ok()) {
@@ -514,7 +584,7 @@ absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& pat
   for (const auto& [name, value] : root->object) {
     if (!seen.insert(name).second) {
       return absl::DataLossError(
-          absl::StrCat("Safetensors header of '", path, "' lists '", name, "' twice"));
+          absl::StrCat("Safetensors header of '", path, "' lists ", Quote(name), " twice"));
     }
     if (name == "__metadata__") {
       if (value.type != JsonValue::kObject) {
@@ -523,8 +593,8 @@ absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& pat
       }
       for (const auto& [key, v] : value.object) {
         if (v.type != JsonValue::kString) {
-          return absl::DataLossError(absl::StrCat("Safetensors __metadata__ key '", key, "' of '",
-                                                  path, "' is ", TypeName(v.type),
+          return absl::DataLossError(absl::StrCat("Safetensors __metadata__ key ", Quote(key),
+                                                  " of '", path, "' is ", TypeName(v.type),
                                                   "; metadata values are strings"));
         }
         reader.metadata_[key] = v.text;
@@ -535,7 +605,7 @@ absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& pat
     if (!t.ok()) return absl::DataLossError(absl::StrCat(t.status().message(), " in '", path, "'"));
     if (t->data_end > data_size) {
       return absl::DataLossError(absl::StrCat(
-          "Safetensors tensor '", name, "' ends at data byte ", t->data_end, " but '", path,
+          "Safetensors tensor ", Quote(name), " ends at data byte ", t->data_end, " but '", path,
           "' has only ", data_size, " bytes of data; the file is truncated (download it again)"));
     }
     reader.tensors_.push_back(*std::move(t));
@@ -550,10 +620,29 @@ absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& pat
             });
   for (size_t i = 1; i < by_offset.size(); ++i) {
     if (by_offset[i]->data_begin < by_offset[i - 1]->data_end) {
-      return absl::DataLossError(absl::StrCat("Safetensors tensors '", by_offset[i - 1]->name,
-                                              "' and '", by_offset[i]->name,
-                                              "' overlap in '", path, "'; the file is corrupt"));
+      return absl::DataLossError(absl::StrCat(
+          "Safetensors tensors ", Quote(by_offset[i - 1]->name), " and ",
+          Quote(by_offset[i]->name), " overlap in '", path, "'; the file is corrupt"));
     }
+  }
+  // The format wants the data section "entirely indexed", with no holes; bytes that no tensor
+  // holds mean a corrupt file. A length field a few bytes short, pointing into the header's
+  // padding, would otherwise open with every tensor read that many bytes early.
+  uint64_t covered = 0;  // the tensors so far hold data bytes [0, covered)
+  for (const SafetensorsTensor* t : by_offset) {
+    if (t->data_begin > covered) {
+      return absl::DataLossError(absl::StrCat(
+          "Safetensors file '", path, "' has data bytes [", covered, ", ", t->data_begin,
+          ") that no tensor holds (before tensor ", Quote(t->name),
+          "), which the format does not allow; the file is corrupt (download it again)"));
+    }
+    covered = std::max(covered, t->data_end);
+  }
+  if (covered != data_size) {
+    return absl::DataLossError(absl::StrCat(
+        "Safetensors file '", path, "' ends in data bytes [", covered, ", ", data_size,
+        ") that no tensor holds, which the format does not allow; its header length ",
+        header_size, " or its size is wrong (download it again)"));
   }
   std::sort(reader.tensors_.begin(), reader.tensors_.end(),
             [](const SafetensorsTensor& a, const SafetensorsTensor& b) { return a.name < b.name; });
@@ -572,8 +661,9 @@ absl::Status SafetensorsReader::Read(const SafetensorsTensor& tensor, void* dst,
                                      size_t dst_bytes) const {
   if (dst_bytes < tensor.bytes()) {
     return absl::InvalidArgumentError(absl::StrCat("Destination of ", dst_bytes,
-                                                   " bytes is too small for tensor '", tensor.name,
-                                                   "' of ", tensor.bytes(), " bytes"));
+                                                   " bytes is too small for tensor ",
+                                                   Quote(tensor.name), " of ", tensor.bytes(),
+                                                   " bytes"));
   }
   return ReadStrided(tensor, 0, tensor.bytes(), tensor.bytes(), 1, dst);
 }
@@ -583,7 +673,7 @@ absl::Status SafetensorsReader::ReadStrided(const SafetensorsTensor& tensor, uin
                                             void* dst) const {
   if (runs < 0 || (runs > 1 && stride < run_bytes)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "Strided read of tensor '", tensor.name, "': ", runs, " runs of ", run_bytes,
+        "Strided read of tensor ", Quote(tensor.name), ": ", runs, " runs of ", run_bytes,
         " bytes every ", stride, " bytes; runs must be >= 0 and the stride at least a run"));
   }
   if (runs == 0 || run_bytes == 0) return absl::OkStatus();
@@ -593,7 +683,7 @@ absl::Status SafetensorsReader::ReadStrided(const SafetensorsTensor& tensor, uin
   if (offset > size || run_bytes > size - offset ||
       (last > 0 && (stride > (size - offset - run_bytes) / last))) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "Strided read of tensor '", tensor.name, "' (", size, " bytes): ", runs, " runs of ",
+        "Strided read of tensor ", Quote(tensor.name), " (", size, " bytes): ", runs, " runs of ",
         run_bytes, " bytes every ", stride, " bytes from byte ", offset,
         " leave the tensor; read within its shape ", tensor.ShapeString()));
   }
@@ -614,13 +704,14 @@ absl::Status SafetensorsReader::ReadStrided(const SafetensorsTensor& tensor, uin
       const ssize_t got = ::pread(fd, out, want, static_cast<off_t>(at));
       if (got < 0 && errno == EINTR) continue;
       if (got < 0) {
-        status = IoError(absl::StrCat("Cannot read tensor '", tensor.name, "' from"), path_, errno);
+        status =
+            IoError(absl::StrCat("Cannot read tensor ", Quote(tensor.name), " from"), path_, errno);
         break;
       }
       if (got == 0) {
         status = absl::DataLossError(absl::StrCat(
-            "Read stopped at byte ", at - data_start_ - tensor.data_begin, " of tensor '",
-            tensor.name, "' (", size, " bytes) in '", path_,
+            "Read stopped at byte ", at - data_start_ - tensor.data_begin, " of tensor ",
+            Quote(tensor.name), " (", size, " bytes) in '", path_,
             "'; the file shrank since it was opened"));
         break;
       }

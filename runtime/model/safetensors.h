@@ -11,9 +11,11 @@
 //   RETURN_IF_ERROR(reader.Read(*t, dst, t->bytes()));
 //
 // The header is parsed by a small self-contained JSON parser and checked when the file is
-// opened: every tensor's byte range must lie inside the file, not overlap another, and match
-// its dtype and shape. A file that fails these checks (truncated, malformed header, sizes that
-// disagree) is DataLoss naming the tensor or byte offset; a missing file is NotFound.
+// opened: it must be UTF-8 JSON, every tensor's byte range must lie inside the file, not overlap
+// another, and match its dtype and shape, and the ranges together must cover the data section
+// with no gap and nothing after them, as the format requires. A file that fails these checks
+// (truncated, malformed header, sizes that disagree, a wrong header length) is DataLoss naming
+// the tensor or byte offset; a missing file is NotFound.
 // Host-only; a reader is immutable after Open and safe to share between threads (each read
 // opens the file itself).
 #ifndef KILN_RUNTIME_MODEL_SAFETENSORS_H_

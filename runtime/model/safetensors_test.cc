@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -228,6 +230,15 @@ TEST(SafetensorsTest, MalformedHeadersAreDataLoss) {
       {"{\"__metadata__\": {\"k\": 1}}", "metadata values are strings"},
       {"{} x", "trailing characters"},
       {std::string(40, '[') + std::string(40, ']'), "nesting"},
+      // Bytes that are not printable are named by value, never copied into the message.
+      {"{\"t\": \x01}", "unexpected byte 0x01"},
+      {"{\"t\n\": 1}", "a control character (byte 0x0a) in a string"},
+      {"{\"t\": \"\\\x7f\"}", "an unknown escape: '\\' before byte 0x7f"},
+      // A header is UTF-8: a stray byte, an overlong '/', a surrogate, a cut-off sequence.
+      {"{\"t\xff\": 1}", "a string that is not UTF-8 (byte 0xff)"},
+      {"{\"t\xc0\xaf\": 1}", "a string that is not UTF-8 (byte 0xc0)"},
+      {"{\"t\xed\xa0\x80\": 1}", "a string that is not UTF-8 (byte 0xed)"},
+      {"{\"t\xe2\x82\": 1}", "a string that is not UTF-8 (byte 0xe2)"},
   };
   for (const auto& c : cases) {
     WriteRaw(path, c.header, 8);
@@ -244,6 +255,199 @@ TEST(SafetensorsTest, MalformedHeadersAreDataLoss) {
   absl::StatusOr<SafetensorsReader> reader = SafetensorsReader::Open(path);
   EXPECT_EQ(reader.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(std::string(reader.status().message()), HasSubstr("declares a header"));
+}
+
+// ---- Robustness: every truncation and single-byte mutation of a valid file either opens as a
+// consistent file or fails with DataLoss naming the file; never a crash, a hang or a read out of
+// bounds (run these under ASan and UBSan).
+
+// Writes a small valid file with WriteSafetensors and returns its bytes: tensors of four dtypes,
+// a scalar, an empty tensor and metadata, so that mutations reach every kind of header value.
+// The names make the header 313 bytes, padded with 7 spaces to 320, so that a length field a
+// few bytes short still ends the header after its JSON.
+std::string SmallValidFile(const std::string& path) {
+  std::vector<uint16_t> a(2 * 3);
+  std::vector<float> b(3);
+  std::vector<uint8_t> c(5);
+  int64_t d = -42;
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint16_t>(0x3f80 + i);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = 0.5f * static_cast<float>(i) - 1.0f;
+  for (size_t i = 0; i < c.size(); ++i) c[i] = static_cast<uint8_t>(200 + i);
+  EXPECT_TRUE(WriteSafetensors(path,
+                               {{"w", "BF16", {2, 3}, a.data(), a.size() * 2},
+                                {"b", "F32", {3}, b.data(), b.size() * 4},
+                                {"none", "F16", {0, 7}, nullptr, 0},
+                                {"u8", "U8", {5}, c.data(), c.size()},
+                                {"s", "I64", {}, &d, 8}},
+                               {{"format", "pt"}})
+                  .ok());
+  return ReadAll(path);
+}
+
+void WriteBytes(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  ASSERT_TRUE(f.good()) << path;
+}
+
+// Writes `bytes` to `path` and opens it. A file Open accepts must be what its header says: each
+// tensor's data lies inside the file, holds the bytes its dtype and shape need, and reads back,
+// and the tensors' bytes add up to the data section. A file it refuses is DataLoss, with a
+// message that names the file and holds only printable ASCII (the path is ASCII; header bytes
+// are quoted by value). `what` describes the input for failure messages. Returns whether the
+// file opened.
+bool OpensConsistentlyOrFailsCleanly(const std::string& path, const std::string& bytes,
+                                     const std::string& what) {
+  WriteBytes(path, bytes);
+  absl::StatusOr<SafetensorsReader> reader = SafetensorsReader::Open(path);
+  if (!reader.ok()) {
+    EXPECT_EQ(reader.status().code(), absl::StatusCode::kDataLoss)
+        << what << ": " << reader.status();
+    const std::string message(reader.status().message());
+    EXPECT_THAT(message, HasSubstr(path)) << what;
+    EXPECT_TRUE(std::all_of(message.begin(), message.end(),
+                            [](char c) { return c >= 0x20 && c < 0x7f; }))
+        << what << ": " << absl::CHexEscape(message);
+    return false;
+  }
+  EXPECT_GE(bytes.size(), 8u) << what;
+  if (bytes.size() < 8) return true;
+  uint64_t header_size = 0;
+  for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | static_cast<uint8_t>(bytes[i]);
+  EXPECT_LE(header_size, bytes.size() - 8) << what;
+  if (header_size > bytes.size() - 8) return true;
+  const uint64_t data_size = bytes.size() - 8 - header_size;
+  uint64_t held = 0;  // the tensors' bytes, which must add up to the data section
+  for (const SafetensorsTensor& t : reader->tensors()) {
+    held += t.bytes();
+    const std::string tensor = absl::StrCat(what, ", tensor '", absl::CHexEscape(t.name), "'");
+    EXPECT_LE(t.data_begin, t.data_end) << tensor;
+    EXPECT_LE(t.data_end, data_size) << tensor;
+    // The file is small, so a count that passes data_size is wrong whether or not it overflows.
+    uint64_t expected = SafetensorsDtypeSize(t.dtype);
+    EXPECT_NE(expected, 0u) << tensor << ": dtype " << t.dtype;
+    for (const int64_t dim : t.shape) {
+      EXPECT_GE(dim, 0) << tensor;
+      if (dim < 0 || (dim > 0 && expected > data_size / static_cast<uint64_t>(dim))) {
+        expected = data_size + 1;
+        break;
+      }
+      expected *= static_cast<uint64_t>(dim);
+    }
+    EXPECT_EQ(t.bytes(), expected) << tensor << " of shape " << t.ShapeString();
+    if (t.data_begin > t.data_end || t.data_end > data_size) continue;
+    EXPECT_EQ(reader->Find(t.name), &t) << tensor;
+    // Exactly the tensor's bytes, so that ASan catches a read that writes past them.
+    std::vector<char> dst(t.bytes());
+    const absl::Status read = reader->Read(t, dst.data(), dst.size());
+    EXPECT_TRUE(read.ok()) << tensor << ": " << read;
+  }
+  EXPECT_EQ(held, data_size) << what;
+  return true;
+}
+
+TEST(SafetensorsTest, EveryTruncationIsDataLoss) {
+  const std::string path = TempPath("truncations.safetensors");
+  const std::string valid = SmallValidFile(path);
+  ASSERT_TRUE(OpensConsistentlyOrFailsCleanly(path, valid, "the whole file"));
+  // Every length short of the whole file: inside the length field, the header and the data.
+  for (size_t length = 0; length < valid.size(); ++length) {
+    EXPECT_FALSE(OpensConsistentlyOrFailsCleanly(path, valid.substr(0, length),
+                                                 absl::StrCat("the first ", length, " of ",
+                                                              valid.size(), " bytes")))
+        << "the first " << length << " bytes opened";
+  }
+}
+
+TEST(SafetensorsTest, HeaderByteMutationsOpenConsistentlyOrAreDataLoss) {
+  const std::string path = TempPath("mutations.safetensors");
+  const std::string valid = SmallValidFile(path);
+  uint64_t header_size = 0;
+  for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | static_cast<uint8_t>(valid[i]);
+  ASSERT_LE(8 + header_size, valid.size());
+  // JSON's structural characters, a digit, a sign, a space, an escape, and bytes JSON never has.
+  const char kValues[] = {'\x00', '\xff', '{', '}', '[', ']', '"', ',', ':',
+                          '9',    '0',    '-', ' ', '\\', '.', 'e', '\x80', '\n'};
+  int mutations = 0;
+  int opened = 0;
+  for (size_t at = 0; at < 8 + header_size; ++at) {
+    for (const char value : kValues) {
+      if (valid[at] == value) continue;
+      std::string mutated = valid;
+      mutated[at] = value;
+      ++mutations;
+      opened += OpensConsistentlyOrFailsCleanly(
+          path, mutated,
+          absl::StrCat("byte ", at, " '", absl::CHexEscape(valid.substr(at, 1)), "' -> '",
+                       absl::CHexEscape(std::string(1, value)), "'"));
+    }
+  }
+  // Mutations in names and metadata values keep the file valid; most others break it.
+  EXPECT_GT(opened, 0);
+  EXPECT_LT(opened, mutations / 2);
+  std::printf("%d single-byte mutations of %llu header bytes: %d opened\n", mutations,
+              static_cast<unsigned long long>(8 + header_size), opened);
+
+  // The length field set to every value within 16 of the true one opens only with the true one:
+  // one a few bytes short ends the header inside its padding, after the JSON, and would move
+  // every tensor's data.
+  ASSERT_EQ(valid[8 + header_size - 1], ' ') << "the header needs padding for this check";
+  for (uint64_t length = header_size - 16; length <= header_size + 16; ++length) {
+    std::string mutated = valid;
+    for (int i = 0; i < 8; ++i) mutated[i] = static_cast<char>(length >> (8 * i));
+    EXPECT_EQ(OpensConsistentlyOrFailsCleanly(path, mutated,
+                                              absl::StrCat("header length ", length, " of ",
+                                                           header_size)),
+              length == header_size)
+        << "header length " << length << " of " << header_size;
+  }
+}
+
+// The format wants every data byte held by a tensor: bytes after the last one (a length field
+// that ends the header in its padding leaves some) or between two are DataLoss; empty tensors
+// may sit anywhere the others leave no gap.
+TEST(SafetensorsTest, DataBytesNoTensorHoldsAreDataLoss) {
+  const std::string path = TempPath("unheld.safetensors");
+  WriteRaw(path, "{\"t\": {\"dtype\": \"BF16\", \"shape\": [2], \"data_offsets\": [0, 4]}}",
+           8);
+  absl::Status status = SafetensorsReader::Open(path).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("ends in data bytes [4, 8) that no tensor holds"));
+
+  WriteRaw(path,
+           "{\"a\": {\"dtype\": \"BF16\", \"shape\": [1], \"data_offsets\": [0, 2]},"
+           " \"b\": {\"dtype\": \"BF16\", \"shape\": [1], \"data_offsets\": [4, 6]}}",
+           6);
+  status = SafetensorsReader::Open(path).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("data bytes [2, 4) that no tensor holds (before tensor 'b')"));
+
+  // The length field one byte short: the header still parses (it ends in spaces), but its last
+  // space would become the first data byte.
+  std::string raw = SmallValidFile(path);
+  uint64_t header_size = 0;
+  for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | static_cast<uint8_t>(raw[i]);
+  ASSERT_EQ(raw[8 + header_size - 1], ' ');
+  for (int i = 0; i < 8; ++i) raw[i] = static_cast<char>((header_size - 1) >> (8 * i));
+  WriteBytes(path, raw);
+  status = SafetensorsReader::Open(path).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr(absl::StrCat("its header length ", header_size - 1,
+                                     " or its size is wrong")));
+
+  WriteRaw(path,
+           "{\"e0\": {\"dtype\": \"F16\", \"shape\": [0], \"data_offsets\": [0, 0]},"
+           " \"a\": {\"dtype\": \"BF16\", \"shape\": [1], \"data_offsets\": [0, 2]},"
+           " \"e2\": {\"dtype\": \"F16\", \"shape\": [3, 0], \"data_offsets\": [2, 2]},"
+           " \"b\": {\"dtype\": \"BF16\", \"shape\": [1], \"data_offsets\": [2, 4]},"
+           " \"e4\": {\"dtype\": \"F16\", \"shape\": [0], \"data_offsets\": [4, 4]}}",
+           4);
+  absl::StatusOr<SafetensorsReader> reader = SafetensorsReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ(reader->tensors().size(), 5u);
 }
 
 TEST(SafetensorsTest, WriterRejectsBadEntries) {
