@@ -10,8 +10,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "runtime/config/file_text.h"
@@ -37,6 +39,36 @@ constexpr char kConfigFile[] = "config.json";
 constexpr char kIndexFile[] = "model.safetensors.index.json";
 constexpr char kSingleFile[] = "model.safetensors";
 
+// Puts one of protobuf's JSON errors on one line. protobuf ends them with the text around the
+// error, raw, and a line with a caret under the spot ("Expected a value.\n  \"a\": ,\n       ^"):
+// raw, that text can hold any byte of the file (a NUL, a stray byte that is not UTF-8), and in
+// a config.json, written an indented key to a line, its own newlines move the caret off the
+// spot. So the text is escaped, and the caret written into it at the spot. A message in any
+// other form is kept, escaped.
+std::string OneLineJsonError(absl::string_view message) {
+  const size_t first = message.find('\n');
+  const size_t last = message.rfind('\n');
+  if (first == absl::string_view::npos || first == last) return absl::CHexEscape(message);
+  const absl::string_view what = absl::StripSuffix(message.substr(0, first), ".");
+  const absl::string_view near = message.substr(first + 1, last - first - 1);
+  const absl::string_view caret = message.substr(last + 1);
+  const size_t at = caret.find_first_not_of(' ');  // a byte of `near`, or its end
+  if (at == absl::string_view::npos || caret.substr(at) != "^" || at > near.size()) {
+    return absl::CHexEscape(message);
+  }
+  if (near.empty()) return absl::CHexEscape(what);  // the text ended: nothing to quote
+  return absl::StrCat(absl::CHexEscape(what), ", at ^ in \"",
+                      absl::CHexEscape(near.substr(0, at)), "^",
+                      absl::CHexEscape(near.substr(at)), "\"");
+}
+
+// Quotes a string value of a config.json for a message, with C escapes for quotes, backslashes
+// and control characters: protobuf's parser takes raw control characters inside strings, and a
+// message must not carry them.
+std::string Quoted(absl::string_view value) {
+  return absl::StrCat("\"", absl::Utf8SafeCHexEscape(value), "\"");
+}
+
 // Parses `json` into `out`, skipping the keys `out` has no field for.
 absl::Status ParseJson(absl::string_view json, absl::string_view source, absl::string_view what,
                        google::protobuf::Message* out) {
@@ -45,7 +77,7 @@ absl::Status ParseJson(absl::string_view json, absl::string_view source, absl::s
   auto parsed = google::protobuf::util::JsonStringToMessage(std::string(json), out, options);
   if (!parsed.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("Cannot read ", source, " as ", what, ": ",
-                                                   parsed.message().as_string(),
+                                                   OneLineJsonError(parsed.message().as_string()),
                                                    "; fix the file or download it again"));
   }
   return absl::OkStatus();
@@ -54,8 +86,8 @@ absl::Status ParseJson(absl::string_view json, absl::string_view source, absl::s
 absl::StatusOr<config::DType> DTypeFromHf(const HfConfig& c, absl::string_view source) {
   if (c.has_dtype() && c.has_torch_dtype() && c.dtype() != c.torch_dtype()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(source, ": \"dtype\" is \"", c.dtype(), "\" but \"torch_dtype\" is \"",
-                     c.torch_dtype(), "\"; keep one (the type the safetensors files hold)"));
+        absl::StrCat(source, ": \"dtype\" is ", Quoted(c.dtype()), " but \"torch_dtype\" is ",
+                     Quoted(c.torch_dtype()), "; keep one (the type the safetensors files hold)"));
   }
   if (!c.has_dtype() && !c.has_torch_dtype()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -69,8 +101,8 @@ absl::StatusOr<config::DType> DTypeFromHf(const HfConfig& c, absl::string_view s
   if (name == "float16") return config::DTYPE_FP16;
   if (name == "float32") return config::DTYPE_FP32;
   return absl::InvalidArgumentError(absl::StrCat(
-      source, ": ", key, " \"", name,
-      "\" is not a type kiln reads; use a checkpoint in \"bfloat16\", or in \"float16\" or "
+      source, ": ", key, " ", Quoted(name),
+      " is not a type kiln reads; use a checkpoint in \"bfloat16\", or in \"float16\" or "
       "\"float32\", which kiln rounds to bf16 as it loads them"));
 }
 
@@ -208,14 +240,14 @@ absl::StatusOr<config::ModelShape> ModelShapeFromHfConfigJson(absl::string_view 
   const bool qwen3 = c.model_type() == "qwen3";
   if (c.model_type() != "llama" && !mistral && !qwen2 && !qwen3) {
     return absl::InvalidArgumentError(absl::StrCat(
-        source, ": model_type \"", c.model_type(),
-        "\" is not a Llama-family decoder kiln runs; kiln's model runs model_type \"llama\", "
+        source, ": model_type ", Quoted(c.model_type()),
+        " is not a Llama-family decoder kiln runs; kiln's model runs model_type \"llama\", "
         "\"mistral\", \"qwen2\" and \"qwen3\""));
   }
   if (c.has_hidden_act() && c.hidden_act() != "silu") {
     return absl::InvalidArgumentError(absl::StrCat(
-        source, ": hidden_act \"", c.hidden_act(),
-        "\" is not supported; kiln's MLP is SwiGLU (hidden_act \"silu\"), as Llama's is"));
+        source, ": hidden_act ", Quoted(c.hidden_act()),
+        " is not supported; kiln's MLP is SwiGLU (hidden_act \"silu\"), as Llama's is"));
   }
   if (c.mlp_bias()) {
     return absl::InvalidArgumentError(absl::StrCat(

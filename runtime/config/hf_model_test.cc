@@ -1,5 +1,7 @@
 #include "runtime/config/hf_model.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -7,6 +9,7 @@
 #include <sstream>
 #include <string>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
@@ -473,6 +476,92 @@ TEST(HfModelTest, RefusesBadJson) {
   keys["hidden_size"] = R"("wide")";
   EXPECT_THAT(Message(Parse(keys).status()),
               HasSubstr("Cannot read test/config.json as a Hugging Face config.json"));
+}
+
+// ---- Robustness: every truncation and single-byte mutation of a config.json reads as a shape
+// or fails with InvalidArgument naming the file; never a crash, a hang or a read out of bounds
+// (run these under ASan and UBSan).
+
+// Parses `json` as "test/config.json" and checks the parser's promise: a shape it returns has
+// every size positive and a dtype kiln reads; text it refuses is InvalidArgument, with a
+// message that names the file and holds only printable ASCII (the keys and values it quotes
+// come from ASCII text, and any other byte must not reach it raw). `what` describes the input
+// for failure messages. Returns whether the text read as a shape.
+bool ReadsAsShapeOrFailsCleanly(const std::string& json, const std::string& what) {
+  absl::StatusOr<config::ModelShape> shape =
+      ModelShapeFromHfConfigJson(json, "test/config.json", "test model");
+  if (!shape.ok()) {
+    const std::string message = Message(shape.status());
+    EXPECT_TRUE(absl::IsInvalidArgument(shape.status())) << what << ": " << shape.status();
+    EXPECT_THAT(message, HasSubstr("test/config.json")) << what;
+    EXPECT_TRUE(std::all_of(message.begin(), message.end(),
+                            [](char c) { return c >= 0x20 && c < 0x7f; }))
+        << what << ": " << absl::CHexEscape(message);
+    return false;
+  }
+  EXPECT_EQ(shape->name(), "test model") << what;
+  for (const auto& [key, value] :
+       {std::pair{"hidden_size", shape->hidden_size()}, {"num_layers", shape->num_layers()},
+        {"num_heads", shape->num_heads()}, {"num_kv_heads", shape->num_kv_heads()},
+        {"head_dim", shape->head_dim()}, {"intermediate_size", shape->intermediate_size()},
+        {"vocab_size", shape->vocab_size()}}) {
+    EXPECT_GT(value, 0) << what << ": " << key;
+  }
+  EXPECT_TRUE(shape->dtype() == config::DTYPE_BF16 || shape->dtype() == config::DTYPE_FP16 ||
+              shape->dtype() == config::DTYPE_FP32)
+      << what << ": dtype " << shape->dtype();
+  EXPECT_TRUE(shape->has_rope_theta() && shape->has_rms_norm_eps()) << what;
+  return true;
+}
+
+// Truncates `json` to every length and mutates each of its bytes to each of a few values.
+// Returns the number of inputs tried and how many read as a shape.
+std::pair<int, int> SweepTruncationsAndMutations(const std::string& json,
+                                                 const std::string& name) {
+  int tried = 0;
+  int read = 0;
+  // Every cut that loses the closing brace is refused; only trailing whitespace may go.
+  const size_t end = json.rfind('}') + 1;
+  for (size_t length = 0; length <= json.size(); ++length) {
+    ++tried;
+    const bool ok = ReadsAsShapeOrFailsCleanly(
+        json.substr(0, length), absl::StrCat(name, " cut to ", length, " of ", json.size()));
+    EXPECT_EQ(ok, length >= end) << name << " cut to " << length << " of " << json.size();
+    read += ok;
+  }
+  // JSON's structural characters, digits, a sign, spaces, an escape, letters that start
+  // literals, and bytes that JSON text never holds.
+  const char kValues[] = {'\x00', '\xff', '{', '}', '[', ']', '"', ',', ':', '9', '0',
+                          '-',    ' ',    '\\', '.', 'e', 'n', 't', '\x80', '\n'};
+  for (size_t at = 0; at < json.size(); ++at) {
+    for (const char value : kValues) {
+      if (json[at] == value) continue;
+      std::string mutated = json;
+      mutated[at] = value;
+      ++tried;
+      read += ReadsAsShapeOrFailsCleanly(
+          mutated, absl::StrCat(name, " byte ", at, " '", absl::CHexEscape(json.substr(at, 1)),
+                                "' -> '", absl::CHexEscape(std::string(1, value)), "'"));
+    }
+  }
+  return {tried, read};
+}
+
+TEST(HfModelTest, TruncatedOrMutatedConfigReadsOrFailsCleanly) {
+  // The published Llama file, and a Mistral one, whose null sliding_window is read a second
+  // time, as a Struct.
+  const std::string llama = ReadText(fs::path(kLlamaDir) / "config.json");
+  const std::string mistral = Json(MistralKeys());
+  ASSERT_TRUE(ReadsAsShapeOrFailsCleanly(llama, "llama config.json"));
+  ASSERT_TRUE(ReadsAsShapeOrFailsCleanly(mistral, "mistral config.json"));
+  for (const auto& [name, json] : {std::pair{"llama", &llama}, {"mistral", &mistral}}) {
+    const auto [tried, read] = SweepTruncationsAndMutations(*json, name);
+    // Most mutations break the JSON or a value; some (in ignored keys, digits of sizes) do not.
+    EXPECT_GT(read, 0) << name;
+    EXPECT_LT(read, tried / 2) << name;
+    std::printf("%s config.json, %zu bytes: %d truncations and mutations, %d read as a shape\n",
+                name, json->size(), tried, read);
+  }
 }
 
 TEST(HfModelTest, DirWithOneFile) {
