@@ -869,7 +869,7 @@ absl::StatusOr<std::vector<int32_t>> Runner::Step(absl::Span<const SequenceToken
     ASSIGN_OR_RETURN(last_.device_ms, Event::ElapsedMs(step_start_, step_stop_));
   }
 
-  if (step_options.commit) table_.Commit(entries);
+  if (step_options.commit) RETURN_IF_ERROR(table_.Commit(entries));
   last_.key = key.key;
   last_.eager_key = key.eager_only;
   last_.replayed = replay;
@@ -911,8 +911,7 @@ absl::Status Runner::PoisonOutputs() {
 absl::Status Runner::SetContextForBenchmark(int64_t id, int length) {
   const SequenceTable::Entry entry{id, length};
   RETURN_IF_ERROR(table_.Reserve({&entry, 1}).status());
-  table_.Commit({&entry, 1});
-  return absl::OkStatus();
+  return table_.Commit({&entry, 1});
 }
 
 }  // namespace kiln

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -24,10 +25,16 @@ absl::Status SequenceTable::CheckGrowth(int64_t id, int64_t q_len) const {
     return absl::InvalidArgumentError(absl::StrCat(
         "Sequence ", id, " brings ", q_len, " tokens; every entry needs at least one"));
   }
-  const int64_t kv_len = int64_t{Length(id)} + q_len;
-  if (kv_len > max_tokens_) {
+  // q_len may be anything up to INT64_MAX: compare against the room left, which cannot
+  // overflow, instead of adding it to the length.
+  const int64_t length = Length(id);
+  if (q_len > max_tokens_ - length) {
+    const std::string would_hold =
+        q_len > std::numeric_limits<int64_t>::max() - length
+            ? absl::StrCat("more than ", std::numeric_limits<int64_t>::max())
+            : absl::StrCat(length + q_len);
     return absl::InvalidArgumentError(absl::StrCat(
-        "Sequence ", id, " would hold ", kv_len, " tokens, above max_model_len ", max_tokens_,
+        "Sequence ", id, " would hold ", would_hold, " tokens, above max_model_len ", max_tokens_,
         max_tokens_ == std::numeric_limits<int32_t>::max() ? " (lengths are int32)" : "",
         "; finish it (Release) or raise max_model_len"));
   }
@@ -58,6 +65,7 @@ absl::StatusOr<std::vector<SeqLens>> SequenceTable::Reserve(absl::Span<const Ent
   }
   for (size_t i = 0; i < entries.size(); ++i) {
     Sequence& seq = sequences_[entries[i].id];
+    seq.reserved_q_len = entries[i].q_len;
     const int want = BlocksFor(lens[i].kv_len);
     while (static_cast<int>(seq.blocks.size()) < want) {
       seq.blocks.push_back(free_.back());
@@ -67,11 +75,39 @@ absl::StatusOr<std::vector<SeqLens>> SequenceTable::Reserve(absl::Span<const Ent
   return lens;
 }
 
-void SequenceTable::Commit(absl::Span<const Entry> entries) {
+absl::Status SequenceTable::CheckCommit(absl::Span<const Entry> entries) const {
+  absl::flat_hash_set<int64_t> seen;
   for (const Entry& e : entries) {
+    if (!seen.insert(e.id).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Sequence ", e.id, " appears twice in one commit; commit the step's entries once"));
+    }
     auto it = sequences_.find(e.id);
-    if (it != sequences_.end()) it->second.length += e.q_len;
+    if (it == sequences_.end()) {
+      return absl::NotFoundError(absl::StrCat(
+          "Sequence ", e.id, " is not known; reserve it (Reserve) before committing it"));
+    }
+    const Sequence& seq = it->second;
+    if (seq.reserved_q_len == 0 || e.q_len != seq.reserved_q_len) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Sequence ", e.id, " commits ", e.q_len, " tokens but ",
+          seq.reserved_q_len == 0 ? std::string("has no reservation left to commit")
+                                  : absl::StrCat("its latest Reserve was for ", seq.reserved_q_len),
+          "; commit exactly the entries of the latest Reserve, once"));
+    }
   }
+  return absl::OkStatus();
+}
+
+absl::Status SequenceTable::Commit(absl::Span<const Entry> entries) {
+  if (absl::Status refused = CheckCommit(entries); !refused.ok()) return refused;
+  for (const Entry& e : entries) {
+    Sequence& seq = sequences_.find(e.id)->second;
+    // Reserve admitted length + q_len <= max_tokens_ <= 2^31 - 1: no overflow.
+    seq.length += e.q_len;
+    seq.reserved_q_len = 0;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status SequenceTable::Release(int64_t id) {

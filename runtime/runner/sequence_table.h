@@ -5,12 +5,17 @@
 //   std::vector<kiln::SequenceTable::Entry> step = {{/*id=*/7, /*q_len=*/300}, {9, 1}};
 //   ASSIGN_OR_RETURN(std::vector<kiln::SeqLens> lens, table.Reserve(step));  // blocks for the step
 //   ... run the step ...
-//   table.Commit(step);          // lengths advance by q_len
+//   RETURN_IF_ERROR(table.Commit(step));  // lengths advance by q_len
 //   table.Release(7);            // sequence 7 finished: its blocks return to the pool
 //
 // A sequence id first seen in Reserve starts empty (its first tokens are its prompt). Reserve is
 // all or nothing: on any error no sequence gains a block. Blocks are never moved: a sequence's
 // block list only grows until Release, so the device copy of its row stays valid.
+//
+// Each sequence: unknown --Reserve--> reserved --Commit--> committed --Reserve--> reserved ...,
+// and --Release--> unknown from any state. Reserve again before Commit replaces the reservation
+// (a step that ran but was not committed); Commit advances only entries of the latest Reserve,
+// once each, so a sequence's blocks always cover its length.
 // Host-only (no CUDA); not thread-safe.
 #ifndef KILN_RUNTIME_RUNNER_SEQUENCE_TABLE_H_
 #define KILN_RUNTIME_RUNNER_SEQUENCE_TABLE_H_
@@ -36,7 +41,9 @@ class SequenceTable {
 
   // Creates a table over blocks [0, num_blocks) of `block_size` tokens; a sequence holds at most
   // max_tokens tokens (a runner's max_model_len), so at most ceil(max_tokens / block_size)
-  // blocks. All three must be positive.
+  // blocks. All three should be positive; smaller values are raised to 0 blocks, 1-token blocks
+  // and 0 tokens (a table that admits nothing: a runner's placeholder before setup), and
+  // max_tokens is capped at 2^31 - 1.
   SequenceTable(int num_blocks, int block_size, int64_t max_tokens);
 
   // Returns OK if sequence `id` may take q_len more tokens: q_len >= 1 and Length(id) + q_len
@@ -51,9 +58,16 @@ class SequenceTable {
   // needed and free). Nothing changes on error.
   absl::StatusOr<std::vector<SeqLens>> Reserve(absl::Span<const Entry> entries);
 
-  // Advances each entry's length by its q_len (after its step ran). Entries must have been
-  // reserved.
-  void Commit(absl::Span<const Entry> entries);
+  // Returns OK if Commit(entries) would advance every entry: each id known, at most once, and
+  // its q_len that of the sequence's latest Reserve not yet committed. NotFound for an unknown
+  // id, InvalidArgument for an id twice, FailedPrecondition for an entry no Reserve covers (never
+  // reserved, already committed, or reserved with another q_len); each names the sequence.
+  absl::Status CheckCommit(absl::Span<const Entry> entries) const;
+
+  // Advances each entry's length by its q_len (after its step ran). All or nothing: returns
+  // CheckCommit's error and changes nothing when it refuses the entries, so a stray or repeated
+  // Commit can never make a length outrun its blocks.
+  absl::Status Commit(absl::Span<const Entry> entries);
 
   // Forgets sequence `id` and returns its blocks to the pool. NotFound for an unknown id.
   absl::Status Release(int64_t id);
@@ -76,6 +90,9 @@ class SequenceTable {
  private:
   struct Sequence {
     int length = 0;
+    // The q_len of the latest Reserve, 0 once committed: what Commit may add. The blocks cover
+    // length + reserved_q_len tokens.
+    int reserved_q_len = 0;
     std::vector<int32_t> blocks;
   };
 

@@ -1,10 +1,18 @@
 #include "runtime/runner/sequence_table.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <iostream>
+#include <limits>
+#include <map>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -28,7 +36,7 @@ TEST(SequenceTableTest, NewSequencesStartEmptyAndGrowByWholeBlocks) {
   EXPECT_THAT(table.Blocks(9), ElementsAre(1, 2));
   EXPECT_EQ(table.free_blocks(), 7);
   EXPECT_EQ(table.Length(7), 0);  // not committed yet
-  table.Commit(step);
+  ASSERT_TRUE(table.Commit(step).ok());
   EXPECT_EQ(table.Length(7), 16);
   EXPECT_EQ(table.Length(9), 17);
 
@@ -89,7 +97,7 @@ TEST(SequenceTableTest, LengthsStayWithinInt32) {
   auto lens = table.Reserve(prompt);
   ASSERT_TRUE(lens.ok()) << lens.status();
   EXPECT_EQ((*lens)[0].kv_len, 2147483647);
-  table.Commit(prompt);
+  ASSERT_TRUE(table.Commit(prompt).ok());
   const std::vector<SequenceTable::Entry> next = {{1, 1}};
   absl::Status status = table.Reserve(next).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
@@ -105,7 +113,7 @@ TEST(SequenceTableTest, MaxTokensWithinTheLastBlock) {
   EXPECT_EQ(table.max_tokens(), 40);
   EXPECT_EQ(table.max_blocks_per_seq(), 3);
   ASSERT_TRUE(table.Reserve(std::vector<SequenceTable::Entry>{{1, 30}}).ok());
-  table.Commit(std::vector<SequenceTable::Entry>{{1, 30}});
+  ASSERT_TRUE(table.Commit(std::vector<SequenceTable::Entry>{{1, 30}}).ok());
   const int free_before = table.free_blocks();
 
   EXPECT_TRUE(table.CheckGrowth(1, 10).ok());
@@ -152,14 +160,16 @@ TEST(SequenceTableTest, RandomTrafficKeepsBlocksDisjoint) {
     if (action == 0 || live.empty()) {
       const int len = 1 + static_cast<int>(rng() % 100);
       if (table.Reserve(std::vector<SequenceTable::Entry>{{next_id, len}}).ok()) {
-        table.Commit(std::vector<SequenceTable::Entry>{{next_id, len}});
+        ASSERT_TRUE(table.Commit(std::vector<SequenceTable::Entry>{{next_id, len}}).ok());
         live.push_back(next_id);
       }
       ++next_id;
     } else if (action == 1) {
       const int64_t id = live[rng() % live.size()];
       const SequenceTable::Entry e{id, 1 + static_cast<int>(rng() % 20)};
-      if (table.Reserve({&e, 1}).ok()) table.Commit({&e, 1});
+      if (table.Reserve({&e, 1}).ok()) {
+        ASSERT_TRUE(table.Commit({&e, 1}).ok());
+      }
     } else {
       const size_t i = rng() % live.size();
       ASSERT_TRUE(table.Release(live[i]).ok());
@@ -175,6 +185,489 @@ TEST(SequenceTableTest, RandomTrafficKeepsBlocksDisjoint) {
       }
     }
     ASSERT_EQ(total + table.free_blocks(), 64);
+  }
+}
+
+// q_len is int64 in CheckGrowth: a length plus a q_len near INT64_MAX must be refused, not
+// overflow (signed overflow is undefined; it used to wrap to a negative kv_len that passed).
+TEST(SequenceTableTest, CheckGrowthRefusesHugeQLenWithoutOverflow) {
+  SequenceTable table(/*num_blocks=*/4, /*block_size=*/16, /*max_tokens=*/64);
+  const std::vector<SequenceTable::Entry> prompt = {{3, 10}};
+  ASSERT_TRUE(table.Reserve(prompt).ok());
+  ASSERT_TRUE(table.Commit(prompt).ok());
+  for (int64_t q_len :
+       {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::max() - 5,
+        int64_t{1} << 62, int64_t{std::numeric_limits<int32_t>::max()} + 1}) {
+    const absl::Status s = table.CheckGrowth(3, q_len);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << q_len;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("Sequence 3 would hold ")) << q_len;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("above max_model_len 64")) << q_len;
+  }
+  EXPECT_THAT(std::string(table.CheckGrowth(3, std::numeric_limits<int64_t>::max()).message()),
+              HasSubstr("more than 9223372036854775807"));
+  EXPECT_EQ(table.CheckGrowth(3, std::numeric_limits<int64_t>::min()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(table.CheckGrowth(3, 54).ok());
+  EXPECT_EQ(table.Length(3), 10);
+}
+
+// Commit advances only what the latest Reserve covered, once: a repeated, stray or altered
+// commit used to push a length past its blocks (and, repeated, past INT32_MAX).
+TEST(SequenceTableTest, CommitAdvancesOnlyTheLatestReservationOnce) {
+  SequenceTable table(/*num_blocks=*/8, /*block_size=*/16, /*max_tokens=*/128);
+  const std::vector<SequenceTable::Entry> step = {{1, 16}, {2, 3}};
+  ASSERT_TRUE(table.Reserve(step).ok());
+  ASSERT_TRUE(table.CheckCommit(step).ok());
+  ASSERT_TRUE(table.Commit(step).ok());
+  EXPECT_EQ(table.Length(1), 16);
+  EXPECT_EQ(table.Length(2), 3);
+
+  // The same commit again: nothing left to commit.
+  absl::Status again = table.CheckCommit(step);
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(again.message()), HasSubstr("Sequence 1 commits 16 tokens"));
+  EXPECT_EQ(table.Commit(step).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(table.Length(1), 16);
+
+  // Never reserved, unknown, twice in one commit, or another q_len than reserved.
+  EXPECT_EQ(table.CheckCommit(std::vector<SequenceTable::Entry>{{9, 1}}).code(),
+            absl::StatusCode::kNotFound);
+  const std::vector<SequenceTable::Entry> decode = {{1, 1}};
+  ASSERT_TRUE(table.Reserve(decode).ok());
+  EXPECT_EQ(table.CheckCommit(std::vector<SequenceTable::Entry>{{1, 1}, {1, 1}}).code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::Status other = table.CheckCommit(std::vector<SequenceTable::Entry>{{1, 40}});
+  EXPECT_EQ(other.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(other.message()), HasSubstr("its latest Reserve was for 1"));
+  EXPECT_EQ(table.CheckCommit(std::vector<SequenceTable::Entry>{{1, -5}}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // A refused commit is all or nothing: sequence 1 is reserved, 2 is not.
+  EXPECT_EQ(table.Commit(std::vector<SequenceTable::Entry>{{1, 1}, {2, 3}}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(table.Length(1), 16);
+  EXPECT_EQ(table.Length(2), 3);
+  ASSERT_TRUE(table.Commit(decode).ok());
+  EXPECT_EQ(table.Length(1), 17);
+  EXPECT_EQ(table.Blocks(1).size(), 2u);
+
+  // A step reserved again before its commit (it ran but was not committed) commits the latest.
+  ASSERT_TRUE(table.Reserve(std::vector<SequenceTable::Entry>{{2, 30}}).ok());
+  ASSERT_TRUE(table.Reserve(std::vector<SequenceTable::Entry>{{2, 2}}).ok());
+  EXPECT_EQ(table.CheckCommit(std::vector<SequenceTable::Entry>{{2, 30}}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(table.Commit(std::vector<SequenceTable::Entry>{{2, 2}}).ok());
+  EXPECT_EQ(table.Length(2), 5);
+  EXPECT_EQ(table.Blocks(2).size(), 3u);  // what the first reservation took stays
+
+  // Released: its reservation goes with it.
+  ASSERT_TRUE(table.Reserve(decode).ok());
+  ASSERT_TRUE(table.Release(1).ok());
+  EXPECT_EQ(table.CheckCommit(decode).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(table.Commit(decode).code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(table.Contains(1));
+}
+
+// A reference of what the table should hold, checked against it after every operation.
+class TableModel {
+ public:
+  struct Sequence {
+    int64_t length = 0;
+    int64_t reserved_q_len = 0;
+    std::vector<int32_t> blocks;
+  };
+
+  TableModel(int num_blocks, int block_size, int64_t max_tokens)
+      : num_blocks_(std::max(num_blocks, 0)),
+        block_size_(std::max(block_size, 1)),
+        max_tokens_(std::clamp<int64_t>(max_tokens, 0, std::numeric_limits<int32_t>::max())),
+        free_(num_blocks_) {}
+
+  int64_t BlocksFor(int64_t tokens) const { return (tokens + block_size_ - 1) / block_size_; }
+  int64_t Length(int64_t id) const {
+    auto it = seqs_.find(id);
+    return it == seqs_.end() ? 0 : it->second.length;
+  }
+  int64_t NumBlocks(int64_t id) const {
+    auto it = seqs_.find(id);
+    return it == seqs_.end() ? 0 : static_cast<int64_t>(it->second.blocks.size());
+  }
+
+  // The status CheckGrowth should give, and the text its message must hold.
+  absl::StatusCode Growth(int64_t id, int64_t q_len, std::string* text) const {
+    if (q_len < 1) {
+      *text = absl::StrCat("Sequence ", id, " brings ", q_len, " tokens");
+      return absl::StatusCode::kInvalidArgument;
+    }
+    const int64_t length = Length(id);
+    if (q_len > max_tokens_ - length) {
+      *text = absl::StrCat("Sequence ", id, " would hold ");
+      if (q_len <= std::numeric_limits<int64_t>::max() - length) {
+        absl::StrAppend(text, length + q_len, " tokens, above max_model_len ", max_tokens_);
+      }
+      return absl::StatusCode::kInvalidArgument;
+    }
+    return absl::StatusCode::kOk;
+  }
+
+  absl::StatusCode Reserve(absl::Span<const SequenceTable::Entry> entries, std::string* text,
+                           int64_t* needed_out) const {
+    std::set<int64_t> seen;
+    int64_t needed = 0;
+    for (const SequenceTable::Entry& e : entries) {
+      if (!seen.insert(e.id).second) {
+        *text = absl::StrCat("Sequence ", e.id, " appears twice");
+        return absl::StatusCode::kInvalidArgument;
+      }
+      if (absl::StatusCode c = Growth(e.id, e.q_len, text); c != absl::StatusCode::kOk) return c;
+      needed += std::max<int64_t>(0, BlocksFor(Length(e.id) + e.q_len) - NumBlocks(e.id));
+    }
+    *needed_out = needed;
+    if (needed > free_) {
+      *text = absl::StrCat("needs ", needed, " more KV blocks but ", free_, " of ", num_blocks_,
+                           " are free");
+      return absl::StatusCode::kResourceExhausted;
+    }
+    return absl::StatusCode::kOk;
+  }
+
+  absl::StatusCode Commit(absl::Span<const SequenceTable::Entry> entries, std::string* text) const {
+    std::set<int64_t> seen;
+    for (const SequenceTable::Entry& e : entries) {
+      *text = absl::StrCat("Sequence ", e.id, " ");
+      if (!seen.insert(e.id).second) return absl::StatusCode::kInvalidArgument;
+      auto it = seqs_.find(e.id);
+      if (it == seqs_.end()) return absl::StatusCode::kNotFound;
+      if (it->second.reserved_q_len == 0 || it->second.reserved_q_len != e.q_len) {
+        return absl::StatusCode::kFailedPrecondition;
+      }
+    }
+    return absl::StatusCode::kOk;
+  }
+
+  int num_blocks() const { return num_blocks_; }
+  int block_size() const { return block_size_; }
+  int64_t max_tokens() const { return max_tokens_; }
+  int64_t free_blocks() const { return free_; }
+  std::map<int64_t, Sequence>& seqs() { return seqs_; }
+  const std::map<int64_t, Sequence>& seqs() const { return seqs_; }
+  void Take(int64_t n) { free_ -= n; }
+  void Give(int64_t n) { free_ += n; }
+
+ private:
+  int num_blocks_;
+  int block_size_;
+  int64_t max_tokens_;
+  int64_t free_;
+  std::map<int64_t, Sequence> seqs_;
+};
+
+// Checks the table against the model: the same sequences, lengths and block lists; blocks in
+// range, owned once, covering each reservation, within max_blocks_per_seq; none lost.
+void ExpectSameState(const SequenceTable& table, const TableModel& model, int op) {
+  ASSERT_EQ(table.num_sequences(), static_cast<int>(model.seqs().size())) << "op " << op;
+  ASSERT_EQ(table.free_blocks(), model.free_blocks()) << "op " << op;
+  // Plain tests in the loops (gtest's macros cost more than the walk), one report on failure.
+  std::vector<char> owned(model.num_blocks(), 0);
+  int64_t in_use = 0;
+  for (const auto& [id, seq] : model.seqs()) {
+    const absl::Span<const int32_t> blocks = table.Blocks(id);
+    if (!table.Contains(id) || table.Length(id) != seq.length) {
+      FAIL() << "op " << op << ": sequence " << id << " holds " << table.Length(id)
+             << " tokens, the model " << seq.length;
+    }
+    if (!std::equal(blocks.begin(), blocks.end(), seq.blocks.begin(), seq.blocks.end())) {
+      FAIL() << "op " << op << ": sequence " << id << " has other blocks than the model";
+    }
+    if (static_cast<int64_t>(blocks.size()) * model.block_size() <
+            seq.length + seq.reserved_q_len ||
+        seq.length + seq.reserved_q_len > model.max_tokens() ||
+        static_cast<int64_t>(blocks.size()) > table.max_blocks_per_seq()) {
+      FAIL() << "op " << op << ": sequence " << id << " of " << seq.length << " tokens and "
+             << seq.reserved_q_len << " reserved has " << blocks.size() << " blocks";
+    }
+    for (int32_t b : blocks) {
+      if (b < 0 || b >= model.num_blocks() || owned[b] != 0) {
+        FAIL() << "op " << op << " id " << id << ": block " << b
+               << " is out of range or owned twice";
+      }
+      owned[b] = 1;
+      ++in_use;
+    }
+  }
+  ASSERT_EQ(in_use + table.free_blocks(), model.num_blocks()) << "op " << op;
+}
+
+struct TableShape {
+  int num_blocks;
+  int block_size;
+  int64_t max_tokens;
+};
+
+// Random and adversarial traffic against a model: batches that mix new, continuing and
+// released ids, decode steps and prefill chunks, lengths at block boundaries and at max_tokens,
+// duplicates, q_len of 0, negative or near INT32_MAX, CheckGrowth with any int64, commits that
+// do and do not match their reservation, releases of unknown and released ids; tables of 0 and 1
+// block, blocks of 1 token and of 2^31 - 1, max_tokens from 0 to INT64_MAX. After every
+// operation the table must equal the model; a refused operation changes nothing.
+TEST(SequenceTableTest, AdversarialSweepMatchesAModel) {
+  constexpr int32_t kMax32 = std::numeric_limits<int32_t>::max();
+  constexpr int32_t kMin32 = std::numeric_limits<int32_t>::min();
+  constexpr int64_t kMax64 = std::numeric_limits<int64_t>::max();
+  constexpr int64_t kMin64 = std::numeric_limits<int64_t>::min();
+  const std::vector<TableShape> shapes = {
+      {0, 16, 256},        {1, 1, 1},     {1, 16, 16},    {1, 16, 40},     {2, 1, 5},
+      {7, 3, 20},          {64, 16, 256}, {64, 1, 64},    {8, 1000, 5000}, {4096, 1 << 20, kMax64},
+      {3, kMax32, kMax64}, {16, 64, 1},   {5, 7, kMax32}, {-3, 0, -5},     {4, -7, 100},
+      {4, 16, 0},          {32, 4, 1000}, {12, 5, 59},
+  };
+  constexpr int kOpsPerShape = 3000;
+  int checked = 0;
+  std::map<std::string, int> outcomes;  // "operation code" -> count, to show what was covered
+  auto tally = [&outcomes](absl::string_view op, absl::StatusCode code) {
+    ++outcomes[absl::StrCat(op, " ", absl::StatusCodeToString(code))];
+  };
+  for (size_t shape_index = 0; shape_index < shapes.size(); ++shape_index) {
+    const TableShape& shape = shapes[shape_index];
+    SCOPED_TRACE(absl::StrCat("table ", shape.num_blocks, " x ", shape.block_size, ", max ",
+                              shape.max_tokens));
+    std::mt19937 rng(1234 + static_cast<uint32_t>(shape_index));
+    auto pick = [&rng](int n) { return static_cast<int>(rng() % static_cast<uint32_t>(n)); };
+    SequenceTable table(shape.num_blocks, shape.block_size, shape.max_tokens);
+    TableModel model(shape.num_blocks, shape.block_size, shape.max_tokens);
+    ASSERT_EQ(table.num_blocks(), model.num_blocks());
+    ASSERT_EQ(table.block_size(), model.block_size());
+    ASSERT_EQ(table.max_tokens(), model.max_tokens());
+    ASSERT_EQ(table.max_blocks_per_seq(), model.BlocksFor(model.max_tokens()));
+
+    std::vector<int64_t> released;
+    std::vector<int64_t> extremes = {kMin64, kMax64, -1, 0};
+    int64_t next_id = 1;
+    auto fresh_id = [&]() -> int64_t {
+      if (!extremes.empty() && pick(8) == 0) {
+        const int64_t id = extremes.back();
+        extremes.pop_back();
+        if (!model.seqs().count(id)) return id;
+      }
+      next_id += 1 + pick(3);
+      return pick(4) == 0 ? next_id * 1000003 : next_id;
+    };
+    auto live_id = [&]() -> int64_t {
+      auto it = model.seqs().begin();
+      std::advance(it, pick(static_cast<int>(model.seqs().size())));
+      return it->first;
+    };
+    auto any_id = [&]() -> int64_t {
+      const int kind = pick(10);
+      if (kind < 6 && !model.seqs().empty()) return live_id();
+      if (kind < 7 && !released.empty()) return released[pick(static_cast<int>(released.size()))];
+      return fresh_id();
+    };
+    // Mostly lengths a server would send (within max_tokens), else anything.
+    auto q_len_for = [&](int64_t id, bool adversarial = true) -> int64_t {
+      const int64_t length = model.Length(id);
+      const int64_t bs = model.block_size();
+      const int64_t room = model.max_tokens() - length;
+      if (!adversarial && room >= 1) {
+        switch (pick(5)) {
+          case 0:
+          case 1:
+            return 1;
+          case 2:
+            return std::min<int64_t>(room,
+                                     1 + pick(static_cast<int>(std::min<int64_t>(3 * bs, 500))));
+          case 3:
+            return std::min(room, bs - length % bs);
+          default:
+            return room;
+        }
+      }
+      switch (pick(16)) {
+        case 0:
+        case 1:
+        case 2:
+        case 3:
+          return 1;
+        case 4:
+        case 5:
+          return 1 + pick(static_cast<int>(std::min<int64_t>(3 * bs, 500)));
+        case 6:
+          return bs - length % bs;  // to the block boundary
+        case 7:
+          return bs - length % bs + 1;  // one past it
+        case 8:
+          return model.max_tokens() - length;  // to max_tokens
+        case 9:
+          return model.max_tokens() - length + 1;  // one past it
+        case 10:
+          return 0;
+        case 11:
+          return -1 - pick(1000);
+        case 12:
+          return kMax32;
+        case 13:
+          return kMin32;
+        case 14:
+          return 1 + static_cast<int64_t>(rng() % kMax32);
+        default:
+          return std::max<int64_t>(1, (model.max_tokens() - length) / 2);
+      }
+    };
+    auto to_int = [](int64_t v) {
+      return static_cast<int>(std::clamp<int64_t>(v, kMin32, kMax32));
+    };
+
+    std::vector<SequenceTable::Entry> last_reserved;
+    for (int op = 0; op < kOpsPerShape; ++op) {
+      const int action = pick(20);
+      if (action < 11) {  // Reserve a batch, usually committed after
+        std::vector<SequenceTable::Entry> entries;
+        const int n = pick(7);
+        const bool adversarial = pick(3) == 0;
+        for (int i = 0; i < n; ++i) {
+          const int64_t id = any_id();
+          bool taken = false;
+          for (const auto& e : entries) taken = taken || e.id == id;
+          if (taken && pick(4) != 0) continue;  // mostly distinct ids; sometimes a duplicate
+          entries.push_back({id, to_int(q_len_for(id, adversarial))});
+        }
+        if (!entries.empty() && pick(12) == 0) {
+          entries.push_back(entries[pick(static_cast<int>(entries.size()))]);
+        }
+        std::string text;
+        int64_t needed = 0;
+        const absl::StatusCode want = model.Reserve(entries, &text, &needed);
+        absl::StatusOr<std::vector<SeqLens>> lens = table.Reserve(entries);
+        ASSERT_EQ(lens.status().code(), want) << "op " << op << ": " << lens.status();
+        tally("Reserve", want);
+        if (want != absl::StatusCode::kOk) {
+          ASSERT_THAT(std::string(lens.status().message()), HasSubstr(text)) << "op " << op;
+        } else {
+          ASSERT_EQ(lens->size(), entries.size());
+          int64_t taken = 0;
+          for (size_t i = 0; i < entries.size(); ++i) {
+            const SequenceTable::Entry& e = entries[i];
+            TableModel::Sequence& seq = model.seqs()[e.id];
+            ASSERT_EQ((*lens)[i].q_len, e.q_len) << "op " << op;
+            ASSERT_EQ((*lens)[i].kv_len, seq.length + e.q_len) << "op " << op;
+            if ((*lens)[i].kv_len == model.max_tokens()) ++outcomes["kv_len at max_tokens"];
+            if ((*lens)[i].kv_len > (1 << 30)) ++outcomes["kv_len above 2^30"];
+            if ((*lens)[i].kv_len % model.block_size() == 0) ++outcomes["kv_len at a block end"];
+            const absl::Span<const int32_t> got = table.Blocks(e.id);
+            const size_t want_blocks = std::max<size_t>(
+                seq.blocks.size(), static_cast<size_t>(model.BlocksFor(seq.length + e.q_len)));
+            ASSERT_EQ(got.size(), want_blocks) << "op " << op;
+            // Blocks never move: the old list is a prefix of the new one.
+            ASSERT_TRUE(std::equal(seq.blocks.begin(), seq.blocks.end(), got.begin()))
+                << "op " << op;
+            taken += static_cast<int64_t>(got.size() - seq.blocks.size());
+            seq.blocks.assign(got.begin(), got.end());
+            seq.reserved_q_len = e.q_len;
+          }
+          ASSERT_EQ(taken, needed) << "op " << op;
+          model.Take(taken);
+          last_reserved = entries;
+          if (pick(8) != 0) {  // the step ran and is committed
+            ASSERT_TRUE(table.CheckCommit(entries).ok()) << "op " << op;
+            ASSERT_TRUE(table.Commit(entries).ok());
+            for (const auto& e : entries) {
+              model.seqs()[e.id].length += e.q_len;
+              model.seqs()[e.id].reserved_q_len = 0;
+            }
+          }
+        }
+      } else if (action < 14) {  // Commit: stray, repeated, altered or the last reservation
+        std::vector<SequenceTable::Entry> entries = last_reserved;
+        switch (pick(5)) {
+          case 0:
+            break;
+          case 1:  // another q_len than reserved
+            if (!entries.empty()) {
+              int& q_len = entries[pick(static_cast<int>(entries.size()))].q_len;
+              q_len = to_int(int64_t{q_len} + pick(3) - 1);
+            }
+            break;
+          case 2:  // an id twice
+            if (!entries.empty()) entries.push_back(entries.front());
+            break;
+          case 3:  // one more entry, reserved or not
+            entries.push_back({any_id(), to_int(q_len_for(0))});
+            break;
+          default:
+            entries = {{any_id(), pick(3)}};
+        }
+        std::string text;
+        const absl::StatusCode want = model.Commit(entries, &text);
+        const absl::Status check = table.CheckCommit(entries);
+        ASSERT_EQ(check.code(), want) << "op " << op << ": " << check;
+        tally("Commit", want);
+        if (want != absl::StatusCode::kOk) {
+          ASSERT_THAT(std::string(check.message()), HasSubstr(text)) << "op " << op;
+        }
+        ASSERT_EQ(table.Commit(entries).code(), want) << "op " << op;
+        if (want == absl::StatusCode::kOk) {
+          for (const auto& e : entries) {
+            model.seqs()[e.id].length += e.q_len;
+            model.seqs()[e.id].reserved_q_len = 0;
+          }
+        }
+      } else if (action < 17) {  // Release a live, released or unknown id
+        const int64_t id = any_id();
+        const absl::Status s = table.Release(id);
+        auto it = model.seqs().find(id);
+        tally("Release", s.code());
+        if (it == model.seqs().end()) {
+          ASSERT_EQ(s.code(), absl::StatusCode::kNotFound) << "op " << op;
+          ASSERT_THAT(std::string(s.message()), HasSubstr(absl::StrCat("Sequence ", id, " ")));
+        } else {
+          ASSERT_TRUE(s.ok()) << "op " << op << ": " << s;
+          model.Give(static_cast<int64_t>(it->second.blocks.size()));
+          model.seqs().erase(it);
+          released.push_back(id);
+        }
+      } else {  // CheckGrowth with any int64
+        const int64_t id = any_id();
+        const int64_t extreme[] = {
+            kMax64,       kMin64, kMax64 - model.Length(id), kMax64 - 1, int64_t{kMax32} + 1,
+            q_len_for(id)};
+        const int64_t q_len = extreme[pick(6)];
+        std::string text;
+        const absl::StatusCode want = model.Growth(id, q_len, &text);
+        const absl::Status s = table.CheckGrowth(id, q_len);
+        ASSERT_EQ(s.code(), want) << "op " << op << " q_len " << q_len << ": " << s;
+        tally("CheckGrowth", want);
+        if (want != absl::StatusCode::kOk) {
+          ASSERT_THAT(std::string(s.message()), HasSubstr(text)) << "op " << op;
+        }
+      }
+      ASSERT_NO_FATAL_FAILURE(ExpectSameState(table, model, op));
+      // Ids the table must not know.
+      const int64_t stranger =
+          released.empty() ? kMin64 + 7 : released[pick(static_cast<int>(released.size()))];
+      if (!model.seqs().count(stranger)) {
+        ASSERT_FALSE(table.Contains(stranger));
+        ASSERT_EQ(table.Length(stranger), 0);
+        ASSERT_TRUE(table.Blocks(stranger).empty());
+      }
+      ++checked;
+    }
+    // Releasing everything returns every block.
+    while (!model.seqs().empty()) {
+      const int64_t id = model.seqs().begin()->first;
+      ASSERT_TRUE(table.Release(id).ok());
+      model.Give(static_cast<int64_t>(model.seqs().begin()->second.blocks.size()));
+      model.seqs().erase(model.seqs().begin());
+    }
+    ASSERT_EQ(table.free_blocks(), model.num_blocks());
+    ASSERT_EQ(table.num_sequences(), 0);
+  }
+  EXPECT_EQ(checked, static_cast<int>(shapes.size()) * kOpsPerShape);
+  for (const auto& [what, count] : outcomes) std::cout << what << ": " << count << "\n";
+  for (const char* what :
+       {"Reserve OK", "Reserve INVALID_ARGUMENT", "Reserve RESOURCE_EXHAUSTED", "Commit OK",
+        "Commit INVALID_ARGUMENT", "Commit NOT_FOUND", "Commit FAILED_PRECONDITION", "Release OK",
+        "Release NOT_FOUND", "CheckGrowth OK", "CheckGrowth INVALID_ARGUMENT",
+        "kv_len at max_tokens", "kv_len above 2^30", "kv_len at a block end"}) {
+    EXPECT_GT(outcomes[what], 0) << what << " never happened";
   }
 }
 
