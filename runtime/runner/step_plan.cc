@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -87,16 +88,23 @@ absl::Status StepKeys::Check(absl::Span<const SeqLens> seqs) const {
   if (seqs.empty()) {
     return absl::InvalidArgumentError("The step has no sequences; give at least one");
   }
-  if (static_cast<int>(seqs.size()) > limits_.max_num_seqs) {
+  if (seqs.size() > static_cast<size_t>(limits_.max_num_seqs)) {
     return absl::InvalidArgumentError(
         absl::StrCat("The step has ", seqs.size(), " sequences, above max_num_seqs ",
                      limits_.max_num_seqs, "; split it into smaller steps"));
   }
   int64_t tokens = 0;
-  for (const SeqLens& s : seqs) {
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const SeqLens& s = seqs[i];
     if (s.q_len < 1) {
-      return absl::InvalidArgumentError(absl::StrCat("A sequence of the step brings ", s.q_len,
-                                                     " tokens; each needs at least 1"));
+      return absl::InvalidArgumentError(absl::StrCat("Sequence ", i, " of the step brings ",
+                                                     s.q_len, " tokens; each needs at least 1"));
+    }
+    // Its new tokens go to positions kv_len - q_len .. kv_len - 1, which must not be negative.
+    if (s.kv_len < s.q_len) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Sequence ", i, " of the step has kv_len ", s.kv_len, " below its q_len ",
+                       s.q_len, "; kv_len counts the cached tokens and the new ones"));
     }
     tokens += s.q_len;
   }
@@ -109,23 +117,27 @@ absl::Status StepKeys::Check(absl::Span<const SeqLens> seqs) const {
 }
 
 StepRoute StepKeys::Route(absl::Span<const SeqLens> seqs) const {
-  const int num_seqs = static_cast<int>(seqs.size());
-  int tokens = 0;
+  // A batch Check refuses must still route without reading outside the tables or overflowing:
+  // counts in 64 bits, tables indexed only at 1..size - 1, and an eager route clamped to int,
+  // which FillStepInputs then refuses as larger than the eager layout.
+  const int64_t num_seqs = static_cast<int64_t>(seqs.size());
+  int64_t tokens = 0;
   bool decode_only = true;
   for (const SeqLens& s : seqs) {
     tokens += s.q_len;
     decode_only = decode_only && s.q_len == 1;
   }
   StepRoute route;
-  if (decode_only && num_seqs < static_cast<int>(decode_index_.size())) {
+  if (decode_only && num_seqs >= 1 && num_seqs < static_cast<int64_t>(decode_index_.size())) {
     route.key_index = decode_index_[num_seqs];
-  } else if (!decode_only && tokens < static_cast<int>(prefill_index_.size())) {
+  } else if (!decode_only && tokens >= 1 && tokens < static_cast<int64_t>(prefill_index_.size())) {
     route.key_index = prefill_index_[tokens];
   }
   if (route.key_index < 0) {
+    constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
     route.key_index = eager_index();
-    route.num_tokens = tokens;
-    route.num_rows = num_seqs;
+    route.num_tokens = static_cast<int>(std::clamp<int64_t>(tokens, 0, kMaxInt));
+    route.num_rows = static_cast<int>(std::min(num_seqs, kMaxInt));
     return route;
   }
   route.num_tokens = keys_[route.key_index].max_tokens;
@@ -142,7 +154,9 @@ SplitKvPlannerOptions PlannerOptionsFor(const StepKey& key, int num_q_heads, int
   o.head_dim = head_dim;
   o.sm_count = sm_count;
   o.key = {key.max_rows, key.max_tokens, max_kv_len};
-  o.decode.tile_rows = key.decode_part ? num_q_heads / num_kv_heads : 0;
+  // No division by a KV head count below 1: the part is left off, and SplitKvPlanner::Create
+  // refuses the heads by name.
+  o.decode.tile_rows = key.decode_part && num_kv_heads > 0 ? num_q_heads / num_kv_heads : 0;
   o.prefill.tile_rows = key.prefill_part ? prefill_tile_rows : 0;
   return o;
 }
@@ -205,29 +219,30 @@ absl::Status FillStepInputs(const MetadataLayout& layout, const StepRoute& route
                             absl::Span<const absl::Span<const int32_t>> tokens,
                             absl::Span<const absl::Span<const int32_t>> blocks, int block_size,
                             void* blob) {
-  const int num_seqs = static_cast<int>(seqs.size());
   if (tokens.size() != seqs.size() || blocks.size() != seqs.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Step inputs disagree: ", seqs.size(), " sequences, ", tokens.size(), " token lists, ",
-        blocks.size(), " block lists"));
+        blocks.size(), " block lists; pass one token list and one block list per sequence"));
   }
   if (block_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Step inputs block_size ", block_size, " must be positive; pass the KV cache's"));
   }
+  // Compared as size_t before any int cast: a span of 2^31 sequences must not wrap.
   if (route.num_tokens < 0 || route.num_rows < 0 || route.num_tokens > layout.max_tokens ||
-      route.num_rows > layout.max_rows || num_seqs > route.num_rows) {
+      route.num_rows > layout.max_rows || seqs.size() > static_cast<size_t>(route.num_rows)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "Step of ", num_seqs, " sequences at ", route.num_tokens, " token rows and ",
+        "Step of ", seqs.size(), " sequences at ", route.num_tokens, " token rows and ",
         route.num_rows, " logits rows does not fit the layout (", layout.max_tokens, " tokens, ",
-        layout.max_rows, " rows)"));
+        layout.max_rows, " rows); route the step with the layout's StepKeys"));
   }
-  char* base = static_cast<char*>(blob);
-  int32_t* ids = reinterpret_cast<int32_t*>(base + layout.token_ids);
-  int32_t* positions = reinterpret_cast<int32_t*>(base + layout.positions);
-  int32_t* last = reinterpret_cast<int32_t*>(base + layout.last_token_rows);
-  int32_t* table = reinterpret_cast<int32_t*>(base + layout.block_table);
-  int row = 0;
+  if (blob == nullptr) {
+    return absl::InvalidArgumentError(
+        "Step inputs blob is null; pass the layout's pinned host buffer");
+  }
+  const int num_seqs = static_cast<int>(seqs.size());
+  // Every check before the first write: a refused step leaves the blob as it was.
+  int64_t rows = 0;
   for (int i = 0; i < num_seqs; ++i) {
     const SeqLens& s = seqs[i];
     // An empty sequence has no last token: its row would read -1 (or the previous sequence's
@@ -237,22 +252,57 @@ absl::Status FillStepInputs(const MetadataLayout& layout, const StepRoute& route
           "Sequence ", i, " has q_len ", s.q_len, "; every sequence of a step brings at least "
           "one token: leave it out of the step"));
     }
+    // The new tokens sit at positions kv_len - q_len .. kv_len - 1 of the KV cache, where the
+    // step appends them: a negative position would write before the sequence's first block.
+    if (s.kv_len < s.q_len) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Sequence ", i, " has kv_len ", s.kv_len, " below its q_len ", s.q_len,
+                       "; kv_len counts the cached tokens and the new ones"));
+    }
     if (tokens[i].size() != static_cast<size_t>(s.q_len)) {
       return absl::InvalidArgumentError(absl::StrCat("Sequence ", i, " has ", tokens[i].size(),
-                                                     " tokens but q_len ", s.q_len));
+                                                     " tokens but q_len ", s.q_len,
+                                                     "; pass q_len tokens"));
     }
-    if (int64_t{row} + s.q_len > route.num_tokens) {
-      return absl::InvalidArgumentError(absl::StrCat("The step's tokens exceed its ",
-                                                     route.num_tokens, " token rows"));
+    for (size_t j = 0; j < tokens[i].size(); ++j) {
+      if (tokens[i][j] < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("Sequence ", i, " has token id ", tokens[i][j], " at ", j,
+                         "; token ids are non-negative (-1 marks padding rows)"));
+      }
+    }
+    rows += s.q_len;
+    if (rows > route.num_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "The step's tokens (", rows, " through sequence ", i, ") exceed its ", route.num_tokens,
+          " token rows; route the step (StepKeys::Route) after its last change"));
     }
     const int64_t needed = (int64_t{s.kv_len} + block_size - 1) / block_size;
     if (static_cast<int64_t>(blocks[i].size()) < needed ||
         static_cast<int64_t>(blocks[i].size()) > layout.max_blocks_per_seq) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "Sequence ", i, " has ", blocks[i].size(), " KV blocks; its ", s.kv_len,
-          " tokens need ", needed, " and a row holds at most ", layout.max_blocks_per_seq));
+          "Sequence ", i, " has ", blocks[i].size(), " KV blocks; its ", s.kv_len, " tokens need ",
+          needed, " and a row holds at most ", layout.max_blocks_per_seq,
+          "; pass the blocks that cover kv_len (SequenceTable::Blocks after Reserve)"));
     }
-    const int first_position = s.kv_len - s.q_len;
+    for (size_t j = 0; j < blocks[i].size(); ++j) {
+      if (blocks[i][j] < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("Sequence ", i, " has KV block ", blocks[i][j], " at ", j,
+                         "; block ids are non-negative (-1 marks unused table entries)"));
+      }
+    }
+  }
+
+  char* base = static_cast<char*>(blob);
+  int32_t* ids = reinterpret_cast<int32_t*>(base + layout.token_ids);
+  int32_t* positions = reinterpret_cast<int32_t*>(base + layout.positions);
+  int32_t* last = reinterpret_cast<int32_t*>(base + layout.last_token_rows);
+  int32_t* table = reinterpret_cast<int32_t*>(base + layout.block_table);
+  int row = 0;
+  for (int i = 0; i < num_seqs; ++i) {
+    const SeqLens& s = seqs[i];
+    const int first_position = s.kv_len - s.q_len;  // >= 0, checked above
     for (int j = 0; j < s.q_len; ++j) {
       ids[row + j] = tokens[i][j];
       positions[row + j] = first_position + j;

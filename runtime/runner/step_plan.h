@@ -74,12 +74,14 @@ class StepKeys {
   static absl::StatusOr<StepKeys> Create(const StepLimits& limits, const CaptureSizes* decode,
                                          const CaptureSizes* prefill);
 
-  // Returns the route of a batch with these (q_len, kv_len), which must be non-empty and within
-  // the limits (see Check).
+  // Returns the route of a batch with these (q_len, kv_len), which should pass Check. Any other
+  // batch is still routed safely (no read outside the tables, no overflow): to the eager key,
+  // its counts clamped to [0, INT_MAX], which FillStepInputs then refuses.
   StepRoute Route(absl::Span<const SeqLens> seqs) const;
 
-  // Returns OK if the batch fits the limits: 1..max_num_seqs sequences, each q_len ≥ 1, at most
-  // max_num_batched_tokens tokens; else InvalidArgument naming the limit and the fix.
+  // Returns OK if the batch fits the limits: 1..max_num_seqs sequences, each q_len ≥ 1 and
+  // kv_len ≥ q_len (kv_len counts the new tokens), at most max_num_batched_tokens tokens; else
+  // InvalidArgument naming the sequence or limit and the fix.
   absl::Status Check(absl::Span<const SeqLens> seqs) const;
 
   // Returns the index of the key {mode, size}, or -1.
@@ -101,7 +103,8 @@ class StepKeys {
 
 // Returns the attention planner options of `key` for a model and GPU: decode tiles of G rows
 // (one token of each query-head group), prefill tiles of `prefill_tile_rows`, plan capacities from
-// the key and `max_kv_len`.
+// the key and `max_kv_len`. With num_kv_heads < 1 the decode part is left off (no division by
+// it); SplitKvPlanner::Create refuses the head counts.
 SplitKvPlannerOptions PlannerOptionsFor(const StepKey& key, int num_q_heads, int num_kv_heads,
                                         int head_dim, int sm_count, int max_kv_len,
                                         int prefill_tile_rows = 64);
@@ -178,8 +181,11 @@ struct MetadataLayout {
 // them), `blocks[i]` its KV blocks in position order, which must cover seqs[i].kv_len tokens
 // of `block_size`. Rows past route.num_tokens / num_rows are padding (see MetadataLayout).
 // InvalidArgument when the step does not fit the layout or the route, a sequence brings no
-// token, a token count disagrees with q_len, a block list is too short or too long for a row, or
-// block_size is not positive.
+// token or has kv_len < q_len (its positions would be negative), a token count disagrees with
+// q_len, a token or block id is negative (-1 marks padding), a block list is too short or too
+// long for a row, block_size is not positive, or `blob` is null; every check comes before the
+// first write, so a refused step leaves `blob` as it was. Block ids are not checked against the
+// pool (the layout does not know it): they come from a SequenceTable.
 absl::Status FillStepInputs(const MetadataLayout& layout, const StepRoute& route,
                             absl::Span<const SeqLens> seqs,
                             absl::Span<const absl::Span<const int32_t>> tokens,

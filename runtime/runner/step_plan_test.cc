@@ -1,8 +1,17 @@
 #include "runtime/runner/step_plan.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <iostream>
+#include <limits>
+#include <optional>
+#include <random>
+#include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -378,6 +387,490 @@ TEST(StepPlanTest, FillRejectsEmptySequencesAndNegativeRoutes) {
   const StepRoute backwards{f.keys.eager_index(), -4, 0};
   EXPECT_EQ(FillStepInputs(l, backwards, {}, {}, {}, 16, blob.data()).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+constexpr int32_t kMax32 = std::numeric_limits<int32_t>::max();
+constexpr int32_t kMin32 = std::numeric_limits<int32_t>::min();
+
+// Limits and capture lists of every kind, extremes included: Create refuses exactly the limits
+// that are not positive or have fewer tokens than sequences, and lists above their limit, and
+// names the values.
+TEST(StepKeysTest, CreateSweepRefusesBadLimitsByName) {
+  std::mt19937 rng(7);
+  const int values[] = {kMin32, -1, 0, 1, 2, 3, 8, 100, 1 << 16, kMax32};
+  int refused = 0, created = 0;
+  for (int seqs : values) {
+    for (int tokens : values) {
+      const StepLimits limits{seqs, tokens};
+      const bool valid = seqs >= 1 && tokens >= seqs;
+      absl::StatusOr<StepKeys> keys = StepKeys::Create(limits, nullptr, nullptr);
+      ASSERT_EQ(keys.ok(), valid) << seqs << " " << tokens << ": " << keys.status();
+      if (!valid) {
+        ++refused;
+        EXPECT_EQ(keys.status().code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_THAT(
+            std::string(keys.status().message()),
+            HasSubstr(absl::StrCat("max_num_seqs ", seqs, " and max_num_batched_tokens ", tokens)));
+        continue;
+      }
+      ++created;
+      ASSERT_EQ(keys->keys().size(), 1u);  // the eager key alone
+      EXPECT_EQ(keys->key(keys->eager_index()).max_tokens, tokens);
+      EXPECT_EQ(keys->key(keys->eager_index()).max_rows, seqs);
+      // Capture lists up to kMaxLimit, against these limits.
+      for (int round = 0; round < 3; ++round) {
+        const int decode_max = 2 + static_cast<int>(rng() % 300);  // {1, 1} is a duplicate
+        const int prefill_max = 1 + static_cast<int>(rng() % 3000);
+        absl::StatusOr<CaptureSizes> decode = CaptureSizes::FromList({1, decode_max}, kMax32, "d");
+        absl::StatusOr<CaptureSizes> prefill = CaptureSizes::FromList({prefill_max}, kMax32, "p");
+        ASSERT_TRUE(decode.ok() && prefill.ok());
+        absl::StatusOr<StepKeys> with = StepKeys::Create(limits, &*decode, &*prefill);
+        if (decode->max_size() > seqs) {
+          ASSERT_FALSE(with.ok());
+          EXPECT_THAT(std::string(with.status().message()),
+                      HasSubstr(absl::StrCat("Decode capture size ", decode->max_size(),
+                                             " exceeds max_num_seqs ", seqs)));
+        } else if (prefill_max > tokens) {
+          ASSERT_FALSE(with.ok());
+          EXPECT_THAT(std::string(with.status().message()),
+                      HasSubstr(absl::StrCat("Prefill capture size ", prefill_max,
+                                             " exceeds max_num_batched_tokens ", tokens)));
+        } else {
+          ASSERT_TRUE(with.ok()) << with.status();
+          EXPECT_EQ(with->keys().size(), decode->sizes().size() + 2);
+        }
+      }
+    }
+  }
+  EXPECT_GT(refused, 0);
+  EXPECT_GT(created, 0);
+}
+
+struct KeysSetup {
+  StepLimits limits;
+  std::vector<int> decode;   // empty: no decode keys; {0}: the default list
+  std::vector<int> prefill;  // likewise
+};
+
+struct BuiltKeys {
+  std::optional<CaptureSizes> decode, prefill;
+  StepKeys keys;
+};
+
+BuiltKeys Build(const KeysSetup& setup) {
+  auto sizes = [](const std::vector<int>& list, int limit,
+                  bool is_decode) -> std::optional<CaptureSizes> {
+    if (list.empty()) return std::nullopt;
+    absl::StatusOr<CaptureSizes> s =
+        list == std::vector<int>{0}
+            ? (is_decode ? CaptureSizes::Decode(limit) : CaptureSizes::Prefill(limit))
+            : CaptureSizes::FromList(list, limit, is_decode ? "max_num_seqs" : "max_tokens");
+    EXPECT_TRUE(s.ok()) << s.status();
+    return *s;
+  };
+  BuiltKeys b{sizes(setup.decode, setup.limits.max_num_seqs, true),
+              sizes(setup.prefill, setup.limits.max_num_batched_tokens, false), StepKeys()};
+  absl::StatusOr<StepKeys> keys = StepKeys::Create(setup.limits, b.decode ? &*b.decode : nullptr,
+                                                   b.prefill ? &*b.prefill : nullptr);
+  EXPECT_TRUE(keys.ok()) << keys.status();
+  b.keys = *keys;
+  return b;
+}
+
+const std::vector<KeysSetup>& Setups() {
+  static const auto* setups = new std::vector<KeysSetup>{
+      {{1, 1}, {0}, {0}},
+      {{1, 16}, {0}, {0}},
+      {{3, 5}, {2}, {3, 5}},
+      {{8, 8}, {0}, {0}},
+      {{8, 40}, {1, 3, 8}, {7, 40}},
+      {{64, 1024}, {0}, {0}},
+      {{256, 8192}, {0}, {16, 64, 512}},
+      {{100, 100}, {}, {0}},
+      {{64, 1024}, {0}, {}},
+      {{kMax32, kMax32}, {}, {}},
+      {{kMax32, kMax32}, {1, 2, 3}, {5, 1000}},
+      {{1 << 16, 1 << 16}, {0}, {0}},
+  };
+  return *setups;
+}
+
+// Random and adversarial batches (no sequences, more than max_num_seqs, q_len of 0, negative or
+// INT32_MAX, kv_len below q_len, negative or INT32_MAX, token totals past max_num_batched_tokens
+// and past INT32_MAX) against every kind of key set. Check refuses exactly what a reference
+// refuses, naming the sequence and value; Route never reads outside its tables or overflows
+// (it used to index its prefill table with a negative token count), and for every batch Check
+// accepts it picks the smallest key that holds the batch.
+TEST(StepKeysTest, AdversarialBatchesCheckAndRouteSafely) {
+  constexpr int kBatchesPerSetup = 2500;
+  int accepted = 0, refused = 0, eager = 0, graphed = 0;
+  for (size_t setup_index = 0; setup_index < Setups().size(); ++setup_index) {
+    const KeysSetup& setup = Setups()[setup_index];
+    const StepLimits& limits = setup.limits;
+    SCOPED_TRACE(
+        absl::StrCat("limits ", limits.max_num_seqs, " / ", limits.max_num_batched_tokens));
+    const BuiltKeys built = Build(setup);
+    const StepKeys& keys = built.keys;
+    std::mt19937 rng(99 + static_cast<uint32_t>(setup_index));
+    auto pick = [&rng](int64_t n) {
+      return static_cast<int64_t>(rng() % static_cast<uint64_t>(n));
+    };
+    const int64_t seq_cap = std::min<int64_t>(limits.max_num_seqs, 300);
+    for (int b = 0; b < kBatchesPerSetup; ++b) {
+      int64_t n = 0;
+      switch (pick(6)) {
+        case 0:
+          n = pick(4) == 0 ? 0 : 1;
+          break;
+        case 1:
+          n = seq_cap;
+          break;
+        case 2:
+          n = std::min<int64_t>(seq_cap + 1, limits.max_num_seqs + int64_t{1});
+          break;
+        default:
+          n = 1 + pick(seq_cap);
+      }
+      const int kind = static_cast<int>(pick(3));  // decode, mixed, adversarial
+      const int64_t per_seq =
+          std::max<int64_t>(1, limits.max_num_batched_tokens / std::max<int64_t>(n, 1));
+      std::vector<SeqLens> seqs;
+      for (int64_t i = 0; i < n; ++i) {
+        int64_t q = 1;
+        if (kind == 1 && pick(2) == 0) q = 1 + pick(std::min<int64_t>(per_seq, 5000));
+        if (kind == 2) {
+          const int64_t odd[] = {1,
+                                 0,
+                                 -1,
+                                 kMin32,
+                                 kMax32,
+                                 limits.max_num_batched_tokens,
+                                 limits.max_num_batched_tokens + int64_t{1},
+                                 1 + pick(per_seq)};
+          q = odd[pick(8)];
+        }
+        int64_t kv = q + pick(5000);
+        if (kind == 2 && pick(3) == 0) {
+          const int64_t odd[] = {q - 1, 0, -1, kMin32, kMax32, q};
+          kv = odd[pick(6)];
+        }
+        seqs.push_back({static_cast<int32_t>(std::clamp<int64_t>(q, kMin32, kMax32)),
+                        static_cast<int32_t>(std::clamp<int64_t>(kv, kMin32, kMax32))});
+      }
+
+      // The reference Check.
+      std::string text;
+      int64_t tokens = 0;
+      if (seqs.empty()) {
+        text = "no sequences";
+      } else if (static_cast<int64_t>(seqs.size()) > limits.max_num_seqs) {
+        text = absl::StrCat("above max_num_seqs ", limits.max_num_seqs);
+      } else {
+        for (size_t i = 0; i < seqs.size() && text.empty(); ++i) {
+          if (seqs[i].q_len < 1) {
+            text = absl::StrCat("Sequence ", i, " of the step brings ", seqs[i].q_len);
+          } else if (seqs[i].kv_len < seqs[i].q_len) {
+            text = absl::StrCat("Sequence ", i, " of the step has kv_len ", seqs[i].kv_len,
+                                " below its q_len ", seqs[i].q_len);
+          }
+          tokens += seqs[i].q_len;
+        }
+        if (text.empty() && tokens > limits.max_num_batched_tokens) {
+          text = absl::StrCat("The step has ", tokens, " tokens, above max_num_batched_tokens ",
+                              limits.max_num_batched_tokens);
+        }
+      }
+      const absl::Status check = keys.Check(seqs);
+      const StepRoute route = keys.Route(seqs);  // defined for any batch, checked or not
+      ASSERT_GE(route.key_index, 0) << "batch " << b;
+      ASSERT_LT(route.key_index, static_cast<int>(keys.keys().size())) << "batch " << b;
+      ASSERT_GE(route.num_tokens, 0) << "batch " << b;
+      ASSERT_GE(route.num_rows, 0) << "batch " << b;
+      if (!text.empty()) {
+        ++refused;
+        ASSERT_EQ(check.code(), absl::StatusCode::kInvalidArgument) << "batch " << b;
+        ASSERT_THAT(std::string(check.message()), HasSubstr(text)) << "batch " << b;
+        continue;
+      }
+      ASSERT_TRUE(check.ok()) << "batch " << b << ": " << check;
+      ++accepted;
+      const int num = static_cast<int>(n);
+      const bool decode_only =
+          std::all_of(seqs.begin(), seqs.end(), [](const SeqLens& s) { return s.q_len == 1; });
+      const StepKey& key = keys.key(route.key_index);
+      std::optional<int> padded;
+      if (decode_only && built.decode) padded = built.decode->PaddedSize(num);
+      if (!decode_only && built.prefill)
+        padded = built.prefill->PaddedSize(static_cast<int>(tokens));
+      if (!padded) {
+        ++eager;
+        ASSERT_EQ(route.key_index, keys.eager_index()) << "batch " << b;
+        ASSERT_EQ(route.num_tokens, tokens) << "batch " << b;
+        ASSERT_EQ(route.num_rows, num) << "batch " << b;
+        continue;
+      }
+      ++graphed;
+      ASSERT_FALSE(key.eager_only) << "batch " << b;
+      ASSERT_EQ(key.key,
+                (CaptureKey{decode_only ? GraphMode::kDecode : GraphMode::kPrefill, *padded}))
+          << "batch " << b;
+      ASSERT_EQ(route.num_tokens, key.max_tokens);
+      ASSERT_EQ(route.num_rows, key.max_rows);
+      ASSERT_GE(route.num_tokens, tokens) << "batch " << b;
+      ASSERT_GE(route.num_rows, num) << "batch " << b;
+      if (decode_only) {
+        ASSERT_LE(key.min_rows, num) << "batch " << b;
+      }
+    }
+  }
+  std::cout << "batches accepted " << accepted << " (graph keys " << graphed << ", eager " << eager
+            << "), refused " << refused << "\n";
+  EXPECT_EQ(accepted + refused, static_cast<int>(Setups().size()) * kBatchesPerSetup);
+  EXPECT_GT(accepted, 1000);
+  EXPECT_GT(refused, 1000);
+  EXPECT_GT(eager, 100);
+  EXPECT_GT(graphed, 1000);
+}
+
+// A kiln model has at least one KV head, but PlannerOptionsFor used to divide by the count
+// before anything checked it (a zero killed the process). Now the planner refuses it.
+TEST(StepPlanTest, PlannerOptionsForZeroKvHeadsIsRefusedByThePlanner) {
+  Fixture f;
+  const StepKey& d = f.keys.key(f.keys.Find({GraphMode::kDecode, 8}));
+  for (int kv_heads : {0, -1, kMin32}) {
+    for (int q_heads : {32, 0, kMin32}) {
+      const SplitKvPlannerOptions o = PlannerOptionsFor(d, q_heads, kv_heads, 64, 132, 4096);
+      absl::StatusOr<SplitKvPlanner> planner = SplitKvPlanner::Create(o);
+      ASSERT_FALSE(planner.ok());
+      EXPECT_EQ(planner.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(std::string(planner.status().message()), HasSubstr("Planner"));
+    }
+  }
+}
+
+// What FillStepInputs must do, written out plainly: refuse (and leave `blob` alone) or write
+// the expected bytes into `want`.
+struct FillCase {
+  MetadataLayout layout;
+  StepRoute route;
+  std::vector<SeqLens> seqs;
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<int32_t>> blocks;
+  int block_size = 16;
+  bool null_blob = false;
+  bool drop_token_list = false;
+  bool drop_block_list = false;
+};
+
+bool ReferenceValid(const FillCase& c) {
+  const size_t n = c.seqs.size();
+  if (c.drop_token_list || c.drop_block_list || c.block_size < 1 || c.null_blob) return false;
+  const StepRoute& r = c.route;
+  if (r.num_tokens < 0 || r.num_rows < 0 || r.num_tokens > c.layout.max_tokens ||
+      r.num_rows > c.layout.max_rows || static_cast<int64_t>(n) > r.num_rows) {
+    return false;
+  }
+  int64_t rows = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const SeqLens& s = c.seqs[i];
+    if (s.q_len < 1 || s.kv_len < s.q_len) return false;
+    if (c.tokens[i].size() != static_cast<size_t>(s.q_len)) return false;
+    for (int32_t t : c.tokens[i]) {
+      if (t < 0) return false;
+    }
+    rows += s.q_len;
+    if (rows > r.num_tokens) return false;
+    const int64_t needed = (int64_t{s.kv_len} + c.block_size - 1) / c.block_size;
+    const int64_t have = static_cast<int64_t>(c.blocks[i].size());
+    if (have < needed || have > c.layout.max_blocks_per_seq) return false;
+    for (int32_t b : c.blocks[i]) {
+      if (b < 0) return false;
+    }
+  }
+  return true;
+}
+
+void ReferenceFill(const FillCase& c, std::vector<char>* blob) {
+  auto at = [blob](size_t offset, int64_t index) {
+    return reinterpret_cast<int32_t*>(blob->data() + offset) + index;
+  };
+  int64_t row = 0;
+  for (size_t i = 0; i < c.seqs.size(); ++i) {
+    for (int32_t j = 0; j < c.seqs[i].q_len; ++j) {
+      *at(c.layout.token_ids, row) = c.tokens[i][j];
+      *at(c.layout.positions, row) = c.seqs[i].kv_len - c.seqs[i].q_len + j;
+      ++row;
+    }
+    *at(c.layout.last_token_rows, static_cast<int64_t>(i)) = static_cast<int32_t>(row - 1);
+    for (int64_t k = 0; k < c.layout.max_blocks_per_seq; ++k) {
+      *at(c.layout.block_table, static_cast<int64_t>(i) * c.layout.max_blocks_per_seq + k) =
+          k < static_cast<int64_t>(c.blocks[i].size()) ? c.blocks[i][k] : -1;
+    }
+  }
+  for (int64_t t = row; t < c.route.num_tokens; ++t) {
+    *at(c.layout.token_ids, t) = -1;
+    *at(c.layout.positions, t) = 0;
+  }
+  for (int64_t r = static_cast<int64_t>(c.seqs.size()); r < c.layout.max_rows; ++r) {
+    *at(c.layout.last_token_rows, r) = -1;
+  }
+}
+
+// Random steps under every kind of key, each filled as built and then with one input spoiled:
+// sequences with no token, kv_len below q_len (negative positions), near INT32_MAX, token or
+// block lists one short or one long, negative token and block ids, routes of negative size,
+// beyond the layout or too small for the tokens, block sizes of 0, negative or INT32_MAX, lists
+// that disagree in count, a null blob. An accepted fill writes exactly what the reference does
+// (the plan, the alignment gaps and the rows past the step keep their poison); a refused one
+// is InvalidArgument and leaves the blob byte for byte as it was.
+TEST(StepPlanTest, FillSweepMatchesAReferenceAndRefusalsWriteNothing) {
+  constexpr int kStepsPerSetup = 1200;
+  int filled = 0, refused = 0;
+  const std::vector<KeysSetup> setups = {
+      {{1, 1}, {0}, {0}}, {{8, 40}, {1, 3, 8}, {7, 40}}, {{64, 1024}, {0}, {0}}};
+  for (size_t setup_index = 0; setup_index < setups.size(); ++setup_index) {
+    const BuiltKeys built = Build(setups[setup_index]);
+    const StepKeys& keys = built.keys;
+    const StepLimits& limits = setups[setup_index].limits;
+    std::mt19937 rng(2024 + static_cast<uint32_t>(setup_index));
+    auto pick = [&rng](int64_t n) {
+      return static_cast<int64_t>(rng() % static_cast<uint64_t>(n));
+    };
+    for (int step = 0; step < kStepsPerSetup; ++step) {
+      FillCase c;
+      const int block_sizes[] = {1, 2, 16, 64, 1000};
+      c.block_size = block_sizes[pick(5)];
+      // A batch within the limits: decodes, or a mix, at times max_num_seqs sequences or one
+      // chunk of up to max_num_batched_tokens.
+      const int64_t n = pick(8) == 0 ? limits.max_num_seqs
+                                     : 1 + pick(std::min<int64_t>(limits.max_num_seqs, 24));
+      int64_t budget = limits.max_num_batched_tokens - n;  // beyond one token each
+      const bool decode_only = pick(3) == 0;
+      const bool big_chunk = pick(6) == 0;
+      for (int64_t i = 0; i < n; ++i) {
+        int64_t q = 1;
+        if (!decode_only && budget > 0 && pick(2) == 0) {
+          const int64_t extra = pick((big_chunk ? budget : std::min<int64_t>(budget, 200)) + 1);
+          q += extra;
+          budget -= extra;
+        }
+        const int64_t cached =
+            pick(4) == 0 ? 0 : pick(300 / c.block_size + 2) * c.block_size - pick(2);
+        c.seqs.push_back(
+            {static_cast<int32_t>(q), static_cast<int32_t>(q + std::max<int64_t>(cached, 0))});
+      }
+      c.route = keys.Route(c.seqs);
+      ASSERT_TRUE(keys.Check(c.seqs).ok());
+      int64_t most_blocks = 0;
+      for (const SeqLens& s : c.seqs) {
+        most_blocks = std::max<int64_t>(most_blocks, (s.kv_len + c.block_size - 1) / c.block_size);
+      }
+      c.layout = MetadataLayout::Create(keys.key(c.route.key_index), /*plan_bytes=*/pick(700),
+                                        static_cast<int>(most_blocks + pick(3)));
+      for (const SeqLens& s : c.seqs) {
+        std::vector<int32_t> t(s.q_len);
+        for (int32_t& x : t) x = pick(50) == 0 ? kMax32 : static_cast<int32_t>(pick(128256));
+        c.tokens.push_back(t);
+        const int64_t needed = (s.kv_len + c.block_size - 1) / c.block_size;
+        std::vector<int32_t> bl(needed + pick(c.layout.max_blocks_per_seq - needed + 1));
+        for (int32_t& x : bl) x = pick(20) == 0 ? kMax32 : static_cast<int32_t>(pick(1 << 20));
+        c.blocks.push_back(bl);
+      }
+      // Spoil one input, most of the time.
+      const size_t j = static_cast<size_t>(pick(n));
+      SeqLens& sj = c.seqs[j];
+      switch (pick(16)) {
+        case 0: {
+          const int32_t odd[] = {0, -1, kMin32};
+          sj.q_len = odd[pick(3)];
+          break;
+        }
+        case 1: {
+          const int32_t odd[] = {sj.q_len - 1, 0, -1, kMin32};
+          sj.kv_len = odd[pick(4)];
+          break;
+        }
+        case 2:
+          sj.kv_len = kMax32;
+          break;
+        case 3:
+          if (pick(2) == 0 && !c.tokens[j].empty())
+            c.tokens[j].pop_back();
+          else
+            c.tokens[j].push_back(5);
+          break;
+        case 4:
+          c.tokens[j][pick(c.tokens[j].size())] = pick(2) == 0 ? -1 : kMin32;
+          break;
+        case 5:
+          if (!c.blocks[j].empty()) c.blocks[j].pop_back();
+          break;
+        case 6:
+          c.blocks[j].resize(c.layout.max_blocks_per_seq + 1 + pick(3), 3);
+          break;
+        case 7:
+          if (!c.blocks[j].empty())
+            c.blocks[j][pick(c.blocks[j].size())] = pick(2) == 0 ? -1 : kMin32;
+          break;
+        case 8: {
+          const int odd[] = {-1, kMin32, c.layout.max_tokens + 1, c.route.num_tokens - 1, kMax32};
+          c.route.num_tokens = odd[pick(5)];
+          break;
+        }
+        case 9: {
+          const int odd[] = {-1, static_cast<int>(n) - 1, c.layout.max_rows + 1, kMin32};
+          c.route.num_rows = odd[pick(4)];
+          break;
+        }
+        case 10: {
+          const int odd[] = {0, -1, kMin32, kMax32, c.block_size * 2};
+          c.block_size = odd[pick(5)];
+          break;
+        }
+        case 11:
+          if (pick(2) == 0)
+            c.drop_token_list = true;
+          else
+            c.drop_block_list = true;
+          break;
+        case 12:
+          c.null_blob = true;
+          break;
+        default:
+          break;  // as built
+      }
+      std::vector<absl::Span<const int32_t>> tokens(c.tokens.begin(), c.tokens.end());
+      std::vector<absl::Span<const int32_t>> blocks(c.blocks.begin(), c.blocks.end());
+      if (c.drop_token_list) tokens.pop_back();
+      if (c.drop_block_list) blocks.pop_back();
+      std::vector<char> blob(c.layout.bytes);
+      // Poison: never 0x00 or 0xFF, so neither a 0 position nor a -1 padding word is there
+      // before the fill writes it.
+      const char poisons[] = {0x5a, 0x11, static_cast<char>(0xa5)};
+      std::fill(blob.begin(), blob.end(), poisons[pick(3)]);
+      const std::vector<char> before = blob;
+      const absl::Status status = FillStepInputs(c.layout, c.route, c.seqs, tokens, blocks,
+                                                 c.block_size, c.null_blob ? nullptr : blob.data());
+      if (!ReferenceValid(c)) {
+        ++refused;
+        ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument)
+            << "step " << step << ": " << status;
+        ASSERT_FALSE(status.message().empty());
+        ASSERT_TRUE(blob == before)
+            << "step " << step << ": a refused fill wrote into the blob (" << status << ")";
+        continue;
+      }
+      ++filled;
+      ASSERT_TRUE(status.ok()) << "step " << step << ": " << status;
+      std::vector<char> want = before;
+      ReferenceFill(c, &want);
+      ASSERT_TRUE(blob == want) << "step " << step << ": the blob differs from the reference";
+    }
+  }
+  std::cout << "steps filled " << filled << ", refused " << refused << "\n";
+  EXPECT_EQ(filled + refused, 3 * kStepsPerSetup);
+  EXPECT_GT(filled, 600);
+  EXPECT_GT(refused, 1500);
 }
 
 }  // namespace
