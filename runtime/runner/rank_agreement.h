@@ -22,8 +22,10 @@ namespace kiln {
 // status is OK; else the failing ranks' root cause with its code, as
 // "<what> failed on rank r of n: <message>" (a rank's own error is preferred over a
 // DeadlineExceeded or Unavailable, which is usually a consequence of it; among equals, the lowest
-// rank). When the exchange itself fails (a peer died or never came), returns that error
-// (Unavailable or DeadlineExceeded from the bootstrap), which the peers see too.
+// rank). A rank whose bytes are not a status record (it was at another exchange of the
+// bootstrap) counts as an Internal error of that rank, never as OK. When the exchange itself
+// fails (a peer died or never came), returns that error (Unavailable or DeadlineExceeded from
+// the bootstrap), which the peers see too.
 absl::Status AgreeOnStatus(HostBootstrap& bootstrap, const absl::Status& local,
                            absl::string_view what);
 

@@ -2,12 +2,17 @@
 
 #include <sys/socket.h>
 
+#include <cstdint>
+#include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 
@@ -78,6 +83,139 @@ TEST(RankAgreementTest, ADeadPeerEndsTheExchangeWithAnError) {
   const absl::Status s = AgreeOnStatus(*star[0], absl::OkStatus(), "Capture of x");
   EXPECT_FALSE(s.ok());
   EXPECT_TRUE(absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) << s;
+}
+
+// One round of the sweep on one rank: a status to agree on, or raw bytes that rank sends in the
+// same AllGather instead (a peer at another exchange, or a corrupt record).
+struct RankTurn {
+  bool raw = false;
+  absl::Status local;
+  std::string bytes;
+};
+
+// The agreed status by the header's rule, from what each rank brought: a raw record is an
+// Internal error of that rank, whose message starts with the text given here. Sets *exact when
+// the whole message is known.
+absl::Status Expected(const std::vector<RankTurn>& turns, const std::string& what, bool* exact) {
+  const int world = static_cast<int>(turns.size());
+  auto consequence = [](const absl::Status& s) {
+    return absl::IsDeadlineExceeded(s) || absl::IsUnavailable(s);
+  };
+  int chosen = -1;
+  absl::Status cause;
+  for (int r = 0; r < world; ++r) {
+    const absl::Status s =
+        turns[r].raw ? absl::InternalError(absl::StrCat("Rank ", r, " sent ", turns[r].bytes.size(),
+                                                        " bytes that are not a status record"))
+                     : turns[r].local;
+    if (s.ok()) continue;
+    if (chosen < 0 || (consequence(cause) && !consequence(s))) {
+      chosen = r;
+      cause = s;
+    }
+  }
+  *exact = chosen < 0 || !turns[chosen].raw;
+  if (chosen < 0) return absl::OkStatus();
+  return absl::Status(cause.code(), absl::StrCat(what, " failed on rank ", chosen, " of ", world,
+                                                 ": ", cause.message()));
+}
+
+// Random rounds over stars of 1 to 5 ranks: OK, every canonical code, codes outside absl's
+// range, empty, binary (NUL bytes) and 64 KiB messages, an empty or binary `what`, and ranks that
+// send raw bytes instead of a record: empty, a few bytes, a record without its tag (the old
+// format, whose 4 zero bytes used to read as OK), 64 random bytes. Every agreeing rank returns
+// the same status, the one the rule picks; a raw record is an error naming its rank.
+TEST(RankAgreementTest, AdversarialRoundsAgreeOnEveryRank) {
+  std::mt19937 rng(31337);
+  auto pick = [&rng](int n) { return static_cast<int>(rng() % static_cast<uint32_t>(n)); };
+  auto message = [&]() -> std::string {
+    switch (pick(5)) {
+      case 0:
+        return "";
+      case 1:
+        return std::string("nul\0inside", 10);
+      case 2:
+        return std::string(64 * 1024, static_cast<char>('a' + pick(26)));
+      default:
+        return absl::StrCat("Kernel ", pick(1000), " failed");
+    }
+  };
+  int rounds_run = 0, ok_rounds = 0, raw_rounds = 0;
+  for (int world = 1; world <= 5; ++world) {
+    constexpr int kRounds = 120;
+    std::vector<std::vector<RankTurn>> turns(kRounds, std::vector<RankTurn>(world));
+    std::vector<std::string> whats(kRounds);
+    for (int round = 0; round < kRounds; ++round) {
+      whats[round] = pick(6) == 0 ? std::string("\0\xff", 2) : absl::StrCat("Step ", round);
+      const bool all_ok = pick(3) == 0;
+      for (int r = 0; r < world; ++r) {
+        RankTurn& t = turns[round][r];
+        if (all_ok) continue;
+        const int kind = pick(12);
+        if (kind < 5) continue;  // OK
+        if (kind < 9) {
+          t.local = absl::Status(static_cast<absl::StatusCode>(1 + pick(16)), message());
+        } else if (kind < 10) {
+          // Outside absl's codes: absl reads them as kUnknown.
+          t.local = absl::Status(static_cast<absl::StatusCode>(pick(2) == 0 ? 42 : -3), message());
+        } else {
+          t.raw = true;
+          switch (pick(4)) {
+            case 0:
+              t.bytes = "";
+              break;
+            case 1:
+              t.bytes = std::string(1 + pick(7), '\0');
+              break;
+            case 2:
+              t.bytes = std::string(4, '\0') + "untagged message";
+              break;
+            default:
+              for (int i = 0; i < 64; ++i) t.bytes.push_back(static_cast<char>(rng()));
+          }
+        }
+      }
+    }
+    auto star = MakeStar(world);
+    std::vector<std::vector<absl::Status>> got(kRounds, std::vector<absl::Status>(world));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world; ++r) {
+      threads.emplace_back([&, r] {
+        for (int round = 0; round < kRounds; ++round) {
+          const RankTurn& t = turns[round][r];
+          if (t.raw) {
+            got[round][r] = star[r]->AllGather(t.bytes).status();
+          } else {
+            got[round][r] = AgreeOnStatus(*star[r], t.local, whats[round]);
+          }
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int round = 0; round < kRounds; ++round) {
+      bool exact = true;
+      const absl::Status want = Expected(turns[round], whats[round], &exact);
+      bool any_raw = false;
+      for (int r = 0; r < world; ++r) {
+        if (turns[round][r].raw) {
+          any_raw = true;
+          ASSERT_TRUE(got[round][r].ok()) << got[round][r];  // its AllGather itself went through
+          continue;
+        }
+        ASSERT_EQ(got[round][r].code(), want.code())
+            << "world " << world << " round " << round << " rank " << r << ": " << got[round][r];
+        const absl::string_view message = got[round][r].message();
+        ASSERT_EQ(exact ? message : message.substr(0, want.message().size()), want.message())
+            << "world " << world << " round " << round << " rank " << r;
+      }
+      ++rounds_run;
+      ok_rounds += want.ok();
+      raw_rounds += any_raw;
+    }
+  }
+  EXPECT_EQ(rounds_run, 5 * 120);
+  EXPECT_GT(ok_rounds, 100);
+  EXPECT_GT(raw_rounds, 50);
 }
 
 }  // namespace
