@@ -10,17 +10,28 @@ namespace kiln {
 
 absl::Status PagedKvLayout::Validate() const {
   if (num_blocks <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV layout num_blocks ", num_blocks, " must be positive"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV layout num_blocks ", num_blocks, " must be positive; size the pool in blocks"));
   }
   if (block_size < 16 || (block_size & (block_size - 1)) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "KV block_size ", block_size, " must be a power of two of at least 16 (e.g. 16, 64)"));
   }
-  if (num_kv_heads <= 0 || head_dim <= 0 || head_dim % 8 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV layout heads ", num_kv_heads, " and head_dim ", head_dim,
-                     " must be positive, head_dim a multiple of 8"));
+  if (num_kv_heads <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV layout num_kv_heads ", num_kv_heads,
+        " must be positive; pass the model's KV heads (per rank)"));
+  }
+  if (head_dim <= 0 || head_dim % 8 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV layout head_dim ", head_dim,
+        " must be a positive multiple of 8 (16-byte rows); pass the model's head_dim"));
+  }
+  if (dtype != AttentionDtype::kBf16 && dtype != AttentionDtype::kFp16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV layout dtype ", static_cast<int>(dtype), " is not supported; use kBf16 (",
+        static_cast<int>(AttentionDtype::kBf16), ") or kFp16 (",
+        static_cast<int>(AttentionDtype::kFp16), ")"));
   }
   // Slots (block · block_size + offset) are int32 in the slot mapping and the kernels' tables.
   if (int64_t{num_blocks} * block_size > std::numeric_limits<int32_t>::max()) {
@@ -28,33 +39,59 @@ absl::Status PagedKvLayout::Validate() const {
         "KV layout of ", num_blocks, " blocks x ", block_size, " tokens has more than 2^31 - 1 "
         "token slots (int32 slot indices); use fewer blocks"));
   }
+  // The kernels address a pool with int64 element offsets, and PoolBytes() is a size_t: a pool
+  // past 2^63 - 1 bytes would wrap both (and an allocation of the wrapped size would succeed).
+  // Multiplied one factor at a time so that the check itself cannot overflow.
+  uint64_t bytes = ElementBytes();
+  for (const int factor : {num_blocks, block_size, num_kv_heads, head_dim}) {
+    if (bytes > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / factor) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KV layout of ", num_blocks, " blocks x ", block_size, " tokens x ", num_kv_heads,
+          " KV heads x ", head_dim, " dims has more than 2^63 - 1 bytes per pool (int64 "
+          "offsets); use fewer blocks or KV heads"));
+    }
+    bytes *= static_cast<uint64_t>(factor);
+  }
   return absl::OkStatus();
 }
 
-// Negative counts (a layout or sizes that were never validated) make an empty table whose
-// Reserve refuses every sequence, rather than a vector of negative size.
+// Counts from a layout or sizes that were never validated make a table that refuses what it
+// cannot hold, never one whose own vectors are sized by them: the free list holds the blocks
+// of a valid layout only, and the per-sequence counts the rows the storage holds.
 BlockTable::BlockTable(absl::Span<int32_t> storage, int max_seqs, int max_blocks_per_seq,
                        const PagedKvLayout& layout)
     : storage_(storage),
       max_seqs_(std::max(max_seqs, 0)),
       max_blocks_per_seq_(std::max(max_blocks_per_seq, 0)),
       block_size_(layout.block_size),
-      num_blocks_(std::max(layout.num_blocks, 0)),
-      blocks_(max_seqs_, 0) {
+      num_blocks_(0),
+      layout_status_(layout.Validate()) {
+  if (layout_status_.ok()) num_blocks_ = layout.num_blocks;
+  // A row past the storage is refused by Reserve, so it needs no count (and a table of rows of
+  // no blocks holds none).
+  if (max_blocks_per_seq_ > 0) {
+    blocks_.assign(std::min<size_t>(max_seqs_, storage_.size() / max_blocks_per_seq_), 0);
+  }
   std::fill(storage_.begin(), storage_.end(), -1);
   free_.reserve(num_blocks_);
   for (int b = num_blocks_ - 1; b >= 0; --b) free_.push_back(b);  // block 0 is taken first
 }
 
 absl::Status BlockTable::Reserve(int seq, int num_tokens) {
-  if (seq < 0 || seq >= max_seqs_ || num_tokens < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("Reserve(seq ", seq, ", tokens ", num_tokens,
-                                                   ") is outside ", max_seqs_, " sequences"));
+  if (seq < 0 || seq >= max_seqs_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Reserve of sequence ", seq, " is outside the table's ", max_seqs_,
+        " sequences; pass an index in [0, max_seqs)"));
   }
-  if (block_size_ < 1) {
+  if (num_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Reserve of sequence ", seq, " for num_tokens ", num_tokens,
+        "; pass the sequence's KV length (at least 0)"));
+  }
+  if (!layout_status_.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "BlockTable has block_size ", block_size_, "; build it over a layout that Validate() "
-        "accepts"));
+        "BlockTable is built over a KV layout that Validate() refuses (",
+        layout_status_.message(), "); build it over a valid layout"));
   }
   if ((static_cast<size_t>(seq) + 1) * max_blocks_per_seq_ > storage_.size()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -69,7 +106,8 @@ absl::Status BlockTable::Reserve(int seq, int num_tokens) {
         "Sequence ", seq, " needs ", need, " blocks for ", num_tokens,
         " tokens, above max_blocks_per_seq ", max_blocks_per_seq_, "; raise it"));
   }
-  const int more = static_cast<int>(need) - blocks_[seq];
+  // blocks_of: with rows of no blocks, need is 0 here and the table keeps no counts.
+  const int more = static_cast<int>(need) - blocks_of(seq);
   if (more <= 0) return absl::OkStatus();
   if (more > static_cast<int>(free_.size())) {
     return absl::ResourceExhaustedError(absl::StrCat("KV cache has ", free_.size(),
@@ -86,7 +124,7 @@ absl::Status BlockTable::Reserve(int seq, int num_tokens) {
 }
 
 void BlockTable::Release(int seq) {
-  if (seq < 0 || seq >= max_seqs_) return;
+  if (seq < 0 || static_cast<size_t>(seq) >= blocks_.size()) return;  // holds no blocks
   int32_t* row = storage_.data() + static_cast<size_t>(seq) * max_blocks_per_seq_;
   for (int i = blocks_[seq] - 1; i >= 0; --i) {
     free_.push_back(row[i]);
@@ -96,16 +134,19 @@ void BlockTable::Release(int seq) {
 }
 
 absl::Status BlockTable::SetFreeOrder(absl::Span<const int32_t> order) {
-  if (static_cast<int>(free_.size()) != num_blocks_ ||
-      static_cast<int>(order.size()) != num_blocks_) {
-    return absl::FailedPreconditionError(
-        "SetFreeOrder needs every block free and a permutation of all blocks");
+  // As size_t: an order of 2^32 entries must not wrap into a matching count.
+  if (free_.size() != static_cast<size_t>(num_blocks_) ||
+      order.size() != static_cast<size_t>(num_blocks_)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "SetFreeOrder got ", order.size(), " blocks while ", free_.size(), " of ", num_blocks_,
+        " are free; release every sequence first and pass a permutation of all blocks"));
   }
   std::vector<bool> seen(num_blocks_, false);
   for (int32_t b : order) {
     if (b < 0 || b >= num_blocks_ || seen[b]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("SetFreeOrder: ", b, " repeats or is not a block index"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "SetFreeOrder block ", b, " repeats or is not a block index; pass a permutation of [0, ",
+          num_blocks_, ")"));
     }
     seen[b] = true;
   }
@@ -121,19 +162,31 @@ int BlockTable::max_blocks_in_use() const {
 
 absl::Status FillSlotMapping(absl::Span<const SeqLens> seqs, const BlockTable& table,
                              absl::Span<int32_t> slots) {
+  // A table over a bad layout may have block_size 0: refused before anything divides by it.
+  if (!table.layout_status().ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Slot mapping over a block table whose KV layout Validate() refuses (",
+        table.layout_status().message(), "); build the table over a valid layout"));
+  }
   const int block_size = table.block_size();
   if (seqs.size() > static_cast<size_t>(table.max_seqs())) {
-    return absl::InvalidArgumentError(absl::StrCat("Slot mapping has ", seqs.size(),
-                                                   " sequences; the block table holds ",
-                                                   table.max_seqs()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Slot mapping has ", seqs.size(), " sequences; the block table holds ",
+        table.max_seqs(), "; map at most that many or build a larger table"));
   }
   size_t t = 0;
   for (int s = 0; s < static_cast<int>(seqs.size()); ++s) {
     const SeqLens& sl = seqs[s];
+    if (sl.q_len < 0 || sl.kv_len < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Slot mapping sequence ", s, " has q_len ", sl.q_len, " and kv_len ", sl.kv_len,
+          "; both must be non-negative"));
+    }
     for (int j = 0; j < sl.q_len; ++j, ++t) {
       if (t >= slots.size()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "Slot mapping has ", slots.size(), " entries; the step has more tokens"));
+            "Slot mapping has ", slots.size(), " entries; the step has more tokens (sequence ",
+            s, " brings q_len ", sl.q_len, "); pass one entry per token of the key"));
       }
       const int64_t pos = int64_t{sl.kv_len} - sl.q_len + j;
       if (pos < 0) {

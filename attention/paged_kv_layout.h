@@ -40,7 +40,10 @@ struct PagedKvLayout {
   int head_dim = 0;    // a multiple of 8 (16-byte rows)
   AttentionDtype dtype = AttentionDtype::kBf16;
 
-  // Returns InvalidArgument naming the first bad field.
+  // Returns InvalidArgument naming the first bad field: non-positive counts, a block_size
+  // that is not a power of two >= 16, a head_dim that is not a multiple of 8, an unknown dtype,
+  // more token slots than int32 holds, or a pool whose bytes pass int64 (the kernels' offsets).
+  // A layout it accepts has PoolBytes() exact and every ElementOffset() inside the pool.
   absl::Status Validate() const;
 
   // Returns the bytes of one element (2 for bf16 and fp16).
@@ -51,7 +54,8 @@ struct PagedKvLayout {
   }
   // Returns the bytes of one pool (K or V): num_blocks blocks.
   size_t PoolBytes() const { return BlockElements() * num_blocks * ElementBytes(); }
-  // Returns the element offset of (slot, head, dim 0) in a pool.
+  // Returns the element offset of (slot, head, dim 0) in a pool. For a layout Validate()
+  // accepts, 0 <= slot < num_blocks × block_size and 0 <= head < num_kv_heads; no checks.
   size_t ElementOffset(int64_t slot, int head) const {
     const int64_t block = slot / block_size;
     const int64_t offset = slot % block_size;
@@ -66,14 +70,17 @@ struct PagedKvLayout {
 class BlockTable {
  public:
   // Binds `storage` (max_seqs × max_blocks_per_seq entries, not owned, must outlive this) and
-  // puts every block of `layout` on the free list in order.
+  // puts every block of `layout` on the free list in order. A layout that Validate() refuses
+  // gives a table with no blocks whose Reserve and FillSlotMapping fail (layout_status()). The
+  // table's own memory is bounded by the storage and the validated pool, whatever the counts.
   BlockTable(absl::Span<int32_t> storage, int max_seqs, int max_blocks_per_seq,
              const PagedKvLayout& layout);
 
   // Gives sequence `seq` blocks for positions [0, num_tokens), taking them from the free list.
-  // InvalidArgument for a bad seq or more than max_blocks_per_seq blocks; ResourceExhausted
-  // when the pool has too few free blocks (nothing is taken then); FailedPrecondition for a
-  // table built over a bad layout or over storage too small for the sequence's row.
+  // InvalidArgument for a bad seq, a negative num_tokens or more than max_blocks_per_seq
+  // blocks; ResourceExhausted when the pool has too few free blocks (nothing is taken then);
+  // FailedPrecondition for a table built over a bad layout or over storage too small for the
+  // sequence's row.
   absl::Status Reserve(int seq, int num_tokens);
 
   // Returns every block of `seq` to the free list.
@@ -83,8 +90,13 @@ class BlockTable {
   // Every block must be free and `order` a permutation of [0, num_blocks).
   absl::Status SetFreeOrder(absl::Span<const int32_t> order);
 
+  // OK, or the layout's Validate() error for a table built over a bad layout.
+  const absl::Status& layout_status() const { return layout_status_; }
   int free_blocks() const { return static_cast<int>(free_.size()); }
-  int blocks_of(int seq) const { return blocks_[seq]; }
+  // Returns the blocks sequence `seq` holds: 0 for a seq outside the table or its storage.
+  int blocks_of(int seq) const {
+    return seq >= 0 && static_cast<size_t>(seq) < blocks_.size() ? blocks_[seq] : 0;
+  }
   int max_seqs() const { return max_seqs_; }
   int block_size() const { return block_size_; }
   int max_blocks_per_seq() const { return max_blocks_per_seq_; }
@@ -100,8 +112,10 @@ class BlockTable {
   int max_seqs_;
   int max_blocks_per_seq_;
   int block_size_;
-  int num_blocks_;
-  std::vector<int32_t> blocks_;  // blocks owned by each sequence
+  int num_blocks_;  // 0 for a layout Validate() refuses
+  absl::Status layout_status_;
+  // Blocks owned by each sequence whose row fits the storage (at most max_seqs entries).
+  std::vector<int32_t> blocks_;
   std::vector<int32_t> free_;    // a stack: the back is taken first
 };
 
@@ -109,7 +123,8 @@ class BlockTable {
 // of a step into `slots` ([num_tokens] entries; token order as in the plan: sequence by
 // sequence), and -1 for the entries past the step's tokens (padding). A token at position
 // kv_len − q_len + j < 0 gets -1 too. InvalidArgument when a token's block is unassigned, `slots`
-// is too small or `seqs` has more sequences than the table.
+// is too small, a q_len or kv_len is negative or `seqs` has more sequences than the table;
+// FailedPrecondition for a table over a bad layout. `slots` is unspecified after an error.
 absl::Status FillSlotMapping(absl::Span<const SeqLens> seqs, const BlockTable& table,
                              absl::Span<int32_t> slots);
 
