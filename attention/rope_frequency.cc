@@ -31,6 +31,20 @@ absl::Status RopeScaling::Validate() const {
         "RoPE scaling original_max_position is ", original_max_position,
         "; it must be positive (the checkpoint's original_max_position_embeddings)"));
   }
+  // Make() turns the factors into band edges 2π · high / L and 2π · low / L and a blend
+  // L / (2π · (high − low)) − low / (high − low). Finite factors can still overflow or vanish
+  // there (high_freq_factor near DBL_MAX makes the blend's slope 0 and its value negative),
+  // so the derived values must be finite with a positive slope.
+  const RopeFrequencies f = RopeFrequencies::Make(/*theta=*/2.0, *this);
+  if (!std::isfinite(f.keep_from) || !std::isfinite(f.divide_below) ||
+      !std::isfinite(f.blend_scale) || !(f.blend_scale > 0.0) ||
+      !std::isfinite(f.blend_offset)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "RoPE scaling low_freq_factor %g and high_freq_factor %g over original_max_position %d "
+        "give band edges or a blend that overflow a double; use factors of ordinary size "
+        "(Llama 3: 1 and 4)",
+        low_freq_factor, high_freq_factor, original_max_position));
+  }
   return absl::OkStatus();
 }
 

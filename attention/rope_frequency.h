@@ -44,7 +44,9 @@ struct RopeScaling {
   }
   bool enabled() const { return factor != 0.0; }
   // OK when disabled or when factor >= 1, 0 < low_freq_factor < high_freq_factor and
-  // original_max_position > 0, all finite; else InvalidArgument naming the field.
+  // original_max_position > 0, all finite, and the band edges and blend that Make() derives from
+  // them are finite; else InvalidArgument naming the field. With a theta above 1, a scaling it
+  // accepts gives finite frequencies between freq / factor and freq.
   absl::Status Validate() const;
   // "none", or e.g. "llama3 x32 (low 1, high 4, original 8192)".
   std::string ToString() const;
@@ -66,7 +68,9 @@ struct RopeFrequencies {
   double blend_scale = 0.0;    // s = freq · blend_scale − blend_offset = (L / w − low) / (high − low)
   double blend_offset = 0.0;
 
-  // Host only. theta > 0 and a valid scaling (RopeScaling::Validate) are the caller's to check.
+  // Host only. A finite theta above 1 (LlamaShape::Validate's rule; below 1 the frequencies
+  // grow past 1, and a subnormal theta makes them infinite) and a valid scaling
+  // (RopeScaling::Validate) are the caller's to check.
   static RopeFrequencies Make(double theta, const RopeScaling& scaling) {
     RopeFrequencies f;
     f.log2_theta = std::log2(theta);

@@ -1,7 +1,11 @@
 #include "attention/rope_frequency.h"
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -104,6 +108,135 @@ TEST(RopeFrequencyTest, ToStringNamesTheValues) {
   EXPECT_EQ(RopeScaling().ToString(), "none");
   EXPECT_EQ(RopeScaling::Llama3(32.0, 1.0, 4.0, 8192).ToString(),
             "llama3 x32 (low 1, high 4, original 8192)");
+}
+
+
+// --- Adversarial sweep: scalings and thetas as a config.json might hold them. Seeded.
+
+// Zero of both signs, the smallest and largest doubles, values around 1, infinities and NaN.
+double DrawDouble(std::mt19937& rng) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  static const double kEdges[] = {0.0,
+                                  -0.0,
+                                  std::numeric_limits<double>::denorm_min(),
+                                  std::numeric_limits<double>::min(),
+                                  1e-300,
+                                  1e-9,
+                                  0.5,
+                                  1.0 - std::numeric_limits<double>::epsilon() / 2,
+                                  1.0,
+                                  1.0 + std::numeric_limits<double>::epsilon(),
+                                  2.0,
+                                  4.0,
+                                  8.0,
+                                  32.0,
+                                  1e9,
+                                  1e300,
+                                  std::numeric_limits<double>::max(),
+                                  kInf,
+                                  -kInf,
+                                  std::nan(""),
+                                  -1.0,
+                                  -1e-300};
+  if (std::uniform_int_distribution<int>(0, 2)(rng) == 0) {
+    return kEdges[std::uniform_int_distribution<size_t>(0, std::size(kEdges) - 1)(rng)];
+  }
+  // Mostly plausible: log-uniform over [2^-8, 2^20].
+  return std::exp2(std::uniform_real_distribution<double>(-8, 20)(rng));
+}
+
+int32_t DrawLength(std::mt19937& rng) {
+  static const int32_t kEdges[] = {std::numeric_limits<int32_t>::min(), -1, 0, 1, 2, 8192,
+                                   65536, std::numeric_limits<int32_t>::max()};
+  if (std::uniform_int_distribution<int>(0, 2)(rng) == 0) {
+    return kEdges[std::uniform_int_distribution<size_t>(0, std::size(kEdges) - 1)(rng)];
+  }
+  return std::uniform_int_distribution<int32_t>(1, 1 << 20)(rng);
+}
+
+// Scalings from the whole double range: Validate names the first field a config could get
+// wrong, and every scaling it accepts gives, for every theta > 0 and head width, finite
+// positive frequencies between freq / factor and freq that match the wavelength form.
+TEST(RopeFrequencyTest, SweepValidatesAndAcceptedScalingsGiveFiniteFrequencies) {
+  std::mt19937 rng(31337);
+  int accepted = 0, refused = 0, pairs = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    const RopeScaling s =
+        RopeScaling::Llama3(DrawDouble(rng), DrawDouble(rng), DrawDouble(rng), DrawLength(rng));
+    const absl::Status status = s.Validate();
+    const std::string where = "scaling " + s.ToString();
+    // The model: the first rule a field breaks, in the order Validate documents.
+    std::string want;
+    if (s.factor == 0.0) {
+      want = "";
+    } else if (!(s.factor >= 1.0) || !std::isfinite(s.factor)) {
+      want = "factor is";
+    } else if (!(s.low_freq_factor > 0.0) || !std::isfinite(s.low_freq_factor)) {
+      want = "low_freq_factor is";
+    } else if (!(s.high_freq_factor > s.low_freq_factor) || !std::isfinite(s.high_freq_factor)) {
+      want = "high_freq_factor is";
+    } else if (s.original_max_position <= 0) {
+      want = "original_max_position is " + std::to_string(s.original_max_position);
+    } else {
+      // Make()'s terms 2π·high (then / L), L / (2π·(high − low)) and low / (high − low) must
+      // fit a double: computed here in long double, where they never overflow.
+      constexpr long double kTwoPi = 6.283185307179586476925286766559L;
+      const long double high = s.high_freq_factor, low = s.low_freq_factor;
+      const long double length = s.original_max_position, band = high - low;
+      const long double max = std::numeric_limits<double>::max();
+      const long double keep = kTwoPi * high, slope = length / (kTwoPi * band);
+      // Either side of the limit by more than rounding, so the model does not depend on it.
+      if (keep > max * 1.0001L || slope > max * 1.0001L || low / band > max * 1.0001L ||
+          slope < std::numeric_limits<double>::denorm_min()) {
+        want = "overflow a double";
+      } else if (keep > max * 0.9999L || slope > max * 0.9999L || low / band > max * 0.9999L) {
+        continue;  // within rounding of the limit: either answer is right
+      }
+    }
+    if (!want.empty()) {
+      ++refused;
+      ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << where;
+      ASSERT_THAT(std::string(status.message()), HasSubstr(want)) << where;
+      ASSERT_TRUE(std::isupper(static_cast<unsigned char>(status.message()[0]))) << status;
+      continue;
+    }
+    ASSERT_TRUE(status.ok()) << where << ": " << status;
+    ++accepted;
+    for (int k = 0; k < 4; ++k) {
+      double theta = DrawDouble(rng);
+      if (!(theta > 1.0) || !std::isfinite(theta)) theta = 10000.0;  // LlamaShape's rule
+      const int d = 2 * std::uniform_int_distribution<int>(1, 128)(rng);
+      const RopeFrequencies f = RopeFrequencies::Make(theta, s);
+      for (int i = 0; i < d / 2; ++i) {
+        ++pairs;
+        const double plain = std::exp2(-2.0 * i / d * std::log2(theta));
+        const double got = RopeFrequency(f, i, d);
+        const std::string at = where + " theta " + std::to_string(theta) + " d " +
+                               std::to_string(d) + " pair " + std::to_string(i);
+        ASSERT_TRUE(std::isfinite(got)) << at << ": " << got;
+        if (!s.enabled()) {
+          ASSERT_EQ(got, plain) << at;
+          continue;
+        }
+        // Positive, unless freq / factor is below the smallest normal double (it may round to 0).
+        ASSERT_GE(got, 0.0) << at;
+        if (plain / s.factor >= std::numeric_limits<double>::min()) {
+          ASSERT_GT(got, 0.0) << at;
+        }
+        // Between freq / factor and freq (the blend is a convex combination), up to rounding,
+        // which the blend's low / (high − low) amplifies (its condition number).
+        const double tol =
+            1e-12 * plain * (1.0 + s.low_freq_factor / (s.high_freq_factor - s.low_freq_factor));
+        ASSERT_LE(got, plain + tol) << at;
+        ASSERT_GE(got, plain / s.factor - tol) << at;
+      }
+    }
+  }
+  RecordProperty("accepted", accepted);
+  RecordProperty("refused", refused);
+  RecordProperty("pairs", pairs);
+  EXPECT_GT(accepted, 2000);
+  EXPECT_GT(refused, 2000);
 }
 
 }  // namespace
