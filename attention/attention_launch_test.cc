@@ -3,6 +3,11 @@
 #include "attention/attention_launch.h"
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "attention/decode_kernel.h"
@@ -262,6 +267,190 @@ TEST(AttentionLaunchTest, PrefillParamsComeFromThePart) {
 
   part.slot_capacity = 4;
   EXPECT_EQ(PrefillParamsForPart(p, part).partial_o, &partial);
+}
+
+
+// --- Adversarial sweep of RunAttentionStep's checks. Seeded, so a failure reproduces.
+
+// The decode kernel's and the merge's params for a part, as the step derives them.
+DecodeAttentionParams DecodeFor(const AttentionStepParams& p, const AttentionPlanPartDevice& part,
+                                const DecodeRopeAppendDevice& rope) {
+  DecodeAttentionParams d;
+  d.dtype = p.dtype;
+  d.num_q_heads = p.num_q_heads;
+  d.num_kv_heads = p.num_kv_heads;
+  d.head_dim = p.head_dim;
+  d.sm_scale = p.sm_scale;
+  d.q = p.q;
+  d.q_stride = p.q_stride;
+  d.o = p.o;
+  d.o_stride = p.o_stride;
+  d.kv = p.kv;
+  d.plan = part;
+  d.rope_append = rope;
+  return d;
+}
+
+AttentionMergeParams MergeFor(const AttentionStepParams& p, const AttentionPlanPartDevice& part) {
+  AttentionMergeParams m;
+  m.dtype = p.dtype;
+  m.num_q_heads = p.num_q_heads;
+  m.num_kv_heads = p.num_kv_heads;
+  m.head_dim = p.head_dim;
+  m.o = p.o;
+  m.o_stride = p.o_stride;
+  m.plan = part;
+  return m;
+}
+
+// The step's answer composed from the public checks of each launch, in the order the header
+// gives (arguments, then the decode part, the prefill part, each with its merge). A substring
+// stands for the step's own checks.
+struct StepAnswer {
+  absl::Status status;   // a launch's refusal, to be returned verbatim
+  std::string own;       // or a substring of the step's own refusal
+};
+
+StepAnswer ComposeStep(const AttentionStepParams& p) {
+  const auto enabled = [](const AttentionPlanPartDevice& part) { return part.work_capacity > 0; };
+  if (p.q == nullptr || p.o == nullptr) return {absl::OkStatus(), "q and o"};
+  if (!enabled(p.decode) && !enabled(p.prefill)) return {absl::OkStatus(), "neither"};
+  const DecodeRopeAppendDevice& r = p.rope_append;
+  if ((r.positions != nullptr || r.q_norm != nullptr || r.k_norm != nullptr) &&
+      (!enabled(p.decode) || enabled(p.prefill) || p.decode.tile_rows > 16)) {
+    return {absl::OkStatus(), "decode-only"};
+  }
+  for (bool decode : {true, false}) {
+    const AttentionPlanPartDevice& part = decode ? p.decode : p.prefill;
+    if (!enabled(part)) continue;
+    const bool on_decode_kernel = part.tile_rows <= 16;
+    absl::Status s;
+    if (on_decode_kernel) {
+      s = ValidateDecodeAttentionParams(DecodeFor(p, part, decode ? r : DecodeRopeAppendDevice{}));
+    } else {
+      s = ValidatePrefillAttentionParams(PrefillParamsForPart(p, part));
+      if (s.ok() && part.slot_capacity > 0 &&
+          (part.partial_o == nullptr || part.partial_lse == nullptr)) {
+        return {absl::OkStatus(), "no partial workspace"};
+      }
+    }
+    if (!s.ok()) return {s, ""};
+    if (part.merge_capacity > 0 && !(part.merge_counters != nullptr && on_decode_kernel)) {
+      s = ValidateAttentionMergeParams(MergeFor(p, part));
+      if (!s.ok()) return {s, ""};
+    }
+  }
+  return {absl::OkStatus(), ""};
+}
+
+// Steps whose fields are replaced by adversarial values one to four at a time: RunAttentionStep
+// refuses exactly when one of its launches would (or its own checks do), with that launch's
+// message, before anything is enqueued. Steps every check accepts are counted, not launched.
+TEST(AttentionLaunchTest, SweepRefusesEveryStepOneOfItsLaunchesWould) {
+  std::mt19937 rng(8128);
+  alignas(16) static int buffers[64];
+  alignas(16) static float partial[64];
+  alignas(16) static AttentionWorkItem items[4];
+  alignas(16) static AttentionMergeItem merges[4];
+  alignas(16) static AttentionPlanHeader header;
+  alignas(16) static int32_t counters[4];
+  const std::vector<const void*> pointers = {&buffers[0], &buffers[16], nullptr, &buffers[1],
+                                             &buffers[2], &buffers[32]};
+  const auto ptr = [&]() { return const_cast<void*>(pointers[rng() % pointers.size()]); };
+  const std::vector<int> ints = {std::numeric_limits<int>::min(), -1, 0, 1, 2, 3, 4, 5, 7, 8,
+                                 9, 15, 16, 17, 31, 32, 63, 64, 65, 96, 127, 128, 129,
+                                 65535, 65536, 1 << 20, std::numeric_limits<int>::max()};
+  const auto pick_int = [&]() { return ints[rng() % ints.size()]; };
+  const std::vector<int64_t> strides = {0, -8, 8, 100, 512, 516, 520, 1 << 20,
+                                        std::numeric_limits<int64_t>::max()};
+  const std::vector<float> scales = {0.0f, 0.125f, -1.0f, std::nanf(""),
+                                     std::numeric_limits<float>::infinity()};
+  int refused = 0, accepted = 0;
+  for (int trial = 0; trial < 30000; ++trial) {
+    AttentionStepParams p = HostStepParams(buffers, items);
+    // Valid bases: decode-only, prefill-only on the prefill kernel, or both, each able to
+    // split with a workspace and (for the decode kernel) merge counters.
+    switch (rng() % 3) {
+      case 0: p.prefill.work_capacity = 0; break;
+      case 1: p.decode.work_capacity = 0; p.prefill.tile_rows = 64; break;
+      default: p.prefill.tile_rows = rng() % 2 ? 16 : 128;
+    }
+    for (AttentionPlanPartDevice* part : {&p.decode, &p.prefill}) {
+      part->header = &header;
+      part->merge_items = merges;
+      if (rng() % 2) {
+        part->slot_capacity = 2;
+        part->merge_capacity = 1;
+        part->partial_o = partial;
+        part->partial_lse = partial + 32;
+        if (rng() % 2) part->merge_counters = counters;
+      }
+    }
+    if (p.prefill.work_capacity == 0 && rng() % 2) {
+      p.rope_append.positions = &buffers[40];
+      p.rope_append.theta = 500000.0;
+      p.rope_append.k = &buffers[0];
+      p.rope_append.v = &buffers[16];
+      p.rope_append.kv_stride = 128;
+    }
+    const int mutations = 1 + static_cast<int>(rng() % 4);
+    for (int m = 0; m < mutations; ++m) {
+      AttentionPlanPartDevice& part = rng() % 2 ? p.decode : p.prefill;
+      switch (rng() % 24) {
+        case 0: p.dtype = static_cast<AttentionDtype>(static_cast<int>(rng() % 4) - 1); break;
+        case 1: p.num_q_heads = pick_int(); break;
+        case 2: p.num_kv_heads = pick_int(); break;
+        case 3: p.head_dim = pick_int(); break;
+        case 4: p.sm_scale = scales[rng() % scales.size()]; break;
+        case 5: p.q = ptr(); break;
+        case 6: p.o = ptr(); break;
+        case 7: p.q_stride = strides[rng() % strides.size()]; break;
+        case 8: p.o_stride = strides[rng() % strides.size()]; break;
+        case 9: p.kv.k_cache = ptr(); break;
+        case 10: p.kv.block_table = static_cast<const int32_t*>(ptr()); break;
+        case 11: p.kv.block_size = pick_int(); break;
+        case 12: p.kv.max_blocks_per_seq = pick_int(); break;
+        case 13: part.work_capacity = pick_int(); break;
+        case 14: part.tile_rows = pick_int(); break;
+        case 15: part.slot_capacity = pick_int(); break;
+        case 16: part.merge_capacity = pick_int(); break;
+        case 17: part.partial_o = static_cast<float*>(ptr()); break;
+        case 18: part.partial_lse = static_cast<float*>(ptr()); break;
+        case 19: part.merge_counters = rng() % 2 ? nullptr : counters; break;
+        case 20: part.header = rng() % 2 ? nullptr : &header; break;
+        case 21: part.merge_items = rng() % 2 ? nullptr : merges; break;
+        case 22: part.work_items = rng() % 2 ? nullptr : items; break;
+        default:
+          switch (rng() % 6) {
+            case 0: p.rope_append.positions = static_cast<const int32_t*>(ptr()); break;
+            case 1: p.rope_append.theta = rng() % 2 ? -1.0 : std::nan(""); break;
+            case 2: p.rope_append.kv_stride = strides[rng() % strides.size()]; break;
+            case 3: p.rope_append.q_norm = ptr(); break;
+            case 4: p.rope_append.scaling = RopeScaling::Llama3(0.5, 1.0, 4.0, 8192); break;
+            default: p.rope_append.k = ptr();
+          }
+      }
+    }
+    const StepAnswer want = ComposeStep(p);
+    if (want.status.ok() && want.own.empty()) {
+      ++accepted;  // every launch would go ahead: not run on host buffers
+      continue;
+    }
+    ++refused;
+    const absl::Status got = RunAttentionStep(p, nullptr);
+    const std::string where = "trial " + std::to_string(trial) + ": " + got.ToString();
+    ASSERT_EQ(got.code(), absl::StatusCode::kInvalidArgument) << where;
+    ASSERT_FALSE(got.message().empty()) << where;
+    if (!want.status.ok()) {
+      ASSERT_EQ(got, want.status) << where;
+    } else {
+      ASSERT_THAT(std::string(got.message()), HasSubstr(want.own)) << where;
+    }
+  }
+  RecordProperty("refused", refused);
+  RecordProperty("accepted_not_launched", accepted);
+  EXPECT_GT(refused, 15000);
+  EXPECT_GT(accepted, 1000);
 }
 
 }  // namespace

@@ -29,13 +29,17 @@ constexpr AttentionMergeItem kPaddingMergeItem = {-1, 0, 0, 0, 0};
 absl::Status ValidatePart(const PlanPartOptions& part, const char* name, int group_size,
                           int64_t max_kv_len) {
   if (part.tile_rows == 0) return absl::OkStatus();
+  if (part.tile_rows < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Planner ", name, ".tile_rows ", part.tile_rows, " is negative; use 0 to disable the ",
+        name, " part or at least the ", group_size, " query heads per KV head"));
+  }
   if (part.tile_rows < group_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Planner ", name, ".tile_rows ", part.tile_rows, " is below the ", group_size,
         " query heads per KV head; use at least ", group_size, " rows per tile"));
   }
-  if (part.tile_rows < 0 || part.kv_granularity < 1 || part.min_kv_chunk < 1 ||
-      part.ctas_per_sm < 1) {
+  if (part.kv_granularity < 1 || part.min_kv_chunk < 1 || part.ctas_per_sm < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Planner ", name, " options are out of range (tile_rows ", part.tile_rows,
         ", kv_granularity ", part.kv_granularity, ", min_kv_chunk ", part.min_kv_chunk,
@@ -144,9 +148,12 @@ absl::Status CheckSplitAims(const std::vector<SplitAim>& aims, absl::string_view
 
 int MaxQueryTiles(int b, int n, int g, int t) {
   if (b <= 0 || n <= 0 || g <= 0 || t <= 0) return 0;
+  // In 64 bits (n · g passes int32 for large arguments). With t >= g the bound is at most n; with
+  // t < g a token spans several tiles and the count may pass int32: it saturates there rather
+  // than wrap into a small or negative capacity.
   const int64_t spread = CeilDiv(static_cast<int64_t>(n) * g, t) + b - 1;
   const int64_t per_token = static_cast<int64_t>(n) * CeilDiv(g, t);
-  return static_cast<int>(std::min(spread, per_token));
+  return static_cast<int>(std::min({spread, per_token, kMaxInt32}));
 }
 
 std::vector<PlanBufferSize> PlanLayout::Buffers() const {
@@ -175,12 +182,13 @@ absl::StatusOr<SplitKvPlanner> SplitKvPlanner::Create(const SplitKvPlannerOption
   if (options.num_q_heads <= 0 || options.num_kv_heads <= 0 ||
       options.num_q_heads % options.num_kv_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "Planner heads (", options.num_q_heads, " query, ", options.num_kv_heads,
-        " KV) must be positive with query heads a multiple of KV heads"));
+        "Planner num_q_heads ", options.num_q_heads, " and num_kv_heads ", options.num_kv_heads,
+        " must be positive, num_q_heads a multiple of num_kv_heads; pass the model's head "
+        "counts (per rank)"));
   }
   if (options.head_dim <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Planner head_dim ", options.head_dim, " must be positive"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Planner head_dim ", options.head_dim, " must be positive; pass the model's head_dim"));
   }
   if (options.sm_count <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("Planner sm_count ", options.sm_count,
@@ -190,12 +198,13 @@ absl::StatusOr<SplitKvPlanner> SplitKvPlanner::Create(const SplitKvPlannerOption
   if (key.max_seqs <= 0 || key.max_tokens <= 0 || key.max_kv_len <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Planner key (max_seqs ", key.max_seqs, ", max_tokens ", key.max_tokens,
-        ", max_kv_len ", key.max_kv_len, ") must be positive"));
+        ", max_kv_len ", key.max_kv_len, ") must be positive; give each capacity at least 1"));
   }
   if (options.decode.tile_rows <= 0 && options.prefill.tile_rows <= 0) {
-    return absl::InvalidArgumentError(
-        "Planner has neither a decode nor a prefill part; set decode.tile_rows or "
-        "prefill.tile_rows");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Planner has neither a decode nor a prefill part (decode.tile_rows ",
+        options.decode.tile_rows, ", prefill.tile_rows ", options.prefill.tile_rows,
+        "); set decode.tile_rows or prefill.tile_rows to a positive number of rows"));
   }
   const int group = options.num_q_heads / options.num_kv_heads;
   if (absl::Status s = ValidatePart(options.decode, "decode", group, key.max_kv_len); !s.ok()) {
@@ -249,12 +258,13 @@ absl::StatusOr<PlanSummary> SplitKvPlanner::Plan(absl::Span<const SeqLens> seqs,
     return absl::InvalidArgumentError("Plan blob must be non-null and 16-byte aligned");
   }
   const AttentionPlanKey& key = options_.key;
-  const int n = static_cast<int>(seqs.size());
-  if (n > key.max_seqs) {
-    return absl::InvalidArgumentError(absl::StrCat("Step has ", n,
+  // Compared as a size_t: a span of 2^31 or more sequences must not wrap into a small count.
+  if (seqs.size() > static_cast<size_t>(key.max_seqs)) {
+    return absl::InvalidArgumentError(absl::StrCat("Step has ", seqs.size(),
                                                    " sequences, above the key's max_seqs ",
                                                    key.max_seqs, "; plan it under a larger key"));
   }
+  const int n = static_cast<int>(seqs.size());
   char* base = static_cast<char*>(blob);
   int32_t* seq_q_start = reinterpret_cast<int32_t*>(base + layout_.seq_q_start_offset);
   int32_t* seq_kv_len = reinterpret_cast<int32_t*>(base + layout_.seq_kv_len_offset);

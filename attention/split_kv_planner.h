@@ -182,7 +182,9 @@ struct PlanPartView {
 PlanPartView ViewPart(void* blob, const PlanPartLayout& part);
 
 // Returns the closed-form tile bound min(ceil(n·g/t) + b − 1, n) (0 when b or n is 0), for at
-// most `b` sequences and `n` tokens, `g` rows per token and `t` rows per tile (t >= g).
+// most `b` sequences and `n` tokens, `g` rows per token and `t` rows per tile (t >= g). Any
+// non-positive argument gives 0; with t < g the bound is min(ceil(n·g/t) + b − 1,
+// n·ceil(g/t)), saturated at INT32_MAX.
 int MaxQueryTiles(int b, int n, int g, int t);
 
 class SplitKvPlanner {

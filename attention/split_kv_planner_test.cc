@@ -1,9 +1,12 @@
 #include "attention/split_kv_planner.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <map>
+#include <random>
 #include <set>
 #include <string>
 #include <tuple>
@@ -110,7 +113,8 @@ std::string CheckPart(const SplitKvPlannerOptions& options, const PlanLayout& la
   for (int i = 0; i < h.num_work_items; ++i) {
     const AttentionWorkItem& w = view.work_items[i];
     if (w.seq < 0 || w.seq >= static_cast<int>(seqs.size())) return where + "bad seq index";
-    if (w.row_end - w.row_begin > t_rows || w.row_end <= w.row_begin) {
+    // In 64 bits: a corrupt item must fail the check, not overflow it.
+    if (int64_t{w.row_end} - w.row_begin > t_rows || w.row_end <= w.row_begin) {
       return where + "tile rows out of range";
     }
     if (w.partial_slot >= 0) {
@@ -132,19 +136,21 @@ std::string CheckPart(const SplitKvPlannerOptions& options, const PlanLayout& la
     const bool to_decode = layout.decode.enabled && sl.q_len == 1;
     if (sl.q_len == 0 || to_decode != decode_part) continue;
     ++routed_seqs;
-    const int rows = sl.q_len * g;
-    for (int rb = 0; rb < rows; rb += t_rows) {
+    // In 64 bits: q_len · G fits int32 (Create bounds it), rb + tile_rows need not.
+    const int64_t rows = int64_t{sl.q_len} * g;
+    for (int64_t rb = 0; rb < rows; rb += t_rows) {
       ++expected_tiles;
-      const int re = std::min(rb + t_rows, rows);
-      auto it = tiles.find({s, rb});
+      const int64_t re = std::min<int64_t>(rb + t_rows, rows);
+      auto it = tiles.find({s, static_cast<int>(rb)});
       if (it == tiles.end()) return where + "missing tile of seq " + std::to_string(s);
       std::vector<AttentionWorkItem> items = it->second;
       std::sort(items.begin(), items.end(),
                 [](const AttentionWorkItem& a, const AttentionWorkItem& b) {
                   return a.kv_begin < b.kv_begin;
                 });
-      const int kv_end = std::max(0, sl.kv_len - sl.q_len + (re - 1) / g + 1);
-      int at = 0;
+      const int64_t kv_end =
+          std::max<int64_t>(0, int64_t{sl.kv_len} - sl.q_len + (re - 1) / g + 1);
+      int64_t at = 0;
       for (size_t k = 0; k < items.size(); ++k) {
         const AttentionWorkItem& w = items[k];
         if (w.row_end != re) return where + "tile row_end mismatch";
@@ -152,14 +158,16 @@ std::string CheckPart(const SplitKvPlannerOptions& options, const PlanLayout& la
         if (w.kv_end < w.kv_begin || (w.kv_end == w.kv_begin && kv_end != 0)) {
           return where + "empty chunk in a non-empty tile";
         }
-        if (k + 1 < items.size() && w.kv_end - w.kv_begin != h.kv_chunk_size) {
+        if (k + 1 < items.size() && int64_t{w.kv_end} - w.kv_begin != h.kv_chunk_size) {
           return where + "inner chunk differs from the header's chunk size";
         }
-        if (w.kv_end - w.kv_begin > h.kv_chunk_size) return where + "chunk above chunk size";
+        if (int64_t{w.kv_end} - w.kv_begin > h.kv_chunk_size) {
+          return where + "chunk above chunk size";
+        }
         at = w.kv_end;
       }
       if (at != kv_end) return where + "tile KV coverage ends at " + std::to_string(at);
-      auto m = merges.find({s, rb});
+      auto m = merges.find({s, static_cast<int>(rb)});
       if (items.size() == 1) {
         if (items[0].partial_slot != -1) return where + "single chunk writes a partial";
         if (m != merges.end()) return where + "single-chunk tile has a merge";
@@ -171,7 +179,7 @@ std::string CheckPart(const SplitKvPlannerOptions& options, const PlanLayout& la
         std::set<int> tile_slots;
         for (const AttentionWorkItem& w : items) tile_slots.insert(w.partial_slot);
         for (int k = 0; k < m->second.num_slots; ++k) {
-          if (!tile_slots.count(m->second.first_slot + k)) {
+          if (!tile_slots.count(static_cast<int>(int64_t{m->second.first_slot} + k))) {
             return where + "merge slots do not match the tile's chunks";
           }
         }
@@ -669,6 +677,608 @@ TEST(SplitKvPlannerTest, WorkspaceSizesFollowTheKeyAndNameTheirBuffers) {
   EXPECT_FALSE(unsplit->layout().decode.splits());
   EXPECT_EQ(unsplit->layout().decode.partial_o_bytes, 0u);
   EXPECT_EQ(unsplit->layout().decode.work_capacity, 256);
+}
+
+
+// --- Adversarial sweeps: options, keys and steps as a server or a model config might send
+// them. Every refusal is InvalidArgument naming the bad field and value; every acceptance is
+// checked against an independent computation of the layout and of the plan. Seeded, so a
+// failure reproduces.
+
+constexpr int32_t kInt32Max = std::numeric_limits<int32_t>::max();
+constexpr int32_t kInt32Min = std::numeric_limits<int32_t>::min();
+
+// Zero, negatives, one, powers of two and their neighbours, and int32's ends.
+std::vector<int32_t> EdgeValues() {
+  std::vector<int32_t> v = {kInt32Min, kInt32Min + 1, -65536, -2, -1, 0, 1, 2, 3};
+  for (int e = 2; e <= 30; ++e) {
+    v.push_back((int32_t{1} << e) - 1);
+    v.push_back(int32_t{1} << e);
+    v.push_back((int32_t{1} << e) + 1);
+  }
+  v.push_back(kInt32Max - 1);
+  v.push_back(kInt32Max);
+  return v;
+}
+
+// Uniform in [lo, max(lo, hi)].
+int32_t Uniform(std::mt19937& rng, int32_t lo, int32_t hi) {
+  return std::uniform_int_distribution<int32_t>(lo, std::max(lo, hi))(rng);
+}
+
+// With probability `edge`, an edge value; else uniform in [lo, max(lo, hi)].
+int32_t Draw(std::mt19937& rng, int32_t lo, int32_t hi, double edge) {
+  static const std::vector<int32_t> edges = EdgeValues();
+  if (std::uniform_real_distribution<double>(0, 1)(rng) < edge) {
+    return edges[std::uniform_int_distribution<size_t>(0, edges.size() - 1)(rng)];
+  }
+  return Uniform(rng, lo, hi);
+}
+
+bool Chance(std::mt19937& rng, double p) {
+  return std::uniform_real_distribution<double>(0, 1)(rng) < p;
+}
+
+// A refusal the test expects: every string of one entry must appear in the message.
+using Expected = std::vector<std::vector<std::string>>;
+
+// Returns "" when `status` is an InvalidArgument whose message reads like the style guide's
+// (capitalised, no final period) and holds every string of at least one entry of `expected`.
+std::string CheckRefusal(const absl::Status& status, const Expected& expected) {
+  if (status.code() != absl::StatusCode::kInvalidArgument) {
+    return "want InvalidArgument, got " + status.ToString();
+  }
+  const std::string message(status.message());
+  if (message.empty() || !std::isupper(static_cast<unsigned char>(message[0])) ||
+      message.back() == '.') {
+    return "message not in the house style: '" + message + "'";
+  }
+  for (const std::vector<std::string>& any : expected) {
+    bool all = true;
+    for (const std::string& part : any) all = all && message.find(part) != std::string::npos;
+    if (all) return "";
+  }
+  std::string want;
+  for (const std::vector<std::string>& any : expected) {
+    want += "\n  {";
+    for (const std::string& part : any) want += " '" + part + "'";
+    want += " }";
+  }
+  return "message '" + message + "' names none of:" + want;
+}
+
+int64_t CeilDiv64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The shape of one part, computed here from the header's rules (not the planner's code).
+struct ModelPart {
+  bool enabled = false;
+  int64_t max_seqs = 0, max_tokens = 0, max_tiles = 0, slots = 0, merges = 0, work = 0;
+};
+
+// The options' refusals (each as the strings its message must hold) and, when there are none,
+// the expected shape of each part.
+Expected ModelOptions(const SplitKvPlannerOptions& o, ModelPart* decode, ModelPart* prefill) {
+  Expected bad;
+  const std::string q = std::to_string(o.num_q_heads), kv = std::to_string(o.num_kv_heads);
+  if (o.num_q_heads <= 0) bad.push_back({"num_q_heads " + q});
+  if (o.num_kv_heads <= 0) bad.push_back({"num_kv_heads " + kv});
+  if (o.num_q_heads > 0 && o.num_kv_heads > 0 && o.num_q_heads % o.num_kv_heads != 0) {
+    bad.push_back({"num_q_heads " + q, "num_kv_heads " + kv});
+  }
+  if (o.head_dim <= 0) bad.push_back({"head_dim " + std::to_string(o.head_dim)});
+  if (o.sm_count <= 0) bad.push_back({"sm_count " + std::to_string(o.sm_count)});
+  const AttentionPlanKey& key = o.key;
+  if (key.max_seqs <= 0) bad.push_back({"max_seqs " + std::to_string(key.max_seqs)});
+  if (key.max_tokens <= 0) bad.push_back({"max_tokens " + std::to_string(key.max_tokens)});
+  if (key.max_kv_len <= 0) bad.push_back({"max_kv_len " + std::to_string(key.max_kv_len)});
+  if (o.decode.tile_rows <= 0 && o.prefill.tile_rows <= 0) {
+    bad.push_back({"decode.tile_rows " + std::to_string(o.decode.tile_rows),
+                   "prefill.tile_rows " + std::to_string(o.prefill.tile_rows)});
+  }
+  if (!bad.empty()) return bad;  // the rules below assume the ones above hold
+
+  const int64_t g = o.num_q_heads / o.num_kv_heads;
+  const std::pair<const char*, const PlanPartOptions*> parts[] = {{"decode", &o.decode},
+                                                                  {"prefill", &o.prefill}};
+  for (const auto& [name, part] : parts) {
+    if (part->tile_rows == 0) continue;
+    const std::string n(name);
+    if (part->tile_rows < 0) bad.push_back({n + ".tile_rows " + std::to_string(part->tile_rows)});
+    if (part->tile_rows < g) bad.push_back({n + ".tile_rows " + std::to_string(part->tile_rows)});
+    if (part->kv_granularity < 1) {
+      bad.push_back({n, "kv_granularity " + std::to_string(part->kv_granularity)});
+    }
+    if (part->min_kv_chunk < 1) {
+      bad.push_back({n, "min_kv_chunk " + std::to_string(part->min_kv_chunk)});
+    }
+    if (part->ctas_per_sm < 1) {
+      bad.push_back({n, "ctas_per_sm " + std::to_string(part->ctas_per_sm)});
+    }
+    if (part->kv_granularity >= 1 &&
+        CeilDiv64(key.max_kv_len, part->kv_granularity) * part->kv_granularity > kInt32Max) {
+      bad.push_back({"max_kv_len " + std::to_string(key.max_kv_len), n + ".kv_granularity"});
+    }
+    for (size_t i = 0; i < part->aim_by_seqs.size(); ++i) {
+      const SplitAim& aim = part->aim_by_seqs[i];
+      if (aim.max_seqs < 1 || aim.ctas_per_sm < 1 ||
+          (i > 0 && aim.max_seqs <= part->aim_by_seqs[i - 1].max_seqs)) {
+        bad.push_back({n + ".aim_by_seqs[" + std::to_string(i) + "]"});
+      }
+    }
+  }
+  if (int64_t{key.max_tokens} * g > kInt32Max) {
+    bad.push_back({"max_tokens " + std::to_string(key.max_tokens) + " x " + std::to_string(g)});
+  }
+  if (!bad.empty()) return bad;
+
+  const bool has_decode = o.decode.tile_rows > 0;
+  for (bool is_decode : {true, false}) {
+    const PlanPartOptions& part = is_decode ? o.decode : o.prefill;
+    ModelPart& m = is_decode ? *decode : *prefill;
+    m = ModelPart();
+    if (part.tile_rows == 0) continue;
+    m.enabled = true;
+    // Decode sequences bring one token; prefill ones at least two when a decode part exists.
+    m.max_seqs = is_decode ? std::min(key.max_seqs, key.max_tokens)
+                           : std::min(key.max_seqs, has_decode ? key.max_tokens / 2
+                                                               : key.max_tokens);
+    m.max_tokens = is_decode ? m.max_seqs : key.max_tokens;
+    // Each sequence wastes less than one tile; each tile holds at least one token (T >= G).
+    m.max_tiles = m.max_seqs == 0 ? 0
+                                  : std::min(CeilDiv64(m.max_tokens * g, part.tile_rows) +
+                                                 m.max_seqs - 1,
+                                             m.max_tokens);
+    if (part.allow_split && key.max_kv_len > part.min_kv_chunk) {
+      m.slots = CeilDiv64(int64_t{o.sm_count} * part.ctas_per_sm, o.num_kv_heads);
+    }
+    m.merges = std::min(m.max_tiles, m.slots / 2);
+    if (m.merges == 0) m.slots = 0;
+    m.work = m.max_tiles + m.slots;
+    const std::string n = is_decode ? "decode" : "prefill";
+    if (m.work > kInt32Max) {
+      bad.push_back({n + " part needs " + std::to_string(m.work) + " work items"});
+      continue;
+    }
+    // partial_o: slots × kv heads × tile_rows × head_dim floats must fit a size_t.
+    const long double floats = static_cast<long double>(m.slots) * o.num_kv_heads *
+                               part.tile_rows * o.head_dim * sizeof(float);
+    if (floats > static_cast<long double>(std::numeric_limits<size_t>::max())) {
+      bad.push_back({"'" + n + " partial_o'"});
+    }
+  }
+  return bad;
+}
+
+// Returns "" when `layout` has the model's capacities and sizes, and every section of the blob
+// is 16-byte aligned, inside plan_bytes and apart from every other.
+std::string CheckLayout(const SplitKvPlannerOptions& o, const PlanLayout& layout,
+                        const ModelPart& decode, const ModelPart& prefill) {
+  const int g = o.num_q_heads / o.num_kv_heads;
+  if (layout.group_size != g || layout.max_seqs != o.key.max_seqs) return "group or max_seqs";
+  struct Section {
+    size_t begin, bytes;
+    const char* name;
+  };
+  std::vector<Section> sections = {
+      {layout.seq_q_start_offset, sizeof(int32_t) * (size_t{1} + o.key.max_seqs), "q_start"},
+      {layout.seq_kv_len_offset, sizeof(int32_t) * static_cast<size_t>(o.key.max_seqs),
+       "kv_len"}};
+  for (bool is_decode : {true, false}) {
+    const PlanPartLayout& part = is_decode ? layout.decode : layout.prefill;
+    const ModelPart& m = is_decode ? decode : prefill;
+    const PlanPartOptions& po = is_decode ? o.decode : o.prefill;
+    const std::string n = is_decode ? "decode " : "prefill ";
+    if (part.enabled != m.enabled) return n + "enabled";
+    if (!m.enabled) {
+      if (part.work_capacity != 0 || part.merge_capacity != 0 || part.partial_o_bytes != 0) {
+        return n + "disabled part has capacity";
+      }
+      continue;
+    }
+    if (part.tile_rows != po.tile_rows || part.max_seqs != m.max_seqs ||
+        part.max_tokens != m.max_tokens || part.max_tiles != m.max_tiles) {
+      return n + "tiles: got " + std::to_string(part.max_tiles) + " want " +
+             std::to_string(m.max_tiles);
+    }
+    if (part.slot_capacity != m.slots || part.merge_capacity != m.merges ||
+        part.work_capacity != m.work) {
+      return n + "capacities";
+    }
+    if (part.splits() != (m.merges > 0)) return n + "splits()";
+    const size_t rows = static_cast<size_t>(m.slots) * o.num_kv_heads * po.tile_rows;
+    if (part.partial_o_bytes != rows * o.head_dim * sizeof(float) ||
+        part.partial_lse_bytes != rows * sizeof(float) ||
+        part.merge_counter_bytes !=
+            static_cast<size_t>(m.slots) * o.num_kv_heads * sizeof(int32_t)) {
+      return n + "workspace sizes";
+    }
+    sections.push_back({part.header_offset, sizeof(AttentionPlanHeader), "header"});
+    sections.push_back({part.work_items_offset,
+                        sizeof(AttentionWorkItem) * static_cast<size_t>(m.work), "work"});
+    sections.push_back({part.merge_items_offset,
+                        sizeof(AttentionMergeItem) * static_cast<size_t>(m.merges), "merge"});
+  }
+  for (size_t i = 0; i < sections.size(); ++i) {
+    const Section& a = sections[i];
+    if (a.begin % 16 != 0) return std::string(a.name) + " not 16-byte aligned";
+    if (a.begin > layout.plan_bytes || a.bytes > layout.plan_bytes - a.begin) {
+      return std::string(a.name) + " past plan_bytes";
+    }
+    for (size_t j = 0; j < i; ++j) {
+      const Section& b = sections[j];
+      if (a.bytes > 0 && b.bytes > 0 && a.begin < b.begin + b.bytes &&
+          b.begin < a.begin + a.bytes) {
+        return std::string(a.name) + " overlaps " + b.name;
+      }
+    }
+  }
+  const std::vector<PlanBufferSize> buffers = layout.Buffers();
+  if (buffers.size() != 7 || buffers[0].bytes != layout.plan_bytes ||
+      buffers[1].bytes != layout.decode.partial_o_bytes ||
+      buffers[6].bytes != layout.prefill.merge_counter_bytes) {
+    return "Buffers() disagrees with the layout";
+  }
+  return "";
+}
+
+SplitKvPlannerOptions RandomOptions(std::mt19937& rng) {
+  SplitKvPlannerOptions o;
+  const double edge = 0.04;  // per field: most option sets are valid, most fields plausible
+  o.num_kv_heads = Draw(rng, 1, 16, edge);
+  const int32_t group = Draw(rng, 1, 9, edge);
+  const int64_t q = int64_t{o.num_kv_heads} * group;
+  o.num_q_heads = Chance(rng, 0.95) && q >= kInt32Min && q <= kInt32Max
+                      ? static_cast<int32_t>(q)
+                      : Draw(rng, 1, 64, 0.5);
+  o.head_dim = Chance(rng, 0.9) ? (Chance(rng, 0.5) ? 64 : 128) : Draw(rng, 1, 512, 0.5);
+  o.sm_count = Draw(rng, 1, 160, edge);
+  o.key.max_seqs = Chance(rng, 0.5) ? Uniform(rng, 1, 8) : Draw(rng, 1, 300, edge);
+  o.key.max_tokens = Chance(rng, 0.5) ? Uniform(rng, 1, 64) : Draw(rng, 1, 2048, edge);
+  o.key.max_kv_len = Chance(rng, 0.5) ? Uniform(rng, 1, 600) : Draw(rng, 1, 1 << 17, 0.15);
+  const int g = o.num_kv_heads > 0 && o.num_q_heads > 0 ? std::max(1, o.num_q_heads /
+                                                                           o.num_kv_heads)
+                                                         : 1;
+  for (PlanPartOptions* part : {&o.decode, &o.prefill}) {
+    const bool is_decode = part == &o.decode;
+    if (Chance(rng, 0.2)) {
+      part->tile_rows = 0;
+    } else if (Chance(rng, 0.85)) {
+      part->tile_rows = is_decode ? Uniform(rng, g, std::max(g, 16))
+                                  : (Chance(rng, 0.5) ? 64 : Uniform(rng, g, std::max(g, 200)));
+    } else {
+      part->tile_rows = Draw(rng, g, 128, 0.7);
+    }
+    const int32_t grans[] = {1, 16, 64, 128};
+    part->kv_granularity = Chance(rng, 0.9) ? grans[Uniform(rng, 0, 3)] : Draw(rng, 1, 300, 0.5);
+    part->min_kv_chunk = Draw(rng, 1, 512, edge * 2);
+    part->ctas_per_sm = Draw(rng, 1, 8, edge);
+    part->allow_split = Chance(rng, 0.85);
+    if (Chance(rng, 0.2)) {
+      int at = 0;
+      for (int i = Uniform(rng, 1, 4); i > 0; --i) {
+        at += Chance(rng, 0.9) ? Uniform(rng, 1, 4) : Draw(rng, -2, 2, 0.5);
+        part->aim_by_seqs.push_back({at, Chance(rng, 0.9) ? Uniform(rng, 1, 6)
+                                                          : Draw(rng, 0, 2, 0.5)});
+      }
+    }
+  }
+  return o;
+}
+
+// A step for `o`'s key: mostly within it (empty, all-empty, all-decode, one long prompt, mixed,
+// q_len above kv_len, kv_len at the key's limit), sometimes past it by one or by far. At most
+// `cap` sequences.
+std::vector<SeqLens> RandomStep(std::mt19937& rng, const SplitKvPlannerOptions& o, int cap) {
+  const AttentionPlanKey& key = o.key;
+  const int b = std::min(key.max_seqs, cap);
+  const int32_t l = key.max_kv_len;
+  auto kv_for = [&](int32_t q_len) {
+    switch (Uniform(rng, 0, 5)) {
+      case 0: return int32_t{0};
+      case 1: return std::min(l, q_len);
+      case 2: return l;
+      case 3: return std::max(0, std::min(l, q_len - 1));
+      default: return Uniform(rng, 0, l);
+    }
+  };
+  std::vector<SeqLens> seqs;
+  switch (Uniform(rng, 0, 9)) {
+    case 0:  // empty step
+      break;
+    case 1:  // the whole batch, nothing new
+      seqs.assign(b, SeqLens{0, 0});
+      for (SeqLens& s : seqs) s.kv_len = kv_for(0);
+      break;
+    case 2:  // a full decode batch
+      seqs.assign(std::min(b, key.max_tokens), SeqLens{1, 0});
+      for (SeqLens& s : seqs) s.kv_len = std::max(1, kv_for(1));
+      break;
+    case 3:  // one prompt of every token the key allows
+      seqs.push_back({key.max_tokens, kv_for(key.max_tokens)});
+      break;
+    case 4:    // past the key: one sequence too many, one token too many or a KV too long
+      seqs.assign(std::min(b, key.max_tokens), SeqLens{1, 1});
+      switch (Uniform(rng, 0, 2)) {
+        case 0:
+          if (key.max_seqs < cap) seqs.assign(key.max_seqs + 1, SeqLens{0, 1});
+          break;
+        case 1:  // the last sequence brings the rest of the key's tokens and one more
+          seqs.back().q_len = static_cast<int32_t>(std::min<int64_t>(
+              kInt32Max, int64_t{key.max_tokens} - static_cast<int64_t>(seqs.size()) + 2));
+          break;
+        default:
+          seqs.back().kv_len = l == kInt32Max ? l : l + 1;
+      }
+      break;
+    case 5: {  // adversarial lengths in one sequence
+      seqs.assign(Uniform(rng, 1, std::max(1, b)), SeqLens{0, 0});
+      SeqLens& s = seqs[Uniform(rng, 0, static_cast<int>(seqs.size()) - 1)];
+      s.q_len = Draw(rng, 0, 4, 0.8);
+      s.kv_len = Draw(rng, 0, l, 0.8);
+      break;
+    }
+    default: {  // a random mix of empty, decode and prefill sequences within the key
+      const int n = Uniform(rng, 1, std::max(1, b));
+      int64_t budget = key.max_tokens;
+      for (int i = 0; i < n; ++i) {
+        int32_t q_len = 0;
+        const int kind = Uniform(rng, 0, 3);
+        if (kind == 1) q_len = 1;
+        if (kind >= 2 && budget > 0) {
+          q_len = Uniform(rng, 1, static_cast<int32_t>(std::min<int64_t>(budget, 300)));
+        }
+        q_len = static_cast<int32_t>(std::min<int64_t>(q_len, budget));
+        budget -= q_len;
+        seqs.push_back({q_len, kv_for(q_len)});
+      }
+    }
+  }
+  return seqs;
+}
+
+// The step's refusal (strings its message must hold), or {} when the planner must accept it.
+Expected ModelStep(const SplitKvPlannerOptions& o, absl::Span<const SeqLens> seqs) {
+  const AttentionPlanKey& key = o.key;
+  if (static_cast<int64_t>(seqs.size()) > key.max_seqs) {
+    return {{std::to_string(seqs.size()) + " sequences", "max_seqs " +
+                                                              std::to_string(key.max_seqs)}};
+  }
+  int64_t tokens = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const SeqLens& s = seqs[i];
+    const std::string seq = "Sequence " + std::to_string(i);
+    Expected bad;
+    if (s.q_len < 0) bad.push_back({seq, "q_len " + std::to_string(s.q_len)});
+    if (s.kv_len < 0 || s.kv_len > key.max_kv_len) {
+      bad.push_back({seq, "kv_len " + std::to_string(s.kv_len)});
+    }
+    if (s.q_len > 1 || (s.q_len == 1 && o.decode.tile_rows == 0)) {
+      if (o.prefill.tile_rows == 0) bad.push_back({seq, "no prefill part"});
+    }
+    tokens += std::max(0, s.q_len);
+    if (tokens > key.max_tokens) {
+      bad.push_back({"more than " + std::to_string(key.max_tokens) + " tokens",
+                     "sequence " + std::to_string(i)});
+    }
+    if (!bad.empty()) return bad;
+  }
+  return {};
+}
+
+// Options and keys from the whole int32 range. Refused ones name a bad field and its value;
+// accepted ones have the layout the header's rules give, and plan random steps (accepted and
+// refused by the same rules) into a guarded blob with every token of every sequence covered once.
+TEST(SplitKvPlannerSweepTest, RandomAndAdversarialOptionsAndSteps) {
+  std::mt19937 rng(20240611);
+  constexpr int kOptionSets = 3000;
+  constexpr size_t kMaxBlobBytes = size_t{1} << 18;
+  constexpr int kSteps = 6;
+  int accepted = 0, refused = 0, planned = 0, refused_steps = 0, split_steps = 0;
+  for (int trial = 0; trial < kOptionSets; ++trial) {
+    const SplitKvPlannerOptions o = RandomOptions(rng);
+    ModelPart decode, prefill;
+    const Expected want = ModelOptions(o, &decode, &prefill);
+    absl::StatusOr<SplitKvPlanner> planner = SplitKvPlanner::Create(o);
+    const std::string where = "trial " + std::to_string(trial) + ": heads " +
+                              std::to_string(o.num_q_heads) + "/" +
+                              std::to_string(o.num_kv_heads) + " key {" +
+                              std::to_string(o.key.max_seqs) + ", " +
+                              std::to_string(o.key.max_tokens) + ", " +
+                              std::to_string(o.key.max_kv_len) + "} tile_rows " +
+                              std::to_string(o.decode.tile_rows) + "/" +
+                              std::to_string(o.prefill.tile_rows);
+    if (!want.empty()) {
+      ++refused;
+      ASSERT_FALSE(planner.ok()) << where << ": accepted, want a refusal";
+      ASSERT_EQ(CheckRefusal(planner.status(), want), "") << where;
+      continue;
+    }
+    ASSERT_TRUE(planner.ok()) << where << ": " << planner.status();
+    ++accepted;
+    const PlanLayout layout = planner->layout();
+    ASSERT_EQ(CheckLayout(o, layout, decode, prefill), "") << where;
+    if (layout.plan_bytes > kMaxBlobBytes) continue;
+    Blob blob(layout.plan_bytes);
+    for (int step = 0; step < kSteps; ++step) {
+      const std::vector<SeqLens> seqs = RandomStep(rng, o, 512);
+      const Expected step_want = ModelStep(o, seqs);
+      absl::StatusOr<PlanSummary> summary = planner->Plan(seqs, blob.data());
+      ASSERT_TRUE(blob.GuardIntact()) << where << " step " << step;
+      if (!step_want.empty()) {
+        ++refused_steps;
+        ASSERT_FALSE(summary.ok()) << where << " step " << step << ": accepted";
+        ASSERT_EQ(CheckRefusal(summary.status(), step_want), "") << where << " step " << step;
+        continue;
+      }
+      ASSERT_TRUE(summary.ok()) << where << " step " << step << ": " << summary.status();
+      ++planned;
+      split_steps += summary->decode.num_merge_items + summary->prefill.num_merge_items > 0;
+      int64_t cells = 0;  // (row, KV position) pairs: count them one by one when few
+      for (const SeqLens& s : seqs) cells += int64_t{s.q_len} * layout.group_size * s.kv_len;
+      const bool count_cells = cells < 20000 && seqs.size() <= 64 && step % 2 == 0;
+      ASSERT_EQ(CheckPlan(*planner, seqs, blob, *summary, count_cells), "")
+          << where << " step " << step;
+      ASSERT_TRUE(SameLayout(planner->layout(), layout)) << where;
+    }
+  }
+  RecordProperty("accepted", accepted);
+  RecordProperty("refused", refused);
+  RecordProperty("planned_steps", planned);
+  RecordProperty("refused_steps", refused_steps);
+  RecordProperty("split_steps", split_steps);
+  // The sweep must reach both sides of every rule often enough to mean something.
+  EXPECT_GT(accepted, kOptionSets / 4);
+  EXPECT_GT(refused, kOptionSets / 10);
+  EXPECT_GT(planned, 5000);
+  EXPECT_GT(refused_steps, 1000);
+  EXPECT_GT(split_steps, 500);
+}
+
+
+// Keys and options at the edges of what Create accepts: each is accepted with the model's
+// layout and plans its extreme steps exactly, and one step further is refused by name.
+TEST(SplitKvPlannerSweepTest, PlansAtTheInt32EdgesAndRefusesOnePast) {
+  struct Case {
+    const char* what;
+    int q_heads, kv_heads, head_dim, sm_count;
+    AttentionPlanKey key;
+    int decode_rows, prefill_rows, granularity, min_chunk, ctas;
+    std::vector<std::vector<SeqLens>> steps;
+  };
+  const int32_t m = kInt32Max;
+  const std::vector<Case> cases = {
+      {"KV of int32's limit, granularity 1", 8, 8, 128, 132, {4, 4, m}, 1, 0, 1, 1, 2,
+       {{{1, m}, {1, m - 1}, {1, 1}, {1, 0}}, {{1, m}}, {}}},
+      {"one prompt of int32's limit in one tile", 1, 1, 64, 8, {1, m, 1 << 20}, 0, m, 64, 256, 1,
+       {{{m, 1 << 20}}, {{m, 0}}, {{1, 1}}, {{0, 1 << 20}}}},
+      {"a decode and a prefill part under int32's packed-row limit", 2, 1, 64, 16,
+       {3, m / 2, 4096}, 2, m - 1, 16, 16, 4,
+       {{{1, 4096}, {m / 2 - 2, 4096}, {1, 17}}, {{2, 3}, {1, 0}}}},
+      {"tile_rows of int32's limit, 64 query heads per KV head", 64, 1, 128, 1, {2, 1000, 1 << 16},
+       0, m, 64, 64, 1, {{{1000, 1 << 16}}, {{1, 1}, {999, 999}}}},
+      {"one SM, one CTA per SM, 8 KV heads: one slot, no split", 64, 8, 128, 1, {8, 64, 1 << 16},
+       8, 64, 64, 64, 1, {{{1, 1 << 16}, {63, 1 << 16}}}},
+      {"minimum everything", 1, 1, 1, 1, {1, 1, 1}, 1, 1, 1, 1, 1, {{{1, 1}}, {{1, 0}}, {{0, 1}}}},
+  };
+  for (const Case& c : cases) {
+    SplitKvPlannerOptions o;
+    o.num_q_heads = c.q_heads;
+    o.num_kv_heads = c.kv_heads;
+    o.head_dim = c.head_dim;
+    o.sm_count = c.sm_count;
+    o.key = c.key;
+    o.decode.tile_rows = c.decode_rows;
+    o.prefill.tile_rows = c.prefill_rows;
+    for (PlanPartOptions* part : {&o.decode, &o.prefill}) {
+      part->kv_granularity = c.granularity;
+      part->min_kv_chunk = c.min_chunk;
+      part->ctas_per_sm = c.ctas;
+    }
+    ModelPart decode, prefill;
+    ASSERT_TRUE(ModelOptions(o, &decode, &prefill).empty()) << c.what;
+    absl::StatusOr<SplitKvPlanner> planner = SplitKvPlanner::Create(o);
+    ASSERT_TRUE(planner.ok()) << c.what << ": " << planner.status();
+    ASSERT_EQ(CheckLayout(o, planner->layout(), decode, prefill), "") << c.what;
+    Blob blob(planner->layout().plan_bytes);
+    for (const std::vector<SeqLens>& seqs : c.steps) {
+      ASSERT_TRUE(ModelStep(o, seqs).empty()) << c.what;
+      absl::StatusOr<PlanSummary> summary = planner->Plan(seqs, blob.data());
+      ASSERT_TRUE(summary.ok()) << c.what << ": " << summary.status();
+      ASSERT_EQ(CheckPlan(*planner, seqs, blob, *summary, /*count_cells=*/false), "") << c.what;
+    }
+    // One past the key in each direction: refused by name, the guard bytes untouched.
+    const int32_t too_long = c.key.max_kv_len == m ? -1 : c.key.max_kv_len + 1;
+    const std::vector<std::vector<SeqLens>> past = {std::vector<SeqLens>(c.key.max_seqs + 1),
+                                                    {{0, too_long}},
+                                                    {{c.key.max_tokens, 1}, {1, 1}},
+                                                    {{m, m}},
+                                                    {{kInt32Min, kInt32Min}}};
+    for (const std::vector<SeqLens>& seqs : past) {
+      const Expected want = ModelStep(o, seqs);
+      if (want.empty()) continue;  // e.g. {m, m} within a key of int32's limits
+      ASSERT_EQ(CheckRefusal(planner->Plan(seqs, blob.data()).status(), want), "") << c.what;
+      ASSERT_TRUE(blob.GuardIntact()) << c.what;
+    }
+  }
+}
+
+// The capacities Create sizes sit exactly at int32's grid limit and size_t's workspace limit:
+// the last accepted value gets the model's layout, the next one a refusal naming the buffer.
+TEST(SplitKvPlannerSweepTest, RefusesCapacitiesOnePastTheirLimits) {
+  SplitKvPlannerOptions o;
+  o.num_q_heads = 1;
+  o.num_kv_heads = 1;
+  o.head_dim = 1;
+  o.key = {1, 1, 1 << 20};
+  o.decode.tile_rows = 1;
+  o.decode.ctas_per_sm = 1;
+  // One decode tile plus sm_count slots: int32's limit is reached at sm_count = 2^31 - 2.
+  o.sm_count = kInt32Max - 1;
+  ModelPart decode, prefill;
+  ASSERT_TRUE(ModelOptions(o, &decode, &prefill).empty());
+  absl::StatusOr<SplitKvPlanner> at_limit = SplitKvPlanner::Create(o);
+  ASSERT_TRUE(at_limit.ok()) << at_limit.status();
+  EXPECT_EQ(at_limit->layout().decode.work_capacity, kInt32Max);
+  EXPECT_EQ(CheckLayout(o, at_limit->layout(), decode, prefill), "");
+  o.sm_count = kInt32Max;
+  EXPECT_EQ(CheckRefusal(SplitKvPlanner::Create(o).status(),
+                         {{"decode part needs 2147483648 work items", "ctas_per_sm"}}),
+            "");
+
+  // 2^30 KV heads × 2^30 slots × 64 floats of 4 bytes: 2^68 bytes of partial_o.
+  o.num_q_heads = 1 << 30;
+  o.num_kv_heads = 1 << 30;
+  o.head_dim = 64;
+  o.sm_count = 1 << 30;
+  o.decode.ctas_per_sm = 1 << 30;
+  o.key = {4, 4, 1 << 20};
+  EXPECT_EQ(CheckRefusal(SplitKvPlanner::Create(o).status(), {{"'decode partial_o'"}}), "");
+  o.head_dim = 1;  // 2^60 × 4 bytes: fits
+  ASSERT_TRUE(ModelOptions(o, &decode, &prefill).empty());
+  absl::StatusOr<SplitKvPlanner> wide = SplitKvPlanner::Create(o);
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  EXPECT_EQ(CheckLayout(o, wide->layout(), decode, prefill), "");
+  EXPECT_EQ(wide->layout().decode.partial_o_bytes, size_t{1} << 62);
+}
+
+// A step of 2^31 or 2^32 sequences (a span over one real element: Plan must refuse it before it
+// reads past that element) is refused by its true count, not planned as the int it wraps to.
+TEST(SplitKvPlannerSweepTest, RefusesSpansPastInt32Sequences) {
+  auto planner = SplitKvPlanner::Create(SmallOptions(4, 4, 16));
+  ASSERT_TRUE(planner.ok()) << planner.status();
+  Blob blob(planner->layout().plan_bytes);
+  const SeqLens one = {1, 1};
+  for (size_t size : {size_t{1} << 31, size_t{1} << 32, (size_t{1} << 32) + 1}) {
+    const absl::Span<const SeqLens> seqs(&one, size);
+    EXPECT_EQ(CheckRefusal(planner->Plan(seqs, blob.data()).status(),
+                           {{std::to_string(size) + " sequences", "max_seqs 4"}}),
+              "");
+  }
+  EXPECT_TRUE(blob.GuardIntact());
+}
+
+// The closed form for every kind of argument: 0 for a non-positive one, the formula (computed
+// here in 64 bits) when t >= g, and never a negative or wrapped count when t < g.
+TEST(SplitKvPlannerSweepTest, MaxQueryTilesNeverWraps) {
+  std::mt19937 rng(77);
+  for (int trial = 0; trial < 200000; ++trial) {
+    const int32_t b = Draw(rng, 0, 300, 0.3), n = Draw(rng, 0, 5000, 0.3);
+    const int32_t g = Draw(rng, 1, 16, 0.3), t = Draw(rng, 1, 256, 0.3);
+    const int got = MaxQueryTiles(b, n, g, t);
+    const std::string args = "MaxQueryTiles(" + std::to_string(b) + ", " + std::to_string(n) +
+                             ", " + std::to_string(g) + ", " + std::to_string(t) + ")";
+    if (b <= 0 || n <= 0 || g <= 0 || t <= 0) {
+      ASSERT_EQ(got, 0) << args;
+      continue;
+    }
+    const int64_t spread = CeilDiv64(int64_t{n} * g, t) + b - 1;
+    const int64_t per_token = int64_t{n} * CeilDiv64(g, t);
+    const int64_t want = std::min<int64_t>({spread, per_token, kInt32Max});
+    ASSERT_EQ(got, want) << args;
+    if (t >= g) {
+      ASSERT_LE(got, n) << args;
+    }
+  }
 }
 
 }  // namespace
