@@ -33,6 +33,12 @@ absl::Status DecodeAttentionSupportsShape(int num_q_heads, int num_kv_heads, int
         "Decode heads (", num_q_heads, " query, ", num_kv_heads,
         " KV) must be positive with query heads a multiple of KV heads"));
   }
+  // The grid's y dimension is the KV head (at most 65535): refused here, not at launch, where
+  // it would break a capture in progress.
+  if (num_kv_heads > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Decode num_kv_heads ", num_kv_heads, " is above 65535; split the heads over ranks"));
+  }
   if (head_dim != 64 && head_dim != 128) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Decode attention has no kernel for head_dim ", head_dim, "; it is built for 64 and 128"));
@@ -102,9 +108,10 @@ absl::Status ValidateDecodeAttentionParams(const DecodeAttentionParams& p) {
   const DecodeRopeAppendDevice& r = p.rope_append;
   if (r.positions != nullptr) {
     const int64_t kv_row = static_cast<int64_t>(p.num_kv_heads) * p.head_dim;
-    if (!(r.theta > 0.0) || !std::isfinite(r.theta)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Decode RoPE theta ", r.theta, " must be a positive finite base"));
+    if (!IsRopeTheta(r.theta)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Decode RoPE theta ", r.theta,
+          " must be a finite base above 1 (the model's rope_theta)"));
     }
     if (absl::Status status = r.scaling.Validate(); !status.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("Decode ", status.message()));

@@ -58,6 +58,12 @@ struct RopeScaling {
   bool operator!=(const RopeScaling& o) const { return !(*this == o); }
 };
 
+// Returns whether `theta` is a RoPE base the kernels take: finite and above 1. Below 1 the
+// frequencies grow past 1, and a subnormal theta makes them infinite (NaN outputs).
+inline bool IsRopeTheta(double theta) {
+  return theta > 1.0 && std::isfinite(theta);
+}
+
 // theta and the scaling in the form the kernels use: a kernel argument (trivially copyable).
 struct RopeFrequencies {
   double log2_theta = 0.0;
@@ -68,9 +74,8 @@ struct RopeFrequencies {
   double blend_scale = 0.0;    // s = freq · blend_scale − blend_offset = (L / w − low) / (high − low)
   double blend_offset = 0.0;
 
-  // Host only. A finite theta above 1 (LlamaShape::Validate's rule; below 1 the frequencies
-  // grow past 1, and a subnormal theta makes them infinite) and a valid scaling
-  // (RopeScaling::Validate) are the caller's to check.
+  // Host only. IsRopeTheta(theta) and a valid scaling (RopeScaling::Validate) are the
+  // caller's to check.
   static RopeFrequencies Make(double theta, const RopeScaling& scaling) {
     RopeFrequencies f;
     f.log2_theta = std::log2(theta);

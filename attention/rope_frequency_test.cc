@@ -104,6 +104,17 @@ TEST(RopeFrequencyTest, ValidateNamesTheBadField) {
               HasSubstr("factor is nan"));
 }
 
+// A base the kernels take: finite and above 1 (a subnormal one makes the frequencies infinite).
+TEST(RopeFrequencyTest, ThetaIsAFiniteBaseAboveOne) {
+  for (double theta : {1.0000001, 10000.0, 500000.0, 1e300}) {
+    EXPECT_TRUE(IsRopeTheta(theta)) << theta;
+  }
+  for (double theta : {1.0, 0.5, 1e-310, 0.0, -10000.0, std::numeric_limits<double>::infinity(),
+                       std::numeric_limits<double>::quiet_NaN()}) {
+    EXPECT_FALSE(IsRopeTheta(theta)) << theta;
+  }
+}
+
 TEST(RopeFrequencyTest, ToStringNamesTheValues) {
   EXPECT_EQ(RopeScaling().ToString(), "none");
   EXPECT_EQ(RopeScaling::Llama3(32.0, 1.0, 4.0, 8192).ToString(),

@@ -91,7 +91,7 @@ absl::Status LlamaShape::Validate() const {
           "; it must be a multiple of 8 so rows stay 16-byte aligned"));
     }
   }
-  if (!(rope_theta > 1.0) || !std::isfinite(rope_theta)) {
+  if (!IsRopeTheta(rope_theta)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "LlamaShape.rope_theta is ", rope_theta, "; it must be a finite value above 1"));
   }

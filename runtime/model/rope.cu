@@ -55,7 +55,7 @@ cudaError_t LaunchRope(__nv_bfloat16* qkv, const int32_t* positions, int num_tok
                        int kv_heads, int head_dim, double theta, const RopeScaling& scaling,
                        cudaStream_t stream) {
   if (num_tokens < 0 || heads <= 0 || kv_heads <= 0 || head_dim <= 0 || head_dim % 2 != 0 ||
-      head_dim / 2 > kMaxHalf || !(theta > 0.0) || !scaling.Validate().ok()) {
+      head_dim / 2 > kMaxHalf || !IsRopeTheta(theta) || !scaling.Validate().ok()) {
     return cudaErrorInvalidValue;
   }
   // The kernel indexes a row in int: wider rows would wrap.

@@ -43,7 +43,7 @@ bool RopeKvAppendSupports(const RopeKvAppendParams& p) {
   const int64_t row_width = (int64_t{p.heads} + 2 * int64_t{p.kv_heads}) * p.head_dim;
   return p.num_tokens > 0 && p.heads > 0 && p.kv_heads > 0 && p.head_dim > 0 &&
          p.head_dim % 16 == 0 && p.head_dim / 2 <= internal::kRopeMaxHalf &&
-         row_width <= std::numeric_limits<int32_t>::max() && p.theta > 0.0 &&
+         row_width <= std::numeric_limits<int32_t>::max() && IsRopeTheta(p.theta) &&
          p.rope_scaling.Validate().ok() &&
          p.qkv != nullptr && internal::Aligned16(p.qkv) && p.positions != nullptr &&
          p.plan.seq_q_start != nullptr && p.plan.seq_kv_len != nullptr && p.plan.max_seqs > 0 &&
