@@ -62,6 +62,12 @@ AttentionMergeParams MergeParamsForPart(const AttentionStepParams& p,
 // comes before anything of the step is enqueued. rope_append: for the decode part only.
 absl::Status ValidatePart(const AttentionStepParams& p, const AttentionPlanPartDevice& part,
                           const DecodeRopeAppendDevice& rope_append) {
+  // 0 is a part the plan leaves off; a negative count is a corrupt part, not an off one.
+  if (part.work_capacity < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Attention step part of tile_rows ", part.tile_rows, " has work_capacity ",
+        part.work_capacity, "; pass PlanBuffers' part (0 leaves a part off)"));
+  }
   if (!Enabled(part)) return absl::OkStatus();
   if (RunsOnDecodeKernel(part)) {
     RETURN_IF_ERROR(ValidateDecodeAttentionParams(DecodeParamsForPart(p, part, rope_append)));

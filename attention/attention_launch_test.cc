@@ -119,6 +119,17 @@ TEST(AttentionLaunchTest, RefusesABadPrefillPartBeforeLaunchingTheDecodePart) {
   EXPECT_THAT(s.message(), HasSubstr("Prefill tile_rows 96"));
 }
 
+// A negative work capacity is a corrupt part, not one left off (0).
+TEST(AttentionLaunchTest, RefusesANegativeWorkCapacity) {
+  alignas(16) int buffers[16] = {};
+  AttentionWorkItem item{};
+  AttentionStepParams p = HostStepParams(buffers, &item);
+  p.prefill.work_capacity = -1;
+  const absl::Status s = RunAttentionStep(p, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("work_capacity -1"));
+}
+
 // The same for every other launch of the step: a second part the decode kernel runs, a prefill
 // part that may split without a workspace (its kernel would write split tiles through null),
 // and a merge; each refusal names what is wrong and comes before the decode part's kernel is
@@ -206,6 +217,10 @@ TEST(AttentionLaunchTest, MergeRefusesStridesAndPointersItCannotWrite) {
   m.o = &buffers[0];
   m.head_dim = 96;
   EXPECT_THAT(LaunchAttentionMerge(m, nullptr).message(), HasSubstr("head_dim 96"));
+  m.head_dim = 64;
+  m.num_q_heads = 65536;
+  m.num_kv_heads = 65536;  // the grid's y dimension holds at most 65535
+  EXPECT_THAT(ValidateAttentionMergeParams(m).message(), HasSubstr("num_kv_heads 65536"));
   m.plan.merge_capacity = 0;  // no merge: nothing is checked or launched
   EXPECT_TRUE(LaunchAttentionMerge(m, nullptr).ok());
 }
@@ -224,6 +239,9 @@ TEST(AttentionLaunchTest, DecodeAttentionSupportsShapeNamesWhatIsBuilt) {
   EXPECT_THAT(DecodeAttentionSupportsShape(30, 8, 64).message(),
               HasSubstr("query heads a multiple of KV heads"));
   EXPECT_EQ(DecodeAttentionSupportsShape(32, 0, 64).code(), absl::StatusCode::kInvalidArgument);
+  // The KV head is the grid's y dimension: refused before a launch (or a capture) would fail.
+  EXPECT_THAT(DecodeAttentionSupportsShape(65536, 65536, 64).message(),
+              HasSubstr("num_kv_heads 65536 is above 65535"));
 }
 
 TEST(AttentionLaunchTest, PrefillParamsComeFromThePart) {
@@ -322,6 +340,7 @@ StepAnswer ComposeStep(const AttentionStepParams& p) {
   }
   for (bool decode : {true, false}) {
     const AttentionPlanPartDevice& part = decode ? p.decode : p.prefill;
+    if (part.work_capacity < 0) return {absl::OkStatus(), "work_capacity"};
     if (!enabled(part)) continue;
     const bool on_decode_kernel = part.tile_rows <= 16;
     absl::Status s;

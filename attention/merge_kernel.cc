@@ -17,6 +17,11 @@ absl::Status ValidateAttentionMergeParams(const AttentionMergeParams& params) {
         "Merge heads (", params.num_q_heads, " query, ", params.num_kv_heads,
         " KV) must be positive with query heads a multiple of KV heads"));
   }
+  // The grid's y dimension is the KV head (at most 65535).
+  if (params.num_kv_heads > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Merge num_kv_heads ", params.num_kv_heads, " is above 65535; split the heads over ranks"));
+  }
   if (params.head_dim != 64 && params.head_dim != 128) {
     return absl::InvalidArgumentError(
         absl::StrCat("Merge head_dim ", params.head_dim, " is not supported; use 64 or 128"));
