@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -273,6 +274,14 @@ absl::Status CheckLlamaModelOptions(const LlamaShape& s, const LlamaModelOptions
   PagedKvLayout layout{options.num_kv_blocks, options.block_size, s.kv_heads, s.head_dim,
                        AttentionDtype::kBf16};
   RETURN_IF_ERROR(layout.Validate());
+  // K and V pools for every layer in one allocation: their size must not wrap.
+  const size_t pools = 2 * static_cast<size_t>(s.layers);
+  if (layout.PoolBytes() > std::numeric_limits<size_t>::max() / pools) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_kv_blocks ", options.num_kv_blocks, " gives K and V pools of ", layout.PoolBytes(),
+        " bytes per layer, more than 64 bits hold for ", s.layers, " layers; size it with the "
+        "memory planner"));
+  }
   return absl::OkStatus();
 }
 
