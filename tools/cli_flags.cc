@@ -1,42 +1,178 @@
 #include "tools/cli_flags.h"
 
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <system_error>
+#include <utility>
 
 #include "absl/flags/reflection.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
 namespace kiln {
+namespace {
 
-absl::Status CheckFlags(int argc, char** argv, absl::string_view program) {
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view arg = argv[i];
+// absl reads a --flagfile that names itself (directly or through others) until memory runs out,
+// and one that never ends (a device, a pipe) for ever, so CheckFlags reads every flagfile first
+// within these bounds. A pipe could not be read twice at all (once here, once by absl).
+constexpr int kMaxFlagfileDepth = 8;  // files open inside one another
+constexpr int kMaxFlagfiles = 64;     // files read in all (a file may name another twice)
+constexpr uintmax_t kMaxFlagfileBytes = uintmax_t{1} << 20;
+
+// One argument and where it came from: the command line (line 0) or a line of a flagfile.
+struct Arg {
+  std::string text;
+  int line = 0;
+};
+
+// Quotes a user's text for a message: C escapes for quotes, backslashes and control bytes.
+std::string Quoted(absl::string_view text) {
+  return absl::StrCat("\"", absl::Utf8SafeCHexEscape(text), "\"");
+}
+
+struct FlagfileState {
+  std::vector<std::string> open;  // the chain of flagfiles being read, outermost first
+  int read = 0;
+};
+
+absl::Status CheckArgs(const std::vector<Arg>& args, absl::string_view source,
+                       absl::string_view program, FlagfileState* state);
+
+// Prefixes a message about a flagfile's contents with the file and line.
+absl::Status InFile(absl::string_view source, int line, const absl::Status& status) {
+  if (status.ok() || source.empty()) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat("--flagfile ", source, " line ", line, ": ", status.message()));
+}
+
+// Reads the flagfile `path` as absl does (a line per argument, leading spaces stripped, blank and
+// '#' lines skipped, every other line a flag) and checks its arguments.
+absl::Status CheckFlagfile(const std::string& path, absl::string_view program,
+                           FlagfileState* state) {
+  std::error_code ec;
+  const std::string cannot_open =
+      absl::StrCat("Cannot open --flagfile ", path, "; give a readable file of --flag=value lines");
+  // A directory opens like a file on Linux and reads as no lines: refuse it too.
+  if (std::filesystem::is_directory(path, ec) || !std::filesystem::exists(path, ec)) {
+    return absl::InvalidArgumentError(cannot_open);
+  }
+  // Checked before the file is opened: opening a pipe nobody writes to waits for ever.
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--flagfile ", path,
+                     " is not a regular file (a pipe or a device); write the flags to a "
+                     "file, one --flag=value a line (the file is read twice: once to check it)"));
+  }
+  if (!std::ifstream(path).good()) return absl::InvalidArgumentError(cannot_open);
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec || size > kMaxFlagfileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("--flagfile ", path, " is larger than ",
+                                                   kMaxFlagfileBytes >> 20,
+                                                   " MiB; give a file of --flag=value lines"));
+  }
+  std::filesystem::path canonical = std::filesystem::weakly_canonical(path, ec);
+  const std::string id = ec ? path : canonical.string();
+  for (const std::string& open : state->open) {
+    if (open == id) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--flagfile ", path, " is already being read (",
+                       absl::StrJoin(state->open, " -> "), " -> ", id,
+                       "), so it would be read for ever; remove the --flagfile that names it "
+                       "again"));
+    }
+  }
+  if (static_cast<int>(state->open.size()) >= kMaxFlagfileDepth) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--flagfile ", path, " is nested ", state->open.size() + 1, " files deep (",
+        absl::StrJoin(state->open, " -> "), " -> ", id, "); at most ", kMaxFlagfileDepth,
+        " are read inside one another: put the flags in fewer files"));
+  }
+  if (++state->read > kMaxFlagfiles) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("More than ", kMaxFlagfiles, " flagfiles are read (the last ", path,
+                     "); a file that names others more than once multiplies them: name each once"));
+  }
+  std::ifstream in(path);
+  std::vector<Arg> args;
+  std::string line;
+  uintmax_t bytes = 0;
+  for (int number = 1; std::getline(in, line); ++number) {
+    bytes += line.size() + 1;
+    if (bytes > kMaxFlagfileBytes + 1) {  // the file grew since it was measured
+      return absl::InvalidArgumentError(
+          absl::StrCat("--flagfile ", path, " is larger than ", kMaxFlagfileBytes >> 20, " MiB"));
+    }
+    absl::string_view stripped = absl::StripLeadingAsciiWhitespace(line);
+    if (stripped.empty() || stripped[0] == '#') continue;
+    if (stripped == "--") {
+      return InFile(path, number,
+                    absl::InvalidArgumentError(
+                        "\"--\" ends the flags, which a flagfile cannot do; remove the line"));
+    }
+    if (stripped[0] != '-') {
+      return InFile(path, number,
+                    absl::InvalidArgumentError(
+                        absl::StrCat(Quoted(stripped),
+                                     " is not a flag; write one --flag=value a line, or a "
+                                     "# comment")));
+    }
+    args.push_back({std::string(stripped), number});
+  }
+  state->open.push_back(id);
+  absl::Status status = CheckArgs(args, path, program, state);
+  state->open.pop_back();
+  return status;
+}
+
+absl::Status CheckArgs(const std::vector<Arg>& args, absl::string_view source,
+                       absl::string_view program, FlagfileState* state) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const int line = args[i].line;
+    absl::string_view arg = args[i].text;
     if (arg == "--") break;
     if (!absl::StartsWith(arg, "-") || arg == "-") {
-      return absl::InvalidArgumentError(absl::StrCat("Unexpected argument \"", arg, "\"; ",
-                                                     program, " takes only flags (see --help)"));
+      return InFile(
+          source, line,
+          absl::InvalidArgumentError(absl::StrCat("Unexpected argument ", Quoted(arg), "; ",
+                                                  program, " takes only flags (see --help)")));
     }
     arg.remove_prefix(absl::StartsWith(arg, "--") ? 2 : 1);
-    std::string name(arg.substr(0, arg.find('=')));
-    const bool has_value = arg.find('=') != absl::string_view::npos;
-    std::string value = has_value ? std::string(arg.substr(arg.find('=') + 1)) : "";
+    const size_t equals = arg.find('=');
+    const std::string name(arg.substr(0, equals));
+    const bool has_value = equals != absl::string_view::npos;
+    std::string value = has_value ? std::string(arg.substr(equals + 1)) : "";
     if (name == "flagfile") {
       // ParseCommandLine would exit with status 1 on a file it cannot open.
-      if (!has_value && i + 1 < argc) value = argv[++i];
-      for (absl::string_view path : absl::StrSplit(value, ',', absl::SkipEmpty())) {
-        // A directory opens like a file on Linux and reads as no lines: refuse it too.
-        std::error_code ec;
-        if (std::filesystem::is_directory(std::string(path), ec) ||
-            !std::ifstream(std::string(path)).good()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "Cannot open --flagfile ", path, "; give a readable file of --flag=value lines"));
+      if (!has_value) {
+        if (i + 1 >= args.size()) {
+          return InFile(source, line,
+                        absl::InvalidArgumentError("Flag --flagfile needs a value: a file of "
+                                                   "--flag=value lines"));
         }
+        value = args[++i].text;
+      }
+      if (value.empty()) {
+        return InFile(
+            source, line,
+            absl::InvalidArgumentError("Flag --flagfile is empty; give it a file or leave it out"));
+      }
+      for (absl::string_view path : absl::StrSplit(value, ',')) {
+        if (path.empty()) {
+          return InFile(
+              source, line,
+              absl::InvalidArgumentError(absl::StrCat("--flagfile=", value,
+                                                      " has an empty entry; list the files "
+                                                      "separated by single commas")));
+        }
+        absl::Status file = CheckFlagfile(std::string(path), program, state);
+        if (!file.ok()) return InFile(source, line, file);
       }
       continue;
     }
@@ -46,31 +182,69 @@ absl::Status CheckFlags(int argc, char** argv, absl::string_view program) {
     }
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     if (flag == nullptr && absl::StartsWith(name, "no")) {
-      absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
-      if (negated != nullptr && negated->IsOfType<bool>() && !has_value) continue;
+      const std::string positive = name.substr(2);
+      absl::CommandLineFlag* negated = absl::FindCommandLineFlag(positive);
+      if (negated != nullptr && negated->IsOfType<bool>()) {
+        if (!has_value) continue;
+        return InFile(
+            source, line,
+            absl::InvalidArgumentError(absl::StrCat("Flag --", name, " takes no value; give --",
+                                                    positive, "=false (or --", name, " alone)")));
+      }
+      if (negated != nullptr) {
+        return InFile(source, line,
+                      absl::InvalidArgumentError(absl::StrCat(
+                          "Flag --", name, ": only plain boolean flags have a --no form; give --",
+                          positive, "=VALUE")));
+      }
     }
     if (flag == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Unknown flag --", name, "; run with --help to list the flags"));
+      return InFile(
+          source, line,
+          absl::InvalidArgumentError(absl::StrCat("Unknown flag --", absl::Utf8SafeCHexEscape(name),
+                                                  "; run with --help to list the flags")));
     }
     if (!has_value) {
       if (flag->IsOfType<bool>()) continue;
-      if (i + 1 >= argc) {
-        return absl::InvalidArgumentError(absl::StrCat("Flag --", name, " needs a value"));
+      if (i + 1 >= args.size()) {
+        return InFile(source, line,
+                      absl::InvalidArgumentError(absl::StrCat("Flag --", name, " needs a value")));
       }
-      value = argv[++i];
+      value = args[++i].text;
     }
     if (value.empty() && !flag->IsOfType<std::string>()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Flag --", name, " is empty; give it a value or leave it out"));
+      return InFile(source, line,
+                    absl::InvalidArgumentError(absl::StrCat(
+                        "Flag --", name, " is empty; give it a value or leave it out")));
     }
     std::string error;
     if (!flag->ParseFrom(value, &error)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Bad value \"", value, "\" for --", name, ": ", error, "; ", flag->Help()));
+      return InFile(
+          source, line,
+          absl::InvalidArgumentError(absl::StrCat("Bad value ", Quoted(value), " for --", name,
+                                                  ": ", error, "; ", flag->Help())));
     }
   }
   return absl::OkStatus();
+}
+
+// True for an optional sign and then decimal digits only: an integer, however long.
+bool IsDecimal(absl::string_view text) {
+  if (!text.empty() && (text[0] == '+' || text[0] == '-')) text.remove_prefix(1);
+  if (text.empty()) return false;
+  for (char c : text) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::Status CheckFlags(int argc, char** argv, absl::string_view program) {
+  std::vector<Arg> args;
+  for (int i = 1; i < argc; ++i) args.push_back({argv[i], 0});
+  FlagfileState state;
+  return CheckArgs(args, "", program, &state);
 }
 
 absl::StatusOr<std::vector<int>> ParseIntList(absl::string_view text, absl::string_view flag,
@@ -85,16 +259,15 @@ absl::StatusOr<std::vector<int>> ParseIntList(absl::string_view text, absl::stri
     }
     int v = 0;
     if (!absl::SimpleAtoi(piece, &v)) {
-      int64_t wide = 0;
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--", flag, " has \"", piece, "\", which is ",
-          absl::SimpleAtoi(piece, &wide) ? "out of range" : "not an integer", fix));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, " has ", Quoted(piece), ", which is ",
+                       IsDecimal(piece) ? "out of range" : "not an integer", fix));
     }
     out.push_back(v);
   }
   if (empty_entry && !out.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, "=", text, " has an empty entry", fix));
+        absl::StrCat("--", flag, "=", absl::Utf8SafeCHexEscape(text), " has an empty entry", fix));
   }
   return out;
 }

@@ -21,14 +21,19 @@ namespace kiln {
 // Returns InvalidArgument for the first argument of argv[1..] that is not a flag (before "--"), an
 // unknown flag, a flag without its value, an empty value for a flag that is not a string (an
 // optional flag would parse "" as unset, so the default would run silently), or a value the flag
-// does not parse, or a --flagfile that cannot be opened; OK otherwise. absl's other flags (--help,
-// --fromenv, ...) are left to ParseCommandLine. `program` names the tool in the message about a stray argument.
+// does not parse; OK otherwise. A --flagfile is read and its lines checked the same way (the
+// message names the file and line); it must be a regular file of at most 1 MiB, and flagfiles
+// nest at most 8 deep and 64 in all, none inside itself (absl would read such a file until memory
+// runs out). absl's other flags (--help, --fromenv, ...) are left to ParseCommandLine. `program`
+// names the tool in the message about a stray argument. Values parsed here are set in the flag
+// registry (ParseCommandLine sets them again).
 absl::Status CheckFlags(int argc, char** argv, absl::string_view program);
 
-// Parses --`flag`'s comma-separated integers, each stripped of spaces. A text of nothing but
-// spaces and commas gives an empty list (the caller decides what that means). InvalidArgument,
-// ending in `fix`, for an empty entry among others ("1,,8": more likely a typo than a wish), or
-// an entry that is not an integer or is out of int's range (said apart).
+// Parses --`flag`'s comma-separated integers, each stripped of spaces and optionally signed. A
+// text of nothing but spaces and commas gives an empty list (the caller decides what that means).
+// InvalidArgument, ending in `fix`, for an empty entry among others ("1,,8": more likely a typo
+// than a wish), or an entry that is not a decimal integer or is out of int's range, however many
+// digits it has (said apart).
 absl::StatusOr<std::vector<int>> ParseIntList(absl::string_view text, absl::string_view flag,
                                               absl::string_view fix);
 

@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -144,6 +145,11 @@ int Fail(const std::string& message) {
 
 int Fail(const absl::Status& status) { return Fail(std::string(status.message())); }
 
+// Quotes a flag's text for a message, with C escapes (a newline or terminal escape stays visible).
+std::string Quoted(absl::string_view text) {
+  return absl::StrCat("\"", absl::Utf8SafeCHexEscape(text), "\"");
+}
+
 absl::StatusOr<config::DType> ParseDType(const std::string& text, absl::string_view flag) {
   const std::string t = absl::AsciiStrToLower(text);
   if (t == "bf16" || t == "bfloat16") return config::DTYPE_BF16;
@@ -151,7 +157,7 @@ absl::StatusOr<config::DType> ParseDType(const std::string& text, absl::string_v
   if (t == "fp32" || t == "float32" || t == "float") return config::DTYPE_FP32;
   if (t == "fp8" || t == "fp8_e4m3") return config::DTYPE_FP8_E4M3;
   return absl::InvalidArgumentError(
-      absl::StrCat("Unknown --", flag, " \"", text, "\"; use bf16, fp16, fp32 or fp8"));
+      absl::StrCat("Unknown --", flag, " ", Quoted(text), "; use bf16, fp16, fp32 or fp8"));
 }
 
 absl::StatusOr<config::GraphExecution> ParseGraphExecution(const std::string& text) {
@@ -159,7 +165,7 @@ absl::StatusOr<config::GraphExecution> ParseGraphExecution(const std::string& te
   if (t == "full") return config::GRAPH_EXECUTION_FULL;
   if (t == "piecewise") return config::GRAPH_EXECUTION_PIECEWISE;
   return absl::InvalidArgumentError(
-      absl::StrCat("Unknown --graph_execution \"", text, "\"; use full or piecewise"));
+      absl::StrCat("Unknown --graph_execution ", Quoted(text), "; use full or piecewise"));
 }
 
 absl::StatusOr<config::GraphMode> ParseGraphMode(const std::string& text) {
@@ -168,7 +174,7 @@ absl::StatusOr<config::GraphMode> ParseGraphMode(const std::string& text) {
   if (t == "prefill_only" || t == "prefill") return config::GRAPH_MODE_PREFILL_ONLY;
   if (t == "none" || t == "off") return config::GRAPH_MODE_NONE;
   return absl::InvalidArgumentError(
-      absl::StrCat("Unknown --graph_mode \"", text, "\"; use decode, prefill_only or none"));
+      absl::StrCat("Unknown --graph_mode ", Quoted(text), "; use decode, prefill_only or none"));
 }
 
 // A path given on `bazel run`'s command line is relative to where bazel was run, not to the
@@ -345,7 +351,8 @@ int Run(int argc, char** argv) {
   const bool measure = absl::GetFlag(FLAGS_measure);
   const std::string format = absl::GetFlag(FLAGS_format);
   if (format != "table" && format != "json" && format != "textproto") {
-    return Fail(absl::StrCat("Unknown --format \"", format, "\"; use table, json or textproto"));
+    return Fail(
+        absl::StrCat("Unknown --format ", Quoted(format), "; use table, json or textproto"));
   }
   const int64_t context = absl::GetFlag(FLAGS_context);
   if (context < 1) {

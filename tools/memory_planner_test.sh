@@ -152,6 +152,47 @@ expect_bad size_out_of_range '--prefill_sizes has "99999999999", which is out of
   --prefill_sizes=99999999999
 expect_bad context_huge '--context 9223372036854775807 is above 16777216 tokens' \
   --context=9223372036854775807
+# Adversarial flags: values at and past the types' limits, NaN, escapes, and flagfiles that absl
+# would read for ever or exit on with its own status 1.
+expect_bad utilization_nan 'gpu_memory_utilization nan is outside (0, 1]' --gpu_memory_utilization=nan
+expect_bad utilization_inf 'gpu_memory_utilization inf is outside (0, 1]' --gpu_memory_utilization=inf
+expect_bad total_negative 'Bad value "-1" for --gpu_total_bytes' --gpu_total_bytes=-1
+expect_bad total_huge 'gpu.total_bytes 18446744073709551615 is more than a PiB' \
+  --gpu_total_bytes=18446744073709551615
+expect_bad seqs_past_int 'Bad value "2147483648" for --max_num_seqs' --max_num_seqs=2147483648
+expect_bad seqs_int_max 'max_num_seqs 2147483647 is above 1048576' --max_num_seqs=2147483647
+expect_bad context_past_int64 'Bad value "9223372036854775808" for --context' \
+  --context=9223372036854775808
+digits=123456789012345678901234567890
+expect_bad size_many_digits "--capture_sizes has \"$digits\", which is out of range" \
+  "--capture_sizes=1,$digits"
+expect_bad size_hex '--capture_sizes has "0x10", which is not an integer' --capture_sizes=0x10
+expect_bad size_negative 'Capture size -8 is not positive' --capture_sizes=' -8, 16'
+expect_bad escape_in_value 'Unknown --kv_cache_dtype "\x1b[2J"' --kv_cache_dtype=$'\e[2J'
+expect_bad preset_newline 'Unknown model preset "llama-3.1-8b\n"' --preset=$'llama-3.1-8b\n'
+expect_bad negated_with_value 'Flag --nomeasure takes no value; give --measure=false' \
+  --nomeasure=true
+expect_bad negated_not_bool 'Flag --nomax_num_seqs: only plain boolean flags have a --no form' \
+  --nomax_num_seqs
+expect_bad query_group '128 query heads per KV head on a rank, above the 64' \
+  --num_heads=256 --num_kv_heads=2 --head_dim=16
+expect_bad flagfile_no_value 'Flag --flagfile needs a value' --flagfile
+expect_bad flagfile_empty 'Flag --flagfile is empty' --flagfile=
+printf -- '--flagfile=%s\n' "$tmp/self.flags" >"$tmp/self.flags"
+expect_bad flagfile_self "--flagfile $tmp/self.flags is already being read" "--flagfile=$tmp/self.flags"
+printf -- '# tuned\n--max_num_seqs=8\n--bogus=1\n' >"$tmp/bogus.flags"
+expect_bad flagfile_unknown "--flagfile $tmp/bogus.flags line 3: Unknown flag --bogus" \
+  "--flagfile=$tmp/bogus.flags"
+printf -- '--max_num_seqs=lots\n' >"$tmp/lots.flags"
+expect_bad flagfile_bad_value "--flagfile $tmp/lots.flags line 1: Bad value \"lots\"" \
+  "--flagfile=$tmp/lots.flags"
+printf -- '--max_num_seqs=8\nllama\n' >"$tmp/positional.flags"
+expect_bad flagfile_positional 'line 2: "llama" is not a flag' "--flagfile=$tmp/positional.flags"
+expect_bad flagfile_device '--flagfile /dev/zero is not a regular file' --flagfile=/dev/zero
+printf -- '  --max_num_seqs=8\r\n\n# a comment\n' >"$tmp/good.flags"
+expect_ok flagfile_good "--flagfile=$tmp/good.flags" &&
+  expect_out flagfile_good 'Steps: max_num_seqs 8,'
+
 # Bad flags are named before the GPU is looked for (--gpu=auto, --measure), with or without one.
 expect_bad gpu_auto_bad_flag 'max_num_seqs must be positive, got 0' --gpu=auto --max_num_seqs=0
 expect_bad measure_bad_format 'Unknown --format "xml"' --measure --format=xml
