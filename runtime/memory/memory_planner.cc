@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -119,6 +121,11 @@ constexpr uint64_t kMaxBufferBytes = uint64_t{1} << 40;   // calibrated buffers 
 
 // ---------------------------------------------------------------------------------------------
 
+// A dtype for a message: its name, or the number a textproto gave that no type has.
+std::string DTypeValue(DType dtype) {
+  return config::DType_IsValid(dtype) ? DTypeName(dtype) : absl::StrCat(static_cast<int>(dtype));
+}
+
 std::string ModelFlagHint() {
   return absl::StrCat("or pick a model preset (--preset=", absl::StrJoin(ModelPresetNames(), "|"),
                       ")");
@@ -189,7 +196,7 @@ absl::StatusOr<ModelShape> ResolveModel(const PlannerConfig& in) {
   }
   if (DTypeBytes(model.dtype()) == 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("model.dtype is ", model.has_dtype() ? DTypeName(model.dtype()) : "not set",
+        absl::StrCat("model.dtype is ", model.has_dtype() ? DTypeValue(model.dtype()) : "not set",
                      "; set it (--dtype=bf16|fp16|fp32|fp8) ", hint));
   }
   if (model.num_heads() % model.num_kv_heads() != 0) {
@@ -379,14 +386,28 @@ absl::Status CheckTensorParallel(const ModelShape& model, int tp) {
 // Rounds a / b up for a >= 0, b >= 1, without a + b - 1 (which overflows near INT64_MAX).
 int64_t CeilDiv(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
+// The magnitude of `n`, defined for INT64_MIN too (whose negation overflows int64).
+uint64_t Magnitude(int64_t n) { return n < 0 ? 0 - static_cast<uint64_t>(n) : n; }
+
 std::string Thousands(int64_t n) {
-  std::string digits = absl::StrCat(n < 0 ? -n : n);
+  std::string digits = absl::StrCat(Magnitude(n));
   std::string out;
   for (size_t i = 0; i < digits.size(); ++i) {
     if (i > 0 && (digits.size() - i) % 3 == 0) out.push_back(',');
     out.push_back(digits[i]);
   }
   return n < 0 ? "-" + out : out;
+}
+
+// True where the public formulas are defined: every dimension and `tp` within the bounds
+// ResolvePlannerConfig enforces, under which no product of theirs can overflow int64. Divisibility
+// is not needed for that (heads and widths round down per rank).
+bool InFormulaDomain(const ModelShape& m, int tp) {
+  auto in = [](int64_t v, int64_t limit) { return v >= 1 && v <= limit; };
+  return in(m.hidden_size(), kMaxWidth) && in(m.intermediate_size(), kMaxWidth) &&
+         in(m.num_layers(), kMaxHeads) && in(m.num_heads(), kMaxHeads) &&
+         in(m.num_kv_heads(), kMaxHeads) && in(m.head_dim(), kMaxHeads) &&
+         in(m.vocab_size(), kMaxVocab) && in(tp, kMaxHeads);
 }
 
 }  // namespace
@@ -421,18 +442,21 @@ std::string DTypeName(DType dtype) {
 }
 
 std::string FormatBytes(int64_t bytes) {
-  const int64_t magnitude = bytes < 0 ? -bytes : bytes;
-  if (magnitude >= kGiB) return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / kGiB);
-  if (magnitude >= kMiB) return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / kMiB);
-  if (magnitude >= kKiB) return absl::StrFormat("%.1f KiB", static_cast<double>(bytes) / kKiB);
+  const uint64_t magnitude = Magnitude(bytes);
+  const double b = static_cast<double>(bytes);
+  if (magnitude >= uint64_t{kGiB}) return absl::StrFormat("%.2f GiB", b / kGiB);
+  if (magnitude >= uint64_t{kMiB}) return absl::StrFormat("%.1f MiB", b / kMiB);
+  if (magnitude >= uint64_t{kKiB}) return absl::StrFormat("%.1f KiB", b / kKiB);
   return absl::StrFormat("%d B", bytes);
 }
 
 int KvHeadsPerRank(const ModelShape& model, int tp) {
+  if (!InFormulaDomain(model, tp)) return -1;
   return model.num_kv_heads() >= tp ? model.num_kv_heads() / tp : 1;
 }
 
 int64_t WeightParamsPerRank(const ModelShape& model, int tp) {
+  if (!InFormulaDomain(model, tp)) return -1;
   const int64_t h = model.hidden_size();
   const int64_t d = model.head_dim();
   const int64_t heads = model.num_heads() / tp;
@@ -456,6 +480,7 @@ int64_t WeightParamsPerRank(const ModelShape& model, int tp) {
 }
 
 int64_t KvBytesPerToken(const ModelShape& model, DType kv_dtype, int tp) {
+  if (!InFormulaDomain(model, tp)) return -1;
   return 2 * int64_t{model.num_layers()} * KvHeadsPerRank(model, tp) * model.head_dim() *
          DTypeBytes(kv_dtype);
 }
@@ -493,12 +518,17 @@ int64_t ActivationDTypeBytes(const ModelShape& model) {
 }
 
 int64_t ActivationBytesPerToken(const ModelShape& model, int tp) {
+  if (!InFormulaDomain(model, tp)) return -1;
   const ActivationWidths w = WidthsOf(model, tp);
   return (3 * w.hidden + w.qkv + w.attn + w.gate_up + w.act) * ActivationDTypeBytes(model);
 }
 
 int64_t ActivationArenaBytes(const ModelShape& model, int tp, int64_t num_tokens,
                              int64_t num_rows) {
+  if (!InFormulaDomain(model, tp) || num_tokens < 0 || num_tokens > kMaxTokens || num_rows < 0 ||
+      num_rows > kMaxSeqs) {
+    return -1;
+  }
   const ActivationWidths w = WidthsOf(model, tp);
   const int64_t e = ActivationDTypeBytes(model);
   auto aligned = [](int64_t bytes) { return CeilDiv(bytes, kActivationAlign) * kActivationAlign; };
@@ -509,18 +539,18 @@ int64_t ActivationArenaBytes(const ModelShape& model, int tp, int64_t num_tokens
 }
 
 int64_t GraphNodesOutsideAttention(const ModelShape& model, int tp) {
+  if (!InFormulaDomain(model, tp)) return -1;
   const bool parallel = tp > 1;
   return model.num_layers() * (kKernelsPerLayer + (parallel ? kAllReducesPerLayer : 0)) +
          kKernelsOutsideLayers;
 }
 
-absl::StatusOr<std::vector<PlannedStepKey>> PlanStepKeys(const PlannerConfig& c) {
-  if (c.block_size() < 1 || c.max_model_len() < 1 || c.max_num_seqs() < 1 ||
-      c.max_num_batched_tokens() < c.max_num_seqs() || c.tensor_parallel_size() < 1 ||
-      c.model().num_kv_heads() < 1) {
-    return absl::InvalidArgumentError(
-        "PlanStepKeys needs a resolved config; pass it through ResolvePlannerConfig first");
-  }
+absl::StatusOr<std::vector<PlannedStepKey>> PlanStepKeys(const PlannerConfig& config) {
+  // Resolving is idempotent and cheap next to the attention plans below, and it is what bounds
+  // every product here: a caller's config that skipped it (any field any value) gets its error.
+  absl::StatusOr<PlannerConfig> resolved = ResolvePlannerConfig(config);
+  if (!resolved.ok()) return resolved.status();
+  const PlannerConfig& c = *resolved;
   const config::GraphConfig& g = c.graph();
   const ModelShape& m = c.model();
   const int tp = c.tensor_parallel_size();
@@ -714,10 +744,23 @@ absl::StatusOr<PlannerConfig> ResolvePlannerConfig(const PlannerConfig& in) {
   }
   if (DTypeBytes(out.kv_cache_dtype()) == 0) {
     return absl::InvalidArgumentError(
-        "kv_cache_dtype is not a known type; use --kv_cache_dtype=bf16|fp16|fp32|fp8");
+        absl::StrCat("kv_cache_dtype ", DTypeValue(out.kv_cache_dtype()),
+                     " is not a known type; use --kv_cache_dtype=bf16|fp16|fp32|fp8"));
   }
   absl::Status tp = CheckTensorParallel(out.model(), out.tensor_parallel_size());
   if (!tp.ok()) return tp;
+  // Prefill attention holds a KV head's whole query-head group in one tile of kPrefillTileRows
+  // rows; the attention planner refuses more, in terms (tile rows) no user can change.
+  const int group = out.model().num_heads() / out.tensor_parallel_size() /
+                    KvHeadsPerRank(out.model(), out.tensor_parallel_size());
+  if (group > kPrefillTileRows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.num_heads ", out.model().num_heads(), " and model.num_kv_heads ",
+        out.model().num_kv_heads(), " at tensor_parallel_size ", out.tensor_parallel_size(),
+        " leave ", group, " query heads per KV head on a rank, above the ", kPrefillTileRows,
+        " kiln's attention takes (one prefill tile); fix the shape or split the query heads "
+        "over more ranks"));
+  }
   absl::Status graphs = ResolveGraphs(&out);
   if (!graphs.ok()) return graphs;
   return out;
@@ -725,22 +768,25 @@ absl::StatusOr<PlannerConfig> ResolvePlannerConfig(const PlannerConfig& in) {
 
 PlannerEstimates EstimatesFor(const PlannerConfig& resolved) {
   const config::Calibration& c = resolved.calibration();
+  // A resolved config's values are far below 2^63; an unresolved one's may not be, and would
+  // wrap negative as int64.
+  auto bytes = [](uint64_t v) -> int64_t {
+    return static_cast<int64_t>(std::min<uint64_t>(v, std::numeric_limits<int64_t>::max()));
+  };
   PlannerEstimates e;
-  e.activation_bytes_per_token = static_cast<int64_t>(c.activation_bytes_per_token());
-  e.graph_bytes_per_graph = c.has_graph_bytes_per_graph()
-                                ? static_cast<int64_t>(c.graph_bytes_per_graph())
-                                : kGraphBytesPerGraph;
-  e.graph_bytes_per_node = c.has_graph_bytes_per_node()
-                               ? static_cast<int64_t>(c.graph_bytes_per_node())
-                               : kGraphBytesPerNode;
+  e.activation_bytes_per_token = bytes(c.activation_bytes_per_token());
+  e.graph_bytes_per_graph =
+      c.has_graph_bytes_per_graph() ? bytes(c.graph_bytes_per_graph()) : kGraphBytesPerGraph;
+  e.graph_bytes_per_node =
+      c.has_graph_bytes_per_node() ? bytes(c.graph_bytes_per_node()) : kGraphBytesPerNode;
   e.cublaslt_workspace_bytes = c.has_cublaslt_workspace_bytes()
-                                   ? static_cast<int64_t>(c.cublaslt_workspace_bytes())
+                                   ? bytes(c.cublaslt_workspace_bytes())
                                    : kCublasLtWorkspaceBytes;
   e.custom_allreduce_buffer_bytes = c.has_custom_allreduce_buffer_bytes()
-                                        ? static_cast<int64_t>(c.custom_allreduce_buffer_bytes())
+                                        ? bytes(c.custom_allreduce_buffer_bytes())
                                         : kCustomAllReduceBufferBytes;
-  e.nccl_bytes = c.has_nccl_bytes() ? static_cast<int64_t>(c.nccl_bytes()) : kNcclBytes;
-  e.margin_bytes = c.has_margin_bytes() ? static_cast<int64_t>(c.margin_bytes()) : kMarginBytes;
+  e.nccl_bytes = c.has_nccl_bytes() ? bytes(c.nccl_bytes()) : kNcclBytes;
+  e.margin_bytes = c.has_margin_bytes() ? bytes(c.margin_bytes()) : kMarginBytes;
   return e;
 }
 
@@ -918,8 +964,8 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlannerConfig& config) {
         FormatBytes(plan.reserved_bytes), " reserved = ", FormatBytes(rest), ", but one block of ",
         c.block_size(), " tokens needs ", FormatBytes(plan.kv_block_bytes),
         " (largest term: ", largest->name, " ", FormatBytes(largest->bytes),
-        "); raise gpu_memory_utilization, lower max_num_batched_tokens or max_num_seqs, raise "
-        "tensor_parallel_size, or use a GPU with more memory"));
+        "); raise gpu_memory_utilization, lower max_num_batched_tokens or max_num_seqs, capture "
+        "fewer graph sizes, raise tensor_parallel_size, or use a GPU with more memory"));
   }
   plan.num_kv_blocks = rest / plan.kv_block_bytes;
   const int64_t kv_bytes = plan.num_kv_blocks * plan.kv_block_bytes;

@@ -119,21 +119,23 @@ struct MemoryPlan {
 // GRAPH_MODE_DECODE graph.capture_prefill and graph.prefill_sizes (the prefill step keys); the
 // execution FULL unless PIECEWISE. GRAPH_MODE_NONE clears every graph field. Returns
 // InvalidArgument naming the first bad or missing value and the fix: utilization outside
-// (0, 1], a non-positive dimension, heads that do not divide, a tensor-parallel size that does
-// not divide them, a bad capture size, an unknown preset, or gpu_preset "auto" (only the CLI can
-// query the device).
+// (0, 1] (or NaN), a non-positive dimension or one above kiln's bounds (far above any real model
+// or GPU), heads that do not divide, a tensor-parallel size that does not divide them, more than
+// 64 query heads per KV head on a rank, a bad capture size, an unknown dtype or preset, or
+// gpu_preset "auto" (only the CLI can query the device). Idempotent: resolving a resolved config
+// returns it unchanged.
 absl::StatusOr<config::PlannerConfig> ResolvePlannerConfig(const config::PlannerConfig& config);
 
 // Returns the estimates for a resolved config: the documented defaults, replaced by the
-// config's calibration where it sets a value.
+// config's calibration where it sets a value (clamped to INT64_MAX for an unresolved one).
 PlannerEstimates EstimatesFor(const config::PlannerConfig& resolved);
 
-// Returns the step keys the Runner builds for a resolved config, each with its activation bytes,
-// metadata bytes and attention kernels (the attention planner's layout at the Runner's options:
-// decode tiles of one token's query-head group, prefill tiles of 64 rows, max_model_len as the
-// longest KV). InvalidArgument when the attention planner rejects the shape (e.g. more than 64
-// query heads per KV head).
-absl::StatusOr<std::vector<PlannedStepKey>> PlanStepKeys(const config::PlannerConfig& resolved);
+// Returns the step keys the Runner builds for `config` (resolved first, so any config may be
+// passed and gets ResolvePlannerConfig's errors), each with its activation bytes, metadata bytes
+// and attention kernels (the attention planner's layout at the Runner's options: decode tiles of
+// one token's query-head group, prefill tiles of 64 rows, max_model_len as the longest KV).
+// InvalidArgument when the attention planner rejects the shape.
+absl::StatusOr<std::vector<PlannedStepKey>> PlanStepKeys(const config::PlannerConfig& config);
 
 // Resolves `config` and splits its budget. Returns what ResolvePlannerConfig and PlanStepKeys
 // return on bad input, and ResourceExhausted (with the shortfall, the largest term and what to
@@ -143,7 +145,10 @@ absl::StatusOr<MemoryPlan> PlanMemory(const config::PlannerConfig& config);
 // The formulas, for a resolved model shape and tensor-parallel size `tp`, as kiln's runner shards
 // a model (runtime/model/tensor_parallel.h): query heads and MLP width split over ranks, KV heads
 // split (or one replicated per rank when fewer than ranks); the embedding and LM head are
-// replicated, so every rank computes whole logits and no logits gather is needed.
+// replicated, so every rank computes whole logits and no logits gather is needed. Each that
+// takes a shape returns -1 for a shape or `tp` outside ResolvePlannerConfig's bounds (a
+// dimension below 1 or above its bound, tp outside [1, 4096]), where its products could
+// overflow; inside them none can.
 
 // Returns the size of one element: 2 for BF16 and FP16, 4 for FP32, 1 for FP8; 0 if unspecified.
 int64_t DTypeBytes(config::DType dtype);
@@ -166,7 +171,8 @@ int64_t KvBytesPerToken(const config::ModelShape& model, config::DType kv_dtype,
 int64_t ActivationBytesPerToken(const config::ModelShape& model, int tp);
 
 // Returns the bytes of the model's activation region for a step of `num_tokens` token rows and
-// `num_rows` sequences (logits rows) on one rank: the sections of LlamaModel::ActivationBytes
+// `num_rows` sequences (logits rows; -1 for either negative or above max_num_batched_tokens' and
+// max_num_seqs' bounds) on one rank: the sections of LlamaModel::ActivationBytes
 // (runtime/model/llama_model.cc, Offsets), each 256-byte aligned, ending with num_rows
 // hidden-wide last-token rows and min(num_tokens, 8) hidden-wide rows of the residual between
 // the QKV and gate-up GEMMs (where they fold the norms).

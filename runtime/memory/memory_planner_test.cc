@@ -1,8 +1,14 @@
 #include "runtime/memory/memory_planner.h"
 
+#include <cmath>
 #include <cstdint>
+#include <functional>
+#include <iterator>
 #include <limits>
+#include <random>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "attention/split_kv_planner.h"
 #include "gmock/gmock.h"
@@ -636,8 +642,12 @@ TEST(MemoryPlannerTest, BadInputsNameTheValueAndTheFix) {
   c.mutable_model()->set_head_dim(16);
   EXPECT_EQ(PlanStatus(c).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(PlanStatus(c).message()),
-              HasSubstr("kiln's attention cannot plan step key prefill/16 of this model: "
-                        "Planner prefill.tile_rows 64 is below the 128 query heads per KV head"));
+              HasSubstr("model.num_heads 256 and model.num_kv_heads 2 at tensor_parallel_size 1 "
+                        "leave 128 query heads per KV head on a rank, above the 64 kiln's "
+                        "attention takes"));
+  // Over 4 ranks the query heads split (the 2 KV heads replicate): 64 per KV head on a rank.
+  c.set_tensor_parallel_size(4);
+  EXPECT_NE(PlanStatus(c).code(), absl::StatusCode::kInvalidArgument) << PlanStatus(c);
 }
 
 TEST(MemoryPlannerTest, NoKvBlockIsResourceExhaustedWithTheFix) {
@@ -722,6 +732,818 @@ TEST(MemoryPlannerTest, FormatBytes) {
   EXPECT_EQ(FormatBytes(32 * kMiB), "32.0 MiB");
   EXPECT_EQ(FormatBytes(16060522496), "14.96 GiB");
   EXPECT_EQ(FormatBytes(-2 * kMiB), "-2.0 MiB");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sweeps: random and adversarial configs, each result checked against the planner's documented
+// invariants, computed here independently (in 128 bits where a product could be large).
+
+using int128 = __int128;
+
+constexpr int32_t kInt32Max = std::numeric_limits<int32_t>::max();
+constexpr int32_t kInt32Min = std::numeric_limits<int32_t>::min();
+constexpr uint64_t kUint64Max = std::numeric_limits<uint64_t>::max();
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min();
+
+// The terms of every plan, in order (memory_planner.h, MemoryPlan::terms).
+const std::vector<std::string>& TermNames() {
+  static const auto* names =
+      new std::vector<std::string>{"weights",    "activation_arena",   "attention_workspace",
+                                   "graph_pool", "graph_executables",  "custom_allreduce",
+                                   "nccl",       "cublaslt_workspace", "logits",
+                                   "margin",     "kv_cache",           "unused"};
+  return *names;
+}
+
+// Checks an accepted plan against what the header promises, independently of how it was built.
+void ExpectPlanInvariants(const config::PlannerConfig& input, const MemoryPlan& plan,
+                          std::mt19937& rng) {
+  const config::PlannerConfig& c = plan.config;
+  const config::ModelShape& m = c.model();
+  const int tp = c.tensor_parallel_size();
+  SCOPED_TRACE(input.ShortDebugString());
+
+  // The resolved config is in range, and resolving it again changes nothing.
+  const double u = c.gpu_memory_utilization();
+  ASSERT_TRUE(u > 0.0 && u <= 1.0) << u;
+  for (int64_t v :
+       {int64_t{m.hidden_size()}, int64_t{m.num_layers()}, int64_t{m.num_heads()},
+        int64_t{m.num_kv_heads()}, int64_t{m.head_dim()}, int64_t{m.intermediate_size()},
+        int64_t{m.vocab_size()}, int64_t{c.max_num_seqs()}, int64_t{c.max_num_batched_tokens()},
+        int64_t{c.block_size()}, int64_t{c.max_model_len()}, int64_t{tp},
+        int64_t{c.gpu().sm_count()}}) {
+    ASSERT_GE(v, 1);
+  }
+  ASSERT_GE(c.max_num_batched_tokens(), c.max_num_seqs());
+  ASSERT_EQ(m.num_heads() % tp, 0);
+  ASSERT_EQ(m.num_heads() % m.num_kv_heads(), 0);
+  ASSERT_GT(DTypeBytes(m.dtype()), 0);
+  ASSERT_GT(DTypeBytes(c.kv_cache_dtype()), 0);
+  absl::StatusOr<config::PlannerConfig> again = ResolvePlannerConfig(c);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_EQ(again->SerializeAsString(), c.SerializeAsString());
+  const config::GraphConfig& g = c.graph();
+  if (g.mode() == config::GRAPH_MODE_NONE) {
+    ASSERT_EQ(g.capture_sizes_size(), 0);
+  } else {
+    ASSERT_GT(g.capture_sizes_size(), 0);
+    const int limit =
+        g.mode() == config::GRAPH_MODE_DECODE ? c.max_num_seqs() : c.max_num_batched_tokens();
+    for (int i = 0; i < g.capture_sizes_size(); ++i) {
+      ASSERT_GE(g.capture_sizes(i), 1);
+      ASSERT_LE(g.capture_sizes(i), limit);
+      if (i > 0) {
+        ASSERT_LT(g.capture_sizes(i - 1), g.capture_sizes(i));
+      }
+    }
+    ASSERT_EQ(g.max_capture_size(), g.capture_sizes(g.capture_sizes_size() - 1));
+  }
+
+  // The budget: floor(total × utilization), the terms in their order, each non-negative, summing
+  // to the budget exactly.
+  ASSERT_EQ(static_cast<uint64_t>(plan.total_bytes), c.gpu().total_bytes());
+  ASSERT_EQ(plan.budget_bytes,
+            static_cast<int64_t>(std::floor(static_cast<long double>(plan.total_bytes) * u)));
+  ASSERT_EQ(plan.terms.size(), TermNames().size());
+  int128 sum = 0, reserved = 0;
+  for (size_t i = 0; i < plan.terms.size(); ++i) {
+    const MemoryTerm& t = plan.terms[i];
+    ASSERT_EQ(t.name, TermNames()[i]);
+    ASSERT_GE(t.bytes, 0) << t.name;
+    ASSERT_FALSE(t.explanation.empty()) << t.name;
+    ASSERT_EQ(t.explanation.find('\n'), std::string::npos) << t.name;
+    sum += t.bytes;
+    if (i < plan.terms.size() - 2) reserved += t.bytes;
+  }
+  ASSERT_TRUE(sum == plan.budget_bytes);
+  ASSERT_TRUE(reserved == plan.reserved_bytes);
+
+  // The KV cache: the block size by hand, and the largest whole number of blocks that fits.
+  const int128 kv_heads = m.num_kv_heads() >= tp ? m.num_kv_heads() / tp : 1;
+  const int128 per_token =
+      int128{2} * m.num_layers() * kv_heads * m.head_dim() * DTypeBytes(c.kv_cache_dtype());
+  ASSERT_TRUE(per_token == plan.kv_bytes_per_token);
+  ASSERT_TRUE(per_token * c.block_size() == plan.kv_block_bytes);
+  ASSERT_EQ(plan.block_size, c.block_size());
+  const int128 rest = int128{plan.budget_bytes} - plan.reserved_bytes;
+  ASSERT_GE(plan.num_kv_blocks, 1);
+  ASSERT_TRUE(int128{plan.num_kv_blocks} * plan.kv_block_bytes <= rest);
+  ASSERT_TRUE((int128{plan.num_kv_blocks} + 1) * plan.kv_block_bytes > rest);  // the largest
+  ASSERT_TRUE(plan.Find("kv_cache")->bytes == int128{plan.num_kv_blocks} * plan.kv_block_bytes);
+  ASSERT_LT(plan.Find("unused")->bytes, plan.kv_block_bytes);
+  ASSERT_TRUE(int128{plan.KvTokens()} == int128{plan.num_kv_blocks} * plan.block_size);
+
+  // Step keys: decode sizes ascending, then prefill budgets ascending, then the eager key.
+  ASSERT_FALSE(plan.step_keys.empty());
+  const PlannedStepKey& eager = plan.step_keys.back();
+  ASSERT_EQ(eager.key.mode, GraphMode::kMixed);
+  ASSERT_EQ(eager.max_tokens, c.max_num_batched_tokens());
+  ASSERT_EQ(eager.max_rows, c.max_num_seqs());
+  ASSERT_FALSE(eager.captured);
+  int64_t captured = 0;
+  for (size_t i = 0; i < plan.step_keys.size(); ++i) {
+    const PlannedStepKey& k = plan.step_keys[i];
+    ASSERT_GE(k.max_tokens, 1);
+    ASSERT_GE(k.max_rows, 1);
+    ASSERT_LE(k.max_rows, k.max_tokens);
+    ASSERT_LE(k.max_tokens, c.max_num_batched_tokens());
+    ASSERT_LE(k.max_rows, c.max_num_seqs());
+    for (int64_t v : {k.activation_bytes, k.metadata_bytes, k.decode_partial_bytes,
+                      k.prefill_partial_bytes, int64_t{k.decode_slots}, int64_t{k.prefill_slots},
+                      int64_t{k.attention_kernels_per_layer}}) {
+      ASSERT_GE(v, 0) << KeyName(k.key);
+    }
+    ASSERT_GE(k.activation_bytes, 1);
+    if (i > 0 && k.key.mode == plan.step_keys[i - 1].key.mode) {
+      ASSERT_LT(plan.step_keys[i - 1].key.size, k.key.size);
+    }
+    captured += k.captured ? 1 : 0;
+  }
+  const bool piecewise = g.execution() == config::GRAPH_EXECUTION_PIECEWISE;
+  ASSERT_EQ(plan.num_graphs, captured * (piecewise ? m.num_layers() + 1 : 1));
+  ASSERT_GE(plan.num_graph_nodes, 0);
+  if (captured == 0) {
+    ASSERT_EQ(plan.Find("graph_executables")->bytes, 0);
+  }
+  ASSERT_EQ(plan.Find("activation_arena")->bytes, eager.activation_bytes);
+  ASSERT_EQ(plan.Find("nccl")->bytes > 0, tp > 1 && plan.estimates.nccl_bytes > 0);
+
+  // Concurrency at any context: floor(blocks / ceil(context / block_size)), 0 below 1 token.
+  const int64_t contexts[] = {kInt64Min,
+                              -1,
+                              0,
+                              1,
+                              plan.block_size - 1,
+                              plan.block_size,
+                              plan.block_size + 1,
+                              plan.KvTokens(),
+                              plan.KvTokens() + 1,
+                              kInt64Max,
+                              std::uniform_int_distribution<int64_t>(1, 1 << 20)(rng)};
+  for (int64_t context : contexts) {
+    const int128 blocks =
+        context < 1 ? 0 : (int128{context} + plan.block_size - 1) / plan.block_size;
+    const int128 want = context < 1 ? 0 : plan.num_kv_blocks / blocks;
+    ASSERT_TRUE(plan.MaxConcurrency(context) == want) << "context " << context;
+  }
+}
+
+// Checks a refusal: the code the header gives, and a one-line message, capitalised or starting
+// with the field's name, with no final period, that names one of `fields`.
+void ExpectRefusal(const absl::Status& status, const std::set<std::string>& fields,
+                   const config::PlannerConfig& input) {
+  SCOPED_TRACE(input.ShortDebugString());
+  const std::string message(status.message());
+  ASSERT_FALSE(message.empty());
+  ASSERT_EQ(message.find('\n'), std::string::npos) << message;
+  ASSERT_NE(message.back(), '.') << message;
+  if (status.code() == absl::StatusCode::kResourceExhausted) {
+    ASSERT_THAT(message, HasSubstr("The budget leaves no room for a KV block"));
+    return;
+  }
+  ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  bool named = false;
+  for (const std::string& f : fields) named = named || message.find(f) != std::string::npos;
+  ASSERT_TRUE(named) << "\"" << message << "\" names none of: " << testing::PrintToString(fields);
+}
+
+// A value source for one field: adversarial values at the edges, and plausible ones.
+class Values {
+ public:
+  explicit Values(std::mt19937& rng) : rng_(rng) {}
+  int Pick(int hi) { return std::uniform_int_distribution<int>(0, hi)(rng_); }
+  bool Coin() { return Pick(1) == 0; }
+
+  // An int32 field bounded by `limit`: mostly plausible, often at an edge.
+  int32_t Int(int32_t plausible_max, int64_t limit) {
+    const int64_t edges[] = {kInt32Min, kInt32Min + 1, -1,       0, 1, 2, 3, limit - 1, limit,
+                             limit + 1, kInt32Max - 1, kInt32Max};
+    if (Pick(2) == 0) {
+      const int64_t v = edges[Pick(static_cast<int>(std::size(edges)) - 1)];
+      return static_cast<int32_t>(std::clamp<int64_t>(v, kInt32Min, kInt32Max));
+    }
+    return std::uniform_int_distribution<int32_t>(1, plausible_max)(rng_);
+  }
+  // A power of two up to `max`, or a small multiple of 8: the dimensions real models have.
+  int32_t Dim(int log2_max) { return Coin() ? int32_t{1} << Pick(log2_max) : 8 * (1 + Pick(64)); }
+  uint64_t Bytes(uint64_t plausible_max, uint64_t limit) {
+    const uint64_t edges[] = {0,
+                              1,
+                              4096,
+                              limit - 1,
+                              limit,
+                              limit + 1,
+                              static_cast<uint64_t>(kInt64Max),
+                              uint64_t{1} << 63,
+                              kUint64Max};
+    if (Pick(2) == 0) return edges[Pick(static_cast<int>(std::size(edges)) - 1)];
+    return std::uniform_int_distribution<uint64_t>(0, plausible_max)(rng_);
+  }
+  double Fraction() {
+    const double edges[] = {0.0,
+                            -0.0,
+                            -1.0,
+                            1e-300,
+                            std::numeric_limits<double>::denorm_min(),
+                            1e-3,
+                            1.0,
+                            std::nextafter(1.0, 2.0),
+                            1.5,
+                            1e300,
+                            std::numeric_limits<double>::quiet_NaN(),
+                            -std::numeric_limits<double>::quiet_NaN(),
+                            std::numeric_limits<double>::infinity(),
+                            -std::numeric_limits<double>::infinity()};
+    if (Pick(2) == 0) return edges[Pick(static_cast<int>(std::size(edges)) - 1)];
+    return std::uniform_real_distribution<double>(0.3, 1.0)(rng_);
+  }
+  // A size list: empty, unsorted, with duplicates, zero, negative, above `limit` and 65536.
+  std::vector<int> Sizes(int limit) {
+    std::vector<int> out;
+    const int n = Pick(3) == 0 ? Pick(2) : 1 + Pick(Coin() ? 6 : 60);
+    for (int i = 0; i < n; ++i) {
+      switch (Pick(12)) {
+        case 0:
+          out.push_back(Int(8, 65536));
+          break;
+        case 1:
+          if (!out.empty()) out.push_back(out[Pick(static_cast<int>(out.size()) - 1)]);
+          break;
+        case 2:
+          out.push_back(limit == kInt32Max ? limit : limit + 1);
+          break;
+        default:
+          out.push_back(1 + Pick(std::max(1, std::min(limit, 65536)) - 1));
+      }
+    }
+    if (Coin()) {  // often valid: unique
+      std::vector<int> unique;
+      std::set<int> seen;
+      for (int s : out)
+        if (seen.insert(s).second) unique.push_back(s);
+      out = unique;
+    }
+    return out;
+  }
+
+ private:
+  std::mt19937& rng_;
+};
+
+// Applies one random mutation to `c`, adding to `fields` the names an error about it may give.
+void Mutate(config::PlannerConfig& c, Values& v, std::set<std::string>& fields) {
+  config::ModelShape* m = c.mutable_model();
+  config::Calibration* cal = c.mutable_calibration();
+  config::GraphConfig* g = c.mutable_graph();
+  const std::vector<std::string> models = ModelPresetNames();
+  const std::vector<std::string> gpus = GpuPresetNames();
+  switch (v.Pick(33)) {
+    case 0:
+      c.set_gpu_memory_utilization(v.Fraction());
+      fields.insert("gpu_memory_utilization");
+      break;
+    case 1:
+      m->set_hidden_size(v.Coin() ? v.Dim(13) : v.Int(16384, 1 << 20));
+      fields.insert("model.hidden_size");
+      break;
+    case 2:
+      m->set_num_layers(v.Int(128, 1 << 12));
+      fields.insert("model.num_layers");
+      break;
+    case 3:
+      m->set_num_heads(v.Coin() ? v.Dim(7) : v.Int(128, 1 << 12));
+      fields.insert({"model.num_heads", "query heads"});
+      break;
+    case 4:
+      m->set_num_kv_heads(v.Coin() ? v.Dim(4) : v.Int(64, 1 << 12));
+      fields.insert({"model.num_kv_heads", "model.num_heads", "query heads"});
+      break;
+    case 5:
+      m->set_head_dim(v.Coin() ? v.Dim(8) : v.Int(512, 1 << 12));
+      fields.insert("model.head_dim");
+      break;
+    case 6:
+      m->set_intermediate_size(v.Coin() ? v.Dim(15) : v.Int(65536, 1 << 20));
+      fields.insert("model.intermediate_size");
+      break;
+    case 7:
+      m->set_vocab_size(v.Int(300000, 1 << 24));
+      fields.insert("model.vocab_size");
+      break;
+    case 8:
+      m->set_dtype(static_cast<config::DType>(v.Pick(7) - 1));
+      fields.insert("model.dtype");
+      break;
+    case 9:
+      m->set_tie_embeddings(v.Coin());
+      m->set_attention_bias(v.Coin());
+      m->set_qk_norm(v.Coin());
+      break;
+    case 10:
+      c.set_kv_cache_dtype(static_cast<config::DType>(v.Pick(7) - 1));
+      fields.insert("kv_cache_dtype");
+      break;
+    case 11:
+      c.mutable_gpu()->set_total_bytes(v.Bytes(uint64_t{200} << 30, uint64_t{1} << 50));
+      fields.insert("gpu.total_bytes");
+      break;
+    case 12:
+      c.mutable_gpu()->set_sm_count(v.Int(200, 1 << 16));
+      fields.insert("gpu.sm_count");
+      break;
+    case 13:
+      c.set_max_num_seqs(v.Int(1024, 1 << 20));
+      fields.insert({"max_num_seqs", "max_num_batched_tokens"});
+      break;
+    case 14:
+      c.set_max_num_batched_tokens(v.Int(32768, 1 << 24));
+      fields.insert({"max_num_batched_tokens", "max_num_seqs"});
+      break;
+    case 15:
+      c.set_block_size(v.Coin() ? v.Dim(10) : v.Int(256, 1 << 16));
+      fields.insert("block_size");
+      break;
+    case 16:
+      c.set_max_model_len(v.Int(131072, 1 << 24));
+      fields.insert("max_model_len");
+      break;
+    case 17:
+      c.set_tensor_parallel_size(v.Coin() ? 1 << v.Pick(6) : v.Int(16, 1 << 12));
+      fields.insert({"tensor_parallel_size", "query heads"});
+      break;
+    case 18:
+      g->set_mode(static_cast<config::GraphMode>(v.Pick(6) - 1));
+      fields.insert({"graph.mode", "max_num_seqs", "max_num_batched_tokens", "apture size",
+                     "graph.prefill_sizes"});
+      break;
+    case 19:
+      g->set_execution(static_cast<config::GraphExecution>(v.Pick(5) - 1));
+      fields.insert("graph.execution");
+      break;
+    case 20: {
+      g->clear_capture_sizes();
+      for (int s : v.Sizes(c.has_max_num_seqs() ? c.max_num_seqs() : 256)) g->add_capture_sizes(s);
+      fields.insert({"apture size", "max_capture_size"});
+      break;
+    }
+    case 21:
+      g->set_max_capture_size(v.Int(512, 65536));
+      fields.insert({"max_capture_size", "apture size"});
+      break;
+    case 22:
+      g->set_capture_prefill(v.Coin());
+      break;
+    case 23: {
+      g->clear_prefill_sizes();
+      for (int s : v.Sizes(512)) g->add_prefill_sizes(s);
+      fields.insert({"apture size", "graph.prefill_sizes"});
+      break;
+    }
+    case 24:
+      cal->set_activation_bytes_per_token(v.Bytes(1 << 20, uint64_t{1} << 30));
+      fields.insert("calibration.activation_bytes_per_token");
+      break;
+    case 25:
+      cal->set_graph_bytes_per_graph(v.Bytes(1 << 20, uint64_t{1} << 30));
+      fields.insert("calibration.graph_bytes_per_graph");
+      break;
+    case 26:
+      cal->set_graph_bytes_per_node(v.Bytes(8192, uint64_t{1} << 20));
+      fields.insert("calibration.graph_bytes_per_node");
+      break;
+    case 27:
+      cal->set_cublaslt_workspace_bytes(v.Bytes(uint64_t{1} << 26, uint64_t{1} << 40));
+      fields.insert("calibration.cublaslt_workspace_bytes");
+      break;
+    case 28:
+      cal->set_custom_allreduce_buffer_bytes(v.Bytes(uint64_t{1} << 24, uint64_t{1} << 40));
+      fields.insert("calibration.custom_allreduce_buffer_bytes");
+      break;
+    case 29:
+      cal->set_nccl_bytes(v.Bytes(uint64_t{1} << 30, uint64_t{1} << 40));
+      fields.insert("calibration.nccl_bytes");
+      break;
+    case 30:
+      cal->set_margin_bytes(v.Bytes(uint64_t{1} << 31, uint64_t{1} << 40));
+      fields.insert("calibration.margin_bytes");
+      break;
+    case 31: {
+      const char* odd[] = {"llama-9", "", " llama-3.1-8b", "LLAMA-3.2-1B", "llama-3.2-1b\n"};
+      c.set_model_preset(v.Coin() ? models[v.Pick(static_cast<int>(models.size()) - 1)]
+                                  : odd[v.Pick(4)]);
+      fields.insert("model preset");
+      break;
+    }
+    case 32: {
+      const char* odd[] = {"auto", "AUTO", "v100", "", "h100 "};
+      c.set_gpu_preset(v.Coin() ? gpus[v.Pick(static_cast<int>(gpus.size()) - 1)] : odd[v.Pick(4)]);
+      fields.insert({"GPU preset", "gpu_preset"});
+      break;
+    }
+    default: {  // a field cleared: a preset fills it, a custom shape or GPU then lacks it
+      m->clear_hidden_size();
+      c.mutable_gpu()->clear_sm_count();
+      fields.insert({"model.hidden_size", "gpu.sm_count"});
+    }
+  }
+}
+
+// A small custom model on a small custom GPU, so that many mutations still leave a KV block.
+config::PlannerConfig TinyCustomConfig() {
+  config::PlannerConfig c;
+  config::ModelShape* m = c.mutable_model();
+  m->set_hidden_size(256);
+  m->set_num_layers(2);
+  m->set_num_heads(4);
+  m->set_num_kv_heads(2);
+  m->set_head_dim(64);
+  m->set_intermediate_size(512);
+  m->set_vocab_size(1000);
+  m->set_dtype(config::DTYPE_FP16);
+  c.mutable_gpu()->set_total_bytes(uint64_t{4} << 30);
+  c.mutable_gpu()->set_sm_count(8);
+  c.set_max_num_seqs(16);
+  c.set_max_num_batched_tokens(256);
+  c.mutable_calibration()->set_margin_bytes(64 << 20);
+  return c;
+}
+
+// Random configs (presets, custom shapes, up to four fields changed at random, with values at
+// every edge: 0, negative, 1, the bounds and one past them, INT32_MAX, NaN and infinities, huge
+// uint64s, bad enums and lists): every accepted plan keeps the invariants, every refusal names a
+// changed field, and nothing overflows (run under UBSan).
+TEST(MemoryPlannerSweepTest, RandomConfigsKeepTheInvariantsOrNameTheField) {
+  std::mt19937 rng(20261127);
+  Values v(rng);
+  const std::vector<std::string> models = ModelPresetNames();
+  const std::vector<std::string> gpus = GpuPresetNames();
+  int planned = 0, refused = 0, exhausted = 0;
+  for (int trial = 0; trial < 4000; ++trial) {
+    config::PlannerConfig c;
+    switch (v.Pick(2)) {
+      case 0:
+        c = DefaultPlannerConfig();
+        break;
+      case 1:
+        c = DefaultPlannerConfig();
+        c.set_model_preset(models[v.Pick(static_cast<int>(models.size()) - 1)]);
+        c.set_gpu_preset(gpus[v.Pick(static_cast<int>(gpus.size()) - 1)]);
+        break;
+      default:
+        c = TinyCustomConfig();
+    }
+    std::set<std::string> fields;
+    const int mutations = v.Pick(4);
+    for (int i = 0; i < mutations; ++i) Mutate(c, v, fields);
+    absl::StatusOr<MemoryPlan> plan = PlanMemory(c);
+    if (plan.ok()) {
+      ++planned;
+      ExpectPlanInvariants(c, *plan, rng);
+      if (HasFatalFailure()) return;
+      // Same input, same plan; and the step keys are what PlanStepKeys gives for it.
+      absl::StatusOr<std::vector<PlannedStepKey>> keys = PlanStepKeys(c);
+      ASSERT_TRUE(keys.ok()) << keys.status();
+      ASSERT_EQ(keys->size(), plan->step_keys.size());
+      continue;
+    }
+    (plan.status().code() == absl::StatusCode::kResourceExhausted ? exhausted : refused) += 1;
+    ExpectRefusal(plan.status(), fields, c);
+    if (HasFatalFailure()) return;
+    // Resolving alone refuses the same input the same way, unless only the budget failed.
+    absl::StatusOr<config::PlannerConfig> resolved = ResolvePlannerConfig(c);
+    if (plan.status().code() == absl::StatusCode::kResourceExhausted) {
+      ASSERT_TRUE(resolved.ok()) << resolved.status();
+    } else if (!resolved.ok()) {
+      ASSERT_EQ(resolved.status(), plan.status());
+      ASSERT_EQ(PlanStepKeys(c).status(), plan.status());
+    }
+  }
+  // Each outcome in earnest (2147, 1685 and 168 at this seed).
+  EXPECT_GT(planned, 1000);
+  EXPECT_GT(refused, 1000);
+  EXPECT_GT(exhausted, 80);
+}
+
+// Every field alone at each edge value, the rest the default: a refusal names that very field.
+TEST(MemoryPlannerSweepTest, EachFieldAtEachEdgeNamesItself) {
+  struct Field {
+    const char* name;  // as the message gives it
+    std::function<void(config::PlannerConfig&, int64_t)> set;
+    int64_t limit;
+  };
+  const std::vector<Field> fields = {
+      {"model.hidden_size", [](auto& c, int64_t x) { c.mutable_model()->set_hidden_size(x); },
+       1 << 20},
+      {"model.num_layers", [](auto& c, int64_t x) { c.mutable_model()->set_num_layers(x); },
+       1 << 12},
+      {"model.num_heads", [](auto& c, int64_t x) { c.mutable_model()->set_num_heads(x); }, 1 << 12},
+      {"model.num_kv_heads", [](auto& c, int64_t x) { c.mutable_model()->set_num_kv_heads(x); },
+       1 << 12},
+      {"model.head_dim", [](auto& c, int64_t x) { c.mutable_model()->set_head_dim(x); }, 1 << 12},
+      {"model.intermediate_size",
+       [](auto& c, int64_t x) { c.mutable_model()->set_intermediate_size(x); }, 1 << 20},
+      {"model.vocab_size", [](auto& c, int64_t x) { c.mutable_model()->set_vocab_size(x); },
+       1 << 24},
+      {"gpu.sm_count", [](auto& c, int64_t x) { c.mutable_gpu()->set_sm_count(x); }, 1 << 16},
+      {"max_num_seqs", [](auto& c, int64_t x) { c.set_max_num_seqs(x); }, 1 << 20},
+      {"max_num_batched_tokens", [](auto& c, int64_t x) { c.set_max_num_batched_tokens(x); },
+       1 << 24},
+      {"block_size", [](auto& c, int64_t x) { c.set_block_size(x); }, 1 << 16},
+      {"max_model_len", [](auto& c, int64_t x) { c.set_max_model_len(x); }, 1 << 24},
+      {"tensor_parallel_size", [](auto& c, int64_t x) { c.set_tensor_parallel_size(x); }, 1 << 12},
+      {"graph.max_capture_size",
+       [](auto& c, int64_t x) { c.mutable_graph()->set_max_capture_size(x); }, 256},
+  };
+  int refused = 0;
+  for (const Field& f : fields) {
+    for (int64_t x :
+         {int64_t{kInt32Min}, int64_t{-1}, int64_t{0}, f.limit + 1, int64_t{kInt32Max}}) {
+      config::PlannerConfig c = DefaultPlannerConfig();
+      f.set(c, x);
+      absl::Status status = PlanMemory(c).status();
+      ASSERT_FALSE(status.ok()) << f.name << " " << x;
+      ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << f.name << " " << x;
+      const std::string message(status.message());
+      // The field and its value, except where it breaks a relation with another (named too).
+      ASSERT_THAT(message, HasSubstr(f.name)) << x;
+      ++refused;
+    }
+  }
+  for (uint64_t x : {uint64_t{0}, (uint64_t{1} << 50) + 1, kUint64Max}) {
+    config::PlannerConfig c = DefaultPlannerConfig();
+    c.mutable_gpu()->set_total_bytes(x);
+    ASSERT_THAT(std::string(PlanMemory(c).status().message()), HasSubstr("gpu.total_bytes"));
+  }
+  for (double u :
+       {0.0, -0.0, -1.0, std::nextafter(1.0, 2.0), std::numeric_limits<double>::quiet_NaN(),
+        std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()}) {
+    config::PlannerConfig c = DefaultPlannerConfig();
+    c.set_gpu_memory_utilization(u);
+    const absl::Status status = PlanMemory(c).status();
+    ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << u;
+    ASSERT_THAT(std::string(status.message()), HasSubstr("gpu_memory_utilization"));
+    ASSERT_THAT(std::string(status.message()), HasSubstr("is outside (0, 1]"));
+  }
+  for (int d : {-1, 5, 99}) {
+    config::PlannerConfig c = DefaultPlannerConfig();
+    c.mutable_model()->set_dtype(static_cast<config::DType>(d));
+    ASSERT_THAT(std::string(PlanMemory(c).status().message()),
+                HasSubstr("model.dtype is " + std::to_string(d) + ";"));
+    c = DefaultPlannerConfig();
+    c.set_kv_cache_dtype(static_cast<config::DType>(d));
+    ASSERT_THAT(std::string(PlanMemory(c).status().message()),
+                HasSubstr("kv_cache_dtype " + std::to_string(d) + " is not a known type"));
+  }
+  EXPECT_EQ(refused, static_cast<int>(fields.size()) * 5);
+}
+
+// Tiny and huge GPUs, with max_model_len against the block size both ways (a block longer than
+// any sequence, a sequence of one block, of many): the block count is the largest that fits, or
+// the budget is refused with the shortfall.
+TEST(MemoryPlannerSweepTest, GpuSizesAndBlockShapes) {
+  std::mt19937 rng(5);
+  const MemoryPlan base = PlanOrDie(TinyCustomConfig());
+  const int64_t floor = base.reserved_bytes;
+  int planned = 0, exhausted = 0;
+  for (int64_t total :
+       {int64_t{1}, int64_t{4096}, floor - 1, floor, floor + 1, floor + (1 << 20), int64_t{1} << 33,
+        int64_t{1} << 40, (int64_t{1} << 50) - 1, int64_t{1} << 50}) {
+    for (int block_size : {1, 2, 3, 16, 64, 1000, 4096, 65535, 65536}) {
+      for (int max_model_len : {1, 2, 63, 64, 65, 4096, 1 << 20, 1 << 24}) {
+        config::PlannerConfig c = TinyCustomConfig();
+        c.mutable_gpu()->set_total_bytes(static_cast<uint64_t>(std::max<int64_t>(total, 1)));
+        c.set_gpu_memory_utilization(1.0);
+        c.set_block_size(block_size);
+        c.set_max_model_len(max_model_len);
+        absl::StatusOr<MemoryPlan> plan = PlanMemory(c);
+        if (plan.ok()) {
+          ++planned;
+          ExpectPlanInvariants(c, *plan, rng);
+          if (HasFatalFailure()) return;
+        } else {
+          ++exhausted;
+          ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted) << plan.status();
+        }
+      }
+    }
+  }
+  EXPECT_GT(planned, 300);  // 399 and 321 of 720
+  EXPECT_GT(exhausted, 200);
+}
+
+// Every model preset on every GPU preset at every tensor-parallel size up to 64, in each graph
+// mode and execution: a plan that keeps the invariants, no room for a KV block, or a refusal that
+// names tensor_parallel_size.
+TEST(MemoryPlannerSweepTest, EveryPresetGpuAndParallelism) {
+  std::mt19937 rng(9);
+  int planned = 0;
+  for (const std::string& model : ModelPresetNames()) {
+    for (const std::string& gpu : GpuPresetNames()) {
+      for (int tp : {1, 2, 3, 4, 8, 16, 64}) {
+        for (int mode = 1; mode <= 3; ++mode) {
+          config::PlannerConfig c = DefaultPlannerConfig();
+          c.set_model_preset(model);
+          c.set_gpu_preset(gpu);
+          c.set_tensor_parallel_size(tp);
+          c.mutable_graph()->set_mode(static_cast<config::GraphMode>(mode));
+          c.mutable_graph()->set_execution(mode == 2 ? config::GRAPH_EXECUTION_PIECEWISE
+                                                     : config::GRAPH_EXECUTION_FULL);
+          c.set_kv_cache_dtype(tp == 8 ? config::DTYPE_FP8_E4M3 : config::DTYPE_UNSPECIFIED);
+          absl::StatusOr<MemoryPlan> plan = PlanMemory(c);
+          if (plan.ok()) {
+            ++planned;
+            ExpectPlanInvariants(c, *plan, rng);
+            if (HasFatalFailure()) return;
+          } else {
+            ExpectRefusal(plan.status(), {"tensor_parallel_size"}, c);
+            if (HasFatalFailure()) return;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(planned, 300);  // 441 of 672
+}
+
+// The public formulas over their whole domain (random shapes inside ResolvePlannerConfig's
+// bounds, the bounds themselves included) equal the same formulas in 128 bits, so none of their
+// products overflowed; outside the domain they return -1, never undefined behaviour.
+TEST(MemoryPlannerSweepTest, FormulasNeverOverflow) {
+  std::mt19937 rng(13);
+  Values v(rng);
+  auto dim = [&](int64_t limit) -> int {
+    switch (v.Pick(3)) {
+      case 0:
+        return 1;
+      case 1:
+        return static_cast<int>(limit);
+      default:
+        return std::uniform_int_distribution<int>(1, static_cast<int>(limit))(rng);
+    }
+  };
+  for (int trial = 0; trial < 20000; ++trial) {
+    config::ModelShape m;
+    m.set_hidden_size(dim(1 << 20));
+    m.set_intermediate_size(dim(1 << 20));
+    m.set_num_layers(dim(1 << 12));
+    m.set_num_heads(dim(1 << 12));
+    m.set_num_kv_heads(dim(1 << 12));
+    m.set_head_dim(dim(1 << 12));
+    m.set_vocab_size(dim(1 << 24));
+    m.set_dtype(static_cast<config::DType>(1 + v.Pick(3)));
+    m.set_tie_embeddings(v.Coin());
+    m.set_attention_bias(v.Coin());
+    m.set_qk_norm(v.Coin());
+    const int tp = dim(1 << 12);
+    const int64_t tokens = v.Coin() ? int64_t{1} << 24 : v.Pick(1 << 24);
+    const int64_t rows = v.Coin() ? int64_t{1} << 20 : v.Pick(1 << 20);
+
+    const int128 h = m.hidden_size(), d = m.head_dim(), heads = m.num_heads() / tp;
+    const int128 kv = m.num_kv_heads() >= tp ? m.num_kv_heads() / tp : 1;
+    const int128 ffn = m.intermediate_size() / tp, vocab = m.vocab_size();
+    const int128 qkv = (heads + 2 * kv) * d;
+    const int128 layer = h * qkv + (m.attention_bias() ? qkv : 0) + (m.qk_norm() ? 2 * d : 0) +
+                         heads * d * h + h * 2 * ffn + ffn * h + 2 * h;
+    const int128 params =
+        vocab * h + m.num_layers() * layer + h + (m.tie_embeddings() ? 0 : vocab * h);
+    ASSERT_TRUE(WeightParamsPerRank(m, tp) == params) << m.ShortDebugString() << " tp " << tp;
+    ASSERT_TRUE(params * 4 < kInt64Max);  // the weights term, in the widest dtype
+    ASSERT_EQ(KvHeadsPerRank(m, tp), static_cast<int>(kv));
+    ASSERT_TRUE(KvBytesPerToken(m, config::DTYPE_FP32, tp) == 2 * m.num_layers() * kv * d * 4);
+    const int128 e = m.dtype() == config::DTYPE_FP8_E4M3 ? 2 : DTypeBytes(m.dtype());
+    ASSERT_TRUE(ActivationBytesPerToken(m, tp) == (3 * h + qkv + heads * d + 2 * ffn + ffn) * e);
+    auto aligned = [](int128 b) { return (b + 255) / 256 * 256; };
+    const int128 arena = 3 * aligned(tokens * h * e) + aligned(tokens * qkv * e) +
+                         aligned(tokens * heads * d * e) + aligned(tokens * 2 * ffn * e) +
+                         aligned(tokens * ffn * e) + aligned(rows * h * e) +
+                         aligned(std::min<int64_t>(tokens, 8) * h * e);
+    ASSERT_TRUE(ActivationArenaBytes(m, tp, tokens, rows) == arena);
+    ASSERT_EQ(GraphNodesOutsideAttention(m, tp), m.num_layers() * (tp > 1 ? 11 : 9) + 6);
+
+    // One field pushed out of the domain: -1.
+    config::ModelShape out = m;
+    int bad_tp = tp;
+    const int32_t wild[] = {kInt32Min, -1, 0, kInt32Max};
+    const int32_t x = wild[v.Pick(3)];
+    switch (v.Pick(7)) {
+      case 0:
+        out.set_hidden_size(x);
+        break;
+      case 1:
+        out.set_intermediate_size(x);
+        break;
+      case 2:
+        out.set_num_layers(x);
+        break;
+      case 3:
+        out.set_num_heads(x);
+        break;
+      case 4:
+        out.set_num_kv_heads(x);
+        break;
+      case 5:
+        out.set_head_dim(x);
+        break;
+      case 6:
+        out.set_vocab_size(x);
+        break;
+      default:
+        bad_tp = x;
+    }
+    ASSERT_EQ(WeightParamsPerRank(out, bad_tp), -1);
+    ASSERT_EQ(KvBytesPerToken(out, config::DTYPE_FP32, bad_tp), -1);
+    ASSERT_EQ(ActivationBytesPerToken(out, bad_tp), -1);
+    ASSERT_EQ(ActivationArenaBytes(out, bad_tp, tokens, rows), -1);
+    ASSERT_EQ(GraphNodesOutsideAttention(out, bad_tp), -1);
+    ASSERT_EQ(KvHeadsPerRank(out, bad_tp), -1);
+    for (int64_t n : {kInt64Min, int64_t{-1}, (int64_t{1} << 24) + 1, kInt64Max}) {
+      ASSERT_EQ(ActivationArenaBytes(m, tp, n, 1), -1);
+      ASSERT_EQ(ActivationArenaBytes(m, tp, 1, n), -1);
+    }
+  }
+}
+
+// Values a caller may pass anywhere: FormatBytes and DTypeName of anything, EstimatesFor and
+// PlanStepKeys of configs that were never resolved.
+TEST(MemoryPlannerSweepTest, UnresolvedInputsToEveryFunction) {
+  for (int64_t b : {kInt64Min, kInt64Min + 1, int64_t{-1025}, int64_t{0}, int64_t{1023},
+                    int64_t{1024}, kInt64Max}) {
+    const std::string text = FormatBytes(b);
+    EXPECT_FALSE(text.empty()) << b;
+    EXPECT_EQ(text[0] == '-', b < 0) << text;
+  }
+  EXPECT_EQ(FormatBytes(kInt64Min), "-8589934592.00 GiB");
+  for (int d = -3; d < 300; ++d) {
+    const auto dtype = static_cast<config::DType>(d);
+    EXPECT_EQ(DTypeName(dtype) == "unspecified", DTypeBytes(dtype) == 0) << d;
+  }
+
+  std::mt19937 rng(17);
+  Values v(rng);
+  for (int trial = 0; trial < 2000; ++trial) {
+    config::PlannerConfig c = v.Coin() ? DefaultPlannerConfig() : TinyCustomConfig();
+    std::set<std::string> fields;
+    for (int i = v.Pick(4); i >= 0; --i) Mutate(c, v, fields);
+    const PlannerEstimates e = EstimatesFor(c);
+    for (int64_t x : {e.activation_bytes_per_token, e.graph_bytes_per_graph, e.graph_bytes_per_node,
+                      e.cublaslt_workspace_bytes, e.custom_allreduce_buffer_bytes, e.nccl_bytes,
+                      e.margin_bytes}) {
+      ASSERT_GE(x, 0) << c.calibration().ShortDebugString();
+    }
+    absl::StatusOr<config::PlannerConfig> resolved = ResolvePlannerConfig(c);
+    absl::StatusOr<std::vector<PlannedStepKey>> keys = PlanStepKeys(c);
+    if (!resolved.ok()) {
+      ASSERT_EQ(keys.status(), resolved.status());
+      continue;
+    }
+    absl::StatusOr<std::vector<PlannedStepKey>> from_resolved = PlanStepKeys(*resolved);
+    ASSERT_EQ(keys.ok(), from_resolved.ok());
+    if (!keys.ok()) {
+      ExpectRefusal(keys.status(), fields, c);
+      if (HasFatalFailure()) return;
+      continue;
+    }
+    ASSERT_EQ(keys->size(), from_resolved->size());
+    for (size_t i = 0; i < keys->size(); ++i) {
+      ASSERT_EQ((*keys)[i].key, (*from_resolved)[i].key);
+      ASSERT_EQ((*keys)[i].activation_bytes, (*from_resolved)[i].activation_bytes);
+      ASSERT_EQ((*keys)[i].metadata_bytes, (*from_resolved)[i].metadata_bytes);
+    }
+  }
+}
+
+// The largest lists a config can hold: 65536 decode sizes and 65536 prefill budgets, in piecewise
+// graphs of the deepest model (2^17 keys, 2^29 graphs): planned or refused, without overflow.
+TEST(MemoryPlannerSweepTest, LongestCaptureLists) {
+  config::PlannerConfig c = DefaultPlannerConfig();
+  c.set_model_preset("llama-3.2-1b");
+  c.set_gpu_preset("h200");
+  c.set_max_num_seqs(65536);
+  c.set_max_num_batched_tokens(65536);
+  c.mutable_model()->set_num_layers(1 << 12);
+  c.mutable_graph()->set_execution(config::GRAPH_EXECUTION_PIECEWISE);
+  c.mutable_calibration()->set_graph_bytes_per_graph(uint64_t{1} << 30);
+  c.mutable_calibration()->set_graph_bytes_per_node(uint64_t{1} << 20);
+  for (int s = 65536; s >= 1; --s) {
+    c.mutable_graph()->add_capture_sizes(s);
+    c.mutable_graph()->add_prefill_sizes(s);
+  }
+  absl::StatusOr<MemoryPlan> plan = PlanMemory(c);
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted) << plan.status();
+  EXPECT_THAT(std::string(plan.status().message()), HasSubstr("largest term: graph_executables"));
+  // With the graphs and the model at a sane size the same lists plan.
+  c.mutable_model()->set_num_layers(2);
+  c.clear_calibration();
+  c.mutable_graph()->set_execution(config::GRAPH_EXECUTION_FULL);
+  c.set_gpu_preset("h200");
+  c.clear_gpu();
+  c.mutable_gpu()->set_total_bytes(uint64_t{1} << 50);
+  std::mt19937 rng(1);
+  plan = PlanMemory(c);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->num_graphs, 2 * 65536);
+  ExpectPlanInvariants(c, *plan, rng);
 }
 
 }  // namespace
