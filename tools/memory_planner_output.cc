@@ -14,7 +14,8 @@ namespace kiln {
 namespace {
 
 std::string Thousands(int64_t n) {
-  const std::string digits = absl::StrCat(n < 0 ? -n : n);
+  // The magnitude as unsigned: -n overflows for INT64_MIN.
+  const std::string digits = absl::StrCat(n < 0 ? 0 - static_cast<uint64_t>(n) : n);
   std::string out;
   for (size_t i = 0; i < digits.size(); ++i) {
     if (i > 0 && (digits.size() - i) % 3 == 0) out.push_back(',');
@@ -62,8 +63,61 @@ std::string Title(const MemoryPlan& plan) {
                       ", tensor_parallel_size ", c.tensor_parallel_size());
 }
 
+// Returns the length of the well-formed UTF-8 sequence (RFC 3629: no overlong forms, no
+// surrogates, nothing above U+10FFFF) at the start of `text`, or 0 if there is none.
+size_t Utf8Length(absl::string_view text) {
+  const auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
+  const unsigned char b0 = byte(0);
+  if (b0 < 0x80) return 1;
+  size_t n;
+  unsigned char lo = 0x80, hi = 0xbf;  // the second byte's range
+  if (b0 >= 0xc2 && b0 <= 0xdf) {
+    n = 2;
+  } else if (b0 >= 0xe0 && b0 <= 0xef) {
+    n = 3;
+    if (b0 == 0xe0) lo = 0xa0;
+    if (b0 == 0xed) hi = 0x9f;
+  } else if (b0 >= 0xf0 && b0 <= 0xf4) {
+    n = 4;
+    if (b0 == 0xf0) lo = 0x90;
+    if (b0 == 0xf4) hi = 0x8f;
+  } else {
+    return 0;
+  }
+  if (text.size() < n || byte(1) < lo || byte(1) > hi) return 0;
+  for (size_t i = 2; i < n; ++i) {
+    if (byte(i) < 0x80 || byte(i) > 0xbf) return 0;
+  }
+  return n;
+}
+
+// Returns `text` with each byte that starts no well-formed UTF-8 sequence replaced by U+FFFD, and
+// with `xml` also the characters XML 1.0 cannot hold, even escaped (controls but tab, newline and
+// return; U+FFFE and U+FFFF). A model or GPU name comes from the user (a flag, a config file); a
+// name of any bytes must still give a well-formed SVG and JSON (protobuf's JSON printer drops
+// such a string's bad bytes with an error on stderr).
+std::string ValidText(absl::string_view text, bool xml) {
+  constexpr absl::string_view kReplacement = "\xef\xbf\xbd";
+  std::string out;
+  while (!text.empty()) {
+    const size_t n = Utf8Length(text);
+    const absl::string_view c = text.substr(0, n);
+    const bool bad_for_xml = xml && ((n == 1 && static_cast<unsigned char>(c[0]) < 0x20 &&
+                                      c[0] != '\t' && c[0] != '\n' && c[0] != '\r') ||
+                                     c == "\xef\xbf\xbe" || c == "\xef\xbf\xbf");
+    if (n == 0 || bad_for_xml) {
+      out.append(kReplacement.data(), kReplacement.size());
+      text.remove_prefix(n == 0 ? 1 : n);
+      continue;
+    }
+    out.append(c.data(), c.size());
+    text.remove_prefix(n);
+  }
+  return out;
+}
+
 std::string EscapeXml(const std::string& text) {
-  return absl::StrReplaceAll(text,
+  return absl::StrReplaceAll(ValidText(text, /*xml=*/true),
                              {{"&", "&amp;"}, {"<", "&lt;"}, {">", "&gt;"}, {"\"", "&quot;"}});
 }
 
@@ -97,6 +151,16 @@ const char* TermColor(const std::string& name) {
 tools::MemoryPlanReport ToReport(const MemoryPlan& plan, int64_t context_tokens) {
   tools::MemoryPlanReport report;
   *report.mutable_config() = plan.config;
+  // The strings a user gives, made UTF-8 (proto3 strings must be, for JSON and the wire).
+  config::PlannerConfig* c = report.mutable_config();
+  if (c->has_model_preset()) c->set_model_preset(ValidText(c->model_preset(), false));
+  if (c->has_gpu_preset()) c->set_gpu_preset(ValidText(c->gpu_preset(), false));
+  if (c->model().has_name()) c->mutable_model()->set_name(ValidText(c->model().name(), false));
+  if (c->gpu().has_name()) c->mutable_gpu()->set_name(ValidText(c->gpu().name(), false));
+  if (c->model().rope_scaling().has_rope_type()) {
+    c->mutable_model()->mutable_rope_scaling()->set_rope_type(
+        ValidText(c->model().rope_scaling().rope_type(), false));
+  }
   report.set_total_bytes(plan.total_bytes);
   report.set_budget_bytes(plan.budget_bytes);
   for (const MemoryTerm& t : plan.terms) {

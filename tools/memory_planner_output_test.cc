@@ -1,6 +1,10 @@
 #include "tools/memory_planner_output.h"
 
+#include <cstdint>
+#include <limits>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
@@ -78,6 +82,98 @@ TEST(MemoryPlannerOutputTest, SvgSegmentsCoverTheBarInProportion) {
   snprintf(expected, sizeof(expected), "width=\"%.2f\"", kv_width);
   EXPECT_THAT(svg, HasSubstr(expected));
   EXPECT_THAT(svg, HasSubstr("outside budget"));
+}
+
+// Decodes `text` as UTF-8 code points; false where it is not well-formed (RFC 3629).
+bool DecodeUtf8(const std::string& text, std::vector<uint32_t>* out) {
+  for (size_t i = 0; i < text.size();) {
+    const unsigned char b = text[i];
+    const int n = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + n > text.size()) return false;
+    uint32_t cp = n == 1 ? b : b & (0x7f >> n);
+    for (int k = 1; k < n; ++k) {
+      const unsigned char c = text[i + k];
+      if ((c >> 6) != 2) return false;
+      cp = (cp << 6) | (c & 0x3f);
+    }
+    const uint32_t min[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    out->push_back(cp);
+    i += n;
+  }
+  return true;
+}
+
+// Model and GPU names of random bytes (NUL, controls, markup, broken UTF-8) on random plans, at
+// any context: the table names every term, the SVG is well-formed UTF-8 XML text (no character
+// XML forbids, every '&' an entity, every element closed), and JSON and the textproto read back
+// as the report, whose names are UTF-8.
+TEST(MemoryPlannerOutputTest, SweepNamesAndPlansRenderWellFormed) {
+  std::mt19937 rng(29);
+  auto pick = [&](int hi) { return std::uniform_int_distribution<int>(0, hi)(rng); };
+  const std::vector<std::string> models = {"llama-3.2-1b", "llama-3.1-8b", "qwen3-4b"};
+  const int64_t contexts[] = {std::numeric_limits<int64_t>::min(), -1, 0, 1, 8192,
+                              std::numeric_limits<int64_t>::max()};
+  for (int trial = 0; trial < 150; ++trial) {
+    config::PlannerConfig config = DefaultPlannerConfig();
+    config.set_model_preset(models[pick(2)]);
+    config.set_gpu_preset(pick(1) == 0 ? "h200" : "h100");
+    config.set_tensor_parallel_size(1 << pick(2));
+    config.mutable_graph()->set_mode(static_cast<config::GraphMode>(1 + pick(2)));
+    std::string name, gpu_name;
+    for (int i = pick(24); i > 0; --i) name.push_back(static_cast<char>(pick(255)));
+    for (int i = pick(8); i > 0; --i) gpu_name.push_back("<&>\"'\x01\xc3\xa9\xff"[pick(8)]);
+    config.mutable_model()->set_name(name);
+    config.mutable_gpu()->set_name(gpu_name);
+    absl::StatusOr<MemoryPlan> plan = PlanMemory(config);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const int64_t context = contexts[pick(5)];
+
+    const std::string table = RenderTable(*plan, context);
+    for (const MemoryTerm& t : plan->terms) ASSERT_THAT(table, HasSubstr("\n" + t.name + " "));
+
+    const std::string svg = RenderSvg(*plan);
+    std::vector<uint32_t> cps;
+    ASSERT_TRUE(DecodeUtf8(svg, &cps)) << "not UTF-8 for a name of bytes " << name.size();
+    for (uint32_t cp : cps) {
+      ASSERT_TRUE(cp == '\n' || cp == '\t' || cp == '\r' ||
+                  (cp >= 0x20 && cp != 0xfffe && cp != 0xffff))
+          << "U+" << std::hex << cp << " is not an XML character";
+    }
+    for (size_t at = svg.find('&'); at != std::string::npos; at = svg.find('&', at + 1)) {
+      const std::string rest = svg.substr(at, 6);
+      ASSERT_TRUE(rest.rfind("&amp;", 0) == 0 || rest.rfind("&lt;", 0) == 0 ||
+                  rest.rfind("&gt;", 0) == 0 || rest.rfind("&quot;", 0) == 0)
+          << rest;
+    }
+    auto count = [&](const std::string& what) {
+      int n = 0;
+      for (size_t at = svg.find(what); at != std::string::npos; at = svg.find(what, at + 1)) ++n;
+      return n;
+    };
+    ASSERT_EQ(count("<text "), count("</text>"));
+    ASSERT_EQ(count("<title>"), count("</title>"));
+    ASSERT_EQ(count("<svg "), 1);
+    ASSERT_EQ(svg.substr(svg.size() - 7), "</svg>\n");
+
+    const tools::MemoryPlanReport report = ToReport(*plan, context);
+    std::vector<uint32_t> ignored;
+    ASSERT_TRUE(DecodeUtf8(report.config().model().name(), &ignored));
+    ASSERT_TRUE(DecodeUtf8(report.config().gpu().name(), &ignored));
+    std::vector<uint32_t> name_cps;
+    if (DecodeUtf8(name, &name_cps)) {
+      ASSERT_EQ(report.config().model().name(), name);  // valid names are kept as they are
+    }
+    tools::MemoryPlanReport from_json;
+    ASSERT_TRUE(
+        google::protobuf::util::JsonStringToMessage(RenderJson(*plan, context), &from_json).ok());
+    ASSERT_EQ(from_json.SerializeAsString(), report.SerializeAsString());
+    tools::MemoryPlanReport from_text;
+    ASSERT_TRUE(
+        google::protobuf::TextFormat::ParseFromString(RenderTextProto(*plan, context), &from_text));
+    ASSERT_EQ(from_text.SerializeAsString(), report.SerializeAsString());
+    ASSERT_EQ(report.max_concurrency(), plan->MaxConcurrency(context));
+  }
 }
 
 }  // namespace
