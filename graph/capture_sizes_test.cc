@@ -1,7 +1,12 @@
 #include "graph/capture_sizes.h"
 
 #include <algorithm>
+#include <climits>
+#include <iterator>
+#include <optional>
 #include <random>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -97,7 +102,7 @@ TEST(CaptureSizesTest, SpotValues) {
 }
 
 TEST(CaptureSizesTest, RandomUserListsPadCorrectly) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937 rng(20261127);  // seeded: a failure reproduces
   for (int trial = 0; trial < 50; ++trial) {
     const int limit = std::uniform_int_distribution<int>(1, 3000)(rng);
     std::vector<int> pool(limit);
@@ -178,6 +183,168 @@ TEST(CaptureSizesTest, ToStringShortensLongLists) {
   absl::StatusOr<CaptureSizes> large = CaptureSizes::Decode(1024);
   ASSERT_TRUE(large.ok());
   EXPECT_EQ(large->ToString(4), "1, 2, 4, ..., 1024 (51 sizes)");
+}
+
+// Every limit a caller can pass, in and out of [1, kMaxLimit]: the default lists are ascending,
+// unique, within [1, limit] and end at the limit, and Decode/Prefill take exactly the limits the
+// lists do.
+TEST(CaptureSizesTest, SweepDefaultListsOverEveryLimit) {
+  const int max = CaptureSizes::kMaxLimit;
+  std::vector<int> limits = {INT_MIN, INT_MIN + 1, -max,        -1,     0,
+                             max + 1, max + 2,     INT_MAX - 1, INT_MAX};
+  for (int limit = 1; limit <= max; ++limit) limits.push_back(limit);
+  for (int limit : limits) {
+    const bool valid = limit >= 1 && limit <= max;
+    const std::vector<int> decode = CaptureSizes::DefaultDecodeSizes(limit);
+    const std::vector<int> prefill = CaptureSizes::DefaultPrefillSizes(limit);
+    for (const std::vector<int>* list : {&decode, &prefill}) {
+      if (!valid) {
+        ASSERT_TRUE(list->empty()) << "limit " << limit;
+        continue;
+      }
+      ASSERT_FALSE(list->empty()) << "limit " << limit;
+      ASSERT_GE(list->front(), 1) << "limit " << limit;
+      ASSERT_EQ(list->back(), limit) << "limit " << limit;
+      ASSERT_TRUE(std::adjacent_find(list->begin(), list->end(),
+                                     [](int a, int b) { return a >= b; }) == list->end())
+          << "limit " << limit << ": not strictly ascending";
+      ASSERT_LE(list->size(), 52u) << "limit " << limit;
+    }
+    if (valid && limit % 97 != 0 && limit > 1100) continue;  // Decode/Prefill: a sample
+    absl::StatusOr<CaptureSizes> d = CaptureSizes::Decode(limit);
+    absl::StatusOr<CaptureSizes> p = CaptureSizes::Prefill(limit);
+    ASSERT_EQ(d.ok(), valid) << "limit " << limit << ": " << d.status();
+    ASSERT_EQ(p.ok(), valid) << "limit " << limit << ": " << p.status();
+    if (valid) {
+      ASSERT_EQ(d->sizes(), decode);
+      ASSERT_EQ(p->sizes(), prefill);
+      ASSERT_EQ(d->PaddedSize(limit), limit);
+      ASSERT_EQ(d->PaddedSize(limit + 1), std::nullopt);
+    } else {
+      ASSERT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+      ASSERT_THAT(std::string(d.status().message()),
+                  HasSubstr("max_num_seqs " + std::to_string(limit) + " is out of range"));
+      ASSERT_THAT(std::string(p.status().message()),
+                  HasSubstr("max_num_tokens " + std::to_string(limit) + " is out of range"));
+    }
+  }
+}
+
+// The message FromList must give for `sizes` under `limit`, found by the rules in the header
+// (the first bad size in the caller's order); empty when the list is valid.
+std::string ExpectedError(const std::vector<int>& sizes, int limit) {
+  if (limit < 1) return "max_num_seqs " + std::to_string(limit) + " is out of range";
+  if (sizes.empty()) return "The capture size list is empty";
+  std::set<int> seen;
+  for (int s : sizes) {
+    const std::string prefix = "Capture size " + std::to_string(s);
+    if (s < 1) return prefix + " is not positive";
+    if (s > limit) return prefix + " exceeds max_num_seqs " + std::to_string(limit);
+    if (s > CaptureSizes::kMaxLimit) return prefix + " is above 65536";
+    if (!seen.insert(s).second) return prefix + " appears more than once";
+  }
+  return "";
+}
+
+// Random and adversarial lists (empty, unsorted, duplicated, zero, negative, above the limit and
+// the table bound, INT_MIN/INT_MAX) under random and adversarial limits: a valid list comes back
+// sorted and pads every n to the smallest size >= n; any other is InvalidArgument naming the
+// first bad value.
+TEST(CaptureSizesTest, SweepUserListsAgainstTheRules) {
+  std::mt19937 rng(1127);
+  const int max = CaptureSizes::kMaxLimit;
+  const int special[] = {INT_MIN, INT_MIN + 1, -max, -1,      0,   1,       2,           3,      8,
+                         255,     256,         257,  max - 1, max, max + 1, INT_MAX - 1, INT_MAX};
+  auto pick = [&](int hi) { return std::uniform_int_distribution<int>(0, hi)(rng); };
+  int valid = 0, invalid = 0;
+  for (int trial = 0; trial < 4000; ++trial) {
+    int limit;
+    switch (pick(3)) {
+      case 0:
+        limit = special[pick(static_cast<int>(std::size(special)) - 1)];
+        break;
+      case 1:
+        limit = 1 + pick(300);
+        break;
+      case 2:
+        limit = 1 + pick(max + 100);
+        break;
+      default:
+        limit = std::uniform_int_distribution<int>(INT_MIN, INT_MAX)(rng);
+    }
+    const int length = pick(4) == 0 ? 0 : 1 + pick(pick(1) == 0 ? 8 : 200);
+    std::vector<int> sizes;
+    for (int i = 0; i < length; ++i) {
+      const int kind = pick(19);
+      if (kind == 0) {
+        sizes.push_back(special[pick(static_cast<int>(std::size(special)) - 1)]);
+      } else if (kind == 1 && !sizes.empty()) {
+        sizes.push_back(sizes[pick(static_cast<int>(sizes.size()) - 1)]);  // a duplicate
+      } else if (kind == 2) {
+        sizes.push_back(std::uniform_int_distribution<int>(INT_MIN, INT_MAX)(rng));
+      } else {
+        // Mostly plausible sizes under the limit, so that many lists are valid.
+        const int hi = std::max(1, std::min(limit, max));
+        sizes.push_back(1 + pick(hi - 1));
+      }
+    }
+    if (pick(1) == 0) {  // drop duplicates half the time, again for more valid lists
+      std::vector<int> unique;
+      std::set<int> seen;
+      for (int s : sizes) {
+        if (seen.insert(s).second) unique.push_back(s);
+      }
+      sizes = unique;
+    }
+    const std::string want = ExpectedError(sizes, limit);
+    absl::StatusOr<CaptureSizes> got = CaptureSizes::FromList(sizes, limit, "max_num_seqs");
+    if (!want.empty()) {
+      ++invalid;
+      ASSERT_FALSE(got.ok()) << "limit " << limit << ", want: " << want;
+      ASSERT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+      ASSERT_THAT(std::string(got.status().message()), HasSubstr(want));
+      continue;
+    }
+    ++valid;
+    ASSERT_TRUE(got.ok()) << got.status();
+    std::vector<int> sorted = sizes;
+    std::sort(sorted.begin(), sorted.end());
+    ASSERT_EQ(got->sizes(), sorted);
+    ASSERT_EQ(got->max_size(), sorted.back());
+    ASSERT_EQ(got->LargestFirst(), std::vector<int>(sorted.rbegin(), sorted.rend()));
+    for (int n : {INT_MIN, -1, 0, 1, sorted.front(), sorted.back() - 1, sorted.back(),
+                  sorted.back() + 1, max, max + 1, INT_MAX, 1 + pick(sorted.back())}) {
+      ASSERT_EQ(got->PaddedSize(n), ScanPadded(sorted, n)) << "n " << n;
+    }
+    for (int items : {INT_MIN, -1, 0, 1, 2, 3, 12, INT_MAX}) {
+      const std::string text = got->ToString(items);
+      ASSERT_THAT(text, HasSubstr(std::to_string(sorted.back())));
+      ASSERT_EQ(text.find('\n'), std::string::npos);
+    }
+  }
+  // Both outcomes are exercised in earnest.
+  EXPECT_GT(valid, 500);
+  EXPECT_GT(invalid, 500);
+}
+
+// The largest lists: every size up to the table bound (the whole padding table), and a very long
+// list that repeats a size, which must fail at the repeat rather than build a huge table.
+TEST(CaptureSizesTest, LongestLists) {
+  std::vector<int> every(CaptureSizes::kMaxLimit);
+  for (int i = 0; i < CaptureSizes::kMaxLimit; ++i) every[i] = CaptureSizes::kMaxLimit - i;
+  absl::StatusOr<CaptureSizes> all = CaptureSizes::FromList(every, INT_MAX, "max_num_seqs");
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->sizes().size(), static_cast<size_t>(CaptureSizes::kMaxLimit));
+  EXPECT_EQ(all->PaddedSize(CaptureSizes::kMaxLimit), CaptureSizes::kMaxLimit);
+  EXPECT_EQ(all->PaddedSize(12345), 12345);
+  EXPECT_EQ(all->ToString(3), "1, 2, ..., 65536 (65536 sizes)");
+
+  std::vector<int> repeated(1 << 20, 7);
+  absl::Status status = CaptureSizes::FromList(repeated, 8, "max_num_seqs").status();
+  EXPECT_THAT(std::string(status.message()), HasSubstr("Capture size 7 appears more than once"));
+  every.push_back(CaptureSizes::kMaxLimit + 1);
+  status = CaptureSizes::FromList(every, INT_MAX, "max_num_seqs").status();
+  EXPECT_THAT(std::string(status.message()), HasSubstr("Capture size 65537 is above 65536"));
 }
 
 }  // namespace

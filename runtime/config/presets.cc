@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -74,6 +75,12 @@ constexpr GpuEntry kGpus[] = {
     {"l40s-48gb", "l40s", "NVIDIA L40S", 46068, 142},
 };
 
+// Quotes a name the user gave for a message, with C escapes: a newline or a terminal escape in a
+// config file's value must not break the message's one line.
+std::string Quoted(absl::string_view name) {
+  return absl::StrCat("\"", absl::Utf8SafeCHexEscape(name), "\"");
+}
+
 }  // namespace
 
 absl::StatusOr<ModelShape> ModelPreset(absl::string_view name) {
@@ -105,9 +112,10 @@ absl::StatusOr<ModelShape> ModelPreset(absl::string_view name) {
     }
     return shape;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "Unknown model preset \"", name, "\"; use one of ", absl::StrJoin(ModelPresetNames(), ", "),
-      " or give the shape field by field (hidden_size, num_layers, ...)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("Unknown model preset ", Quoted(name), "; use one of ",
+                   absl::StrJoin(ModelPresetNames(), ", "),
+                   " or give the shape field by field (hidden_size, num_layers, ...)"));
 }
 
 absl::StatusOr<GpuSpec> GpuPreset(absl::string_view name) {
@@ -121,7 +129,7 @@ absl::StatusOr<GpuSpec> GpuPreset(absl::string_view name) {
     return gpu;
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "Unknown GPU preset \"", name, "\"; use one of ", absl::StrJoin(GpuPresetNames(), ", "),
+      "Unknown GPU preset ", Quoted(name), "; use one of ", absl::StrJoin(GpuPresetNames(), ", "),
       ", \"auto\" on a GPU machine, or give total_bytes and sm_count"));
 }
 

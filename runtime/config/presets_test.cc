@@ -1,7 +1,15 @@
 #include "runtime/config/presets.h"
 
+#include <algorithm>
+#include <cctype>
+#include <cstdint>
+#include <random>
 #include <string>
+#include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -167,6 +175,115 @@ TEST(PresetsTest, DefaultConfig) {
   EXPECT_EQ(config.gpu_memory_utilization(), 0.9);
   EXPECT_EQ(config.max_num_seqs(), 256);
   EXPECT_EQ(config.graph().capture_sizes_size(), 0);  // the default list
+}
+
+// Returns `name` with each letter's case flipped at random.
+std::string RandomCase(const std::string& name, std::mt19937& rng) {
+  std::string out = name;
+  for (char& c : out) {
+    if (std::uniform_int_distribution<int>(0, 1)(rng) == 0) {
+      c = static_cast<char>(std::isupper(static_cast<unsigned char>(c))
+                                ? std::tolower(static_cast<unsigned char>(c))
+                                : std::toupper(static_cast<unsigned char>(c)));
+    }
+  }
+  return out;
+}
+
+// Every preset name in random cases resolves to the same preset; every near miss (spaces around
+// it, a character more or less, NUL, newline, a terminal escape, bytes that are not UTF-8, a
+// megabyte of text) is InvalidArgument with the name quoted on one line, escaped, and the known
+// names listed.
+TEST(PresetsTest, SweepNamesAndNearMisses) {
+  std::mt19937 rng(23);
+  auto pick = [&](int hi) { return std::uniform_int_distribution<int>(0, hi)(rng); };
+  std::vector<std::string> gpu_names = GpuPresetNames();
+  for (const char* short_name : {"h100", "h200", "a100", "l40s"}) gpu_names.push_back(short_name);
+  const std::string decorations[] = {
+      " ",       "\t",   "\n", "\r", std::string(1, '\0'),
+      "\x1b[2J", "\xff", "-",  "x",  "\xe2\x80\x8b" /* zero-width space */};
+  for (int trial = 0; trial < 3000; ++trial) {
+    const bool model = pick(1) == 0;
+    const std::vector<std::string> names = model ? ModelPresetNames() : gpu_names;
+    const std::string& canonical = names[pick(static_cast<int>(names.size()) - 1)];
+    const std::string name = RandomCase(canonical, rng);
+    if (model) {
+      absl::StatusOr<config::ModelShape> shape = ModelPreset(name);
+      ASSERT_TRUE(shape.ok()) << name << ": " << shape.status();
+      ASSERT_EQ(shape->SerializeAsString(), ModelPreset(canonical)->SerializeAsString());
+    } else {
+      absl::StatusOr<config::GpuSpec> gpu = GpuPreset(name);
+      ASSERT_TRUE(gpu.ok()) << name << ": " << gpu.status();
+      ASSERT_EQ(gpu->SerializeAsString(), GpuPreset(canonical)->SerializeAsString());
+    }
+
+    std::string miss = name;
+    switch (pick(4)) {
+      case 0:
+        miss = decorations[pick(9)] + miss;
+        break;
+      case 1:
+        miss += decorations[pick(9)];
+        break;
+      case 2:
+        miss.erase(pick(static_cast<int>(miss.size()) - 1), 1);
+        break;
+      case 3:
+        miss.insert(pick(static_cast<int>(miss.size())), decorations[pick(9)]);
+        break;
+      default:
+        miss = std::string(pick(3), 'q');  // empty, or nothing like a name
+    }
+    const absl::Status status = model ? ModelPreset(miss).status() : GpuPreset(miss).status();
+    ASSERT_FALSE(status.ok()) << absl::CHexEscape(miss);
+    ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    const std::string message(status.message());
+    ASSERT_THAT(message,
+                HasSubstr(absl::StrCat(model ? "Unknown model preset \"" : "Unknown GPU preset \"",
+                                       absl::Utf8SafeCHexEscape(miss), "\"; use one of ",
+                                       model ? "llama-3.2-1b" : "h100-80gb")));
+    ASSERT_EQ(message.find('\n'), std::string::npos);
+    ASSERT_EQ(message.find('\0'), std::string::npos);
+    ASSERT_EQ(message.find('\x1b'), std::string::npos);
+    ASSERT_FALSE(IsAutoGpuPreset(miss)) << absl::CHexEscape(miss);
+  }
+  for (int trial = 0; trial < 100; ++trial) {
+    EXPECT_TRUE(IsAutoGpuPreset(RandomCase("auto", rng)));
+  }
+  // A megabyte of name: refused like any other (and quoted whole).
+  const std::string huge((1 << 20) + 3, 'q');
+  EXPECT_THAT(std::string(ModelPreset(huge).status().message()), HasSubstr(huge + "\"; use"));
+  EXPECT_THAT(std::string(GpuPreset(huge).status().message()), HasSubstr(huge + "\"; use"));
+}
+
+// What the planner relies on: every model preset is a valid shape well inside its bounds, every
+// GPU preset a positive memory below a PiB with positive SMs, and the names are unique.
+TEST(PresetsTest, EveryPresetIsWithinThePlannersBounds) {
+  std::vector<std::string> seen;
+  for (const std::string& name : ModelPresetNames()) {
+    absl::StatusOr<config::ModelShape> m = ModelPreset(name);
+    ASSERT_TRUE(m.ok()) << m.status();
+    for (int v : {m->hidden_size(), m->num_layers(), m->num_heads(), m->num_kv_heads(),
+                  m->head_dim(), m->intermediate_size(), m->vocab_size()}) {
+      EXPECT_GE(v, 1) << name;
+      EXPECT_LE(v, 1 << 20) << name;
+    }
+    EXPECT_LE(m->num_heads() / m->num_kv_heads(), 64) << name;  // kiln's attention's limit
+    EXPECT_GT(m->rope_theta(), 0) << name;
+    EXPECT_GT(m->rms_norm_eps(), 0) << name;
+    EXPECT_EQ(m->dtype(), config::DTYPE_BF16) << name;
+    seen.push_back(absl::AsciiStrToLower(name));
+  }
+  for (const std::string& name : GpuPresetNames()) {
+    absl::StatusOr<config::GpuSpec> g = GpuPreset(name);
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_GT(g->total_bytes(), 0u) << name;
+    EXPECT_LE(g->total_bytes(), uint64_t{1} << 50) << name;
+    EXPECT_GT(g->sm_count(), 0) << name;
+    seen.push_back(absl::AsciiStrToLower(name));
+  }
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(std::adjacent_find(seen.begin(), seen.end()), seen.end());
 }
 
 }  // namespace
