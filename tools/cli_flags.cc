@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "runtime/config/quoted.h"
 
 namespace kiln {
 namespace {
@@ -31,11 +32,6 @@ struct Arg {
   std::string text;
   int line = 0;
 };
-
-// Quotes a user's text for a message: C escapes for quotes, backslashes and control bytes.
-std::string Quoted(absl::string_view text) {
-  return absl::StrCat("\"", absl::Utf8SafeCHexEscape(text), "\"");
-}
 
 struct FlagfileState {
   std::vector<std::string> open;  // the chain of flagfiles being read, outermost first

@@ -34,6 +34,7 @@
 #include "runtime/config/config_loader.h"
 #include "runtime/config/hf_model.h"
 #include "runtime/config/presets.h"
+#include "runtime/config/quoted.h"
 #include "runtime/cuda/device_info.h"
 #include "runtime/memory/memory_planner.h"
 #include "tools/cli_flags.h"
@@ -144,11 +145,6 @@ int Fail(const std::string& message) {
 }
 
 int Fail(const absl::Status& status) { return Fail(std::string(status.message())); }
-
-// Quotes a flag's text for a message, with C escapes (a newline or terminal escape stays visible).
-std::string Quoted(absl::string_view text) {
-  return absl::StrCat("\"", absl::Utf8SafeCHexEscape(text), "\"");
-}
 
 absl::StatusOr<config::DType> ParseDType(const std::string& text, absl::string_view flag) {
   const std::string t = absl::AsciiStrToLower(text);

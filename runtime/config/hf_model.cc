@@ -18,6 +18,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "runtime/config/file_text.h"
 #include "runtime/config/hf_config.pb.h"
+#include "runtime/config/quoted.h"
 
 namespace kiln {
 namespace {
@@ -60,13 +61,6 @@ std::string OneLineJsonError(absl::string_view message) {
   return absl::StrCat(absl::CHexEscape(what), ", at ^ in \"",
                       absl::CHexEscape(near.substr(0, at)), "^",
                       absl::CHexEscape(near.substr(at)), "\"");
-}
-
-// Quotes a string value of a config.json for a message, with C escapes for quotes, backslashes
-// and control characters: protobuf's parser takes raw control characters inside strings, and a
-// message must not carry them.
-std::string Quoted(absl::string_view value) {
-  return absl::StrCat("\"", absl::Utf8SafeCHexEscape(value), "\"");
 }
 
 // Parses `json` into `out`, skipping the keys `out` has no field for.

@@ -7,6 +7,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "runtime/config/quoted.h"
 
 namespace kiln {
 namespace {
@@ -74,12 +75,6 @@ constexpr GpuEntry kGpus[] = {
     {"a100-80gb", "a100", "NVIDIA A100-SXM4-80GB", 81920, 108},
     {"l40s-48gb", "l40s", "NVIDIA L40S", 46068, 142},
 };
-
-// Quotes a name the user gave for a message, with C escapes: a newline or a terminal escape in a
-// config file's value must not break the message's one line.
-std::string Quoted(absl::string_view name) {
-  return absl::StrCat("\"", absl::Utf8SafeCHexEscape(name), "\"");
-}
 
 }  // namespace
 

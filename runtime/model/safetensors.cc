@@ -21,6 +21,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "runtime/config/quoted.h"
 #include "runtime/cuda/status_macros.h"
 
 namespace kiln {
@@ -50,12 +51,8 @@ std::string ByteName(char c) {
   return absl::StrCat("byte 0x", absl::Hex(u, absl::kZeroPad2));
 }
 
-// Quotes a string from a header (a tensor name, a metadata key) for a message, with C escapes
-// for quotes, backslashes and control characters: JSON escapes can put any of them in a name,
-// and a message must not carry them raw.
-std::string Quote(absl::string_view s) {
-  return absl::StrCat("'", absl::Utf8SafeCHexEscape(s), "'");
-}
+// Quotes a name from a header (a tensor name, a metadata key) for a message: '...', escaped.
+std::string Quote(absl::string_view s) { return Quoted(s, '\''); }
 
 const char* TypeName(JsonValue::Type type) {
   switch (type) {
