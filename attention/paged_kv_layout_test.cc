@@ -13,10 +13,17 @@
 #include <string>
 #include <vector>
 
+#include "attention/internal/sweep_values.h"
 #include "gtest/gtest.h"
 
 namespace kiln {
 namespace {
+
+using attention_internal::Chance;
+using attention_internal::Draw;
+using attention_internal::Uniform;
+using attention_internal::kInt32Max;
+using attention_internal::kInt32Min;
 
 PagedKvLayout Layout(int num_blocks, int block_size) {
   return PagedKvLayout{num_blocks, block_size, /*num_kv_heads=*/2, /*head_dim=*/64,
@@ -181,38 +188,6 @@ TEST(FillSlotMappingTest, MapsNewTokensAndPadsTheRest) {
 // --- Adversarial sweeps: layouts, tables and steps with sizes from the whole int32 range,
 // each checked against a model written here. Seeded, so a failure reproduces.
 
-constexpr int32_t kInt32Max = std::numeric_limits<int32_t>::max();
-constexpr int32_t kInt32Min = std::numeric_limits<int32_t>::min();
-
-// Zero, negatives, one, powers of two and their neighbours, and int32's ends.
-std::vector<int32_t> EdgeValues() {
-  std::vector<int32_t> v = {kInt32Min, kInt32Min + 1, -65536, -2, -1, 0, 1, 2, 3};
-  for (int e = 2; e <= 30; ++e) {
-    v.push_back((int32_t{1} << e) - 1);
-    v.push_back(int32_t{1} << e);
-    v.push_back((int32_t{1} << e) + 1);
-  }
-  v.push_back(kInt32Max - 1);
-  v.push_back(kInt32Max);
-  return v;
-}
-
-int32_t Uniform(std::mt19937& rng, int32_t lo, int32_t hi) {
-  return std::uniform_int_distribution<int32_t>(lo, std::max(lo, hi))(rng);
-}
-
-bool Chance(std::mt19937& rng, double p) {
-  return std::uniform_real_distribution<double>(0, 1)(rng) < p;
-}
-
-// With probability `edge`, an edge value; else uniform in [lo, max(lo, hi)].
-int32_t Draw(std::mt19937& rng, int32_t lo, int32_t hi, double edge) {
-  static const std::vector<int32_t> edges = EdgeValues();
-  if (Chance(rng, edge)) {
-    return edges[std::uniform_int_distribution<size_t>(0, edges.size() - 1)(rng)];
-  }
-  return Uniform(rng, lo, hi);
-}
 
 // Returns "" when `status` has `code` and a message in the house style (capitalised, no final
 // period) holding every string of at least one entry of `expected` (none: any message).

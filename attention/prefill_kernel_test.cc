@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "attention/prefill_kernel.h"
+#include "attention/internal/sweep_values.h"
 #include "attention/prefill_kernel_internal.h"
 #include "attention/prefill_test_util.h"
 #include "gmock/gmock.h"
@@ -17,6 +18,11 @@
 
 namespace kiln {
 namespace {
+
+using attention_internal::EdgeValues;
+using attention_internal::Pick;
+using attention_internal::Uniform;
+using attention_internal::kInt32Max;
 
 using ::testing::HasSubstr;
 using prefill_testing::SeqSpec;
@@ -180,30 +186,6 @@ TEST(PrefillKernelTest, HalfAndBf16ConversionsRoundTrip) {
 
 // --- Adversarial sweeps of the host-side checks. Seeded, so a failure reproduces.
 
-constexpr int32_t kInt32Max = std::numeric_limits<int32_t>::max();
-constexpr int32_t kInt32Min = std::numeric_limits<int32_t>::min();
-
-int32_t Uniform(std::mt19937& rng, int32_t lo, int32_t hi) {
-  return std::uniform_int_distribution<int32_t>(lo, std::max(lo, hi))(rng);
-}
-
-template <typename T>
-T Pick(std::mt19937& rng, const std::vector<T>& values) {
-  return values[std::uniform_int_distribution<size_t>(0, values.size() - 1)(rng)];
-}
-
-// Zero, negatives, one, powers of two and their neighbours, and int32's ends.
-std::vector<int32_t> EdgeValues() {
-  std::vector<int32_t> v = {kInt32Min, kInt32Min + 1, -65536, -2, -1, 0, 1, 2, 3};
-  for (int e = 2; e <= 30; ++e) {
-    v.push_back((int32_t{1} << e) - 1);
-    v.push_back(int32_t{1} << e);
-    v.push_back((int32_t{1} << e) + 1);
-  }
-  v.push_back(kInt32Max - 1);
-  v.push_back(kInt32Max);
-  return v;
-}
 
 // Each field of a valid launch, replaced now and then by an adversarial value: the check
 // refuses exactly what the kernel's documented contract excludes, naming a bad field, and

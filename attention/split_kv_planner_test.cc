@@ -15,10 +15,17 @@
 
 #include "absl/random/random.h"
 #include "attention/attention_params.h"
+#include "attention/internal/sweep_values.h"
 #include "gtest/gtest.h"
 
 namespace kiln {
 namespace {
+
+using attention_internal::Chance;
+using attention_internal::Draw;
+using attention_internal::Uniform;
+using attention_internal::kInt32Max;
+using attention_internal::kInt32Min;
 
 constexpr unsigned char kGuardByte = 0xAB;
 constexpr size_t kGuardBytes = 256;
@@ -685,39 +692,6 @@ TEST(SplitKvPlannerTest, WorkspaceSizesFollowTheKeyAndNameTheirBuffers) {
 // checked against an independent computation of the layout and of the plan. Seeded, so a
 // failure reproduces.
 
-constexpr int32_t kInt32Max = std::numeric_limits<int32_t>::max();
-constexpr int32_t kInt32Min = std::numeric_limits<int32_t>::min();
-
-// Zero, negatives, one, powers of two and their neighbours, and int32's ends.
-std::vector<int32_t> EdgeValues() {
-  std::vector<int32_t> v = {kInt32Min, kInt32Min + 1, -65536, -2, -1, 0, 1, 2, 3};
-  for (int e = 2; e <= 30; ++e) {
-    v.push_back((int32_t{1} << e) - 1);
-    v.push_back(int32_t{1} << e);
-    v.push_back((int32_t{1} << e) + 1);
-  }
-  v.push_back(kInt32Max - 1);
-  v.push_back(kInt32Max);
-  return v;
-}
-
-// Uniform in [lo, max(lo, hi)].
-int32_t Uniform(std::mt19937& rng, int32_t lo, int32_t hi) {
-  return std::uniform_int_distribution<int32_t>(lo, std::max(lo, hi))(rng);
-}
-
-// With probability `edge`, an edge value; else uniform in [lo, max(lo, hi)].
-int32_t Draw(std::mt19937& rng, int32_t lo, int32_t hi, double edge) {
-  static const std::vector<int32_t> edges = EdgeValues();
-  if (std::uniform_real_distribution<double>(0, 1)(rng) < edge) {
-    return edges[std::uniform_int_distribution<size_t>(0, edges.size() - 1)(rng)];
-  }
-  return Uniform(rng, lo, hi);
-}
-
-bool Chance(std::mt19937& rng, double p) {
-  return std::uniform_real_distribution<double>(0, 1)(rng) < p;
-}
 
 // A refusal the test expects: every string of one entry must appear in the message.
 using Expected = std::vector<std::vector<std::string>>;
