@@ -26,38 +26,6 @@ bool LaunchesMerge(const AttentionPlanPartDevice& part) {
          !(part.merge_counters != nullptr && RunsOnDecodeKernel(part));
 }
 
-DecodeAttentionParams DecodeParamsForPart(const AttentionStepParams& p,
-                                          const AttentionPlanPartDevice& part,
-                                          const DecodeRopeAppendDevice& rope_append) {
-  DecodeAttentionParams d;
-  d.dtype = p.dtype;
-  d.num_q_heads = p.num_q_heads;
-  d.num_kv_heads = p.num_kv_heads;
-  d.head_dim = p.head_dim;
-  d.sm_scale = p.sm_scale;
-  d.q = p.q;
-  d.q_stride = p.q_stride;
-  d.o = p.o;
-  d.o_stride = p.o_stride;
-  d.kv = p.kv;
-  d.plan = part;
-  d.rope_append = rope_append;
-  return d;
-}
-
-AttentionMergeParams MergeParamsForPart(const AttentionStepParams& p,
-                                        const AttentionPlanPartDevice& part) {
-  AttentionMergeParams m;
-  m.dtype = p.dtype;
-  m.num_q_heads = p.num_q_heads;
-  m.num_kv_heads = p.num_kv_heads;
-  m.head_dim = p.head_dim;
-  m.o = p.o;
-  m.o_stride = p.o_stride;
-  m.plan = part;
-  return m;
-}
-
 // Returns what the launches of `part` (its kernel and merge) would refuse, so that a refusal
 // comes before anything of the step is enqueued. rope_append: for the decode part only.
 absl::Status ValidatePart(const AttentionStepParams& p, const AttentionPlanPartDevice& part,
@@ -102,6 +70,38 @@ absl::Status MergePart(const AttentionStepParams& p, const AttentionPlanPartDevi
 }
 
 }  // namespace
+
+DecodeAttentionParams DecodeParamsForPart(const AttentionStepParams& p,
+                                          const AttentionPlanPartDevice& part,
+                                          const DecodeRopeAppendDevice& rope_append) {
+  DecodeAttentionParams d;
+  d.dtype = p.dtype;
+  d.num_q_heads = p.num_q_heads;
+  d.num_kv_heads = p.num_kv_heads;
+  d.head_dim = p.head_dim;
+  d.sm_scale = p.sm_scale;
+  d.q = p.q;
+  d.q_stride = p.q_stride;
+  d.o = p.o;
+  d.o_stride = p.o_stride;
+  d.kv = p.kv;
+  d.plan = part;
+  d.rope_append = rope_append;
+  return d;
+}
+
+AttentionMergeParams MergeParamsForPart(const AttentionStepParams& p,
+                                        const AttentionPlanPartDevice& part) {
+  AttentionMergeParams m;
+  m.dtype = p.dtype;
+  m.num_q_heads = p.num_q_heads;
+  m.num_kv_heads = p.num_kv_heads;
+  m.head_dim = p.head_dim;
+  m.o = p.o;
+  m.o_stride = p.o_stride;
+  m.plan = part;
+  return m;
+}
 
 PrefillAttentionParams PrefillParamsForPart(const AttentionStepParams& params,
                                             const AttentionPlanPartDevice& part) {

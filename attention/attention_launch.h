@@ -29,6 +29,8 @@
 
 #include "absl/status/status.h"
 #include "attention/attention_params.h"
+#include "attention/decode_kernel.h"
+#include "attention/merge_kernel.h"
 #include "attention/prefill_kernel.h"
 
 namespace kiln {
@@ -65,6 +67,16 @@ absl::Status RunAttentionStep(const AttentionStepParams& params, cudaStream_t st
 // that launch the prefill kernel by itself; thread-safe.
 PrefillAttentionParams PrefillParamsForPart(const AttentionStepParams& params,
                                             const AttentionPlanPartDevice& part);
+
+// Returns the decode kernel's params for `part` of a step (tiles of at most 16 rows), with
+// `rope_append` (the decode part's; empty for any other). As RunAttentionStep derives them.
+DecodeAttentionParams DecodeParamsForPart(const AttentionStepParams& params,
+                                          const AttentionPlanPartDevice& part,
+                                          const DecodeRopeAppendDevice& rope_append);
+
+// Returns the merge kernel's params for `part` of a step. As RunAttentionStep derives them.
+AttentionMergeParams MergeParamsForPart(const AttentionStepParams& params,
+                                        const AttentionPlanPartDevice& part);
 
 }  // namespace kiln
 

@@ -287,39 +287,7 @@ TEST(AttentionLaunchTest, PrefillParamsComeFromThePart) {
   EXPECT_EQ(PrefillParamsForPart(p, part).partial_o, &partial);
 }
 
-
 // --- Adversarial sweep of RunAttentionStep's checks. Seeded, so a failure reproduces.
-
-// The decode kernel's and the merge's params for a part, as the step derives them.
-DecodeAttentionParams DecodeFor(const AttentionStepParams& p, const AttentionPlanPartDevice& part,
-                                const DecodeRopeAppendDevice& rope) {
-  DecodeAttentionParams d;
-  d.dtype = p.dtype;
-  d.num_q_heads = p.num_q_heads;
-  d.num_kv_heads = p.num_kv_heads;
-  d.head_dim = p.head_dim;
-  d.sm_scale = p.sm_scale;
-  d.q = p.q;
-  d.q_stride = p.q_stride;
-  d.o = p.o;
-  d.o_stride = p.o_stride;
-  d.kv = p.kv;
-  d.plan = part;
-  d.rope_append = rope;
-  return d;
-}
-
-AttentionMergeParams MergeFor(const AttentionStepParams& p, const AttentionPlanPartDevice& part) {
-  AttentionMergeParams m;
-  m.dtype = p.dtype;
-  m.num_q_heads = p.num_q_heads;
-  m.num_kv_heads = p.num_kv_heads;
-  m.head_dim = p.head_dim;
-  m.o = p.o;
-  m.o_stride = p.o_stride;
-  m.plan = part;
-  return m;
-}
 
 // The step's answer composed from the public checks of each launch, in the order the header
 // gives (arguments, then the decode part, the prefill part, each with its merge). A substring
@@ -345,7 +313,8 @@ StepAnswer ComposeStep(const AttentionStepParams& p) {
     const bool on_decode_kernel = part.tile_rows <= 16;
     absl::Status s;
     if (on_decode_kernel) {
-      s = ValidateDecodeAttentionParams(DecodeFor(p, part, decode ? r : DecodeRopeAppendDevice{}));
+      s = ValidateDecodeAttentionParams(
+          DecodeParamsForPart(p, part, decode ? r : DecodeRopeAppendDevice{}));
     } else {
       s = ValidatePrefillAttentionParams(PrefillParamsForPart(p, part));
       if (s.ok() && part.slot_capacity > 0 &&
@@ -355,7 +324,7 @@ StepAnswer ComposeStep(const AttentionStepParams& p) {
     }
     if (!s.ok()) return {s, ""};
     if (part.merge_capacity > 0 && !(part.merge_counters != nullptr && on_decode_kernel)) {
-      s = ValidateAttentionMergeParams(MergeFor(p, part));
+      s = ValidateAttentionMergeParams(MergeParamsForPart(p, part));
       if (!s.ok()) return {s, ""};
     }
   }
