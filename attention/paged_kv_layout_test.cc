@@ -20,6 +20,7 @@ namespace kiln {
 namespace {
 
 using attention_internal::Chance;
+using attention_internal::CheckRefusal;
 using attention_internal::Draw;
 using attention_internal::Uniform;
 using attention_internal::kInt32Max;
@@ -188,33 +189,6 @@ TEST(FillSlotMappingTest, MapsNewTokensAndPadsTheRest) {
 // --- Adversarial sweeps: layouts, tables and steps with sizes from the whole int32 range,
 // each checked against a model written here. Seeded, so a failure reproduces.
 
-
-// Returns "" when `status` has `code` and a message in the house style (capitalised, no final
-// period) holding every string of at least one entry of `expected` (none: any message).
-std::string CheckRefusal(const absl::Status& status, absl::StatusCode code,
-                         const std::vector<std::vector<std::string>>& expected) {
-  if (status.code() != code) {
-    return "want " + absl::StatusCodeToString(code) + ", got " + status.ToString();
-  }
-  const std::string message(status.message());
-  if (message.empty() || !std::isupper(static_cast<unsigned char>(message[0])) ||
-      message.back() == '.') {
-    return "message not in the house style: '" + message + "'";
-  }
-  if (expected.empty()) return "";
-  for (const std::vector<std::string>& any : expected) {
-    bool all = true;
-    for (const std::string& part : any) all = all && message.find(part) != std::string::npos;
-    if (all) return "";
-  }
-  std::string want;
-  for (const std::vector<std::string>& any : expected) {
-    want += "\n  {";
-    for (const std::string& part : any) want += " '" + part + "'";
-    want += " }";
-  }
-  return "message '" + message + "' names none of:" + want;
-}
 
 std::string Str(int64_t v) { return std::to_string(v); }
 

@@ -692,33 +692,13 @@ TEST(SplitKvPlannerTest, WorkspaceSizesFollowTheKeyAndNameTheirBuffers) {
 // checked against an independent computation of the layout and of the plan. Seeded, so a
 // failure reproduces.
 
-
 // A refusal the test expects: every string of one entry must appear in the message.
 using Expected = std::vector<std::vector<std::string>>;
 
 // Returns "" when `status` is an InvalidArgument whose message reads like the style guide's
-// (capitalised, no final period) and holds every string of at least one entry of `expected`.
+// and holds every string of at least one entry of `expected`.
 std::string CheckRefusal(const absl::Status& status, const Expected& expected) {
-  if (status.code() != absl::StatusCode::kInvalidArgument) {
-    return "want InvalidArgument, got " + status.ToString();
-  }
-  const std::string message(status.message());
-  if (message.empty() || !std::isupper(static_cast<unsigned char>(message[0])) ||
-      message.back() == '.') {
-    return "message not in the house style: '" + message + "'";
-  }
-  for (const std::vector<std::string>& any : expected) {
-    bool all = true;
-    for (const std::string& part : any) all = all && message.find(part) != std::string::npos;
-    if (all) return "";
-  }
-  std::string want;
-  for (const std::vector<std::string>& any : expected) {
-    want += "\n  {";
-    for (const std::string& part : any) want += " '" + part + "'";
-    want += " }";
-  }
-  return "message '" + message + "' names none of:" + want;
+  return attention_internal::CheckRefusal(status, absl::StatusCode::kInvalidArgument, expected);
 }
 
 int64_t CeilDiv64(int64_t a, int64_t b) { return (a + b - 1) / b; }

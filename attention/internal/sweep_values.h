@@ -1,15 +1,20 @@
 // Internal, tests only: the values the host-side sweeps draw from (zero, negatives, one, powers
-// of two and their neighbours, int32's ends) and seeded draws over them, so that every sweep of
-// attention's planners and checks reaches the same edges.
+// of two and their neighbours, int32's ends), seeded draws over them, and the check of a
+// refusal's code and message, so that every sweep of attention's planners and checks reaches
+// the same edges and holds messages to the same rule.
 #ifndef KILN_ATTENTION_INTERNAL_SWEEP_VALUES_H_
 #define KILN_ATTENTION_INTERNAL_SWEEP_VALUES_H_
 
 #include <algorithm>
+#include <cctype>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
+
+#include "absl/status/status.h"
 
 namespace kiln {
 namespace attention_internal {
@@ -51,6 +56,33 @@ inline int32_t Draw(std::mt19937& rng, int32_t lo, int32_t hi, double edge) {
   static const std::vector<int32_t> edges = EdgeValues();
   if (Chance(rng, edge)) return Pick(rng, edges);
   return Uniform(rng, lo, hi);
+}
+
+// Returns "" when `status` has `code` and a message in the house style (capitalised, no final
+// period) holding every string of at least one entry of `expected` (none: any message).
+inline std::string CheckRefusal(const absl::Status& status, absl::StatusCode code,
+                                const std::vector<std::vector<std::string>>& expected) {
+  if (status.code() != code) {
+    return "want " + absl::StatusCodeToString(code) + ", got " + status.ToString();
+  }
+  const std::string message(status.message());
+  if (message.empty() || !std::isupper(static_cast<unsigned char>(message[0])) ||
+      message.back() == '.') {
+    return "message not in the house style: '" + message + "'";
+  }
+  if (expected.empty()) return "";
+  for (const std::vector<std::string>& any : expected) {
+    bool all = true;
+    for (const std::string& part : any) all = all && message.find(part) != std::string::npos;
+    if (all) return "";
+  }
+  std::string want;
+  for (const std::vector<std::string>& any : expected) {
+    want += "\n  {";
+    for (const std::string& part : any) want += " '" + part + "'";
+    want += " }";
+  }
+  return "message '" + message + "' names none of:" + want;
 }
 
 }  // namespace attention_internal
