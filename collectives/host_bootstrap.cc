@@ -13,6 +13,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "runtime/cuda/status_macros.h"
@@ -94,13 +95,44 @@ absl::StatusOr<bool> ReceiveAll(int fd, char* data, size_t size, absl::Time dead
 }
 
 absl::Status CheckShape(int rank, int world_size) {
-  if (world_size < 1 || rank < 0 || rank >= world_size) {
+  if (world_size < 1 || world_size > HostBootstrap::kMaxWorldSize || rank < 0 ||
+      rank >= world_size) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "Rank %d of world size %d is out of range; pass 0 <= rank < world_size", rank,
-        world_size));
+        "Rank %d of world size %d is out of range; pass 0 <= rank < world_size <= %d", rank,
+        world_size, HostBootstrap::kMaxWorldSize));
   }
   return absl::OkStatus();
 }
+
+absl::Status CheckTimeout(absl::Duration timeout) {
+  if (timeout <= absl::ZeroDuration()) {
+    // A deadline already past would fail every exchange at once, blaming a healthy peer.
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Bootstrap timeout %s must be positive; pass how long a peer may take to answer (e.g. "
+        "absl::Seconds(60))",
+        absl::FormatDuration(timeout)));
+  }
+  return absl::OkStatus();
+}
+
+// A joining rank introduces itself with {kHelloMagic, rank, world size} (int32 each). The magic
+// tells a kiln rank from any other program that connects to the socket (which is dropped).
+constexpr int32_t kHelloMagic = 0x6b426f31;  // "kBo1"
+
+// Every exchange frame starts with this header; `size` bytes of payload follow.
+struct FrameHeader {
+  uint32_t magic;
+  uint32_t kind;      // HostBootstrap::Exchange; kReplyBit set on rank 0's all-gather reply
+  uint64_t sequence;  // the exchange's number, counted alike on every rank
+  uint64_t size;
+};
+static_assert(sizeof(FrameHeader) == 24, "the frame header is sent as raw bytes");
+constexpr uint32_t kFrameMagic = 0x6b426631;  // "kBf1"
+constexpr uint32_t kReplyBit = 0x100;
+
+// The first allocation for an incoming frame; it grows as bytes arrive (doubling), so a header
+// that announces more than the peer sends costs no more memory than what came.
+constexpr uint64_t kFirstChunkBytes = 64 * 1024;
 
 // Rank 0's verdict on a joining rank, sent once every rank joined (or at once, to a rank it
 // refuses): a uint32 length and that many bytes of the reason it refused, none when accepted.
@@ -124,7 +156,8 @@ void CloseAll(std::vector<int>& fds) {
 absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::FromConnectedSockets(
     int rank, int world_size, std::vector<int> fds, absl::Duration timeout) {
   absl::Status shape = CheckShape(rank, world_size);
-  size_t expected = rank == 0 ? static_cast<size_t>(world_size - 1) : 1;
+  if (shape.ok()) shape = CheckTimeout(timeout);
+  const size_t expected = rank == 0 ? static_cast<size_t>(std::max(world_size, 1) - 1) : 1;
   if (shape.ok() && fds.size() != expected) {
     shape = absl::InvalidArgumentError(absl::StrFormat(
         "Rank %d of %d needs %d connected sockets, got %d", rank, world_size, expected,
@@ -132,6 +165,11 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::FromConnectedSocke
   }
   for (int fd : fds) {
     if (!shape.ok()) break;
+    if (fd < 0) {
+      shape = absl::InvalidArgumentError(absl::StrFormat(
+          "Rank %d of %d got socket descriptor %d; pass connected sockets", rank, world_size, fd));
+      break;
+    }
     shape = SetNonBlocking(fd);
   }
   if (!shape.ok()) {
@@ -145,16 +183,23 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::FromConnectedSocke
 absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
     const std::string& path, int rank, int world_size, absl::Duration timeout) {
   RETURN_IF_ERROR(CheckShape(rank, world_size));
+  RETURN_IF_ERROR(CheckTimeout(timeout));
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "Bootstrap socket path '%s' must have 1 to %d characters; use a shorter directory or "
         "an abstract name ('@name')",
-        path, sizeof(addr.sun_path) - 1));
+        absl::CHexEscape(path), sizeof(addr.sun_path) - 1));
   }
   // "@name" is Linux's abstract namespace: no file to create or remove.
   const bool abstract = path[0] == '@';
+  if (!abstract && path.find('\0') != std::string::npos) {
+    // The kernel would stop at the NUL and bind (and rank 0 unlink) a different file.
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Bootstrap socket path '%s' has a NUL byte at %d; pass a path without one",
+        absl::CHexEscape(path), path.find('\0')));
+  }
   std::memcpy(addr.sun_path, path.data(), path.size());
   if (abstract) addr.sun_path[0] = '\0';
   const socklen_t addr_len =
@@ -174,7 +219,18 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
     }
     std::vector<int> fds(world_size - 1, -1);
     int joined = 0;
+    int dropped = 0;  // connections that left or were not kiln ranks
     absl::Status status;
+    auto too_late = [&](absl::string_view waiting_for) {
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "Only %d of %d ranks joined the bootstrap at %s within %s%s%s; start every rank "
+          "with the same path and world size",
+          joined + 1, world_size, path, absl::FormatDuration(timeout), waiting_for,
+          dropped == 0 ? ""
+                       : absl::StrFormat(" (%d connection(s) dropped: closed before introducing "
+                                         "themselves, or not kiln ranks)",
+                                         dropped)));
+    };
     while (status.ok() && joined < world_size - 1) {
       absl::StatusOr<bool> ready = WaitReady(listener, POLLIN, deadline);
       if (!ready.ok()) {
@@ -182,10 +238,7 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
         break;
       }
       if (!*ready) {
-        status = absl::DeadlineExceededError(absl::StrFormat(
-            "Only %d of %d ranks joined the bootstrap at %s within %s; start every rank "
-            "with the same path and world size",
-            joined + 1, world_size, path, absl::FormatDuration(timeout)));
+        status = too_late("");
         break;
       }
       int fd = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
@@ -194,24 +247,46 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
         status = ErrnoStatus("accept");
         break;
       }
-      int32_t hello[2] = {-1, -1};
+      int32_t hello[3] = {0, -1, -1};
       absl::Status nb = SetNonBlocking(fd);
       absl::StatusOr<bool> got =
           nb.ok() ? ReceiveAll(fd, reinterpret_cast<char*>(hello), sizeof(hello), deadline)
                   : absl::StatusOr<bool>(nb);
-      if (!got.ok() || !*got || hello[1] != world_size || hello[0] < 1 ||
-          hello[0] >= world_size || fds[hello[0] - 1] >= 0) {
+      if (!got.ok() && absl::IsUnavailable(got.status())) {
+        // It closed before its introduction was complete: it holds no rank. Keep waiting.
+        close(fd);
+        ++dropped;
+        continue;
+      }
+      if (!got.ok()) {
+        close(fd);
+        status = got.status();
+        break;
+      }
+      if (!*got) {
+        close(fd);
+        status = too_late(", waiting for a connected process to introduce itself");
+        break;
+      }
+      if (hello[0] != kHelloMagic) {
+        close(fd);  // another program, or another protocol: not one of the ranks
+        ++dropped;
+        continue;
+      }
+      const int32_t joiner = hello[1], joiner_world = hello[2];
+      if (joiner_world != world_size || joiner < 1 || joiner >= world_size ||
+          fds[joiner - 1] >= 0) {
         status = absl::InvalidArgumentError(absl::StrFormat(
             "A process joined the bootstrap at %s as rank %d of %d, which does not fit world "
             "size %d or is taken; give every rank a distinct rank and the same world size",
-            path, hello[0], hello[1], world_size));
+            path, joiner, joiner_world, world_size));
         // Tell the refused process why (best effort): it would otherwise take the closed
         // connection for an ordinary join and fail later, blaming a peer that exited.
-        if (got.ok() && *got) SendVerdict(fd, status.message(), deadline).IgnoreError();
+        SendVerdict(fd, status.message(), deadline).IgnoreError();
         close(fd);
         break;
       }
-      fds[hello[0] - 1] = fd;
+      fds[joiner - 1] = fd;
       ++joined;
     }
     close(listener);
@@ -232,16 +307,13 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
   }
 
   while (true) {
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    // Non-blocking: a blocking connect to a listener whose backlog is full would wait past the
+    // deadline; this one fails with EAGAIN and is retried.
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return ErrnoStatus("socket");
     if (connect(fd, reinterpret_cast<sockaddr*>(&addr), addr_len) == 0) {
-      absl::Status nb = SetNonBlocking(fd);
-      if (!nb.ok()) {
-        close(fd);
-        return nb;
-      }
       std::vector<int> fds = {fd};
-      int32_t hello[2] = {rank, world_size};
+      int32_t hello[3] = {kHelloMagic, rank, world_size};
       absl::StatusOr<bool> sent =
           SendAll(fd, reinterpret_cast<const char*>(hello), sizeof(hello), deadline);
       if (!sent.ok() || !*sent) {
@@ -274,8 +346,11 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
       }
       return FromConnectedSockets(rank, world_size, std::move(fds), timeout);
     }
+    const int error = errno;
     close(fd);
-    if (errno != ENOENT && errno != ECONNREFUSED && errno != EINTR) {
+    errno = error;
+    if (errno != ENOENT && errno != ECONNREFUSED && errno != EINTR && errno != EAGAIN &&
+        errno != EWOULDBLOCK) {
       return ErrnoStatus(absl::StrCat("connect to ", path));
     }
     if (absl::Now() >= deadline) {
@@ -299,12 +374,37 @@ absl::Status HostBootstrap::Fail(absl::Status status) {
   return status;
 }
 
-absl::Status HostBootstrap::SendFrame(int peer_index, absl::string_view bytes,
+namespace {
+
+const char* ExchangeName(uint32_t kind) {
+  switch (kind & ~kReplyBit) {
+    case 1:
+      return kind & kReplyBit ? "all-gather reply" : "all-gather";
+    case 2:
+      return "broadcast";
+    case 3:
+      return kind & kReplyBit ? "barrier reply" : "barrier";
+    case 4:
+      return kind & kReplyBit ? "agreement reply" : "agreement";
+  }
+  return "unknown exchange";
+}
+
+}  // namespace
+
+absl::StatusOr<absl::Time> HostBootstrap::BeginExchange() {
+  RETURN_IF_ERROR(broken_);
+  ++sequence_;
+  if (absl::Status timeout = CheckTimeout(timeout_); !timeout.ok()) return Fail(timeout);
+  return absl::Now() + timeout_;
+}
+
+absl::Status HostBootstrap::SendFrame(int peer_index, Exchange kind, absl::string_view bytes,
                                       absl::Time deadline) {
-  uint64_t size = bytes.size();
-  char header[sizeof(size)];
-  std::memcpy(header, &size, sizeof(size));
-  absl::StatusOr<bool> ok = SendAll(fds_[peer_index], header, sizeof(header), deadline);
+  FrameHeader header{kFrameMagic, static_cast<uint32_t>(kind), sequence_, bytes.size()};
+  if (rank_ == 0 && kind != Exchange::kBroadcast) header.kind |= kReplyBit;
+  absl::StatusOr<bool> ok = SendAll(fds_[peer_index], reinterpret_cast<const char*>(&header),
+                                    sizeof(header), deadline);
   if (ok.ok() && *ok) ok = SendAll(fds_[peer_index], bytes.data(), bytes.size(), deadline);
   if (!ok.ok()) {
     return Fail(absl::UnavailableError(absl::StrFormat(
@@ -319,42 +419,78 @@ absl::Status HostBootstrap::SendFrame(int peer_index, absl::string_view bytes,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> HostBootstrap::ReceiveFrame(int peer_index, absl::Time deadline) {
-  uint64_t size = 0;
+absl::StatusOr<std::string> HostBootstrap::ReceiveFrame(int peer_index, Exchange kind,
+                                                        uint64_t max_bytes, absl::Time deadline) {
+  const int peer = PeerRank(peer_index);
+  const int fd = fds_[peer_index];
+  FrameHeader header{};
   absl::StatusOr<bool> ok =
-      ReceiveAll(fds_[peer_index], reinterpret_cast<char*>(&size), sizeof(size), deadline);
+      ReceiveAll(fd, reinterpret_cast<char*>(&header), sizeof(header), deadline);
   std::string out;
   if (ok.ok() && *ok) {
-    if (size > (uint64_t{1} << 32)) {
+    uint32_t want_kind = static_cast<uint32_t>(kind);
+    if (rank_ != 0 && kind != Exchange::kBroadcast) want_kind |= kReplyBit;
+    if (header.magic != kFrameMagic) {
       return Fail(absl::InternalError(absl::StrFormat(
-          "Bootstrap rank %d got a %d-byte frame from rank %d; the ranks are out of step",
-          rank_, size, PeerRank(peer_index))));
+          "Bootstrap rank %d got bytes from rank %d that are not a bootstrap frame (header "
+          "starts %08x, not %08x); the peer is not a kiln bootstrap of this version, or the "
+          "connection carries other data",
+          rank_, peer, header.magic, kFrameMagic)));
     }
-    out.resize(size);
-    ok = ReceiveAll(fds_[peer_index], out.data(), out.size(), deadline);
+    if (header.kind != want_kind || header.sequence != sequence_) {
+      return Fail(absl::InternalError(absl::StrFormat(
+          "Bootstrap rank %d is at exchange %d (%s) but rank %d sent exchange %d (%s); the ranks "
+          "are out of step: every rank must make the same sequence of collective calls "
+          "(AllGather, Broadcast, Barrier, AllAgree)",
+          rank_, sequence_, ExchangeName(want_kind), peer, header.sequence,
+          ExchangeName(header.kind))));
+    }
+    if (header.size > max_bytes) {
+      return Fail(absl::InternalError(absl::StrFormat(
+          "Bootstrap rank %d: rank %d announced a %d-byte %s frame, over the limit of %d bytes "
+          "for it; the peer is corrupt or not a kiln bootstrap of this version",
+          rank_, peer, header.size, ExchangeName(want_kind), max_bytes)));
+    }
+    // Grow with what arrives: a header is only a claim.
+    while (out.size() < header.size) {
+      const uint64_t have = out.size();
+      const uint64_t chunk =
+          std::min<uint64_t>(header.size - have, std::max<uint64_t>(have, kFirstChunkBytes));
+      out.resize(have + chunk);
+      ok = ReceiveAll(fd, out.data() + have, chunk, deadline);
+      if (!ok.ok() || !*ok) break;
+    }
   }
   if (!ok.ok()) {
     return Fail(absl::UnavailableError(absl::StrFormat(
-        "Bootstrap rank %d lost rank %d (%s); did that process exit?", rank_,
-        PeerRank(peer_index), ok.status().message())));
+        "Bootstrap rank %d lost rank %d (%s); did that process exit?", rank_, peer,
+        ok.status().message())));
   }
   if (!*ok) {
     return Fail(absl::DeadlineExceededError(absl::StrFormat(
         "Bootstrap rank %d: rank %d did not answer within %s; it is stuck, behind, or making "
         "a different sequence of collective calls",
-        rank_, PeerRank(peer_index), absl::FormatDuration(timeout_))));
+        rank_, peer, absl::FormatDuration(timeout_))));
   }
   return out;
 }
 
-absl::StatusOr<std::vector<std::string>> HostBootstrap::AllGather(absl::string_view mine) {
-  RETURN_IF_ERROR(broken_);
-  const absl::Time deadline = absl::Now() + timeout_;
+absl::StatusOr<std::vector<std::string>> HostBootstrap::Gather(Exchange kind,
+                                                               absl::string_view mine,
+                                                               uint64_t max_each) {
+  ASSIGN_OR_RETURN(const absl::Time deadline, BeginExchange());
+  if (mine.size() > kMaxMessageBytes) {
+    // Refused on this rank, which breaks the exchange for all: the peers learn at once.
+    return Fail(absl::InvalidArgumentError(absl::StrFormat(
+        "Bootstrap rank %d cannot bring %d bytes to one exchange; the limit is %d "
+        "(HostBootstrap::kMaxMessageBytes): exchange less, or split it",
+        rank_, mine.size(), kMaxMessageBytes)));
+  }
   std::vector<std::string> all(world_size_);
   if (rank_ == 0) {
     all[0] = std::string(mine);
     for (int i = 0; i + 1 < world_size_; ++i) {
-      ASSIGN_OR_RETURN(all[i + 1], ReceiveFrame(i, deadline));
+      ASSIGN_OR_RETURN(all[i + 1], ReceiveFrame(i, kind, max_each, deadline));
     }
     std::string packed;
     for (const std::string& s : all) {
@@ -362,46 +498,88 @@ absl::StatusOr<std::vector<std::string>> HostBootstrap::AllGather(absl::string_v
       packed.append(reinterpret_cast<const char*>(&size), sizeof(size));
       packed.append(s);
     }
-    for (int i = 0; i + 1 < world_size_; ++i) RETURN_IF_ERROR(SendFrame(i, packed, deadline));
+    for (int i = 0; i + 1 < world_size_; ++i) {
+      RETURN_IF_ERROR(SendFrame(i, kind, packed, deadline));
+    }
     return all;
   }
-  RETURN_IF_ERROR(SendFrame(0, mine, deadline));
-  ASSIGN_OR_RETURN(std::string packed, ReceiveFrame(0, deadline));
+  RETURN_IF_ERROR(SendFrame(0, kind, mine, deadline));
+  // world_size_ <= kMaxWorldSize and max_each <= kMaxMessageBytes: no overflow.
+  const uint64_t max_reply = static_cast<uint64_t>(world_size_) * (8 + max_each);
+  ASSIGN_OR_RETURN(std::string packed, ReceiveFrame(0, kind, max_reply, deadline));
+  // Exactly world_size_ records of [uint64 size][size bytes], nothing after; this rank's is
+  // what it sent. Compared by subtraction: a size near 2^64 must not wrap past the end.
   size_t pos = 0;
-  for (int r = 0; r < world_size_; ++r) {
+  int r = 0;
+  for (; r < world_size_; ++r) {
     uint64_t size = 0;
-    if (pos + sizeof(size) > packed.size()) break;
+    if (packed.size() - pos < sizeof(size)) break;
     std::memcpy(&size, packed.data() + pos, sizeof(size));
     pos += sizeof(size);
-    if (pos + size > packed.size()) break;
+    if (size > packed.size() - pos) break;
     all[r] = packed.substr(pos, size);
     pos += size;
   }
-  if (pos != packed.size()) {
+  if (r != world_size_ || pos != packed.size() || all[rank_] != mine) {
     return Fail(absl::InternalError(absl::StrFormat(
-        "Bootstrap rank %d got a malformed all-gather reply from rank 0", rank_)));
+        "Bootstrap rank %d got a malformed %s reply from rank 0 (%d bytes: %d of %d records "
+        "whole, %d bytes left over%s); rank 0 is corrupt or not a kiln bootstrap of this "
+        "version",
+        rank_, ExchangeName(static_cast<uint32_t>(kind)), packed.size(), r, world_size_,
+        packed.size() - pos,
+        r == world_size_ && all[rank_] != mine ? ", this rank's record changed" : "")));
   }
   return all;
 }
 
-absl::StatusOr<std::string> HostBootstrap::Broadcast(absl::string_view data) {
-  RETURN_IF_ERROR(broken_);
-  const absl::Time deadline = absl::Now() + timeout_;
-  if (rank_ == 0) {
-    for (int i = 0; i + 1 < world_size_; ++i) RETURN_IF_ERROR(SendFrame(i, data, deadline));
-    return std::string(data);
-  }
-  return ReceiveFrame(0, deadline);
+absl::StatusOr<std::vector<std::string>> HostBootstrap::AllGather(absl::string_view mine) {
+  return Gather(Exchange::kAllGather, mine, kMaxMessageBytes);
 }
 
-absl::Status HostBootstrap::Barrier() { return AllGather("").status(); }
+absl::StatusOr<std::string> HostBootstrap::Broadcast(absl::string_view data) {
+  ASSIGN_OR_RETURN(const absl::Time deadline, BeginExchange());
+  if (rank_ == 0) {
+    if (data.size() > kMaxMessageBytes) {
+      return Fail(absl::InvalidArgumentError(absl::StrFormat(
+          "Bootstrap rank 0 cannot broadcast %d bytes; the limit is %d "
+          "(HostBootstrap::kMaxMessageBytes): broadcast less, or split it",
+          data.size(), kMaxMessageBytes)));
+    }
+    for (int i = 0; i + 1 < world_size_; ++i) {
+      RETURN_IF_ERROR(SendFrame(i, Exchange::kBroadcast, data, deadline));
+    }
+    return std::string(data);
+  }
+  return ReceiveFrame(0, Exchange::kBroadcast, kMaxMessageBytes, deadline);
+}
+
+absl::Status HostBootstrap::Barrier() {
+  ASSIGN_OR_RETURN(std::vector<std::string> all, Gather(Exchange::kBarrier, "", 0));
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (!all[r].empty()) {
+      return Fail(absl::InternalError(absl::StrFormat(
+          "Bootstrap rank %d: rank %d brought %d bytes to a barrier, which carries none; that "
+          "peer is corrupt or not a kiln bootstrap of this version",
+          rank_, r, all[r].size())));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<bool> HostBootstrap::AllAgree(bool ok) {
-  ASSIGN_OR_RETURN(std::vector<std::string> all, AllGather(ok ? "1" : "0"));
-  for (const std::string& s : all) {
-    if (s != "1") return false;
+  ASSIGN_OR_RETURN(std::vector<std::string> all, Gather(Exchange::kAgree, ok ? "1" : "0", 1));
+  bool agreed = true;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r] != "0" && all[r] != "1") {
+      // Not a vote: read as neither yes nor no.
+      return Fail(absl::InternalError(absl::StrFormat(
+          "Bootstrap rank %d: rank %d's agreement vote is %d bytes '%s', not '0' or '1'; that "
+          "peer is corrupt or not a kiln bootstrap of this version",
+          rank_, r, all[r].size(), absl::CHexEscape(all[r].substr(0, 16)))));
+    }
+    agreed = agreed && all[r] == "1";
   }
-  return true;
+  return agreed;
 }
 
 }  // namespace kiln

@@ -13,13 +13,18 @@
 //
 // Every exchange either completes or fails within the timeout: a peer that never answers is
 // DeadlineExceeded, a peer whose process exited (its socket closed) is Unavailable; both name
-// the peer. After such an error the bootstrap is unusable (the ranks may be at different points
-// of the protocol): it shuts its connections, so the other ranks fail at once too, and every
-// later call returns the same error. Exchanges are collective: every
-// rank calls the same sequence. Not thread-safe; not a CUDA API, so legal during graph capture.
+// the peer. Every frame carries its exchange's kind and sequence number, so a peer that makes a
+// different sequence of calls, or sends bytes that are not a frame (or a frame over the size
+// limit), is Internal naming it, never bytes read as the wrong exchange's. After any such error
+// the bootstrap is unusable (the ranks may be at different points of the protocol): it shuts its
+// connections, so the other ranks fail at once too, and every later call returns the same error.
+// Exchanges are collective: every rank calls the same sequence. Not thread-safe; not a CUDA API,
+// so legal during graph capture.
 #ifndef KILN_COLLECTIVES_HOST_BOOTSTRAP_H_
 #define KILN_COLLECTIVES_HOST_BOOTSTRAP_H_
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,14 +38,26 @@ namespace kiln {
 
 class HostBootstrap {
  public:
+  // The largest world size: rank 0 keeps one socket per peer (one host's processes, one per
+  // GPU, are far fewer; the bound keeps a wrong world size from reserving absurd memory).
+  static constexpr int kMaxWorldSize = 1024;
+
+  // The most bytes one rank may bring to one exchange (AllGather's `mine`, Broadcast's `data`).
+  // A peer's frame header that announces more is refused before anything is allocated, and a
+  // frame's memory grows only as its bytes arrive.
+  static constexpr size_t kMaxMessageBytes = size_t{256} << 20;
+
   // Connects `world_size` processes through a Unix-domain socket at `path` (at most 107
-  // characters; "@name" names an abstract socket, which leaves no file behind). Rank 0 creates
-  // the socket (replacing a stale file) and removes it once everyone joined; the others retry
-  // connecting until `timeout` passes. Returns on every rank once all joined. InvalidArgument for
-  // a bad rank, world size or path, and on both rank 0 and the joining process when that process
-  // brings a rank or world size that does not fit rank 0's (taken, out of range, another world
-  // size); the ranks that had joined then get Unavailable. DeadlineExceeded when not everyone
-  // joined in time.
+  // characters, no NUL byte; "@name" names an abstract socket, which leaves no file behind).
+  // Rank 0 creates the socket (replacing a stale file) and removes it once everyone joined; the
+  // others retry connecting until `timeout` passes. Returns on every rank once all joined.
+  // InvalidArgument for a bad rank, world size (1..kMaxWorldSize), path or timeout (positive),
+  // and on both rank 0 and the joining process when that process brings a rank or world size
+  // that does not fit rank 0's (taken, out of range, another world size); the ranks that had
+  // joined then get Unavailable. A connection that closes before introducing itself, or
+  // introduces itself as something other than a kiln rank, is dropped and rank 0 keeps
+  // waiting; rank 0 waits for each accepted connection's introduction up to the deadline.
+  // DeadlineExceeded when not everyone joined in time.
   static absl::StatusOr<std::unique_ptr<HostBootstrap>> Rendezvous(const std::string& path,
                                                                    int rank, int world_size,
                                                                    absl::Duration timeout);
@@ -48,6 +65,7 @@ class HostBootstrap {
   // Wraps sockets that are already connected in a star: rank 0 passes world_size - 1 sockets,
   // the one at index i leading to rank i + 1; every other rank passes one socket leading to
   // rank 0. Takes ownership of the descriptors (closed on destruction, also on error).
+  // InvalidArgument for a bad rank, world size, socket count or timeout (positive).
   static absl::StatusOr<std::unique_ptr<HostBootstrap>> FromConnectedSockets(
       int rank, int world_size, std::vector<int> fds, absl::Duration timeout);
 
@@ -58,15 +76,18 @@ class HostBootstrap {
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
 
-  // Sets the deadline applied to each later exchange (measured from the exchange's start).
+  // Sets the deadline applied to each later exchange (measured from the exchange's start). A
+  // timeout that is not positive makes the next exchange fail with InvalidArgument (and, like
+  // every exchange error, breaks the bootstrap).
   void set_timeout(absl::Duration timeout) { timeout_ = timeout; }
   absl::Duration timeout() const { return timeout_; }
 
-  // Gathers one byte string from every rank (lengths may differ) and returns them in rank order
-  // on every rank.
+  // Gathers one byte string from every rank (lengths may differ, at most kMaxMessageBytes;
+  // InvalidArgument above) and returns them in rank order on every rank.
   absl::StatusOr<std::vector<std::string>> AllGather(absl::string_view mine);
 
-  // Returns rank 0's `data` on every rank (the argument is ignored on the others).
+  // Returns rank 0's `data` (at most kMaxMessageBytes) on every rank (the argument is ignored
+  // on the others).
   absl::StatusOr<std::string> Broadcast(absl::string_view data);
 
   // Returns once every rank has called Barrier.
@@ -77,11 +98,28 @@ class HostBootstrap {
   absl::StatusOr<bool> AllAgree(bool ok);
 
  private:
+  // What an exchange is; every frame names it, so ranks at different calls are told apart.
+  enum class Exchange : uint32_t {
+    kAllGather = 1,
+    kBroadcast = 2,
+    kBarrier = 3,
+    kAgree = 4,
+  };
+
   HostBootstrap(int rank, int world_size, std::vector<int> fds, absl::Duration timeout)
       : rank_(rank), world_size_(world_size), fds_(std::move(fds)), timeout_(timeout) {}
 
-  absl::Status SendFrame(int peer_index, absl::string_view bytes, absl::Time deadline);
-  absl::StatusOr<std::string> ReceiveFrame(int peer_index, absl::Time deadline);
+  // Starts exchange number `sequence_ + 1`: the sticky error, the timeout's check, the deadline.
+  absl::StatusOr<absl::Time> BeginExchange();
+  // Gathers `mine` from every rank as exchange `kind` (AllGather, Barrier and AllAgree); a peer
+  // that brings more than `max_each` bytes (at most kMaxMessageBytes) breaks the bootstrap.
+  absl::StatusOr<std::vector<std::string>> Gather(Exchange kind, absl::string_view mine,
+                                                  uint64_t max_each);
+  absl::Status SendFrame(int peer_index, Exchange kind, absl::string_view bytes,
+                         absl::Time deadline);
+  // Receives the frame of exchange `kind` from the peer at `peer_index`: at most `max_bytes`.
+  absl::StatusOr<std::string> ReceiveFrame(int peer_index, Exchange kind, uint64_t max_bytes,
+                                           absl::Time deadline);
   int PeerRank(int peer_index) const { return rank_ == 0 ? peer_index + 1 : 0; }
   absl::Status Fail(absl::Status status);
 
@@ -89,7 +127,8 @@ class HostBootstrap {
   int world_size_;
   std::vector<int> fds_;
   absl::Duration timeout_;
-  absl::Status broken_;  // first transport error; sticky
+  uint64_t sequence_ = 0;  // exchanges begun; the same on every rank that follows the protocol
+  absl::Status broken_;    // first transport error; sticky
 };
 
 }  // namespace kiln

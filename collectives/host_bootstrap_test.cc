@@ -1,13 +1,22 @@
 #include "collectives/host_bootstrap.h"
 
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
+#include <optional>
+#include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -20,6 +29,7 @@
 namespace kiln {
 namespace {
 
+using ::testing::AnyOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -234,6 +244,719 @@ TEST(HostBootstrapTest, RejectsBadArguments) {
   auto all = (*single)->AllGather("only");
   ASSERT_TRUE(all.ok());
   EXPECT_THAT(*all, ElementsAre("only"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sweeps with random and adversarial input. The wire format is restated here (not included) so
+// that the tests pin it: a frame is {uint32 magic, uint32 kind, uint64 sequence, uint64 size}
+// and `size` payload bytes; kind 1 all-gather, 2 broadcast, 3 barrier, 4 agreement, with 0x100
+// on rank 0's replies (not on broadcasts); exchanges are numbered from 1 on every rank. Rank 0's
+// all-gather reply is world_size records of {uint64 size, bytes}. A rendezvous hello is
+// {int32 magic, rank, world size}.
+
+constexpr uint32_t kFrameMagic = 0x6b426631;
+constexpr uint32_t kReplyBit = 0x100;
+constexpr uint32_t kKindAllGather = 1, kKindBroadcast = 2, kKindBarrier = 3, kKindAgree = 4;
+constexpr int32_t kHelloMagic = 0x6b426f31;
+
+std::string Frame(uint32_t kind, uint64_t sequence, const std::string& payload) {
+  std::string out(24, '\0');
+  const uint32_t magic = kFrameMagic;
+  const uint64_t size = payload.size();
+  std::memcpy(&out[0], &magic, 4);
+  std::memcpy(&out[4], &kind, 4);
+  std::memcpy(&out[8], &sequence, 8);
+  std::memcpy(&out[16], &size, 8);
+  return out + payload;
+}
+
+std::string Packed(const std::vector<std::string>& records) {
+  std::string out;
+  for (const std::string& r : records) {
+    const uint64_t size = r.size();
+    out.append(reinterpret_cast<const char*>(&size), 8);
+    out += r;
+  }
+  return out;
+}
+
+void WriteAll(int fd, const std::string& bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = send(fd, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
+    if (n <= 0) return;  // the bootstrap closed its end: what it read is what counts
+    done += static_cast<size_t>(n);
+  }
+}
+
+std::string RandomBytes(std::mt19937& rng, size_t n) {
+  std::string out(n, '\0');
+  for (char& c : out) c = static_cast<char>(rng());
+  return out;
+}
+
+// A length from 0 up to 64 KiB, mostly short, some at the edges of a 64-KiB chunk.
+size_t RandomLength(std::mt19937& rng) {
+  switch (rng() % 6) {
+    case 0:
+      return 0;
+    case 1:
+      return 1 + rng() % 8;
+    case 2:
+      return 65536 + (rng() % 3) - 1;  // around the receiver's first chunk
+    default:
+      return rng() % 600;
+  }
+}
+
+// One bootstrap of a world of `world` ranks whose only socket leads to a raw descriptor the test
+// writes into: rank `rank` != 0 (the raw end plays rank 0), or rank 0 of a world of 2.
+struct RawPeer {
+  std::unique_ptr<HostBootstrap> bootstrap;
+  int raw = -1;
+  RawPeer() = default;
+  RawPeer(RawPeer&& other) noexcept
+      : bootstrap(std::move(other.bootstrap)), raw(std::exchange(other.raw, -1)) {}
+  ~RawPeer() {
+    if (raw >= 0) close(raw);
+  }
+};
+
+RawPeer MakeRawPeer(int rank, int world, absl::Duration timeout) {
+  int sv[2];
+  EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  RawPeer peer;
+  peer.raw = sv[1];
+  auto b = HostBootstrap::FromConnectedSockets(rank, world, {sv[0]}, timeout);
+  EXPECT_TRUE(b.ok()) << b.status();
+  if (b.ok()) peer.bootstrap = std::move(b).value();
+  return peer;
+}
+
+// What a correct bootstrap of rank `rank` of `world` must make of `stream` (all the raw peer
+// wrote before shutting its writing side) as rank 0's all-gather reply to `mine`, decoded here
+// independently of the library: the records, or the error code.
+struct Verdict {
+  absl::StatusCode code = absl::StatusCode::kOk;
+  std::vector<std::string> records;
+};
+
+Verdict DecodeReply(const std::string& stream, int rank, int world, const std::string& mine) {
+  Verdict v;
+  if (stream.size() < 24) return {absl::StatusCode::kUnavailable, {}};
+  uint32_t magic, kind;
+  uint64_t sequence, size;
+  std::memcpy(&magic, &stream[0], 4);
+  std::memcpy(&kind, &stream[4], 4);
+  std::memcpy(&sequence, &stream[8], 8);
+  std::memcpy(&size, &stream[16], 8);
+  if (magic != kFrameMagic || kind != (kKindAllGather | kReplyBit) || sequence != 1) {
+    return {absl::StatusCode::kInternal, {}};
+  }
+  const unsigned __int128 limit =
+      static_cast<unsigned __int128>(world) * (8 + HostBootstrap::kMaxMessageBytes);
+  if (size > limit) return {absl::StatusCode::kInternal, {}};
+  if (stream.size() - 24 < size) return {absl::StatusCode::kUnavailable, {}};
+  const std::string payload = stream.substr(24, size);
+  unsigned __int128 pos = 0;  // wide: no wrap, whatever the sizes
+  for (int r = 0; r < world; ++r) {
+    if (pos + 8 > payload.size()) return {absl::StatusCode::kInternal, {}};
+    uint64_t n;
+    std::memcpy(&n, payload.data() + static_cast<size_t>(pos), 8);
+    pos += 8;
+    if (pos + n > payload.size()) return {absl::StatusCode::kInternal, {}};
+    v.records.push_back(payload.substr(static_cast<size_t>(pos), n));
+    pos += n;
+  }
+  if (pos != payload.size() || v.records[rank] != mine) return {absl::StatusCode::kInternal, {}};
+  return v;
+}
+
+TEST(HostBootstrapSweepTest, RandomExchangesReturnEveryRanksBytesExactly) {
+  // Worlds of 1 to 6 ranks (threads), each a random sequence of the four exchanges with random
+  // byte strings (NULs, empty, around the receiver's 64 KiB chunk): every rank gets exactly the
+  // bytes every rank brought, in rank order.
+  std::mt19937 rng(20240611);
+  int exchanges = 0;
+  for (int world = 1; world <= 6; ++world) {
+    constexpr int kOps = 24;
+    std::vector<int> ops(kOps);
+    std::vector<std::vector<std::string>> data(kOps, std::vector<std::string>(world));
+    std::vector<std::vector<bool>> votes(kOps, std::vector<bool>(world));
+    for (int i = 0; i < kOps; ++i) {
+      ops[i] = static_cast<int>(rng() % 4);
+      for (int r = 0; r < world; ++r) {
+        data[i][r] = RandomBytes(rng, RandomLength(rng));
+        votes[i][r] = rng() % 4 != 0;
+      }
+    }
+    auto star = MakeStar(world, absl::Seconds(20));
+    std::vector<std::vector<std::string>> failures(world);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world; ++r) {
+      threads.emplace_back([&, r] {
+        HostBootstrap& b = *star[r];
+        auto fail = [&](int i, const std::string& what) {
+          failures[r].push_back(absl::StrCat("world ", world, " op ", i, " rank ", r, ": ", what));
+        };
+        for (int i = 0; i < kOps; ++i) {
+          switch (ops[i]) {
+            case 0: {
+              auto all = b.AllGather(data[i][r]);
+              if (!all.ok()) return fail(i, all.status().ToString());
+              if (*all != data[i]) fail(i, "all-gather bytes differ");
+              break;
+            }
+            case 1: {
+              auto got = b.Broadcast(data[i][r]);
+              if (!got.ok()) return fail(i, got.status().ToString());
+              if (*got != data[i][0]) fail(i, "broadcast bytes differ");
+              break;
+            }
+            case 2: {
+              absl::Status s = b.Barrier();
+              if (!s.ok()) return fail(i, s.ToString());
+              break;
+            }
+            default: {
+              auto agreed = b.AllAgree(votes[i][r]);
+              if (!agreed.ok()) return fail(i, agreed.status().ToString());
+              const bool want =
+                  std::all_of(votes[i].begin(), votes[i].end(), [](bool v) { return v; });
+              if (*agreed != want) fail(i, "agreement differs");
+            }
+          }
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < world; ++r) EXPECT_THAT(failures[r], ::testing::IsEmpty());
+    exchanges += kOps;
+  }
+  EXPECT_EQ(exchanges, 6 * 24);
+}
+
+TEST(HostBootstrapSweepTest, RanksAtDifferentExchangesFailInsteadOfMisreading) {
+  // Every rank runs the same random sequence except one rank, which makes a different call at
+  // one step, then all end with a barrier. Every call that succeeds returns the right bytes; by
+  // the final barrier every rank has an error (Internal naming the step where a frame of another
+  // exchange arrived, Unavailable once a broken rank shut its connections, DeadlineExceeded where
+  // both sides wait for each other), within the timeout; nothing hangs.
+  std::mt19937 rng(777);
+  constexpr absl::Duration kTimeout = absl::Milliseconds(100);
+  int internal_errors = 0;
+  for (int round = 0; round < 10; ++round) {
+    const int world = 2 + static_cast<int>(rng() % 4);
+    const int steps = 3 + static_cast<int>(rng() % 3);
+    std::vector<int> ops(steps);
+    for (int& op : ops) op = static_cast<int>(rng() % 4);
+    const int odd_rank = static_cast<int>(rng() % world);
+    const int odd_step = static_cast<int>(rng() % steps);
+    const int odd_op = (ops[odd_step] + 1 + static_cast<int>(rng() % 3)) % 4;
+    auto star = MakeStar(world, kTimeout);
+    std::vector<absl::Status> last(world);
+    std::vector<std::string> wrong(world);
+    std::vector<std::thread> threads;
+    const absl::Time start = absl::Now();
+    for (int r = 0; r < world; ++r) {
+      threads.emplace_back([&, r] {
+        HostBootstrap& b = *star[r];
+        absl::Status status;
+        for (int i = 0; i <= steps; ++i) {
+          const int op = i == steps ? 2 : (r == odd_rank && i == odd_step ? odd_op : ops[i]);
+          const std::string mine = absl::StrCat("r", r, "s", i);
+          switch (op) {
+            case 0: {
+              auto all = b.AllGather(mine);
+              status = all.status();
+              if (all.ok()) {
+                for (int p = 0; p < world; ++p) {
+                  if ((*all)[p] != absl::StrCat("r", p, "s", i)) wrong[r] += " all-gather";
+                }
+              }
+              break;
+            }
+            case 1: {
+              auto got = b.Broadcast(mine);
+              status = got.status();
+              if (got.ok() && *got != absl::StrCat("r0s", i)) wrong[r] += " broadcast";
+              break;
+            }
+            case 2:
+              status = b.Barrier();
+              break;
+            default:
+              status = b.AllAgree(true).status();
+          }
+        }
+        last[r] = status;
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(3)) << "round " << round;
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(wrong[r], "") << "round " << round << " rank " << r;
+      EXPECT_THAT(last[r].code(),
+                  AnyOf(absl::StatusCode::kInternal, absl::StatusCode::kUnavailable,
+                        absl::StatusCode::kDeadlineExceeded))
+          << "round " << round << " rank " << r << " (odd rank " << odd_rank << " step "
+          << odd_step << "): " << last[r];
+      if (absl::IsInternal(last[r])) {
+        ++internal_errors;
+        EXPECT_THAT(std::string(last[r].message()), HasSubstr("out of step")) << last[r];
+      }
+    }
+  }
+  EXPECT_GT(internal_errors, 0);
+}
+
+TEST(HostBootstrapSweepTest, MutatedAllGatherRepliesAreDecodedOrRefused) {
+  // A raw peer plays rank 0 for rank r of a world of 2..9 and answers its all-gather with a reply
+  // that is valid or mutated: a flipped byte, truncated, trailing bytes, a record size of 0,
+  // +-1, 2^63 or 2^64 - 1, a record missing or extra, the frame size changed, another exchange's
+  // kind or number, this rank's record altered. The bootstrap's answer is the one an independent
+  // decoder gives (the records, or Internal for a malformed reply, Unavailable when the stream
+  // ends early), and after an error every later call returns the same code at once.
+  std::mt19937 rng(4242);
+  int accepted = 0, refused = 0, ended = 0;
+  for (int iteration = 0; iteration < 600; ++iteration) {
+    const int world = 2 + static_cast<int>(rng() % 8);
+    const int rank = 1 + static_cast<int>(rng() % (world - 1));
+    std::vector<std::string> records(world);
+    for (std::string& r : records) r = RandomBytes(rng, rng() % 5 == 0 ? 0 : rng() % 40);
+    const std::string mine = records[rank];
+    std::string payload = Packed(records);
+    uint32_t kind = kKindAllGather | kReplyBit;
+    uint64_t sequence = 1;
+    const int mutation = static_cast<int>(rng() % 10);
+    std::string stream;
+    auto record_size_at = [&](int index) {  // byte offset of record `index`'s size field
+      size_t pos = 0;
+      for (int r = 0; r < index; ++r) pos += 8 + records[r].size();
+      return pos;
+    };
+    switch (mutation) {
+      case 1: {  // a size field of one record
+        const int which = static_cast<int>(rng() % world);
+        const uint64_t choices[] = {0,
+                                    records[which].size() + 1,
+                                    records[which].size() - (records[which].empty() ? 0 : 1),
+                                    uint64_t{1} << 63,
+                                    ~uint64_t{0},
+                                    ~uint64_t{0} - 7,
+                                    static_cast<uint64_t>(rng())};
+        const uint64_t size = choices[rng() % 7];
+        std::memcpy(&payload[record_size_at(which)], &size, 8);
+        break;
+      }
+      case 2:  // a record missing
+        payload = Packed(std::vector<std::string>(records.begin(), records.end() - 1));
+        break;
+      case 3: {  // a record extra
+        std::vector<std::string> more = records;
+        more.push_back(RandomBytes(rng, rng() % 8));
+        payload = Packed(more);
+        break;
+      }
+      case 4:  // this rank's own record altered (same length, when it has bytes)
+        if (!mine.empty()) payload[record_size_at(rank) + 8] ^= 0x40;
+        break;
+      case 5:
+        kind = (rng() % 2 == 0 ? kKindBroadcast : kKindAllGather) |
+               (rng() % 2 == 0 ? 0 : kReplyBit);
+        if (kind == (kKindAllGather | kReplyBit)) kind = kKindAgree | kReplyBit;
+        break;
+      case 6:
+        sequence = rng() % 2 == 0 ? 0 : 2 + rng() % 5;
+        break;
+      default:
+        break;
+    }
+    stream = Frame(kind, sequence, payload);
+    switch (mutation) {
+      case 7:  // the frame's size field
+      {
+        const uint64_t choices[] = {payload.size() + 1, payload.size() - 1, ~uint64_t{0},
+                                    uint64_t{1} << 40, 0};
+        const uint64_t size = choices[rng() % 5];
+        std::memcpy(&stream[16], &size, 8);
+        break;
+      }
+      case 8:  // truncated anywhere, header included
+        stream.resize(rng() % stream.size());
+        break;
+      case 9:  // a byte flipped anywhere, or bytes after the frame
+        if (rng() % 2 == 0) {
+          stream[rng() % stream.size()] ^= static_cast<char>(1 + rng() % 255);
+        } else {
+          stream += RandomBytes(rng, 1 + rng() % 30);
+        }
+        break;
+      default:
+        break;
+    }
+    const Verdict want = DecodeReply(stream, rank, world, mine);
+    RawPeer peer = MakeRawPeer(rank, world, absl::Seconds(5));
+    ASSERT_NE(peer.bootstrap, nullptr);
+    WriteAll(peer.raw, stream);
+    shutdown(peer.raw, SHUT_WR);  // the bootstrap sees the end of what came
+    const absl::Time start = absl::Now();
+    auto got = peer.bootstrap->AllGather(mine);
+    ASSERT_LT(absl::Now() - start, absl::Seconds(2)) << "iteration " << iteration;
+    ASSERT_EQ(got.status().code(), want.code)
+        << "iteration " << iteration << " mutation " << mutation << ": " << got.status();
+    if (got.ok()) {
+      ASSERT_EQ(*got, want.records) << "iteration " << iteration;
+      ++accepted;
+      continue;
+    }
+    const std::string message(got.status().message());
+    EXPECT_THAT(message, HasSubstr(absl::StrCat("Bootstrap rank ", rank))) << message;
+    if (want.code == absl::StatusCode::kInternal) {
+      ++refused;
+      EXPECT_THAT(message, AnyOf(HasSubstr("malformed"), HasSubstr("out of step"),
+                                 HasSubstr("not a bootstrap frame"), HasSubstr("over the limit")))
+          << message;
+    } else {
+      ++ended;
+      EXPECT_THAT(message, HasSubstr("lost rank 0")) << message;
+    }
+    // Sticky: the next exchange fails the same way at once, whatever it is.
+    EXPECT_EQ(peer.bootstrap->Barrier().code(), want.code);
+    EXPECT_EQ(peer.bootstrap->Broadcast("x").status().code(), want.code);
+  }
+  // The sweep reached every outcome.
+  EXPECT_GT(accepted, 60);
+  EXPECT_GT(refused, 150);
+  EXPECT_GT(ended, 30);
+}
+
+TEST(HostBootstrapSweepTest, MalformedFramesToRankZeroNameThePeer) {
+  // Rank 0 of a world of 2..6 gathers from raw peers; one of them (random) sends a bad frame:
+  // garbage, another exchange's kind or number, a size over the limit (up to 2^64 - 1, refused
+  // before anything is allocated), a header cut short, a payload cut short (the peer then closes
+  // or stays silent), a barrier or vote carrying bytes it should not. Rank 0 names that peer,
+  // with Internal, Unavailable or DeadlineExceeded as the case says, within its timeout.
+  std::mt19937 rng(99);
+  // Short: every good frame is written before the call, so only the hanging peer is waited for.
+  constexpr absl::Duration kTimeout = absl::Milliseconds(30);
+  int cases = 0;
+  for (int iteration = 0; iteration < 160; ++iteration) {
+    const int world = 2 + static_cast<int>(rng() % 5);
+    const int bad = 1 + static_cast<int>(rng() % (world - 1));
+    const int exchange = static_cast<int>(rng() % 3);  // all-gather, barrier, agreement
+    const uint32_t kind =
+        exchange == 0 ? kKindAllGather : exchange == 1 ? kKindBarrier : kKindAgree;
+    const std::string good_payload = exchange == 0 ? "payload" : exchange == 1 ? "" : "1";
+    std::vector<int> raw(world - 1), fds(world - 1);
+    for (int i = 0; i < world - 1; ++i) {
+      int sv[2];
+      ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+      fds[i] = sv[0];
+      raw[i] = sv[1];
+    }
+    auto root = HostBootstrap::FromConnectedSockets(0, world, fds, kTimeout);
+    ASSERT_TRUE(root.ok()) << root.status();
+    absl::StatusCode want = absl::StatusCode::kInternal;
+    std::string want_text;
+    std::string bad_stream;
+    bool close_after = true;
+    const int variant = static_cast<int>(rng() % 9);
+    switch (variant) {
+      case 0:
+        bad_stream = RandomBytes(rng, 24 + rng() % 16);
+        bad_stream[0] = static_cast<char>(~static_cast<uint8_t>(bad_stream[0] ^ 0x31));
+        want_text = "not a bootstrap frame";
+        break;
+      case 1:
+        bad_stream = Frame(kind == kKindAgree ? kKindBarrier : kKindAgree, 1, "");
+        want_text = "out of step";
+        break;
+      case 2:
+        bad_stream = Frame(kind, rng() % 2 == 0 ? 0 : 2 + rng() % 100, good_payload);
+        want_text = "out of step";
+        break;
+      case 3: {
+        bad_stream = Frame(kind, 1, "");
+        const uint64_t choices[] = {HostBootstrap::kMaxMessageBytes + 1, uint64_t{1} << 40,
+                                    ~uint64_t{0}, uint64_t{1} << 63};
+        uint64_t size = choices[rng() % 4];
+        if (exchange != 0) size = exchange == 1 ? 1 + rng() % 3 : 2 + rng() % 3;
+        std::memcpy(&bad_stream[16], &size, 8);
+        want_text = "over the limit";
+        break;
+      }
+      case 4:  // header cut short, then the peer exits
+        bad_stream = Frame(kind, 1, good_payload).substr(0, rng() % 24);
+        want = absl::StatusCode::kUnavailable;
+        want_text = "lost rank";
+        break;
+      case 5:  // header cut short, then the peer hangs
+        bad_stream = Frame(kind, 1, good_payload).substr(0, rng() % 24);
+        want = absl::StatusCode::kDeadlineExceeded;
+        want_text = "did not answer";
+        close_after = false;
+        break;
+      case 6: {  // payload cut short (exit or hang)
+        bad_stream = Frame(kind, 1, "");
+        const uint64_t size = 10 + rng() % 100;
+        std::memcpy(&bad_stream[16], &size, 8);
+        bad_stream += RandomBytes(rng, rng() % 10);
+        close_after = rng() % 2 == 0;
+        if (exchange != 0) {
+          want_text = "over the limit";
+        } else {
+          want = close_after ? absl::StatusCode::kUnavailable : absl::StatusCode::kDeadlineExceeded;
+          want_text = close_after ? "lost rank" : "did not answer";
+        }
+        break;
+      }
+      case 7:  // a vote that is not one
+        if (exchange != 2) {
+          bad_stream = Frame(kind, 1, "zz");
+          want_text = exchange == 0 ? "" : "over the limit";
+          if (exchange == 0) want = absl::StatusCode::kOk;  // any bytes make an all-gather
+        } else {
+          bad_stream = Frame(kind, 1, rng() % 2 == 0 ? "2" : std::string(1, '\0'));
+          want_text = "agreement vote";
+        }
+        break;
+      default:  // nothing at all: the peer exits
+        want = absl::StatusCode::kUnavailable;
+        want_text = "lost rank";
+        break;
+    }
+    for (int i = 0; i < world - 1; ++i) {
+      const int peer = i + 1;
+      WriteAll(raw[i], peer == bad ? bad_stream : Frame(kind, 1, good_payload));
+      if (peer == bad && close_after) shutdown(raw[i], SHUT_WR);
+    }
+    const absl::Time start = absl::Now();
+    absl::Status status;
+    if (exchange == 0) {
+      status = (*root)->AllGather("root").status();
+    } else if (exchange == 1) {
+      status = (*root)->Barrier();
+    } else {
+      status = (*root)->AllAgree(true).status();
+    }
+    EXPECT_LT(absl::Now() - start, kTimeout + absl::Seconds(1));
+    EXPECT_EQ(status.code(), want) << "iteration " << iteration << " variant " << variant << ": "
+                                   << status;
+    if (want != absl::StatusCode::kOk) {
+      EXPECT_THAT(std::string(status.message()), HasSubstr(want_text)) << status;
+      EXPECT_THAT(std::string(status.message()), HasSubstr(absl::StrCat("rank ", bad))) << status;
+      // Every other raw peer sees its connection shut, at once, with no reply frame; except after
+      // a bad vote, which only shows in the gathered reply: everyone gets that reply (and fails
+      // on it too) before the connection shuts.
+      for (int i = 0; i < world - 1 && !(variant == 7 && exchange == 2); ++i) {
+        if (i + 1 == bad) continue;
+        char buffer[64];
+        EXPECT_EQ(recv(raw[i], buffer, sizeof(buffer), MSG_DONTWAIT), 0)
+            << "rank " << i + 1 << " was not told";
+      }
+    }
+    root->reset();
+    for (int fd : raw) close(fd);
+    ++cases;
+  }
+  EXPECT_EQ(cases, 160);
+}
+
+TEST(HostBootstrapSweepTest, OutOfRangeShapesTimeoutsAndPathsAreInvalidArgument) {
+  // Random and extreme ranks and world sizes (INT_MIN..INT_MAX, around 0, 1 and kMaxWorldSize):
+  // refused with the values named, before anything is allocated or any socket is made (a world
+  // of INT_MAX used to reserve 8 GiB of socket slots on rank 0).
+  std::mt19937 rng(5);
+  const int edges[] = {INT_MIN, INT_MIN + 1, -2, -1, 0, 1, 2,
+                       HostBootstrap::kMaxWorldSize - 1, HostBootstrap::kMaxWorldSize,
+                       HostBootstrap::kMaxWorldSize + 1, INT_MAX - 1, INT_MAX};
+  auto pick = [&]() {
+    return rng() % 2 == 0 ? edges[rng() % 12] : static_cast<int>(rng());
+  };
+  int refused = 0;
+  for (int i = 0; i < 2000; ++i) {
+    const int rank = pick(), world = pick();
+    const bool valid =
+        world >= 1 && world <= HostBootstrap::kMaxWorldSize && rank >= 0 && rank < world;
+    if (valid) continue;  // valid shapes need peers; the exchanges sweep covers them
+    ++refused;
+    const std::string want = absl::StrCat("Rank ", rank, " of world size ", world,
+                                          " is out of range");
+    auto r = HostBootstrap::Rendezvous(TempPath("shape"), rank, world, absl::Milliseconds(50));
+    ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(want));
+    auto f = HostBootstrap::FromConnectedSockets(rank, world, {}, absl::Seconds(1));
+    ASSERT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument) << f.status();
+    EXPECT_THAT(std::string(f.status().message()), HasSubstr(want));
+  }
+  EXPECT_GT(refused, 1000);
+
+  // Timeouts that are not positive: a deadline already past would blame a healthy peer.
+  for (absl::Duration t : {absl::ZeroDuration(), absl::Nanoseconds(-1), absl::Hours(-5),
+                           -absl::InfiniteDuration()}) {
+    auto r = HostBootstrap::Rendezvous(TempPath("timeout"), 0, 2, t);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("must be positive"));
+    int sv[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    auto f = HostBootstrap::FromConnectedSockets(1, 2, {sv[0]}, t);  // closes sv[0]
+    EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument) << f.status();
+    close(sv[1]);
+    // Set on a working bootstrap, it fails the next exchange, names the value, and sticks.
+    auto star = MakeStar(2, absl::Seconds(5));
+    star[1]->set_timeout(t);
+    absl::Status s = star[1]->Barrier();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(absl::FormatDuration(t)));
+    star[1]->set_timeout(absl::Seconds(5));
+    EXPECT_EQ(star[1]->Barrier().code(), absl::StatusCode::kInvalidArgument);
+    // Its peer is not left waiting: the broken rank shut its connection.
+    EXPECT_EQ(star[0]->Barrier().code(), absl::StatusCode::kUnavailable);
+  }
+
+  // Socket counts and descriptors that do not fit.
+  EXPECT_EQ(HostBootstrap::FromConnectedSockets(0, 2, {-1}, absl::Seconds(1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(HostBootstrap::FromConnectedSockets(1, 2, {}, absl::Seconds(1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // Paths: empty, one byte too long, a NUL inside a file path (the kernel would bind the prefix).
+  for (const std::string& path :
+       {std::string(), std::string(108, 'p'), std::string("/tmp/kiln\0x.sock", 16)}) {
+    auto r = HostBootstrap::Rendezvous(path, 0, 2, absl::Seconds(1));
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("Bootstrap socket path"));
+  }
+}
+
+TEST(HostBootstrapSweepTest, AnOversizedMessageIsRefusedAndThePeersLearnAtOnce) {
+  auto star = MakeStar(2, absl::Seconds(30));
+  const std::string big(HostBootstrap::kMaxMessageBytes + 1, 'x');
+  absl::Status root;
+  std::thread rank0([&] { root = star[0]->AllGather("a").status(); });
+  const absl::Time start = absl::Now();
+  auto all = star[1]->AllGather(big);
+  rank0.join();
+  EXPECT_EQ(all.status().code(), absl::StatusCode::kInvalidArgument) << all.status();
+  EXPECT_THAT(std::string(all.status().message()),
+              HasSubstr(absl::StrCat("cannot bring ", big.size(), " bytes")));
+  EXPECT_EQ(root.code(), absl::StatusCode::kUnavailable) << root;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  auto lone = HostBootstrap::FromConnectedSockets(0, 1, {}, absl::Seconds(1));
+  ASSERT_TRUE(lone.ok());
+  EXPECT_EQ((*lone)->Broadcast(big).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Connects to the abstract socket `path` as a process that is not (or not yet) a rank: retries
+// until rank 0 listens. Returns the connected descriptor, or -1.
+int ConnectRaw(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  addr.sun_path[0] = '\0';
+  const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size());
+  for (int attempt = 0; attempt < 400; ++attempt) {
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), len) == 0) return fd;
+    close(fd);
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return -1;
+}
+
+TEST(HostBootstrapSweepTest, StrangersAtTheRendezvousAreDroppedAndTheRanksStillMeet) {
+  // Before the real ranks come, processes connect to rank 0's socket and: close at once, send
+  // part of an introduction and close, send an introduction without kiln's magic (random bytes).
+  // Rank 0 drops each and the real ranks still meet.
+  std::mt19937 rng(31);
+  for (int round = 0; round < 6; ++round) {
+    const int world = 2 + static_cast<int>(rng() % 3);
+    const std::string path = TempPath(absl::StrCat("strangers", round));
+    absl::StatusOr<std::unique_ptr<HostBootstrap>> root;
+    std::thread rank0([&] { root = HostBootstrap::Rendezvous(path, 0, world, absl::Seconds(10)); });
+    for (int stranger = 0; stranger < 3; ++stranger) {
+      const int fd = ConnectRaw(path);
+      ASSERT_GE(fd, 0);
+      std::string hello(12, '\0');
+      const int32_t fields[3] = {kHelloMagic, 1, world};
+      std::memcpy(&hello[0], fields, 12);
+      switch ((stranger + round) % 3) {
+        case 0:
+          break;  // closes at once
+        case 1:
+          WriteAll(fd, hello.substr(0, 1 + rng() % 11));  // part of an introduction
+          break;
+        default:
+          WriteAll(fd, RandomBytes(rng, 12 + rng() % 20));  // not kiln (magic almost surely off)
+      }
+      close(fd);
+    }
+    std::vector<absl::StatusOr<std::unique_ptr<HostBootstrap>>> others(world);
+    std::vector<std::thread> threads;
+    for (int r = 1; r < world; ++r) {
+      threads.emplace_back(
+          [&, r] { others[r] = HostBootstrap::Rendezvous(path, r, world, absl::Seconds(10)); });
+    }
+    for (auto& t : threads) t.join();
+    rank0.join();
+    ASSERT_TRUE(root.ok()) << root.status();
+    std::vector<std::thread> gather;
+    std::vector<std::vector<std::string>> got(world);
+    for (int r = 0; r < world; ++r) {
+      HostBootstrap* b = r == 0 ? root->get() : others[r]->get();
+      ASSERT_NE(b, nullptr);
+      gather.emplace_back([&, b, r] {
+        auto all = b->AllGather(absl::StrCat(r));
+        if (all.ok()) got[r] = *all;
+      });
+    }
+    for (auto& t : gather) t.join();
+    for (int r = 0; r < world; ++r) EXPECT_EQ(got[r].size(), static_cast<size_t>(world));
+  }
+}
+
+TEST(HostBootstrapSweepTest, BadIntroductionsAreRefusedNamingTheirValues) {
+  // A process that introduces itself as kiln with a rank or world size that does not fit (random
+  // and extreme values) is refused: rank 0 fails with InvalidArgument naming both values, and the
+  // process reads the same reason. A process that connects and stays silent makes rank 0 give up
+  // at its deadline, saying what it waited for.
+  std::mt19937 rng(8);
+  const int32_t edges[] = {INT32_MIN, -1, 0, 3, 4, 1000, INT32_MAX};
+  for (int round = 0; round < 12; ++round) {
+    const int world = 3;
+    int32_t rank = rng() % 2 == 0 ? edges[rng() % 7] : static_cast<int32_t>(rng());
+    int32_t claimed_world = rng() % 2 == 0 ? world : edges[rng() % 7];
+    if (claimed_world == world && rank >= 1 && rank < world) rank = world;  // make it not fit
+    const std::string path = TempPath(absl::StrCat("intro", round));
+    absl::StatusOr<std::unique_ptr<HostBootstrap>> root;
+    std::thread rank0([&] { root = HostBootstrap::Rendezvous(path, 0, world, absl::Seconds(10)); });
+    const int fd = ConnectRaw(path);
+    ASSERT_GE(fd, 0);
+    const int32_t hello[3] = {kHelloMagic, rank, claimed_world};
+    WriteAll(fd, std::string(reinterpret_cast<const char*>(hello), 12));
+    rank0.join();
+    EXPECT_EQ(root.status().code(), absl::StatusCode::kInvalidArgument) << root.status();
+    const std::string want = absl::StrCat("as rank ", rank, " of ", claimed_world);
+    EXPECT_THAT(std::string(root.status().message()), HasSubstr(want));
+    uint32_t length = 0;
+    ASSERT_EQ(recv(fd, &length, 4, MSG_WAITALL), 4);
+    std::string reason(std::min<uint32_t>(length, 4096), '\0');
+    ASSERT_EQ(recv(fd, reason.data(), reason.size(), MSG_WAITALL),
+              static_cast<ssize_t>(reason.size()));
+    EXPECT_THAT(reason, HasSubstr(want));
+    close(fd);
+  }
+  const std::string path = TempPath("silent");
+  absl::StatusOr<std::unique_ptr<HostBootstrap>> root;
+  std::thread rank0(
+      [&] { root = HostBootstrap::Rendezvous(path, 0, 2, absl::Milliseconds(500)); });
+  const int fd = ConnectRaw(path);
+  ASSERT_GE(fd, 0);
+  rank0.join();
+  close(fd);
+  EXPECT_EQ(root.status().code(), absl::StatusCode::kDeadlineExceeded) << root.status();
+  EXPECT_THAT(std::string(root.status().message()), HasSubstr("to introduce itself"));
 }
 
 }  // namespace
