@@ -29,7 +29,9 @@ bool IsCustomWorldSize(int world_size) {
 bool BuffersOverlap(const void* a, const void* b, size_t bytes) {
   const uintptr_t x = reinterpret_cast<uintptr_t>(a);
   const uintptr_t y = reinterpret_cast<uintptr_t>(b);
-  return bytes > 0 && x < y + bytes && y < x + bytes;
+  // Two ranges of the same length overlap when their starts are closer than that length. By the
+  // distance, not x < y + bytes: near the top of the address space y + bytes would wrap.
+  return bytes > 0 && (x > y ? x - y : y - x) < bytes;
 }
 
 int64_t OneShotMaxBytes(const AllReduceConfig& config, int world_size) {
@@ -59,6 +61,16 @@ int64_t TwoShotMaxBytes(const AllReduceConfig& config, int world_size) {
   }
   return 0;
 }
+
+namespace {
+
+// Returns whether `bytes` is at most `limit`, a crossover that an unvalidated config may make
+// negative (then nothing is): compared unsigned, so a size of 2^63 or more never reads negative.
+bool AtMost(size_t bytes, int64_t limit) {
+  return limit >= 0 && static_cast<uint64_t>(bytes) <= static_cast<uint64_t>(limit);
+}
+
+}  // namespace
 
 absl::Status ValidateAllReduceConfig(const AllReduceConfig& config) {
   if (config.buffer_bytes() <= 0 || config.buffer_bytes() % 16 != 0 ||
@@ -90,9 +102,11 @@ absl::Status ValidateAllReduceConfig(const AllReduceConfig& config) {
         "(barrier_timeout_ms %d, bootstrap_timeout_ms %d)",
         kMaxAllReduceTimeoutMs, config.barrier_timeout_ms(), config.bootstrap_timeout_ms()));
   }
-  if (config.max_graph_inputs() <= 0) {
+  if (config.max_graph_inputs() <= 0 || config.max_graph_inputs() > kMaxAllReduceGraphInputs) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "AllReduceConfig.max_graph_inputs %d must be positive", config.max_graph_inputs()));
+        "AllReduceConfig.max_graph_inputs %d must be in 1..%d (each takes a 136-byte device "
+        "table entry); capture fewer all-reduces or register them between captures",
+        config.max_graph_inputs(), kMaxAllReduceGraphInputs));
   }
   for (int world : {2, 4, 6, 8}) {
     if (OneShotMaxBytes(config, world) < 0 || TwoShotMaxBytes(config, world) < 0) {
@@ -129,10 +143,9 @@ AllReduceInput ChooseAllReduceInput(const AllReduceConfig& config, AllReduceAlgo
 AllReducePlan SelectAllReduce(const AllReduceConfig& config, const AllReduceRequest& request) {
   AllReducePlan plan;
   if (!CustomAllReduceEligible(config, request)) return plan;
-  const int64_t bytes = static_cast<int64_t>(request.bytes);
-  if (bytes <= OneShotMaxBytes(config, request.world_size)) {
+  if (AtMost(request.bytes, OneShotMaxBytes(config, request.world_size))) {
     plan.algorithm = AllReduceAlgorithm::kOneShot;
-  } else if (bytes <= TwoShotMaxBytes(config, request.world_size)) {
+  } else if (AtMost(request.bytes, TwoShotMaxBytes(config, request.world_size))) {
     plan.algorithm = AllReduceAlgorithm::kTwoShot;
   } else {
     return plan;
@@ -148,9 +161,13 @@ CustomLaunchShape ChooseCustomLaunchShape(const AllReduceConfig& config,
   const int64_t work = algorithm == AllReduceAlgorithm::kTwoShot && world_size > 0
                            ? (packs + world_size - 1) / world_size
                            : packs;
-  const int64_t max_blocks = std::max(1, config.max_blocks());
-  const int64_t max_threads = config.threads_per_block();
-  const int64_t min_threads = std::min<int64_t>(config.min_threads_per_block(), max_threads);
+  // Clamped to what ValidateAllReduceConfig allows, so that a config it would refuse still gets
+  // a launchable grid instead of a division by zero (threads_per_block 0) or negative threads.
+  const int64_t max_blocks = std::clamp(config.max_blocks(), 1, 128);
+  const int64_t max_threads = std::clamp(config.threads_per_block(), 64, 1024) / 32 * 32;
+  const int64_t min_threads =
+      std::min<int64_t>(std::clamp(config.min_threads_per_block(), 64, 1024) / 32 * 32,
+                        max_threads);
   // Threads per block to cover the work with max_blocks blocks, in whole warps, within limits.
   const int64_t per_block = ((work + max_blocks - 1) / max_blocks + 31) / 32 * 32;
   CustomLaunchShape shape;

@@ -86,10 +86,15 @@ constexpr int64_t kMaxAllReduceBufferBytes = int64_t{1} << 40;
 // DeadlineExceeded).
 constexpr int64_t kMaxAllReduceTimeoutMs = std::numeric_limits<int64_t>::max() / 1000000;
 
+// The largest AllReduceConfig.max_graph_inputs: the device table takes 136 bytes per input
+// (136 MiB here), and RegisterGraphBuffers sends 144 bytes per pending input through the host
+// bootstrap, within HostBootstrap::kMaxMessageBytes.
+constexpr int32_t kMaxAllReduceGraphInputs = int32_t{1} << 20;
+
 // Returns InvalidArgument naming the first field out of range (buffer_bytes a positive multiple
 // of 16 up to kMaxAllReduceBufferBytes, threads_per_block and min_threads_per_block multiples of
-// 32 in 64..1024, max_blocks in 1..128, timeouts in 1..kMaxAllReduceTimeoutMs, positive
-// max_graph_inputs, crossovers not negative).
+// 32 in 64..1024, max_blocks in 1..128, timeouts in 1..kMaxAllReduceTimeoutMs, max_graph_inputs
+// in 1..kMaxAllReduceGraphInputs, crossovers not negative).
 absl::Status ValidateAllReduceConfig(const AllReduceConfig& config);
 
 // Returns whether the custom all-reduce may take `request` at all (eligibility only: world size,
@@ -115,6 +120,8 @@ struct CustomLaunchShape {
 // threads are spread over as many blocks as max_blocks allows, cutting threads per block from
 // threads_per_block down to min_threads_per_block (or threads_per_block, if smaller) first, and
 // only then capping the blocks. Every rank computes the same shape (same config, same size).
+// Fields of `config` out of ValidateAllReduceConfig's ranges are clamped into them, so the shape
+// is always 1..128 blocks of a multiple of 32 in 64..1024 threads.
 CustomLaunchShape ChooseCustomLaunchShape(const AllReduceConfig& config,
                                           AllReduceAlgorithm algorithm, size_t bytes,
                                           int world_size);

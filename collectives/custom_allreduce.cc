@@ -459,6 +459,9 @@ absl::Status CustomAllReduce::RegisterGraphBuffers() {
   RETURN_IF_ERROR(sticky_);
   // Per input: its handle and offset, then its output's (zeros where it has none).
   constexpr size_t kEntry = 2 * (sizeof(cudaIpcMemHandle_t) + sizeof(uint64_t));
+  static_assert(2 * sizeof(int) + size_t{kMaxAllReduceGraphInputs} * kEntry <=
+                    HostBootstrap::kMaxMessageBytes,
+                "every pending graph input must fit one bootstrap message");
   std::string mine;
   const int first = pending_.empty() ? next_slot_ : pending_.front().slot;
   const int n = static_cast<int>(pending_.size());
@@ -575,8 +578,11 @@ absl::Status CustomAllReduce::InitPush() {
 }
 
 bool CustomAllReduce::AddRmsNormPushes(int64_t tokens, int64_t hidden) const {
-  return push_buffer_ != nullptr && tokens >= 1 && hidden >= 1 &&
-         tokens <= static_cast<int64_t>(internal::kPushSlotBytes) / (hidden * 2);
+  // hidden is bounded before it is doubled: hidden * 2 would overflow int64 for any hidden
+  // above 2^62 (signed overflow), and no such row fits a push slot anyway.
+  constexpr int64_t kSlotBytes = static_cast<int64_t>(internal::kPushSlotBytes);
+  return push_buffer_ != nullptr && tokens >= 1 && hidden >= 1 && hidden <= kSlotBytes / 2 &&
+         tokens <= kSlotBytes / (hidden * 2);
 }
 
 bool CustomAllReduce::SupportsAddRmsNorm(int64_t tokens, int64_t hidden, DataType dtype) const {

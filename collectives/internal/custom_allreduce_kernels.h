@@ -79,10 +79,15 @@ struct CustomAllReduceArgs {
 
 // Returns whether a call of `packs` may push its inputs into a staging half of `half_bytes`
 // (see custom_allreduce_kernels.cuh: one-shot needs W * packs, two-shot 2 * W * shard).
+// Compared by division, never by multiplying up: for any packs (even near 2^64) the products
+// would wrap to a small number and "fit". False for a world size below 1.
 inline bool PushedInputsFit(uint64_t packs, int world_size, bool two_shot, uint64_t half_bytes) {
+  if (world_size < 1) return false;
   const uint64_t w = static_cast<uint64_t>(world_size);
-  const uint64_t needed = two_shot ? 2 * w * ((packs + w - 1) / w) : w * packs;
-  return needed * 16 <= half_bytes;
+  const uint64_t half_packs = half_bytes / 16;
+  if (!two_shot) return packs <= half_packs / w;
+  const uint64_t shard = packs / w + (packs % w != 0 ? 1 : 0);
+  return shard <= half_packs / (2 * w);
 }
 
 enum class KernelDtype { kBf16, kFp16, kFp32 };
