@@ -1,6 +1,10 @@
 #include "graph/capture_context.h"
 
+#include <climits>
+#include <random>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -45,6 +49,49 @@ TEST(CaptureContextTest, NamesAndOrdering) {
   EXPECT_TRUE((CaptureKey{GraphMode::kDecode, 256}) < (CaptureKey{GraphMode::kPrefill, 1}));
   EXPECT_TRUE((CaptureKey{GraphMode::kDecode, 1}) < (CaptureKey{GraphMode::kDecode, 2}));
   EXPECT_NE((CaptureKey{GraphMode::kDecode, 1}), (CaptureKey{GraphMode::kDecode, 2}));
+}
+
+// Scopes nested to a random depth (up to 200) with random phases and keys of any size and mode:
+// each level sees its own phase and key, and each unwinding restores the level above exactly.
+// KeyName spells any key, extreme sizes and modes outside GraphMode included.
+void Nest(std::mt19937& rng, int depth, std::vector<std::pair<CapturePhase, CaptureKey>>* stack,
+          int* checks) {
+  if (depth == 0) return;
+  const int sizes[] = {INT_MIN, -1, 0, 1, INT_MAX};
+  const CapturePhase phase = static_cast<CapturePhase>(rng() % 4);
+  const CaptureKey key{static_cast<GraphMode>(static_cast<int>(rng() % 5) - 1),
+                       rng() % 2 == 0 ? sizes[rng() % 5] : static_cast<int>(rng())};
+  {
+    CaptureContext::Scope scope(phase, key);
+    stack->push_back({phase, key});
+    ASSERT_EQ(CaptureContext::Phase(), phase);
+    ASSERT_EQ(CaptureContext::Key(), key);
+    ASSERT_EQ(CaptureContext::IsCapturing(), phase == CapturePhase::kCapture);
+    const int mode = static_cast<int>(key.mode);
+    const std::string mode_name = mode == 0 ? "decode" : mode == 1 ? "prefill" : mode == 2 ? "mixed"
+                                                                                   : "unknown";
+    ASSERT_EQ(KeyName(key), mode_name + "/" + std::to_string(key.size));
+    ++*checks;
+    Nest(rng, rng() % 3 == 0 ? 0 : depth - 1, stack, checks);
+    stack->pop_back();
+  }
+  if (stack->empty()) {
+    ASSERT_EQ(CaptureContext::Phase(), CapturePhase::kEager);
+    ASSERT_EQ(CaptureContext::Key(), CaptureKey{});
+  } else {
+    ASSERT_EQ(CaptureContext::Phase(), stack->back().first);
+    ASSERT_EQ(CaptureContext::Key(), stack->back().second);
+  }
+}
+
+TEST(CaptureContextTest, RandomNestingRestoresEveryLevel) {
+  std::mt19937 rng(41);
+  std::vector<std::pair<CapturePhase, CaptureKey>> stack;
+  int checks = 0;
+  for (int i = 0; i < 500; ++i) Nest(rng, 1 + static_cast<int>(rng() % 200), &stack, &checks);
+  EXPECT_GT(checks, 1000);
+  EXPECT_EQ(CaptureContext::Phase(), CapturePhase::kEager);
+  EXPECT_STREQ(PhaseName(static_cast<CapturePhase>(9)), "unknown");
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +30,20 @@ double MsSince(Clock::time_point start) {
 // Prefixes `status`'s message with `context`, keeping its code.
 absl::Status Annotate(const absl::Status& status, absl::string_view context) {
   return absl::Status(status.code(), absl::StrCat(context, status.message()));
+}
+
+// Returns InvalidArgument unless `key` is one CaptureSizes can give: a GraphMode value and a size
+// in [1, CaptureSizes::kMaxLimit]. `what` names the call.
+absl::Status CheckKey(CaptureKey key, absl::string_view what) {
+  const bool mode_ok = key.mode == GraphMode::kDecode || key.mode == GraphMode::kPrefill ||
+                       key.mode == GraphMode::kMixed;
+  if (!mode_ok || key.size < 1 || key.size > CaptureSizes::kMaxLimit) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s of key %s (mode %d, size %d): the mode must be a GraphMode and the size in 1..%d; "
+        "pass a size from CaptureSizes (PaddedSize for a live batch)",
+        what, KeyName(key), static_cast<int>(key.mode), key.size, CaptureSizes::kMaxLimit));
+  }
+  return absl::OkStatus();
 }
 
 // The byte every output is filled with before a Verify run: an element neither run writes
@@ -66,6 +81,12 @@ absl::Status GraphSet::Capture(CaptureKey key, StepFn fn, cudaStream_t stream,
     // Calling an empty std::function throws std::bad_function_call: no exception may leave.
     return absl::InvalidArgumentError(absl::StrCat(
         "GraphSet::Capture of ", KeyName(key), " got an empty step function; pass the step"));
+  }
+  RETURN_IF_ERROR(CheckKey(key, "GraphSet::Capture"));
+  if (options_.warmups < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "GraphSetOptions.warmups %d for %s is negative; pass 0 or more (2 is the default)",
+        options_.warmups, KeyName(key)));
   }
   graphs_.erase(key);
   Captured captured;
@@ -202,6 +223,7 @@ absl::Status GraphSet::CheckReplayable(CaptureKey key, const Captured& captured)
 }
 
 absl::Status GraphSet::Replay(CaptureKey key, cudaStream_t stream) const {
+  RETURN_IF_ERROR(CheckKey(key, "GraphSet::Replay"));
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
     return absl::FailedPreconditionError(
@@ -213,6 +235,7 @@ absl::Status GraphSet::Replay(CaptureKey key, cudaStream_t stream) const {
 }
 
 absl::Status GraphSet::Verify(CaptureKey key, cudaStream_t stream) {
+  RETURN_IF_ERROR(CheckKey(key, "GraphSet::Verify"));
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
     return absl::FailedPreconditionError(
@@ -225,8 +248,16 @@ absl::Status GraphSet::Verify(CaptureKey key, cudaStream_t stream) {
   const size_t n = captured.snapshot.items.size();
   size_t total_bytes = 0, output_bytes = 0;
   for (size_t i = 0; i < n; ++i) {
-    total_bytes += (*entries)[i].bytes;
-    if ((*entries)[i].role == BufferRole::kOutput) output_bytes += (*entries)[i].bytes;
+    const StaticBuffers::Entry& e = (*entries)[i];
+    // A wrapped sum would allocate a small snapshot that the copies below overrun.
+    if (e.bytes > std::numeric_limits<size_t>::max() - total_bytes) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "Verify of %s cannot snapshot its static buffers: with '%s' (%d bytes) they add up to "
+          "more than the address space; declare each buffer's real size",
+          KeyName(key), e.name, e.bytes));
+    }
+    total_bytes += e.bytes;
+    if (e.role == BufferRole::kOutput) output_bytes += e.bytes;  // at most total_bytes
   }
   if (output_bytes == 0) {
     return absl::FailedPreconditionError(absl::StrCat(

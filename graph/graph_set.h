@@ -131,8 +131,9 @@ class GraphSet {
   // stream), replacing any graph `key` had. `buffers` (nullable, not owned, must outlive the
   // graph) declares the static buffers fn uses; it is snapshotted now and checked at Replay.
   // Errors name the key and the phase that failed: the warm-up's own status, CaptureGuard's
-  // explanation, or Verify's mismatch; InvalidArgument for an empty `fn` (before anything runs
-  // or is dropped). On error no graph is kept for `key`, and the stream is usable.
+  // explanation, or Verify's mismatch; InvalidArgument for an empty `fn`, a key that is not a
+  // GraphMode with a size in 1..CaptureSizes::kMaxLimit, or negative options.warmups (all before
+  // anything runs or is dropped). On error no graph is kept for `key`, and the stream is usable.
   absl::Status Capture(CaptureKey key, StepFn fn, cudaStream_t stream,
                        const StaticBuffers* buffers = nullptr);
 
@@ -144,14 +145,15 @@ class GraphSet {
                                             const StaticBuffers* buffers = nullptr);
 
   // Launches the graph for `key` on `stream`, after checking its static buffers (O(buffers)) and
-  // the pool's region. FailedPrecondition when `key` has no graph, a buffer moved or the pool was
-  // re-reserved. Asynchronous.
+  // the pool's region. InvalidArgument for a key Capture would refuse; FailedPrecondition when
+  // `key` has no graph, a buffer moved or the pool was re-reserved. Asynchronous.
   absl::Status Replay(CaptureKey key, cudaStream_t stream) const;
 
   // Compares the graph for `key` with an eager run of its function, bit for bit, over the
   // declared kOutput buffers, from the buffers' current contents (which it restores). Synchronizes
-  // `stream`. FailedPrecondition when there is no graph or no output buffer; Internal naming the
-  // buffer and first differing byte offset on a mismatch.
+  // `stream`. InvalidArgument for a key Capture would refuse; FailedPrecondition when there is no
+  // graph or no output buffer; ResourceExhausted when the buffers' sizes add up past size_t;
+  // Internal naming the buffer and first differing byte offset on a mismatch.
   absl::Status Verify(CaptureKey key, cudaStream_t stream);
 
   // Returns true if `key` has a graph.

@@ -2,9 +2,12 @@
 // keys with no graph. Capture and replay themselves are tested on a GPU (graph_set_gpu_test.cc).
 #include "graph/graph_set.h"
 
+#include <climits>
+#include <random>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "graph/capture_context.h"
 #include "graph/capture_sizes.h"
@@ -44,6 +47,82 @@ TEST(GraphSetTest, KeysNeverCapturedAreFailedPrecondition) {
   EXPECT_EQ(graphs.Stats(kKey), nullptr);
   graphs.Erase(kKey);  // no-op
   EXPECT_TRUE(graphs.AllStats().empty());
+}
+
+TEST(GraphSetTest, KeysOutsideTheCaptureSizesAreInvalidArgumentBeforeAnythingRuns) {
+  // Random and extreme keys (sizes from INT_MIN to INT_MAX, modes outside GraphMode): Capture
+  // refuses a key CaptureSizes could never give before the step runs once (no warm-up, no CUDA
+  // call), and Replay and Verify refuse it too instead of "capture it first"; a valid key that
+  // has no graph is FailedPrecondition naming it. Lookups never crash.
+  std::mt19937 rng(29);
+  const int sizes[] = {INT_MIN, INT_MIN + 1, -65536, -1, 0, 1, 2, CaptureSizes::kMaxLimit,
+                       CaptureSizes::kMaxLimit + 1, INT_MAX};
+  GraphSet graphs;
+  int refused = 0, absent = 0;
+  for (int i = 0; i < 5000; ++i) {
+    const int raw_mode =
+        rng() % 4 == 0 ? static_cast<int>(rng() % 7) - 2 : static_cast<int>(rng() % 3);
+    const int pick = static_cast<int>(rng() % 3);
+    const CaptureKey key{static_cast<GraphMode>(raw_mode),
+                         pick == 0   ? sizes[rng() % 10]
+                         : pick == 1 ? static_cast<int>(rng())
+                                     : 1 + static_cast<int>(rng() % CaptureSizes::kMaxLimit)};
+    const bool valid = raw_mode >= 0 && raw_mode <= 2 && key.size >= 1 &&
+                       key.size <= CaptureSizes::kMaxLimit;
+    int runs = 0;
+    const absl::Status replay = graphs.Replay(key, nullptr);
+    const absl::Status verify = graphs.Verify(key, nullptr);
+    EXPECT_FALSE(graphs.Contains(key));
+    EXPECT_EQ(graphs.Stats(key), nullptr);
+    graphs.Erase(key);
+    if (valid) {
+      ++absent;
+      EXPECT_EQ(replay.code(), absl::StatusCode::kFailedPrecondition) << replay;
+      EXPECT_THAT(std::string(replay.message()), HasSubstr("No graph for " + KeyName(key)));
+      EXPECT_EQ(verify.code(), absl::StatusCode::kFailedPrecondition) << verify;
+      continue;
+    }
+    ++refused;
+    const absl::Status capture = graphs.Capture(
+        key,
+        [&runs](cudaStream_t) {
+          ++runs;
+          return absl::OkStatus();
+        },
+        nullptr);
+    for (const absl::Status& s : {capture, replay, verify}) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      EXPECT_THAT(std::string(s.message()),
+                  HasSubstr(absl::StrCat("key ", KeyName(key), " (mode ", raw_mode, ", size ",
+                                         key.size, ")")))
+          << s;
+    }
+    EXPECT_EQ(runs, 0) << KeyName(key);
+  }
+  EXPECT_GT(refused, 1000);
+  EXPECT_GT(absent, 1000);
+  EXPECT_EQ(graphs.size(), 0u);
+  EXPECT_TRUE(graphs.AllStats().empty());
+}
+
+TEST(GraphSetTest, NegativeWarmupsAreInvalidArgumentBeforeAnythingRuns) {
+  for (int warmups : {-1, -2, INT_MIN}) {
+    GraphSetOptions options;
+    options.warmups = warmups;
+    GraphSet graphs(nullptr, options);
+    int runs = 0;
+    const absl::Status status = graphs.Capture(
+        kKey,
+        [&runs](cudaStream_t) {
+          ++runs;
+          return absl::OkStatus();
+        },
+        nullptr);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_THAT(std::string(status.message()),
+                HasSubstr(absl::StrCat("warmups ", warmups, " for decode/8 is negative")));
+    EXPECT_EQ(runs, 0);
+  }
 }
 
 }  // namespace

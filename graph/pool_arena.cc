@@ -18,6 +18,12 @@ absl::Status PoolArena::Rebase(uintptr_t base, size_t reserved_bytes) {
                                                    " is not ", kAlignment,
                                                    "-byte aligned; use a cudaMalloc'd region"));
   }
+  if (reserved_bytes > std::numeric_limits<uintptr_t>::max() - base) {
+    // base + offset would wrap: the arena would hand out addresses below the region.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Graph memory pool region of ", reserved_bytes, " bytes at 0x", absl::Hex(base),
+        " runs past the end of the address space; use a cudaMalloc'd region"));
+  }
   if (reserved_bytes > budget_) {
     return absl::InvalidArgumentError(absl::StrCat("Graph memory pool region of ", reserved_bytes,
                                                    " bytes exceeds the budget of ", budget_,

@@ -40,7 +40,8 @@ class PoolArena {
   explicit PoolArena(size_t budget_bytes) : budget_(budget_bytes) {}
 
   // Points the arena at the region [base, base + reserved_bytes). `base` must be a multiple of
-  // kAlignment and `reserved_bytes` at most the budget (InvalidArgument otherwise).
+  // kAlignment, the region must end within the address space and `reserved_bytes` be at most the
+  // budget (InvalidArgument otherwise).
   // FailedPrecondition while a sequence is open.
   absl::Status Rebase(uintptr_t base, size_t reserved_bytes);
 

@@ -23,6 +23,14 @@ absl::Status StaticBuffers::Bind(absl::string_view name, void* address, size_t b
         absl::StrCat("Static buffer '", name, "' at ", Address(address), " of ", bytes,
                      " bytes; bind an allocated buffer (non-null, at least one byte)"));
   }
+  if (bytes - 1 > UINTPTR_MAX - reinterpret_cast<uintptr_t>(address)) {
+    // [address, address + bytes) would wrap past the end of the address space: no allocation
+    // is like that, and sums and ends computed from it would be wrong.
+    return absl::InvalidArgumentError(
+        absl::StrCat("Static buffer '", name, "' at ", Address(address), " of ", bytes,
+                     " bytes runs past the end of the address space; bind the buffer's real "
+                     "address and size"));
+  }
   auto [it, inserted] = index_.try_emplace(std::string(name), entries_.size());
   if (inserted) {
     entries_.push_back(Entry{std::string(name), address, bytes, role});

@@ -57,7 +57,8 @@ class StaticBuffers {
   };
 
   // Declares buffer `name` at [address, address + bytes), or updates it when `name` exists (the
-  // owner moved or resized it). InvalidArgument for an empty name, a null address or 0 bytes.
+  // owner moved or resized it). InvalidArgument for an empty name, a null address, 0 bytes or a
+  // range that runs past the end of the address space.
   absl::Status Bind(absl::string_view name, void* address, size_t bytes, BufferRole role);
 
   // Returns the entry named `name`, or nullptr. The pointer stays valid until the next Bind of
