@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -47,6 +48,25 @@ absl::Status Positive(const char* field, int value) {
 constexpr int kMaxWidth = 1 << 20;  // hidden, ffn
 constexpr int kMaxHeads = 1 << 12;  // heads, kv_heads, layers
 constexpr int kMaxVocab = 1 << 24;
+
+// Saturating int64 arithmetic for the derived sizes of a shape Validate may refuse: a product of
+// a few int fields can pass 2^63 (3 · 2^31 QKV heads of 2^31 dimensions), which in plain int64
+// arithmetic is undefined behaviour.
+int64_t Saturate(bool negative) {
+  return negative ? std::numeric_limits<int64_t>::min() : std::numeric_limits<int64_t>::max();
+}
+
+int64_t MulSat(int64_t a, int64_t b) {
+  int64_t product;
+  if (__builtin_mul_overflow(a, b, &product)) return Saturate((a < 0) != (b < 0));
+  return product;
+}
+
+int64_t AddSat(int64_t a, int64_t b) {
+  int64_t sum;
+  if (__builtin_add_overflow(a, b, &sum)) return Saturate(a < 0);
+  return sum;
+}
 
 absl::Status AtMost(const char* field, int value, int limit) {
   if (value <= limit) return absl::OkStatus();
@@ -99,19 +119,34 @@ absl::Status LlamaShape::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("LlamaShape.rope_scaling: ", status.message()));
   }
-  if (!(rms_eps > 0.0) || !(rms_eps < 1.0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("LlamaShape.rms_eps is ", rms_eps, "; it must lie in (0, 1)"));
+  // The kernels take the epsilon as a float: below the least normal float it becomes 0 or a
+  // subnormal that the GPU flushes to 0, and an all-zero row (a padded token) then gives NaN.
+  constexpr double kMinEps = std::numeric_limits<float>::min();
+  if (!(rms_eps >= kMinEps) || !(rms_eps < 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LlamaShape.rms_eps is ", rms_eps, "; it must lie in [", kMinEps,
+        ", 1) (the kernels add it in float; config.json's rms_norm_eps is typically 1e-5 or "
+        "1e-6)"));
   }
   return absl::OkStatus();
 }
 
+int64_t LlamaShape::qkv_rows() const {
+  // The sum is at most 3 · 2^31 in magnitude; only the product can overflow.
+  return MulSat(int64_t{heads} + 2 * int64_t{kv_heads}, head_dim);
+}
+
 int64_t LlamaShape::ParameterCount() const {
   const int64_t h = hidden;
-  const int64_t per_layer = 2 * h + qkv_rows() * h + h * q_width() + 3 * int64_t{ffn} * h +
-                            (qkv_bias ? qkv_rows() : 0) + (qk_norm ? 2 * int64_t{head_dim} : 0);
-  int64_t total = int64_t{vocab} * h + layers * per_layer + h;
-  if (!tie_embeddings) total += int64_t{vocab} * h;
+  const int64_t qkv = qkv_rows();
+  int64_t per_layer = AddSat(2 * h, MulSat(qkv, h));  // the norms, QKV
+  per_layer = AddSat(per_layer, MulSat(h, q_width()));  // O
+  per_layer = AddSat(per_layer, MulSat(3 * int64_t{ffn}, h));  // gate, up, down
+  per_layer = AddSat(per_layer, (qkv_bias ? qkv : 0));
+  per_layer = AddSat(per_layer, (qk_norm ? 2 * int64_t{head_dim} : 0));
+  const int64_t table = MulSat(vocab, h);
+  int64_t total = AddSat(AddSat(table, MulSat(layers, per_layer)), h);
+  if (!tie_embeddings) total = AddSat(total, table);
   return total;
 }
 

@@ -44,10 +44,16 @@ struct LlamaShape {
   // inconsistent (e.g. heads not a multiple of kv_heads) and how to fix it. Sizes are bounded
   // far above any real model (hidden and ffn 2^20, heads, kv_heads and layers 4096, vocab 2^24,
   // head_dim 256), so every dimension and count derived from a valid shape fits its type.
+  // rms_eps must be at least the least normal float (about 1.2e-38): the kernels add it in float,
+  // where a smaller value is 0 or subnormal (flushed to 0) and an all-zero row divides by zero.
   absl::Status Validate() const;
 
+  // The sizes below are exact for a shape Validate accepts. For any other (negative or huge
+  // fields) they are still computed without overflow: a result beyond int64 saturates at its
+  // limit, so they are safe to call, e.g. for a message, before Validate.
+
   // Rows of the fused QKV projection: (heads + 2 * kv_heads) * head_dim.
-  int64_t qkv_rows() const { return (int64_t{heads} + 2 * int64_t{kv_heads}) * head_dim; }
+  int64_t qkv_rows() const;
   // Width of the attention output (the O projection's input): heads * head_dim.
   int64_t q_width() const { return int64_t{heads} * head_dim; }
   // Width of one token's K (or V): kv_heads * head_dim.
