@@ -3,8 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <utility>
+#include <vector>
 
+#include <unistd.h>
+
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/cuda/status_macros.h"
@@ -67,10 +72,46 @@ size_t LlamaWeightLayout::StepReadBytes(int64_t num_tokens) const {
   return bytes - table.bytes() + static_cast<size_t>(gathered * table.cols) * 2;
 }
 
+absl::Status LlamaHostWeights::Validate() const {
+  if (layout.tensors().empty() || data.size() * 2 != layout.total_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LlamaHostWeights hold ", data.size() * 2, " bytes but their layout (",
+        layout.tensors().size(), " tensors) needs ", layout.total_bytes(),
+        "; build them with ZeroLlamaHostWeights, RandomLlamaHostWeights or ReadLlamaSafetensors "
+        "and do not resize or move from them"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// This machine's physical memory in bytes, or 0 when the system does not say.
+uint64_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page_size <= 0) return 0;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
+}
+
+}  // namespace
+
 absl::StatusOr<LlamaHostWeights> ZeroLlamaHostWeights(const LlamaShape& shape) {
   ASSIGN_OR_RETURN(LlamaWeightLayout layout, LlamaWeightLayout::Create(shape));
+  // A valid shape may still need far more than any host has; refuse it here rather than let the
+  // allocation throw (which ends the process: kiln has no exception handlers).
+  const uint64_t memory = PhysicalMemoryBytes();
+  const uint64_t limit = memory != 0 ? memory : std::numeric_limits<uint64_t>::max();
+  const size_t values = layout.total_bytes() / 2;
+  if (layout.total_bytes() > limit || values > std::vector<uint16_t>().max_size()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "Host weights for a Llama with ", shape.ToString(), " need ", layout.total_bytes(),
+        " bytes, more than ",
+        memory != 0 ? absl::StrCat("this machine's ", memory, " bytes of memory")
+                    : std::string("a host vector holds"),
+        "; check the LlamaShape for a typo, or split the model over more tensor-parallel ranks"));
+  }
   LlamaHostWeights weights;
-  weights.data.assign(layout.total_bytes() / 2, 0);
+  weights.data.assign(values, 0);
   weights.layout = std::move(layout);
   return weights;
 }

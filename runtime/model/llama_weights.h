@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "runtime/model/llama_shape.h"
 
@@ -116,13 +117,22 @@ struct LlamaHostWeights {
 
   const uint16_t* tensor(const WeightTensor& t) const { return data.data() + t.offset / 2; }
   uint16_t* mutable_tensor(const WeightTensor& t) { return data.data() + t.offset / 2; }
+
+  // Returns OK when the layout has tensors (it came from LlamaWeightLayout::Create) and `data`
+  // holds exactly its bytes, else InvalidArgument naming both sizes: default-constructed,
+  // moved-from or resized weights, whose tensor() would point outside `data`. Functions that take
+  // weights (ShardLlamaHostWeights, WriteLlamaSafetensors, ReferenceDecoder::Create) check it.
+  absl::Status Validate() const;
 };
 
-// Returns zero-filled host weights for `shape` (InvalidArgument for a bad shape).
+// Returns zero-filled host weights for `shape`: InvalidArgument for a bad shape, and
+// ResourceExhausted, before allocating, when they need more bytes than this machine's physical
+// memory (a valid shape can describe petabytes: hidden 2^20 and vocab 2^24 is a 32 TiB table).
 absl::StatusOr<LlamaHostWeights> ZeroLlamaHostWeights(const LlamaShape& shape);
 
 // Returns the seeded random weights for `shape`, the same bits LlamaDeviceWeights::Random
-// makes on the GPU. Host-only; single-threaded (about 5 ns per value).
+// makes on the GPU; errors as ZeroLlamaHostWeights. Host-only; single-threaded (about 5 ns per
+// value).
 absl::StatusOr<LlamaHostWeights> RandomLlamaHostWeights(const LlamaShape& shape, uint64_t seed);
 
 // The range a tensor's seeded values are drawn from: uniform in [centre - amplitude,

@@ -3,9 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <random>
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -188,6 +193,183 @@ TEST(Bf16Test, RoundsToNearestEven) {
   EXPECT_EQ(FloatToBf16Bits(-2.0f), 0xc000);
   EXPECT_TRUE(std::isnan(Bf16BitsToFloat(FloatToBf16Bits(std::nanf("")))));
   EXPECT_EQ(RoundToBf16(3.14159), 3.140625);
+}
+
+// ---- Sweeps of the layout over random valid shapes, and of what refuses a bad one.
+
+// A random valid shape: widths multiples of 8 up to the limits, heads a multiple of kv_heads,
+// mostly a few layers and now and then up to the 4096 limit, every optional tensor kind at random.
+LlamaShape RandomValidShape(std::mt19937& rng) {
+  auto log_uniform = [&](int max_log2) { return 1 << (rng() % (max_log2 + 1)); };
+  LlamaShape s = LlamaShape::Tiny();
+  s.hidden = 8 * static_cast<int>(1 + rng() % (rng() % 2 ? 64 : (1 << 17)));
+  s.ffn = 8 * static_cast<int>(1 + rng() % (rng() % 2 ? 64 : (1 << 17)));
+  s.head_dim = 8 * static_cast<int>(1 + rng() % 32);
+  s.kv_heads = rng() % 2 ? log_uniform(6) : static_cast<int>(1 + rng() % 12);
+  const int group = static_cast<int>(1 + rng() % 8);
+  s.heads = std::min(s.kv_heads * group, 4096 / s.kv_heads * s.kv_heads);
+  s.vocab = static_cast<int>(1 + rng() % (rng() % 2 ? 1000 : (1 << 24)));
+  s.layers = rng() % 50 == 0 ? static_cast<int>(1 + rng() % 4096) : static_cast<int>(1 + rng() % 4);
+  s.tie_embeddings = rng() % 2;
+  s.qkv_bias = rng() % 2;
+  s.qk_norm = rng() % 2;
+  return s;
+}
+
+// Every tensor of `layout`, checked against the list in llama_weights.h computed here in 128 bits:
+// names, kinds, sizes and indices; offsets 256-aligned, in order, disjoint, inside total_bytes,
+// with at most 255 bytes of padding after each tensor; the parameter count and the bytes a step
+// reads agree with the tensors.
+void CheckLayout(const LlamaShape& s, const LlamaWeightLayout& layout) {
+  struct Expected {
+    std::string name;
+    WeightKind kind;
+    __int128 rows, cols;
+  };
+  const __int128 h = s.hidden, d = s.head_dim;
+  const __int128 qkv = (__int128{s.heads} + 2 * __int128{s.kv_heads}) * d;
+  std::vector<Expected> want = {{"embedding", WeightKind::kEmbedding, s.vocab, h}};
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string p = absl::StrCat("layers.", l, ".");
+    want.push_back({p + "input_norm", WeightKind::kNorm, h, 1});
+    want.push_back({p + "qkv", WeightKind::kMatrix, qkv, h});
+    want.push_back({p + "o", WeightKind::kMatrix, h, __int128{s.heads} * d});
+    want.push_back({p + "post_norm", WeightKind::kNorm, h, 1});
+    want.push_back({p + "gate_up", WeightKind::kMatrix, 2 * __int128{s.ffn}, h});
+    want.push_back({p + "down", WeightKind::kMatrix, h, s.ffn});
+  }
+  want.push_back({"final_norm", WeightKind::kNorm, h, 1});
+  if (!s.tie_embeddings) want.push_back({"lm_head", WeightKind::kMatrix, s.vocab, h});
+  for (int l = 0; s.qkv_bias && l < s.layers; ++l) {
+    want.push_back({absl::StrCat("layers.", l, ".qkv_bias"), WeightKind::kBias, qkv, 1});
+  }
+  for (int l = 0; s.qk_norm && l < s.layers; ++l) {
+    want.push_back({absl::StrCat("layers.", l, ".q_norm"), WeightKind::kNorm, d, 1});
+    want.push_back({absl::StrCat("layers.", l, ".k_norm"), WeightKind::kNorm, d, 1});
+  }
+  ASSERT_EQ(layout.tensors().size(), want.size());
+  __int128 end = 0, elements = 0, bytes = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const WeightTensor& t = layout.tensors()[i];
+    const Expected& e = want[i];
+    ASSERT_EQ(t.name, e.name);
+    ASSERT_EQ(t.index, static_cast<int>(i)) << t.name;
+    ASSERT_TRUE(t.kind == e.kind) << t.name;
+    ASSERT_TRUE(t.rows == e.rows && t.cols == e.cols) << t.name;
+    ASSERT_EQ(t.offset % LlamaWeightLayout::kAlignment, 0u) << t.name;
+    ASSERT_TRUE(t.offset >= end && t.offset - end < LlamaWeightLayout::kAlignment)
+        << t.name << " at " << t.offset << " overlaps or leaves a gap";
+    ASSERT_TRUE(__int128{t.bytes()} == e.rows * e.cols * 2) << t.name;
+    end = __int128{t.offset} + e.rows * e.cols * 2;
+    elements += e.rows * e.cols;
+    bytes += e.rows * e.cols * 2;
+  }
+  ASSERT_TRUE(end <= layout.total_bytes() && layout.total_bytes() - end < 256);
+  ASSERT_TRUE(__int128{s.ParameterCount()} == elements);
+  EXPECT_EQ(layout.qkv(s.layers - 1).name, absl::StrCat("layers.", s.layers - 1, ".qkv"));
+  EXPECT_EQ(layout.down(0).name, "layers.0.down");
+  EXPECT_EQ(layout.final_norm().name, "final_norm");
+  EXPECT_EQ(layout.lm_head().name, s.tie_embeddings ? "embedding" : "lm_head");
+  if (s.qkv_bias) {
+    EXPECT_EQ(layout.qkv_bias(s.layers - 1).name,
+              want[want.size() - 1 - (s.qk_norm ? 2 * s.layers : 0)].name);
+  }
+  if (s.qk_norm) {
+    EXPECT_EQ(layout.k_norm(s.layers - 1).name, want.back().name);
+  }
+  // A step reads everything; an untied table only in the tokens' rows (0 to the whole table).
+  const __int128 table = __int128{s.vocab} * h * 2;
+  for (int64_t tokens : {std::numeric_limits<int64_t>::min(), int64_t{-1}, int64_t{0},
+                         int64_t{1}, int64_t{s.vocab}, int64_t{s.vocab} + 1,
+                         std::numeric_limits<int64_t>::max()}) {
+    const __int128 gathered =
+        std::clamp<__int128>(tokens, 0, s.vocab) * h * 2;
+    ASSERT_TRUE(__int128{layout.StepReadBytes(tokens)} ==
+                (s.tie_embeddings ? bytes : bytes - table + gathered))
+        << tokens << " tokens";
+  }
+}
+
+// 500 random valid shapes (some of thousands of layers, some with tables of 2^24 x 2^20): the
+// layout of each, checked tensor by tensor. Nothing is allocated.
+TEST(LlamaWeightLayoutSweepTest, RandomValidShapesLayOutExactly) {
+  std::mt19937 rng(7);
+  for (int i = 0; i < 500; ++i) {
+    const LlamaShape s = RandomValidShape(rng);
+    SCOPED_TRACE(absl::StrCat("shape ", i, ": ", s.ToString()));
+    ASSERT_TRUE(s.Validate().ok()) << s.Validate();
+    absl::StatusOr<LlamaWeightLayout> layout = LlamaWeightLayout::Create(s);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    CheckLayout(s, *layout);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// A shape Validate refuses gets its error, word for word, from Create, ZeroLlamaHostWeights and
+// RandomLlamaHostWeights, before anything is allocated.
+TEST(LlamaWeightLayoutSweepTest, BadShapesAreRefusedBeforeAllocating) {
+  std::mt19937 rng(8);
+  const int kEdges[] = {std::numeric_limits<int>::min(), -1, 0, 1, 3, 7, 9, 257, 1 << 20,
+                        (1 << 20) + 8, 1 << 24, (1 << 24) + 1, std::numeric_limits<int>::max()};
+  for (int i = 0; i < 2000; ++i) {
+    LlamaShape s = RandomValidShape(rng);
+    int LlamaShape::*fields[] = {&LlamaShape::hidden, &LlamaShape::layers, &LlamaShape::heads,
+                                 &LlamaShape::kv_heads, &LlamaShape::head_dim, &LlamaShape::ffn,
+                                 &LlamaShape::vocab};
+    s.*fields[rng() % 7] = kEdges[rng() % std::size(kEdges)];
+    const absl::Status expected = s.Validate();
+    if (expected.ok()) continue;
+    SCOPED_TRACE(s.ToString());
+    EXPECT_EQ(LlamaWeightLayout::Create(s).status(), expected);
+    EXPECT_EQ(ZeroLlamaHostWeights(s).status(), expected);
+    EXPECT_EQ(RandomLlamaHostWeights(s, 1).status(), expected);
+  }
+}
+
+// A valid shape whose weights no host holds (the largest: about 2^57 bytes) is ResourceExhausted
+// naming the bytes, not an allocation that throws.
+TEST(LlamaWeightLayoutSweepTest, WeightsBeyondMemoryAreResourceExhausted) {
+  LlamaShape s = LlamaShape::Tiny();
+  s.hidden = s.ffn = 1 << 20;
+  s.heads = s.kv_heads = s.layers = 1 << 12;
+  s.vocab = 1 << 24;
+  s.head_dim = 256;
+  ASSERT_TRUE(s.Validate().ok());
+  absl::StatusOr<LlamaWeightLayout> layout = LlamaWeightLayout::Create(s);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  for (const absl::Status& status :
+       {ZeroLlamaHostWeights(s).status(), RandomLlamaHostWeights(s, 1).status()}) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+    EXPECT_THAT(std::string(status.message()),
+                ::testing::HasSubstr(absl::StrCat("need ", layout->total_bytes(), " bytes")));
+  }
+  // A table of 2^24 x 2^20 alone: 32 TiB.
+  s = LlamaShape::Tiny();
+  s.vocab = 1 << 24;
+  s.hidden = 1 << 20;
+  EXPECT_EQ(ZeroLlamaHostWeights(s).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+// Host weights whose data does not match their layout (default-constructed, moved from, resized)
+// are refused by Validate, naming both sizes.
+TEST(LlamaHostWeightsTest, ValidateRefusesDataThatDoesNotMatchTheLayout) {
+  absl::StatusOr<LlamaHostWeights> w = RandomLlamaHostWeights(LlamaShape::Tiny(), 3);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_TRUE(w->Validate().ok());
+  EXPECT_THAT(std::string(LlamaHostWeights{}.Validate().message()),
+              ::testing::HasSubstr("hold 0 bytes but their layout (0 tensors) needs 0"));
+  for (int64_t delta : {int64_t{-1}, int64_t{1}, -static_cast<int64_t>(w->data.size())}) {
+    LlamaHostWeights resized = *w;
+    resized.data.resize(static_cast<size_t>(static_cast<int64_t>(w->data.size()) + delta));
+    const absl::Status status = resized.Validate();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << delta;
+    EXPECT_THAT(std::string(status.message()),
+                ::testing::HasSubstr(absl::StrCat("needs ", w->layout.total_bytes())));
+  }
+  LlamaHostWeights moved = *w;
+  LlamaHostWeights taken = std::move(moved);
+  EXPECT_TRUE(taken.Validate().ok());
+  EXPECT_EQ(moved.Validate().code(), absl::StatusCode::kInvalidArgument);  // NOLINT: moved from
 }
 
 }  // namespace
