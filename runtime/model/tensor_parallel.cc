@@ -13,37 +13,52 @@ namespace {
 // and the QK norms' weights, shared by every head, are replicated.
 enum class Role { kReplicated, kQkv, kO, kGateUp, kDown };
 
-absl::StatusOr<Role> RoleOf(const LlamaShape& shape, int tensor_index) {
+// A tensor's role and full size, from its index and the shape alone: building the whole layout
+// per tensor would make a pass over every tensor quadratic (36,000 tensors at 4096 layers with
+// biases and QK norms: minutes). Sizes as llama_weights.h lists them.
+struct TensorRole {
+  Role role = Role::kReplicated;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+absl::StatusOr<TensorRole> RoleOf(const LlamaShape& shape, int tensor_index) {
   const int per_layer = LlamaWeightLayout::kTensorsPerLayer;
   const int layer_end = 1 + shape.layers * per_layer;
   const int bias_base = layer_end + 1 + (shape.tie_embeddings ? 0 : 1);
   const int qk_norm_base = bias_base + (shape.qkv_bias ? shape.layers : 0);
   const int count = qk_norm_base + (shape.qk_norm ? 2 * shape.layers : 0);
   if (tensor_index < 0 || tensor_index >= count) {
-    return absl::InvalidArgumentError(absl::StrCat("Weight tensor index ", tensor_index,
-                                                   " is outside [0, ", count, ") for this shape"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Weight tensor index ", tensor_index, " is outside [0, ", count,
+        ") for this shape; pass the index of one of LlamaWeightLayout::tensors()"));
   }
-  if (tensor_index >= qk_norm_base) return Role::kReplicated;  // q_norm, k_norm
-  if (tensor_index >= bias_base) return Role::kQkv;  // layers' QKV biases (llama_weights.h)
-  if (tensor_index == 0 || tensor_index >= layer_end) return Role::kReplicated;
+  const int64_t h = shape.hidden;
+  if (tensor_index >= qk_norm_base) return TensorRole{Role::kReplicated, shape.head_dim, 1};
+  if (tensor_index >= bias_base) return TensorRole{Role::kQkv, shape.qkv_rows(), 1};
+  if (tensor_index == 0 || tensor_index == layer_end + 1) {  // the embedding, an untied LM head
+    return TensorRole{Role::kReplicated, shape.vocab, h};
+  }
+  if (tensor_index == layer_end) return TensorRole{Role::kReplicated, h, 1};  // final norm
   // Per layer: input_norm, qkv, o, post_norm, gate_up, down (llama_weights.h).
   switch ((tensor_index - 1) % per_layer) {
     case 1:
-      return Role::kQkv;
+      return TensorRole{Role::kQkv, shape.qkv_rows(), h};
     case 2:
-      return Role::kO;
+      return TensorRole{Role::kO, h, shape.q_width()};
     case 4:
-      return Role::kGateUp;
+      return TensorRole{Role::kGateUp, 2 * int64_t{shape.ffn}, h};
     case 5:
-      return Role::kDown;
-    default:
-      return Role::kReplicated;
+      return TensorRole{Role::kDown, h, shape.ffn};
+    default:  // input_norm, post_norm
+      return TensorRole{Role::kReplicated, h, 1};
   }
 }
 
 }  // namespace
 
 int KvHeadsPerRank(const LlamaShape& full, int tp_size) {
+  if (!CheckTensorParallelShape(full, tp_size).ok()) return -1;
   return full.kv_heads >= tp_size ? full.kv_heads / tp_size : 1;
 }
 
@@ -51,7 +66,7 @@ absl::Status CheckTensorParallelShape(const LlamaShape& full, int tp_size) {
   RETURN_IF_ERROR(full.Validate());
   if (tp_size < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("Tensor-parallel size ", tp_size, " must be at least 1"));
+        absl::StrCat("Tensor-parallel size ", tp_size, " must be at least 1 (1: no split)"));
   }
   if (full.heads % tp_size != 0) {
     return absl::InvalidArgumentError(
@@ -83,8 +98,9 @@ absl::StatusOr<LlamaShape> RankShape(const LlamaShape& full, int tp_size) {
 }
 
 int64_t WeightShardMap::FullIndex(int64_t row, int64_t col) const {
+  if (col < 0 || col >= cols) return -1;  // also keeps the products below inside the tensor
   for (const Rows& run : rows) {
-    if (row >= run.local_first && row < run.local_first + run.count) {
+    if (row >= run.local_first && row - run.local_first < run.count) {
       return (run.full_first + row - run.local_first) * full_cols + col_offset + col;
     }
   }
@@ -96,11 +112,10 @@ absl::StatusOr<WeightShardMap> ShardMapFor(const LlamaShape& full, int tp_size, 
   RETURN_IF_ERROR(CheckTensorParallelShape(full, tp_size));
   if (rank < 0 || rank >= tp_size) {
     return absl::InvalidArgumentError(
-        absl::StrCat("Rank ", rank, " is outside [0, ", tp_size, ")"));
+        absl::StrCat("Rank ", rank, " is outside [0, ", tp_size,
+                     "); a rank counts from 0 to the tensor-parallel size less 1"));
   }
-  ASSIGN_OR_RETURN(Role role, RoleOf(full, tensor_index));
-  ASSIGN_OR_RETURN(LlamaWeightLayout layout, LlamaWeightLayout::Create(full));
-  const WeightTensor& t = layout.tensors()[tensor_index];
+  ASSIGN_OR_RETURN(const TensorRole t, RoleOf(full, tensor_index));
   const int64_t d = full.head_dim;
   const int64_t heads = full.heads / tp_size;         // query heads per rank
   const int64_t kv = KvHeadsPerRank(full, tp_size);   // KV heads per rank
@@ -111,7 +126,8 @@ absl::StatusOr<WeightShardMap> ShardMapFor(const LlamaShape& full, int tp_size, 
 
   WeightShardMap map;
   map.full_cols = t.cols;
-  switch (role) {
+  map.cols = t.cols;  // split below for the row-parallel O and down projections
+  switch (t.role) {
     case Role::kReplicated:
       map.rows = {{0, 0, t.rows}};
       map.identity = true;
@@ -130,11 +146,13 @@ absl::StatusOr<WeightShardMap> ShardMapFor(const LlamaShape& full, int tp_size, 
     case Role::kO:
       map.rows = {{0, 0, t.rows}};
       map.col_offset = rank * heads * d;
+      map.cols = heads * d;
       map.identity = tp_size == 1;
       break;
     case Role::kDown:
       map.rows = {{0, 0, t.rows}};
       map.col_offset = rank * ffn;
+      map.cols = ffn;
       map.identity = tp_size == 1;
       break;
   }
@@ -143,7 +161,11 @@ absl::StatusOr<WeightShardMap> ShardMapFor(const LlamaShape& full, int tp_size, 
 
 absl::StatusOr<LlamaHostWeights> ShardLlamaHostWeights(const LlamaHostWeights& full, int tp_size,
                                                        int rank) {
+  RETURN_IF_ERROR(full.Validate());
   const LlamaShape& full_shape = full.layout.shape();
+  // The rank is checked by every tensor's map below; a bad one is refused here, before the
+  // shard is allocated.
+  RETURN_IF_ERROR(ShardMapFor(full_shape, tp_size, rank, /*tensor_index=*/0).status());
   ASSIGN_OR_RETURN(LlamaShape local_shape, RankShape(full_shape, tp_size));
   ASSIGN_OR_RETURN(LlamaHostWeights local, ZeroLlamaHostWeights(local_shape));
   for (const WeightTensor& t : local.layout.tensors()) {

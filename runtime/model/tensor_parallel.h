@@ -39,7 +39,8 @@ namespace kiln {
 // of 8). The message names the value and the sizes that would work.
 absl::Status CheckTensorParallelShape(const LlamaShape& full, int tp_size);
 
-// Returns the KV heads one rank holds: kv_heads / tp_size, or 1 when tp_size > kv_heads.
+// Returns the KV heads one rank holds: kv_heads / tp_size, or 1 when tp_size > kv_heads; -1
+// when CheckTensorParallelShape refuses `full` and `tp_size` (tp_size 0 included).
 int KvHeadsPerRank(const LlamaShape& full, int tp_size);
 
 // Returns the shape one rank runs (see the file comment); `full` itself for tp_size 1.
@@ -57,20 +58,25 @@ struct WeightShardMap {
   std::vector<Rows> rows;  // at most 3 runs
   int64_t full_cols = 0;
   int64_t col_offset = 0;
+  int64_t cols = 0;       // the rank's columns: [col_offset, col_offset + cols) of a full row
   bool identity = false;  // the rank holds the whole tensor (replicated)
 
-  // Returns the full tensor's flat index of local element (row, col).
+  // Returns the full tensor's flat index of local element (row, col), or -1 for an element
+  // outside the rank's rows or columns (any int64 values may be passed).
   int64_t FullIndex(int64_t row, int64_t col) const;
 };
 
 // Returns the map of tensor `tensor_index` (its position in LlamaWeightLayout::tensors(), the
 // same in the full and in the rank's layout) for `rank` of `tp_size`. InvalidArgument for a
-// shape that does not split, a rank outside [0, tp_size) or an unknown tensor index.
+// shape that does not split, a rank outside [0, tp_size) or an unknown tensor index. Takes time
+// independent of the number of tensors, so a pass over every tensor is linear.
 absl::StatusOr<WeightShardMap> ShardMapFor(const LlamaShape& full, int tp_size, int rank,
                                            int tensor_index);
 
 // Returns rank `rank`'s host weights cut out of the full model's host weights (laid out for
-// RankShape(full.layout.shape(), tp_size)). InvalidArgument as ShardMapFor.
+// RankShape(full.layout.shape(), tp_size)). InvalidArgument as ShardMapFor, or from
+// full.Validate() for weights whose data does not match their layout; ResourceExhausted as
+// ZeroLlamaHostWeights.
 absl::StatusOr<LlamaHostWeights> ShardLlamaHostWeights(const LlamaHostWeights& full, int tp_size,
                                                        int rank);
 
