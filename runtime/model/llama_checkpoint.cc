@@ -1,8 +1,12 @@
 #include "runtime/model/llama_checkpoint.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
-#include <cstring>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -16,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "runtime/config/quoted.h"
 #include "runtime/cuda/status_macros.h"
 #include "runtime/model/bf16.h"
 #include "runtime/model/safetensors.h"
@@ -23,6 +28,10 @@
 
 namespace kiln {
 namespace {
+
+// Quotes a name or path from a file or the caller for a message: '...', escaped (a tensor name
+// may hold a newline or a NUL; JSON allows both).
+std::string Quote(absl::string_view text) { return Quoted(text, '\''); }
 
 std::vector<int64_t> SliceShape(const HfTensorSlice& s) {
   if (s.cols == 0) return {s.rows};
@@ -73,6 +82,7 @@ std::string UnexpectedReason(absl::string_view name, const LlamaShape& shape) {
 std::vector<HfTensorSlice> HfTensorSlices(const LlamaWeightLayout& layout) {
   const LlamaShape& s = layout.shape();
   std::vector<HfTensorSlice> slices;
+  if (layout.tensors().empty()) return slices;  // default-constructed: no tensors to name
   auto add = [&](std::string name, const WeightTensor& t, int64_t first_row, int64_t rows,
                  std::string dims) {
     HfTensorSlice slice;
@@ -135,6 +145,19 @@ absl::StatusOr<LlamaShardReader> LlamaShardReader::Open(absl::Span<const std::st
   LlamaShardReader out;
   out.files_.reserve(paths.size());
   for (const std::string& path : paths) {
+    // Only a regular file (or a link to one, as in the Hugging Face cache) can be a shard: opening
+    // a FIFO would wait for a writer forever, and a directory or a device is no checkpoint. A path
+    // stat cannot see is left to SafetensorsReader, which names the error (NotFound, ...).
+    struct stat info;
+    if (::stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode)) {
+      const char* kind = S_ISDIR(info.st_mode)    ? "a directory"
+                         : S_ISFIFO(info.st_mode) ? "a FIFO"
+                         : S_ISSOCK(info.st_mode) ? "a socket"
+                                                  : "a device";
+      return absl::InvalidArgumentError(
+          absl::StrCat("Checkpoint path ", Quote(path), " is ", kind,
+                       ", not a file; pass the checkpoint's model*.safetensors files"));
+    }
     ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::Open(path));
     out.files_.push_back(std::move(reader));
   }
@@ -146,9 +169,9 @@ absl::StatusOr<LlamaShardReader> LlamaShardReader::Open(absl::Span<const std::st
       auto [it, inserted] = found.try_emplace(t.name, &reader, &t);
       if (!inserted) {
         return absl::InvalidArgumentError(
-            absl::StrCat("Checkpoint tensor '", t.name, "' appears in both '",
-                         it->second.first->path(), "' and '", reader.path(),
-                         "'; pass each shard of one checkpoint once"));
+            absl::StrCat("Checkpoint tensor ", Quote(t.name), " appears in both ",
+                         Quote(it->second.first->path()), " and ", Quote(reader.path()),
+                         "; pass each shard of one checkpoint once"));
       }
     }
   }
@@ -164,27 +187,27 @@ absl::StatusOr<LlamaShardReader> LlamaShardReader::Open(absl::Span<const std::st
   for (const std::string& name : names) {
     if (expected.contains(name) || absl::EndsWith(name, ".rotary_emb.inv_freq")) continue;
     return absl::InvalidArgumentError(
-        absl::StrCat("Checkpoint tensor '", name, "' in '", found[name].first->path(),
-                     "' is unexpected: ", UnexpectedReason(name, shape)));
+        absl::StrCat("Checkpoint tensor ", Quote(name), " in ", Quote(found[name].first->path()),
+                     " is unexpected: ", UnexpectedReason(name, shape)));
   }
   for (const HfTensorSlice& s : slices) {
     auto it = found.find(s.hf_name);
     if (it == found.end()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "Checkpoint lacks tensor '", s.hf_name, "' that a Llama with ", shape.ToString(),
+          "Checkpoint lacks tensor ", Quote(s.hf_name), " that a Llama with ", shape.ToString(),
           " needs; check LlamaShape (layers, tie_embeddings) and that every shard is given"));
     }
     const SafetensorsTensor& t = *it->second.second;
     if (SourceBytes(t.dtype) == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "Checkpoint tensor '", s.hf_name, "' has dtype ", t.dtype,
+          "Checkpoint tensor ", Quote(s.hf_name), " has dtype ", t.dtype,
           "; kiln loads BF16 weights, and F16 or F32 ones converted to BF16: convert the "
           "checkpoint to bfloat16 (for example model.to(torch.bfloat16).save_pretrained(...))"));
     }
     const std::vector<int64_t> want = SliceShape(s);
     if (t.shape != want) {
       return absl::InvalidArgumentError(
-          absl::StrCat("Checkpoint tensor '", s.hf_name, "' has shape ", t.ShapeString(),
+          absl::StrCat("Checkpoint tensor ", Quote(s.hf_name), " has shape ", t.ShapeString(),
                        " but LlamaShape needs ", s.dims, " = ", ShapeString(want),
                        "; set those LlamaShape fields to the checkpoint's "
                        "config.json values"));
@@ -221,6 +244,22 @@ absl::StatusOr<LlamaShardReader> LlamaShardReader::Open(absl::Span<const std::st
 
 absl::Status LlamaShardReader::ReadRows(const Block& block, int64_t first, int64_t rows,
                                         uint16_t* dst) const {
+  // A Block is a plain struct a caller could forge or take from another reader; its fields decide
+  // how many bytes land in `dst` and where a file is read, so check that it is one of ours.
+  const std::less<const void*> before;
+  const bool ours =
+      block.tensor_index >= 0 &&
+      block.tensor_index < static_cast<int>(layout_.tensors().size()) &&
+      block.file != nullptr && !before(block.file, files_.data()) &&
+      before(block.file, files_.data() + files_.size()) && block.tensor != nullptr &&
+      !before(block.tensor, block.file->tensors().data()) &&
+      before(block.tensor, block.file->tensors().data() + block.file->tensors().size()) &&
+      block.source_bytes == SourceBytes(block.tensor->dtype) && block.rows >= 0 &&
+      block.row_stride > 0;
+  if (!ours) {
+    return absl::InvalidArgumentError(
+        "The block is not one of this LlamaShardReader's; pass one of its blocks()");
+  }
   // rows > block.rows - first, not first + rows > block.rows: the sum may overflow.
   if (first < 0 || rows < 0 || first > block.rows || rows > block.rows - first) {
     return absl::InvalidArgumentError(absl::StrCat(rows, " rows from row ", first,
@@ -253,6 +292,19 @@ absl::Status LlamaShardReader::ReadRows(const Block& block, int64_t first, int64
         std::memcpy(&value, raw.data() + 4 * i, 4);
       }
       out[i] = FloatToBf16Bits(value);
+      // An F32 value above bfloat16's largest (about 3.39e38) rounds to infinity: a finite weight
+      // would load as inf and silently turn the model's outputs into NaN. (F16 values all fit.)
+      if ((out[i] & 0x7fffu) == 0x7f80u && std::isfinite(value)) {
+        const uint64_t hf_row = block.offset / block.row_stride +
+                                static_cast<uint64_t>(first + done + i / cols);
+        const uint64_t hf_col =
+            block.offset % block.row_stride / static_cast<uint64_t>(block.source_bytes) +
+            static_cast<uint64_t>(i % cols);
+        return absl::InvalidArgumentError(absl::StrCat(
+            "Checkpoint tensor ", Quote(block.tensor->name), " holds ", value, " at [", hf_row,
+            ", ", hf_col, "], beyond bfloat16's largest finite value 3.38953e+38, so it would "
+            "load as infinity; kiln runs bf16 weights: fix or rescale that tensor"));
+      }
     }
   }
   return absl::OkStatus();
@@ -288,13 +340,8 @@ absl::Status WriteLlamaSafetensors(const std::string& path, const LlamaHostWeigh
     return absl::InvalidArgumentError(absl::StrCat(
         "WriteLlamaSafetensors writes dtype BF16 or F32 (each bf16 value exactly), not ", dtype));
   }
+  RETURN_IF_ERROR(weights.Validate());
   const std::vector<HfTensorSlice> slices = HfTensorSlices(weights.layout);
-  if (weights.data.size() * 2 != weights.layout.total_bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "LlamaHostWeights hold ", weights.data.size() * 2, " bytes but their layout needs ",
-        weights.layout.total_bytes(), "; build them with ZeroLlamaHostWeights or "
-        "RandomLlamaHostWeights"));
-  }
   const bool widen = dtype == "F32";
   std::vector<std::vector<float>> widened;  // F32 only: each tensor's values
   widened.reserve(widen ? slices.size() : 0);

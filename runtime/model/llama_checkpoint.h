@@ -23,7 +23,9 @@
 // Every tensor must be BF16, or F16 or F32 (each value rounded to the nearest bf16 as it is read:
 // kiln's model runs bf16), with exactly the shape LlamaShape implies; a missing, unexpected or
 // duplicated name, a wrong shape or another dtype is InvalidArgument naming the tensor, what was
-// expected and which LlamaShape field to check; a truncated or corrupt file is DataLoss.
+// expected and which LlamaShape field to check; so is a finite F32 value too large for bf16 (it
+// would load as infinity); a truncated or corrupt file is DataLoss. Names and paths in messages
+// are quoted with C escapes.
 // Host-only; thread-compatible.
 #ifndef KILN_RUNTIME_MODEL_LLAMA_CHECKPOINT_H_
 #define KILN_RUNTIME_MODEL_LLAMA_CHECKPOINT_H_
@@ -54,7 +56,8 @@ struct HfTensorSlice {
   std::string dims;           // what the shape is made of: "[kv_heads * head_dim, hidden]"
 };
 
-// Returns the HF tensors that make up `layout`, in file order.
+// Returns the HF tensors that make up `layout`, in file order (none for a default-constructed
+// layout, which has no tensors).
 std::vector<HfTensorSlice> HfTensorSlices(const LlamaWeightLayout& layout);
 
 // Called after each block of rows is read with the bytes read so far and the total (the same
@@ -82,8 +85,9 @@ class LlamaShardReader {
   };
 
   // Opens the files and checks them against `shape` (the whole model's) for rank `rank` of
-  // `tp_size`: InvalidArgument as ReadLlamaSafetensors and ShardMapFor describe, DataLoss for a
-  // corrupt header, NotFound for a missing file.
+  // `tp_size`: InvalidArgument as ReadLlamaSafetensors and ShardMapFor describe and for a path
+  // that is not a regular file (a directory, a FIFO, a device), DataLoss for a corrupt header,
+  // NotFound for a missing file.
   static absl::StatusOr<LlamaShardReader> Open(absl::Span<const std::string> paths,
                                                const LlamaShape& shape, int tp_size = 1,
                                                int rank = 0);
@@ -103,7 +107,9 @@ class LlamaShardReader {
 
   // Reads rows [first, first + rows) of `block` (counted from its first row) into `dst`, packed:
   // rows × the tensor's cols bf16 values (F16 and F32 rounded to nearest, ties to even).
-  // InvalidArgument for rows outside the block; DataLoss if a file shrank since Open.
+  // InvalidArgument for rows outside the block, for a block that is not one of blocks() (of this
+  // reader, copies included) and for a finite F32 value beyond bf16's range; DataLoss if a file
+  // shrank since Open.
   absl::Status ReadRows(const Block& block, int64_t first, int64_t rows, uint16_t* dst) const;
 
  private:
@@ -135,7 +141,7 @@ absl::StatusOr<LlamaHostWeights> ReadLlamaSafetensorsShard(absl::Span<const std:
 
 // Writes `weights` to one safetensors file under HF names (q/k/v and gate/up unfused), as BF16
 // or, widened exactly, as F32 (a float32 checkpoint of the same model). InvalidArgument for
-// another dtype.
+// another dtype and for weights that LlamaHostWeights::Validate refuses.
 absl::Status WriteLlamaSafetensors(const std::string& path, const LlamaHostWeights& weights,
                                    absl::string_view dtype = "BF16");
 

@@ -26,13 +26,7 @@ int32_t ArgmaxLowestIndex(absl::Span<const double> values) {
 
 absl::StatusOr<ReferenceDecoder> ReferenceDecoder::Create(LlamaHostWeights weights,
                                                           ReferenceDecoderOptions options) {
-  if (weights.data.size() * 2 != weights.layout.total_bytes() ||
-      weights.layout.tensors().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "LlamaHostWeights hold ", weights.data.size() * 2, " bytes but their layout needs ",
-        weights.layout.total_bytes(), "; build them with RandomLlamaHostWeights or "
-        "ReadLlamaSafetensors"));
-  }
+  if (absl::Status status = weights.Validate(); !status.ok()) return status;
   return ReferenceDecoder(std::move(weights), options);
 }
 
@@ -234,6 +228,12 @@ absl::StatusOr<std::vector<int32_t>> ReferenceDecoder::GenerateGreedy(
   for (int step = 0; step < steps; ++step) {
     absl::Span<const double> last(logits->data() + logits->size() - vocab, vocab);
     const int32_t next = ArgmaxLowestIndex(last);
+    if (next < 0) {  // every logit NaN: there is no greedy token, and -1 is no token at all
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Every logit of greedy step ", step,
+          " is NaN, so there is no token to pick; the weights hold NaN or infinite values "
+          "(check the checkpoint)"));
+    }
     generated.push_back(next);
     if (step + 1 == steps) break;
     logits = Forward(seq, {next});

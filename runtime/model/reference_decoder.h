@@ -37,7 +37,8 @@ int32_t ArgmaxLowestIndex(absl::Span<const double> values);
 
 class ReferenceDecoder {
  public:
-  // Takes ownership of `weights` (their layout carries the shape).
+  // Takes ownership of `weights` (their layout carries the shape); InvalidArgument as
+  // LlamaHostWeights::Validate.
   static absl::StatusOr<ReferenceDecoder> Create(LlamaHostWeights weights,
                                                  ReferenceDecoderOptions options = {});
 
@@ -56,7 +57,8 @@ class ReferenceDecoder {
   absl::StatusOr<std::vector<double>> Forward(int seq, absl::Span<const int32_t> tokens);
 
   // Runs `prompt` (non-empty) as a new sequence, then `steps` greedy decode steps; returns the
-  // `steps` generated tokens.
+  // `steps` generated tokens. InvalidArgument for a bad prompt token or when a step's logits are
+  // all NaN (weights holding NaN or infinities), which leave no token to pick.
   absl::StatusOr<std::vector<int32_t>> GenerateGreedy(absl::Span<const int32_t> prompt,
                                                       int steps);
 

@@ -4,14 +4,19 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/model/bf16.h"
 
 namespace kiln {
 namespace {
+
+using ::testing::HasSubstr;
 
 double RelativeError(const std::vector<double>& a, const std::vector<double>& b) {
   double diff = 0, norm = 0;
@@ -283,6 +288,113 @@ TEST(ArgmaxLowestIndexTest, TiesGoToTheLowestIndexAndNanNeverWins) {
   EXPECT_EQ(ArgmaxLowestIndex({nan, -5.0, nan}), 1);
   EXPECT_EQ(ArgmaxLowestIndex({nan, nan}), -1);
   EXPECT_EQ(ArgmaxLowestIndex({-std::numeric_limits<double>::infinity()}), 0);
+}
+
+// ---- Sweeps of the decoder's inputs: sequence ids, tokens and step counts at their edges, and
+// weights that do not match their layout or hold NaN.
+
+// A small shape (hidden 32, 2 layers, 4/2 heads of 8, ffn 64, vocab 40) so each step is quick.
+LlamaShape SmallShape() {
+  LlamaShape s = LlamaShape::Tiny();
+  s.hidden = 32;
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 8;
+  s.ffn = 64;
+  s.vocab = 40;
+  return s;
+}
+
+// Every bad sequence id and token (the int extremes, -1, vocab and past it), alone or after good
+// tokens, is InvalidArgument naming the value and its index, and leaves the sequence as it was:
+// a later good step gives the same logits as on a fresh decoder.
+TEST(ReferenceDecoderSweepTest, BadSequencesAndTokensAreRefusedByValue) {
+  const LlamaShape shape = SmallShape();
+  absl::StatusOr<LlamaHostWeights> w = RandomLlamaHostWeights(shape, 9);
+  ASSERT_TRUE(w.ok()) << w.status();
+  absl::StatusOr<ReferenceDecoder> ref = ReferenceDecoder::Create(*w);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  absl::StatusOr<ReferenceDecoder> fresh = ReferenceDecoder::Create(*w);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  constexpr int kMin = std::numeric_limits<int>::min(), kMax = std::numeric_limits<int>::max();
+  for (int seq : {kMin, -1, 0, 1, kMax}) {
+    const absl::Status status = ref->Forward(seq, {1}).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << seq;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(absl::StrCat("Sequence ", seq)));
+    EXPECT_EQ(ref->Length(seq), 0);
+  }
+  const int seq = ref->AddSequence();
+  const int fresh_seq = fresh->AddSequence();
+  ASSERT_TRUE(ref->Forward(seq, {3, 4}).ok());
+  for (int32_t token : {kMin, kMin + 1, -2, -1, shape.vocab, shape.vocab + 1, kMax}) {
+    for (size_t at : {0, 1, 2}) {
+      std::vector<int32_t> tokens = {5, 6, 7};
+      tokens[at] = token;
+      const absl::Status status = ref->Forward(seq, tokens).status();
+      EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << token;
+      EXPECT_THAT(std::string(status.message()),
+                  HasSubstr(absl::StrCat("Token ", token, " at index ", at,
+                                         " is outside the vocabulary [0, ", shape.vocab, ")")));
+      EXPECT_EQ(ref->Length(seq), 2);
+    }
+  }
+  absl::StatusOr<std::vector<double>> got = ref->Forward(seq, {8});
+  ASSERT_TRUE(got.ok()) << got.status();
+  absl::StatusOr<std::vector<double>> want = fresh->Forward(fresh_seq, {3, 4, 8});
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_EQ(*got, std::vector<double>(want->end() - shape.vocab, want->end()));
+  for (int steps : {kMin, -1}) {
+    EXPECT_EQ(ref->GenerateGreedy({1}, steps).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  absl::StatusOr<std::vector<int32_t>> none = ref->GenerateGreedy({1}, 0);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->empty());
+}
+
+// Weights whose data does not match their layout (default, moved from, one value more or fewer,
+// empty) are refused at Create, naming the sizes.
+TEST(ReferenceDecoderSweepTest, WeightsThatDoNotMatchTheirLayoutAreRefused) {
+  absl::StatusOr<LlamaHostWeights> w = RandomLlamaHostWeights(SmallShape(), 9);
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::vector<LlamaHostWeights> bad(5);
+  bad[1] = *w;
+  bad[1].data.push_back(0);
+  bad[2] = *w;
+  bad[2].data.pop_back();
+  bad[3] = *w;
+  bad[3].data.clear();
+  LlamaHostWeights moved = *w;
+  LlamaHostWeights taken = std::move(moved);
+  bad[4] = std::move(moved);  // NOLINT: moved from on purpose
+  for (size_t i = 0; i < bad.size(); ++i) {
+    const absl::Status status = ReferenceDecoder::Create(std::move(bad[i])).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << i;
+    EXPECT_THAT(std::string(status.message()), HasSubstr("LlamaHostWeights hold")) << i;
+  }
+  EXPECT_TRUE(ReferenceDecoder::Create(std::move(taken)).ok());
+}
+
+// A NaN in the weights makes every logit NaN: greedy decoding says so instead of returning -1, a
+// token that does not exist, or feeding it back as the next token.
+TEST(ReferenceDecoderSweepTest, AllNanLogitsAreAnErrorNotATokenMinusOne) {
+  const LlamaShape shape = SmallShape();
+  for (const char* where : {"final_norm", "embedding", "lm_head"}) {
+    absl::StatusOr<LlamaHostWeights> w = RandomLlamaHostWeights(shape, 10);
+    ASSERT_TRUE(w.ok()) << w.status();
+    const WeightTensor& t = std::string(where) == "final_norm" ? w->layout.final_norm()
+                            : std::string(where) == "embedding" ? w->layout.embedding()
+                                                                : w->layout.lm_head();
+    std::fill(w->mutable_tensor(t), w->mutable_tensor(t) + t.elements(), uint16_t{0x7fc0});
+    absl::StatusOr<ReferenceDecoder> ref = ReferenceDecoder::Create(*std::move(w));
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    for (int steps : {1, 3}) {
+      absl::StatusOr<std::vector<int32_t>> tokens = ref->GenerateGreedy({1, 2}, steps);
+      EXPECT_EQ(tokens.status().code(), absl::StatusCode::kInvalidArgument) << where;
+      EXPECT_THAT(std::string(tokens.status().message()),
+                  HasSubstr("Every logit of greedy step 0 is NaN"))
+          << where;
+    }
+  }
 }
 
 }  // namespace
