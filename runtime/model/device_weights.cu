@@ -157,12 +157,8 @@ absl::StatusOr<LlamaDeviceWeights> LlamaDeviceWeights::Random(const LlamaShape& 
 
 absl::StatusOr<LlamaDeviceWeights> LlamaDeviceWeights::Upload(const LlamaHostWeights& host,
                                                               cudaStream_t stream) {
-  if (host.data.size() * 2 != host.layout.total_bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "LlamaHostWeights hold ", host.data.size() * 2, " bytes but their layout needs ",
-        host.layout.total_bytes(), "; build them with ReadLlamaSafetensors or "
-        "RandomLlamaHostWeights"));
-  }
+  // Default-constructed weights (no tensors, no data) would pass a size comparison alone.
+  RETURN_IF_ERROR(host.Validate());
   ASSIGN_OR_RETURN(LlamaDeviceWeights weights, Allocate(host.layout.shape()));
   RETURN_IF_ERROR(CopyHostToDevice(weights.buffer_.data(), host.data.data(),
                                    weights.buffer_.size(), stream));

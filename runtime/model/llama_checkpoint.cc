@@ -1,7 +1,5 @@
 #include "runtime/model/llama_checkpoint.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -145,19 +143,7 @@ absl::StatusOr<LlamaShardReader> LlamaShardReader::Open(absl::Span<const std::st
   LlamaShardReader out;
   out.files_.reserve(paths.size());
   for (const std::string& path : paths) {
-    // Only a regular file (or a link to one, as in the Hugging Face cache) can be a shard: opening
-    // a FIFO would wait for a writer forever, and a directory or a device is no checkpoint. A path
-    // stat cannot see is left to SafetensorsReader, which names the error (NotFound, ...).
-    struct stat info;
-    if (::stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode)) {
-      const char* kind = S_ISDIR(info.st_mode)    ? "a directory"
-                         : S_ISFIFO(info.st_mode) ? "a FIFO"
-                         : S_ISSOCK(info.st_mode) ? "a socket"
-                                                  : "a device";
-      return absl::InvalidArgumentError(
-          absl::StrCat("Checkpoint path ", Quote(path), " is ", kind,
-                       ", not a file; pass the checkpoint's model*.safetensors files"));
-    }
+    // SafetensorsReader refuses a path that is not a regular file before opening it.
     ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::Open(path));
     out.files_.push_back(std::move(reader));
   }

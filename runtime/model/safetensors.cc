@@ -1,5 +1,7 @@
 #include "runtime/model/safetensors.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
@@ -543,6 +545,18 @@ absl::Status WriteSafetensors(const std::string& path,
 }
 
 absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& path) {
+  // Only a regular file (or a link to one, as in the Hugging Face cache) can be read: opening a
+  // FIFO would wait for a writer for ever, and a directory or a device is no safetensors file.
+  // A path stat cannot see is left to fopen, whose error names it (NotFound, ...).
+  struct stat info;
+  if (::stat(path.c_str(), &info) == 0 && !S_ISREG(info.st_mode)) {
+    const char* kind = S_ISDIR(info.st_mode)    ? "a directory"
+                       : S_ISFIFO(info.st_mode) ? "a FIFO"
+                       : S_ISSOCK(info.st_mode) ? "a socket"
+                                                : "a device";
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Safetensors path '", path, "' is ", kind, ", not a file; pass a .safetensors file"));
+  }
   File f(std::fopen(path.c_str(), "rb"));
   if (f == nullptr) return IoError("Cannot open safetensors file", path, errno);
   ASSIGN_OR_RETURN(uint64_t file_size, FileSize(f.get(), path));

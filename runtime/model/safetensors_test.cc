@@ -1,11 +1,15 @@
 #include "runtime/model/safetensors.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/escaping.h"
@@ -166,6 +170,23 @@ TEST(SafetensorsTest, MissingFileIsNotFound) {
   absl::StatusOr<SafetensorsReader> reader = SafetensorsReader::Open(TempPath("nope.safetensors"));
   EXPECT_EQ(reader.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(reader.status().message()), HasSubstr("nope.safetensors"));
+}
+
+// A directory, a FIFO (whose open would wait for a writer for ever) or a device is refused
+// before it is opened.
+TEST(SafetensorsTest, PathsThatAreNotFilesAreRefusedBeforeOpening) {
+  const std::string dir = TempPath("a-directory.safetensors");
+  std::filesystem::create_directories(dir);
+  const std::string fifo = TempPath("a-fifo.safetensors");
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const auto& [path, kind] : std::vector<std::pair<std::string, std::string>>{
+           {dir, "a directory"}, {fifo, "a FIFO"}, {"/dev/zero", "a device"}}) {
+    const absl::Status status = SafetensorsReader::Open(path).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr("'" + path + "' is " + kind))
+        << status;
+  }
 }
 
 TEST(SafetensorsTest, TruncatedFileIsDataLossNamingTheTensor) {
