@@ -2,7 +2,11 @@
 // machine has a GPU; a capture noted for the thread refuses by name and records the first one.
 #include "runtime/cuda/capture_check.h"
 
+#include <atomic>
+#include <random>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
@@ -34,5 +38,26 @@ TEST(CaptureCheckTest, ANotedCaptureRefusesByNameAndRecordsTheFirst) {
   EXPECT_FALSE(IsCapturing(nullptr));
 }
 
+
+// The record is per thread and keeps the first operation, whatever bytes its name holds.
+TEST(CaptureCheckTest, RecordsAreFirstOnlyAndPerThread) {
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([t, &wrong] {
+      std::mt19937 rng(30 + t);
+      for (int round = 0; round < 500; ++round) {
+        std::string first(rng() % 50, '\0');
+        for (char& c : first) c = static_cast<char>(rng());
+        RecordIllegalDuringCapture(first);
+        RecordIllegalDuringCapture("second");
+        if (TakeFirstIllegalDuringCapture() != (first.empty() ? "second" : first)) ++wrong;
+        if (!TakeFirstIllegalDuringCapture().empty()) ++wrong;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(wrong.load(), 0);
+}
 }  // namespace
 }  // namespace kiln

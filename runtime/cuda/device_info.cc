@@ -7,20 +7,21 @@
 
 namespace kiln {
 
-namespace {
-
-// InvalidArgument unless `device` is one of the `count` visible devices.
-absl::Status CheckOrdinal(int device, int count) {
+absl::Status CheckDeviceOrdinal(int device, int count) {
   if (device >= 0 && device < count) return absl::OkStatus();
+  if (count <= 0) {  // "pick 0..-1" would say nothing
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Device %d does not exist: no CUDA device is visible; check the GPU, its driver and "
+        "CUDA_VISIBLE_DEVICES",
+        device));
+  }
   return absl::InvalidArgumentError(absl::StrFormat(
       "Device %d does not exist (%d visible); pick 0..%d or check CUDA_VISIBLE_DEVICES", device,
       count, count - 1));
 }
 
-}  // namespace
-
 absl::StatusOr<DeviceInfo> DeviceInfo::Query(int ordinal) {
-  if (absl::Status s = CheckOrdinal(ordinal, DeviceCount()); !s.ok()) return s;
+  if (absl::Status s = CheckDeviceOrdinal(ordinal, DeviceCount()); !s.ok()) return s;
   cudaDeviceProp prop{};
   CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, ordinal));
   DeviceInfo info;
@@ -61,7 +62,7 @@ int DeviceCount() {
 absl::StatusOr<bool> CanAccessPeer(int from, int to) {
   const int count = DeviceCount();
   for (int device : {from, to}) {
-    if (absl::Status s = CheckOrdinal(device, count); !s.ok()) return s;
+    if (absl::Status s = CheckDeviceOrdinal(device, count); !s.ok()) return s;
   }
   if (from == to) return true;
   int can = 0;

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace kiln {
@@ -36,6 +37,11 @@ struct DeviceInfo {
 
 // Returns the number of visible GPUs; 0 (not an error) when there is no GPU or no driver.
 int DeviceCount();
+
+// Returns OK when `device` is one of `count` visible devices (0 .. count - 1), else
+// InvalidArgument naming it and the way out (a count of 0 or less: no device is visible). Any
+// two ints are fine; needs no GPU.
+absl::Status CheckDeviceOrdinal(int device, int count);
 
 // Returns whether device `from` can access device `to`'s memory directly (P2P), as the driver
 // reports it (true for a device and itself). InvalidArgument when either device does not exist.

@@ -102,7 +102,13 @@ std::string ShortKernelName(std::string_view demangled) {
     }
   }
   std::string out = StripQualifiers(std::string_view(s).substr(0, end));
-  if (out.size() > 80) out.resize(80);
+  if (out.size() > 80) {
+    // Cut at a character's first byte, not inside a UTF-8 sequence (a name is mostly ASCII, but
+    // a template argument may be a string).
+    size_t cut = 80;
+    while (cut > 0 && (static_cast<unsigned char>(out[cut]) & 0xc0) == 0x80) --cut;
+    out.resize(cut);
+  }
   return out;
 }
 
@@ -248,7 +254,7 @@ std::optional<RepeatedBlock> FindRepeatedBlock(const std::vector<NodeShare>& nod
   const int n = static_cast<int>(nodes.size());
   min_repeats = std::max(min_repeats, 2);
   int best_period = 0, best_first = 0, best_repeats = 0;
-  for (int period = 1; period * min_repeats <= n; ++period) {
+  for (int period = 1; period <= n / min_repeats; ++period) {  // period * min_repeats <= n
     // Runs of i where node i and node i + period run the same kernel: a run of length r from a
     // holds floor((r + period) / period) whole blocks starting at a.
     int run = 0;

@@ -99,8 +99,8 @@ std::optional<RepeatedBlock> FindRepeatedBlock(const std::vector<NodeShare>& nod
                                                int min_repeats = 3);
 
 // A kernel's demangled name without its return type, namespaces and parameter list, template
-// arguments kept (at most 80 characters): "void kiln::(anonymous namespace)::Kern<4, true>(int)"
-// gives "Kern<4, true>".
+// arguments kept (at most 80 bytes, cut between UTF-8 characters): "void kiln::(anonymous
+// namespace)::Kern<4, true>(int)" gives "Kern<4, true>".
 std::string ShortKernelName(std::string_view demangled);
 
 }  // namespace kiln

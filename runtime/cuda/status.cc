@@ -2,14 +2,24 @@
 
 #include <cstdio>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace kiln {
 
 absl::Status ToStatus(cudaError_t error, absl::string_view context) {
   if (error == cudaSuccess) return absl::OkStatus();
-  std::string message = absl::StrCat(context, " failed: ", cudaGetErrorName(error), " (",
-                                     cudaGetErrorString(error), ")");
+  // The runtime names every code it knows "cudaError..."; any other value (a newer runtime's code
+  // passed through, a corrupted one) it calls "unrecognized error code", which would leave the
+  // message without the value: name the number then.
+  const char* name = cudaGetErrorName(error);
+  const char* description = cudaGetErrorString(error);
+  std::string message =
+      name != nullptr && absl::StartsWith(name, "cuda")
+          ? absl::StrCat(context, " failed: ", name, " (",
+                         description != nullptr ? description : "no description", ")")
+          : absl::StrCat(context, " failed: cudaError_t ", static_cast<int>(error),
+                         " (an error code this CUDA runtime does not know)");
   if (error == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
   return absl::InternalError(message);
 }

@@ -17,7 +17,8 @@
 
 namespace kiln {
 
-// Returns OK for cudaSuccess, else a Status naming `context` and the error.
+// Returns OK for cudaSuccess, else a Status naming `context` and the error: its name and
+// description, or "cudaError_t <n>" for a value this CUDA runtime does not know.
 absl::Status ToStatus(cudaError_t error, absl::string_view context);
 
 // Returns OK for CUDA_SUCCESS, else a Status naming `context` and the error. Needs no driver

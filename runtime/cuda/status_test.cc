@@ -1,6 +1,15 @@
 #include "runtime/cuda/status.h"
 
+#include <algorithm>
+#include <atomic>
+#include <limits>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/cuda/cublas_status.h"
@@ -85,5 +94,114 @@ TEST(StatusMacrosTest, PropagateErrorsAndValues) {
   EXPECT_EQ(Twice(absl::NotFoundError("gone")).status().code(), absl::StatusCode::kNotFound);
 }
 
+
+// Whether `text` is printable ASCII: one line, no terminal escape.
+bool IsPrintableAscii(const std::string& text) {
+  return std::all_of(text.begin(), text.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
+}
+
+// Every cudaError_t the runtime may return and far past it (negative values and the int range's
+// ends included): OK only for cudaSuccess, ResourceExhausted only for out of memory, Internal for
+// the rest, each message naming the context and the error (by name where the runtime knows it,
+// else by number), on one printable line. Needs no GPU: the names come from the runtime library.
+TEST(CudaStatusTest, EveryRuntimeErrorValueMapsCleanly) {
+  std::vector<int> values;
+  for (int v = -100; v <= 1100; ++v) values.push_back(v);
+  for (int v = 9990; v <= 10010; ++v) values.push_back(v);
+  values.push_back(std::numeric_limits<int>::min());
+  values.push_back(std::numeric_limits<int>::max());
+  std::mt19937 rng(17);
+  for (int i = 0; i < 5000; ++i) values.push_back(static_cast<int>(rng()));
+  int named = 0;
+  for (int v : values) {
+    const cudaError_t error = static_cast<cudaError_t>(v);
+    const absl::Status s = ToStatus(error, "cudaOp(x)");
+    if (v == 0) {
+      ASSERT_TRUE(s.ok());
+      continue;
+    }
+    ASSERT_EQ(s.code(), v == cudaErrorMemoryAllocation ? absl::StatusCode::kResourceExhausted
+                                                       : absl::StatusCode::kInternal)
+        << v;
+    const std::string message(s.message());
+    ASSERT_TRUE(IsPrintableAscii(message)) << v << ": " << message;
+    // The reference: the runtime's own name where it has one.
+    const std::string name = cudaGetErrorName(error);
+    if (name.rfind("cuda", 0) == 0) {
+      ++named;
+      ASSERT_EQ(message,
+                absl::StrCat("cudaOp(x) failed: ", name, " (", cudaGetErrorString(error), ")"));
+    } else {
+      ASSERT_EQ(message, absl::StrCat("cudaOp(x) failed: cudaError_t ", v,
+                                      " (an error code this CUDA runtime does not know)"));
+    }
+  }
+  EXPECT_GT(named, 50);  // CUDA 12 and 13 name about 130 codes
+}
+
+// The same for the driver's CUresult, whose names come from kiln's own table.
+TEST(CudaStatusTest, EveryDriverResultValueMapsCleanly) {
+  std::vector<int> values;
+  for (int v = -100; v <= 1100; ++v) values.push_back(v);
+  values.push_back(std::numeric_limits<int>::min());
+  values.push_back(std::numeric_limits<int>::max());
+  std::mt19937 rng(18);
+  for (int i = 0; i < 5000; ++i) values.push_back(static_cast<int>(rng()));
+  for (int v : values) {
+    const CUresult result = static_cast<CUresult>(v);
+    const absl::Status s = ToStatus(result, "cuOp");
+    if (v == 0) {
+      ASSERT_TRUE(s.ok());
+      continue;
+    }
+    ASSERT_EQ(s.code(), v == CUDA_ERROR_OUT_OF_MEMORY ? absl::StatusCode::kResourceExhausted
+                                                      : absl::StatusCode::kInternal)
+        << v;
+    const std::string name = CuResultName(result);
+    ASSERT_TRUE(name.rfind("CUDA_", 0) == 0 || name == absl::StrCat("CUresult ", v)) << name;
+    ASSERT_EQ(std::string(s.message()), absl::StrCat("cuOp failed: ", name));
+  }
+}
+
+// NCCL's and cuBLAS's codes, each value of their ranges and past them.
+TEST(CudaStatusTest, EveryNcclAndCublasValueMapsCleanly) {
+  for (int v = -50; v <= 50; ++v) {
+    const absl::Status n = ToStatus(static_cast<ncclResult_t>(v), "ncclOp");
+    if (v == ncclSuccess) {
+      ASSERT_TRUE(n.ok());
+    } else {
+      ASSERT_FALSE(n.ok()) << v;
+      ASSERT_THAT(std::string(n.message()), HasSubstr("ncclOp failed: ")) << v;
+      ASSERT_TRUE(IsPrintableAscii(std::string(n.message()))) << n;
+    }
+  }
+  for (int v = -50; v <= 50; ++v) {
+    const absl::Status b = ToStatus(static_cast<cublasStatus_t>(v), "cublasOp");
+    if (v == CUBLAS_STATUS_SUCCESS) {
+      ASSERT_TRUE(b.ok());
+    } else {
+      ASSERT_FALSE(b.ok()) << v;
+      ASSERT_THAT(std::string(b.message()), HasSubstr("cublasOp failed: CUBLAS_STATUS_")) << v;
+    }
+  }
+}
+
+// CuResultName's text for an unknown code is per thread: threads naming different codes at once
+// each read back their own.
+TEST(CudaStatusTest, UnknownDriverNamesArePerThread) {
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([t, &wrong] {
+      for (int i = 0; i < 2000; ++i) {
+        const int code = 100000 + t * 10000 + i;
+        const char* name = CuResultName(static_cast<CUresult>(code));
+        if (std::string(name) != absl::StrCat("CUresult ", code)) ++wrong;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(wrong.load(), 0);
+}
 }  // namespace
 }  // namespace kiln
