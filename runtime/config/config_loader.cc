@@ -1,12 +1,20 @@
 #include "runtime/config/config_loader.h"
 
+#include <cctype>
+#include <cmath>
+#include <cstdint>
 #include <map>
+#include <set>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/text_format.h"
@@ -17,8 +25,44 @@ namespace kiln {
 namespace {
 
 using config::PlannerConfig;
+using google::protobuf::Descriptor;
+using google::protobuf::FieldDescriptor;
+using google::protobuf::ListValue;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
 using google::protobuf::Struct;
 using google::protobuf::Value;
+
+// How deep a JSON config may nest its objects and lists. A PlannerConfig nests 3 deep ({"model":
+// {"rope_scaling": {...}}}, {"graph_optimization_config": {"cudagraph_capture_sizes": [...]}}).
+// protobuf's parser takes time that grows with the square of the depth of lists it reads into a
+// Struct (minutes for a file of 100,000 '['), and past about 30 objects deep it refuses a Struct
+// with a message that names nothing.
+constexpr int kMaxJsonDepth = 24;
+
+// Text a user wrote (a key, a source name, a parser's complaint that quotes the file), with every
+// byte that is not printable ASCII written as \xHH, so that a message stays on one line and no
+// terminal escape reaches the screen. Quotes and backslashes stay as they are.
+std::string Printable(absl::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u < 0x7f) {
+      out.push_back(c);
+    } else {
+      absl::StrAppend(&out, "\\x", absl::Hex(u, absl::kZeroPad2));
+    }
+  }
+  return out;
+}
+
+// `text` between double quotes, C-escaped (quotes and backslashes too), as kiln's Quoted writes
+// user text, but with every byte escaped where `text` is not UTF-8: Utf8SafeCHexEscape passes all
+// bytes above 0x7f through.
+std::string Quote(absl::string_view text) {
+  return absl::StrCat("\"", IsUtf8(text) ? absl::Utf8SafeCHexEscape(text) : absl::CHexEscape(text),
+                      "\"");
+}
 
 // Keeps the first error the text parser reports, with its position (1-based for people).
 class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
@@ -26,7 +70,7 @@ class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
   void AddError(int line, google::protobuf::io::ColumnNumber column,
                 const std::string& message) override {
     if (!message_.empty()) return;
-    message_ = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message);
+    message_ = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", Printable(message));
   }
   const std::string& message() const { return message_; }
 
@@ -52,7 +96,8 @@ absl::Status GatherGraphOptimizationConfig(const Value& value, absl::string_view
     object = &value.struct_value();
   } else if (value.kind_case() == Value::kStringValue) {
     // FastDeploy's command line takes the object as a JSON string; accept that spelling too.
-    if (!google::protobuf::util::JsonStringToMessage(value.string_value(), &parsed).ok()) {
+    if (JsonNestingDepth(value.string_value()) > kMaxJsonDepth ||
+        !google::protobuf::util::JsonStringToMessage(value.string_value(), &parsed).ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("graph_optimization_config in ", source,
                        " is a string that is not a JSON object; write it as an object, e.g. "
@@ -69,7 +114,7 @@ absl::Status GatherGraphOptimizationConfig(const Value& value, absl::string_view
     if (key == "graph_opt_level") continue;  // static-graph compilation: no memory of its own
     if (!IsFastDeployGraphKey(key)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "Unsupported key \"", key, "\" in graph_optimization_config of ", source,
+          "Unsupported key ", Quote(key), " in graph_optimization_config of ", source,
           "; kiln reads use_cudagraph, cudagraph_capture_sizes, cudagraph_only_prefill, "
           "max_capture_size (and ignores graph_opt_level): remove it"));
     }
@@ -99,8 +144,10 @@ absl::Status CheckBool(const std::map<std::string, Value>& keys, const std::stri
 }
 
 // Rewrites FastDeploy's graph_optimization_config keys in `root` into kiln's `graph` object.
-absl::Status TranslateFastDeployKeys(Struct* root, absl::string_view source) {
+// Sets `*changed` when `root` had any.
+absl::Status TranslateFastDeployKeys(Struct* root, absl::string_view source, bool* changed) {
   auto& fields = *root->mutable_fields();
+  const size_t members = fields.size();
   std::map<std::string, Value> keys;
   for (absl::string_view k : kFastDeployGraphKeys) {
     auto it = fields.find(std::string(k));
@@ -115,6 +162,7 @@ absl::Status TranslateFastDeployKeys(Struct* root, absl::string_view source) {
     fields.erase(gopt);
   }
   if (fields.count("graph_opt_level") > 0) fields.erase("graph_opt_level");
+  *changed = fields.size() != members;
   if (keys.empty()) return absl::OkStatus();
 
   Value& graph_value = fields["graph"];
@@ -177,6 +225,268 @@ absl::Status TranslateFastDeployKeys(Struct* root, absl::string_view source) {
   return absl::OkStatus();
 }
 
+// Refuses what protobuf's JSON parser would read without a word: a list inside a list (it
+// flattens [[1], [2, 3]] into [1, 2, 3]) and a null in a list (it drops it). No PlannerConfig
+// field takes either. `path` names `value` ("graph.capture_sizes").
+absl::Status CheckJsonValue(const Value& value, const std::string& path, absl::string_view source) {
+  if (value.kind_case() == Value::kStructValue) {
+    for (const auto& [key, field] : value.struct_value().fields()) {
+      absl::Status status =
+          CheckJsonValue(field, path.empty() ? key : absl::StrCat(path, ".", key), source);
+      if (!status.ok()) return status;
+    }
+  } else if (value.kind_case() == Value::kListValue) {
+    const ListValue& list = value.list_value();
+    for (int i = 0; i < list.values_size(); ++i) {
+      const Value& item = list.values(i);
+      if (item.kind_case() == Value::kListValue || item.kind_case() == Value::kNullValue) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(Printable(path), "[", i, "] in ", source, " is ",
+                         item.kind_case() == Value::kNullValue ? "null" : "a list inside a list",
+                         "; write a flat list of numbers, e.g. [1, 2, 4]"));
+      }
+      absl::Status status = CheckJsonValue(item, absl::StrCat(path, "[", i, "]"), source);
+      if (!status.ok()) return status;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Refuses an object of `json` that sets one field of `type` under both of its names
+// ("max_num_seqs" and "maxNumSeqs"): protobuf's complaint names neither the field nor the file.
+absl::Status CheckFieldSpellings(const Struct& json, const Descriptor& type,
+                                 const std::string& path, absl::string_view source) {
+  std::map<const FieldDescriptor*, std::string> seen;
+  for (const auto& [key, value] : json.fields()) {
+    const FieldDescriptor* field = type.FindFieldByName(key);
+    if (field == nullptr) {
+      field = type.FindFieldByCamelcaseName(key);
+      if (field == nullptr || field->json_name() != key) continue;  // unknown: protobuf names it
+    }
+    if (!seen.emplace(field, key).second) {  // the other spelling came first
+      return absl::InvalidArgumentError(absl::StrCat(source, " sets ", path, field->name(),
+                                                     " twice, as ", Quote(field->name()), " and ",
+                                                     Quote(field->json_name()), "; keep one"));
+    }
+    if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE && !field->is_repeated() &&
+        value.kind_case() == Value::kStructValue) {
+      absl::Status status = CheckFieldSpellings(value.struct_value(), *field->message_type(),
+                                                absl::StrCat(path, field->name(), "."), source);
+      if (!status.ok()) return status;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Refuses values that parse but mean nothing: a number where a double is infinite or NaN (the
+// text format reads "nan" and "inf", JSON "NaN" and "Infinity"), an enum number the enum does
+// not define (proto3 keeps unknown ones, e.g. "kv_cache_dtype": 99), and a string that is not
+// UTF-8 (the text format takes any bytes; such a config would not print as JSON). `path`
+// prefixes the field names ("model.").
+absl::Status CheckParsedValues(const Message& message, const std::string& path,
+                               absl::string_view source) {
+  const Reflection& reflection = *message.GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  reflection.ListFields(message, &fields);
+  for (const FieldDescriptor* field : fields) {
+    const std::string name = absl::StrCat(path, field->name());
+    const int count = field->is_repeated() ? reflection.FieldSize(message, field) : 1;
+    for (int i = 0; i < count; ++i) {
+      const std::string at = field->is_repeated() ? absl::StrCat(name, "[", i, "]") : name;
+      switch (field->cpp_type()) {
+        case FieldDescriptor::CPPTYPE_DOUBLE: {
+          const double v = field->is_repeated() ? reflection.GetRepeatedDouble(message, field, i)
+                                                : reflection.GetDouble(message, field);
+          if (!std::isfinite(v)) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(at, " in ", source, " is ", v, "; give a finite number"));
+          }
+          break;
+        }
+        case FieldDescriptor::CPPTYPE_ENUM: {
+          const int v = field->is_repeated() ? reflection.GetRepeatedEnumValue(message, field, i)
+                                             : reflection.GetEnumValue(message, field);
+          if (field->enum_type()->FindValueByNumber(v) == nullptr) {
+            std::vector<std::string> names;
+            for (int e = 0; e < field->enum_type()->value_count(); ++e) {
+              if (field->enum_type()->value(e)->number() != 0) {
+                names.push_back(field->enum_type()->value(e)->name());
+              }
+            }
+            return absl::InvalidArgumentError(absl::StrCat(
+                at, " in ", source, " is ", v, ", which is no ", field->enum_type()->name(),
+                "; use one of ", absl::StrJoin(names, ", ")));
+          }
+          break;
+        }
+        case FieldDescriptor::CPPTYPE_STRING: {
+          std::string scratch;
+          const std::string& v =
+              field->is_repeated()
+                  ? reflection.GetRepeatedStringReference(message, field, i, &scratch)
+                  : reflection.GetStringReference(message, field, &scratch);
+          if (field->type() == FieldDescriptor::TYPE_STRING && !IsUtf8(v)) {
+            return absl::InvalidArgumentError(absl::StrCat(at, " in ", source, " is ", Quote(v),
+                                                           ", which is not UTF-8 text; write it "
+                                                           "in UTF-8"));
+          }
+          break;
+        }
+        case FieldDescriptor::CPPTYPE_MESSAGE: {
+          absl::Status status = CheckParsedValues(
+              field->is_repeated() ? reflection.GetRepeatedMessage(message, field, i)
+                                   : reflection.GetMessage(message, field),
+              absl::StrCat(at, "."), source);
+          if (!status.ok()) return status;
+          break;
+        }
+        default:
+          break;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// One member of a JSON object's top level, as the file writes it.
+struct RawMember {
+  std::string key;         // decoded ("a" for "\u0061")
+  absl::string_view text;  // the member, key and value
+};
+
+bool IsJsonSpace(char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; }
+
+// Returns the end of the string that starts at `i` (its opening quote, ' or ", as protobuf takes
+// both), past its closing quote; npos when it does not end.
+size_t SkipJsonString(absl::string_view json, size_t i) {
+  const char quote = json[i];
+  for (++i; i < json.size(); ++i) {
+    if (json[i] == '\\') {
+      ++i;
+    } else if (json[i] == quote) {
+      return i + 1;
+    }
+  }
+  return absl::string_view::npos;
+}
+
+// Returns the end of the value that starts at `i`: a string, an object or a list with all it
+// holds, or a literal (a number, true, false, null); npos when it does not end.
+size_t SkipJsonValue(absl::string_view json, size_t i) {
+  if (i >= json.size()) return absl::string_view::npos;
+  if (json[i] == '"' || json[i] == '\'') return SkipJsonString(json, i);
+  if (json[i] == '{' || json[i] == '[') {
+    int depth = 0;
+    while (i < json.size()) {
+      const char c = json[i];
+      if (c == '"' || c == '\'') {
+        i = SkipJsonString(json, i);
+        if (i == absl::string_view::npos) return i;
+        continue;
+      }
+      if (c == '{' || c == '[') ++depth;
+      if (c == '}' || c == ']') --depth;
+      ++i;
+      if (depth == 0) return i;
+    }
+    return absl::string_view::npos;
+  }
+  while (i < json.size() && json[i] != ',' && json[i] != '}' && json[i] != ']' &&
+         !IsJsonSpace(json[i])) {
+    ++i;
+  }
+  return i;
+}
+
+// Splits the top level of `json`, an object protobuf has parsed, into its members, each as its
+// text. False where the text is of a form this does not follow (the caller then does without).
+bool SplitTopLevel(absl::string_view json, std::vector<RawMember>* members) {
+  size_t i = 0;
+  auto skip_space = [&] {
+    while (i < json.size() && IsJsonSpace(json[i])) ++i;
+  };
+  skip_space();
+  if (i >= json.size() || json[i] != '{') return false;
+  ++i;
+  while (true) {
+    skip_space();
+    if (i >= json.size()) return false;
+    if (json[i] == '}') break;
+    const size_t begin = i;
+    size_t key_end = i;
+    if (json[i] == '"' || json[i] == '\'') {
+      key_end = SkipJsonString(json, i);
+    } else {
+      while (key_end < json.size() &&
+             (std::isalnum(static_cast<unsigned char>(json[key_end])) || json[key_end] == '_')) {
+        ++key_end;
+      }
+    }
+    if (key_end == absl::string_view::npos || key_end == begin) return false;
+    // The key as protobuf reads it: parse it alone.
+    Struct one;
+    if (!google::protobuf::util::JsonStringToMessage(
+             absl::StrCat("{", json.substr(begin, key_end - begin), ": 0}"), &one)
+             .ok() ||
+        one.fields_size() != 1) {
+      return false;
+    }
+    i = key_end;
+    skip_space();
+    if (i >= json.size() || json[i] != ':') return false;
+    ++i;
+    skip_space();
+    const size_t value_end = SkipJsonValue(json, i);
+    if (value_end == absl::string_view::npos || value_end == i) return false;
+    members->push_back({one.fields().begin()->first, json.substr(begin, value_end - begin)});
+    i = value_end;
+    skip_space();
+    if (i < json.size() && json[i] == ',') {
+      ++i;
+    } else if (i >= json.size() || json[i] != '}') {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Returns the JSON to read into a PlannerConfig once TranslateFastDeployKeys has turned `json`
+// into `root`. Every member of `json` that `root` keeps is copied as the file writes it, and
+// only the "graph" object, the one the translation writes to, comes from `root`: a number in a
+// Struct is a double, which would round a 64-bit integer above 2^53 (a uint64 byte count of
+// Calibration or GpuSpec) to another value, or past the uint64 range.
+std::string RewrittenJson(absl::string_view json, const Struct& root) {
+  std::vector<RawMember> members;
+  if (!SplitTopLevel(json, &members)) {
+    std::string rewritten;  // every number through a double: exact for all but such integers
+    google::protobuf::util::MessageToJsonString(root, &rewritten);
+    return rewritten;
+  }
+  std::vector<std::string> kept;
+  std::set<std::string> keys;
+  for (const RawMember& member : members) {
+    if (member.key != "graph" && root.fields().contains(member.key)) {
+      kept.emplace_back(member.text);
+      keys.insert(member.key);
+    }
+  }
+  auto graph = root.fields().find("graph");
+  // Every member `root` keeps must have been found once, or the text was not split as protobuf
+  // read it.
+  if (keys.size() != kept.size() ||
+      keys.size() + (graph != root.fields().end() ? 1 : 0) != root.fields().size()) {
+    std::string rewritten;
+    google::protobuf::util::MessageToJsonString(root, &rewritten);
+    return rewritten;
+  }
+  if (graph != root.fields().end()) {
+    std::string text;
+    google::protobuf::util::MessageToJsonString(graph->second, &text);
+    kept.push_back(absl::StrCat("\"graph\": ", text));
+  }
+  return absl::StrCat("{", absl::StrJoin(kept, ", "), "}");
+}
+
 }  // namespace
 
 absl::StatusOr<PlannerConfig> ParsePlannerConfigText(absl::string_view text,
@@ -187,41 +497,64 @@ absl::StatusOr<PlannerConfig> ParsePlannerConfigText(absl::string_view text,
   parser.RecordErrorsTo(&errors);
   if (!parser.ParseFromString(std::string(text), &config)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "Cannot parse ", source, " as a kiln.config.PlannerConfig textproto at ", errors.message(),
-        "; fix the file (fields: runtime/config/planner_config.proto)"));
+        "Cannot parse ", Printable(source), " as a kiln.config.PlannerConfig textproto at ",
+        errors.message(), "; fix the file (fields: runtime/config/planner_config.proto)"));
   }
+  absl::Status status = CheckParsedValues(config, "", Printable(source));
+  if (!status.ok()) return status;
   return config;
 }
 
 absl::StatusOr<PlannerConfig> ParsePlannerConfigJson(absl::string_view json,
-                                                     absl::string_view source) {
+                                                     absl::string_view source_text) {
+  const std::string source = Printable(source_text);
+  const int depth = JsonNestingDepth(json);
+  if (depth > kMaxJsonDepth) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Cannot parse ", source, " as a JSON object: its objects and lists nest ",
+                     depth, " deep, more than the ", kMaxJsonDepth,
+                     " kiln reads (a PlannerConfig nests 3); fix the file (a JSON object of "
+                     "kiln.config.PlannerConfig fields)"));
+  }
   Struct root;
   auto parsed = google::protobuf::util::JsonStringToMessage(std::string(json), &root);
   if (!parsed.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("Cannot parse ", source, " as a JSON object: ", parsed.message().as_string(),
+        absl::StrCat("Cannot parse ", source,
+                     " as a JSON object: ", OneLineJsonError(parsed.message().as_string()),
                      "; fix the file (a JSON object of kiln.config.PlannerConfig fields)"));
   }
-  absl::Status translated = TranslateFastDeployKeys(&root, source);
-  if (!translated.ok()) return translated;
+  bool translated = false;
+  absl::Status status = TranslateFastDeployKeys(&root, source, &translated);
+  if (!status.ok()) return status;
+  Value whole;
+  *whole.mutable_struct_value() = root;
+  status = CheckJsonValue(whole, "", source);
+  if (!status.ok()) return status;
+  status = CheckFieldSpellings(root, *PlannerConfig::descriptor(), "", source);
+  if (!status.ok()) return status;
 
-  std::string rewritten;
-  google::protobuf::util::MessageToJsonString(root, &rewritten);
+  // Without FastDeploy keys the file is read as it is written; with them, rewritten.
+  const std::string rewritten = translated ? RewrittenJson(json, root) : std::string(json);
   PlannerConfig config;
   auto read = google::protobuf::util::JsonStringToMessage(rewritten, &config);
   if (!read.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "Cannot read ", source, " as a kiln.config.PlannerConfig: ", read.message().as_string(),
+        "Cannot read ", source,
+        " as a kiln.config.PlannerConfig: ", OneLineJsonError(read.message().as_string()),
         "; fix the file (fields: runtime/config/planner_config.proto, plus FastDeploy's "
         "graph_optimization_config keys)"));
   }
+  status = CheckParsedValues(config, "", source);
+  if (!status.ok()) return status;
   return config;
 }
 
 absl::StatusOr<PlannerConfig> LoadPlannerConfigFile(const std::string& path) {
   absl::StatusOr<std::string> read = ReadFileText(path, "config file");
   if (!read.ok()) return read.status();
-  const std::string& text = *read;
+  // A byte order mark, as some Windows editors write: neither parser reads one.
+  const absl::string_view text = absl::StripPrefix(*read, "\xEF\xBB\xBF");
   const absl::string_view stripped = absl::StripLeadingAsciiWhitespace(text);
   if (absl::EndsWithIgnoreCase(path, ".json") || absl::StartsWith(stripped, "{")) {
     return ParsePlannerConfigJson(text, path);

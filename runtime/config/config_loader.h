@@ -35,17 +35,26 @@
 namespace kiln {
 
 // Parses a textproto. `source` names the text in error messages (a path, or "--config").
-// Returns InvalidArgument with the line, column and the parser's complaint on bad input.
+// Returns InvalidArgument with the line, column and the parser's complaint on bad input, and
+// naming the field for a value that parses but means nothing: a NaN or infinite number, or an
+// enum number the enum does not define. Messages hold no byte of `text` raw: what is not
+// printable ASCII is escaped.
 absl::StatusOr<config::PlannerConfig> ParsePlannerConfigText(absl::string_view text,
                                                              absl::string_view source = "text");
 
 // Parses JSON, FastDeploy's graph_optimization_config keys included (see the file comment).
-// Returns InvalidArgument naming the bad key or the parser's complaint on bad input.
+// 64-bit integers are read exactly, as numbers or strings. Returns InvalidArgument naming the bad
+// key or the parser's complaint on bad input; besides what ParsePlannerConfigText refuses, this
+// refuses objects and lists nested more than 24 deep, a list inside a list or a null in a list
+// (protobuf would flatten or drop them), and one field written under both its names
+// ("max_num_seqs" and "maxNumSeqs").
 absl::StatusOr<config::PlannerConfig> ParsePlannerConfigJson(absl::string_view json,
                                                              absl::string_view source = "JSON");
 
-// Reads `path` and parses it: JSON when the name ends in ".json" or the text starts with '{',
-// else a textproto. Returns NotFound when the file cannot be read.
+// Reads `path` (ReadFileText: a regular file of at most 64 MiB) and parses it: JSON when the name
+// ends in ".json" or the text starts with '{', else a textproto; a leading UTF-8 byte order mark
+// is skipped. Returns NotFound when the file cannot be opened or read (a directory, a FIFO, a
+// device), InvalidArgument when it is too large or does not parse.
 absl::StatusOr<config::PlannerConfig> LoadPlannerConfigFile(const std::string& path);
 
 // Returns `config` as a textproto that ParsePlannerConfigText reads back to an equal message.

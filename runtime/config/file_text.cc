@@ -1,35 +1,169 @@
 #include "runtime/config/file_text.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
-#include <fstream>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 namespace kiln {
+namespace {
 
-absl::StatusOr<std::string> ReadFileText(const std::string& path, absl::string_view what) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    return absl::NotFoundError(absl::StrCat("Cannot open ", what, what.empty() ? "" : " ", "\"",
-                                            path, "\": ", std::strerror(errno),
-                                            "; check the path"));
+// "config file \"a/b.json\"" or, with no description, "\"a/b.json\"".
+std::string Described(absl::string_view what, const std::string& path) {
+  return absl::StrCat(what, what.empty() ? "" : " ", "\"",
+                      IsUtf8(path) ? absl::Utf8SafeCHexEscape(path) : absl::CHexEscape(path), "\"");
+}
+
+// What a file that is not a regular one is, for the message that refuses it.
+const char* KindOf(mode_t mode) {
+  if (S_ISDIR(mode)) return "Is a directory";
+  if (S_ISFIFO(mode)) return "Is a FIFO (named pipe), which would block until written";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "Is a device, not a regular file";
+  if (S_ISSOCK(mode)) return "Is a socket, not a regular file";
+  return "Is not a regular file";
+}
+
+// Closes a file descriptor when it goes out of scope.
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  ~FileDescriptor() {
+    if (fd_ >= 0) ::close(fd_);
   }
-  // Read in blocks and check for a failed read: `stream << file.rdbuf()` would turn one (a
-  // directory opens like a file on Linux, then fails with EISDIR) into empty text, which parses
-  // as an empty config.
-  std::string text;
-  char block[1 << 16];
-  while (file.read(block, sizeof(block)) || file.gcount() > 0) {
-    text.append(block, static_cast<size_t>(file.gcount()));
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadFileText(const std::string& path, absl::string_view what,
+                                         size_t max_bytes) {
+  if (path.find('\0') != std::string::npos) {  // open() would take the part before it
+    return absl::NotFoundError(absl::StrCat("Cannot open ", Described(what, path),
+                                            ": the path holds a NUL byte; check the path"));
   }
-  if (file.bad()) {
-    return absl::NotFoundError(absl::StrCat("Cannot read ", what, what.empty() ? "" : " ", "\"",
-                                            path, "\": ", std::strerror(errno),
+  // O_NONBLOCK: opening a FIFO for reading otherwise waits for a writer, forever if none comes.
+  // It is harmless on the regular files read below.
+  const FileDescriptor file(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  if (file.get() < 0) {
+    return absl::NotFoundError(absl::StrCat("Cannot open ", Described(what, path), ": ",
+                                            std::strerror(errno), "; check the path"));
+  }
+  // A directory opens like a file on Linux and reads as nothing (an empty config, which would
+  // plan the defaults as if the file had asked for them); a device may never end.
+  struct stat info;
+  if (::fstat(file.get(), &info) != 0) {
+    return absl::NotFoundError(absl::StrCat("Cannot read ", Described(what, path), ": ",
+                                            std::strerror(errno),
                                             "; check that the path names a readable file"));
   }
+  if (!S_ISREG(info.st_mode)) {
+    return absl::NotFoundError(absl::StrCat("Cannot read ", Described(what, path), ": ",
+                                            KindOf(info.st_mode),
+                                            "; check that the path names a readable file"));
+  }
+  auto too_big = [&](const std::string& size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Cannot read ", Described(what, path), ": it holds ", size, " bytes, more than the ",
+        max_bytes, " a file of settings may; check that the path names the right file"));
+  };
+  if (static_cast<uint64_t>(info.st_size) > max_bytes) return too_big(absl::StrCat(info.st_size));
+  // Read to the end rather than st_size bytes: a file may grow meanwhile, and files in /proc
+  // have a size of 0. The limit still holds.
+  std::string text;
+  text.reserve(static_cast<size_t>(info.st_size));
+  char block[1 << 16];
+  while (true) {
+    const ssize_t n = ::read(file.get(), block, sizeof(block));
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::NotFoundError(absl::StrCat("Cannot read ", Described(what, path), ": ",
+                                              std::strerror(errno),
+                                              "; check that the path names a readable file"));
+    }
+    if (text.size() + static_cast<size_t>(n) > max_bytes) {
+      return too_big(absl::StrCat("more than ", max_bytes));
+    }
+    text.append(block, static_cast<size_t>(n));
+  }
   return text;
+}
+
+bool IsUtf8(absl::string_view text) {
+  for (size_t i = 0; i < text.size();) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    int more = 0;
+    uint32_t code = c;
+    if (c >= 0x80) {
+      more = (c & 0xe0) == 0xc0 ? 1 : (c & 0xf0) == 0xe0 ? 2 : (c & 0xf8) == 0xf0 ? 3 : -1;
+      if (more < 0 || text.size() - i <= static_cast<size_t>(more)) return false;
+      code = c & (0x3f >> more);
+      for (int k = 1; k <= more; ++k) {
+        const unsigned char next = static_cast<unsigned char>(text[i + k]);
+        if ((next & 0xc0) != 0x80) return false;
+        code = (code << 6) | (next & 0x3f);
+      }
+      constexpr uint32_t kLeast[] = {0, 0x80, 0x800, 0x10000};
+      if (code < kLeast[more] || code > 0x10ffff || (code >= 0xd800 && code <= 0xdfff)) {
+        return false;
+      }
+    }
+    i += 1 + more;
+  }
+  return true;
+}
+
+std::string OneLineJsonError(absl::string_view message) {
+  const size_t first = message.find('\n');
+  const size_t last = message.rfind('\n');
+  if (first == absl::string_view::npos || first == last) return absl::CHexEscape(message);
+  const absl::string_view what = absl::StripSuffix(message.substr(0, first), ".");
+  const absl::string_view near = message.substr(first + 1, last - first - 1);
+  const absl::string_view caret = message.substr(last + 1);
+  const size_t at = caret.find_first_not_of(' ');  // a byte of `near`, or its end
+  if (at == absl::string_view::npos || caret.substr(at) != "^" || at > near.size()) {
+    return absl::CHexEscape(message);
+  }
+  if (near.empty()) return absl::CHexEscape(what);  // the text ended: nothing to quote
+  return absl::StrCat(absl::CHexEscape(what), ", at ^ in \"", absl::CHexEscape(near.substr(0, at)),
+                      "^", absl::CHexEscape(near.substr(at)), "\"");
+}
+
+int JsonNestingDepth(absl::string_view json) {
+  int depth = 0;
+  int deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < json.size(); ++i) {
+    const char c = json[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;  // the escaped character, a quote included
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == '}' || c == ']') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
 }
 
 }  // namespace kiln

@@ -1,13 +1,15 @@
 // Reads a whole file into a string, for the config readers (PlannerConfig files, Hugging Face
-// config.json and safetensors indexes).
+// config.json and safetensors indexes), and puts what a parser says about such text on one line.
 //
 //   ASSIGN_OR_RETURN(std::string text, kiln::ReadFileText(path, "config file"));
 //
-// NotFound names the file (as "Cannot open <what> \"<path>\": <reason>; check the path") when it
-// cannot be opened, or cannot be read (e.g. a directory). Thread-safe; no CUDA.
+// Only a regular file (or a link to one) of at most `max_bytes` is read: a FIFO would block the
+// reader until some other process writes to it, and a device such as /dev/zero never ends.
+// Thread-safe; no CUDA.
 #ifndef KILN_RUNTIME_CONFIG_FILE_TEXT_H_
 #define KILN_RUNTIME_CONFIG_FILE_TEXT_H_
 
+#include <cstddef>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -15,8 +17,35 @@
 
 namespace kiln {
 
-// `what` describes the file in the error ("config file"); empty: the path alone.
-absl::StatusOr<std::string> ReadFileText(const std::string& path, absl::string_view what = "");
+// The largest file ReadFileText reads by default. A kiln config or a config.json is a few KiB;
+// the safetensors index of a 671B-parameter model is about 9 MiB.
+inline constexpr size_t kMaxFileTextBytes = size_t{64} << 20;
+
+// Returns the bytes of the file at `path`. `what` describes the file in errors ("config file");
+// empty: the path alone. The path is quoted and escaped in every message (byte by byte where it
+// is not UTF-8). Errors:
+//   NotFound "Cannot open <what> \"<path>\": <reason>; check the path" when it cannot be opened;
+//   NotFound "Cannot read <what> \"<path>\": <reason>; ..." when it is a directory, a FIFO, a
+//     device or a socket, or a read fails;
+//   InvalidArgument naming the size and the limit when it holds more than `max_bytes`.
+absl::StatusOr<std::string> ReadFileText(const std::string& path, absl::string_view what = "",
+                                         size_t max_bytes = kMaxFileTextBytes);
+
+// Puts one of protobuf's JSON parse errors on one line of printable ASCII. protobuf ends them
+// with the text around the error, raw, and a line with a caret under the spot ("Expected a
+// value.\n  \"a\": ,\n       ^"): raw, that text can hold any byte of the file (a NUL, a byte
+// that is not UTF-8), and a file's own newlines move the caret off the spot. So the text is
+// escaped and the caret written into it at the spot. A message in any other form is escaped.
+std::string OneLineJsonError(absl::string_view message);
+
+// Returns whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points past
+// U+10FFFF). absl's Utf8SafeCHexEscape does not check: it passes every byte above 0x7f through.
+bool IsUtf8(absl::string_view text);
+
+// Returns how deep `json`'s objects and arrays nest at their deepest ("{}" 1, "[[1]]" 2),
+// counting brackets outside strings only; it does not check that `json` is JSON. Linear time:
+// run it before a parser whose time or stack grows with the depth.
+int JsonNestingDepth(absl::string_view json);
 
 }  // namespace kiln
 

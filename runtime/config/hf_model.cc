@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -10,10 +11,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "runtime/config/file_text.h"
@@ -39,29 +38,6 @@ constexpr int kQwen3DefaultHeadDim = 128;
 constexpr char kConfigFile[] = "config.json";
 constexpr char kIndexFile[] = "model.safetensors.index.json";
 constexpr char kSingleFile[] = "model.safetensors";
-
-// Puts one of protobuf's JSON errors on one line. protobuf ends them with the text around the
-// error, raw, and a line with a caret under the spot ("Expected a value.\n  \"a\": ,\n       ^"):
-// raw, that text can hold any byte of the file (a NUL, a stray byte that is not UTF-8), and in
-// a config.json, written an indented key to a line, its own newlines move the caret off the
-// spot. So the text is escaped, and the caret written into it at the spot. A message in any
-// other form is kept, escaped.
-std::string OneLineJsonError(absl::string_view message) {
-  const size_t first = message.find('\n');
-  const size_t last = message.rfind('\n');
-  if (first == absl::string_view::npos || first == last) return absl::CHexEscape(message);
-  const absl::string_view what = absl::StripSuffix(message.substr(0, first), ".");
-  const absl::string_view near = message.substr(first + 1, last - first - 1);
-  const absl::string_view caret = message.substr(last + 1);
-  const size_t at = caret.find_first_not_of(' ');  // a byte of `near`, or its end
-  if (at == absl::string_view::npos || caret.substr(at) != "^" || at > near.size()) {
-    return absl::CHexEscape(message);
-  }
-  if (near.empty()) return absl::CHexEscape(what);  // the text ended: nothing to quote
-  return absl::StrCat(absl::CHexEscape(what), ", at ^ in \"",
-                      absl::CHexEscape(near.substr(0, at)), "^",
-                      absl::CHexEscape(near.substr(at)), "\"");
-}
 
 // Parses `json` into `out`, skipping the keys `out` has no field for.
 absl::Status ParseJson(absl::string_view json, absl::string_view source, absl::string_view what,
@@ -168,32 +144,60 @@ bool IsFile(const fs::path& path) {
   return fs::is_regular_file(path, error);  // follows links, as the cache's blobs are
 }
 
+// Returns why `name`, a file name that an index maps `tensor` to, cannot name a file inside the
+// model directory (empty, a NUL, an absolute path or a ".." that leaves the directory), or OK.
+// The files a link in the directory points to (a Hugging Face cache's blobs) are followed later
+// as the links they are.
+absl::Status CheckShardName(const std::string& tensor, const std::string& name,
+                            const std::string& index_path) {
+  const char* problem = nullptr;
+  if (name.empty()) {
+    problem = "an empty file name";
+  } else if (name.find('\0') != std::string::npos) {
+    problem = "a file name with a NUL byte";
+  } else if (fs::path(name).is_absolute() || fs::path(name).has_root_name()) {
+    problem = "an absolute path, outside the model directory";
+  } else {
+    for (const fs::path& part : fs::path(name)) {
+      if (part == "..") problem = "a path with \"..\", which can leave the model directory";
+    }
+  }
+  if (problem == nullptr) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      Quoted(index_path), " maps tensor ", Quoted(tensor), " to ", Quoted(name), ", ", problem,
+      "; an index names files in its own directory: download it again"));
+}
+
 // The distinct files a sharded checkpoint's index names, as paths in `dir`, sorted.
 absl::StatusOr<std::vector<std::string>> ShardFiles(const fs::path& dir) {
   const fs::path index_path = dir / kIndexFile;
-  absl::StatusOr<std::string> text = ReadFileText(index_path.string());
+  absl::StatusOr<std::string> text = ReadFileText(index_path.string(), "safetensors index");
   if (!text.ok()) return text.status();
   SafetensorsIndex index;
   absl::Status parsed = ParseJson(*text, index_path.string(), "a safetensors index", &index);
   if (!parsed.ok()) return parsed;
-  std::set<std::string> names;
-  for (const auto& [tensor, file] : index.weight_map()) names.insert(file);
-  if (names.empty()) {
+  // In tensor order, so that of several bad entries the same one is named every time.
+  const std::map<std::string, std::string> entries(index.weight_map().begin(),
+                                                   index.weight_map().end());
+  std::set<std::string> files;  // lexically normal, so "./a" and "a" are one file
+  for (const auto& [tensor, name] : entries) {
+    absl::Status checked = CheckShardName(tensor, name, index_path.string());
+    if (!checked.ok()) return checked;
+    files.insert((dir / fs::path(name).lexically_normal()).string());
+  }
+  if (files.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        index_path.string(),
+        Quoted(index_path.string()),
         " names no weight files (its \"weight_map\" is missing or empty); download it again"));
   }
-  std::vector<std::string> files;
-  for (const std::string& name : names) {
-    const fs::path path = dir / name;
-    if (!IsFile(path)) {
-      return absl::NotFoundError(
-          absl::StrCat("Weight file \"", path.string(), "\", which ", index_path.string(),
-                       " names, does not exist; download every shard the index names"));
+  for (const std::string& file : files) {
+    if (!IsFile(file)) {
+      return absl::NotFoundError(absl::StrCat(
+          "Weight file ", Quoted(file), ", which ", Quoted(index_path.string()),
+          " names, does not exist or is not a file; download every shard the index names"));
     }
-    files.push_back(path.string());
   }
-  return files;
+  return std::vector<std::string>(files.begin(), files.end());
 }
 
 // Every *.safetensors file in `dir`, sorted by name.
@@ -345,14 +349,14 @@ absl::StatusOr<config::ModelShape> LoadHfModelShape(const std::string& dir) {
   std::error_code error;
   if (!fs::is_directory(dir, error)) {
     return absl::NotFoundError(absl::StrCat(
-        "Model directory \"", dir,
-        "\" does not exist or is not a directory; give the folder that holds the model's "
+        "Model directory ", Quoted(dir),
+        " does not exist or is not a directory; give the folder that holds the model's "
         "config.json and safetensors files"));
   }
   const fs::path config_path = fs::path(dir) / kConfigFile;
   if (!IsFile(config_path)) {
     return absl::NotFoundError(absl::StrCat(
-        "Model directory \"", dir, "\" has no config.json (", config_path.string(),
+        "Model directory ", Quoted(dir), " has no config.json (", Quoted(config_path.string()),
         " does not exist); download the model's config.json beside its safetensors files"));
   }
   absl::StatusOr<std::string> text = ReadFileText(config_path.string());
@@ -367,6 +371,18 @@ absl::StatusOr<HfModel> LoadHfModelDir(const std::string& dir) {
   model.model = *std::move(shape);
 
   const fs::path root(dir);
+  // An index that is there but cannot be read (a link into a cache whose blob is missing, a
+  // directory) is a broken download: the *.safetensors files beside it may be only some shards.
+  std::error_code error;
+  const fs::file_status index_status = fs::symlink_status(root / kIndexFile, error);
+  if (fs::exists(index_status) && !IsFile(root / kIndexFile)) {
+    return absl::NotFoundError(absl::StrCat(
+        Quoted((root / kIndexFile).string()),
+        fs::is_symlink(index_status) && !fs::exists(root / kIndexFile, error)
+            ? " is a link to nothing"
+            : " is not a regular file",
+        "; download the model's ", kIndexFile, " again"));
+  }
   if (IsFile(root / kIndexFile)) {
     absl::StatusOr<std::vector<std::string>> shards = ShardFiles(root);
     if (!shards.ok()) return shards.status();
@@ -380,7 +396,7 @@ absl::StatusOr<HfModel> LoadHfModelDir(const std::string& dir) {
   }
   if (model.weight_files.empty()) {
     return absl::NotFoundError(absl::StrCat(
-        "Model directory \"", dir, "\" holds no weights: no ", kIndexFile, ", no ", kSingleFile,
+        "Model directory ", Quoted(dir), " holds no weights: no ", kIndexFile, ", no ", kSingleFile,
         " and no other *.safetensors file; download the model's safetensors files (kiln does "
         "not read .bin or .pth checkpoints)"));
   }

@@ -66,9 +66,13 @@ absl::StatusOr<config::ModelShape> LoadHfModelShape(const std::string& dir);
 //   - model.safetensors.index.json (a sharded checkpoint): the distinct files of its weight_map;
 //   - else model.safetensors;
 //   - else every *.safetensors file in `dir`, sorted by name.
-// Returns NotFound naming the file when a shard the index names is missing, or saying what was
-// looked for when `dir` holds no safetensors; InvalidArgument for an index that is not JSON or
-// names no files.
+// Each index entry must name a file inside `dir` (a subfolder is fine, and so is a link, as a
+// Hugging Face cache's are): an empty name, a NUL byte, an absolute path or a ".." component is
+// InvalidArgument naming the tensor and the name. Returns NotFound naming the file when a shard
+// the index names is missing, when the index is there but is no readable file (a dangling link:
+// the shards beside it may be only some of them), or saying what was looked for when `dir` holds
+// no safetensors; InvalidArgument for an index that is not JSON (a non-string file name, a
+// tensor named twice) or names no files.
 absl::StatusOr<HfModel> LoadHfModelDir(const std::string& dir);
 
 // Sets a float16 or float32 model's dtype to bf16, the type kiln's runner holds such a

@@ -1,13 +1,20 @@
 #include "runtime/config/hf_model.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <random>
+#include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -15,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/config/presets.h"
+#include "runtime/config/quoted.h"
 
 namespace kiln {
 namespace {
@@ -666,5 +674,321 @@ TEST(HfModelTest, RunInBf16TakesFloat16AndFloat32) {
   }
 }
 
+
+// ---- Robustness of the model directory: its model.safetensors.index.json truncated, mutated or
+// naming files it should not, and indexes that are not files. Run these under ASan and UBSan.
+
+// The index of a three-shard checkpoint, as transformers writes one.
+std::string ThreeShardIndex() {
+  return R"({
+  "metadata": {"total_size": 6425499648},
+  "weight_map": {
+    "lm_head.weight": "model-00003-of-00003.safetensors",
+    "model.embed_tokens.weight": "model-00001-of-00003.safetensors",
+    "model.layers.0.mlp.down_proj.weight": "model-00001-of-00003.safetensors",
+    "model.layers.1.mlp.down_proj.weight": "model-00002-of-00003.safetensors",
+    "model.norm.weight": "model-00003-of-00003.safetensors"
+  }
+})";
+}
+
+// Whether `text` is UTF-8 with no control character (lengths of sequences only).
+bool IsOneCleanLine(const std::string& text) {
+  for (size_t i = 0; i < text.size();) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c < 0x20 || c == 0x7f) return false;
+    const int more = c < 0x80             ? 0
+                     : (c & 0xe0) == 0xc0 ? 1
+                     : (c & 0xf0) == 0xe0 ? 2
+                     : (c & 0xf8) == 0xf0 ? 3
+                                          : -1;
+    if (more < 0 || i + more >= text.size()) return false;
+    for (int k = 1; k <= more; ++k) {
+      if ((static_cast<unsigned char>(text[i + k]) & 0xc0) != 0x80) return false;
+    }
+    i += 1 + more;
+  }
+  return true;
+}
+
+// Loads `dir` with `index` as its index and checks the promise: the files it returns are
+// distinct, sorted, each an existing file directly in `dir` (the only files there are shards);
+// a refusal is InvalidArgument or NotFound, on one clean line, naming the index or the file.
+// Returns whether it loaded.
+bool LoadsOrFailsCleanly(const fs::path& dir, const std::string& index, const std::string& what) {
+  WriteText(dir / "model.safetensors.index.json", index);
+  absl::StatusOr<HfModel> model = LoadHfModelDir(dir.string());
+  if (!model.ok()) {
+    const std::string message = Message(model.status());
+    EXPECT_TRUE(absl::IsInvalidArgument(model.status()) || absl::IsNotFound(model.status()))
+        << what << ": " << model.status();
+    EXPECT_THAT(message, HasSubstr(dir.string())) << what;
+    EXPECT_TRUE(IsOneCleanLine(message)) << what << ": " << absl::CHexEscape(message);
+    return false;
+  }
+  EXPECT_FALSE(model->weight_files.empty()) << what;
+  EXPECT_TRUE(std::is_sorted(model->weight_files.begin(), model->weight_files.end())) << what;
+  EXPECT_EQ(std::adjacent_find(model->weight_files.begin(), model->weight_files.end()),
+            model->weight_files.end())
+      << what;
+  for (const std::string& file : model->weight_files) {
+    EXPECT_EQ(fs::path(file).parent_path(), dir) << what << ": " << file;
+    EXPECT_TRUE(fs::is_regular_file(file)) << what << ": " << file;
+  }
+  return true;
+}
+
+TEST(HfModelDirRobustnessTest, TruncatedOrMutatedIndexLoadsOrFailsCleanly) {
+  const fs::path dir = ModelDir(
+      "mutated_index", {"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                        "model-00003-of-00003.safetensors"});
+  const std::string index = ThreeShardIndex();
+  ASSERT_TRUE(LoadsOrFailsCleanly(dir, index, "the index"));
+  int tried = 0, loaded = 0;
+  const size_t end = index.rfind('}') + 1;
+  for (size_t length = 0; length <= index.size(); ++length) {
+    ++tried;
+    const bool ok = LoadsOrFailsCleanly(dir, index.substr(0, length),
+                                        absl::StrCat("cut to ", length, " of ", index.size()));
+    EXPECT_EQ(ok, length >= end) << "cut to " << length;
+    loaded += ok;
+  }
+  // Structure, quotes, escapes, path separators and dots (to "..", absolute paths), digits,
+  // and bytes JSON text never holds.
+  const char kValues[] = {'\x00', '\xff', '{',  '}', '[', ']', '"',    ',', ':',
+                          '/',    '.',    '\\', '0', 'n', ' ', '\x80', '\n'};
+  for (size_t at = 0; at < index.size(); ++at) {
+    for (const char value : kValues) {
+      if (index[at] == value) continue;
+      std::string mutated = index;
+      mutated[at] = value;
+      ++tried;
+      loaded +=
+          LoadsOrFailsCleanly(dir, mutated,
+                              absl::StrCat("byte ", at, " '", absl::CHexEscape(index.substr(at, 1)),
+                                           "' -> '", absl::CHexEscape(std::string(1, value)), "'"));
+    }
+  }
+  EXPECT_GT(loaded, 0);
+  EXPECT_LT(loaded, tried / 2);
+  std::printf("index of %zu bytes: %d truncations and mutations, %d loaded\n", index.size(), tried,
+              loaded);
+}
+
+// Random indexes over a pool of names, good and bad, checked against what each should give: the
+// first bad name (in tensor order) refused by name, else the first missing file, else the
+// distinct files sorted.
+TEST(HfModelDirRobustnessTest, RandomIndexesGiveTheirFilesOrNameTheFirstBadEntry) {
+  const fs::path dir = ModelDir("random_index", {"a.safetensors", "b.safetensors"});
+  fs::create_directories(dir / "sub");
+  WriteText(dir / "sub" / "c.safetensors", "");
+  fs::create_directories(dir / "folder.safetensors");  // a directory, not a file
+  WriteText(dir.parent_path() / "outside.safetensors", "");
+  struct Name {
+    std::string json;     // as the index writes it
+    std::string file;     // the file it names, relative to dir; empty for a bad name
+    std::string refusal;  // for a bad name: what the message says
+    bool exists;
+  };
+  const std::string outside = (dir.parent_path() / "outside.safetensors").string();
+  const std::vector<Name> names = {
+      {"\"a.safetensors\"", "a.safetensors", "", true},
+      {"\"./a.safetensors\"", "a.safetensors", "", true},
+      {"\"b.safetensors\"", "b.safetensors", "", true},
+      {"\"sub/c.safetensors\"", "sub/c.safetensors", "", true},
+      {"\"sub//c.safetensors\"", "sub/c.safetensors", "", true},
+      {"\"missing.safetensors\"", "missing.safetensors", "", false},
+      {"\"folder.safetensors\"", "folder.safetensors", "", false},
+      {"\"\"", "", "an empty file name", false},
+      {"null", "", "an empty file name", false},
+      {"\"../outside.safetensors\"", "", "a path with \"..\"", false},
+      {"\"sub/../../outside.safetensors\"", "", "a path with \"..\"", false},
+      {"\"sub/../a.safetensors\"", "", "a path with \"..\"", false},
+      {absl::StrCat("\"", outside, "\""), "", "an absolute path", false},
+      {"\"/etc/passwd\"", "", "an absolute path", false},
+      {"\"a.safetensors\\u0000.txt\"", "", "a NUL byte", false},
+  };
+  std::mt19937 rng(77);
+  int loaded = 0, refused_name = 0, missing = 0;
+  for (int round = 0; round < 400; ++round) {
+    const int entries = 1 + static_cast<int>(rng() % 6);
+    std::map<std::string, const Name*> map;
+    for (int e = 0; e < entries; ++e) {
+      // Tensors named so that map order is the order drawn.
+      map[absl::StrCat("model.t", e)] = &names[rng() % names.size()];
+    }
+    std::vector<std::string> pairs;
+    for (const auto& [tensor, name] : map)
+      pairs.push_back(absl::StrCat("\"", tensor, "\": ", name->json));
+    std::shuffle(pairs.begin(), pairs.end(), rng);
+    const std::string index = absl::StrCat(R"({"metadata": {"total_size": 1}, "weight_map": {)",
+                                           absl::StrJoin(pairs, ", "), "}}");
+    WriteText(dir / "model.safetensors.index.json", index);
+    absl::StatusOr<HfModel> model = LoadHfModelDir(dir.string());
+
+    const Name* first_bad = nullptr;
+    std::string first_bad_tensor;
+    std::set<std::string> files;
+    for (const auto& [tensor, name] : map) {
+      if (name->file.empty()) {
+        first_bad = name;
+        first_bad_tensor = tensor;
+        break;
+      }
+      files.insert((dir / name->file).string());
+    }
+    if (first_bad != nullptr) {
+      ASSERT_TRUE(absl::IsInvalidArgument(model.status())) << index << ": " << model.status();
+      ASSERT_THAT(Message(model.status()),
+                  HasSubstr(absl::StrCat("maps tensor \"", first_bad_tensor, "\" to ")))
+          << index;
+      ASSERT_THAT(Message(model.status()), HasSubstr(first_bad->refusal)) << index;
+      ASSERT_TRUE(IsOneCleanLine(Message(model.status()))) << model.status();
+      ++refused_name;
+      continue;
+    }
+    const auto absent = std::find_if(files.begin(), files.end(),
+                                     [](const std::string& f) { return !fs::is_regular_file(f); });
+    if (absent != files.end()) {
+      ASSERT_TRUE(absl::IsNotFound(model.status())) << index << ": " << model.status();
+      ASSERT_THAT(Message(model.status()), HasSubstr(absl::StrCat("Weight file \"", *absent, "\"")))
+          << index;
+      ++missing;
+      continue;
+    }
+    ASSERT_TRUE(model.ok()) << index << ": " << model.status();
+    ASSERT_EQ(model->weight_files, std::vector<std::string>(files.begin(), files.end())) << index;
+    ++loaded;
+  }
+  std::printf("400 random indexes: %d loaded, %d refused for a bad name, %d for a missing file\n",
+              loaded, refused_name, missing);
+  EXPECT_GT(loaded, 20);
+  EXPECT_GT(refused_name, 100);
+  EXPECT_GT(missing, 20);
+}
+
+TEST(HfModelDirRobustnessTest, IndexOfTheWrongShapeIsInvalidArgument) {
+  const fs::path dir = ModelDir("bad_index", {"a.safetensors"});
+  struct Case {
+    std::string index;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {R"({"weight_map": {"x": "a.safetensors", "x": "a.safetensors"}})", "Repeated map key"},
+      {R"({"weight_map": {"x": 1}})", "invalid value 1 for type TYPE_STRING"},
+      {R"({"weight_map": {"x": true}})", "invalid value true"},
+      {R"({"weight_map": {"x": ["a.safetensors"]}})", "Cannot read"},
+      {R"({"weight_map": {"x": {"file": "a.safetensors"}}})", "Cannot read"},
+      {R"({"weight_map": ["a.safetensors"]})", "Cannot bind a list to map"},
+      {R"({"weight_map": "a.safetensors"})", "Cannot read"},
+      {R"({"weight_map": null})", "names no weight files"},
+      {R"({"weight_map": {}})", "names no weight files"},
+      {R"({})", "names no weight files"},
+      {R"([])", "Cannot read"},
+      {R"("a.safetensors")", "Cannot read"},
+      {"", "Cannot read"},
+      {"\xef\xbb\xbf{}", "Cannot read"},
+      {R"({"weight_map": {"x": "\ud800"}})", "surrogate"},
+      {"{\"weight_map\": {\"x\": \"\xff.safetensors\"}}", "non UTF-8"},
+      {absl::StrCat(R"({"metadata": )", std::string(200, '{'), std::string(200, '}'), "}"),
+       "Cannot read"},
+  };
+  for (const Case& c : cases) {
+    WriteText(dir / "model.safetensors.index.json", c.index);
+    absl::Status status = LoadHfModelDir(dir.string()).status();
+    EXPECT_TRUE(absl::IsInvalidArgument(status)) << c.index << ": " << status;
+    EXPECT_THAT(Message(status), HasSubstr(c.message)) << c.index;
+    EXPECT_THAT(Message(status), HasSubstr("model.safetensors.index.json")) << c.index;
+    EXPECT_TRUE(IsOneCleanLine(Message(status))) << absl::CHexEscape(Message(status));
+  }
+  // Arrays nested deep in keys kiln skips cost linear time.
+  WriteText(dir / "model.safetensors.index.json",
+            absl::StrCat(R"({"metadata": )", std::string(1000000, '['), std::string(1000000, ']'),
+                         R"(, "weight_map": {"x": "a.safetensors"}})"));
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<HfModel> deep = LoadHfModelDir(dir.string());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  ASSERT_TRUE(deep.ok()) << deep.status();
+  EXPECT_THAT(deep->weight_files, ElementsAre((dir / "a.safetensors").string()));
+}
+
+// A big index (DeepSeek-V3's maps about 90,000 tensors to 163 shards) reads quickly.
+TEST(HfModelDirRobustnessTest, HugeIndexReadsQuickly) {
+  std::vector<std::string> shards;
+  for (int i = 1; i <= 200; ++i) shards.push_back(absl::StrCat("model-", i, "-of-200.safetensors"));
+  const fs::path dir = ModelDir("huge_index", shards);
+  std::vector<std::string> pairs;
+  for (int t = 0; t < 100000; ++t) {
+    pairs.push_back(absl::StrCat("\"model.layers.", t, ".weight\": \"", shards[t % 200], "\""));
+  }
+  WriteText(dir / "model.safetensors.index.json",
+            absl::StrCat(R"({"weight_map": {)", absl::StrJoin(pairs, ",\n"), "}}"));
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<HfModel> model = LoadHfModelDir(dir.string());
+  // 0.6 s in a normal build, under 4 s with ASan: anything worse than linear would be far more.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(model->weight_files.size(), 200u);
+  // An index past ReadFileText's 64 MiB is refused from its size (a sparse file: no memory).
+  fs::resize_file(dir / "model.safetensors.index.json", uintmax_t{1} << 33);
+  absl::Status status = LoadHfModelDir(dir.string()).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  EXPECT_THAT(Message(status), HasSubstr("it holds 8589934592 bytes, more than the 67108864"));
+}
+
+// An index that is there but is no readable file is a broken download: the shards beside it are
+// not read instead, as they may be only some of them.
+TEST(HfModelDirRobustnessTest, IndexThatIsNoFileIsNotFound) {
+  struct Case {
+    std::string name;
+    std::function<void(const fs::path&)> make;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"dangling_index",
+       [](const fs::path& index) {
+         fs::create_symlink(index.parent_path() / "blobs" / "missing", index);
+       },
+       "model.safetensors.index.json\" is a link to nothing; download the model's "
+       "model.safetensors.index.json again"},
+      {"directory_index", [](const fs::path& index) { fs::create_directories(index); },
+       "model.safetensors.index.json\" is not a regular file"},
+      {"fifo_index", [](const fs::path& index) { ASSERT_EQ(::mkfifo(index.c_str(), 0600), 0); },
+       "model.safetensors.index.json\" is not a regular file"},
+      {"device_index", [](const fs::path& index) { fs::create_symlink("/dev/zero", index); },
+       "model.safetensors.index.json\" is not a regular file"},
+  };
+  for (const Case& c : cases) {
+    const fs::path dir = ModelDir(c.name, {"model-00001-of-00002.safetensors"});
+    c.make(dir / "model.safetensors.index.json");
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::Status status = LoadHfModelDir(dir.string()).status();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1)) << c.name;
+    EXPECT_TRUE(absl::IsNotFound(status)) << c.name << ": " << status;
+    EXPECT_THAT(Message(status), HasSubstr(c.message)) << c.name;
+  }
+  // A link to an index elsewhere (a Hugging Face cache's blobs) is read.
+  const fs::path dir = ModelDir("linked_index", {"a.safetensors"});
+  fs::create_directories(dir / "blobs");
+  WriteText(dir / "blobs" / "1234", R"({"weight_map": {"x": "a.safetensors"}})");
+  fs::create_symlink(dir / "blobs" / "1234", dir / "model.safetensors.index.json");
+  absl::StatusOr<HfModel> model = LoadHfModelDir(dir.string());
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_THAT(model->weight_files, ElementsAre((dir / "a.safetensors").string()));
+}
+
+// Directory paths with control characters, quotes and bytes that are not UTF-8 are named escaped.
+TEST(HfModelDirRobustnessTest, OddDirectoryNamesAreQuoted) {
+  const fs::path root = ScratchDir("odd_names");
+  for (const std::string& name : {std::string("new\nline"), std::string("quote\"d"),
+                                 std::string("esc\x1b[31m"), std::string("caf\xc3\xa9")}) {
+    const std::string missing = (root / name).string();
+    absl::Status status = LoadHfModelDir(missing).status();
+    EXPECT_TRUE(absl::IsNotFound(status)) << status;
+    EXPECT_THAT(Message(status), HasSubstr(Quoted(missing)));
+    EXPECT_TRUE(IsOneCleanLine(Message(status))) << absl::CHexEscape(Message(status));
+  }
+  EXPECT_TRUE(absl::IsNotFound(LoadHfModelDir("").status()));
+}
 }  // namespace
 }  // namespace kiln

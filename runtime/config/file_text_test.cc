@@ -1,0 +1,272 @@
+// ReadFileText over every kind of path a user can give (files of random bytes and sizes,
+// missing paths, directories, FIFOs, devices, links, files over the limit), and the helpers for
+// parser messages (OneLineJsonError, JsonNestingDepth) over seeded random input.
+#include "runtime/config/file_text.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+std::string Message(const absl::Status& status) { return std::string(status.message()); }
+
+// A fresh, empty directory under the test's scratch space.
+fs::path ScratchDir(const std::string& name) {
+  const char* root = std::getenv("TEST_TMPDIR");
+  fs::path dir = fs::path(root != nullptr ? root : fs::temp_directory_path().string()) / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+void WriteBytes(const fs::path& path, const std::string& bytes) {
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  file << bytes;
+  ASSERT_TRUE(file.good()) << path;
+}
+
+// Whether every byte of `text` is printable ASCII: no newline, NUL or terminal escape.
+bool IsPrintableAscii(const std::string& text) {
+  return std::all_of(text.begin(), text.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
+}
+
+TEST(ReadFileTextTest, ReadsEveryByteOfFilesOfRandomSizes) {
+  const fs::path dir = ScratchDir("random_files");
+  std::mt19937 rng(20240611);
+  // Sizes around the 64 KiB read block, and random ones.
+  std::vector<size_t> sizes = {0, 1, 2, 65535, 65536, 65537, 131072, 200001};
+  for (int i = 0; i < 24; ++i) sizes.push_back(rng() % 300000);
+  for (size_t size : sizes) {
+    std::string bytes(size, '\0');
+    for (char& c : bytes) c = static_cast<char>(rng());
+    const fs::path path = dir / absl::StrCat("f", size);
+    WriteBytes(path, bytes);
+    absl::StatusOr<std::string> read = ReadFileText(path.string(), "config file");
+    ASSERT_TRUE(read.ok()) << size << ": " << read.status();
+    EXPECT_EQ(*read, bytes) << size;
+  }
+}
+
+TEST(ReadFileTextTest, LimitHoldsAtEveryBoundary) {
+  const fs::path dir = ScratchDir("limit");
+  const fs::path path = dir / "f";
+  WriteBytes(path, std::string(1000, 'x'));
+  for (size_t limit : {size_t{0}, size_t{1}, size_t{999}, size_t{1000}, size_t{1001}}) {
+    absl::StatusOr<std::string> read = ReadFileText(path.string(), "config file", limit);
+    if (limit >= 1000) {
+      ASSERT_TRUE(read.ok()) << limit << ": " << read.status();
+      EXPECT_EQ(read->size(), 1000u);
+    } else {
+      EXPECT_TRUE(absl::IsInvalidArgument(read.status())) << limit << ": " << read.status();
+      EXPECT_THAT(Message(read.status()), HasSubstr("holds 1000 bytes, more than the"));
+    }
+  }
+  // A sparse file of 1 GiB is refused from its size, without reading (or allocating) it.
+  const fs::path sparse = dir / "sparse";
+  WriteBytes(sparse, "");
+  fs::resize_file(sparse, uintmax_t{1} << 30);
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<std::string> read = ReadFileText(sparse.string(), "config file");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+  EXPECT_TRUE(absl::IsInvalidArgument(read.status())) << read.status();
+  EXPECT_THAT(Message(read.status()),
+              HasSubstr(absl::StrCat("Cannot read config file \"", sparse.string(),
+                                     "\": it holds 1073741824 bytes, more than the 67108864")));
+  // Files in /proc report a size of 0 and hold more: read to the end, within the limit.
+  absl::StatusOr<std::string> status = ReadFileText("/proc/self/status");
+  if (status.ok()) {
+    EXPECT_THAT(*status, HasSubstr("Name:"));
+  }
+}
+
+TEST(ReadFileTextTest, RefusesWhatIsNotARegularFileWithoutBlocking) {
+  const fs::path dir = ScratchDir("not_files");
+  const fs::path fifo = dir / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const fs::path dangling = dir / "dangling";
+  fs::create_symlink(dir / "nothing", dangling);
+  const fs::path file = dir / "file.json";
+  WriteBytes(file, "{}");
+  const fs::path link = dir / "link.json";
+  fs::create_symlink(file, link);
+
+  struct Case {
+    std::string path;
+    absl::StatusCode code;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {(dir / "missing").string(), absl::StatusCode::kNotFound,
+       absl::StrCat("Cannot open config file \"", (dir / "missing").string(),
+                    "\": No such file or directory; check the path")},
+      {"", absl::StatusCode::kNotFound, "Cannot open config file \"\": No such file"},
+      {dir.string(), absl::StatusCode::kNotFound,
+       absl::StrCat("Cannot read config file \"", dir.string(), "\": Is a directory")},
+      {fifo.string(), absl::StatusCode::kNotFound, "Is a FIFO (named pipe)"},
+      {"/dev/zero", absl::StatusCode::kNotFound,
+       "Cannot read config file \"/dev/zero\": Is a device, not a regular file"},
+      {"/dev/null", absl::StatusCode::kNotFound, "Is a device"},
+      {dangling.string(), absl::StatusCode::kNotFound, "No such file or directory"},
+      {(file / "below").string(), absl::StatusCode::kNotFound, "Not a directory"},
+      {std::string(5000, 'a'), absl::StatusCode::kNotFound, "File name too long"},
+      {file.string() + std::string(1, '\0') + "more", absl::StatusCode::kNotFound,
+       "the path holds a NUL byte"},
+  };
+  for (const Case& c : cases) {
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<std::string> read = ReadFileText(c.path, "config file");
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1))
+        << absl::CHexEscape(c.path);
+    EXPECT_EQ(read.status().code(), c.code) << absl::CHexEscape(c.path) << ": " << read.status();
+    EXPECT_THAT(Message(read.status()), HasSubstr(c.message)) << absl::CHexEscape(c.path);
+    EXPECT_TRUE(IsPrintableAscii(Message(read.status()))) << read.status();
+  }
+  absl::StatusOr<std::string> linked = ReadFileText(link.string());
+  ASSERT_TRUE(linked.ok()) << linked.status();
+  EXPECT_EQ(*linked, "{}");
+}
+
+TEST(ReadFileTextTest, UnreadableFileIsNotFound) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root reads files whatever their mode";
+  const fs::path dir = ScratchDir("unreadable");
+  const fs::path path = dir / "secret.json";
+  WriteBytes(path, "{}");
+  fs::permissions(path, fs::perms::none);
+  absl::StatusOr<std::string> read = ReadFileText(path.string(), "config file");
+  EXPECT_TRUE(absl::IsNotFound(read.status())) << read.status();
+  EXPECT_THAT(Message(read.status()), HasSubstr("Permission denied"));
+}
+
+// Paths with every kind of byte: the message quotes them escaped, on one line.
+TEST(ReadFileTextTest, MessagesEscapeThePath) {
+  std::mt19937 rng(7);
+  for (int i = 0; i < 400; ++i) {
+    std::string name(1 + rng() % 40, '\0');
+    for (char& c : name) c = static_cast<char>(1 + rng() % 255);  // no NUL: a C path ends there
+    if (i % 2 == 0) name = absl::StrCat("mod\xc3\xa8le ", i);     // UTF-8: kept as it is
+    std::replace(name.begin(), name.end(), '/', '_');
+    const std::string path = absl::StrCat(ScratchDir("escape").string(), "/", name);
+    absl::StatusOr<std::string> read = ReadFileText(path, "config file");
+    ASSERT_TRUE(absl::IsNotFound(read.status())) << read.status();
+    const std::string message = Message(read.status());
+    // A UTF-8 name keeps its characters; any other is escaped byte by byte.
+    EXPECT_TRUE(IsUtf8(message)) << absl::CHexEscape(message);
+    EXPECT_TRUE(std::none_of(message.begin(), message.end(), [](char c) {
+      return (c >= 0 && c < 0x20) || c == 0x7f;
+    })) << absl::CHexEscape(message);
+    EXPECT_THAT(message,
+                HasSubstr(IsUtf8(name) ? absl::Utf8SafeCHexEscape(name) : absl::CHexEscape(name)));
+  }
+}
+
+TEST(OneLineJsonErrorTest, AnyMessageComesOutOnOnePrintableLine) {
+  // protobuf's form: the complaint, the text near the error, a caret under the spot.
+  EXPECT_EQ(OneLineJsonError("Expected a value.\n  \"a\": ,\n       ^"),
+            R"(Expected a value, at ^ in "  \"a\": ^,")");
+  EXPECT_EQ(OneLineJsonError("Unexpected end of string.\n\n^"), "Unexpected end of string");
+  EXPECT_EQ(OneLineJsonError("no text here"), "no text here");
+  std::mt19937 rng(99);
+  const char kAlphabet[] = "\n\n^^  \"\\{}x\x01\x1b\x7f\xff\xc3\xa9\0";
+  const std::string alphabet(kAlphabet, sizeof(kAlphabet) - 1);  // the NUL before the end too
+  for (int i = 0; i < 20000; ++i) {
+    std::string message(rng() % 60, ' ');
+    for (char& c : message) {
+      c = rng() % 3 == 0 ? static_cast<char>(rng()) : alphabet[rng() % alphabet.size()];
+    }
+    const std::string line = OneLineJsonError(message);
+    ASSERT_TRUE(IsPrintableAscii(line))
+        << absl::CHexEscape(message) << " -> " << absl::CHexEscape(line);
+  }
+}
+
+TEST(IsUtf8Test, TakesWellFormedUtf8Only) {
+  for (const char* good :
+       {"", "ascii", "\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80", "\xf4\x8f\xbf\xbf", "\x7f"}) {
+    EXPECT_TRUE(IsUtf8(good)) << absl::CHexEscape(good);
+  }
+  for (const char* bad : {"\xff", "\x80", "\xc3", "\xc0\x80", "\xe0\x80\x80", "\xed\xa0\x80",
+                          "\xf4\x90\x80\x80", "\xf8\x88\x80\x80\x80", "a\xe2\x82", "\xc3\x28"}) {
+    EXPECT_FALSE(IsUtf8(bad)) << absl::CHexEscape(bad);
+  }
+  // Every code point, encoded by hand, reads; every truncation of a multi-byte one does not.
+  for (uint32_t code = 0; code <= 0x10ffff; code += (code < 0x800 ? 1 : 97)) {
+    if (code >= 0xd800 && code <= 0xdfff) continue;
+    std::string s;
+    if (code < 0x80) {
+      s = std::string(1, static_cast<char>(code));
+    } else if (code < 0x800) {
+      s = {static_cast<char>(0xc0 | (code >> 6)), static_cast<char>(0x80 | (code & 0x3f))};
+    } else if (code < 0x10000) {
+      s = {static_cast<char>(0xe0 | (code >> 12)), static_cast<char>(0x80 | ((code >> 6) & 0x3f)),
+           static_cast<char>(0x80 | (code & 0x3f))};
+    } else {
+      s = {static_cast<char>(0xf0 | (code >> 18)), static_cast<char>(0x80 | ((code >> 12) & 0x3f)),
+           static_cast<char>(0x80 | ((code >> 6) & 0x3f)), static_cast<char>(0x80 | (code & 0x3f))};
+    }
+    ASSERT_TRUE(IsUtf8(s)) << code;
+    for (size_t cut = 1; cut < s.size(); ++cut) ASSERT_FALSE(IsUtf8(s.substr(0, cut))) << code;
+  }
+}
+
+// A reference depth: the deepest nesting of brackets outside strings, by a stack.
+int ReferenceDepth(const std::string& json) {
+  std::vector<char> open;
+  size_t deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char c : json) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') in_string = true;
+    if (c == '{' || c == '[') open.push_back(c);
+    if ((c == '}' || c == ']') && !open.empty()) open.pop_back();
+    deepest = std::max(deepest, open.size());
+  }
+  return static_cast<int>(deepest);
+}
+
+TEST(JsonNestingDepthTest, MatchesAStackOverRandomText) {
+  EXPECT_EQ(JsonNestingDepth(""), 0);
+  EXPECT_EQ(JsonNestingDepth("{}"), 1);
+  EXPECT_EQ(JsonNestingDepth(R"({"a": [[1], {"b": "[[[{"}]})"), 3);
+  EXPECT_EQ(JsonNestingDepth(R"({"a\"[[": 1})"), 1);
+  EXPECT_EQ(JsonNestingDepth("]]]]{"), 1);
+  EXPECT_EQ(JsonNestingDepth(std::string(1000000, '[')), 1000000);
+  std::mt19937 rng(5);
+  const std::string alphabet = "[]{}\"\\ a,:";
+  for (int i = 0; i < 20000; ++i) {
+    std::string json(rng() % 80, ' ');
+    for (char& c : json) c = alphabet[rng() % alphabet.size()];
+    ASSERT_EQ(JsonNestingDepth(json), ReferenceDepth(json)) << json;
+  }
+}
+
+}  // namespace
+}  // namespace kiln
