@@ -16,10 +16,15 @@
 // the weights from its safetensors files. Exit codes: 0 on success, 2 for bad flags, 1 for a
 // runtime error. Every flag, the config and the model are checked (and the weight files' headers
 // read) before the GPU is looked for, so a bad flag gets its message on any machine.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <random>
@@ -76,7 +81,7 @@ ABSL_FLAG(uint64_t, seed, 1, "Seed of the random weights and prompts");
 ABSL_FLAG(std::string, weights, "",
           "Comma-separated Hugging Face safetensors files holding the model's weights (of the "
           "--preset or --config shape) instead of random ones");
-ABSL_FLAG(int, load_threads, 4, "Threads that read --weights or --model_dir's files");
+ABSL_FLAG(int, load_threads, 4, "Threads that read --weights or --model_dir's files (1 to 64)");
 ABSL_FLAG(std::string, logits_out, "",
           "With --batch=1: write the sequence's generated tokens and the logits each was sampled "
           "from to this file (int32 steps, int32 vocab, int32 tokens[steps], float32 "
@@ -89,6 +94,13 @@ namespace kiln {
 namespace {
 
 constexpr char kDefaultPreset[] = "llama-3.2-1b";
+
+// Each reading thread pins two 32 MiB buffers (RunnerOptions::weight_load_threads): 64 threads
+// pin 4 GiB, more than any disk needs to be read at its full rate.
+constexpr int kMaxLoadThreads = 64;
+
+// --logits_out's logits are held in host memory until the run ends (gen_tokens x vocab floats).
+constexpr int64_t kMaxLogitsBytes = int64_t{4} << 30;
 
 // Parses --`flag`'s comma-separated integers ("" is none); `example` shows the form in the
 // message about a bad list.
@@ -123,6 +135,38 @@ absl::StatusOr<LlamaShape> CheckRunnable(const RunnerOptions& options) {
         "--config file (tp_benchmark runs tensor parallelism)"));
   }
   return shape;
+}
+
+// Checks --logits_out before the run, as the file is written only after it: the path must name
+// a regular file, or none yet, in an existing directory where this process may write it. Probes
+// by opening it for writing; a file made for the probe is removed again.
+absl::Status CheckLogitsOut(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path file(path);
+  const fs::path dir = file.has_parent_path() ? file.parent_path() : ".";
+  std::error_code error;
+  const fs::file_status status = fs::status(file, error);
+  const char* problem = fs::is_directory(status) ? " is a directory"
+                        : fs::exists(status) && !fs::is_regular_file(status)
+                            ? " is not a regular file (a FIFO, a device or a socket)"
+                        : !fs::is_directory(dir, error) ? "'s directory does not exist"
+                                                        : nullptr;
+  if (problem != nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--logits_out=", path, problem,
+                     "; give a file in an existing directory, e.g. /tmp/logits.bin"));
+  }
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  const bool created = fd >= 0;
+  if (fd < 0 && errno == EEXIST) fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--logits_out=", path, " cannot be written: ", std::strerror(errno),
+                     "; give a file in a directory you may write to, e.g. /tmp/logits.bin"));
+  }
+  ::close(fd);
+  if (created) ::unlink(path.c_str());
+  return absl::OkStatus();
 }
 
 double Median(std::vector<double> v) {
@@ -338,19 +382,42 @@ int Run(int argc, char** argv) {
                                                absl::SkipWhitespace())) {
     options.weight_files.emplace_back(file);  // empty under --model_dir (checked above)
     std::error_code error;
-    if (std::filesystem::is_directory(options.weight_files.back(), error)) {
+    const std::filesystem::file_status status =
+        std::filesystem::status(options.weight_files.back(), error);
+    if (std::filesystem::is_directory(status)) {
       return fail(absl::InvalidArgumentError(absl::StrCat(
                       "--weights=", file,
                       " is a directory; give its safetensors files, or the directory as "
                       "--model_dir")),
                   2);
     }
+    if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+                      "--weights=", file,
+                      " is not a regular file (a FIFO, a device or a socket); give safetensors "
+                      "files")),
+                  2);
+    }
+  }
+  if (options.weight_files.empty() && !absl::GetFlag(FLAGS_weights).empty()) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--weights=", absl::GetFlag(FLAGS_weights),
+                    " names no file; give comma-separated safetensors files, or leave it out for "
+                    "random weights")),
+                2);
   }
   options.weight_load_threads = absl::GetFlag(FLAGS_load_threads);
   if (options.weight_load_threads < 1) {
     return fail(absl::InvalidArgumentError(absl::StrCat("--load_threads is ",
                                                         options.weight_load_threads,
                                                         "; read with at least 1 thread")),
+                2);
+  }
+  if (options.weight_load_threads > kMaxLoadThreads) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--load_threads is ", options.weight_load_threads, ", more than ",
+                    kMaxLoadThreads, "; each reading thread pins 64 MiB of host memory: give 1 to ",
+                    kMaxLoadThreads, " (default 4)")),
                 2);
   }
   options.time_steps = true;
@@ -386,20 +453,8 @@ int Run(int argc, char** argv) {
                 2);
   }
   if (!logits_out.empty()) {
-    // Checked now, as the file is written only after the whole run.
-    const std::filesystem::path path(logits_out);
-    const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : ".";
-    std::error_code error;
-    const char* problem = std::filesystem::is_directory(path, error) ? " is a directory"
-                          : !std::filesystem::is_directory(dir, error)
-                              ? "'s directory does not exist"
-                              : nullptr;
-    if (problem != nullptr) {
-      return fail(absl::InvalidArgumentError(
-                      absl::StrCat("--logits_out=", logits_out, problem,
-                                   "; give a file in an existing directory, e.g. /tmp/logits.bin")),
-                  2);
-    }
+    absl::Status writable = CheckLogitsOut(logits_out);
+    if (!writable.ok()) return fail(writable, 2);
   }
   absl::StatusOr<LlamaShape> runnable = CheckRunnable(options);
   if (!runnable.ok()) return fail(runnable.status(), 2);
@@ -427,6 +482,16 @@ int Run(int argc, char** argv) {
                     "; shorten --prompt_len (or --prompt_ids) or --gen_tokens, or raise "
                     "--max_model_len")),
                 2);
+  }
+  if (!logits_out.empty()) {
+    const int64_t bytes = int64_t{gen_tokens} * runnable->vocab * int64_t{sizeof(float)};
+    if (bytes > kMaxLogitsBytes) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+                      "--logits_out would keep ", FormatBytes(bytes), " of logits (--gen_tokens ",
+                      gen_tokens, " x vocabulary ", runnable->vocab, " x 4 bytes), more than the ",
+                      FormatBytes(kMaxLogitsBytes), " generate holds; lower --gen_tokens")),
+                  2);
+    }
   }
   if (!model_dir.empty()) {
     std::printf("model_dir %s: %s, %zu safetensors file%s%s\n", model_dir.c_str(),
