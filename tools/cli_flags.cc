@@ -197,7 +197,7 @@ absl::Status CheckArgs(const std::vector<Arg>& args, absl::string_view source,
     if (flag == nullptr) {
       return InFile(
           source, line,
-          absl::InvalidArgumentError(absl::StrCat("Unknown flag --", absl::Utf8SafeCHexEscape(name),
+          absl::InvalidArgumentError(absl::StrCat("Unknown flag --", Escaped(name),
                                                   "; run with --help to list the flags")));
     }
     if (!has_value) {
@@ -263,7 +263,7 @@ absl::StatusOr<std::vector<int>> ParseIntList(absl::string_view text, absl::stri
   }
   if (empty_entry && !out.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, "=", absl::Utf8SafeCHexEscape(text), " has an empty entry", fix));
+        absl::StrCat("--", flag, "=", Escaped(text), " has an empty entry", fix));
   }
   return out;
 }

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/config/quoted.h"
 
 ABSL_FLAG(int, test_int, 0, "An int");
 ABSL_FLAG(std::optional<int>, test_opt, std::nullopt, "An optional int");
@@ -141,7 +142,7 @@ TEST(ParseIntListTest, SweepBadEntriesAreNamed) {
       ASSERT_THAT(message, HasSubstr("has an empty entry")) << text;
     } else {
       const std::string want =
-          absl::StrCat("--capture_sizes has \"", absl::Utf8SafeCHexEscape(bad), "\", which is ",
+          absl::StrCat("--capture_sizes has \"", Escaped(bad), "\", which is ",
                        LooksDecimal(bad) ? "out of range" : "not an integer");
       (LooksDecimal(bad) ? out_of_range : not_integer) += 1;
       ASSERT_THAT(message, HasSubstr(want)) << text;

@@ -20,6 +20,7 @@
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 #include "runtime/config/file_text.h"
+#include "runtime/config/quoted.h"
 
 namespace kiln {
 namespace {
@@ -54,14 +55,6 @@ std::string Printable(absl::string_view text) {
     }
   }
   return out;
-}
-
-// `text` between double quotes, C-escaped (quotes and backslashes too), as kiln's Quoted writes
-// user text, but with every byte escaped where `text` is not UTF-8: Utf8SafeCHexEscape passes all
-// bytes above 0x7f through.
-std::string Quote(absl::string_view text) {
-  return absl::StrCat("\"", IsUtf8(text) ? absl::Utf8SafeCHexEscape(text) : absl::CHexEscape(text),
-                      "\"");
 }
 
 // Keeps the first error the text parser reports, with its position (1-based for people).
@@ -114,7 +107,7 @@ absl::Status GatherGraphOptimizationConfig(const Value& value, absl::string_view
     if (key == "graph_opt_level") continue;  // static-graph compilation: no memory of its own
     if (!IsFastDeployGraphKey(key)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "Unsupported key ", Quote(key), " in graph_optimization_config of ", source,
+          "Unsupported key ", Quoted(key), " in graph_optimization_config of ", source,
           "; kiln reads use_cudagraph, cudagraph_capture_sizes, cudagraph_only_prefill, "
           "max_capture_size (and ignores graph_opt_level): remove it"));
     }
@@ -265,8 +258,8 @@ absl::Status CheckFieldSpellings(const Struct& json, const Descriptor& type,
     }
     if (!seen.emplace(field, key).second) {  // the other spelling came first
       return absl::InvalidArgumentError(absl::StrCat(source, " sets ", path, field->name(),
-                                                     " twice, as ", Quote(field->name()), " and ",
-                                                     Quote(field->json_name()), "; keep one"));
+                                                     " twice, as ", Quoted(field->name()), " and ",
+                                                     Quoted(field->json_name()), "; keep one"));
     }
     if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE && !field->is_repeated() &&
         value.kind_case() == Value::kStructValue) {
@@ -326,7 +319,7 @@ absl::Status CheckParsedValues(const Message& message, const std::string& path,
                   ? reflection.GetRepeatedStringReference(message, field, i, &scratch)
                   : reflection.GetStringReference(message, field, &scratch);
           if (field->type() == FieldDescriptor::TYPE_STRING && !IsUtf8(v)) {
-            return absl::InvalidArgumentError(absl::StrCat(at, " in ", source, " is ", Quote(v),
+            return absl::InvalidArgumentError(absl::StrCat(at, " in ", source, " is ", Quoted(v),
                                                            ", which is not UTF-8 text; write it "
                                                            "in UTF-8"));
           }

@@ -38,10 +38,6 @@ absl::StatusOr<std::string> ReadFileText(const std::string& path, absl::string_v
 // escaped and the caret written into it at the spot. A message in any other form is escaped.
 std::string OneLineJsonError(absl::string_view message);
 
-// Returns whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points past
-// U+10FFFF). absl's Utf8SafeCHexEscape does not check: it passes every byte above 0x7f through.
-bool IsUtf8(absl::string_view text);
-
 // Returns how deep `json`'s objects and arrays nest at their deepest ("{}" 1, "[[1]]" 2),
 // counting brackets outside strings only; it does not check that `json` is JSON. Linear time:
 // run it before a parser whose time or stack grows with the depth.

@@ -2,6 +2,7 @@
 // missing paths, directories, FIFOs, devices, links, files over the limit), and the helpers for
 // parser messages (OneLineJsonError, JsonNestingDepth) over seeded random input.
 #include "runtime/config/file_text.h"
+#include "runtime/config/quoted.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -197,6 +198,15 @@ TEST(OneLineJsonErrorTest, AnyMessageComesOutOnOnePrintableLine) {
     ASSERT_TRUE(IsPrintableAscii(line))
         << absl::CHexEscape(message) << " -> " << absl::CHexEscape(line);
   }
+}
+
+// UTF-8 text keeps its characters and escapes control bytes and quotes; text that is not UTF-8
+// has every byte above 0x7f escaped too, so a message never carries a raw stray byte.
+TEST(QuotedTest, EscapesControlBytesAndEveryByteOfTextThatIsNotUtf8) {
+  EXPECT_EQ(Quoted("caf\xc3\xa9\n\"x\""), "\"caf\xc3\xa9\\n\\\"x\\\"\"");
+  EXPECT_EQ(Quoted("caf\xc3\xa9\xff"), "\"caf\\xc3\\xa9\\xff\"");
+  EXPECT_EQ(Quoted("it's", '\''), "'it\\'s'");
+  EXPECT_EQ(Escaped("a\tb"), "a\\tb");
 }
 
 TEST(IsUtf8Test, TakesWellFormedUtf8Only) {

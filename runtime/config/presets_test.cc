@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/config/quoted.h"
 
 namespace kiln {
 namespace {
@@ -240,7 +241,7 @@ TEST(PresetsTest, SweepNamesAndNearMisses) {
     const std::string message(status.message());
     ASSERT_THAT(message,
                 HasSubstr(absl::StrCat(model ? "Unknown model preset \"" : "Unknown GPU preset \"",
-                                       absl::Utf8SafeCHexEscape(miss), "\"; use one of ",
+                                       Escaped(miss), "\"; use one of ",
                                        model ? "llama-3.2-1b" : "h100-80gb")));
     ASSERT_EQ(message.find('\n'), std::string::npos);
     ASSERT_EQ(message.find('\0'), std::string::npos);

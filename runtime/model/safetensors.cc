@@ -410,7 +410,7 @@ absl::StatusOr<SafetensorsTensor> ParseTensorEntry(const std::string& name, cons
   if (dtype->type != JsonValue::kString || SafetensorsDtypeSize(dtype->text) == 0) {
     return absl::DataLossError(absl::StrCat(
         "Safetensors tensor ", Quote(name), " has dtype ",
-        dtype->type == JsonValue::kString ? absl::Utf8SafeCHexEscape(dtype->text)
+        dtype->type == JsonValue::kString ? Escaped(dtype->text)
                                           : TypeName(dtype->type),
         ", which safetensors does not define"));
   }
