@@ -34,13 +34,6 @@ using google::protobuf::Reflection;
 using google::protobuf::Struct;
 using google::protobuf::Value;
 
-// How deep a JSON config may nest its objects and lists. A PlannerConfig nests 3 deep ({"model":
-// {"rope_scaling": {...}}}, {"graph_optimization_config": {"cudagraph_capture_sizes": [...]}}).
-// protobuf's parser takes time that grows with the square of the depth of lists it reads into a
-// Struct (minutes for a file of 100,000 '['), and past about 30 objects deep it refuses a Struct
-// with a message that names nothing.
-constexpr int kMaxJsonDepth = 24;
-
 // Text a user wrote (a key, a source name, a parser's complaint that quotes the file), with every
 // byte that is not printable ASCII written as \xHH, so that a message stays on one line and no
 // terminal escape reaches the screen. Quotes and backslashes stay as they are.
@@ -89,7 +82,7 @@ absl::Status GatherGraphOptimizationConfig(const Value& value, absl::string_view
     object = &value.struct_value();
   } else if (value.kind_case() == Value::kStringValue) {
     // FastDeploy's command line takes the object as a JSON string; accept that spelling too.
-    if (JsonNestingDepth(value.string_value()) > kMaxJsonDepth ||
+    if (JsonNestingDepth(value.string_value()) > kMaxJsonNesting ||
         !google::protobuf::util::JsonStringToMessage(value.string_value(), &parsed).ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("graph_optimization_config in ", source,
@@ -502,10 +495,10 @@ absl::StatusOr<PlannerConfig> ParsePlannerConfigJson(absl::string_view json,
                                                      absl::string_view source_text) {
   const std::string source = Printable(source_text);
   const int depth = JsonNestingDepth(json);
-  if (depth > kMaxJsonDepth) {
+  if (depth > kMaxJsonNesting) {
     return absl::InvalidArgumentError(
         absl::StrCat("Cannot parse ", source, " as a JSON object: its objects and lists nest ",
-                     depth, " deep, more than the ", kMaxJsonDepth,
+                     depth, " deep, more than the ", kMaxJsonNesting,
                      " kiln reads (a PlannerConfig nests 3); fix the file (a JSON object of "
                      "kiln.config.PlannerConfig fields)"));
   }

@@ -43,6 +43,12 @@ std::string OneLineJsonError(absl::string_view message);
 // run it before a parser whose time or stack grows with the depth.
 int JsonNestingDepth(absl::string_view json);
 
+// The deepest JSON kiln parses. A PlannerConfig nests 3 deep, a Hugging Face config.json 3 or 4;
+// protobuf's parser takes time that grows with the square of the depth of lists it reads into a
+// Struct (minutes for a file of 100,000 '['), and past about 30 objects deep it refuses a Struct
+// with a message that names nothing.
+inline constexpr int kMaxJsonNesting = 24;
+
 }  // namespace kiln
 
 #endif  // KILN_RUNTIME_CONFIG_FILE_TEXT_H_

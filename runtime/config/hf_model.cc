@@ -42,6 +42,15 @@ constexpr char kSingleFile[] = "model.safetensors";
 // Parses `json` into `out`, skipping the keys `out` has no field for.
 absl::Status ParseJson(absl::string_view json, absl::string_view source, absl::string_view what,
                        google::protobuf::Message* out) {
+  // Checked before any parse: protobuf's time grows with the depth (minutes at 100,000), and
+  // the sliding-window lookup parses config.json a second time.
+  const int depth = JsonNestingDepth(json);
+  if (depth > kMaxJsonNesting) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Cannot read ", source, " as ", what, ": its objects and lists nest ", depth,
+        " deep, more than the ", kMaxJsonNesting, " kiln reads; fix the file or download it "
+        "again"));
+  }
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = true;
   auto parsed = google::protobuf::util::JsonStringToMessage(std::string(json), out, options);

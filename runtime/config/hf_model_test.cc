@@ -486,6 +486,19 @@ TEST(HfModelTest, RefusesBadJson) {
               HasSubstr("Cannot read test/config.json as a Hugging Face config.json"));
 }
 
+// A key kiln ignores, nested 100,000 deep, is refused before any parse (protobuf's parser would
+// take minutes, and Mistral's sliding-window lookup parses the file twice).
+TEST(HfModelTest, RefusesJsonNestedPastTheLimit) {
+  auto keys = LlamaKeys();
+  keys["model_type"] = R"("mistral")";
+  keys["ignored"] = std::string(100000, '[') + std::string(100000, ']');
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status status = Parse(keys).status();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  EXPECT_THAT(Message(status), HasSubstr("nest 100001 deep, more than the 24 kiln reads"));
+}
+
 // ---- Robustness: every truncation and single-byte mutation of a config.json reads as a shape
 // or fails with InvalidArgument naming the file; never a crash, a hang or a read out of bounds
 // (run these under ASan and UBSan).
@@ -901,15 +914,15 @@ TEST(HfModelDirRobustnessTest, IndexOfTheWrongShapeIsInvalidArgument) {
     EXPECT_THAT(Message(status), HasSubstr("model.safetensors.index.json")) << c.index;
     EXPECT_TRUE(IsOneCleanLine(Message(status))) << absl::CHexEscape(Message(status));
   }
-  // Arrays nested deep in keys kiln skips cost linear time.
+  // Arrays nested deep, even in keys kiln skips, are refused at once (an index nests 2 deep).
   WriteText(dir / "model.safetensors.index.json",
             absl::StrCat(R"({"metadata": )", std::string(1000000, '['), std::string(1000000, ']'),
                          R"(, "weight_map": {"x": "a.safetensors"}})"));
   const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<HfModel> deep = LoadHfModelDir(dir.string());
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
-  ASSERT_TRUE(deep.ok()) << deep.status();
-  EXPECT_THAT(deep->weight_files, ElementsAre((dir / "a.safetensors").string()));
+  EXPECT_TRUE(absl::IsInvalidArgument(deep.status())) << deep.status();
+  EXPECT_THAT(Message(deep.status()), HasSubstr("nest 1000001 deep, more than the 24 kiln reads"));
 }
 
 // A big index (DeepSeek-V3's maps about 90,000 tensors to 163 shards) reads quickly.
