@@ -215,6 +215,82 @@ config::ModelShape ModelShapeFromLlamaShape(const LlamaShape& t, absl::string_vi
   return m;
 }
 
+namespace {
+
+// CheckSplitAims, and no aim above kMaxCtasPerSm: an aim past what an SM holds only grows the
+// partial workspace (at 2^24 CTAs per SM the planner would size one of hundreds of GiB, once the
+// weights were already on the GPU).
+absl::Status CheckDecodeSplitRules(const std::vector<SplitAim>& rules, absl::string_view name) {
+  RETURN_IF_ERROR(CheckSplitAims(rules, name));
+  for (size_t i = 0; i < rules.size(); ++i) {
+    if (rules[i].ctas_per_sm > kMaxCtasPerSm) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, "[", i, "] (max_seqs ", rules[i].max_seqs, ", ctas_per_sm ",
+          rules[i].ctas_per_sm, ") aims above ", kMaxCtasPerSm,
+          " CTAs per SM, the most an SM holds; lower its ctas_per_sm"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckRunnerOptions(const RunnerOptions& options) {
+  if (options.max_model_len < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_model_len ", options.max_model_len, " must be positive; give the longest sequence"));
+  }
+  // A value outside the enum would pass PlannerConfigFor as kNone but capture as neither mode.
+  if (options.graphs != GraphExecution::kFull && options.graphs != GraphExecution::kPiecewise &&
+      options.graphs != GraphExecution::kNone) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RunnerOptions::graphs ", static_cast<int>(options.graphs),
+        " is not a GraphExecution; use kFull, kPiecewise or kNone"));
+  }
+  if (options.progress != CaptureProgress::kAuto && options.progress != CaptureProgress::kBar &&
+      options.progress != CaptureProgress::kLines && options.progress != CaptureProgress::kNone &&
+      options.progress != CaptureProgress::kQuiet) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RunnerOptions::progress ", static_cast<int>(options.progress),
+        " is not a CaptureProgress; use kAuto, kBar, kLines, kNone or kQuiet"));
+  }
+  RETURN_IF_ERROR(
+      CheckDecodeSplitRules(options.decode_split_by_rows, "RunnerOptions::decode_split_by_rows"));
+  RETURN_IF_ERROR(CheckDecodeSplitRules(options.decode_split_by_rows_head_dim_128,
+                                        "RunnerOptions::decode_split_by_rows_head_dim_128"));
+  // The attention planner's options, checked here on the host: the planners are built only after
+  // the weights and the KV cache are allocated (InitAllocations), and the prefill kernel's tile
+  // rows are checked only at the first prefill launch.
+  if (options.prefill_tile_rows != 64 && options.prefill_tile_rows != 128) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RunnerOptions::prefill_tile_rows ", options.prefill_tile_rows,
+        " is not a tile size the prefill attention kernel has; use 64 or 128"));
+  }
+  if (options.decode_min_kv_chunk < 1 || options.decode_ctas_per_sm < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RunnerOptions::decode_min_kv_chunk ", options.decode_min_kv_chunk,
+        " and decode_ctas_per_sm ", options.decode_ctas_per_sm,
+        " must be positive (defaults: 64 and 2)"));
+  }
+  if (options.decode_ctas_per_sm > kMaxCtasPerSm) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RunnerOptions::decode_ctas_per_sm ", options.decode_ctas_per_sm, " is above ",
+        kMaxCtasPerSm, ", the most CTAs an SM holds; lower it (default 2)"));
+  }
+  // Checked by CheckLlamaModelOptions only where the model is sharded (world size > 1): a bad
+  // value must not wait for the first tensor-parallel run to be refused.
+  const PrefetchGemmRows& sharded = options.sharded_prefetch_gemm_rows;
+  if (std::min({sharded.qkv, sharded.o, sharded.gate_up, sharded.down, sharded.lm_head}) < 0 ||
+      std::max({sharded.qkv, sharded.o, sharded.gate_up, sharded.down, sharded.lm_head}) >
+          kPrefetchGemmMaxRows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RunnerOptions::sharded_prefetch_gemm_rows (qkv ", sharded.qkv, ", o ", sharded.o,
+        ", gate_up ", sharded.gate_up, ", down ", sharded.down, ", lm_head ", sharded.lm_head,
+        ") must lie in [0, ", kPrefetchGemmMaxRows, "]"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Runner>> Runner::Create(const RunnerOptions& options) {
   std::unique_ptr<Runner> runner(new Runner());
   RETURN_IF_ERROR(runner->Init(options));
@@ -269,28 +345,7 @@ config::PlannerConfig Runner::PlannerConfigFor(const RunnerOptions& options) {
 }
 
 absl::Status Runner::InitPlan(const RunnerOptions& options) {
-  if (options.max_model_len < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_model_len ", options.max_model_len, " must be positive; give the longest sequence"));
-  }
-  RETURN_IF_ERROR(
-      CheckSplitAims(options.decode_split_by_rows, "RunnerOptions::decode_split_by_rows"));
-  RETURN_IF_ERROR(CheckSplitAims(options.decode_split_by_rows_head_dim_128,
-                                 "RunnerOptions::decode_split_by_rows_head_dim_128"));
-  // The attention planner's options, checked here on the host: the planners are built only after
-  // the weights and the KV cache are allocated (InitAllocations), and the prefill kernel's tile
-  // rows are checked only at the first prefill launch.
-  if (options.prefill_tile_rows != 64 && options.prefill_tile_rows != 128) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "RunnerOptions::prefill_tile_rows ", options.prefill_tile_rows,
-        " is not a tile size the prefill attention kernel has; use 64 or 128"));
-  }
-  if (options.decode_min_kv_chunk < 1 || options.decode_ctas_per_sm < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "RunnerOptions::decode_min_kv_chunk ", options.decode_min_kv_chunk,
-        " and decode_ctas_per_sm ", options.decode_ctas_per_sm,
-        " must be positive (defaults: 64 and 2)"));
-  }
+  RETURN_IF_ERROR(CheckRunnerOptions(options));
   CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
   ASSIGN_OR_RETURN(DeviceInfo device, DeviceInfo::Query(options.device));
   sm_count_ = device.sm_count;

@@ -477,6 +477,20 @@ absl::Status CheckSlidingWindow(const config::ModelShape& model, int max_model_l
 absl::StatusOr<LlamaShape> CheckRunnerModel(const config::PlannerConfig& resolved,
                                             int max_model_len);
 
+// The most resident CTAs per SM a decode split may aim at (RunnerOptions::decode_ctas_per_sm and
+// the split rules' ctas_per_sm): what an SM of sm_80 or sm_90 holds.
+inline constexpr int kMaxCtasPerSm = 32;
+
+// Returns InvalidArgument, naming the option, its value and the way out, for what Runner::Create
+// refuses in `options` without a GPU: max_model_len below 1, graphs or progress outside their
+// enums, decode split rules that are not positive and strictly ascending or aim above
+// kMaxCtasPerSm, a prefill_tile_rows other than 64 or 128, decode_min_kv_chunk or
+// decode_ctas_per_sm below 1 (or the latter above kMaxCtasPerSm), and sharded_prefetch_gemm_rows
+// outside [0, kPrefetchGemmMaxRows]. The model's options (GEMM rows, layer_kernel_rows, ...) need
+// the plan's shape and KV blocks: CheckLlamaModelOptions. Runner::Create runs it first, before
+// it touches the device. Host-only; thread-safe.
+absl::Status CheckRunnerOptions(const RunnerOptions& options);
+
 // The decode split rules `options` give a model of `head_dim`:
 // decode_split_by_rows_head_dim_128 for head_dim 128, decode_split_by_rows otherwise.
 const std::vector<SplitAim>& DecodeSplitRules(const RunnerOptions& options, int head_dim);

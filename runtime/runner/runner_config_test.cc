@@ -1,18 +1,107 @@
 // Host test: the model shape the Runner builds from a config, and the memory planner is asked
 // about the graphs the Runner will really capture.
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <random>
 #include <string>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/config/presets.h"
 #include "runtime/memory/memory_planner.h"
 #include "runtime/model/llama_model.h"
+#include "runtime/model/sampling.h"
+#include "runtime/model/skinny_gemm.h"
 #include "runtime/runner/runner.h"
 
 namespace kiln {
 namespace {
 
 using ::testing::HasSubstr;
+
+// Values a server's config may hold for an int option: 0, ±1, powers of two ± 1 and the
+// extremes, then seeded draws.
+int Adversarial(std::mt19937& rng) {
+  static const std::vector<int> kEdges = [] {
+    std::vector<int> edges = {0, 1, -1, 2, 3, std::numeric_limits<int>::max(),
+                              std::numeric_limits<int>::min(),
+                              std::numeric_limits<int>::max() - 1,
+                              std::numeric_limits<int>::min() + 1};
+    for (int bit = 1; bit < 31; ++bit) {
+      for (int d : {-1, 0, 1}) edges.push_back((1 << bit) + d);
+      edges.push_back(-(1 << bit));
+    }
+    return edges;
+  }();
+  switch (rng() % 4) {
+    case 0:
+      return static_cast<int>(rng() % 80);  // near the real limits
+    case 1:
+      return static_cast<int>(rng());  // anything
+    default:
+      return kEdges[rng() % kEdges.size()];
+  }
+}
+
+// Sometimes an adversarial value, mostly the default (so one bad option at a time is common).
+int Maybe(std::mt19937& rng, int value, int one_in = 3) {
+  return rng() % one_in == 0 ? Adversarial(rng) : value;
+}
+
+// A split rule list: empty, sorted, unsorted, duplicated or huge.
+std::vector<SplitAim> AdversarialAims(std::mt19937& rng, const std::vector<SplitAim>& value) {
+  std::vector<SplitAim> aims;
+  switch (rng() % 6) {
+    case 0:
+      return value;
+    case 1:
+      return aims;  // empty: decode_ctas_per_sm everywhere
+    case 2: {  // strictly ascending, valid
+      const int n = 1 + static_cast<int>(rng() % 8);
+      int seqs = 0;
+      for (int i = 0; i < n; ++i) {
+        seqs += 1 + static_cast<int>(rng() % 16);
+        aims.push_back({seqs, 1 + static_cast<int>(rng() % kMaxCtasPerSm)});
+      }
+      return aims;
+    }
+    case 3: {  // huge (valid but long)
+      static const std::vector<SplitAim> kHuge = [] {
+        std::vector<SplitAim> huge;
+        for (int i = 1; i <= 10000; ++i) huge.push_back({i, 1 + i % 4});
+        return huge;
+      }();
+      return kHuge;
+    }
+    default: {  // anything, duplicates likely
+      const int n = static_cast<int>(rng() % 6);
+      for (int i = 0; i < n; ++i) {
+        aims.push_back({rng() % 2 ? Adversarial(rng) : static_cast<int>(rng() % 4),
+                        rng() % 2 ? Adversarial(rng) : static_cast<int>(rng() % 4)});
+      }
+      return aims;
+    }
+  }
+}
+
+// CheckSplitAims' rule, written out again.
+bool AimsValid(const std::vector<SplitAim>& aims) {
+  for (size_t i = 0; i < aims.size(); ++i) {
+    if (aims[i].max_seqs < 1 || aims[i].ctas_per_sm < 1 || aims[i].ctas_per_sm > kMaxCtasPerSm ||
+        (i > 0 && aims[i].max_seqs <= aims[i - 1].max_seqs)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool RowsValid(const PrefetchGemmRows& r, int most) {
+  return std::min({r.qkv, r.o, r.gate_up, r.down, r.lm_head}) >= 0 &&
+         std::max({r.qkv, r.o, r.gate_up, r.down, r.lm_head}) <= most;
+}
 
 config::PlannerConfig OneBillion() {
   config::PlannerConfig config = DefaultPlannerConfig();
@@ -254,6 +343,38 @@ TEST(RunnerConfigTest, RefusesBadAttentionOptionsBeforeTheDevice) {
   EXPECT_THAT(std::string(status.message()), HasSubstr("decode_ctas_per_sm 0"));
 }
 
+// Values the sweep below found accepted on the host, each refused now before the device: an enum
+// value outside GraphExecution (captured as neither mode), and decode split aims past what an SM
+// holds (a partial workspace of hundreds of GiB, sized after the weights were uploaded).
+TEST(RunnerConfigTest, RefusesOutOfRangeRunnerOptionsBeforeTheDevice) {
+  RunnerOptions options;
+  options.config = OneBillion();
+  options.graphs = static_cast<GraphExecution>(7);
+  absl::Status status = Runner::Create(options).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("RunnerOptions::graphs 7 is not a GraphExecution; use kFull"));
+  options.graphs = GraphExecution::kFull;
+  options.decode_ctas_per_sm = 1 << 24;
+  status = Runner::Create(options).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("decode_ctas_per_sm 16777216 is above 32, the most CTAs an SM holds"));
+  options.decode_ctas_per_sm = 2;
+  options.decode_split_by_rows = {{4, 2}, {8, 1 << 30}};
+  status = Runner::Create(options).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("RunnerOptions::decode_split_by_rows[1] (max_seqs 8, ctas_per_sm "
+                        "1073741824) aims above 32"));
+  options.decode_split_by_rows = {};
+  options.sharded_prefetch_gemm_rows.o = -1;
+  EXPECT_THAT(std::string(CheckRunnerOptions(options).message()),
+              HasSubstr("RunnerOptions::sharded_prefetch_gemm_rows (qkv 8, o -1"));
+  options.sharded_prefetch_gemm_rows.o = 8;
+  EXPECT_TRUE(CheckRunnerOptions(options).ok());
+}
+
 TEST(RunnerConfigTest, WritesTheRunnersGraphChoicesIntoThePlannerConfig) {
   RunnerOptions options;
   options.config = OneBillion();
@@ -300,6 +421,219 @@ TEST(RunnerConfigTest, PiecewisePlanHasNoPoolAndMoreExecutablesThanFull) {
   EXPECT_GT(full_pool->bytes, 0);
   EXPECT_EQ(piece_pool->bytes, 0);  // piecewise activations live in the eager arena
   EXPECT_GT(piece_exec->bytes, full_exec->bytes);  // layers + 1 graphs per key
+}
+
+// Seeded sweep of CheckRunnerOptions (what Runner::Create refuses before it touches the device):
+// every refusal is InvalidArgument naming the option; every acceptance satisfies the documented
+// ranges, checked here independently.
+TEST(RunnerConfigTest, CheckRunnerOptionsSweep) {
+  std::mt19937 rng(20261127);
+  int accepted = 0, refused = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    RunnerOptions o;
+    o.max_model_len = Maybe(rng, o.max_model_len);
+    if (rng() % 8 == 0) o.graphs = static_cast<GraphExecution>(Adversarial(rng));
+    if (rng() % 8 == 0) o.progress = static_cast<CaptureProgress>(Adversarial(rng));
+    if (rng() % 2 == 0) o.decode_split_by_rows = AdversarialAims(rng, o.decode_split_by_rows);
+    if (rng() % 4 == 0) {
+      o.decode_split_by_rows_head_dim_128 =
+          AdversarialAims(rng, o.decode_split_by_rows_head_dim_128);
+    }
+    o.prefill_tile_rows = rng() % 2 ? Maybe(rng, o.prefill_tile_rows) : 128;
+    o.decode_min_kv_chunk = Maybe(rng, o.decode_min_kv_chunk);
+    o.decode_ctas_per_sm = Maybe(rng, o.decode_ctas_per_sm);
+    PrefetchGemmRows& sharded = o.sharded_prefetch_gemm_rows;
+    for (int* field : {&sharded.qkv, &sharded.o, &sharded.gate_up, &sharded.down,
+                       &sharded.lm_head}) {
+      if (rng() % 10 == 0) *field = Adversarial(rng);
+    }
+    const int graphs = static_cast<int>(o.graphs);
+    const int progress = static_cast<int>(o.progress);
+    const bool valid =
+        o.max_model_len >= 1 && graphs >= 0 && graphs <= 2 && progress >= 0 && progress <= 4 &&
+        AimsValid(o.decode_split_by_rows) && AimsValid(o.decode_split_by_rows_head_dim_128) &&
+        (o.prefill_tile_rows == 64 || o.prefill_tile_rows == 128) &&
+        o.decode_min_kv_chunk >= 1 && o.decode_ctas_per_sm >= 1 &&
+        o.decode_ctas_per_sm <= kMaxCtasPerSm && RowsValid(sharded, kPrefetchGemmMaxRows);
+    const absl::Status status = CheckRunnerOptions(o);
+    ASSERT_EQ(status.ok(), valid) << "trial " << trial << ": " << status;
+    if (status.ok()) {
+      ++accepted;
+      continue;
+    }
+    ++refused;
+    ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    const std::string message(status.message());
+    // The first bad option, in the order the check runs, is the one named.
+    const char* named = nullptr;
+    if (o.max_model_len < 1) {
+      named = "max_model_len";
+    } else if (graphs < 0 || graphs > 2) {
+      named = "RunnerOptions::graphs";
+    } else if (progress < 0 || progress > 4) {
+      named = "RunnerOptions::progress";
+    } else if (!AimsValid(o.decode_split_by_rows)) {
+      named = "RunnerOptions::decode_split_by_rows[";
+    } else if (!AimsValid(o.decode_split_by_rows_head_dim_128)) {
+      named = "RunnerOptions::decode_split_by_rows_head_dim_128[";
+    } else if (o.prefill_tile_rows != 64 && o.prefill_tile_rows != 128) {
+      named = "prefill_tile_rows";
+    } else if (o.decode_min_kv_chunk < 1 || o.decode_ctas_per_sm < 1 ||
+               o.decode_ctas_per_sm > kMaxCtasPerSm) {
+      named = "decode_ctas_per_sm";
+    } else {
+      named = "sharded_prefetch_gemm_rows";
+    }
+    EXPECT_THAT(message, HasSubstr(named)) << "trial " << trial;
+    // Capitalised or starting with the option's name, no final period.
+    EXPECT_NE(message.back(), '.') << message;
+  }
+  EXPECT_GT(accepted, 1000);
+  EXPECT_GT(refused, 1000);
+}
+
+// Seeded sweep of CheckLlamaModelOptions over the shapes the Runner builds (and one with a QKV
+// bias, one with few KV heads): GEMM row limits, CTAs per SM, TMA splits, layer_kernel_rows,
+// rope_in_attention rows, skinny rows, KV blocks and block sizes at 0, negative, powers of two ± 1
+// and the int extremes. Refusals are InvalidArgument naming the option; acceptances lie in the
+// documented ranges, and their KV pools fit 64 bits.
+TEST(RunnerConfigTest, CheckLlamaModelOptionsSweep) {
+  LlamaShape biased = LlamaShape::Llama1B();
+  biased.qkv_bias = true;
+  LlamaShape eight_b = LlamaShape::Llama1B();
+  eight_b.head_dim = 128;
+  eight_b.heads = 16;
+  eight_b.hidden = 2048;
+  const std::vector<LlamaShape> shapes = {LlamaShape::Tiny(), LlamaShape::Llama1B(), biased,
+                                          eight_b};
+  std::mt19937 rng(7);
+  int accepted = 0, refused = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    const LlamaShape& s = shapes[rng() % shapes.size()];
+    if (!s.Validate().ok()) continue;
+    LlamaModelOptions o;
+    o.num_kv_blocks = rng() % 2 ? Adversarial(rng) : 1 + static_cast<int>(rng() % 4096);
+    o.block_size = Maybe(rng, rng() % 2 ? 16 : 64, 10);
+    o.skinny_gemm_max_rows = Maybe(rng, o.skinny_gemm_max_rows, 10);
+    o.prefetch_gemm_ctas_per_sm = Maybe(rng, o.prefetch_gemm_ctas_per_sm, 10);
+    o.tma_gemm_ctas_per_sm = Maybe(rng, o.tma_gemm_ctas_per_sm, 10);
+    o.layer_kernel_rows = Maybe(rng, rng() % 2 ? 0 : 2, 10);
+    o.rope_in_attention_rows = Maybe(rng, o.rope_in_attention_rows, 10);
+    o.rope_in_attention_min_rows = Maybe(rng, o.rope_in_attention_min_rows, 10);
+    std::vector<int*> rows = {&o.prefetch_gemm_rows.qkv,    &o.prefetch_gemm_rows.o,
+                              &o.prefetch_gemm_rows.gate_up, &o.prefetch_gemm_rows.down,
+                              &o.prefetch_gemm_rows.lm_head, &o.tma_gemm_rows.qkv,
+                              &o.tma_gemm_rows.o,            &o.tma_gemm_rows.gate_up,
+                              &o.tma_gemm_rows.down,         &o.decode_gemm_rows.qkv,
+                              &o.decode_gemm_rows.o,         &o.decode_gemm_rows.gate_up,
+                              &o.decode_gemm_rows.down,      &o.decode_gemm_rows.lm_head,
+                              &o.tma_gemm_max_splits.qkv,    &o.tma_gemm_max_splits.qkv_at_32_rows,
+                              &o.tma_gemm_max_splits.o,      &o.tma_gemm_max_splits.gate_up,
+                              &o.tma_gemm_max_splits.down};
+    for (int* field : rows) {
+      if (rng() % 40 == 0) *field = Adversarial(rng);
+    }
+    const absl::Status status = CheckLlamaModelOptions(s, o);
+    if (!status.ok()) {
+      ++refused;
+      ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+      const std::string message(status.message());
+      EXPECT_TRUE(absl::StrContains(message, "rows") || absl::StrContains(message, "ctas") ||
+                  absl::StrContains(message, "splits") ||
+                  absl::StrContains(message, "num_kv_blocks") ||
+                  absl::StrContains(message, "num_blocks") ||
+                  absl::StrContains(message, "block_size") ||
+                  absl::StrContains(message, "KV layout"))
+          << message;
+      EXPECT_NE(message.back(), '.') << message;
+      continue;
+    }
+    ++accepted;
+    auto in = [](int v, int lo, int hi) { return v >= lo && v <= hi; };
+    const PrefetchGemmRows& p = o.prefetch_gemm_rows;
+    const TmaGemmRows& t = o.tma_gemm_rows;
+    const DecodeGemmRows& d = o.decode_gemm_rows;
+    const TmaGemmSplits& sp = o.tma_gemm_max_splits;
+    for (int v : {p.qkv, p.o, p.gate_up, p.down, p.lm_head}) {
+      EXPECT_TRUE(in(v, 0, kPrefetchGemmMaxRows)) << v;
+    }
+    for (int v : {t.qkv, t.o, t.gate_up, t.down}) EXPECT_TRUE(in(v, 0, kTmaGemmMaxRows)) << v;
+    for (int v : {d.qkv, d.o, d.gate_up, d.down, d.lm_head}) {
+      EXPECT_TRUE(in(v, 0, kDecodeGemmMaxRows)) << v;
+    }
+    for (int v : {sp.qkv, sp.qkv_at_32_rows, sp.o, sp.gate_up, sp.down}) {
+      EXPECT_TRUE(in(v, 1, kTmaGemmMaxSplits)) << v;
+    }
+    EXPECT_TRUE(in(o.skinny_gemm_max_rows, 0, kSkinnyGemmMaxRows));
+    EXPECT_TRUE(in(o.prefetch_gemm_ctas_per_sm, 1, 2));
+    EXPECT_TRUE(in(o.tma_gemm_ctas_per_sm, 1, 2));
+    EXPECT_TRUE(in(o.layer_kernel_rows, 0, kDecodeLayerMaxRows));
+    if (s.qkv_bias || s.qk_norm) {
+      EXPECT_EQ(o.layer_kernel_rows, 0);
+    }
+    EXPECT_GE(o.rope_in_attention_rows, 0);
+    EXPECT_GE(o.rope_in_attention_min_rows, 1);
+    EXPECT_GE(o.num_kv_blocks, 1);
+    EXPECT_GE(o.block_size, 16);
+    EXPECT_EQ(o.block_size & (o.block_size - 1), 0);
+    // K and V pools of every layer, computed without wrapping: within int64.
+    const long double bytes = 2.0L * s.layers * s.kv_heads * s.head_dim * 2.0L *
+                              static_cast<long double>(o.block_size) * o.num_kv_blocks;
+    EXPECT_LT(bytes, 9.3e18L) << o.num_kv_blocks << " blocks of " << o.block_size;
+  }
+  EXPECT_GT(accepted, 1000);
+  EXPECT_GT(refused, 1000);
+}
+
+// Seeded sweep of what a server's config names and sizes, through ResolvePlannerConfig and
+// CheckRunnerModel: model presets by odd names (empty, cased, padded, a path, a NUL, 64 KiB
+// long), max_num_seqs and max_model_len at the int extremes and powers of two ± 1, unknown KV
+// cache dtypes and sliding windows. Never a crash; a refusal names its option; an acceptance
+// takes at most kGreedySampleMaxRows sequences, a bf16 KV cache and no window shorter than
+// max_model_len.
+TEST(RunnerConfigTest, CheckRunnerModelSweep) {
+  const std::vector<std::string> names = {
+      "llama-3.2-1b", "llama-3.1-8b", "qwen3-4b", "mistral-7b-v0.3", "", "LLAMA-3.2-1B",
+      "llama-3.2-1b ", " llama-3.2-1b", "../llama-3.2-1b", std::string("llama\0-3.2-1b", 14),
+      std::string(65536, 'x'), "llama-3.2-1b\n"};
+  std::mt19937 rng(11);
+  int accepted = 0, refused = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    config::PlannerConfig c = OneBillion();
+    const std::string& name = names[rng() % names.size()];
+    c.set_model_preset(name);
+    if (rng() % 2) c.set_max_num_seqs(Adversarial(rng));
+    // DType is an open (proto3) enum: 5..7 are values no release names.
+    if (rng() % 4 == 0) c.set_kv_cache_dtype(static_cast<config::DType>(rng() % 8));
+    if (rng() % 4 == 0) c.mutable_model()->set_sliding_window(Adversarial(rng));
+    const int max_model_len = Maybe(rng, 4096);
+    absl::StatusOr<config::PlannerConfig> resolved = ResolvePlannerConfig(c);
+    if (!resolved.ok()) {
+      ++refused;
+      EXPECT_NE(resolved.status().code(), absl::StatusCode::kInternal) << resolved.status();
+      continue;
+    }
+    absl::StatusOr<LlamaShape> shape = CheckRunnerModel(*resolved, max_model_len);
+    if (!shape.ok()) {
+      ++refused;
+      ASSERT_EQ(shape.status().code(), absl::StatusCode::kInvalidArgument) << shape.status();
+      const std::string message(shape.status().message());
+      EXPECT_TRUE(absl::StrContains(message, "max_num_seqs") ||
+                  absl::StrContains(message, "kv_cache_dtype") ||
+                  absl::StrContains(message, "sliding window"))
+          << message;
+      continue;
+    }
+    ++accepted;
+    EXPECT_LE(resolved->max_num_seqs(), kGreedySampleMaxRows);
+    EXPECT_EQ(resolved->kv_cache_dtype(), config::DTYPE_BF16);
+    if (resolved->model().has_sliding_window()) {
+      EXPECT_LE(max_model_len, resolved->model().sliding_window());
+    }
+    EXPECT_TRUE(shape->Validate().ok());
+  }
+  EXPECT_GT(accepted, 300);
+  EXPECT_GT(refused, 300);
 }
 
 }  // namespace
