@@ -30,6 +30,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "runtime/config/presets.h"
+#include "runtime/config/quoted.h"
 
 namespace kiln {
 namespace {
@@ -254,29 +255,6 @@ void WriteText(const fs::path& path, const std::string& text) {
   file << text;
   ASSERT_TRUE(file.good()) << path;
 }
-
-// Whether `text` is UTF-8, by the lengths its first bytes announce (overlong forms pass).
-bool IsUtf8(const std::string& text, bool allow_control = true) {
-  for (size_t i = 0; i < text.size();) {
-    const unsigned char c = static_cast<unsigned char>(text[i]);
-    if (!allow_control && (c < 0x20 || c == 0x7f)) return false;
-    const int more = c < 0x80             ? 0
-                     : (c & 0xe0) == 0xc0 ? 1
-                     : (c & 0xf0) == 0xe0 ? 2
-                     : (c & 0xf8) == 0xf0 ? 3
-                                          : -1;
-    if (more < 0 || i + more >= text.size()) return false;
-    for (int k = 1; k <= more; ++k) {
-      if ((static_cast<unsigned char>(text[i + k]) & 0xc0) != 0x80) return false;
-    }
-    i += 1 + more;
-  }
-  return true;
-}
-
-// Whether `text` is UTF-8 with no control character: a message that prints on one line and sends
-// no terminal escape.
-bool IsOneCleanLine(const std::string& text) { return IsUtf8(text, /*allow_control=*/false); }
 
 // What the loader adds to protobuf's parsers, checked field by field without reflection: every
 // double finite, every enum one the enum defines. Returns the first violation, or "".

@@ -207,6 +207,10 @@ TEST(QuotedTest, EscapesControlBytesAndEveryByteOfTextThatIsNotUtf8) {
   EXPECT_EQ(Quoted("caf\xc3\xa9\xff"), "\"caf\\xc3\\xa9\\xff\"");
   EXPECT_EQ(Quoted("it's", '\''), "'it\\'s'");
   EXPECT_EQ(Escaped("a\tb"), "a\\tb");
+  for (const char* text : {"a\tb", "caf\xc3\xa9\xff", "line\n", "\x1b[31m", "del\x7f"}) {
+    EXPECT_FALSE(IsOneCleanLine(text)) << absl::CHexEscape(text);
+    EXPECT_TRUE(IsOneCleanLine(Quoted(text))) << absl::CHexEscape(text);
+  }
 }
 
 TEST(IsUtf8Test, TakesWellFormedUtf8Only) {

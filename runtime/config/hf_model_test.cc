@@ -705,25 +705,6 @@ std::string ThreeShardIndex() {
 })";
 }
 
-// Whether `text` is UTF-8 with no control character (lengths of sequences only).
-bool IsOneCleanLine(const std::string& text) {
-  for (size_t i = 0; i < text.size();) {
-    const unsigned char c = static_cast<unsigned char>(text[i]);
-    if (c < 0x20 || c == 0x7f) return false;
-    const int more = c < 0x80             ? 0
-                     : (c & 0xe0) == 0xc0 ? 1
-                     : (c & 0xf0) == 0xe0 ? 2
-                     : (c & 0xf8) == 0xf0 ? 3
-                                          : -1;
-    if (more < 0 || i + more >= text.size()) return false;
-    for (int k = 1; k <= more; ++k) {
-      if ((static_cast<unsigned char>(text[i + k]) & 0xc0) != 0x80) return false;
-    }
-    i += 1 + more;
-  }
-  return true;
-}
-
 // Loads `dir` with `index` as its index and checks the promise: the files it returns are
 // distinct, sorted, each an existing file directly in `dir` (the only files there are shards);
 // a refusal is InvalidArgument or NotFound, on one clean line, naming the index or the file.

@@ -33,6 +33,14 @@ bool IsUtf8(absl::string_view text) {
   return true;
 }
 
+bool IsOneCleanLine(absl::string_view text) {
+  for (const char c : text) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) return false;
+  }
+  return IsUtf8(text);
+}
+
 std::string Escaped(absl::string_view text) {
   return IsUtf8(text) ? absl::Utf8SafeCHexEscape(text) : absl::CHexEscape(text);
 }

@@ -17,6 +17,10 @@ namespace kiln {
 // U+10FFFF). absl's Utf8SafeCHexEscape does not check: it passes every byte above 0x7f through.
 bool IsUtf8(absl::string_view text);
 
+// Returns whether `text` is UTF-8 with no control character: one line that sends no terminal
+// escape, as Quoted's output always is.
+bool IsOneCleanLine(absl::string_view text);
+
 // Returns `text` escaped as above, without quotes.
 std::string Escaped(absl::string_view text);
 
