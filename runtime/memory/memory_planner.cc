@@ -545,12 +545,10 @@ int64_t GraphNodesOutsideAttention(const ModelShape& model, int tp) {
          kKernelsOutsideLayers;
 }
 
-absl::StatusOr<std::vector<PlannedStepKey>> PlanStepKeys(const PlannerConfig& config) {
-  // Resolving is idempotent and cheap next to the attention plans below, and it is what bounds
-  // every product here: a caller's config that skipped it (any field any value) gets its error.
-  absl::StatusOr<PlannerConfig> resolved = ResolvePlannerConfig(config);
-  if (!resolved.ok()) return resolved.status();
-  const PlannerConfig& c = *resolved;
+namespace {
+
+// PlanStepKeys of a config ResolvePlannerConfig returned (which bounds every product here).
+absl::StatusOr<std::vector<PlannedStepKey>> PlanResolvedStepKeys(const PlannerConfig& c) {
   const config::GraphConfig& g = c.graph();
   const ModelShape& m = c.model();
   const int tp = c.tensor_parallel_size();
@@ -636,6 +634,15 @@ absl::StatusOr<std::vector<PlannedStepKey>> PlanStepKeys(const PlannerConfig& co
     keys.push_back(k);
   }
   return keys;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<PlannedStepKey>> PlanStepKeys(const PlannerConfig& config) {
+  // A caller's config that skipped resolving (any field any value) gets the resolver's error.
+  absl::StatusOr<PlannerConfig> resolved = ResolvePlannerConfig(config);
+  if (!resolved.ok()) return resolved.status();
+  return PlanResolvedStepKeys(*resolved);
 }
 
 int64_t MemoryPlan::MaxConcurrency(int64_t context_tokens) const {
@@ -824,7 +831,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlannerConfig& config) {
                       m.attention_bias() ? " + bias" : "", m.qk_norm() ? " + QK norms" : "",
                       m.tie_embeddings() ? "tied: shares the embedding" : "untied", per_rank));
 
-  absl::StatusOr<std::vector<PlannedStepKey>> keys = PlanStepKeys(c);
+  absl::StatusOr<std::vector<PlannedStepKey>> keys = PlanResolvedStepKeys(c);
   if (!keys.ok()) return keys.status();
   plan.step_keys = *std::move(keys);
   const PlannedStepKey& eager = plan.step_keys.back();
