@@ -591,8 +591,8 @@ bool DecodeLayerSupports(const DecodeLayerArgs& a, const DecodeLayerConfig& c) {
   if (a.m < 1 || a.m > kDecodeLayerMaxRows || !WidthOk(s.hidden) || !WidthOk(s.q_width) ||
       !WidthOk(s.ffn) || s.heads < 1 || s.kv_heads < 1 || s.head_dim < 16 ||
       s.head_dim % 16 != 0 || s.head_dim / 2 > internal::kRopeMaxHalf ||
-      s.heads * s.head_dim != s.q_width || !(s.theta > 0.0) || !s.rope_scaling.Validate().ok() ||
-      !(s.eps >= 0.0f)) {
+      s.heads * s.head_dim != s.q_width || !IsRopeTheta(s.theta) ||
+      !s.rope_scaling.Validate().ok() || !(s.eps >= 0.0f)) {
     return false;
   }
   if (!a.finish && !a.start) return false;
