@@ -135,11 +135,7 @@ absl::StatusOr<LlamaShardReader> LlamaShardReader::Open(absl::Span<const std::st
   ASSIGN_OR_RETURN(LlamaWeightLayout full_layout, LlamaWeightLayout::Create(shape));
   // At one rank every map is the identity.
   ASSIGN_OR_RETURN(const LlamaShape local_shape, RankShape(shape, tp_size));
-  std::vector<WeightShardMap> maps;
-  for (const WeightTensor& t : full_layout.tensors()) {
-    ASSIGN_OR_RETURN(WeightShardMap map, ShardMapFor(shape, tp_size, rank, t.index));
-    maps.push_back(std::move(map));
-  }
+  ASSIGN_OR_RETURN(const std::vector<WeightShardMap> maps, ShardMapsFor(shape, tp_size, rank));
   LlamaShardReader out;
   out.files_.reserve(paths.size());
   for (const std::string& path : paths) {

@@ -148,33 +148,6 @@ absl::Status GateUpSiluRefused(const char* gemm, int64_t m, const std::string& c
                                           " rows (", config, "); set ", option, " = false"));
 }
 
-// Returns InvalidArgument for step views no kernel of a piece or an attention may be launched
-// with: sizes out of order, a null or misaligned activation region (Carve places every
-// activation inside it), or a missing device view. Checked before each piece and attention
-// enqueues anything.
-absl::Status CheckStepArgs(const LlamaStepArgs& args) {
-  if (args.num_tokens < 1 || args.num_rows < 1 || args.num_rows > args.num_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Step sizes num_tokens ", args.num_tokens, " and num_rows ", args.num_rows,
-        " must be positive with num_rows <= num_tokens"));
-  }
-  if (args.activations == nullptr || reinterpret_cast<uintptr_t>(args.activations) % kAlign != 0) {
-    return absl::InvalidArgumentError(
-        "Step activations must be a 256-byte aligned region of ActivationBytes(num_tokens, "
-        "num_rows) bytes; pass the arena or a graph memory pool allocation");
-  }
-  if (args.token_ids == nullptr || args.positions == nullptr || args.last_token_rows == nullptr ||
-      args.block_table == nullptr || args.logits == nullptr || args.next_tokens == nullptr ||
-      args.max_blocks_per_seq < 1 ||
-      (args.decode.work_capacity <= 0 && args.prefill.work_capacity <= 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Step views token_ids, positions, last_token_rows, block_table (max_blocks_per_seq ",
-        args.max_blocks_per_seq, "), logits, next_tokens and an enabled plan part must all be "
-        "set; pass the step's uploaded metadata"));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 struct LlamaModel::Activations {
@@ -216,6 +189,30 @@ int64_t LlamaModel::ActivationBytesPerToken(const LlamaShape& s) {
 
 size_t LlamaModel::KvBlockBytes(const LlamaShape& s, int block_size) {
   return 2 * static_cast<size_t>(s.layers) * s.kv_heads * s.head_dim * block_size * sizeof(bf16);
+}
+
+// Carve places every activation inside the region, so its alignment is checked here.
+absl::Status CheckLlamaStepArgs(const LlamaStepArgs& args) {
+  if (args.num_tokens < 1 || args.num_rows < 1 || args.num_rows > args.num_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Step sizes num_tokens ", args.num_tokens, " and num_rows ", args.num_rows,
+        " must be positive with num_rows <= num_tokens"));
+  }
+  if (args.activations == nullptr || reinterpret_cast<uintptr_t>(args.activations) % kAlign != 0) {
+    return absl::InvalidArgumentError(
+        "Step activations must be a 256-byte aligned region of ActivationBytes(num_tokens, "
+        "num_rows) bytes; pass the arena or a graph memory pool allocation");
+  }
+  if (args.token_ids == nullptr || args.positions == nullptr || args.last_token_rows == nullptr ||
+      args.block_table == nullptr || args.logits == nullptr || args.next_tokens == nullptr ||
+      args.max_blocks_per_seq < 1 ||
+      (args.decode.work_capacity <= 0 && args.prefill.work_capacity <= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Step views token_ids, positions, last_token_rows, block_table (max_blocks_per_seq ",
+        args.max_blocks_per_seq, "), logits, next_tokens and an enabled plan part must all be "
+        "set; pass the step's uploaded metadata"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckLlamaModelOptions(const LlamaShape& s, const LlamaModelOptions& options) {
@@ -727,8 +724,13 @@ absl::Status LlamaModel::RunAttention(int layer, const LlamaStepArgs& args, cuda
     return absl::InvalidArgumentError(
         absl::StrCat("Layer ", layer, " is outside [0, ", s.layers, ")"));
   }
-  RETURN_IF_ERROR(CheckStepArgs(args));
-  const Activations a = Carve(args);
+  RETURN_IF_ERROR(CheckLlamaStepArgs(args));
+  return RunCheckedAttention(layer, args, Carve(args), stream);
+}
+
+absl::Status LlamaModel::RunCheckedAttention(int layer, const LlamaStepArgs& args,
+                                             const Activations& a, cudaStream_t stream) {
+  const LlamaShape& s = shape();
   AttentionStepParams step;
   step.dtype = AttentionDtype::kBf16;
   step.num_q_heads = s.heads;
@@ -849,13 +851,17 @@ absl::Status LlamaModel::PostAttention(int layer, const LlamaStepArgs& args, con
 }
 
 absl::Status LlamaModel::RunPiece(int piece, const LlamaStepArgs& args, cudaStream_t stream) {
-  const LlamaShape& s = shape();
   if (piece < 0 || piece >= num_pieces()) {
     return absl::InvalidArgumentError(
         absl::StrCat("Piece ", piece, " is outside [0, ", num_pieces(), ")"));
   }
-  RETURN_IF_ERROR(CheckStepArgs(args));
-  const Activations a = Carve(args);
+  RETURN_IF_ERROR(CheckLlamaStepArgs(args));
+  return RunCheckedPiece(piece, args, Carve(args), stream);
+}
+
+absl::Status LlamaModel::RunCheckedPiece(int piece, const LlamaStepArgs& args,
+                                         const Activations& a, cudaStream_t stream) {
+  const LlamaShape& s = shape();
   const int n = args.num_tokens;
   if (UsesLayerKernel(n)) return RunLayerKernelPiece(piece, args, a, stream);
   if (piece == 0) {
@@ -956,10 +962,13 @@ absl::Status LlamaModel::RunLayerKernelPiece(int piece, const LlamaStepArgs& arg
 }
 
 absl::Status LlamaModel::Forward(const LlamaStepArgs& args, cudaStream_t stream) {
+  // Once per step: every piece and attention below reads the same views and activations.
+  RETURN_IF_ERROR(CheckLlamaStepArgs(args));
+  const Activations a = Carve(args);
   for (int piece = 0; piece < num_pieces(); ++piece) {
-    RETURN_IF_ERROR(RunPiece(piece, args, stream));
+    RETURN_IF_ERROR(RunCheckedPiece(piece, args, a, stream));
     if (piece < shape().layers && options_.run_attention) {
-      RETURN_IF_ERROR(RunAttention(piece, args, stream));
+      RETURN_IF_ERROR(RunCheckedAttention(piece, args, a, stream));
     }
   }
   return absl::OkStatus();

@@ -304,6 +304,13 @@ struct LlamaStepArgs {
   int32_t* next_tokens_mirror = nullptr;
 };
 
+// Returns InvalidArgument for step views no piece or attention of a step may be launched with:
+// sizes out of order (1 <= num_rows <= num_tokens), a null or not 256-byte aligned activation
+// region, a null view, max_blocks_per_seq below 1 or no enabled plan part. Host-only (reads no
+// pointer); LlamaModel's Forward, RunPiece and RunAttention refuse these before they enqueue
+// anything. Thread-safe.
+absl::Status CheckLlamaStepArgs(const LlamaStepArgs& args);
+
 // Returns InvalidArgument for what LlamaModel::Create refuses in `shape` and `options` before it
 // allocates: the shape, the kernels' row limits and choices, the KV cache's layout. Host-only, so
 // a caller (the Runner) can check before it uploads weights.
@@ -368,20 +375,22 @@ class LlamaModel {
   // every piece of a step, at capture and replay.
   bool RopeInAttention(const LlamaStepArgs& args) const;
 
-  // Enqueues the whole step. Callable during capture for prepared sizes.
+  // Enqueues the whole step: every piece and attention, with `args` checked once.
+  // InvalidArgument, before anything is enqueued, for the `args` CheckLlamaStepArgs refuses.
+  // Callable during capture for prepared sizes.
   absl::Status Forward(const LlamaStepArgs& args, cudaStream_t stream);
 
   // Returns the number of pieces: layers + 1.
   int num_pieces() const { return shape().layers + 1; }
 
   // Enqueues piece `piece` in [0, num_pieces()) (see the file comment). InvalidArgument, before
-  // anything is enqueued, for a piece outside that range or `args` with sizes out of order
-  // (1 <= num_rows <= num_tokens), a null or not 256-byte aligned activation region, a null view
-  // or no enabled plan part. Callable during capture.
+  // anything is enqueued, for a piece outside that range or the `args` CheckLlamaStepArgs
+  // refuses (checked at every call: each is its own entry point). Callable during capture.
   absl::Status RunPiece(int piece, const LlamaStepArgs& args, cudaStream_t stream);
 
-  // Enqueues layer `layer`'s attention over the KV cache with the step's plan. InvalidArgument
-  // for a layer outside [0, layers) and the `args` RunPiece refuses. Callable during capture.
+  // Enqueues layer `layer`'s attention over the KV cache with the step's plan. InvalidArgument,
+  // before anything is enqueued, for a layer outside [0, layers) and the `args` RunPiece
+  // refuses. Callable during capture.
   absl::Status RunAttention(int layer, const LlamaStepArgs& args, cudaStream_t stream);
 
   const LlamaShape& shape() const { return weights_.shape(); }
@@ -419,6 +428,12 @@ class LlamaModel {
              LayerKernel layer_kernel);
 
   Activations Carve(const LlamaStepArgs& args) const;
+  // RunPiece and RunAttention for `args` that CheckLlamaStepArgs accepted, a piece or layer in
+  // range and `a` carved from args.activations: the entry points check and carve, then run these.
+  absl::Status RunCheckedPiece(int piece, const LlamaStepArgs& args, const Activations& a,
+                               cudaStream_t stream);
+  absl::Status RunCheckedAttention(int layer, const LlamaStepArgs& args, const Activations& a,
+                                   cudaStream_t stream);
   // RopeInAttention without its run_attention term: the steps whose attention would rotate.
   bool AttentionTakesRope(const LlamaStepArgs& args) const;
   // y [m, n] = op(x) [m, k] · Wᵀ through the prefetch GEMM, the TMA GEMM, the decode GEMM, the

@@ -73,6 +73,12 @@ struct WeightShardMap {
 absl::StatusOr<WeightShardMap> ShardMapFor(const LlamaShape& full, int tp_size, int rank,
                                            int tensor_index);
 
+// Returns the maps of every tensor, indexed as LlamaWeightLayout::tensors(): ShardMapFor of each,
+// with the split and the rank checked once for the whole pass (what a loader wants).
+// InvalidArgument as ShardMapFor for a shape that does not split or a rank outside [0, tp_size).
+absl::StatusOr<std::vector<WeightShardMap>> ShardMapsFor(const LlamaShape& full, int tp_size,
+                                                         int rank);
+
 // Returns rank `rank`'s host weights cut out of the full model's host weights (laid out for
 // RankShape(full.layout.shape(), tp_size)). InvalidArgument as ShardMapFor, or from
 // full.Validate() for weights whose data does not match their layout; ResourceExhausted as

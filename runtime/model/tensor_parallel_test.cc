@@ -439,6 +439,56 @@ TEST(TensorParallelSweepTest, EverySizeAndRankTilesEachTensor) {
   EXPECT_GT(elements, 1000000);
 }
 
+// Whether two maps place every element alike: the same runs, columns and identity flag.
+bool SameMap(const WeightShardMap& a, const WeightShardMap& b) {
+  if (a.rows.size() != b.rows.size() || a.full_cols != b.full_cols ||
+      a.col_offset != b.col_offset || a.cols != b.cols || a.identity != b.identity) {
+    return false;
+  }
+  for (size_t i = 0; i < a.rows.size(); ++i) {
+    if (a.rows[i].local_first != b.rows[i].local_first ||
+        a.rows[i].full_first != b.rows[i].full_first || a.rows[i].count != b.rows[i].count) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// ShardMapsFor, which checks the split and the rank once for the whole pass, gives each tensor's
+// ShardMapFor, and refuses what ShardMapFor refuses with the same status, for every shape, size
+// and rank of the sweep.
+TEST(TensorParallelSweepTest, ShardMapsForIsEachTensorsShardMapFor) {
+  int passes = 0, refused = 0;
+  for (const LlamaShape& full : SweepShapes()) {
+    absl::StatusOr<LlamaWeightLayout> layout = LlamaWeightLayout::Create(full);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    for (int tp : {kIntMin, -1, 0, 1, 2, 3, 4, 6, 8, 16, kIntMax}) {
+      std::vector<int> ranks = {kIntMin, -1, 0, 1, kIntMax};
+      if (tp > 0) ranks.insert(ranks.end(), {tp - 1, tp});
+      for (int r : ranks) {
+        SCOPED_TRACE(absl::StrCat(full.ToString(), ", tp ", tp, ", rank ", r));
+        const absl::StatusOr<std::vector<WeightShardMap>> maps = ShardMapsFor(full, tp, r);
+        const absl::Status first = ShardMapFor(full, tp, r, 0).status();
+        if (!first.ok()) {
+          ++refused;
+          EXPECT_EQ(maps.status(), first);
+          continue;
+        }
+        ++passes;
+        ASSERT_TRUE(maps.ok()) << maps.status();
+        ASSERT_EQ(maps->size(), layout->tensors().size());
+        for (const WeightTensor& t : layout->tensors()) {
+          absl::StatusOr<WeightShardMap> map = ShardMapFor(full, tp, r, t.index);
+          ASSERT_TRUE(map.ok()) << map.status();
+          EXPECT_TRUE(SameMap((*maps)[t.index], *map)) << t.name;
+        }
+      }
+    }
+  }
+  EXPECT_GT(passes, 100);
+  EXPECT_GT(refused, 500);
+}
+
 // KvHeadsPerRank never divides by a size of 0 or below, and says -1 for a split that is refused.
 TEST(TensorParallelSweepTest, KvHeadsPerRankOfEverySize) {
   for (const LlamaShape& full : SweepShapes()) {
@@ -481,6 +531,15 @@ TEST(TensorParallelSweepTest, MapsOfEveryTensorOfThousandsOfLayersAreLinear) {
     int64_t rows = 0;
     for (const WeightShardMap::Rows& run : map->rows) rows += run.count;
     ASSERT_EQ(rows, local->tensors()[t.index].rows) << t.name;
+  }
+  absl::StatusOr<std::vector<WeightShardMap>> maps = ShardMapsFor(full, 4, 3);
+  ASSERT_TRUE(maps.ok()) << maps.status();
+  ASSERT_EQ(maps->size(), 36867u);
+  for (const WeightTensor& t : local->tensors()) {
+    int64_t rows = 0;
+    for (const WeightShardMap::Rows& run : (*maps)[t.index].rows) rows += run.count;
+    ASSERT_EQ(rows, t.rows) << t.name;
+    ASSERT_EQ((*maps)[t.index].cols, t.cols) << t.name;
   }
   absl::StatusOr<LlamaHostWeights> w = ZeroLlamaHostWeights(full);
   ASSERT_TRUE(w.ok()) << w.status();

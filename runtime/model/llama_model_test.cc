@@ -1,0 +1,91 @@
+// Host tests of LlamaModel's step-argument check (CheckLlamaStepArgs), the one check Forward makes
+// per step and RunPiece and RunAttention make per call: every refused view alone, each with a
+// message that names it, and views that pass. Nothing here touches a GPU; the stand-in pointers
+// are never read.
+#include "runtime/model/llama_model.h"
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kiln {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Stand-ins that the check accepts: set, and the activation region 256-byte aligned.
+struct StandIns {
+  alignas(256) char region[512] = {};
+  int32_t ints[4] = {};
+  float logits[4] = {};
+
+  LlamaStepArgs Args() {
+    LlamaStepArgs args;
+    args.num_tokens = 4;
+    args.num_rows = 2;
+    args.token_ids = ints;
+    args.positions = ints;
+    args.last_token_rows = ints;
+    args.block_table = ints;
+    args.max_blocks_per_seq = 1;
+    args.decode.work_capacity = 1;
+    args.activations = region;
+    args.logits = logits;
+    args.next_tokens = ints;
+    return args;
+  }
+};
+
+TEST(CheckLlamaStepArgsTest, AcceptsSetViewsWithSizesInOrder) {
+  StandIns s;
+  EXPECT_TRUE(CheckLlamaStepArgs(s.Args()).ok()) << CheckLlamaStepArgs(s.Args());
+  LlamaStepArgs prefill_only = s.Args();
+  prefill_only.decode.work_capacity = 0;
+  prefill_only.prefill.work_capacity = 3;
+  EXPECT_TRUE(CheckLlamaStepArgs(prefill_only).ok()) << CheckLlamaStepArgs(prefill_only);
+  LlamaStepArgs one_row_per_token = s.Args();
+  one_row_per_token.num_rows = one_row_per_token.num_tokens;
+  EXPECT_TRUE(CheckLlamaStepArgs(one_row_per_token).ok());
+  // The mirror is optional.
+  LlamaStepArgs mirrored = s.Args();
+  mirrored.next_tokens_mirror = s.ints;
+  EXPECT_TRUE(CheckLlamaStepArgs(mirrored).ok());
+}
+
+TEST(CheckLlamaStepArgsTest, RefusesEachBadViewNamingIt) {
+  StandIns s;
+  std::vector<std::pair<std::string, LlamaStepArgs>> cases;
+  auto add = [&](const std::string& expect, auto change) {
+    LlamaStepArgs args = s.Args();
+    change(args);
+    cases.emplace_back(expect, args);
+  };
+  add("num_tokens 0 and num_rows 2", [](LlamaStepArgs& a) { a.num_tokens = 0; });
+  add("num_tokens -4 and num_rows 2", [](LlamaStepArgs& a) { a.num_tokens = -4; });
+  add("num_tokens 4 and num_rows 0", [](LlamaStepArgs& a) { a.num_rows = 0; });
+  add("num_tokens 4 and num_rows 5", [](LlamaStepArgs& a) { a.num_rows = 5; });
+  add("256-byte aligned", [](LlamaStepArgs& a) { a.activations = nullptr; });
+  add("256-byte aligned", [&](LlamaStepArgs& a) { a.activations = s.region + 16; });
+  add("max_blocks_per_seq 1", [](LlamaStepArgs& a) { a.token_ids = nullptr; });
+  add("max_blocks_per_seq 1", [](LlamaStepArgs& a) { a.positions = nullptr; });
+  add("max_blocks_per_seq 1", [](LlamaStepArgs& a) { a.last_token_rows = nullptr; });
+  add("max_blocks_per_seq 1", [](LlamaStepArgs& a) { a.block_table = nullptr; });
+  add("max_blocks_per_seq 1", [](LlamaStepArgs& a) { a.logits = nullptr; });
+  add("max_blocks_per_seq 1", [](LlamaStepArgs& a) { a.next_tokens = nullptr; });
+  add("max_blocks_per_seq 0", [](LlamaStepArgs& a) { a.max_blocks_per_seq = 0; });
+  add("an enabled plan part", [](LlamaStepArgs& a) { a.decode.work_capacity = 0; });
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const absl::Status status = CheckLlamaStepArgs(cases[i].second);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << "case " << i << ": " << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(cases[i].first)) << "case " << i;
+  }
+}
+
+}  // namespace
+}  // namespace kiln
