@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -469,6 +470,118 @@ TEST(SafetensorsTest, DataBytesNoTensorHoldsAreDataLoss) {
   absl::StatusOr<SafetensorsReader> reader = SafetensorsReader::Open(path);
   ASSERT_TRUE(reader.ok()) << reader.status();
   EXPECT_EQ(reader->tensors().size(), 5u);
+}
+
+// A tensor's data range in a hand-made header: U8 values, so its bytes are its shape.
+struct Range {
+  std::string name;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+std::string RangesHeader(const std::vector<Range>& ranges) {
+  std::string header = "{";
+  for (const Range& r : ranges) {
+    if (header.size() > 1) header += ", ";
+    absl::StrAppend(&header, "\"", r.name, "\": {\"dtype\": \"U8\", \"shape\": [",
+                    r.end - r.begin, "], \"data_offsets\": [", r.begin, ", ", r.end, "]}");
+  }
+  return header + "}";
+}
+
+// What Open reports for ranges inside a data section of `data_size` bytes, as three passes in
+// offset order: the first overlap of a range with the one before it; else the first hole; else
+// bytes after the last range. Empty when the ranges tile the section.
+std::string ExpectedRangeError(std::vector<Range> ranges, uint64_t data_size) {
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i].begin < ranges[i - 1].end) {
+      return absl::StrCat("tensors '", ranges[i - 1].name, "' and '", ranges[i].name,
+                          "' overlap in");
+    }
+  }
+  uint64_t covered = 0;
+  for (const Range& r : ranges) {
+    if (r.begin > covered) {
+      return absl::StrCat("has data bytes [", covered, ", ", r.begin,
+                          ") that no tensor holds (before tensor '", r.name, "')");
+    }
+    covered = std::max(covered, r.end);
+  }
+  if (covered != data_size) {
+    return absl::StrCat("ends in data bytes [", covered, ", ", data_size, ") that no tensor holds");
+  }
+  return "";
+}
+
+// Open checks overlaps, holes and the data section's end in one pass over the ranges in offset
+// order, and names the same defect as separate passes would: an overlap anywhere before a hole,
+// a hole before bytes after the last tensor.
+TEST(SafetensorsTest, OverlapsHolesAndUnheldEndsAreNamedAsInOffsetOrderPasses) {
+  const std::string path = TempPath("ranges.safetensors");
+  // A hole before an overlap: the overlap is named.
+  const std::vector<Range> hole_then_overlap = {{"a", 0, 2}, {"b", 4, 6}, {"c", 5, 8}};
+  WriteRaw(path, RangesHeader(hole_then_overlap), 8);
+  absl::Status status = SafetensorsReader::Open(path).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("tensors 'b' and 'c' overlap in"));
+  // A hole and unheld bytes at the end: the hole is named.
+  const std::vector<Range> hole_and_tail = {{"a", 0, 2}, {"b", 4, 6}};
+  WriteRaw(path, RangesHeader(hole_and_tail), 9);
+  status = SafetensorsReader::Open(path).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("data bytes [2, 4) that no tensor holds (before tensor 'b')"));
+
+  // Random layouts of up to six ranges (empty ones included, no two alike, so that the order of
+  // equal ranges never decides a name), tiled or not.
+  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = rng();
+  rng.seed(seed);
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  int opened = 0, overlaps = 0, holes = 0, ends = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int n = std::uniform_int_distribution<int>(1, 6)(rng);
+    const bool tile = trial % 3 == 0;
+    std::vector<Range> ranges;
+    uint64_t at = 0;
+    while (static_cast<int>(ranges.size()) < n) {
+      Range r;
+      r.name = absl::StrCat("t", ranges.size());
+      r.begin = tile ? at : std::uniform_int_distribution<uint64_t>(0, 12)(rng);
+      r.end = r.begin + std::uniform_int_distribution<uint64_t>(tile ? 1 : 0, 4)(rng);
+      const bool repeated = std::any_of(ranges.begin(), ranges.end(), [&](const Range& o) {
+        return o.begin == r.begin && o.end == r.end;
+      });
+      if (repeated) continue;
+      at = r.end;
+      ranges.push_back(r);
+    }
+    std::shuffle(ranges.begin(), ranges.end(), rng);  // header order is not offset order
+    uint64_t data_size = 0;
+    for (const Range& r : ranges) data_size = std::max(data_size, r.end);
+    data_size += std::uniform_int_distribution<uint64_t>(0, trial % 2)(rng);
+    const std::string header = RangesHeader(ranges);
+    WriteRaw(path, header, data_size);
+    const std::string want = ExpectedRangeError(ranges, data_size);
+    const absl::Status got = SafetensorsReader::Open(path).status();
+    if (want.empty()) {
+      EXPECT_TRUE(got.ok()) << header << ": " << got;
+      ++opened;
+      continue;
+    }
+    EXPECT_EQ(got.code(), absl::StatusCode::kDataLoss) << header << ": " << got;
+    EXPECT_THAT(std::string(got.message()), HasSubstr(want)) << header;
+    overlaps += absl::StrContains(want, "overlap");
+    holes += absl::StrContains(want, "before tensor");
+    ends += absl::StrContains(want, "ends in");
+  }
+  EXPECT_GT(opened, 0);
+  EXPECT_GT(overlaps, 0);
+  EXPECT_GT(holes, 0);
+  EXPECT_GT(ends, 0);
 }
 
 TEST(SafetensorsTest, WriterRejectsBadEntries) {
