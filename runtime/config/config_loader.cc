@@ -1,6 +1,5 @@
 #include "runtime/config/config_loader.h"
 
-#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -34,29 +33,13 @@ using google::protobuf::Reflection;
 using google::protobuf::Struct;
 using google::protobuf::Value;
 
-// Text a user wrote (a key, a source name, a parser's complaint that quotes the file), with every
-// byte that is not printable ASCII written as \xHH, so that a message stays on one line and no
-// terminal escape reaches the screen. Quotes and backslashes stay as they are.
-std::string Printable(absl::string_view text) {
-  std::string out;
-  for (const char c : text) {
-    const unsigned char u = static_cast<unsigned char>(c);
-    if (u >= 0x20 && u < 0x7f) {
-      out.push_back(c);
-    } else {
-      absl::StrAppend(&out, "\\x", absl::Hex(u, absl::kZeroPad2));
-    }
-  }
-  return out;
-}
-
 // Keeps the first error the text parser reports, with its position (1-based for people).
 class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
  public:
   void AddError(int line, google::protobuf::io::ColumnNumber column,
                 const std::string& message) override {
     if (!message_.empty()) return;
-    message_ = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", Printable(message));
+    message_ = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", Escaped(message));
   }
   const std::string& message() const { return message_; }
 
@@ -82,12 +65,13 @@ absl::Status GatherGraphOptimizationConfig(const Value& value, absl::string_view
     object = &value.struct_value();
   } else if (value.kind_case() == Value::kStringValue) {
     // FastDeploy's command line takes the object as a JSON string; accept that spelling too.
-    if (JsonNestingDepth(value.string_value()) > kMaxJsonNesting ||
+    const std::string quote = JsonSingleQuoteError(value.string_value());
+    if (!quote.empty() || JsonNestingDepth(value.string_value()) > kMaxJsonNesting ||
         !google::protobuf::util::JsonStringToMessage(value.string_value(), &parsed).ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("graph_optimization_config in ", source,
-                       " is a string that is not a JSON object; write it as an object, e.g. "
-                       "{\"use_cudagraph\": true}"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "graph_optimization_config in ", source, " is a string that is not a JSON object",
+          quote.empty() ? "" : absl::StrCat(" (its ", quote, ")"),
+          "; write it as an object, e.g. {\"use_cudagraph\": true}"));
     }
     object = &parsed;
   } else {
@@ -227,7 +211,7 @@ absl::Status CheckJsonValue(const Value& value, const std::string& path, absl::s
       const Value& item = list.values(i);
       if (item.kind_case() == Value::kListValue || item.kind_case() == Value::kNullValue) {
         return absl::InvalidArgumentError(
-            absl::StrCat(Printable(path), "[", i, "] in ", source, " is ",
+            absl::StrCat(Escaped(path), "[", i, "] in ", source, " is ",
                          item.kind_case() == Value::kNullValue ? "null" : "a list inside a list",
                          "; write a flat list of numbers, e.g. [1, 2, 4]"));
       }
@@ -340,56 +324,12 @@ struct RawMember {
   absl::string_view text;  // the member, key and value
 };
 
-bool IsJsonSpace(char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; }
-
-// Returns the end of the string that starts at `i` (its opening quote, ' or ", as protobuf takes
-// both), past its closing quote; npos when it does not end.
-size_t SkipJsonString(absl::string_view json, size_t i) {
-  const char quote = json[i];
-  for (++i; i < json.size(); ++i) {
-    if (json[i] == '\\') {
-      ++i;
-    } else if (json[i] == quote) {
-      return i + 1;
-    }
-  }
-  return absl::string_view::npos;
-}
-
-// Returns the end of the value that starts at `i`: a string, an object or a list with all it
-// holds, or a literal (a number, true, false, null); npos when it does not end.
-size_t SkipJsonValue(absl::string_view json, size_t i) {
-  if (i >= json.size()) return absl::string_view::npos;
-  if (json[i] == '"' || json[i] == '\'') return SkipJsonString(json, i);
-  if (json[i] == '{' || json[i] == '[') {
-    int depth = 0;
-    while (i < json.size()) {
-      const char c = json[i];
-      if (c == '"' || c == '\'') {
-        i = SkipJsonString(json, i);
-        if (i == absl::string_view::npos) return i;
-        continue;
-      }
-      if (c == '{' || c == '[') ++depth;
-      if (c == '}' || c == ']') --depth;
-      ++i;
-      if (depth == 0) return i;
-    }
-    return absl::string_view::npos;
-  }
-  while (i < json.size() && json[i] != ',' && json[i] != '}' && json[i] != ']' &&
-         !IsJsonSpace(json[i])) {
-    ++i;
-  }
-  return i;
-}
-
 // Splits the top level of `json`, an object protobuf has parsed, into its members, each as its
 // text. False where the text is of a form this does not follow (the caller then does without).
 bool SplitTopLevel(absl::string_view json, std::vector<RawMember>* members) {
   size_t i = 0;
   auto skip_space = [&] {
-    while (i < json.size() && IsJsonSpace(json[i])) ++i;
+    while (i < json.size() && absl::ascii_isspace(static_cast<unsigned char>(json[i]))) ++i;
   };
   skip_space();
   if (i >= json.size() || json[i] != '{') return false;
@@ -400,11 +340,12 @@ bool SplitTopLevel(absl::string_view json, std::vector<RawMember>* members) {
     if (json[i] == '}') break;
     const size_t begin = i;
     size_t key_end = i;
-    if (json[i] == '"' || json[i] == '\'') {
+    if (json[i] == '"') {
       key_end = SkipJsonString(json, i);
-    } else {
+    } else {  // an unquoted key, which protobuf's parser also reads
       while (key_end < json.size() &&
-             (std::isalnum(static_cast<unsigned char>(json[key_end])) || json[key_end] == '_')) {
+             (absl::ascii_isalnum(static_cast<unsigned char>(json[key_end])) ||
+              json[key_end] == '_')) {
         ++key_end;
       }
     }
@@ -483,17 +424,23 @@ absl::StatusOr<PlannerConfig> ParsePlannerConfigText(absl::string_view text,
   parser.RecordErrorsTo(&errors);
   if (!parser.ParseFromString(std::string(text), &config)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "Cannot parse ", Printable(source), " as a kiln.config.PlannerConfig textproto at ",
+        "Cannot parse ", Escaped(source), " as a kiln.config.PlannerConfig textproto at ",
         errors.message(), "; fix the file (fields: runtime/config/planner_config.proto)"));
   }
-  absl::Status status = CheckParsedValues(config, "", Printable(source));
+  absl::Status status = CheckParsedValues(config, "", Escaped(source));
   if (!status.ok()) return status;
   return config;
 }
 
 absl::StatusOr<PlannerConfig> ParsePlannerConfigJson(absl::string_view json,
                                                      absl::string_view source_text) {
-  const std::string source = Printable(source_text);
+  const std::string source = Escaped(source_text);
+  const std::string quote = JsonSingleQuoteError(json);
+  if (!quote.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Cannot parse ", source, " as a JSON object: ", quote,
+                     "; fix the file (a JSON object of kiln.config.PlannerConfig fields)"));
+  }
   const int depth = JsonNestingDepth(json);
   if (depth > kMaxJsonNesting) {
     return absl::InvalidArgumentError(

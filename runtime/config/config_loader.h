@@ -37,16 +37,17 @@ namespace kiln {
 // Parses a textproto. `source` names the text in error messages (a path, or "--config").
 // Returns InvalidArgument with the line, column and the parser's complaint on bad input, and
 // naming the field for a value that parses but means nothing: a NaN or infinite number, or an
-// enum number the enum does not define. Messages hold no byte of `text` raw: what is not
-// printable ASCII is escaped.
+// enum number the enum does not define. Messages stay on one line and send no terminal escape:
+// what they quote of `text` and `source` is escaped as Escaped (quoted.h) does.
 absl::StatusOr<config::PlannerConfig> ParsePlannerConfigText(absl::string_view text,
                                                              absl::string_view source = "text");
 
 // Parses JSON, FastDeploy's graph_optimization_config keys included (see the file comment).
 // 64-bit integers are read exactly, as numbers or strings. Returns InvalidArgument naming the bad
 // key or the parser's complaint on bad input; besides what ParsePlannerConfigText refuses, this
-// refuses objects and lists nested more than 24 deep, a list inside a list or a null in a list
-// (protobuf would flatten or drop them), and one field written under both its names
+// refuses objects and lists nested more than 24 deep, a ' outside a string (JSON strings are
+// double-quoted; protobuf would read 'single-quoted' ones), a list inside a list or a null in a
+// list (protobuf would flatten or drop them), and one field written under both its names
 // ("max_num_seqs" and "maxNumSeqs").
 absl::StatusOr<config::PlannerConfig> ParsePlannerConfigJson(absl::string_view json,
                                                              absl::string_view source = "JSON");

@@ -29,6 +29,7 @@
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "runtime/config/file_text.h"
 #include "runtime/config/presets.h"
 #include "runtime/config/quoted.h"
 
@@ -630,11 +631,12 @@ TEST(ConfigLoaderRobustnessTest, RefusesWhatProtobufWouldReadSilently) {
 }
 
 // The FastDeploy rewrite copies every other member as the file writes it, in any of the forms
-// protobuf's parser takes (single quotes, unquoted keys, escapes in keys, a trailing comma).
+// the loader reads (unquoted keys, escapes in keys, a trailing comma, a ' inside a string).
 TEST(ConfigLoaderRobustnessTest, FastDeployRewriteKeepsSixtyFourBitNumbersExact) {
   const std::vector<std::string> forms = {
       R"({"calibration": {"nccl_bytes": 9007199254740993}, "use_cudagraph": true})",
-      R"({'calibration': {'nccl_bytes': 9007199254740993}, 'use_cudagraph': true})",
+      R"({"model_preset": "it's", "calibration": {"nccl_bytes": 9007199254740993},)"
+      R"( "use_cudagraph": true})",
       R"({calibration: {"nccl_bytes": 9007199254740993}, use_cudagraph: true,})",
       R"({"calib\u0072ation" : {"nccl_bytes":9007199254740993} ,"use_cudagraph":true})",
       "\t{\n\"use_cudagraph\"\t:\ttrue ,\n \"calibration\": {\"nccl_bytes\": "
@@ -650,6 +652,62 @@ TEST(ConfigLoaderRobustnessTest, FastDeployRewriteKeepsSixtyFourBitNumbersExact)
       R"({"gpu": {"total_bytes": 18446744073709551615}, "cudagraph_capture_sizes": [2]})");
   ASSERT_TRUE(max.ok()) << max.status();
   EXPECT_EQ(max->gpu().total_bytes(), std::numeric_limits<uint64_t>::max());
+}
+
+// JSON strings are double-quoted only, for the nesting check and the rewrite's scanner alike: a '
+// inside a string is a character of it, and one outside a string is refused before protobuf's
+// parser, which would take it for a quote, reads the text.
+TEST(ConfigLoaderRobustnessTest, SingleQuotesAreCharactersInStringsAndRefusedOutside) {
+  const std::string deep = absl::StrCat(std::string(25, '['), std::string(25, ']'));
+  // Inside strings: brackets after a ' still count where they are outside the string...
+  absl::StatusOr<config::PlannerConfig> counted = ParsePlannerConfigJson(
+      absl::StrCat(R"({"model_preset": "it's", "x": )", deep, "}"), "q.json");
+  EXPECT_THAT(
+      Message(counted.status()),
+      HasSubstr("Cannot parse q.json as a JSON object: its objects and lists nest 26 deep"));
+  // ...and those inside the string do not count, nor end the member the rewrite copies.
+  absl::StatusOr<config::PlannerConfig> read = ParsePlannerConfigJson(
+      absl::StrCat(R"({"model": {"name": "'", "rope_scaling": {"rope_type": "')", deep,
+                   R"('"}}, "gpu": {"total_bytes": 18446744073709551615}, "use_cudagraph": true})"),
+      "q.json");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->model().name(), "'");
+  EXPECT_EQ(read->model().rope_scaling().rope_type(), absl::StrCat("'", deep, "'"));
+  EXPECT_EQ(read->gpu().total_bytes(), std::numeric_limits<uint64_t>::max());
+  EXPECT_EQ(read->graph().mode(), config::GRAPH_MODE_DECODE);
+
+  // Outside strings, wherever it stands, with the line and column.
+  struct Case {
+    std::string json;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {R"({'max_num_seqs': 8})",
+       "Cannot parse q.json as a JSON object: line 1 column 2 holds a ' outside a string: JSON "
+       "strings take double quotes only; fix the file (a JSON object of kiln.config.PlannerConfig "
+       "fields)"},
+      {"{\"max_num_seqs\": 8,\n  \"model_preset\": 'llama-3.1-8b'}",
+       "Cannot parse q.json as a JSON object: line 2 column 19 holds a ' outside a string"},
+      // protobuf reads 'x"' as a key: the nesting between the two " would go uncounted.
+      {absl::StrCat(R"({'a"': )", deep, R"(, 'b"': 1})"), "line 1 column 2 holds a '"},
+      {R"({"graph_optimization_config": "{'use_cudagraph': true}"})",
+       "graph_optimization_config in q.json is a string that is not a JSON object (its line 1 "
+       "column 2 holds a ' outside a string: JSON strings take double quotes only); write it as "
+       "an object"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<config::PlannerConfig> got = ParsePlannerConfigJson(c.json, "q.json");
+    EXPECT_TRUE(absl::IsInvalidArgument(got.status())) << c.json << ": " << got.status();
+    EXPECT_THAT(Message(got.status()), HasSubstr(c.message)) << c.json;
+  }
+  // The nesting check counts what the rewrite's scanner skips: both step over the same strings.
+  for (const std::string json : {R"({"model_preset": "'[[", "use_cudagraph": true})",
+                                 R"({"model_preset": "\"'{", "use_cudagraph": true})"}) {
+    absl::StatusOr<config::PlannerConfig> got = ParsePlannerConfigJson(json, "q.json");
+    ASSERT_TRUE(got.ok()) << json << ": " << got.status();
+    EXPECT_EQ(JsonNestingDepth(json), 1) << json;
+    EXPECT_EQ(SkipJsonValue(json, 0), json.size()) << json;
+  }
 }
 
 TEST(ConfigLoaderRobustnessTest, DeepOrHugeJsonIsQuick) {
@@ -793,7 +851,7 @@ TEST(ConfigLoaderRobustnessTest, MessagesEscapeWhatTheFileHolds) {
   }
   // The source's own name is escaped too.
   absl::StatusOr<config::PlannerConfig> named = ParsePlannerConfigText("x: 1", "a\nb.textproto");
-  EXPECT_THAT(Message(named.status()), HasSubstr("Cannot parse a\\x0ab.textproto"));
+  EXPECT_THAT(Message(named.status()), HasSubstr("Cannot parse a\\nb.textproto as a"));
 }
 }  // namespace
 }  // namespace kiln

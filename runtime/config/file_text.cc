@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -46,6 +47,23 @@ class FileDescriptor {
  private:
   int fd_;
 };
+
+// Calls `visit(k)` for each byte json[k], k >= i, that lies outside the strings of `json` (each
+// string is stepped over whole, by SkipJsonString), until `visit` returns false. Returns the index
+// past the byte `visit` stopped at, json.size() where it stopped at none, or npos where a string
+// does not end.
+template <typename Visit>
+size_t WalkOutsideStrings(absl::string_view json, size_t i, Visit visit) {
+  while (i < json.size()) {
+    if (json[i] == '"') {
+      i = SkipJsonString(json, i);
+      if (i == absl::string_view::npos) return i;
+    } else if (!visit(i++)) {
+      return i;
+    }
+  }
+  return json.size();
+}
 
 }  // namespace
 
@@ -119,27 +137,63 @@ std::string OneLineJsonError(absl::string_view message) {
                       "^", absl::CHexEscape(near.substr(at)), "\"");
 }
 
+size_t SkipJsonString(absl::string_view json, size_t i) {
+  for (++i; i < json.size(); ++i) {
+    if (json[i] == '\\') {
+      ++i;  // the escaped byte, a quote included
+    } else if (json[i] == '"') {
+      return i + 1;
+    }
+  }
+  return absl::string_view::npos;
+}
+
+size_t SkipJsonValue(absl::string_view json, size_t i) {
+  if (i >= json.size()) return absl::string_view::npos;
+  if (json[i] == '"') return SkipJsonString(json, i);
+  if (json[i] == '{' || json[i] == '[') {
+    int depth = 0;
+    const size_t end = WalkOutsideStrings(json, i, [&](size_t k) {
+      if (json[k] == '{' || json[k] == '[') ++depth;
+      if (json[k] == '}' || json[k] == ']') --depth;
+      return depth > 0;
+    });
+    return depth == 0 ? end : absl::string_view::npos;
+  }
+  while (i < json.size() && json[i] != ',' && json[i] != '}' && json[i] != ']' &&
+         !absl::ascii_isspace(static_cast<unsigned char>(json[i]))) {
+    ++i;
+  }
+  return i;
+}
+
 int JsonNestingDepth(absl::string_view json) {
   int depth = 0;
   int deepest = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < json.size(); ++i) {
-    const char c = json[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;  // the escaped character, a quote included
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
+  WalkOutsideStrings(json, 0, [&](size_t k) {
+    if (json[k] == '{' || json[k] == '[') {
       deepest = std::max(deepest, ++depth);
-    } else if ((c == '}' || c == ']') && depth > 0) {
+    } else if ((json[k] == '}' || json[k] == ']') && depth > 0) {
       --depth;
     }
-  }
+    return true;
+  });
   return deepest;
+}
+
+std::string JsonSingleQuoteError(absl::string_view json) {
+  size_t quote = absl::string_view::npos;
+  WalkOutsideStrings(json, 0, [&](size_t k) {
+    if (json[k] != '\'') return true;
+    quote = k;
+    return false;
+  });
+  if (quote == absl::string_view::npos) return "";
+  const absl::string_view before = json.substr(0, quote);
+  const size_t newline = before.rfind('\n');
+  const size_t column = quote - (newline == absl::string_view::npos ? 0 : newline + 1) + 1;
+  return absl::StrCat("line ", std::count(before.begin(), before.end(), '\n') + 1, " column ",
+                      column, " holds a ' outside a string: JSON strings take double quotes only");
 }
 
 }  // namespace kiln

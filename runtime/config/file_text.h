@@ -1,5 +1,6 @@
 // Reads a whole file into a string, for the config readers (PlannerConfig files, Hugging Face
-// config.json and safetensors indexes), and puts what a parser says about such text on one line.
+// config.json and safetensors indexes), scans JSON text before a parser reads it, and puts what
+// a parser says about such text on one line.
 //
 //   ASSIGN_OR_RETURN(std::string text, kiln::ReadFileText(path, "config file"));
 //
@@ -38,10 +39,33 @@ absl::StatusOr<std::string> ReadFileText(const std::string& path, absl::string_v
 // escaped and the caret written into it at the spot. A message in any other form is escaped.
 std::string OneLineJsonError(absl::string_view message);
 
+// The JSON scanner the config readers share, for what they check before protobuf's parser reads
+// the text (and for the text of each member the FastDeploy rewrite keeps). It steps over strings
+// and counts brackets in linear time, without checking that the text is JSON. A JSON string is
+// double-quoted only: a ' is a byte like any other here, inside a string or out. protobuf's parser
+// also reads 'single-quoted' strings, inside which a bracket or a " means nothing to it, so
+// JsonSingleQuoteError finds the text it would read differently.
+
+// Returns the end of the JSON string that opens with the double quote at `json[i]`: the index past
+// its closing quote, or npos when the text ends first. A backslash escapes the byte after it.
+size_t SkipJsonString(absl::string_view json, size_t i);
+
+// Returns the end of the JSON value that starts at `json[i]`: past a whole string, or an object or
+// a list with all it holds; else past a literal (a number, true, false, null), which ends at ',',
+// '}', ']', a space or the text's end. npos where a string, an object or a list does not end.
+size_t SkipJsonValue(absl::string_view json, size_t i);
+
 // Returns how deep `json`'s objects and arrays nest at their deepest ("{}" 1, "[[1]]" 2),
-// counting brackets outside strings only; it does not check that `json` is JSON. Linear time:
-// run it before a parser whose time or stack grows with the depth.
+// counting brackets outside strings only. Linear time: run it before a parser whose time or
+// stack grows with the depth.
 int JsonNestingDepth(absl::string_view json);
+
+// Returns "" where `json` holds no ' outside its strings, else where the first such one stands
+// and why that is refused ("line 2 column 5 holds a ' outside a string: JSON strings take double
+// quotes only"), for a message about the text. Run it with JsonNestingDepth, before protobuf's
+// parser, which would read such a ' as a quote: its strings, and so its depth, would not be the
+// ones JsonNestingDepth saw.
+std::string JsonSingleQuoteError(absl::string_view json);
 
 // The deepest JSON kiln parses. A PlannerConfig nests 3 deep, a Hugging Face config.json 3 or 4;
 // protobuf's parser takes time that grows with the square of the depth of lists it reads into a

@@ -28,6 +28,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::StartsWith;
 
 std::string Message(const absl::Status& status) { return std::string(status.message()); }
 
@@ -238,7 +239,66 @@ TEST(IsUtf8Test, TakesWellFormedUtf8Only) {
            static_cast<char>(0x80 | ((code >> 6) & 0x3f)), static_cast<char>(0x80 | (code & 0x3f))};
     }
     ASSERT_TRUE(IsUtf8(s)) << code;
-    for (size_t cut = 1; cut < s.size(); ++cut) ASSERT_FALSE(IsUtf8(s.substr(0, cut))) << code;
+    ASSERT_EQ(Utf8CharLength(s + "\xff"), s.size()) << code;  // the first character only
+    for (size_t cut = 1; cut < s.size(); ++cut) {
+      ASSERT_FALSE(IsUtf8(s.substr(0, cut))) << code;
+      ASSERT_EQ(Utf8CharLength(s.substr(0, cut)), 0u) << code;
+    }
+  }
+}
+
+// A reference UTF-8 check: decodes each code point and checks it against its encoding's range.
+bool ReferenceIsUtf8(const std::string& text) {
+  for (size_t i = 0; i < text.size();) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    int more = 0;
+    uint32_t code = c;
+    if (c >= 0x80) {
+      more = (c & 0xe0) == 0xc0 ? 1 : (c & 0xf0) == 0xe0 ? 2 : (c & 0xf8) == 0xf0 ? 3 : -1;
+      if (more < 0 || text.size() - i <= static_cast<size_t>(more)) return false;
+      code = c & (0x3f >> more);
+      for (int k = 1; k <= more; ++k) {
+        const unsigned char next = static_cast<unsigned char>(text[i + k]);
+        if ((next & 0xc0) != 0x80) return false;
+        code = (code << 6) | (next & 0x3f);
+      }
+      constexpr uint32_t kLeast[] = {0, 0x80, 0x800, 0x10000};
+      if (code < kLeast[more] || code > 0x10ffff || (code >= 0xd800 && code <= 0xdfff)) {
+        return false;
+      }
+    }
+    i += 1 + more;
+  }
+  return true;
+}
+
+// Utf8CharLength reads one character: its length where one starts the text, 0 where none does.
+TEST(IsUtf8Test, Utf8CharLengthReadsTheFirstCharacter) {
+  EXPECT_EQ(Utf8CharLength(""), 0u);
+  EXPECT_EQ(Utf8CharLength("ab"), 1u);
+  EXPECT_EQ(Utf8CharLength("\xc3\xa9\xff"), 2u);
+  EXPECT_EQ(Utf8CharLength("\xe2\x82\xac"), 3u);
+  EXPECT_EQ(Utf8CharLength("\xf4\x8f\xbf\xbf"), 4u);
+  for (const char* bad :
+       {"\xff", "\x80\x61", "\xc0\x80", "\xc1\xbf", "\xe0\x80\x80", "\xed\xa0\x80",
+        "\xf0\x80\x80\x80", "\xf4\x90\x80\x80", "\xf5\x80\x80\x80", "\xc3\x28"}) {
+    EXPECT_EQ(Utf8CharLength(bad), 0u) << absl::CHexEscape(bad);
+  }
+  // Every text of 1 to 3 bytes, and 4-byte texts around the 4-byte leads, agree with a decoder
+  // that computes each code point and checks its range.
+  for (int size = 1; size <= 3; ++size) {
+    for (uint32_t bits = 0; bits < (uint32_t{1} << (8 * size)); ++bits) {
+      std::string s(size, '\0');
+      for (int k = 0; k < size; ++k) s[k] = static_cast<char>(bits >> (8 * k));
+      ASSERT_EQ(IsUtf8(s), ReferenceIsUtf8(s)) << absl::CHexEscape(s);
+    }
+  }
+  for (uint32_t lead = 0xee; lead <= 0xf8; ++lead) {
+    for (uint32_t bits = 0; bits < (uint32_t{1} << 16); ++bits) {
+      const std::string s = {static_cast<char>(lead), static_cast<char>(bits),
+                             static_cast<char>(bits >> 8), '\x80'};
+      ASSERT_EQ(IsUtf8(s), ReferenceIsUtf8(s)) << absl::CHexEscape(s);
+    }
   }
 }
 
@@ -273,12 +333,80 @@ TEST(JsonNestingDepthTest, MatchesAStackOverRandomText) {
   EXPECT_EQ(JsonNestingDepth(R"({"a\"[[": 1})"), 1);
   EXPECT_EQ(JsonNestingDepth("]]]]{"), 1);
   EXPECT_EQ(JsonNestingDepth(std::string(1000000, '[')), 1000000);
+  // A ' is no quote, inside a string or out.
+  EXPECT_EQ(JsonNestingDepth(R"({"it's": [[1]]})"), 3);
+  EXPECT_EQ(JsonNestingDepth(R"({'a"': [[1]], 'b"': 1})"), 1);
   std::mt19937 rng(5);
-  const std::string alphabet = "[]{}\"\\ a,:";
+  const std::string alphabet = "[]{}\"\\ a,:'";
   for (int i = 0; i < 20000; ++i) {
     std::string json(rng() % 80, ' ');
     for (char& c : json) c = alphabet[rng() % alphabet.size()];
     ASSERT_EQ(JsonNestingDepth(json), ReferenceDepth(json)) << json;
+  }
+}
+
+// The reference for SkipJsonValue and JsonSingleQuoteError: walks `json` from `begin` as
+// ReferenceDepth does, and returns the end of the object or list at `begin` (npos where it does
+// not end), and in `quote` the first ' outside a string (npos where there is none).
+size_t ReferenceEnd(const std::string& json, size_t begin, size_t* quote) {
+  *quote = std::string::npos;
+  size_t end = std::string::npos;
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (size_t i = begin; i < json.size(); ++i) {
+    const char c = json[i];
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') in_string = true;
+    if (c == '\'' && *quote == std::string::npos) *quote = i;
+    if (end != std::string::npos) continue;
+    if (c == '{' || c == '[') ++depth;
+    if (c == '}' || c == ']') {
+      if (--depth == 0) end = i + 1;
+    }
+  }
+  return end;
+}
+
+// One scanner: SkipJsonValue ends an object or list where the brackets JsonNestingDepth counts
+// close, over the same strings, and JsonSingleQuoteError finds the ' that both treat as a byte.
+TEST(JsonNestingDepthTest, SkipJsonValueAndSingleQuotesMatchAStackOverRandomText) {
+  EXPECT_EQ(SkipJsonString(R"("a\"b" 1)", 0), 6u);
+  EXPECT_EQ(SkipJsonString(R"("it's")", 0), 6u);
+  EXPECT_EQ(SkipJsonString(R"("a\")", 0), std::string::npos);
+  EXPECT_EQ(SkipJsonValue(R"({"a'": ["]"]} ,)", 0), 13u);
+  EXPECT_EQ(SkipJsonValue("12.5e3, 1", 0), 6u);
+  EXPECT_EQ(SkipJsonValue("[[1]", 0), std::string::npos);
+  EXPECT_EQ(SkipJsonValue("", 0), std::string::npos);
+  EXPECT_EQ(JsonSingleQuoteError(R"({"it's": "'"})"), "");
+  EXPECT_EQ(JsonSingleQuoteError("{\"a\": 1,\n\n  'b': 2}"),
+            "line 3 column 3 holds a ' outside a string: JSON strings take double quotes only");
+  EXPECT_THAT(JsonSingleQuoteError("'"), StartsWith("line 1 column 1 holds a '"));
+
+  std::mt19937 rng(11);
+  const std::string alphabet = "[]{}\"\\ a,:'";
+  for (int i = 0; i < 20000; ++i) {
+    std::string json(1 + rng() % 80, ' ');
+    for (char& c : json) c = alphabet[rng() % alphabet.size()];
+    json[0] = "{["[rng() % 2];
+    size_t quote;
+    ASSERT_EQ(SkipJsonValue(json, 0), ReferenceEnd(json, 0, &quote)) << json;
+    ASSERT_EQ(JsonSingleQuoteError(json).empty(), quote == std::string::npos) << json;
+    if (quote != std::string::npos) {
+      const size_t newline = json.rfind('\n', quote);  // none in the alphabet: line 1
+      ASSERT_EQ(newline, std::string::npos);
+      ASSERT_THAT(JsonSingleQuoteError(json),
+                  StartsWith(absl::StrCat("line 1 column ", quote + 1, " holds a '")))
+          << json;
+    }
   }
 }
 

@@ -43,7 +43,13 @@ constexpr char kSingleFile[] = "model.safetensors";
 absl::Status ParseJson(absl::string_view json, absl::string_view source, absl::string_view what,
                        google::protobuf::Message* out) {
   // Checked before any parse: protobuf's time grows with the depth (minutes at 100,000), and
-  // the sliding-window lookup parses config.json a second time.
+  // the sliding-window lookup parses config.json a second time. A ' outside a string would make
+  // protobuf's strings, and so its depth, other than the ones JsonNestingDepth counts.
+  const std::string quote = JsonSingleQuoteError(json);
+  if (!quote.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("Cannot read ", source, " as ", what, ": ",
+                                                   quote, "; fix the file or download it again"));
+  }
   const int depth = JsonNestingDepth(json);
   if (depth > kMaxJsonNesting) {
     return absl::InvalidArgumentError(absl::StrCat(

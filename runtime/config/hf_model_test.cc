@@ -499,6 +499,28 @@ TEST(HfModelTest, RefusesJsonNestedPastTheLimit) {
   EXPECT_THAT(Message(status), HasSubstr("nest 100001 deep, more than the 24 kiln reads"));
 }
 
+// JSON strings are double-quoted: a ' inside one is a character of it; one outside is refused
+// before any parse (protobuf's parser would read 'a"' as a string, and the nesting behind it would
+// go uncounted).
+TEST(HfModelTest, SingleQuotesAreCharactersInStringsAndRefusedOutside) {
+  auto keys = LlamaKeys();
+  keys["model_type"] = R"("mistral")";
+  keys["ignored"] = R"("it's [[[")";
+  absl::StatusOr<config::ModelShape> inside = Parse(keys);
+  ASSERT_TRUE(inside.ok()) << inside.status();
+  keys["ignored"] = absl::StrCat(R"({'a"': )", std::string(100000, '['), std::string(100000, ']'),
+                                 R"(, 'b"': 1})");
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status outside = Parse(keys).status();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_TRUE(absl::IsInvalidArgument(outside)) << outside;
+  // The key's line: one a key, in name order.
+  EXPECT_THAT(Message(outside),
+              HasSubstr("Cannot read test/config.json as a Hugging Face config.json: line 8 column "
+                        "13 holds a ' outside a string: JSON strings take double quotes only; fix "
+                        "the file or download it again"));
+}
+
 // ---- Robustness: every truncation and single-byte mutation of a config.json reads as a shape
 // or fails with InvalidArgument naming the file; never a crash, a hang or a read out of bounds
 // (run these under ASan and UBSan).

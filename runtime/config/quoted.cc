@@ -1,7 +1,6 @@
 #include "runtime/config/quoted.h"
 
 #include <cstddef>
-#include <cstdint>
 #include <string>
 
 #include "absl/strings/escaping.h"
@@ -9,26 +8,38 @@
 
 namespace kiln {
 
+size_t Utf8CharLength(absl::string_view text) {
+  if (text.empty()) return 0;
+  const auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
+  const unsigned char b0 = byte(0);
+  if (b0 < 0x80) return 1;
+  size_t n;
+  unsigned char lo = 0x80, hi = 0xbf;  // the second byte's range
+  if (b0 >= 0xc2 && b0 <= 0xdf) {
+    n = 2;
+  } else if (b0 >= 0xe0 && b0 <= 0xef) {
+    n = 3;
+    if (b0 == 0xe0) lo = 0xa0;  // below: an overlong form
+    if (b0 == 0xed) hi = 0x9f;  // above: a surrogate
+  } else if (b0 >= 0xf0 && b0 <= 0xf4) {
+    n = 4;
+    if (b0 == 0xf0) lo = 0x90;  // below: an overlong form
+    if (b0 == 0xf4) hi = 0x8f;  // above: past U+10FFFF
+  } else {
+    return 0;  // a continuation byte, an overlong lead (0xc0, 0xc1), or past U+10FFFF
+  }
+  if (text.size() < n || byte(1) < lo || byte(1) > hi) return 0;
+  for (size_t i = 2; i < n; ++i) {
+    if (byte(i) < 0x80 || byte(i) > 0xbf) return 0;
+  }
+  return n;
+}
+
 bool IsUtf8(absl::string_view text) {
-  for (size_t i = 0; i < text.size();) {
-    const unsigned char c = static_cast<unsigned char>(text[i]);
-    int more = 0;
-    uint32_t code = c;
-    if (c >= 0x80) {
-      more = (c & 0xe0) == 0xc0 ? 1 : (c & 0xf0) == 0xe0 ? 2 : (c & 0xf8) == 0xf0 ? 3 : -1;
-      if (more < 0 || text.size() - i <= static_cast<size_t>(more)) return false;
-      code = c & (0x3f >> more);
-      for (int k = 1; k <= more; ++k) {
-        const unsigned char next = static_cast<unsigned char>(text[i + k]);
-        if ((next & 0xc0) != 0x80) return false;
-        code = (code << 6) | (next & 0x3f);
-      }
-      constexpr uint32_t kLeast[] = {0, 0x80, 0x800, 0x10000};
-      if (code < kLeast[more] || code > 0x10ffff || (code >= 0xd800 && code <= 0xdfff)) {
-        return false;
-      }
-    }
-    i += 1 + more;
+  while (!text.empty()) {
+    const size_t n = Utf8CharLength(text);
+    if (n == 0) return false;
+    text.remove_prefix(n);
   }
   return true;
 }

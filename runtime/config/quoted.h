@@ -7,14 +7,20 @@
 #ifndef KILN_RUNTIME_CONFIG_QUOTED_H_
 #define KILN_RUNTIME_CONFIG_QUOTED_H_
 
+#include <cstddef>
 #include <string>
 
 #include "absl/strings/string_view.h"
 
 namespace kiln {
 
-// Returns whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points past
-// U+10FFFF). absl's Utf8SafeCHexEscape does not check: it passes every byte above 0x7f through.
+// Returns the length in bytes (1 to 4) of the well-formed UTF-8 character that starts `text`, or
+// 0 where none does: `text` is empty, starts with a byte no character starts with, or with an
+// overlong form, a surrogate, a code point past U+10FFFF (RFC 3629) or a character cut short.
+size_t Utf8CharLength(absl::string_view text);
+
+// Returns whether `text` is well-formed UTF-8: a sequence of characters Utf8CharLength reads.
+// absl's Utf8SafeCHexEscape does not check: it passes every byte above 0x7f through.
 bool IsUtf8(absl::string_view text);
 
 // Returns whether `text` is UTF-8 with no control character: one line that sends no terminal

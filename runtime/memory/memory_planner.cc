@@ -389,16 +389,6 @@ int64_t CeilDiv(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 // The magnitude of `n`, defined for INT64_MIN too (whose negation overflows int64).
 uint64_t Magnitude(int64_t n) { return n < 0 ? 0 - static_cast<uint64_t>(n) : n; }
 
-std::string Thousands(int64_t n) {
-  std::string digits = absl::StrCat(Magnitude(n));
-  std::string out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out.push_back(',');
-    out.push_back(digits[i]);
-  }
-  return n < 0 ? "-" + out : out;
-}
-
 // True where the public formulas are defined: every dimension and `tp` within the bounds
 // ResolvePlannerConfig enforces, under which no product of theirs can overflow int64. Divisibility
 // is not needed for that (heads and widths round down per rank).
@@ -439,6 +429,16 @@ std::string DTypeName(DType dtype) {
     default:
       return "unspecified";
   }
+}
+
+std::string Thousands(int64_t n) {
+  const std::string digits = absl::StrCat(Magnitude(n));
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out.push_back(',');
+    out.push_back(digits[i]);
+  }
+  return n < 0 ? "-" + out : out;
 }
 
 std::string FormatBytes(int64_t bytes) {

@@ -184,6 +184,9 @@ int64_t ActivationArenaBytes(const config::ModelShape& model, int tp, int64_t nu
 // A full graph adds num_layers × PlannedStepKey::attention_kernels_per_layer.
 int64_t GraphNodesOutsideAttention(const config::ModelShape& model, int tp);
 
+// Returns `n` in decimal with commas between groups of three digits: "128,256", "-1,000", "7".
+std::string Thousands(int64_t n);
+
 // Returns `bytes` for people: "14.96 GiB", "128.0 KiB", "32.0 MiB", "512 B".
 std::string FormatBytes(int64_t bytes);
 

@@ -734,6 +734,17 @@ TEST(MemoryPlannerTest, FormatBytes) {
   EXPECT_EQ(FormatBytes(-2 * kMiB), "-2.0 MiB");
 }
 
+TEST(MemoryPlannerTest, Thousands) {
+  EXPECT_EQ(Thousands(0), "0");
+  EXPECT_EQ(Thousands(999), "999");
+  EXPECT_EQ(Thousands(1000), "1,000");
+  EXPECT_EQ(Thousands(128256), "128,256");
+  EXPECT_EQ(Thousands(-1234567), "-1,234,567");
+  EXPECT_EQ(Thousands(-100), "-100");
+  EXPECT_EQ(Thousands(std::numeric_limits<int64_t>::max()), "9,223,372,036,854,775,807");
+  EXPECT_EQ(Thousands(std::numeric_limits<int64_t>::min()), "-9,223,372,036,854,775,808");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Sweeps: random and adversarial configs, each result checked against the planner's documented
 // invariants, computed here independently (in 128 bits where a product could be large).
