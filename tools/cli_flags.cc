@@ -1,8 +1,7 @@
 #include "tools/cli_flags.h"
 
-#include <cstdint>
+#include <cstddef>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -15,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "runtime/config/file_text.h"
 #include "runtime/config/quoted.h"
 
 namespace kiln {
@@ -25,7 +25,7 @@ namespace {
 // within these bounds. A pipe could not be read twice at all (once here, once by absl).
 constexpr int kMaxFlagfileDepth = 8;  // files open inside one another
 constexpr int kMaxFlagfiles = 64;     // files read in all (a file may name another twice)
-constexpr uintmax_t kMaxFlagfileBytes = uintmax_t{1} << 20;
+constexpr size_t kMaxFlagfileBytes = size_t{1} << 20;
 
 // One argument and where it came from: the command line (line 0) or a line of a flagfile.
 struct Arg {
@@ -52,27 +52,14 @@ absl::Status InFile(absl::string_view source, int line, const absl::Status& stat
 // '#' lines skipped, every other line a flag) and checks its arguments.
 absl::Status CheckFlagfile(const std::string& path, absl::string_view program,
                            FlagfileState* state) {
+  // One open that refuses what absl would block on (a FIFO), read for ever (a device) or read as
+  // no lines (a directory), and a file over the limit, before a byte is taken from it.
+  absl::StatusOr<std::string> text = ReadFileText(path, "--flagfile", kMaxFlagfileBytes);
+  if (!text.ok()) {
+    // InvalidArgument whatever the cause: it is a bad value of --flagfile.
+    return absl::InvalidArgumentError(text.status().message());
+  }
   std::error_code ec;
-  const std::string cannot_open =
-      absl::StrCat("Cannot open --flagfile ", path, "; give a readable file of --flag=value lines");
-  // A directory opens like a file on Linux and reads as no lines: refuse it too.
-  if (std::filesystem::is_directory(path, ec) || !std::filesystem::exists(path, ec)) {
-    return absl::InvalidArgumentError(cannot_open);
-  }
-  // Checked before the file is opened: opening a pipe nobody writes to waits for ever.
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--flagfile ", path,
-                     " is not a regular file (a pipe or a device); write the flags to a "
-                     "file, one --flag=value a line (the file is read twice: once to check it)"));
-  }
-  if (!std::ifstream(path).good()) return absl::InvalidArgumentError(cannot_open);
-  const uintmax_t size = std::filesystem::file_size(path, ec);
-  if (ec || size > kMaxFlagfileBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("--flagfile ", path, " is larger than ",
-                                                   kMaxFlagfileBytes >> 20,
-                                                   " MiB; give a file of --flag=value lines"));
-  }
   std::filesystem::path canonical = std::filesystem::weakly_canonical(path, ec);
   const std::string id = ec ? path : canonical.string();
   for (const std::string& open : state->open) {
@@ -95,16 +82,10 @@ absl::Status CheckFlagfile(const std::string& path, absl::string_view program,
         absl::StrCat("More than ", kMaxFlagfiles, " flagfiles are read (the last ", path,
                      "); a file that names others more than once multiplies them: name each once"));
   }
-  std::ifstream in(path);
   std::vector<Arg> args;
-  std::string line;
-  uintmax_t bytes = 0;
-  for (int number = 1; std::getline(in, line); ++number) {
-    bytes += line.size() + 1;
-    if (bytes > kMaxFlagfileBytes + 1) {  // the file grew since it was measured
-      return absl::InvalidArgumentError(
-          absl::StrCat("--flagfile ", path, " is larger than ", kMaxFlagfileBytes >> 20, " MiB"));
-    }
+  int number = 0;
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    ++number;
     absl::string_view stripped = absl::StripLeadingAsciiWhitespace(line);
     if (stripped.empty() || stripped[0] == '#') continue;
     if (stripped == "--") {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/status/status.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -300,20 +301,41 @@ TEST(CheckFlagsTest, Flagfiles) {
             "--flagfile " + outer + " line 2: --flagfile " + unknown +
                 " line 3: Unknown flag --nosuch; run with --help to list the flags");
 
-  // Files that cannot be flagfiles.
-  EXPECT_THAT(Message(Check({"--flagfile=" + ::testing::TempDir()})),
-              HasSubstr("Cannot open --flagfile " + ::testing::TempDir()));
-  EXPECT_THAT(Message(Check({"--flagfile=/no/such/file"})),
-              HasSubstr("Cannot open --flagfile /no/such/file"));
-  EXPECT_THAT(Message(Check({"--flagfile=/dev/zero"})),
-              HasSubstr("--flagfile /dev/zero is not a regular file"));
+  // Files that cannot be flagfiles: refused as a bad flag value (InvalidArgument), before
+  // anything blocks on them or reads them for ever, naming the path and what it is.
+  const auto refused = [](const std::string& path, const std::string& message) {
+    const absl::Status status = Check({"--flagfile=" + path});
+    EXPECT_TRUE(absl::IsInvalidArgument(status)) << path << ": " << status;
+    EXPECT_THAT(Message(status), StartsWith(message)) << path;
+    EXPECT_TRUE(IsOneCleanLine(Message(status))) << status;
+  };
+  refused(::testing::TempDir(),
+          "Cannot read --flagfile \"" + ::testing::TempDir() +
+              "\": Is a directory; check that the path names a readable file");
+  refused("/no/such/file",
+          "Cannot open --flagfile \"/no/such/file\": No such file or directory; check the path");
+  refused("/dev/zero", "Cannot read --flagfile \"/dev/zero\": Is a device, not a regular file");
   const std::string fifo = absl::StrCat(::testing::TempDir(), "/fifo.flags");
   ::unlink(fifo.c_str());
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  EXPECT_THAT(Message(Check({"--flagfile=" + fifo})),  // must not wait for a writer
-              HasSubstr("--flagfile " + fifo + " is not a regular file"));
+  refused(fifo, "Cannot read --flagfile \"" + fifo +  // must not wait for a writer
+                    "\": Is a FIFO (named pipe), which would block until written");
   const std::string big = WriteFile("big.flags", std::string((1 << 20) + 1, '#'));
-  EXPECT_THAT(Message(Check({"--flagfile=" + big})), HasSubstr("is larger than 1 MiB"));
+  refused(big, "Cannot read --flagfile \"" + big +
+                   "\": it holds 1048577 bytes, more than the 1048576 a file of settings may");
+  // 1 MiB itself is read.
+  const std::string full = WriteFile("full.flags", std::string(1 << 20, '#'));
+  EXPECT_TRUE(Check({"--flagfile=" + full}).ok()) << Check({"--flagfile=" + full});
+  if (::geteuid() != 0) {  // root reads files whatever their mode
+    const std::string locked = WriteFile("locked.flags", "--test_int=1\n");
+    ASSERT_EQ(::chmod(locked.c_str(), 0), 0);
+    refused(locked, "Cannot open --flagfile \"" + locked + "\": Permission denied");
+  }
+  // Inside another flagfile, the refusal names that file and line too.
+  const std::string names_dir =
+      WriteFile("names_dir.flags", "--test_int=1\n--flagfile=" + ::testing::TempDir() + "\n");
+  refused(names_dir, "--flagfile " + names_dir + " line 2: Cannot read --flagfile \"" +
+                         ::testing::TempDir() + "\": Is a directory");
   EXPECT_THAT(Message(Check({"--flagfile=" + fine + ",," + fine})),
               HasSubstr("has an empty entry"));
 }

@@ -25,8 +25,9 @@ expect_bad logits_out_batches '--logits_out writes one sequence'"'"'s logits; gi
 expect_bad bad_int 'Bad value "abc" for --prompt_len' --prompt_len=abc
 expect_bad bad_bool 'Bad value "maybe" for --capture_prefill' --capture_prefill=maybe
 expect_bad unknown_flag 'Unknown flag --batches; run with --help' --batches=1
-expect_bad flagfile_missing "Cannot open --flagfile $tmp/no_flags" "--flagfile=$tmp/no_flags"
-expect_bad flagfile_directory "Cannot open --flagfile $tmp;" "--flagfile=$tmp"
+expect_bad flagfile_missing "Cannot open --flagfile \"$tmp/no_flags\": No such file or directory" \
+  "--flagfile=$tmp/no_flags"
+expect_bad flagfile_directory "Cannot read --flagfile \"$tmp\": Is a directory" "--flagfile=$tmp"
 expect_bad missing_value 'Flag --batch needs a value' --batch
 expect_bad positional 'Unexpected argument "llama"; generate takes only flags' llama
 # Lists: empty, an empty entry, a number beyond int.

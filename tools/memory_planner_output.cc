@@ -9,20 +9,10 @@
 #include "absl/strings/str_replace.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
+#include "runtime/config/quoted.h"
 
 namespace kiln {
 namespace {
-
-std::string Thousands(int64_t n) {
-  // The magnitude as unsigned: -n overflows for INT64_MIN.
-  const std::string digits = absl::StrCat(n < 0 ? 0 - static_cast<uint64_t>(n) : n);
-  std::string out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out.push_back(',');
-    out.push_back(digits[i]);
-  }
-  return n < 0 ? "-" + out : out;
-}
 
 double Share(int64_t part, int64_t whole) {
   return whole > 0 ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0;
@@ -63,34 +53,6 @@ std::string Title(const MemoryPlan& plan) {
                       ", tensor_parallel_size ", c.tensor_parallel_size());
 }
 
-// Returns the length of the well-formed UTF-8 sequence (RFC 3629: no overlong forms, no
-// surrogates, nothing above U+10FFFF) at the start of `text`, or 0 if there is none.
-size_t Utf8Length(absl::string_view text) {
-  const auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
-  const unsigned char b0 = byte(0);
-  if (b0 < 0x80) return 1;
-  size_t n;
-  unsigned char lo = 0x80, hi = 0xbf;  // the second byte's range
-  if (b0 >= 0xc2 && b0 <= 0xdf) {
-    n = 2;
-  } else if (b0 >= 0xe0 && b0 <= 0xef) {
-    n = 3;
-    if (b0 == 0xe0) lo = 0xa0;
-    if (b0 == 0xed) hi = 0x9f;
-  } else if (b0 >= 0xf0 && b0 <= 0xf4) {
-    n = 4;
-    if (b0 == 0xf0) lo = 0x90;
-    if (b0 == 0xf4) hi = 0x8f;
-  } else {
-    return 0;
-  }
-  if (text.size() < n || byte(1) < lo || byte(1) > hi) return 0;
-  for (size_t i = 2; i < n; ++i) {
-    if (byte(i) < 0x80 || byte(i) > 0xbf) return 0;
-  }
-  return n;
-}
-
 // Returns `text` with each byte that starts no well-formed UTF-8 sequence replaced by U+FFFD, and
 // with `xml` also the characters XML 1.0 cannot hold, even escaped (controls but tab, newline and
 // return; U+FFFE and U+FFFF). A model or GPU name comes from the user (a flag, a config file); a
@@ -100,7 +62,7 @@ std::string ValidText(absl::string_view text, bool xml) {
   constexpr absl::string_view kReplacement = "\xef\xbf\xbd";
   std::string out;
   while (!text.empty()) {
-    const size_t n = Utf8Length(text);
+    const size_t n = Utf8CharLength(text);
     const absl::string_view c = text.substr(0, n);
     const bool bad_for_xml = xml && ((n == 1 && static_cast<unsigned char>(c[0]) < 0x20 &&
                                       c[0] != '\t' && c[0] != '\n' && c[0] != '\r') ||

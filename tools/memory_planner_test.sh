@@ -115,8 +115,9 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
   expect_bad measure 'no CUDA device is visible on this machine; run without --measure' --measure
 fi
 expect_bad unknown_flag 'Unknown flag --utilization; run with --help' --utilization=0.9
-expect_bad flagfile_missing "Cannot open --flagfile $tmp/no_flags" --flagfile "$tmp/no_flags"
-expect_bad flagfile_directory "Cannot open --flagfile $tmp;" --flagfile "$tmp"
+expect_bad flagfile_missing "Cannot open --flagfile \"$tmp/no_flags\": No such file or directory" \
+  --flagfile "$tmp/no_flags"
+expect_bad flagfile_directory "Cannot read --flagfile \"$tmp\": Is a directory" --flagfile "$tmp"
 # A readable flagfile is read, and its values checked as the flags' are.
 printf -- '--max_num_seqs=0\n' >"$tmp/flags"
 expect_bad flagfile_read 'max_num_seqs must be positive, got 0' "--flagfile=$tmp/flags"
@@ -188,7 +189,8 @@ expect_bad flagfile_bad_value "--flagfile $tmp/lots.flags line 1: Bad value \"lo
   "--flagfile=$tmp/lots.flags"
 printf -- '--max_num_seqs=8\nllama\n' >"$tmp/positional.flags"
 expect_bad flagfile_positional 'line 2: "llama" is not a flag' "--flagfile=$tmp/positional.flags"
-expect_bad flagfile_device '--flagfile /dev/zero is not a regular file' --flagfile=/dev/zero
+expect_bad flagfile_device 'Cannot read --flagfile "/dev/zero": Is a device, not a regular file' \
+  --flagfile=/dev/zero
 printf -- '  --max_num_seqs=8\r\n\n# a comment\n' >"$tmp/good.flags"
 expect_ok flagfile_good "--flagfile=$tmp/good.flags" &&
   expect_out flagfile_good 'Steps: max_num_seqs 8,'
