@@ -3,7 +3,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "attention/decode_kernel.h"
+#include "attention/internal/unchecked_launch.h"
 #include "attention/merge_kernel.h"
+#include "attention/prefill_kernel.h"
 #include "runtime/cuda/status_macros.h"
 
 namespace kiln {
@@ -26,10 +28,22 @@ bool LaunchesMerge(const AttentionPlanPartDevice& part) {
          !(part.merge_counters != nullptr && RunsOnDecodeKernel(part));
 }
 
-// Returns what the launches of `part` (its kernel and merge) would refuse, so that a refusal
-// comes before anything of the step is enqueued. rope_append: for the decode part only.
-absl::Status ValidatePart(const AttentionStepParams& p, const AttentionPlanPartDevice& part,
-                          const DecodeRopeAppendDevice& rope_append) {
+// One part's launches (its kernel and merge), each params struct built once and checked
+// before anything of the step is enqueued.
+struct PartLaunches {
+  bool kernel = false;         // the part is enabled: one of the kernels runs
+  bool on_decode_kernel = false;
+  DecodeAttentionParams decode;
+  RopeFrequencies rope_freqs;  // the decode kernel's, derived by its check
+  PrefillAttentionParams prefill;
+  bool merge = false;          // LaunchesMerge(part)
+  AttentionMergeParams merge_params;
+};
+
+// Builds the launches of `part` into `launches` and returns what they would refuse, so that a
+// refusal comes before anything of the step is enqueued. rope_append: for the decode part only.
+absl::Status PreparePart(const AttentionStepParams& p, const AttentionPlanPartDevice& part,
+                         const DecodeRopeAppendDevice& rope_append, PartLaunches* launches) {
   // 0 is a part the plan leaves off; a negative count is a corrupt part, not an off one.
   if (part.work_capacity < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -37,10 +51,15 @@ absl::Status ValidatePart(const AttentionStepParams& p, const AttentionPlanPartD
         part.work_capacity, "; pass PlanBuffers' part (0 leaves a part off)"));
   }
   if (!Enabled(part)) return absl::OkStatus();
-  if (RunsOnDecodeKernel(part)) {
-    RETURN_IF_ERROR(ValidateDecodeAttentionParams(DecodeParamsForPart(p, part, rope_append)));
+  launches->kernel = true;
+  launches->on_decode_kernel = RunsOnDecodeKernel(part);
+  if (launches->on_decode_kernel) {
+    launches->decode = DecodeParamsForPart(p, part, rope_append);
+    ASSIGN_OR_RETURN(launches->rope_freqs,
+                     attention_internal::ValidateDecodeAttention(launches->decode));
   } else {
-    RETURN_IF_ERROR(ValidatePrefillAttentionParams(PrefillParamsForPart(p, part)));
+    launches->prefill = PrefillParamsForPart(p, part);
+    RETURN_IF_ERROR(ValidatePrefillAttentionParams(launches->prefill));
     // PrefillParamsForPart passes the workspace only to a part that may split; one that may
     // split without it would have its split tiles written through null.
     if (part.slot_capacity > 0 && (part.partial_o == nullptr || part.partial_lse == nullptr)) {
@@ -49,24 +68,26 @@ absl::Status ValidatePart(const AttentionStepParams& p, const AttentionPlanPartD
           part.slot_capacity, ") but has no partial workspace; pass PlanBuffers' part"));
     }
   }
-  if (!LaunchesMerge(part)) return absl::OkStatus();
-  return ValidateAttentionMergeParams(MergeParamsForPart(p, part));
+  launches->merge = LaunchesMerge(part);
+  if (!launches->merge) return absl::OkStatus();
+  launches->merge_params = MergeParamsForPart(p, part);
+  return ValidateAttentionMergeParams(launches->merge_params);
 }
 
-// rope_append: for the decode part only (its sequences have q_len 1).
-absl::Status RunPart(const AttentionStepParams& p, const AttentionPlanPartDevice& part,
-                     const DecodeRopeAppendDevice& rope_append, cudaStream_t stream) {
-  if (!Enabled(part)) return absl::OkStatus();
-  if (RunsOnDecodeKernel(part)) {
-    return LaunchDecodeAttention(DecodeParamsForPart(p, part, rope_append), stream);
+// Enqueues the kernel of a part that PreparePart accepted.
+absl::Status EnqueueKernel(const PartLaunches& launches, cudaStream_t stream) {
+  if (!launches.kernel) return absl::OkStatus();
+  if (launches.on_decode_kernel) {
+    return attention_internal::LaunchDecodeAttentionUnchecked(launches.decode,
+                                                              launches.rope_freqs, stream);
   }
-  return LaunchPrefillAttention(PrefillParamsForPart(p, part), stream);
+  return attention_internal::LaunchPrefillAttentionUnchecked(launches.prefill, stream);
 }
 
-absl::Status MergePart(const AttentionStepParams& p, const AttentionPlanPartDevice& part,
-                       cudaStream_t stream) {
-  if (!LaunchesMerge(part)) return absl::OkStatus();
-  return LaunchAttentionMerge(MergeParamsForPart(p, part), stream);
+// Enqueues the merge of a part that PreparePart accepted.
+absl::Status EnqueueMerge(const PartLaunches& launches, cudaStream_t stream) {
+  if (!launches.merge) return absl::OkStatus();
+  return attention_internal::LaunchAttentionMergeUnchecked(launches.merge_params, stream);
 }
 
 }  // namespace
@@ -152,17 +173,19 @@ absl::Status RunAttentionStep(const AttentionStepParams& params, cudaStream_t st
         "part, tiles of at most 16 rows): the decode kernel rotates only q_len-1 tokens; run "
         "RoPE and the KV append before attention for other steps");
   }
-  // Every launch of the step is checked before anything is enqueued: otherwise a part or merge
-  // refused later would fail the step after the decode part's kernel had already run (or been
-  // captured into the graph).
-  RETURN_IF_ERROR(ValidatePart(params, params.decode, params.rope_append));
-  RETURN_IF_ERROR(ValidatePart(params, params.prefill, DecodeRopeAppendDevice{}));
+  // Every launch of the step is built and checked before anything is enqueued: otherwise a
+  // part or merge refused later would fail the step after the decode part's kernel had already
+  // run (or been captured into the graph). The launches then enqueue what was checked, without
+  // checking it again.
+  PartLaunches decode, prefill;
+  RETURN_IF_ERROR(PreparePart(params, params.decode, params.rope_append, &decode));
+  RETURN_IF_ERROR(PreparePart(params, params.prefill, DecodeRopeAppendDevice{}, &prefill));
   // Both kernels first (they write disjoint rows of o and separate workspaces), then the
   // merges, which read the partials the kernels wrote earlier on this stream.
-  RETURN_IF_ERROR(RunPart(params, params.decode, params.rope_append, stream));
-  RETURN_IF_ERROR(RunPart(params, params.prefill, DecodeRopeAppendDevice{}, stream));
-  RETURN_IF_ERROR(MergePart(params, params.decode, stream));
-  return MergePart(params, params.prefill, stream);
+  RETURN_IF_ERROR(EnqueueKernel(decode, stream));
+  RETURN_IF_ERROR(EnqueueKernel(prefill, stream));
+  RETURN_IF_ERROR(EnqueueMerge(decode, stream));
+  return EnqueueMerge(prefill, stream);
 }
 
 }  // namespace kiln

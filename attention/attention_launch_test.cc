@@ -161,6 +161,53 @@ TEST(AttentionLaunchTest, RefusesEveryLaunchOfTheStepBeforeEnqueueingAny) {
   EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("no (16-byte aligned) partial"));
 }
 
+// The step enqueues the decode kernel, the prefill kernel, the decode merge, then the prefill
+// merge. A refusal of any of them, the last ones included, comes before the first is enqueued
+// (on a host without a GPU an earlier launch would fail with a CUDA error instead).
+TEST(AttentionLaunchTest, RefusesEachLaunchInEnqueueOrderBeforeTheFirst) {
+  alignas(16) int buffers[16] = {};
+  alignas(16) float partial[8] = {};
+  AttentionWorkItem item{};
+  AttentionMergeItem merge{};
+  const auto split = [&](AttentionPlanPartDevice* part) {
+    part->slot_capacity = 2;
+    part->merge_capacity = 1;
+    part->merge_items = &merge;
+    part->partial_o = partial;
+    part->partial_lse = partial;
+  };
+  // Both parts split, without merge counters: four launches, every one of them checked.
+  const auto base = [&]() {
+    AttentionStepParams p = HostStepParams(buffers, &item);
+    p.prefill.tile_rows = 64;
+    split(&p.decode);
+    split(&p.prefill);
+    return p;
+  };
+  // The decode part's merge (third in order): its merge items are missing.
+  AttentionStepParams p = base();
+  p.decode.merge_items = nullptr;
+  absl::Status s = RunAttentionStep(p, nullptr);
+  EXPECT_EQ(s, ValidateAttentionMergeParams(MergeParamsForPart(p, p.decode)));
+  EXPECT_THAT(s.message(), HasSubstr("Merge needs o"));
+  // The prefill part's merge (last in order): likewise.
+  p = base();
+  p.prefill.merge_items = nullptr;
+  s = RunAttentionStep(p, nullptr);
+  EXPECT_EQ(s, ValidateAttentionMergeParams(MergeParamsForPart(p, p.prefill)));
+  // The prefill kernel (second): a tile_rows it is not built for.
+  p = base();
+  p.prefill.tile_rows = 96;
+  EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("Prefill tile_rows 96"));
+  // The decode kernel (first): a dtype no kernel is built for, refused by its check rather
+  // than by the launch's dispatch.
+  p = base();
+  p.dtype = static_cast<AttentionDtype>(3);
+  EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("Decode dtype 3"));
+  p.decode.work_capacity = 0;  // then the prefill kernel's check names it
+  EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("Prefill dtype 3"));
+}
+
 // The kernels move q, o and the cache in 16-byte vectors and index the block table by rows of
 // max_blocks_per_seq: a misaligned tensor or rows of no width are refused, not launched.
 TEST(AttentionLaunchTest, RefusesMisalignedTensorsAndEmptyBlockTableRows) {

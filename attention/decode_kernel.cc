@@ -5,12 +5,15 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "attention/internal/dispatch.h"
 #include "attention/internal/kernel_args.h"
+#include "attention/internal/unchecked_launch.h"
 #include "attention/merge_kernel.h"
 #include "runtime/cuda/status.h"
+#include "runtime/cuda/status_macros.h"
 
 namespace kiln {
 namespace {
@@ -24,6 +27,19 @@ int Log2(int power_of_two) {
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The merge that RunDecodeAttention launches after the kernel of `p`.
+AttentionMergeParams MergeParams(const DecodeAttentionParams& p) {
+  AttentionMergeParams merge;
+  merge.dtype = p.dtype;
+  merge.num_q_heads = p.num_q_heads;
+  merge.num_kv_heads = p.num_kv_heads;
+  merge.head_dim = p.head_dim;
+  merge.o = p.o;
+  merge.o_stride = p.o_stride;
+  merge.plan = p.plan;
+  return merge;
+}
 
 }  // namespace
 
@@ -54,7 +70,14 @@ absl::Status DecodeAttentionSupportsShape(int num_q_heads, int num_kv_heads, int
   return absl::OkStatus();
 }
 
-absl::Status ValidateDecodeAttentionParams(const DecodeAttentionParams& p) {
+absl::StatusOr<RopeFrequencies> attention_internal::ValidateDecodeAttention(
+    const DecodeAttentionParams& p) {
+  if (p.dtype != AttentionDtype::kBf16 && p.dtype != AttentionDtype::kFp16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Decode dtype ", static_cast<int>(p.dtype), " is not supported; use kBf16 (",
+        static_cast<int>(AttentionDtype::kBf16), ") or kFp16 (",
+        static_cast<int>(AttentionDtype::kFp16), ")"));
+  }
   RETURN_IF_ERROR(DecodeAttentionSupportsShape(p.num_q_heads, p.num_kv_heads, p.head_dim));
   const int group = p.num_q_heads / p.num_kv_heads;
   const int bs = p.kv.block_size;
@@ -106,6 +129,7 @@ absl::Status ValidateDecodeAttentionParams(const DecodeAttentionParams& p) {
         " must be 0 or multiples of 8 of at least num_q_heads × head_dim = ", row));
   }
   const DecodeRopeAppendDevice& r = p.rope_append;
+  RopeFrequencies rope_freqs;
   if (r.positions != nullptr) {
     const int64_t kv_row = static_cast<int64_t>(p.num_kv_heads) * p.head_dim;
     if (!IsRopeTheta(r.theta)) {
@@ -113,9 +137,11 @@ absl::Status ValidateDecodeAttentionParams(const DecodeAttentionParams& p) {
           "Decode RoPE theta ", r.theta,
           " must be a finite base above 1 (the model's rope_theta)"));
     }
-    if (absl::Status status = r.scaling.Validate(); !status.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("Decode ", status.message()));
+    absl::StatusOr<RopeFrequencies> freqs = RopeFrequencies::MakeValidated(r.theta, r.scaling);
+    if (!freqs.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("Decode ", freqs.status().message()));
     }
+    rope_freqs = *freqs;
     if (r.k == nullptr || r.v == nullptr || !Aligned16(r.k) || !Aligned16(r.v)) {
       return absl::InvalidArgumentError(
           "Decode RoPE + KV append needs the new k and v, each 16-byte aligned");
@@ -140,12 +166,16 @@ absl::Status ValidateDecodeAttentionParams(const DecodeAttentionParams& p) {
           ", qk_norm_eps ", r.qk_norm_eps, ")"));
     }
   }
-  return absl::OkStatus();
+  return rope_freqs;
 }
 
-absl::Status LaunchDecodeAttention(const DecodeAttentionParams& params, cudaStream_t stream) {
+absl::Status ValidateDecodeAttentionParams(const DecodeAttentionParams& params) {
+  return attention_internal::ValidateDecodeAttention(params).status();
+}
+
+absl::Status attention_internal::LaunchDecodeAttentionUnchecked(
+    const DecodeAttentionParams& params, const RopeFrequencies& rope_freqs, cudaStream_t stream) {
   if (params.plan.work_capacity <= 0) return absl::OkStatus();
-  RETURN_IF_ERROR(ValidateDecodeAttentionParams(params));
   attention_internal::DecodeKernelArgs args;
   const int64_t row = static_cast<int64_t>(params.num_q_heads) * params.head_dim;
   args.q = params.q;
@@ -172,8 +202,7 @@ absl::Status LaunchDecodeAttention(const DecodeAttentionParams& params, cudaStre
   args.scale_log2 = scale * 1.4426950408889634f;  // log2(e)
   const DecodeRopeAppendDevice& rope = params.rope_append;
   args.rope_positions = rope.positions;
-  args.rope_freqs = rope.positions != nullptr ? RopeFrequencies::Make(rope.theta, rope.scaling)
-                                              : RopeFrequencies();
+  args.rope_freqs = rope_freqs;
   args.new_k = rope.k;
   args.new_v = rope.v;
   args.new_kv_stride = rope.kv_stride;
@@ -193,18 +222,28 @@ absl::Status LaunchDecodeAttention(const DecodeAttentionParams& params, cudaStre
   });
 }
 
+absl::Status LaunchDecodeAttention(const DecodeAttentionParams& params, cudaStream_t stream) {
+  if (params.plan.work_capacity <= 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const RopeFrequencies rope_freqs,
+                   attention_internal::ValidateDecodeAttention(params));
+  return attention_internal::LaunchDecodeAttentionUnchecked(params, rope_freqs, stream);
+}
+
 absl::Status RunDecodeAttention(const DecodeAttentionParams& params, cudaStream_t stream) {
-  RETURN_IF_ERROR(LaunchDecodeAttention(params, stream));
-  if (params.plan.merge_counters != nullptr) return absl::OkStatus();  // merged in the kernel
-  AttentionMergeParams merge;
-  merge.dtype = params.dtype;
-  merge.num_q_heads = params.num_q_heads;
-  merge.num_kv_heads = params.num_kv_heads;
-  merge.head_dim = params.head_dim;
-  merge.o = params.o;
-  merge.o_stride = params.o_stride;
-  merge.plan = params.plan;
-  return LaunchAttentionMerge(merge, stream);
+  // Both launches are checked before the first is enqueued, so a refused merge does not follow
+  // a kernel that already ran (or was captured) and wrote partials nothing merges.
+  RopeFrequencies rope_freqs;
+  if (params.plan.work_capacity > 0) {
+    ASSIGN_OR_RETURN(rope_freqs, attention_internal::ValidateDecodeAttention(params));
+  }
+  const AttentionMergeParams merge = MergeParams(params);
+  // With merge counters the kernel merges its split tiles itself.
+  const bool merges = params.plan.merge_counters == nullptr && params.plan.merge_capacity > 0;
+  if (merges) RETURN_IF_ERROR(ValidateAttentionMergeParams(merge));
+  RETURN_IF_ERROR(
+      attention_internal::LaunchDecodeAttentionUnchecked(params, rope_freqs, stream));
+  if (!merges) return absl::OkStatus();
+  return attention_internal::LaunchAttentionMergeUnchecked(merge, stream);
 }
 
 }  // namespace kiln

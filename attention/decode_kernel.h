@@ -58,11 +58,11 @@ struct DecodeAttentionParams {
 // refused before anything is allocated.
 absl::Status DecodeAttentionSupportsShape(int num_q_heads, int num_kv_heads, int head_dim);
 
-// Checks the host-side fields of `params` (DecodeAttentionSupportsShape, block size, tile rows,
-// non-null and 16-byte aligned tensors, strides, the partial workspace of a part that splits,
-// the RoPE + KV append and QK norm) and returns InvalidArgument naming the bad value, or OK.
-// Device contents (items, lengths, block table) are the planner's responsibility and are not
-// read. Thread-safe; callable during capture.
+// Checks the host-side fields of `params` (dtype, DecodeAttentionSupportsShape, block size,
+// tile rows, non-null and 16-byte aligned tensors, strides, the partial workspace of a part
+// that splits, the RoPE + KV append and QK norm) and returns InvalidArgument naming the bad
+// value, or OK. Device contents (items, lengths, block table) are the planner's responsibility
+// and are not read. Thread-safe; callable during capture.
 absl::Status ValidateDecodeAttentionParams(const DecodeAttentionParams& params);
 
 // Launches the decode kernel: unsplit tiles are written to o, split ones to the partial
@@ -70,11 +70,14 @@ absl::Status ValidateDecodeAttentionParams(const DecodeAttentionParams& params);
 // tile to finish merges the tile into o inside the same launch (one kernel per step, no merge
 // launch); this relies on the planner's chunking (chunk k of a tile covers [k·c, (k+1)·c) with
 // c the header's kv_chunk_size, in slot first_slot + k). Without counters, LaunchAttentionMerge
-// finishes split tiles. InvalidArgument names an unsupported or missing parameter; a launch
-// failure comes back as a Status.
+// finishes split tiles. Does nothing when plan.work_capacity is 0. InvalidArgument names an
+// unsupported or missing parameter (ValidateDecodeAttentionParams); a launch failure comes back
+// as a Status.
 absl::Status LaunchDecodeAttention(const DecodeAttentionParams& params, cudaStream_t stream);
 
-// Launches the decode kernel and, when the plan part splits without merge counters, the merge.
+// Launches the decode kernel and, when the plan part has merge items but no merge counters, the
+// merge. Both launches are checked (ValidateDecodeAttentionParams, ValidateAttentionMergeParams)
+// before the first is enqueued.
 absl::Status RunDecodeAttention(const DecodeAttentionParams& params, cudaStream_t stream);
 
 }  // namespace kiln

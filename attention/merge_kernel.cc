@@ -5,12 +5,19 @@
 #include "absl/strings/str_cat.h"
 #include "attention/internal/dispatch.h"
 #include "attention/internal/kernel_args.h"
+#include "attention/internal/unchecked_launch.h"
 #include "runtime/cuda/status.h"
 
 namespace kiln {
 
 absl::Status ValidateAttentionMergeParams(const AttentionMergeParams& params) {
   const AttentionPlanPartDevice& plan = params.plan;
+  if (params.dtype != AttentionDtype::kBf16 && params.dtype != AttentionDtype::kFp16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Merge dtype ", static_cast<int>(params.dtype), " is not supported; use kBf16 (",
+        static_cast<int>(AttentionDtype::kBf16), ") or kFp16 (",
+        static_cast<int>(AttentionDtype::kFp16), ")"));
+  }
   if (params.num_q_heads <= 0 || params.num_kv_heads <= 0 ||
       params.num_q_heads % params.num_kv_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -45,10 +52,10 @@ absl::Status ValidateAttentionMergeParams(const AttentionMergeParams& params) {
   return absl::OkStatus();
 }
 
-absl::Status LaunchAttentionMerge(const AttentionMergeParams& params, cudaStream_t stream) {
+absl::Status attention_internal::LaunchAttentionMergeUnchecked(const AttentionMergeParams& params,
+                                                               cudaStream_t stream) {
   const AttentionPlanPartDevice& plan = params.plan;
   if (plan.merge_capacity <= 0) return absl::OkStatus();
-  RETURN_IF_ERROR(ValidateAttentionMergeParams(params));
   attention_internal::MergeKernelArgs args;
   args.o = params.o;
   args.o_stride = params.o_stride != 0
@@ -69,6 +76,12 @@ absl::Status LaunchAttentionMerge(const AttentionMergeParams& params, cudaStream
                       "attention merge kernel launch");
     });
   });
+}
+
+absl::Status LaunchAttentionMerge(const AttentionMergeParams& params, cudaStream_t stream) {
+  if (params.plan.merge_capacity <= 0) return absl::OkStatus();
+  RETURN_IF_ERROR(ValidateAttentionMergeParams(params));
+  return attention_internal::LaunchAttentionMergeUnchecked(params, stream);
 }
 
 }  // namespace kiln

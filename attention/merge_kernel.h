@@ -37,7 +37,7 @@ struct AttentionMergeParams {
   AttentionPlanPartDevice plan;  // the part whose partials to merge (merge items, workspace)
 };
 
-// Checks the host-side fields of `params` (heads, head_dim 64 or 128, o, the merge items,
+// Checks the host-side fields of `params` (dtype, heads, head_dim 64 or 128, o, the merge items,
 // seq_q_start and the partial workspace set, o_stride 0 or a multiple of 8 of at least
 // num_q_heads × head_dim, o and partial_o 16-byte aligned) and returns InvalidArgument naming
 // the bad value, or OK. Thread-safe; callable during capture.

@@ -17,13 +17,11 @@ int Log2(int power_of_two) {
   return log;
 }
 
-}  // namespace
-
-absl::Status AppendKv(const AppendKvParams& params, const PagedKvLayout& layout,
-                      const PagedKvDevice& kv, void* k_cache, void* v_cache,
-                      cudaStream_t stream) {
+// AppendKv for a `layout` that Validate() accepted: checks the rest and launches.
+absl::Status AppendWithValidLayout(const AppendKvParams& params, const PagedKvLayout& layout,
+                                   const PagedKvDevice& kv, void* k_cache, void* v_cache,
+                                   cudaStream_t stream) {
   if (params.max_tokens <= 0) return absl::OkStatus();
-  RETURN_IF_ERROR(layout.Validate());
   const int64_t row = static_cast<int64_t>(layout.num_kv_heads) * layout.head_dim;
   if (params.k == nullptr || params.v == nullptr || k_cache == nullptr || v_cache == nullptr) {
     return absl::InvalidArgumentError("AppendKv needs k, v and both cache pools");
@@ -75,6 +73,16 @@ absl::Status AppendKv(const AppendKvParams& params, const PagedKvLayout& layout,
                   "append KV kernel launch");
 }
 
+}  // namespace
+
+absl::Status AppendKv(const AppendKvParams& params, const PagedKvLayout& layout,
+                      const PagedKvDevice& kv, void* k_cache, void* v_cache,
+                      cudaStream_t stream) {
+  if (params.max_tokens <= 0) return absl::OkStatus();
+  RETURN_IF_ERROR(layout.Validate());
+  return AppendWithValidLayout(params, layout, kv, k_cache, v_cache, stream);
+}
+
 absl::StatusOr<PagedKvCache> PagedKvCache::Create(const PagedKvLayout& layout, int max_seqs,
                                                   int max_blocks_per_seq) {
   RETURN_IF_ERROR(layout.Validate());
@@ -115,7 +123,9 @@ absl::Status PagedKvCache::UploadBlockTable(cudaStream_t stream) const {
 }
 
 absl::Status PagedKvCache::Append(const AppendKvParams& params, cudaStream_t stream) {
-  return AppendKv(params, layout_, device(), k_.data(), v_.data(), stream);
+  // Create validated layout_; a cache that Create did not make has no pools, which the append
+  // refuses.
+  return AppendWithValidLayout(params, layout_, device(), k_.data(), v_.data(), stream);
 }
 
 PagedKvDevice PagedKvCache::device() const {

@@ -81,7 +81,9 @@ class PagedKvCache {
   // were synchronised. FailedPrecondition during capture.
   absl::Status UploadBlockTable(cudaStream_t stream) const;
 
-  // Appends a step's K and V (see AppendKvParams). Legal during capture.
+  // Appends a step's K and V (see AppendKvParams) with AppendKv's checks, except the layout's:
+  // Create checked it once. InvalidArgument for a cache that Create did not make (no pools).
+  // Legal during capture.
   absl::Status Append(const AppendKvParams& params, cudaStream_t stream);
 
   // Returns the device view the attention kernels read.

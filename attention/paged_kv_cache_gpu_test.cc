@@ -223,5 +223,29 @@ TEST(PagedKvCacheGpuTest, AppendRefusesMisalignedTensorsAndEmptyBlockTableRows) 
       << s;
 }
 
+// PagedKvCache::Append leaves the layout's check to Create: a cache Create did not make (no
+// pools, an empty layout) is refused before anything is launched, and the raw AppendKv
+// still checks the layout it is given (this case needs no GPU).
+TEST(PagedKvCacheGpuTest, AppendRefusesACacheCreateDidNotMakeAndABadLayout) {
+  alignas(16) int32_t buffers[16] = {};
+  AppendKvParams append;
+  append.k = &buffers[0];
+  append.v = &buffers[4];
+  append.max_tokens = 1;
+  append.slot_mapping = &buffers[8];
+  PagedKvCache empty;
+  absl::Status s = empty.Append(append, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("needs k, v and both cache pools"), std::string::npos) << s;
+
+  const PagedKvLayout bad{8, 24, 1, 64, AttentionDtype::kBf16};  // block_size not a power of 2
+  PagedKvDevice kv;
+  kv.block_size = 24;
+  void* pool = &buffers[0];
+  s = AppendKv(append, bad, kv, pool, pool, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("KV block_size 24 must be a power of two"), std::string::npos) << s;
+}
+
 }  // namespace
 }  // namespace kiln

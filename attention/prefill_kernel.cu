@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "attention/internal/unchecked_launch.h"
 #include "attention/prefill_kernel_internal.h"
 #include "runtime/cuda/status.h"
 
@@ -144,8 +145,8 @@ absl::Status ValidatePrefillAttentionParams(const PrefillAttentionParams& p) {
   return absl::OkStatus();
 }
 
-absl::Status LaunchPrefillAttention(const PrefillAttentionParams& p, cudaStream_t stream) {
-  RETURN_IF_ERROR(ValidatePrefillAttentionParams(p));
+absl::Status attention_internal::LaunchPrefillAttentionUnchecked(const PrefillAttentionParams& p,
+                                                                 cudaStream_t stream) {
   if (p.num_work_items == 0) return absl::OkStatus();
   const float scale =
       p.softmax_scale > 0.0f ? p.softmax_scale : 1.0f / std::sqrt(static_cast<float>(p.head_dim));
@@ -173,6 +174,11 @@ absl::Status LaunchPrefillAttention(const PrefillAttentionParams& p, cudaStream_
   args.max_blocks_per_seq = p.max_blocks_per_seq;
   args.scale_log2 = scale * 1.4426950408889634f;
   return DispatchDtype(p, args, stream);
+}
+
+absl::Status LaunchPrefillAttention(const PrefillAttentionParams& p, cudaStream_t stream) {
+  RETURN_IF_ERROR(ValidatePrefillAttentionParams(p));
+  return attention_internal::LaunchPrefillAttentionUnchecked(p, stream);
 }
 
 int PrefillAttentionSharedMemoryBytes(AttentionDtype dtype, int head_dim, int tile_rows) {

@@ -7,6 +7,8 @@
 //   RETURN_IF_ERROR(scaling.Validate());
 //   kiln::RopeFrequencies f = kiln::RopeFrequencies::Make(500000.0, scaling);  // kernel argument
 //   double freq = kiln::RopeFrequency(f, i, head_dim);   // radians per position, pair i < d / 2
+//   // Or both in one derivation, for a launch that checks the scaling and then uses it:
+//   ASSIGN_OR_RETURN(f, kiln::RopeFrequencies::MakeValidated(500000.0, scaling));
 //
 // Llama 3 scaling (Meta's reference and Hugging Face's "llama3" rope type): with
 // L = original_max_position and wavelength w = 2π / freq, pairs with w < L / high_freq_factor
@@ -22,6 +24,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 #if defined(__CUDACC__)
 #define KILN_ROPE_HOST_DEVICE __host__ __device__
@@ -46,7 +49,8 @@ struct RopeScaling {
   // OK when disabled or when factor >= 1, 0 < low_freq_factor < high_freq_factor and
   // original_max_position > 0, all finite, and the band edges and blend that Make() derives from
   // them are finite; else InvalidArgument naming the field. With a theta above 1, a scaling it
-  // accepts gives finite frequencies between freq / factor and freq.
+  // accepts gives finite frequencies between freq / factor and freq. A launch that goes on to
+  // use the frequencies calls RopeFrequencies::MakeValidated instead (one derivation, not two).
   absl::Status Validate() const;
   // "none", or e.g. "llama3 x32 (low 1, high 4, original 8192)".
   std::string ToString() const;
@@ -91,6 +95,11 @@ struct RopeFrequencies {
     f.blend_offset = scaling.low_freq_factor / band;
     return f;
   }
+
+  // Returns Make(theta, scaling) when scaling.Validate() accepts the scaling, else the same
+  // InvalidArgument: the check reads the band edges and blend of this one derivation (they do
+  // not depend on theta). Host only; IsRopeTheta(theta) is the caller's to check. Thread-safe.
+  static absl::StatusOr<RopeFrequencies> MakeValidated(double theta, const RopeScaling& scaling);
 };
 
 // Pair i's frequency (radians per position) for heads of width head_dim.

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -115,6 +117,36 @@ TEST(RopeFrequencyTest, ThetaIsAFiniteBaseAboveOne) {
   }
 }
 
+// Every field alike (the struct has padding, so not memcmp).
+bool SameFrequencies(const RopeFrequencies& a, const RopeFrequencies& b) {
+  return a.log2_theta == b.log2_theta && a.scaled == b.scaled && a.inv_factor == b.inv_factor &&
+         a.keep_from == b.keep_from && a.divide_below == b.divide_below &&
+         a.blend_scale == b.blend_scale && a.blend_offset == b.blend_offset;
+}
+
+// MakeValidated is Validate and Make in one derivation: the same refusal, else the same bits.
+TEST(RopeFrequencyTest, MakeValidatedIsValidateThenMake) {
+  for (const RopeScaling& s :
+       {RopeScaling(), RopeScaling::Llama3(32.0, 1.0, 4.0, 8192),
+        RopeScaling::Llama3(8.0, 1.0, 4.0, 64), RopeScaling::Llama3(0.5, 1.0, 4.0, 8192),
+        RopeScaling::Llama3(8.0, 4.0, 4.0, 8192), RopeScaling::Llama3(8.0, 1.0, 4.0, 0),
+        RopeScaling::Llama3(8.0, 1.0, 1.7e308, 8192)}) {
+    for (double theta : {10000.0, 500000.0, 1e300}) {
+      const absl::StatusOr<RopeFrequencies> f = RopeFrequencies::MakeValidated(theta, s);
+      EXPECT_EQ(f.status(), s.Validate()) << s.ToString();
+      if (f.ok()) {
+        EXPECT_TRUE(SameFrequencies(*f, RopeFrequencies::Make(theta, s))) << s.ToString();
+      }
+    }
+  }
+  // The overflow of the band edges is refused like the fields.
+  EXPECT_THAT(std::string(RopeFrequencies::MakeValidated(
+                              500000.0, RopeScaling::Llama3(8.0, 1.0, 1.7e308, 8192))
+                              .status()
+                              .message()),
+              HasSubstr("overflow a double"));
+}
+
 TEST(RopeFrequencyTest, ToStringNamesTheValues) {
   EXPECT_EQ(RopeScaling().ToString(), "none");
   EXPECT_EQ(RopeScaling::Llama3(32.0, 1.0, 4.0, 8192).ToString(),
@@ -176,6 +208,14 @@ TEST(RopeFrequencyTest, SweepValidatesAndAcceptedScalingsGiveFiniteFrequencies) 
         RopeScaling::Llama3(DrawDouble(rng), DrawDouble(rng), DrawDouble(rng), DrawLength(rng));
     const absl::Status status = s.Validate();
     const std::string where = "scaling " + s.ToString();
+    // The derivation a launch keeps answers as Validate does, whatever the theta (not drawn
+    // from rng, so the draws below stay those of the seed).
+    const double any_theta = 2.0 + 97.0 * trial;
+    const absl::StatusOr<RopeFrequencies> made = RopeFrequencies::MakeValidated(any_theta, s);
+    ASSERT_EQ(made.status(), status) << where;
+    if (made.ok()) {
+      ASSERT_TRUE(SameFrequencies(*made, RopeFrequencies::Make(any_theta, s))) << where;
+    }
     // The model: the first rule a field breaks, in the order Validate documents.
     std::string want;
     if (s.factor == 0.0) {
