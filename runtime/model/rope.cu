@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "absl/status/statusor.h"
 #include "attention/rope_rotation.cuh"
 #include "runtime/model/internal/vec.cuh"
 
@@ -55,9 +56,12 @@ cudaError_t LaunchRope(__nv_bfloat16* qkv, const int32_t* positions, int num_tok
                        int kv_heads, int head_dim, double theta, const RopeScaling& scaling,
                        cudaStream_t stream) {
   if (num_tokens < 0 || heads <= 0 || kv_heads <= 0 || head_dim <= 0 || head_dim % 2 != 0 ||
-      head_dim / 2 > kMaxHalf || !IsRopeTheta(theta) || !scaling.Validate().ok()) {
+      head_dim / 2 > kMaxHalf || !IsRopeTheta(theta)) {
     return cudaErrorInvalidValue;
   }
+  // One derivation both checks the scaling and gives the frequencies.
+  const absl::StatusOr<RopeFrequencies> freqs = RopeFrequencies::MakeValidated(theta, scaling);
+  if (!freqs.ok()) return cudaErrorInvalidValue;
   // The kernel indexes a row in int: wider rows would wrap.
   if ((int64_t{heads} + 2 * int64_t{kv_heads}) * head_dim > std::numeric_limits<int32_t>::max()) {
     return cudaErrorInvalidValue;
@@ -66,16 +70,15 @@ cudaError_t LaunchRope(__nv_bfloat16* qkv, const int32_t* positions, int num_tok
   if (qkv == nullptr || positions == nullptr) return cudaErrorInvalidValue;
   const int rotated_heads = heads + kv_heads;  // q heads then k heads, contiguous
   const int row_width = (heads + 2 * kv_heads) * head_dim;
-  const RopeFrequencies freqs = RopeFrequencies::Make(theta, scaling);
   const int half = head_dim / 2;
   if (half % 8 == 0 && row_width % 8 == 0 && internal::Aligned16(qkv)) {
     const int threads = internal::WarpRoundedThreads(int64_t{rotated_heads} * half / 8, 512);
     RopeKernel<8><<<num_tokens, threads, 0, stream>>>(qkv, positions, rotated_heads, row_width,
-                                                      head_dim, freqs);
+                                                      head_dim, *freqs);
   } else {
     const int threads = internal::WarpRoundedThreads(int64_t{rotated_heads} * half, 512);
     RopeKernel<1><<<num_tokens, threads, 0, stream>>>(qkv, positions, rotated_heads, row_width,
-                                                      head_dim, freqs);
+                                                      head_dim, *freqs);
   }
   return cudaGetLastError();
 }
