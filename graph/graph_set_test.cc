@@ -49,6 +49,27 @@ TEST(GraphSetTest, KeysNeverCapturedAreFailedPrecondition) {
   EXPECT_TRUE(graphs.AllStats().empty());
 }
 
+// Replay looks the key up first and checks it only when it has no graph (a key with a graph
+// passed the check at Capture): a bad key still gets the check's InvalidArgument, never "No
+// graph", also where it hashes like a valid key ({mode 4, size 1} and decode/2).
+TEST(GraphSetTest, ReplayOfABadKeyIsInvalidArgumentNotNoGraph) {
+  GraphSet graphs;
+  for (const CaptureKey key : {CaptureKey{static_cast<GraphMode>(4), 1},
+                               CaptureKey{GraphMode::kDecode, 0},
+                               CaptureKey{GraphMode::kPrefill, -8},
+                               CaptureKey{GraphMode::kMixed, CaptureSizes::kMaxLimit + 1}}) {
+    const absl::Status replay = graphs.Replay(key, nullptr);
+    EXPECT_EQ(replay.code(), absl::StatusCode::kInvalidArgument) << replay;
+    EXPECT_THAT(std::string(replay.message()),
+                HasSubstr(absl::StrCat("GraphSet::Replay of key ", KeyName(key), " (mode ",
+                                       static_cast<int>(key.mode), ", size ", key.size,
+                                       "): the mode must be a GraphMode")));
+  }
+  const absl::Status absent = graphs.Replay({GraphMode::kDecode, 2}, nullptr);
+  EXPECT_EQ(absent.code(), absl::StatusCode::kFailedPrecondition) << absent;
+  EXPECT_THAT(std::string(absent.message()), HasSubstr("No graph for decode/2"));
+}
+
 TEST(GraphSetTest, KeysOutsideTheCaptureSizesAreInvalidArgumentBeforeAnythingRuns) {
   // Random and extreme keys (sizes from INT_MIN to INT_MAX, modes outside GraphMode): Capture
   // refuses a key CaptureSizes could never give before the step runs once (no warm-up, no CUDA
