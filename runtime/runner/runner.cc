@@ -188,6 +188,25 @@ const std::vector<SplitAim>& DecodeSplitRules(const RunnerOptions& options, int 
                          : options.decode_split_by_rows;
 }
 
+absl::Status CheckStepTokens(absl::Span<const SequenceTokens> batch, int vocab,
+                             int max_num_batched_tokens) {
+  const size_t max_tokens = static_cast<size_t>(std::max(max_num_batched_tokens, 0));
+  for (const SequenceTokens& s : batch) {
+    if (s.tokens.size() > max_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Sequence ", s.id, " brings ", s.tokens.size(), " tokens, above max_num_batched_tokens ",
+          max_num_batched_tokens, "; chunk the prefill into smaller steps"));
+    }
+    for (int32_t t : s.tokens) {
+      if (t < 0 || t >= vocab) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "Sequence ", s.id, " has token ", t, " outside the vocabulary [0, ", vocab, ")"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 config::ModelShape ModelShapeFromLlamaShape(const LlamaShape& t, absl::string_view name) {
   config::ModelShape m;
   m.set_name(std::string(name));
@@ -833,69 +852,61 @@ absl::Status Runner::RunPiecewise(int key_index, const StepRoute& route) {
 
 absl::StatusOr<std::vector<int32_t>> Runner::Step(absl::Span<const SequenceTokens> batch,
                                                   const StepOptions& step_options) {
+  // Before the int casts below (a longer list would wrap) and before any sequence takes blocks.
+  RETURN_IF_ERROR(CheckStepTokens(batch, shape().vocab, keys_.limits().max_num_batched_tokens));
   std::vector<SequenceTable::Entry> entries;
-  std::vector<SeqLens> lens;
   entries.reserve(batch.size());
-  lens.reserve(batch.size());
   for (const SequenceTokens& s : batch) {
-    // Before the int casts below (a longer list would wrap) and before any sequence takes blocks.
-    if (s.tokens.size() > static_cast<size_t>(keys_.limits().max_num_batched_tokens)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Sequence ", s.id, " brings ", s.tokens.size(), " tokens, above max_num_batched_tokens ",
-          keys_.limits().max_num_batched_tokens, "; chunk the prefill into smaller steps"));
-    }
-    for (int32_t t : s.tokens) {
-      if (t < 0 || t >= shape().vocab) {
-        return absl::InvalidArgumentError(absl::StrCat("Sequence ", s.id, " has token ", t,
-                                                       " outside the vocabulary [0, ",
-                                                       shape().vocab, ")"));
+    entries.push_back({s.id, static_cast<int>(s.tokens.size())});
+  }
+
+  // Reserve checks each entry (an id twice, no tokens, a sequence past max_model_len) and hands
+  // the step's lengths to `admit` before any sequence takes a block. The route, and with it
+  // whether the step replays, follows from them: every refusal that depends on it is made
+  // there, so a refused step changes no sequence.
+  StepRoute route;
+  bool replay = false;
+  auto admit = [&](absl::Span<const SeqLens> lens) -> absl::Status {
+    RETURN_IF_ERROR(keys_.Check(lens));
+    route = keys_.Route(lens);
+    const StepKey& key = keys_.key(route.key_index);
+    if (!key.eager_only && !step_options.force_eager) {
+      if (options_.graphs == GraphExecution::kFull && graphs_ != nullptr) {
+        replay = graphs_->Contains(key.key);
+      } else if (options_.graphs == GraphExecution::kPiecewise && !piece_graphs_.empty()) {
+        replay = piece_graphs_.front()->Contains(key.key);
       }
     }
-    // A sequence past max_model_len is refused here, before the route is chosen or it takes
-    // blocks (Reserve checks the same).
-    const int64_t q_len = static_cast<int64_t>(s.tokens.size());
-    RETURN_IF_ERROR(table_.CheckGrowth(s.id, q_len));
-    const int64_t kv_len = int64_t{table_.Length(s.id)} + q_len;
-    entries.push_back({s.id, static_cast<int>(s.tokens.size())});
-    lens.push_back({static_cast<int32_t>(s.tokens.size()), static_cast<int32_t>(kv_len)});
-  }
-  RETURN_IF_ERROR(keys_.Check(lens));
-
-  // The route, and with it whether the step replays, follows from the lengths above: every
-  // refusal that depends on it comes before Reserve, so a refused step changes no sequence.
-  const StepRoute route = keys_.Route(lens);
+    // After a peer was lost the communicator may be aborted: a replay would launch NCCL kernels
+    // of a destroyed communicator. Report the lost peer again instead.
+    RETURN_IF_ERROR(peer_lost_);
+    if (replay && comm_ != nullptr) {
+      // The graphs' all-reduces read peers' buffers only once every rank registered them.
+      if (!graphs_registered_) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "Step ", KeyName(key.key), " would replay graphs whose all-reduce buffers are not "
+            "registered; call Runner::RegisterGraphBuffers() on every rank after Capture()"));
+      }
+      RETURN_IF_ERROR(comm_->CheckReplayable());
+    }
+    return absl::OkStatus();
+  };
+  ASSIGN_OR_RETURN(std::vector<SeqLens> lens, table_.Reserve(entries, admit));
   const StepKey& key = keys_.key(route.key_index);
   const MetadataLayout& layout = layouts_[route.key_index];
-  bool replay = false;
-  if (!key.eager_only && !step_options.force_eager) {
-    if (options_.graphs == GraphExecution::kFull && graphs_ != nullptr) {
-      replay = graphs_->Contains(key.key);
-    } else if (options_.graphs == GraphExecution::kPiecewise && !piece_graphs_.empty()) {
-      replay = piece_graphs_.front()->Contains(key.key);
-    }
-  }
-  // After a peer was lost the communicator may be aborted: a replay would launch NCCL kernels
-  // of a destroyed communicator. Report the lost peer again instead.
-  RETURN_IF_ERROR(peer_lost_);
-  if (replay && comm_ != nullptr) {
-    // The graphs' all-reduces read peers' buffers only once every rank registered them.
-    if (!graphs_registered_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "Step ", KeyName(key.key), " would replay graphs whose all-reduce buffers are not "
-          "registered; call Runner::RegisterGraphBuffers() on every rank after Capture()"));
-    }
-    RETURN_IF_ERROR(comm_->CheckReplayable());
-  }
-  ASSIGN_OR_RETURN(lens, table_.Reserve(entries));
 
   std::vector<absl::Span<const int32_t>> tokens, blocks;
+  tokens.reserve(batch.size());
+  blocks.reserve(batch.size());
   for (const SequenceTokens& s : batch) {
     tokens.push_back(s.tokens);
     blocks.push_back(table_.Blocks(s.id));
   }
   char* host = metadata_host_.as<char>();
-  RETURN_IF_ERROR(
-      FillStepInputs(layout, route, lens, tokens, blocks, table_.block_size(), host));
+  // The ids need no second look: CheckStepTokens refused tokens outside the vocabulary, and the
+  // table hands out only blocks in [0, num_blocks).
+  RETURN_IF_ERROR(FillStepInputs(layout, route, lens, tokens, blocks, table_.block_size(), host,
+                                 StepIds::kCheckedByCaller));
   RETURN_IF_ERROR(planners_[route.key_index].Plan(lens, host + layout.plan).status());
   const int num_seqs = static_cast<int>(batch.size());
   // The step's first kernel fetches the metadata (FetchMetadata, inside the graphs too), and the

@@ -495,6 +495,13 @@ absl::Status CheckRunnerOptions(const RunnerOptions& options);
 // decode_split_by_rows_head_dim_128 for head_dim 128, decode_split_by_rows otherwise.
 const std::vector<SplitAim>& DecodeSplitRules(const RunnerOptions& options, int head_dim);
 
+// Returns InvalidArgument, naming the sequence, for a sequence of `batch` that brings more than
+// max_num_batched_tokens tokens or a token outside [0, vocab). Runner::Step's first check: the
+// token ids it lets through are never negative, so the step's fill does not read them again
+// (StepIds::kCheckedByCaller). Host-only; thread-safe.
+absl::Status CheckStepTokens(absl::Span<const SequenceTokens> batch, int vocab,
+                             int max_num_batched_tokens);
+
 // Returns the config::ModelShape (bf16) of `shape`, named `name`: the inverse of
 // LlamaShapeFromConfig, for configs built from a LlamaShape (tests, benchmarks).
 config::ModelShape ModelShapeFromLlamaShape(const LlamaShape& shape, absl::string_view name);

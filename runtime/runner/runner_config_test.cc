@@ -7,7 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/config/presets.h"
@@ -373,6 +375,35 @@ TEST(RunnerConfigTest, RefusesOutOfRangeRunnerOptionsBeforeTheDevice) {
               HasSubstr("RunnerOptions::sharded_prefetch_gemm_rows (qkv 8, o -1"));
   options.sharded_prefetch_gemm_rows.o = 8;
   EXPECT_TRUE(CheckRunnerOptions(options).ok());
+}
+
+// Runner::Step's first check, the one its step fill relies on for token ids
+// (StepIds::kCheckedByCaller): every token of every sequence in [0, vocab), and no sequence
+// above max_num_batched_tokens, each named.
+TEST(RunnerConfigTest, StepTokensOutsideTheVocabularyAreRefused) {
+  constexpr int kVocab = 128256;
+  const std::vector<SequenceTokens> good = {{1, {0, 5, kVocab - 1}}, {2, {7}}, {3, {}}};
+  EXPECT_TRUE(CheckStepTokens(good, kVocab, 8).ok());
+  EXPECT_TRUE(CheckStepTokens({}, kVocab, 8).ok());  // Step's StepKeys::Check refuses it
+  for (int32_t bad : {-1, std::numeric_limits<int32_t>::min(), kVocab,
+                      std::numeric_limits<int32_t>::max()}) {
+    const std::vector<SequenceTokens> batch = {{1, {4, 5}}, {9, {3, bad, 2}}, {4, {-2}}};
+    const absl::Status status = CheckStepTokens(batch, kVocab, 8);
+    EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+    EXPECT_THAT(std::string(status.message()),
+                HasSubstr(absl::StrCat("Sequence 9 has token ", bad,
+                                       " outside the vocabulary [0, 128256)")));
+  }
+  const std::vector<SequenceTokens> long_batch = {{1, {4}}, {6, std::vector<int32_t>(9, 1)}};
+  absl::Status status = CheckStepTokens(long_batch, kVocab, 8);
+  EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("Sequence 6 brings 9 tokens, above max_num_batched_tokens 8"));
+  EXPECT_TRUE(CheckStepTokens(long_batch, kVocab, 9).ok());
+  // A limit below 0 admits no token rather than wrapping to a huge one.
+  status = CheckStepTokens(long_batch, kVocab, -1);
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("Sequence 1 brings 1 tokens, above max_num_batched_tokens -1"));
 }
 
 TEST(RunnerConfigTest, WritesTheRunnersGraphChoicesIntoThePlannerConfig) {

@@ -2,12 +2,37 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <string>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace kiln {
+namespace {
+
+// Returns the id of `ids` (an id and its entry's index each) whose second entry comes first, or
+// nullopt when no id repeats. Sorts `ids`.
+std::optional<int64_t> FirstRepeated(std::vector<std::pair<int64_t, size_t>>& ids) {
+  if (ids.size() < 2) return std::nullopt;
+  std::sort(ids.begin(), ids.end());
+  std::optional<int64_t> repeated;
+  size_t first = 0;
+  for (size_t i = 1; i < ids.size(); ++i) {
+    // Sorted by id, then index: ids[i] is a later entry of ids[i - 1]'s id.
+    if (ids[i].first == ids[i - 1].first && (!repeated || ids[i].second < first)) {
+      repeated = ids[i].first;
+      first = ids[i].second;
+    }
+  }
+  return repeated;
+}
+
+absl::Status RepeatedInStep(int64_t id) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "Sequence ", id, " appears twice in one step; give each sequence one entry"));
+}
+
+}  // namespace
 
 SequenceTable::SequenceTable(int num_blocks, int block_size, int64_t max_tokens)
     : num_blocks_(std::max(num_blocks, 0)),
@@ -21,13 +46,16 @@ SequenceTable::SequenceTable(int num_blocks, int block_size, int64_t max_tokens)
 }
 
 absl::Status SequenceTable::CheckGrowth(int64_t id, int64_t q_len) const {
+  return CheckGrowth(id, Length(id), q_len);
+}
+
+absl::Status SequenceTable::CheckGrowth(int64_t id, int64_t length, int64_t q_len) const {
   if (q_len < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Sequence ", id, " brings ", q_len, " tokens; every entry needs at least one"));
   }
   // q_len may be anything up to INT64_MAX: compare against the room left, which cannot
   // overflow, instead of adding it to the length.
-  const int64_t length = Length(id);
   if (q_len > max_tokens_ - length) {
     const std::string would_hold =
         q_len > std::numeric_limits<int64_t>::max() - length
@@ -42,21 +70,46 @@ absl::Status SequenceTable::CheckGrowth(int64_t id, int64_t q_len) const {
 }
 
 absl::StatusOr<std::vector<SeqLens>> SequenceTable::Reserve(absl::Span<const Entry> entries) {
+  return Reserve(entries, [](absl::Span<const SeqLens>) { return absl::OkStatus(); });
+}
+
+absl::StatusOr<std::vector<SeqLens>> SequenceTable::Reserve(
+    absl::Span<const Entry> entries,
+    absl::FunctionRef<absl::Status(absl::Span<const SeqLens> lens)> admit) {
   std::vector<SeqLens> lens;
   lens.reserve(entries.size());
-  absl::flat_hash_set<int64_t> seen;
+  const uint64_t mark = ++last_mark_;
+  new_ids_.clear();
   int64_t needed = 0;
-  for (const Entry& e : entries) {
-    if (!seen.insert(e.id).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Sequence ", e.id, " appears twice in one step; give each sequence one entry"));
+  // The first entry refused, in order; the loop stops there.
+  absl::Status refused;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const Entry& e = entries[i];
+    int length = 0;
+    int have = 0;
+    auto it = sequences_.find(e.id);
+    if (it == sequences_.end()) {
+      new_ids_.emplace_back(e.id, i);
+    } else if (it->second.mark == mark) {
+      refused = RepeatedInStep(e.id);
+      break;
+    } else {
+      it->second.mark = mark;
+      length = it->second.length;
+      have = static_cast<int>(it->second.blocks.size());
     }
-    if (absl::Status growth = CheckGrowth(e.id, e.q_len); !growth.ok()) return growth;
-    const int64_t kv_len = int64_t{Length(e.id)} + e.q_len;
-    const int have = static_cast<int>(Blocks(e.id).size());
+    refused = CheckGrowth(e.id, length, e.q_len);
+    if (!refused.ok()) break;
+    const int64_t kv_len = int64_t{length} + e.q_len;
     needed += std::max(0, BlocksFor(kv_len) - have);
     lens.push_back(SeqLens{e.q_len, static_cast<int32_t>(kv_len)});
   }
+  // An id the table does not know has no mark: its repeats are found among new_ids_, which end
+  // at the refused entry, so such a repeat comes before the refusal (or is that entry, whose
+  // repeat is checked before its growth), as an id checked entry by entry would.
+  if (std::optional<int64_t> repeated = FirstRepeated(new_ids_)) return RepeatedInStep(*repeated);
+  if (!refused.ok()) return refused;
+  if (absl::Status admitted = admit(lens); !admitted.ok()) return admitted;
   if (needed > free_blocks()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "The step needs ", needed, " more KV blocks but ", free_blocks(), " of ", num_blocks_,
@@ -76,18 +129,19 @@ absl::StatusOr<std::vector<SeqLens>> SequenceTable::Reserve(absl::Span<const Ent
 }
 
 absl::Status SequenceTable::CheckCommit(absl::Span<const Entry> entries) const {
-  absl::flat_hash_set<int64_t> seen;
+  const uint64_t mark = ++last_mark_;
   for (const Entry& e : entries) {
-    if (!seen.insert(e.id).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Sequence ", e.id, " appears twice in one commit; commit the step's entries once"));
-    }
     auto it = sequences_.find(e.id);
     if (it == sequences_.end()) {
       return absl::NotFoundError(absl::StrCat(
           "Sequence ", e.id, " is not known; reserve it (Reserve) before committing it"));
     }
     const Sequence& seq = it->second;
+    if (seq.mark == mark) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Sequence ", e.id, " appears twice in one commit; commit the step's entries once"));
+    }
+    seq.mark = mark;
     if (seq.reserved_q_len == 0 || e.q_len != seq.reserved_q_len) {
       return absl::FailedPreconditionError(absl::StrCat(
           "Sequence ", e.id, " commits ", e.q_len, " tokens but ",

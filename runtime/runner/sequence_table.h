@@ -16,14 +16,18 @@
 // and --Release--> unknown from any state. Reserve again before Commit replaces the reservation
 // (a step that ran but was not committed); Commit advances only entries of the latest Reserve,
 // once each, so a sequence's blocks always cover its length.
-// Host-only (no CUDA); not thread-safe.
+// Host-only (no CUDA); not thread-safe, CheckCommit included (it marks the sequences it has seen
+// to find a repeated id without a set of its own).
 #ifndef KILN_RUNTIME_RUNNER_SEQUENCE_TABLE_H_
 #define KILN_RUNTIME_RUNNER_SEQUENCE_TABLE_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -57,6 +61,15 @@ class SequenceTable {
   // an entry CheckGrowth refuses. ResourceExhausted: the pool lacks the blocks (names the blocks
   // needed and free). Nothing changes on error.
   absl::StatusOr<std::vector<SeqLens>> Reserve(absl::Span<const Entry> entries);
+
+  // Reserve(entries), which also calls `admit` with the entries' (q_len, kv_len), in order, once
+  // every entry passed its checks and before the check of the pool's free blocks: an error from
+  // `admit` is returned and nothing changes. For a caller whose own refusals depend on the
+  // step's lengths (a runner routes the step by them): each entry is checked and its length
+  // looked up once, here. `admit` must not use the table.
+  absl::StatusOr<std::vector<SeqLens>> Reserve(
+      absl::Span<const Entry> entries,
+      absl::FunctionRef<absl::Status(absl::Span<const SeqLens> lens)> admit);
 
   // Returns OK if Commit(entries) would advance every entry: each id known, at most once, and
   // its q_len that of the sequence's latest Reserve not yet committed. NotFound for an unknown
@@ -94,11 +107,16 @@ class SequenceTable {
     // length + reserved_q_len tokens.
     int reserved_q_len = 0;
     std::vector<int32_t> blocks;
+    // The mark of the latest Reserve or CheckCommit that saw this sequence: a second entry of
+    // the id in that call finds its own mark.
+    mutable uint64_t mark = 0;
   };
 
   int BlocksFor(int64_t tokens) const {
     return static_cast<int>((tokens + block_size_ - 1) / block_size_);
   }
+  // CheckGrowth for a sequence of `length` tokens.
+  absl::Status CheckGrowth(int64_t id, int64_t length, int64_t q_len) const;
 
   int num_blocks_;
   int block_size_;
@@ -106,6 +124,11 @@ class SequenceTable {
   int max_blocks_per_seq_;
   std::vector<int32_t> free_;  // a stack: the back is taken first
   absl::flat_hash_map<int64_t, Sequence> sequences_;
+  // The latest Sequence::mark taken: each Reserve and CheckCommit takes the next.
+  mutable uint64_t last_mark_ = 0;
+  // Reserve's scratch, kept for its capacity: the ids the table does not know yet, with their
+  // entry's index (they have no Sequence to mark).
+  std::vector<std::pair<int64_t, size_t>> new_ids_;
 };
 
 }  // namespace kiln

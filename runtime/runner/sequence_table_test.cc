@@ -267,6 +267,138 @@ TEST(SequenceTableTest, CommitAdvancesOnlyTheLatestReservationOnce) {
   EXPECT_FALSE(table.Contains(1));
 }
 
+// CheckCommit finds a repeated id by marking each sequence it sees, not with a set of its own:
+// marks left by earlier calls (Reserve's and CheckCommit's, refused or not) never make a single
+// entry look repeated, and a repeat is refused in every round, before anything advances.
+TEST(SequenceTableTest, RepeatedIdsAreRefusedInEveryCallAfterEarlierCalls) {
+  SequenceTable table(/*num_blocks=*/64, /*block_size=*/16, /*max_tokens=*/1024);
+  const std::vector<SequenceTable::Entry> step = {{1, 1}, {2, 1}, {3, 1}};
+  for (int round = 0; round < 50; ++round) {
+    ASSERT_TRUE(table.Reserve(step).ok()) << "round " << round;
+    ASSERT_TRUE(table.CheckCommit(step).ok()) << "round " << round;
+    ASSERT_TRUE(table.CheckCommit(step).ok()) << "round " << round;  // checking changes nothing
+    for (const std::vector<SequenceTable::Entry>& repeated :
+         {std::vector<SequenceTable::Entry>{{1, 1}, {2, 1}, {3, 1}, {1, 1}},
+          std::vector<SequenceTable::Entry>{{2, 1}, {2, 1}},
+          std::vector<SequenceTable::Entry>{{3, 1}, {1, 1}, {2, 1}, {3, 1}}}) {
+      const absl::Status commit = table.Commit(repeated);
+      ASSERT_EQ(commit.code(), absl::StatusCode::kInvalidArgument) << "round " << round;
+      ASSERT_THAT(std::string(commit.message()),
+                  HasSubstr(absl::StrCat("Sequence ", repeated.back().id,
+                                         " appears twice in one commit")));
+      // Reserve refuses the same repeats (these ids are known: marked the same way).
+      const absl::Status reserve = table.Reserve(repeated).status();
+      ASSERT_EQ(reserve.code(), absl::StatusCode::kInvalidArgument) << "round " << round;
+      ASSERT_THAT(std::string(reserve.message()),
+                  HasSubstr(absl::StrCat("Sequence ", repeated.back().id,
+                                         " appears twice in one step")));
+    }
+    for (int64_t id : {1, 2, 3}) ASSERT_EQ(table.Length(id), round) << "round " << round;
+    ASSERT_TRUE(table.Commit(step).ok()) << "round " << round;
+  }
+  EXPECT_EQ(table.Length(1), 50);
+}
+
+// Ids the table does not know yet have nothing to mark: their repeats are found apart from the
+// known ones', and still reported in entry order, before a later entry's refusal and after an
+// earlier one's.
+TEST(SequenceTableTest, RepeatedNewIdsAreRefusedInEntryOrder) {
+  SequenceTable table(/*num_blocks=*/16, /*block_size=*/16, /*max_tokens=*/64);
+  ASSERT_TRUE(table.Reserve(std::vector<SequenceTable::Entry>{{1, 10}}).ok());
+  ASSERT_TRUE(table.Commit(std::vector<SequenceTable::Entry>{{1, 10}}).ok());
+  const int free_before = table.free_blocks();
+  auto message = [&table](std::vector<SequenceTable::Entry> entries) {
+    return std::string(table.Reserve(entries).status().message());
+  };
+  // New 7 repeats at entry 2, before entry 3 (too long) and before known 1's repeat.
+  EXPECT_THAT(message({{7, 1}, {1, 1}, {7, 1}, {9, 65}, {1, 1}}),
+              HasSubstr("Sequence 7 appears twice"));
+  // Entry 1 is refused before new 7 repeats at entry 2.
+  EXPECT_THAT(message({{7, 1}, {9, 65}, {7, 1}}), HasSubstr("Sequence 9 would hold 65 tokens"));
+  // The repeat is itself the refused entry: the repeat comes first.
+  EXPECT_THAT(message({{7, 1}, {7, 0}}), HasSubstr("Sequence 7 appears twice"));
+  // Known 1 repeats at entry 2, before new 8 does at entry 3.
+  EXPECT_THAT(message({{1, 1}, {8, 1}, {1, 1}, {8, 1}}), HasSubstr("Sequence 1 appears twice"));
+  // New 8 repeats at entry 2, before known 1 does at entry 3; of two new repeats, the earlier.
+  EXPECT_THAT(message({{1, 1}, {8, 1}, {8, 1}, {1, 1}}), HasSubstr("Sequence 8 appears twice"));
+  EXPECT_THAT(message({{9, 1}, {8, 1}, {8, 1}, {9, 1}}), HasSubstr("Sequence 8 appears twice"));
+  EXPECT_THAT(message({{9, 1}, {8, 1}, {9, 1}, {8, 1}}), HasSubstr("Sequence 9 appears twice"));
+  EXPECT_THAT(message({{5, 1}, {6, 1}, {5, 1}, {6, 1}, {5, 1}}),
+              HasSubstr("Sequence 5 appears twice"));
+  EXPECT_EQ(table.free_blocks(), free_before);
+  EXPECT_EQ(table.num_sequences(), 1);
+  EXPECT_EQ(table.Length(1), 10);
+  // The same new ids once each are admitted.
+  auto lens = table.Reserve(std::vector<SequenceTable::Entry>{{9, 1}, {8, 1}, {1, 1}});
+  ASSERT_TRUE(lens.ok()) << lens.status();
+  EXPECT_EQ((*lens)[2].kv_len, 11);
+  EXPECT_EQ(table.num_sequences(), 3);
+}
+
+// Reserve's `admit` sees the step's lengths once every entry passed its checks and before the
+// pool's; its refusal is returned and changes nothing, as any other refusal.
+TEST(SequenceTableTest, ReserveAdmitSeesTheLengthsAndItsRefusalChangesNothing) {
+  SequenceTable table(/*num_blocks=*/4, /*block_size=*/16, /*max_tokens=*/64);
+  ASSERT_TRUE(table.Reserve(std::vector<SequenceTable::Entry>{{1, 20}}).ok());
+  ASSERT_TRUE(table.Commit(std::vector<SequenceTable::Entry>{{1, 20}}).ok());
+  const std::vector<SequenceTable::Entry> decode = {{1, 1}};
+  ASSERT_TRUE(table.Reserve(decode).ok());  // reserved, not committed
+  const int free_before = table.free_blocks();
+  std::vector<SeqLens> seen;
+  int calls = 0;
+  auto refuse = [&](absl::Span<const SeqLens> lens) {
+    ++calls;
+    seen.assign(lens.begin(), lens.end());
+    return absl::FailedPreconditionError("Not this step");
+  };
+
+  const std::vector<SequenceTable::Entry> step = {{1, 12}, {2, 5}};
+  absl::StatusOr<std::vector<SeqLens>> refused = table.Reserve(step, refuse);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.status().message(), "Not this step");
+  ASSERT_EQ(calls, 1);
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].q_len, 12);
+  EXPECT_EQ(seen[0].kv_len, 32);
+  EXPECT_EQ(seen[1].q_len, 5);
+  EXPECT_EQ(seen[1].kv_len, 5);
+  EXPECT_EQ(table.free_blocks(), free_before);
+  EXPECT_FALSE(table.Contains(2));
+  EXPECT_TRUE(table.CheckCommit(decode).ok());  // the earlier reservation stands
+
+  // An entry refused by the table: `admit` is not asked.
+  EXPECT_EQ(table.Reserve(std::vector<SequenceTable::Entry>{{1, 45}}, refuse).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      table.Reserve(std::vector<SequenceTable::Entry>{{2, 1}, {2, 1}}, refuse).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(calls, 1);
+  // Before the pool's check: a step too big for the pool gets admit's refusal.
+  const std::vector<SequenceTable::Entry> big = {{3, 64}};
+  EXPECT_EQ(table.Reserve(big, refuse).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(calls, 2);
+  auto admit = [&](absl::Span<const SeqLens> lens) {
+    ++calls;
+    seen.assign(lens.begin(), lens.end());
+    return absl::OkStatus();
+  };
+  EXPECT_EQ(table.Reserve(big, admit).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(table.free_blocks(), free_before);
+
+  absl::StatusOr<std::vector<SeqLens>> lens = table.Reserve(step, admit);
+  ASSERT_TRUE(lens.ok()) << lens.status();
+  EXPECT_EQ(calls, 4);
+  ASSERT_EQ(lens->size(), seen.size());
+  for (size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ((*lens)[i].q_len, seen[i].q_len);
+    EXPECT_EQ((*lens)[i].kv_len, seen[i].kv_len);
+  }
+  EXPECT_EQ(table.Blocks(1).size(), 2u);
+  EXPECT_EQ(table.Blocks(2).size(), 1u);
+  EXPECT_TRUE(table.CheckCommit(step).ok());
+}
+
 // A reference of what the table should hold, checked against it after every operation.
 class TableModel {
  public:
@@ -536,9 +668,32 @@ TEST(SequenceTableTest, AdversarialSweepMatchesAModel) {
         std::string text;
         int64_t needed = 0;
         const absl::StatusCode want = model.Reserve(entries, &text, &needed);
-        absl::StatusOr<std::vector<SeqLens>> lens = table.Reserve(entries);
+        // Every other op through `admit`, which must see the lengths Reserve returns, exactly
+        // when the entries pass the table's checks.
+        const bool with_admit = op % 2 == 0;
+        int admit_calls = 0;
+        std::vector<SeqLens> admitted;
+        auto admit = [&](absl::Span<const SeqLens> l) {
+          ++admit_calls;
+          admitted.assign(l.begin(), l.end());
+          return absl::OkStatus();
+        };
+        absl::StatusOr<std::vector<SeqLens>> lens =
+            with_admit ? table.Reserve(entries, admit) : table.Reserve(entries);
         ASSERT_EQ(lens.status().code(), want) << "op " << op << ": " << lens.status();
         tally("Reserve", want);
+        if (with_admit) {
+          const bool checked = want == absl::StatusCode::kOk ||
+                               want == absl::StatusCode::kResourceExhausted;
+          ASSERT_EQ(admit_calls, checked ? 1 : 0) << "op " << op;
+          if (lens.ok()) {
+            ASSERT_EQ(admitted.size(), lens->size()) << "op " << op;
+            for (size_t i = 0; i < admitted.size(); ++i) {
+              ASSERT_EQ(admitted[i].q_len, (*lens)[i].q_len) << "op " << op;
+              ASSERT_EQ(admitted[i].kv_len, (*lens)[i].kv_len) << "op " << op;
+            }
+          }
+        }
         if (want != absl::StatusCode::kOk) {
           ASSERT_THAT(std::string(lens.status().message()), HasSubstr(text)) << "op " << op;
         } else {

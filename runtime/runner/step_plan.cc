@@ -218,7 +218,7 @@ absl::Status FillStepInputs(const MetadataLayout& layout, const StepRoute& route
                             absl::Span<const SeqLens> seqs,
                             absl::Span<const absl::Span<const int32_t>> tokens,
                             absl::Span<const absl::Span<const int32_t>> blocks, int block_size,
-                            void* blob) {
+                            void* blob, StepIds id_check) {
   if (tokens.size() != seqs.size() || blocks.size() != seqs.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "Step inputs disagree: ", seqs.size(), " sequences, ", tokens.size(), " token lists, ",
@@ -242,6 +242,7 @@ absl::Status FillStepInputs(const MetadataLayout& layout, const StepRoute& route
   }
   const int num_seqs = static_cast<int>(seqs.size());
   // Every check before the first write: a refused step leaves the blob as it was.
+  const bool check_ids = id_check != StepIds::kCheckedByCaller;  // any other value checks
   int64_t rows = 0;
   for (int i = 0; i < num_seqs; ++i) {
     const SeqLens& s = seqs[i];
@@ -264,7 +265,7 @@ absl::Status FillStepInputs(const MetadataLayout& layout, const StepRoute& route
                                                      " tokens but q_len ", s.q_len,
                                                      "; pass q_len tokens"));
     }
-    for (size_t j = 0; j < tokens[i].size(); ++j) {
+    for (size_t j = 0; check_ids && j < tokens[i].size(); ++j) {
       if (tokens[i][j] < 0) {
         return absl::InvalidArgumentError(
             absl::StrCat("Sequence ", i, " has token id ", tokens[i][j], " at ", j,
@@ -285,7 +286,7 @@ absl::Status FillStepInputs(const MetadataLayout& layout, const StepRoute& route
           needed, " and a row holds at most ", layout.max_blocks_per_seq,
           "; pass the blocks that cover kv_len (SequenceTable::Blocks after Reserve)"));
     }
-    for (size_t j = 0; j < blocks[i].size(); ++j) {
+    for (size_t j = 0; check_ids && j < blocks[i].size(); ++j) {
       if (blocks[i][j] < 0) {
         return absl::InvalidArgumentError(
             absl::StrCat("Sequence ", i, " has KV block ", blocks[i][j], " at ", j,

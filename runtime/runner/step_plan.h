@@ -176,21 +176,30 @@ struct MetadataLayout {
   MetadataFetch Fetch() const;
 };
 
+// Whether FillStepInputs reads every token and block id to refuse a negative one.
+enum class StepIds {
+  kCheck,  // refuse a negative id (-1 marks padding rows and unused table entries)
+  // The caller already refused them: every token id lies in [0, vocab) and every block id came
+  // from a SequenceTable, which hands out only [0, num_blocks) (Runner::Step). FillStepInputs
+  // then only copies the ids; a negative one would be written as it is.
+  kCheckedByCaller,
+};
+
 // Writes a step's token ids, positions, last-token rows and block-table rows into `blob` (laid out
 // by `layout`, at least layout.bytes): `tokens[i]` are sequence i's new tokens (seqs[i].q_len of
 // them), `blocks[i]` its KV blocks in position order, which must cover seqs[i].kv_len tokens
 // of `block_size`. Rows past route.num_tokens / num_rows are padding (see MetadataLayout).
 // InvalidArgument when the step does not fit the layout or the route, a sequence brings no
 // token or has kv_len < q_len (its positions would be negative), a token count disagrees with
-// q_len, a token or block id is negative (-1 marks padding), a block list is too short or too
-// long for a row, block_size is not positive, or `blob` is null; every check comes before the
-// first write, so a refused step leaves `blob` as it was. Block ids are not checked against the
-// pool (the layout does not know it): they come from a SequenceTable.
+// q_len, a token or block id is negative (-1 marks padding; only with StepIds::kCheck), a block
+// list is too short or too long for a row, block_size is not positive, or `blob` is null; every
+// check comes before the first write, so a refused step leaves `blob` as it was. Block ids are
+// not checked against the pool (the layout does not know it): they come from a SequenceTable.
 absl::Status FillStepInputs(const MetadataLayout& layout, const StepRoute& route,
                             absl::Span<const SeqLens> seqs,
                             absl::Span<const absl::Span<const int32_t>> tokens,
                             absl::Span<const absl::Span<const int32_t>> blocks, int block_size,
-                            void* blob);
+                            void* blob, StepIds id_check = StepIds::kCheck);
 
 }  // namespace kiln
 

@@ -389,6 +389,51 @@ TEST(StepPlanTest, FillRejectsEmptySequencesAndNegativeRoutes) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// StepIds::kCheck (the default) reads every id and refuses a negative one, writing nothing;
+// kCheckedByCaller (Runner::Step, whose ids CheckStepTokens and the SequenceTable vouch for)
+// skips those reads and writes the same bytes for the same valid step.
+TEST(StepPlanTest, FillChecksIdsUnlessTheCallerDid) {
+  Fixture f;
+  const std::vector<SeqLens> seqs = {{2, 18}, {1, 5}};
+  const StepRoute route = f.keys.Route(seqs);
+  const MetadataLayout l = MetadataLayout::Create(f.keys.key(route.key_index), 64, 4);
+  const std::vector<int32_t> t0 = {11, 12}, t1 = {13}, b0 = {3, 8}, b1 = {6};
+  const std::vector<int32_t> bad_t0 = {11, -1}, bad_b1 = {-7};
+  const std::vector<char> poison(l.bytes, 0x5a);
+
+  std::vector<absl::Span<const int32_t>> tokens = {bad_t0, t1}, blocks = {b0, b1};
+  for (StepIds id_check : {StepIds::kCheck, static_cast<StepIds>(7)}) {
+    std::vector<char> blob = poison;
+    absl::Status status = FillStepInputs(l, route, seqs, tokens, blocks, 16, blob.data(), id_check);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(status.message()), HasSubstr("Sequence 0 has token id -1 at 1"));
+    EXPECT_TRUE(blob == poison) << "a refused fill wrote into the blob";
+  }
+  tokens = {t0, t1};
+  blocks = {b0, bad_b1};
+  std::vector<char> blob = poison;
+  absl::Status status = FillStepInputs(l, route, seqs, tokens, blocks, 16, blob.data());
+  EXPECT_THAT(std::string(status.message()), HasSubstr("Sequence 1 has KV block -7 at 0"));
+  EXPECT_TRUE(blob == poison) << "a refused fill wrote into the blob";
+
+  blocks = {b0, b1};
+  std::vector<char> checked = poison, trusted = poison;
+  ASSERT_TRUE(FillStepInputs(l, route, seqs, tokens, blocks, 16, checked.data()).ok());
+  ASSERT_TRUE(
+      FillStepInputs(l, route, seqs, tokens, blocks, 16, trusted.data(), StepIds::kCheckedByCaller)
+          .ok());
+  EXPECT_TRUE(checked == trusted);
+  EXPECT_EQ(reinterpret_cast<const int32_t*>(trusted.data() + l.token_ids)[2], 13);
+  // Everything but the ids is still checked, before any write: a token count off by one.
+  const std::vector<int32_t> short_t0 = {11};
+  tokens = {short_t0, t1};
+  blob = poison;
+  status = FillStepInputs(l, route, seqs, tokens, blocks, 16, blob.data(),
+                          StepIds::kCheckedByCaller);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("Sequence 0 has 1 tokens but q_len 2"));
+  EXPECT_TRUE(blob == poison) << "a refused fill wrote into the blob";
+}
+
 constexpr int32_t kMax32 = std::numeric_limits<int32_t>::max();
 constexpr int32_t kMin32 = std::numeric_limits<int32_t>::min();
 
@@ -725,7 +770,7 @@ void ReferenceFill(const FillCase& c, std::vector<char>* blob) {
 // is InvalidArgument and leaves the blob byte for byte as it was.
 TEST(StepPlanTest, FillSweepMatchesAReferenceAndRefusalsWriteNothing) {
   constexpr int kStepsPerSetup = 1200;
-  int filled = 0, refused = 0;
+  int filled = 0, refused = 0, trusted_fills = 0;
   const std::vector<KeysSetup> setups = {
       {{1, 1}, {0}, {0}}, {{8, 40}, {1, 3, 8}, {7, 40}}, {{64, 1024}, {0}, {0}}};
   for (size_t setup_index = 0; setup_index < setups.size(); ++setup_index) {
@@ -851,6 +896,24 @@ TEST(StepPlanTest, FillSweepMatchesAReferenceAndRefusalsWriteNothing) {
       const std::vector<char> before = blob;
       const absl::Status status = FillStepInputs(c.layout, c.route, c.seqs, tokens, blocks,
                                                  c.block_size, c.null_blob ? nullptr : blob.data());
+      // A caller that refused negative ids itself (StepIds::kCheckedByCaller) gets the same
+      // verdict and the same bytes for every step without one: every other check stays.
+      bool negative_id = false;
+      for (const auto& list : {c.tokens, c.blocks}) {
+        for (const std::vector<int32_t>& ids : list) {
+          negative_id = negative_id || std::any_of(ids.begin(), ids.end(),
+                                                   [](int32_t id) { return id < 0; });
+        }
+      }
+      if (!negative_id) {
+        std::vector<char> trusted = before;
+        const absl::Status trusted_status =
+            FillStepInputs(c.layout, c.route, c.seqs, tokens, blocks, c.block_size,
+                           c.null_blob ? nullptr : trusted.data(), StepIds::kCheckedByCaller);
+        ASSERT_EQ(trusted_status, status) << "step " << step;
+        ASSERT_TRUE(trusted == blob) << "step " << step << ": kCheckedByCaller wrote other bytes";
+        ++trusted_fills;
+      }
       if (!ReferenceValid(c)) {
         ++refused;
         ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument)
@@ -869,6 +932,7 @@ TEST(StepPlanTest, FillSweepMatchesAReferenceAndRefusalsWriteNothing) {
   }
   std::cout << "steps filled " << filled << ", refused " << refused << "\n";
   EXPECT_EQ(filled + refused, 3 * kStepsPerSetup);
+  EXPECT_GT(trusted_fills, 3 * kStepsPerSetup * 3 / 4);
   EXPECT_GT(filled, 600);
   EXPECT_GT(refused, 1500);
 }
