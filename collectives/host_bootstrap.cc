@@ -31,24 +31,30 @@ absl::Status SetNonBlocking(int fd) {
   return absl::OkStatus();
 }
 
-// Waits until `fd` is ready for `events` or `deadline` passes. Returns false on timeout.
-absl::StatusOr<bool> WaitReady(int fd, short events, absl::Time deadline) {
+// Waits until one of the `n` descriptors at `fds` is ready for its events (their revents say
+// which) or `deadline` passes. Returns false on timeout.
+absl::StatusOr<bool> WaitAnyReady(pollfd* fds, nfds_t n, absl::Time deadline) {
   while (true) {
     absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) return false;
-    pollfd p{fd, events, 0};
     // poll takes an int: a wait of 2^31 ms (24.9 days) or more, an infinite timeout included,
     // would wrap to a negative value (wait forever, past the deadline) or to 0 (spin). Wait at
     // most a day at a time; the loop checks the deadline again.
     constexpr int64_t kMaxPollMs = 24 * 60 * 60 * 1000;
     const int ms = static_cast<int>(std::min(absl::ToInt64Milliseconds(left), kMaxPollMs - 1) + 1);
-    int n = poll(&p, 1, ms);
-    if (n < 0) {
+    int ready = poll(fds, n, ms);
+    if (ready < 0) {
       if (errno == EINTR) continue;
       return ErrnoStatus("poll");
     }
-    if (n > 0) return true;
+    if (ready > 0) return true;
   }
+}
+
+// Waits until `fd` is ready for `events` or `deadline` passes. Returns false on timeout.
+absl::StatusOr<bool> WaitReady(int fd, short events, absl::Time deadline) {
+  pollfd p{fd, events, 0};
+  return WaitAnyReady(&p, 1, deadline);
 }
 
 absl::StatusOr<bool> SendAll(int fd, const char* data, size_t size, absl::Time deadline) {
@@ -218,77 +224,107 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
       return s;
     }
     std::vector<int> fds(world_size - 1, -1);
+    // Accepted connections that have not introduced themselves yet, each with its own buffer:
+    // poll() watches them and the listener together, so a connection that stays silent holds up
+    // no other. At most world_size + 64 wait at a time; beyond that, the one that has waited
+    // longest is dropped (a rank introduces itself as soon as it connects, so that one is the
+    // likeliest stranger), which bounds the descriptors a flood of connections can take.
+    struct Introduction {
+      int fd;
+      int32_t hello[3];
+      size_t got;  // bytes of `hello` received
+    };
+    std::vector<Introduction> waiting;
+    const size_t max_waiting = static_cast<size_t>(world_size) + 64;
+    std::vector<pollfd> polled;
     int joined = 0;
-    int dropped = 0;  // connections that left or were not kiln ranks
+    int dropped = 0;  // connections that left, were pushed out, or were not kiln ranks
     absl::Status status;
-    auto too_late = [&](absl::string_view waiting_for) {
+    auto too_late = [&]() {
+      std::string waiting_for;
+      if (waiting.size() == 1) {
+        waiting_for = ", waiting for a connected process to introduce itself";
+      } else if (waiting.size() > 1) {
+        waiting_for = absl::StrFormat(
+            ", waiting for %d connected processes to introduce themselves", waiting.size());
+      }
       return absl::DeadlineExceededError(absl::StrFormat(
           "Only %d of %d ranks joined the bootstrap at %s within %s%s%s; start every rank "
           "with the same path and world size",
           joined + 1, world_size, path, absl::FormatDuration(timeout), waiting_for,
           dropped == 0 ? ""
                        : absl::StrFormat(" (%d connection(s) dropped: closed before introducing "
-                                         "themselves, or not kiln ranks)",
+                                         "themselves, pushed out by later ones while silent, or "
+                                         "not kiln ranks)",
                                          dropped)));
     };
+    auto drop = [&](size_t i) {
+      close(waiting[i].fd);
+      waiting.erase(waiting.begin() + static_cast<std::ptrdiff_t>(i));
+      ++dropped;
+    };
     while (status.ok() && joined < world_size - 1) {
-      absl::StatusOr<bool> ready = WaitReady(listener, POLLIN, deadline);
+      polled.assign(1, pollfd{listener, POLLIN, 0});
+      for (const Introduction& w : waiting) polled.push_back(pollfd{w.fd, POLLIN, 0});
+      absl::StatusOr<bool> ready = WaitAnyReady(polled.data(), polled.size(), deadline);
       if (!ready.ok()) {
         status = ready.status();
         break;
       }
       if (!*ready) {
-        status = too_late("");
+        status = too_late();
         break;
       }
-      int fd = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) {
-        if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
-        status = ErrnoStatus("accept");
-        break;
+      // Read what arrived; backwards, so that removing entry i leaves the ones before it (and
+      // their poll entries, i + 1) in place.
+      for (size_t i = waiting.size(); status.ok() && i-- > 0;) {
+        if (polled[i + 1].revents == 0) continue;
+        Introduction& w = waiting[i];
+        const ssize_t n =
+            recv(w.fd, reinterpret_cast<char*>(w.hello) + w.got, sizeof(w.hello) - w.got, 0);
+        if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+        if (n <= 0) {
+          drop(i);  // closed or broken before its introduction was complete: it holds no rank
+          continue;
+        }
+        w.got += static_cast<size_t>(n);
+        if (w.got < sizeof(w.hello)) continue;
+        const int fd = w.fd;
+        const int32_t magic = w.hello[0], joiner = w.hello[1], joiner_world = w.hello[2];
+        waiting.erase(waiting.begin() + static_cast<std::ptrdiff_t>(i));
+        if (magic != kHelloMagic) {
+          close(fd);  // another program, or another protocol: not one of the ranks
+          ++dropped;
+          continue;
+        }
+        if (joiner_world != world_size || joiner < 1 || joiner >= world_size ||
+            fds[joiner - 1] >= 0) {
+          status = absl::InvalidArgumentError(absl::StrFormat(
+              "A process joined the bootstrap at %s as rank %d of %d, which does not fit world "
+              "size %d or is taken; give every rank a distinct rank and the same world size",
+              path, joiner, joiner_world, world_size));
+          // Tell the refused process why (best effort): it would otherwise take the closed
+          // connection for an ordinary join and fail later, blaming a peer that exited.
+          SendVerdict(fd, status.message(), deadline).IgnoreError();
+          close(fd);
+          break;
+        }
+        fds[joiner - 1] = fd;
+        ++joined;
       }
-      int32_t hello[3] = {0, -1, -1};
-      absl::Status nb = SetNonBlocking(fd);
-      absl::StatusOr<bool> got =
-          nb.ok() ? ReceiveAll(fd, reinterpret_cast<char*>(hello), sizeof(hello), deadline)
-                  : absl::StatusOr<bool>(nb);
-      if (!got.ok() && absl::IsUnavailable(got.status())) {
-        // It closed before its introduction was complete: it holds no rank. Keep waiting.
-        close(fd);
-        ++dropped;
-        continue;
+      if (!status.ok() || joined == world_size - 1 || polled[0].revents == 0) continue;
+      while (true) {  // every connection the listener holds
+        int fd = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) {
+          if (errno == EINTR || errno == ECONNABORTED) continue;
+          if (errno != EAGAIN && errno != EWOULDBLOCK) status = ErrnoStatus("accept");
+          break;
+        }
+        if (waiting.size() == max_waiting) drop(0);
+        waiting.push_back(Introduction{fd, {0, -1, -1}, 0});
       }
-      if (!got.ok()) {
-        close(fd);
-        status = got.status();
-        break;
-      }
-      if (!*got) {
-        close(fd);
-        status = too_late(", waiting for a connected process to introduce itself");
-        break;
-      }
-      if (hello[0] != kHelloMagic) {
-        close(fd);  // another program, or another protocol: not one of the ranks
-        ++dropped;
-        continue;
-      }
-      const int32_t joiner = hello[1], joiner_world = hello[2];
-      if (joiner_world != world_size || joiner < 1 || joiner >= world_size ||
-          fds[joiner - 1] >= 0) {
-        status = absl::InvalidArgumentError(absl::StrFormat(
-            "A process joined the bootstrap at %s as rank %d of %d, which does not fit world "
-            "size %d or is taken; give every rank a distinct rank and the same world size",
-            path, joiner, joiner_world, world_size));
-        // Tell the refused process why (best effort): it would otherwise take the closed
-        // connection for an ordinary join and fail later, blaming a peer that exited.
-        SendVerdict(fd, status.message(), deadline).IgnoreError();
-        close(fd);
-        break;
-      }
-      fds[joiner - 1] = fd;
-      ++joined;
     }
+    for (const Introduction& w : waiting) close(w.fd);
     close(listener);
     if (!abstract) unlink(path.c_str());
     for (size_t i = 0; status.ok() && i < fds.size(); ++i) {

@@ -13,11 +13,18 @@
 //
 // Every exchange either completes or fails within the timeout: a peer that never answers is
 // DeadlineExceeded, a peer whose process exited (its socket closed) is Unavailable; both name
-// the peer. Every frame carries its exchange's kind and sequence number, so a peer that makes a
-// different sequence of calls, or sends bytes that are not a frame (or a frame over the size
-// limit), is Internal naming it, never bytes read as the wrong exchange's. After any such error
-// the bootstrap is unusable (the ranks may be at different points of the protocol): it shuts its
-// connections, so the other ranks fail at once too, and every later call returns the same error.
+// the peer. Every frame carries its exchange's kind and sequence number (the count of calls its
+// rank made), so a peer at a call of another kind, or that sends bytes that are not a frame (or
+// a frame over the size limit), is Internal naming it. A rank that skips a call is caught where
+// the calls stop lining up by kind. While they still do (the next call is of the same kind), its
+// calls pair with the others' earlier ones and are numbered alike, so no frame tells the skip:
+// its bytes are read as the skipped exchange's, and the ranks part only at the first call whose
+// kind differs (Internal) or at the end, where the others' last call waits out its timeout
+// (DeadlineExceeded there, Unavailable on the ranks it then shuts out). Callers that exchange
+// different data through calls of one kind check what they receive (custom_allreduce.cc sends
+// slot numbers with its graph inputs). After any such error the bootstrap is unusable (the
+// ranks may be at different points of the protocol): it shuts its connections, so the other
+// ranks fail at once too, and every later call returns the same error.
 // Exchanges are collective: every rank calls the same sequence. Not thread-safe; not a CUDA API,
 // so legal during graph capture.
 #ifndef KILN_COLLECTIVES_HOST_BOOTSTRAP_H_
@@ -56,7 +63,9 @@ class HostBootstrap {
   // that does not fit rank 0's (taken, out of range, another world size); the ranks that had
   // joined then get Unavailable. A connection that closes before introducing itself, or
   // introduces itself as something other than a kiln rank, is dropped and rank 0 keeps
-  // waiting; rank 0 waits for each accepted connection's introduction up to the deadline.
+  // waiting. Rank 0 reads the introductions of all its accepted connections at once (poll), so
+  // one that stays silent holds up no rank; at most world_size + 64 connections wait for their
+  // introduction at a time (past that, the one that waited longest is dropped).
   // DeadlineExceeded when not everyone joined in time.
   static absl::StatusOr<std::unique_ptr<HostBootstrap>> Rendezvous(const std::string& path,
                                                                    int rank, int world_size,

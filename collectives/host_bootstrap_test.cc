@@ -1,5 +1,6 @@
 #include "collectives/host_bootstrap.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -916,6 +917,137 @@ TEST(HostBootstrapSweepTest, StrangersAtTheRendezvousAreDroppedAndTheRanksStillM
   }
 }
 
+// Returns whether the peer of `fd` closed it (end of file or reset) within `wait`.
+bool ClosedByPeer(int fd, absl::Duration wait) {
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(wait))) != 1) return false;
+  char c;
+  return recv(fd, &c, 1, MSG_DONTWAIT) <= 0;
+}
+
+TEST(HostBootstrapSweepTest, SilentStrangersDoNotHoldUpTheRanks) {
+  // Before the real ranks come, processes connect to rank 0's socket and stay connected without
+  // a word, or after part of an introduction. Rank 0 reads all its connections at once, so the
+  // ranks meet well before the 30-second deadline (a rank 0 that waited for the first
+  // connection's introduction would wait all of it), and then it closes the strangers'.
+  std::mt19937 rng(41);
+  constexpr absl::Duration kTimeout = absl::Seconds(30);
+  for (int round = 0; round < 4; ++round) {
+    const int world = 2 + static_cast<int>(rng() % 3);
+    const std::string path = TempPath(absl::StrCat("silent_strangers", round));
+    const absl::Time start = absl::Now();
+    std::vector<absl::StatusOr<std::unique_ptr<HostBootstrap>>> boots(world);
+    std::thread rank0([&] { boots[0] = HostBootstrap::Rendezvous(path, 0, world, kTimeout); });
+    std::vector<int> strangers;
+    for (int i = 0; i < 1 + round; ++i) {
+      const int fd = ConnectRaw(path);
+      ASSERT_GE(fd, 0);
+      if (i % 2 == 1) {
+        const int32_t fields[3] = {kHelloMagic, 1, world};
+        WriteAll(fd, std::string(reinterpret_cast<const char*>(fields), 1 + rng() % 11));
+      }
+      strangers.push_back(fd);
+    }
+    std::vector<std::thread> ranks;
+    for (int r = 1; r < world; ++r) {
+      ranks.emplace_back(
+          [&, r] { boots[r] = HostBootstrap::Rendezvous(path, r, world, kTimeout); });
+    }
+    for (auto& t : ranks) t.join();
+    rank0.join();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "round " << round;
+    for (int r = 0; r < world; ++r) ASSERT_TRUE(boots[r].ok()) << "rank " << r << boots[r].status();
+    std::vector<std::vector<std::string>> got(world);
+    std::vector<std::thread> gather;
+    for (int r = 0; r < world; ++r) {
+      gather.emplace_back([&, r] {
+        auto all = (*boots[r])->AllGather(absl::StrCat("rank", r));
+        if (all.ok()) got[r] = *all;
+      });
+    }
+    for (auto& t : gather) t.join();
+    for (int r = 0; r < world; ++r) {
+      ASSERT_EQ(got[r].size(), static_cast<size_t>(world)) << "rank " << r;
+      for (int p = 0; p < world; ++p) EXPECT_EQ(got[r][p], absl::StrCat("rank", p));
+    }
+    for (int fd : strangers) {
+      EXPECT_TRUE(ClosedByPeer(fd, absl::Seconds(2))) << "rank 0 kept a stranger's connection";
+      close(fd);
+    }
+  }
+}
+
+TEST(HostBootstrapSweepTest, AFloodOfSilentConnectionsIsBoundedAndTheRanksStillMeet) {
+  // More silent connections than rank 0 keeps waiting (world size + 64): it drops the ones that
+  // waited longest, and the ranks, which come last, still meet at once.
+  constexpr int kWorld = 3;
+  const std::string path = TempPath("flood");
+  const absl::Time start = absl::Now();
+  std::vector<absl::StatusOr<std::unique_ptr<HostBootstrap>>> boots(kWorld);
+  std::thread rank0(
+      [&] { boots[0] = HostBootstrap::Rendezvous(path, 0, kWorld, absl::Seconds(30)); });
+  std::vector<int> strangers;
+  for (int i = 0; i < 100; ++i) {
+    const int fd = ConnectRaw(path);
+    ASSERT_GE(fd, 0);
+    strangers.push_back(fd);
+  }
+  // The first ones were dropped while the later ones kept coming.
+  EXPECT_TRUE(ClosedByPeer(strangers[0], absl::Seconds(5)));
+  std::vector<std::thread> ranks;
+  for (int r = 1; r < kWorld; ++r) {
+    ranks.emplace_back(
+        [&, r] { boots[r] = HostBootstrap::Rendezvous(path, r, kWorld, absl::Seconds(30)); });
+  }
+  for (auto& t : ranks) t.join();
+  rank0.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(boots[r].ok()) << "rank " << r << boots[r].status();
+  int closed = 0;
+  for (int fd : strangers) {
+    closed += ClosedByPeer(fd, absl::Seconds(2));
+    close(fd);
+  }
+  EXPECT_EQ(closed, 100);
+}
+
+TEST(HostBootstrapTest, ASkippedCallOfTheSameKindEndsInErrorsWithinTheTimeout) {
+  // Rank 1 skips the second of three all-gathers. Sequence numbers count calls, so its next
+  // call is numbered like the skipped one and paired with it: no frame tells the skip, and its
+  // bytes are read as that exchange's (host_bootstrap.h). The others' third call then waits for
+  // a call that never comes: rank 0 gives up at its timeout and shuts its connections, and rank
+  // 2 fails too (at once, or at its own timeout); nothing hangs.
+  constexpr int kWorld = 3;
+  constexpr absl::Duration kTimeout = absl::Milliseconds(300);
+  auto star = MakeStar(kWorld, kTimeout);
+  std::vector<std::vector<std::vector<std::string>>> results(kWorld);
+  std::vector<absl::Status> last(kWorld);
+  const absl::Time start = absl::Now();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      for (int call = 1; call <= 3; ++call) {
+        if (r == 1 && call == 2) continue;
+        auto all = star[r]->AllGather(absl::StrCat("r", r, "c", call));
+        last[r] = all.status();
+        if (!all.ok()) return;
+        results[r].push_back(*all);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  ASSERT_EQ(results[1].size(), 2u);
+  EXPECT_THAT(results[1][1], ElementsAre("r0c2", "r1c3", "r2c2"));
+  ASSERT_EQ(results[0].size(), 2u);
+  EXPECT_THAT(results[0][1], ElementsAre("r0c2", "r1c3", "r2c2"));
+  EXPECT_EQ(last[0].code(), absl::StatusCode::kDeadlineExceeded) << last[0];
+  EXPECT_THAT(std::string(last[0].message()), HasSubstr("rank 1 did not answer"));
+  EXPECT_THAT(last[2].code(),
+              AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded))
+      << last[2];
+}
+
 TEST(HostBootstrapSweepTest, BadIntroductionsAreRefusedNamingTheirValues) {
   // A process that introduces itself as kiln with a rank or world size that does not fit (random
   // and extreme values) is refused: rank 0 fails with InvalidArgument naming both values, and the
@@ -957,6 +1089,22 @@ TEST(HostBootstrapSweepTest, BadIntroductionsAreRefusedNamingTheirValues) {
   close(fd);
   EXPECT_EQ(root.status().code(), absl::StatusCode::kDeadlineExceeded) << root.status();
   EXPECT_THAT(std::string(root.status().message()), HasSubstr("to introduce itself"));
+
+  // Two silent connections: rank 0 waited for both at once and says so.
+  const std::string two_path = TempPath("two_silent");
+  std::thread two_rank0(
+      [&] { root = HostBootstrap::Rendezvous(two_path, 0, 3, absl::Milliseconds(500)); });
+  const int first = ConnectRaw(two_path);
+  const int second = ConnectRaw(two_path);
+  two_rank0.join();
+  EXPECT_GE(first, 0);
+  EXPECT_GE(second, 0);
+  close(first);
+  close(second);
+  EXPECT_EQ(root.status().code(), absl::StatusCode::kDeadlineExceeded) << root.status();
+  EXPECT_THAT(std::string(root.status().message()),
+              HasSubstr("Only 1 of 3 ranks joined the bootstrap at " + two_path +
+                        " within 500ms, waiting for 2 connected processes to introduce themselves"));
 }
 
 }  // namespace
