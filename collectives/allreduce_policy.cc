@@ -154,6 +154,35 @@ AllReducePlan SelectAllReduce(const AllReduceConfig& config, const AllReduceRequ
   return plan;
 }
 
+absl::Status CheckCustomAllReducePlan(const AllReducePlan& plan, const AllReduceRequest& request) {
+  if (plan.algorithm != AllReduceAlgorithm::kOneShot &&
+      plan.algorithm != AllReduceAlgorithm::kTwoShot) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "A custom all-reduce needs a one-shot or two-shot plan, not %s; send it to NCCL",
+        AllReduceAlgorithmName(plan.algorithm)));
+  }
+  if (request.bytes == 0 || request.bytes % 16 != 0 || request.bytes > request.custom_max_bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Custom all-reduce of %d bytes must be a positive multiple of 16 bytes and at most "
+        "buffer_bytes %d; use NCCL for it",
+        request.bytes, request.custom_max_bytes));
+  }
+  if (reinterpret_cast<uintptr_t>(request.in) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(request.out) % 16 != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Custom all-reduce needs 16-byte-aligned buffers (in %p, out %p); use NCCL for them",
+        request.in, request.out));
+  }
+  if (plan.input == AllReduceInput::kRegistered && plan.algorithm == AllReduceAlgorithm::kOneShot &&
+      BuffersOverlap(request.in, request.out, request.bytes)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "An in-place one-shot all-reduce cannot read a registered input (in %p and out %p "
+        "overlap within %d bytes; peers would read data this rank is overwriting); use kStaged",
+        request.in, request.out, request.bytes));
+  }
+  return absl::OkStatus();
+}
+
 CustomLaunchShape ChooseCustomLaunchShape(const AllReduceConfig& config,
                                           AllReduceAlgorithm algorithm, size_t bytes,
                                           int world_size) {
@@ -163,6 +192,9 @@ CustomLaunchShape ChooseCustomLaunchShape(const AllReduceConfig& config,
                            : packs;
   // Clamped to what ValidateAllReduceConfig allows, so that a config it would refuse still gets
   // a launchable grid instead of a division by zero (threads_per_block 0) or negative threads.
+  // CustomAllReduce only passes configs it validated at Create, where the clamps change nothing;
+  // they stay because this function is public and its contract (a launchable grid for any config)
+  // is what other callers get. They cost a few integer operations per launch.
   const int64_t max_blocks = std::clamp(config.max_blocks(), 1, 128);
   const int64_t max_threads = std::clamp(config.threads_per_block(), 64, 1024) / 32 * 32;
   const int64_t min_threads =

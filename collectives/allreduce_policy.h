@@ -87,7 +87,7 @@ constexpr int64_t kMaxAllReduceBufferBytes = int64_t{1} << 40;
 constexpr int64_t kMaxAllReduceTimeoutMs = std::numeric_limits<int64_t>::max() / 1000000;
 
 // The largest AllReduceConfig.max_graph_inputs: the device table takes 136 bytes per input
-// (136 MiB here), and RegisterGraphBuffers sends 144 bytes per pending input through the host
+// (136 MiB here), and RegisterGraphBuffers sends 168 bytes per pending input through the host
 // bootstrap, within HostBootstrap::kMaxMessageBytes.
 constexpr int32_t kMaxAllReduceGraphInputs = int32_t{1} << 20;
 
@@ -107,6 +107,15 @@ AllReduceInput ChooseAllReduceInput(const AllReduceConfig& config, AllReduceAlgo
 
 // Returns the plan for `request` under `config`.
 AllReducePlan SelectAllReduce(const AllReduceConfig& config, const AllReduceRequest& request);
+
+// Returns InvalidArgument naming the first part of `request` that the custom kernels cannot run
+// with `plan`: an algorithm other than kOneShot or kTwoShot, bytes that are not a positive
+// multiple of 16 at most custom_max_bytes, an in or out pointer that is not 16-byte aligned, or
+// a one-shot registered input that overlaps the output (peers would read what this rank
+// overwrites). Reads neither `capturing` nor the world size. Every custom plan SelectAllReduce
+// returns passes (allreduce_policy_test sweeps it), so a caller that planned with it need not
+// ask again.
+absl::Status CheckCustomAllReducePlan(const AllReducePlan& plan, const AllReduceRequest& request);
 
 // The grid of one custom kernel launch.
 struct CustomLaunchShape {

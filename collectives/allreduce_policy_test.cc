@@ -585,6 +585,82 @@ TEST(AllReducePolicySweepTest, SelectionMatchesTheRulesForAnyRequest) {
   EXPECT_EQ(SelectAllReduce(AllReduceConfig(), huge).algorithm, AllReduceAlgorithm::kNccl);
 }
 
+TEST(AllReducePolicyTest, CustomPlanCheckNamesWhatTheKernelsCannotTake) {
+  const AllReducePlan one_staged{AllReduceAlgorithm::kOneShot, AllReduceInput::kStaged};
+  const AllReducePlan one_registered{AllReduceAlgorithm::kOneShot, AllReduceInput::kRegistered};
+  const AllReducePlan two_registered{AllReduceAlgorithm::kTwoShot, AllReduceInput::kRegistered};
+  EXPECT_TRUE(CheckCustomAllReducePlan(one_staged, Request(4096)).ok());
+  EXPECT_TRUE(CheckCustomAllReducePlan(two_registered, Request(4096)).ok());
+
+  auto refusal = [](const AllReducePlan& plan, const AllReduceRequest& r) {
+    const absl::Status s = CheckCustomAllReducePlan(plan, r);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    return std::string(s.message());
+  };
+  EXPECT_THAT(refusal(AllReducePlan{}, Request(4096)), HasSubstr("not nccl"));
+  for (size_t bytes : {size_t{0}, size_t{24}, size_t{8 << 20} + 16}) {
+    EXPECT_THAT(refusal(one_staged, Request(bytes)),
+                HasSubstr(absl::StrCat("of ", bytes, " bytes must be a positive multiple of 16")));
+  }
+  AllReduceRequest unaligned = Request(4096);
+  unaligned.out = Address(0x20000008);
+  EXPECT_THAT(refusal(two_registered, unaligned), HasSubstr("16-byte-aligned buffers"));
+  // In place: fine staged, or two-shot registered (peers read shards this rank reduced before
+  // writing); not one-shot registered.
+  AllReduceRequest in_place = Request(4096);
+  in_place.out = in_place.in;
+  EXPECT_TRUE(CheckCustomAllReducePlan(one_staged, in_place).ok());
+  EXPECT_TRUE(CheckCustomAllReducePlan(two_registered, in_place).ok());
+  EXPECT_THAT(refusal(one_registered, in_place), HasSubstr("cannot read a registered input"));
+}
+
+TEST(AllReducePolicySweepTest, EveryCustomPlanPassesTheCustomPlanCheck) {
+  // AutoCommunicator checks a call's arguments once: CheckAllReduceArgs, then SelectAllReduce,
+  // and the custom all-reduce under it enqueues without CheckCustomAllReducePlan. That skips no
+  // refusal only if every custom plan SelectAllReduce returns passes the check, for any valid
+  // config, size, pointers, world and capture state; and, the other way, if what the check
+  // refuses SelectAllReduce sends to NCCL (for every custom plan it could have made).
+  std::mt19937_64 rng(5);
+  int custom = 0, refused = 0;
+  for (int i = 0; i < 200000; ++i) {
+    AllReduceConfig config = RandomConfig(rng);
+    if (!ValidateAllReduceConfig(config).ok()) config = AllReduceConfig();
+    if (rng() % 2 == 0) config.set_graph_one_shot_registered(true);
+    AllReduceRequest r;
+    r.bytes = rng() % 2 == 0 ? PickBytes(rng) : static_cast<size_t>(rng() % (1 << 20)) / 16 * 16;
+    r.world_size = 2 * (1 + static_cast<int>(rng() % 4));
+    r.in = PickPointer(rng);
+    r.out = rng() % 4 == 0 ? r.in : PickPointer(rng);
+    if (rng() % 3 == 0) {  // close to `in`: overlapping or just not
+      r.out = reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(r.in) +
+                                            (rng() % 2 == 0 ? 16 : 8) * (rng() % 1024));
+    }
+    r.capturing = rng() % 2 == 0;
+    r.custom_available = true;
+    r.custom_max_bytes =
+        rng() % 3 == 0 ? PickBytes(rng) : static_cast<size_t>(config.buffer_bytes());
+    const AllReducePlan plan = SelectAllReduce(config, r);
+    if (plan.algorithm != AllReduceAlgorithm::kNccl) {
+      ++custom;
+      const absl::Status check = CheckCustomAllReducePlan(plan, r);
+      ASSERT_TRUE(check.ok()) << check << " bytes " << r.bytes << " in " << r.in << " out " << r.out
+                              << " " << AllReduceAlgorithmName(plan.algorithm) << " "
+                              << AllReduceInputName(plan.input);
+      continue;
+    }
+    for (AllReduceAlgorithm algorithm :
+         {AllReduceAlgorithm::kOneShot, AllReduceAlgorithm::kTwoShot}) {
+      const AllReducePlan forced{algorithm, ChooseAllReduceInput(config, algorithm, r)};
+      if (!CheckCustomAllReducePlan(forced, r).ok()) {
+        ++refused;
+        ASSERT_FALSE(CustomAllReduceEligible(config, r)) << "bytes " << r.bytes;
+      }
+    }
+  }
+  EXPECT_GT(custom, 20000);
+  EXPECT_GT(refused, 20000);
+}
+
 TEST(AllReducePolicySweepTest, OverlapIsExactEvenAtTheTopOfTheAddressSpace) {
   std::mt19937_64 rng(3);
   const uintptr_t top = std::numeric_limits<uintptr_t>::max();

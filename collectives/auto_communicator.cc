@@ -44,9 +44,9 @@ AutoCommunicator::~AutoCommunicator() {
   if (peer_lost) nccl_->Abort();
 }
 
-absl::StatusOr<AllReducePlan> AutoCommunicator::Plan(const void* in, const void* out,
-                                                     size_t count, DataType dtype,
-                                                     cudaStream_t stream) const {
+absl::StatusOr<AutoCommunicator::PlannedCall> AutoCommunicator::PlanCall(
+    const void* in, const void* out, size_t count, DataType dtype, cudaStream_t stream) const {
+  PlannedCall call;
   AllReduceRequest request;
   // Refused before the policy sees them: a null input is 16-byte aligned and a wrapped size may
   // look small, and either would send the call to the custom kernel.
@@ -58,16 +58,24 @@ absl::StatusOr<AllReducePlan> AutoCommunicator::Plan(const void* in, const void*
   request.custom_max_bytes = custom_ != nullptr ? custom_->max_bytes() : 0;
   if (request.custom_available) {
     // Asked on every call: a decision frozen at warm-up would replay the wrong path.
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    cudaError_t error = cudaStreamIsCapturing(stream, &status);
+    cudaError_t error = cudaStreamIsCapturing(stream, &call.capture);
     if (error != cudaSuccess) {
       cudaGetLastError();
       return ToStatus(error, "cudaStreamIsCapturing(all-reduce stream)");
     }
-    request.capturing = status != cudaStreamCaptureStatusNone ||
+    request.capturing = call.capture != cudaStreamCaptureStatusNone ||
                         CaptureContext::Phase() == CapturePhase::kCapture;
   }
-  return SelectAllReduce(config_, request);
+  call.bytes = request.bytes;
+  call.plan = SelectAllReduce(config_, request);
+  return call;
+}
+
+absl::StatusOr<AllReducePlan> AutoCommunicator::Plan(const void* in, const void* out,
+                                                     size_t count, DataType dtype,
+                                                     cudaStream_t stream) const {
+  ASSIGN_OR_RETURN(const PlannedCall call, PlanCall(in, out, count, dtype, stream));
+  return call.plan;
 }
 
 void AutoCommunicator::AbortAfterTimeout(const absl::Status& error) {
@@ -78,9 +86,15 @@ void AutoCommunicator::AbortAfterTimeout(const absl::Status& error) {
 absl::Status AutoCommunicator::AllReduce(const void* in, void* out, size_t count,
                                          DataType dtype, cudaStream_t stream) {
   RETURN_IF_ERROR(aborted_);
-  ASSIGN_OR_RETURN(AllReducePlan plan, Plan(in, out, count, dtype, stream));
+  // The call's only argument checks: CheckAllReduceArgs in PlanCall, and SelectAllReduce, which
+  // picks a custom plan only for what CheckCustomAllReducePlan accepts (allreduce_policy_test).
+  // Neither communicator below checks them again; the custom one checks its own state and the
+  // capture state (from call.capture, read once).
+  ASSIGN_OR_RETURN(const PlannedCall call, PlanCall(in, out, count, dtype, stream));
+  const AllReducePlan& plan = call.plan;
   if (plan.algorithm != AllReduceAlgorithm::kNccl) {
-    absl::Status status = custom_->AllReduce(in, out, count, dtype, plan, stream);
+    absl::Status status =
+        custom_->EnqueueAllReduce(in, out, call.bytes, dtype, plan, call.capture, stream);
     if (status.ok()) {
       const bool staged = plan.input == AllReduceInput::kStaged;
       if (plan.algorithm == AllReduceAlgorithm::kOneShot) {
@@ -100,7 +114,7 @@ absl::Status AutoCommunicator::AllReduce(const void* in, void* out, size_t count
     }
   }
   ++stats_.nccl;
-  return nccl_->AllReduce(in, out, count, dtype, stream);
+  return nccl_->EnqueueAllReduce(in, out, count, dtype, stream);
 }
 
 bool AutoCommunicator::SupportsAllReduceAddRmsNorm(int64_t tokens, int64_t hidden,
@@ -128,20 +142,21 @@ absl::Status AutoCommunicator::AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs
   request.out = args.out;
   request.custom_available = true;
   request.custom_max_bytes = custom_->max_bytes();
-  // Asked on every call, as for AllReduce.
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  cudaError_t error = cudaStreamIsCapturing(stream, &status);
+  // Asked on every call, as for AllReduce, and once: the custom all-reduce takes it from here.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cudaError_t error = cudaStreamIsCapturing(stream, &capture);
   if (error != cudaSuccess) {
     cudaGetLastError();
     return ToStatus(error, "cudaStreamIsCapturing(all-reduce stream)");
   }
-  request.capturing = status != cudaStreamCaptureStatusNone ||
+  request.capturing = capture != cudaStreamCaptureStatusNone ||
                       CaptureContext::Phase() == CapturePhase::kCapture;
   // The push kernel copies the input into the peers' buffers itself: nothing to register.
   AllReduceInput input = custom_->AddRmsNormPushes(args.tokens, args.hidden)
                              ? AllReduceInput::kStaged
                              : ChooseAllReduceInput(config_, AllReduceAlgorithm::kOneShot, request);
-  absl::Status result = custom_->AllReduceAddRmsNorm(args, input, stream);
+  // SupportsAllReduceAddRmsNorm asked custom_->SupportsAddRmsNorm above: enqueued unchecked.
+  absl::Status result = custom_->EnqueueAddRmsNorm(args, input, capture, stream);
   if (absl::IsUnavailable(result) && input == AllReduceInput::kRegistered) {
     // Some rank could not export its captured input, and all ranks agreed on it: all of them
     // copy it into the staging buffer instead, which needs no export.
@@ -151,7 +166,7 @@ absl::Status AutoCommunicator::AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs
                    << result.message();
     }
     input = AllReduceInput::kStaged;
-    result = custom_->AllReduceAddRmsNorm(args, input, stream);
+    result = custom_->EnqueueAddRmsNorm(args, input, capture, stream);
   }
   if (!result.ok()) return result;
   ++stats_.fused_add_rms_norm;

@@ -65,9 +65,11 @@ class AutoCommunicator : public Communicator {
   int rank() const override { return nccl_->rank(); }
   int world_size() const override { return nccl_->world_size(); }
 
-  // Picks the path with SelectAllReduce and enqueues it. InvalidArgument, on every path, for
-  // what CheckAllReduceArgs refuses (a dtype outside the enum, a size that overflows, null
-  // buffers). Legal during capture.
+  // Picks the path with SelectAllReduce and enqueues it. InvalidArgument, on every path and
+  // before anything is enqueued, for what CheckAllReduceArgs refuses (a dtype outside the enum, a
+  // size that overflows, null buffers). The arguments are checked once, here: the custom or NCCL
+  // communicator under it enqueues without checking them again (SelectAllReduce picks the custom
+  // kernels only for what CheckCustomAllReducePlan accepts). Legal during capture.
   absl::Status AllReduce(const void* in, void* out, size_t count, DataType dtype,
                          cudaStream_t stream) override;
 
@@ -116,6 +118,17 @@ class AutoCommunicator : public Communicator {
       : config_(config), nccl_(std::move(nccl)) {}
   // Aborts NCCL; every later call returns `error`.
   void AbortAfterTimeout(const absl::Status& error) override;
+
+  // One call as planned: its bytes (from CheckAllReduceArgs), its plan, and the stream's capture
+  // status read for it (cudaStreamCaptureStatusNone, unread, when there is no custom all-reduce).
+  struct PlannedCall {
+    size_t bytes = 0;
+    AllReducePlan plan;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  };
+  // Checks the arguments (CheckAllReduceArgs) and plans the call, as Plan() documents.
+  absl::StatusOr<PlannedCall> PlanCall(const void* in, const void* out, size_t count,
+                                       DataType dtype, cudaStream_t stream) const;
 
   AllReduceConfig config_;
   std::unique_ptr<NcclCommunicator> nccl_;

@@ -58,19 +58,35 @@ absl::Status AgreeOn(HostBootstrap& bootstrap, const absl::Status& local,
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> StreamCapturing(cudaStream_t stream) {
+// Reads `stream`'s capture status, on the call that needs it: never from an earlier call or the
+// warm-up.
+absl::StatusOr<cudaStreamCaptureStatus> CaptureStatus(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   cudaError_t error = cudaStreamIsCapturing(stream, &status);
   if (error != cudaSuccess) {
     cudaGetLastError();
     return ToStatus(error, "cudaStreamIsCapturing(all-reduce stream)");
   }
+  return status;
+}
+
+// Returns whether a call on a stream of capture status `status` is being captured:
+// FailedPrecondition for a capture an earlier error invalidated, or when CaptureContext says
+// capture but the stream is not capturing.
+absl::StatusOr<bool> Capturing(cudaStreamCaptureStatus status) {
   if (status == cudaStreamCaptureStatusInvalidated) {
     return absl::FailedPreconditionError(
         "The all-reduce stream's capture was invalidated by an earlier error; end the capture "
         "and start it again");
   }
-  return status == cudaStreamCaptureStatusActive;
+  const bool capturing = status == cudaStreamCaptureStatusActive;
+  if (CaptureContext::Phase() == CapturePhase::kCapture && !capturing) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "CaptureContext is capturing %s but the all-reduce stream is not; enqueue the "
+        "all-reduce on the stream being captured",
+        KeyName(CaptureContext::Key())));
+  }
+  return capturing;
 }
 
 // Switches this thread to relaxed capture mode for its lifetime, so that handle queries made
@@ -286,25 +302,28 @@ absl::Status CustomAllReduce::CheckReplayable() const {
 
 namespace {
 
-// Finds the allocation holding `address` and its IPC handle: `offset` is address - base.
-absl::Status ExportForIpc(const void* address, cudaIpcMemHandle_t* handle, uint64_t* offset) {
+// Finds the allocation holding `address`: its IPC handle and size, and the offset of `address`
+// in it.
+absl::Status ExportForIpc(const void* address, internal::ExportedBuffer* exported) {
   RelaxedCaptureMode relaxed;
   ASSIGN_OR_RETURN(GetAddressRangeFn range, AddressRangeFunction());
   CUdeviceptr base = 0;
   size_t size = 0;
   RETURN_IF_ERROR(ToStatus(range(&base, &size, reinterpret_cast<CUdeviceptr>(address)),
                            "cuMemGetAddressRange(all-reduce buffer)"));
-  CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(handle, reinterpret_cast<void*>(base)));
-  *offset = reinterpret_cast<uintptr_t>(address) - static_cast<uintptr_t>(base);
+  CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&exported->handle, reinterpret_cast<void*>(base)));
+  exported->offset = reinterpret_cast<uintptr_t>(address) - static_cast<uintptr_t>(base);
+  exported->allocation_bytes = size;
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::Status CustomAllReduce::RecordGraphInput(const void* in, void* out, int* slot) {
+absl::Status CustomAllReduce::RecordGraphInput(const void* in, void* out, size_t bytes, int* slot) {
   PendingInput entry{};
   entry.slot = next_slot_;
   entry.address = in;
+  entry.record.bytes = bytes;
   entry.key = CaptureContext::Phase() == CapturePhase::kCapture
                   ? KeyName(CaptureContext::Key())
                   : std::string("a capture outside CaptureContext");
@@ -314,12 +333,11 @@ absl::Status CustomAllReduce::RecordGraphInput(const void* in, void* out, int* s
           "all %d graph input slots are used; raise AllReduceConfig.max_graph_inputs",
           config_.max_graph_inputs()));
     }
-    return ExportForIpc(in, &entry.handle, &entry.offset);
+    return ExportForIpc(in, &entry.record.input);
   }();
   // An output that cannot be exported only means this call gathers into staging.
   const bool output_exported =
-      local.ok() && out != nullptr &&
-      ExportForIpc(out, &entry.output_handle, &entry.output_offset).ok();
+      local.ok() && out != nullptr && ExportForIpc(out, &entry.record.output).ok();
   // The ranks must agree before any of them records a kernel that waits for the others.
   // Message: outcome, then one byte (output exported), then the slot.
   constexpr size_t kTail = 1 + sizeof(int);
@@ -349,6 +367,7 @@ absl::Status CustomAllReduce::RecordGraphInput(const void* in, void* out, int* s
   }
   entry.has_output = every_output;
   entry.output = every_output ? out : nullptr;
+  if (!every_output) entry.record.output = internal::ExportedBuffer();
   pending_.push_back(entry);
   *slot = next_slot_++;
   return absl::OkStatus();
@@ -356,49 +375,36 @@ absl::Status CustomAllReduce::RecordGraphInput(const void* in, void* out, int* s
 
 absl::Status CustomAllReduce::AllReduce(const void* in, void* out, size_t count, DataType dtype,
                                         const AllReducePlan& plan, cudaStream_t stream) {
-  RETURN_IF_ERROR(sticky_);
-  RETURN_IF_ERROR(CheckAsyncErrors());
-  if (plan.algorithm == AllReduceAlgorithm::kNccl) {
-    return absl::InvalidArgumentError(
-        "CustomAllReduce::AllReduce needs a one-shot or two-shot plan, not nccl");
-  }
-  ASSIGN_OR_RETURN(const size_t bytes, CheckAllReduceArgs(in, out, count, dtype));
   // The size and alignment checks run on every call, capturing or not: a captured kernel with
   // an oversize input would overrun the staging buffers on every replay.
-  if (bytes == 0 || bytes % 16 != 0 || bytes > half_bytes_) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "Custom all-reduce of %d x %s = %d bytes must be a positive multiple of 16 bytes and at "
-        "most buffer_bytes %d; use NCCL for it",
-        count, DataTypeName(dtype), bytes, half_bytes_));
-  }
-  if (reinterpret_cast<uintptr_t>(in) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "Custom all-reduce needs 16-byte-aligned buffers (in %p, out %p); use NCCL for them", in,
-        out));
-  }
-  // Read the capture state now, on this call: never from an earlier call or the warm-up.
-  ASSIGN_OR_RETURN(bool capturing, StreamCapturing(stream));
-  if (CaptureContext::Phase() == CapturePhase::kCapture && !capturing) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "CaptureContext is capturing %s but the all-reduce stream is not; enqueue the "
-        "all-reduce on the stream being captured",
-        KeyName(CaptureContext::Key())));
-  }
+  AllReduceRequest request;
+  ASSIGN_OR_RETURN(request.bytes, CheckAllReduceArgs(in, out, count, dtype));
+  request.world_size = world_size_;
+  request.in = in;
+  request.out = out;
+  request.custom_max_bytes = half_bytes_;
+  RETURN_IF_ERROR(CheckCustomAllReducePlan(plan, request));
+  ASSIGN_OR_RETURN(const cudaStreamCaptureStatus capture, CaptureStatus(stream));
+  return EnqueueAllReduce(in, out, request.bytes, dtype, plan, capture, stream);
+}
+
+absl::Status CustomAllReduce::EnqueueAllReduce(const void* in, void* out, size_t bytes,
+                                               DataType dtype, const AllReducePlan& plan,
+                                               cudaStreamCaptureStatus capture,
+                                               cudaStream_t stream) {
+  RETURN_IF_ERROR(sticky_);
+  RETURN_IF_ERROR(CheckAsyncErrors());
+  ASSIGN_OR_RETURN(const bool capturing, Capturing(capture));
   const bool registered = plan.input == AllReduceInput::kRegistered;
   if (registered && !capturing) {
     return absl::InvalidArgumentError(
         "A registered-input all-reduce is only for graph capture; eager calls use kStaged");
   }
   const bool two_shot = plan.algorithm == AllReduceAlgorithm::kTwoShot;
-  if (registered && !two_shot && BuffersOverlap(in, out, bytes)) {
-    return absl::InvalidArgumentError(
-        "An in-place one-shot all-reduce cannot read a registered input (peers would read "
-        "data this rank is overwriting); use kStaged");
-  }
   int slot = -1;
   if (registered) {
     const bool gather_to_outputs = two_shot && config_.two_shot_gather_to_outputs();
-    RETURN_IF_ERROR(RecordGraphInput(in, gather_to_outputs ? out : nullptr, &slot));
+    RETURN_IF_ERROR(RecordGraphInput(in, gather_to_outputs ? out : nullptr, bytes, &slot));
   }
 
   internal::CustomAllReduceArgs args{};
@@ -457,8 +463,8 @@ absl::Status CustomAllReduce::RegisterGraphBuffers() {
   }
   RETURN_IF_ERROR(CheckNotCapturing(cudaStreamLegacy, "RegisterGraphBuffers"));
   RETURN_IF_ERROR(sticky_);
-  // Per input: its handle and offset, then its output's (zeros where it has none).
-  constexpr size_t kEntry = 2 * (sizeof(cudaIpcMemHandle_t) + sizeof(uint64_t));
+  // Per input: its record (internal/graph_input_record.h).
+  constexpr size_t kEntry = internal::kGraphInputRecordBytes;
   static_assert(2 * sizeof(int) + size_t{kMaxAllReduceGraphInputs} * kEntry <=
                     HostBootstrap::kMaxMessageBytes,
                 "every pending graph input must fit one bootstrap message");
@@ -467,12 +473,7 @@ absl::Status CustomAllReduce::RegisterGraphBuffers() {
   const int n = static_cast<int>(pending_.size());
   mine.append(reinterpret_cast<const char*>(&first), sizeof(first));
   mine.append(reinterpret_cast<const char*>(&n), sizeof(n));
-  for (const PendingInput& p : pending_) {
-    mine.append(reinterpret_cast<const char*>(&p.handle), sizeof(p.handle));
-    mine.append(reinterpret_cast<const char*>(&p.offset), sizeof(p.offset));
-    mine.append(reinterpret_cast<const char*>(&p.output_handle), sizeof(p.output_handle));
-    mine.append(reinterpret_cast<const char*>(&p.output_offset), sizeof(p.output_offset));
-  }
+  for (const PendingInput& p : pending_) internal::AppendGraphInputRecord(p.record, &mine);
   ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap_.AllGather(mine));
   for (int r = 0; r < world_size_; ++r) {
     int their_first = -1, their_n = -1;
@@ -490,6 +491,21 @@ absl::Status CustomAllReduce::RegisterGraphBuffers() {
   }
   if (n == 0) return absl::OkStatus();
 
+  // What every rank says about its buffers is checked before anything is mapped: a wrong
+  // offset or size would have the kernels read or write outside the peer's allocation. Every
+  // rank checks every record, its own included, so every rank refuses alike and none is left
+  // waiting in the agreement below.
+  std::vector<std::vector<internal::GraphInputRecord>> records(
+      world_size_, std::vector<internal::GraphInputRecord>(n));
+  for (int r = 0; r < world_size_; ++r) {
+    for (int i = 0; i < n; ++i) {
+      const PendingInput& p = pending_[i];
+      records[r][i] = internal::ReadGraphInputRecord(all[r].data() + 2 * sizeof(int) + i * kEntry);
+      RETURN_IF_ERROR(
+          internal::CheckGraphInputRecord(r, p.slot, records[r][i], p.record.bytes, p.has_output));
+    }
+  }
+
   std::vector<RegisteredInput> entries(n);
   absl::Status local = [&]() -> absl::Status {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
@@ -503,20 +519,15 @@ absl::Status CustomAllReduce::RegisterGraphBuffers() {
           e.outs[r] = p.output;
           continue;
         }
-        // Maps the (handle, offset) pair at `rec` of rank r's record.
-        auto open = [&](const char* rec) -> absl::StatusOr<char*> {
-          cudaIpcMemHandle_t handle;
-          uint64_t offset = 0;
-          std::memcpy(&handle, rec, sizeof(handle));
-          std::memcpy(&offset, rec + sizeof(handle), sizeof(offset));
-          ASSIGN_OR_RETURN(void* base, OpenPeerHandle(r, handle));
-          return static_cast<char*>(base) + offset;
+        // Maps rank r's exported buffer (checked above).
+        auto open = [&](const internal::ExportedBuffer& buffer) -> absl::StatusOr<char*> {
+          ASSIGN_OR_RETURN(void* base, OpenPeerHandle(r, buffer.handle));
+          return static_cast<char*>(base) + buffer.offset;
         };
-        const char* rec = all[r].data() + 2 * sizeof(int) + i * kEntry;
-        ASSIGN_OR_RETURN(e.ptrs[r], open(rec));
+        ASSIGN_OR_RETURN(e.ptrs[r], open(records[r][i].input));
         // has_output was agreed by every rank when the call was captured.
         if (p.has_output) {
-          ASSIGN_OR_RETURN(e.outs[r], open(rec + kEntry / 2));
+          ASSIGN_OR_RETURN(e.outs[r], open(records[r][i].output));
         }
       }
       e.ready = 1;
@@ -593,8 +604,6 @@ bool CustomAllReduce::SupportsAddRmsNorm(int64_t tokens, int64_t hidden, DataTyp
 
 absl::Status CustomAllReduce::AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs& args,
                                                   AllReduceInput input, cudaStream_t stream) {
-  RETURN_IF_ERROR(sticky_);
-  RETURN_IF_ERROR(CheckAsyncErrors());
   // Checked on every call, capturing or not, like AllReduce's size check.
   if (!SupportsAddRmsNorm(args.tokens, args.hidden, args.dtype)) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -603,6 +612,17 @@ absl::Status CustomAllReduce::AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs&
         args.tokens, args.hidden, DataTypeName(args.dtype), kFusedAddRmsNormMaxHidden,
         half_bytes_));
   }
+  ASSIGN_OR_RETURN(const cudaStreamCaptureStatus capture, CaptureStatus(stream));
+  return EnqueueAddRmsNorm(args, input, capture, stream);
+}
+
+absl::Status CustomAllReduce::EnqueueAddRmsNorm(const AllReduceAddRmsNormArgs& args,
+                                                AllReduceInput input,
+                                                cudaStreamCaptureStatus capture,
+                                                cudaStream_t stream) {
+  RETURN_IF_ERROR(sticky_);
+  RETURN_IF_ERROR(CheckAsyncErrors());
+  // SupportsAddRmsNorm bounded tokens and hidden: the products below do not overflow.
   const size_t bytes = static_cast<size_t>(args.tokens * args.hidden) * 2;
   const size_t weight_bytes = static_cast<size_t>(args.hidden) * 2;
   for (const void* p : {args.partial, static_cast<const void*>(args.residual), args.weight,
@@ -633,13 +653,7 @@ absl::Status CustomAllReduce::AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs&
     return absl::InvalidArgumentError(
         "Fused all-reduce + RMSNorm: out must be partial itself or not overlap it");
   }
-  ASSIGN_OR_RETURN(bool capturing, StreamCapturing(stream));
-  if (CaptureContext::Phase() == CapturePhase::kCapture && !capturing) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "CaptureContext is capturing %s but the all-reduce stream is not; enqueue the "
-        "all-reduce on the stream being captured",
-        KeyName(CaptureContext::Key())));
-  }
+  ASSIGN_OR_RETURN(const bool capturing, Capturing(capture));
   const bool registered = input == AllReduceInput::kRegistered;
   if (registered && !capturing) {
     return absl::InvalidArgumentError(
@@ -652,7 +666,9 @@ absl::Status CustomAllReduce::AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs&
   }
   const bool push = AddRmsNormPushes(args.tokens, args.hidden);
   int slot = -1;
-  if (registered && !push) RETURN_IF_ERROR(RecordGraphInput(args.partial, nullptr, &slot));
+  if (registered && !push) {
+    RETURN_IF_ERROR(RecordGraphInput(args.partial, nullptr, bytes, &slot));
+  }
 
   internal::AllReduceRmsNormArgs k{};
   k.base.in = args.partial;

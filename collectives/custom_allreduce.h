@@ -58,6 +58,7 @@
 #include "collectives/communicator.h"
 #include "collectives/host_bootstrap.h"
 #include "collectives/internal/custom_allreduce_kernels.h"
+#include "collectives/internal/graph_input_record.h"
 
 namespace kiln {
 
@@ -84,11 +85,13 @@ class CustomAllReduce {
   size_t max_bytes() const { return half_bytes_; }
 
   // Enqueues the sum of `count` elements of `dtype` over all ranks from `in` into `out` with
-  // `plan` (algorithm kOneShot or kTwoShot). Checks on every call, capturing or not:
-  // CheckAllReduceArgs (dtype, size overflow, non-null buffers), bytes a positive multiple of
-  // 16 and at most max_bytes(), 16-byte-aligned pointers, registered input
-  // only while `stream` is capturing, and for a one-shot registered call no overlap of in and
-  // out (InvalidArgument otherwise). Reads the capture state on every call (cudaStreamIsCapturing
+  // `plan` (algorithm kOneShot or kTwoShot). Checks on every call, capturing or not, before
+  // anything is enqueued: CheckAllReduceArgs (dtype, size overflow, non-null buffers),
+  // CheckCustomAllReducePlan (the plan, bytes a positive multiple of 16 and at most max_bytes(),
+  // 16-byte-aligned pointers, for a one-shot registered call no overlap of in and out) and a
+  // registered input only while `stream` is capturing (InvalidArgument otherwise); an
+  // AutoCommunicator call makes the first two once, when it plans (allreduce_policy.h), and
+  // skips them here. Reads the capture state on every call (cudaStreamIsCapturing
   // and //graph:capture_context; FailedPrecondition when the context says capture but `stream`
   // is not capturing). Under capture with a registered input it records the input's IPC handle
   // and takes the next table slot after all ranks agree they could (a host exchange);
@@ -112,19 +115,24 @@ class CustomAllReduce {
   // starts while the one before it finishes; the next one may start before it ends). Rows that
   // AddRmsNormPushes take the push kernel and `input` only has to pass the checks below; larger
   // ones the pull kernel, reading the input as `input` says. Checks on every call, capturing or
-  // not: SupportsAddRmsNorm, 16-byte-aligned pointers, residual and weight overlapping nothing
-  // else, out either exactly partial (staged only) or disjoint from it, and a registered input only
-  // while `stream` is capturing (InvalidArgument otherwise). Capture state, graph-input recording
-  // (Unavailable when some rank could not export its input: retry staged), registration, the epoch
-  // and DeadlineExceeded are as for AllReduce; a fused call is one more call of the same sequence.
+  // not, before anything is enqueued: SupportsAddRmsNorm (an AutoCommunicator call asks it once,
+  // in SupportsAllReduceAddRmsNorm), 16-byte-aligned pointers, residual and weight overlapping
+  // nothing else, out either exactly partial (staged only) or disjoint from it, and a registered
+  // input only while `stream` is capturing (InvalidArgument otherwise). Capture state, graph-input
+  // recording (Unavailable when some rank could not export its input: retry staged),
+  // registration, the epoch and DeadlineExceeded are as for AllReduce; a fused call is one more
+  // call of the same sequence.
   absl::Status AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs& args, AllReduceInput input,
                                    cudaStream_t stream);
 
   // Exchanges the IPC handles of every input captured since the last call and fills their table
   // slots on every rank. Collective; call after capture, before the first replay; a no-op (still
   // collective) when nothing is pending. FailedPrecondition during capture or when the ranks
-  // captured different numbers of calls; Unavailable when a handle could not be opened on some
-  // rank (then nothing is registered anywhere).
+  // captured different numbers of calls or calls of different sizes; InvalidArgument naming the
+  // rank and the value when what a rank sent about a buffer cannot be right (an offset that is
+  // not a multiple of 16, or the call's bytes beyond the allocation it exported); every rank
+  // checks every rank's buffers before it maps any, so all refuse alike. Unavailable when a
+  // handle could not be opened on some rank (then nothing is registered anywhere).
   absl::Status RegisterGraphBuffers();
 
   // Returns FailedPrecondition naming how many captured inputs are not registered yet, else OK.
@@ -146,25 +154,40 @@ class CustomAllReduce {
  private:
   struct PendingInput {
     int slot;
-    const void* address;      // this rank's input
-    cudaIpcMemHandle_t handle;  // of the allocation holding it
-    uint64_t offset;          // of `address` within that allocation
+    const void* address;  // this rank's input
     // Where the call gathers into outputs (every rank exported its output): this rank's.
     bool has_output;
     void* output;
-    cudaIpcMemHandle_t output_handle;
-    uint64_t output_offset;
-    std::string key;          // capture key, for messages
+    // What RegisterGraphBuffers sends: the call's bytes, the exported input and output.
+    internal::GraphInputRecord record;
+    std::string key;  // capture key, for messages
   };
 
+  // AutoCommunicator checks a call's arguments once, when it plans it, then enqueues it through
+  // EnqueueAllReduce and EnqueueAddRmsNorm.
+  friend class AutoCommunicator;
+
   CustomAllReduce(HostBootstrap& bootstrap, int device, const AllReduceConfig& config);
+  // Enqueues an all-reduce of `bytes` whose arguments passed CheckAllReduceArgs (which gave
+  // `bytes`) and CheckCustomAllReducePlan with this object's max_bytes(); `capture` is `stream`'s
+  // capture status, read for this call. Checks the rest, which the arguments alone do not
+  // decide: the sticky error and CheckAsyncErrors, the capture state (FailedPrecondition for an
+  // invalidated capture, or a CaptureContext capture on a stream that is not capturing), and a
+  // registered input only while capturing (InvalidArgument).
+  absl::Status EnqueueAllReduce(const void* in, void* out, size_t bytes, DataType dtype,
+                                const AllReducePlan& plan, cudaStreamCaptureStatus capture,
+                                cudaStream_t stream);
+  // Enqueues a fused call whose sizes passed SupportsAddRmsNorm, `capture` as above. Checks
+  // everything else AllReduceAddRmsNorm documents.
+  absl::Status EnqueueAddRmsNorm(const AllReduceAddRmsNormArgs& args, AllReduceInput input,
+                                 cudaStreamCaptureStatus capture, cudaStream_t stream);
   absl::Status Init();
   // Allocates this rank's push buffer (sentinel-filled), exchanges and maps every peer's.
   // Collective; Unavailable on every rank when any rank failed.
   absl::Status InitPush();
-  // Records a captured call's input, and its output when `out` is not null (a two-shot call
-  // that may gather into outputs; used only if every rank can export its output).
-  absl::Status RecordGraphInput(const void* in, void* out, int* slot);
+  // Records a captured call's input of `bytes` bytes, and its output when `out` is not null (a
+  // two-shot call that may gather into outputs; used only if every rank can export its output).
+  absl::Status RecordGraphInput(const void* in, void* out, size_t bytes, int* slot);
   absl::StatusOr<void*> OpenPeerHandle(int peer, const cudaIpcMemHandle_t& handle);
   absl::StatusOr<bool> CanAccessPeerFromDevice(const std::string& bus_id);
 

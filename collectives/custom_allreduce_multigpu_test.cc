@@ -512,6 +512,38 @@ TEST(CustomAllReduceMultiGpuTest, ReplayBeforeRegistrationIsFailedPrecondition) 
   }, Options());
 }
 
+TEST(CustomAllReduceMultiGpuTest, RegistrationChecksWhatEveryRankSaysAboutItsBuffers) {
+  // Rank 0 captures a larger call than the others in the same graph input slot. Registration
+  // checks what every rank sent about its buffers before mapping any: every rank refuses,
+  // naming a rank whose size differs from its own and that size
+  // (internal/graph_input_record_test.cc checks offsets and allocation sizes the same way).
+  KILN_REQUIRE_GPUS(2);
+  RunOnEveryGpu([](RankContext& ctx) {
+    RankRig rig;
+    ASSERT_NO_FATAL_FAILURE(MakeRig(ctx, TestConfig(), &rig));
+    const cudaStream_t s = rig.stream.get();
+    constexpr size_t kLarge = 512 << 10, kSmall = 256 << 10;
+    const size_t bytes = ctx.rank == 0 ? kLarge : kSmall;
+    DeviceBuffer in = AllocOrFail(kLarge, "in");
+    DeviceBuffer out = AllocOrFail(kLarge, "out");
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    const absl::Status captured = rig.comm->custom()->AllReduce(
+        in.data(), out.data(), bytes / 2, DataType::kBf16,
+        {AllReduceAlgorithm::kTwoShot, AllReduceInput::kRegistered}, s);
+    ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    ASSERT_TRUE(captured.ok()) << captured;
+    const absl::Status registered = rig.comm->RegisterGraphBuffers();
+    EXPECT_EQ(registered.code(), absl::StatusCode::kFailedPrecondition) << registered;
+    const std::string want = ctx.rank == 0
+                                 ? absl::StrFormat("Rank 1 captured a %d-byte all-reduce", kSmall)
+                                 : absl::StrFormat("Rank 0 captured a %d-byte all-reduce", kLarge);
+    EXPECT_NE(std::string(registered.message()).find(want), std::string::npos) << registered;
+    EXPECT_EQ(rig.comm->CheckReplayable().code(), absl::StatusCode::kFailedPrecondition);
+    cudaGraphDestroy(graph);
+  }, Options());
+}
+
 TEST(CustomAllReduceMultiGpuTest, UnalignedAndOversizeEagerCallsTakeNccl) {
   KILN_REQUIRE_GPUS(2);
   RunOnEveryGpu([](RankContext& ctx) {
@@ -599,6 +631,40 @@ TEST(CustomAllReduceMultiGpuTest, BadArgumentsAreRefusedOnEveryPathAndLaterCalls
     // None of them reached a kernel: the stream, the context and both paths still work.
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
     EXPECT_TRUE(comm.CheckAsyncErrors().ok());
+    // AutoCommunicator checks the arguments once, when it plans; the communicators under it
+    // enqueue without checking again. Every refusal still comes before anything is enqueued: a
+    // capture of refused calls only (on every path, registered input included) holds no node.
+    cudaGraph_t graph = nullptr;
+    const AllReducePlan registered{AllReduceAlgorithm::kOneShot, AllReduceInput::kRegistered};
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    for (const Case& c : cases) {
+      EXPECT_EQ(comm.AllReduce(c.in, c.out, c.count, c.dtype, s).code(),
+                absl::StatusCode::kInvalidArgument)
+          << c.name << " (capturing)";
+      EXPECT_EQ(comm.nccl()->AllReduce(c.in, c.out, c.count, c.dtype, s).code(),
+                absl::StatusCode::kInvalidArgument)
+          << c.name << " (capturing)";
+      EXPECT_EQ(comm.custom()->AllReduce(c.in, c.out, c.count, c.dtype, registered, s).code(),
+                absl::StatusCode::kInvalidArgument)
+          << c.name << " (capturing)";
+    }
+    ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+    size_t nodes = 1;
+    EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &nodes), cudaSuccess);
+    EXPECT_EQ(nodes, 0u) << "a refused call enqueued work";
+    cudaGraphDestroy(graph);
+    // The capture state, read once by AutoCommunicator for the custom all-reduce: CaptureContext
+    // says capture but the stream is not capturing. The plan wants a registered input; the
+    // custom all-reduce refuses before recording or enqueuing anything.
+    {
+      CaptureContext::Scope scope(CapturePhase::kCapture, {GraphMode::kDecode, 8});
+      const absl::Status status = comm.AllReduce(in.data(), out.data(), kCount, DataType::kBf16, s);
+      EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+    }
+    EXPECT_EQ(comm.custom()->pending_graph_inputs(), 0);
+    EXPECT_EQ(cudaStreamQuery(s), cudaSuccess);
+    EXPECT_EQ(comm.stats().one_shot_staged + comm.stats().one_shot_registered + comm.stats().nccl,
+              0);
     const uint64_t seed = SharedSeed(ctx);
     Upload(in.data(), Encode(IntegerInputs(kCount, ctx.rank, seed), DataType::kBf16), s);
     for (bool nccl : {false, true}) {

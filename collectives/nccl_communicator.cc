@@ -158,9 +158,14 @@ absl::Status NcclCommunicator::Await(ncclResult_t result, const char* what) {
 
 absl::Status NcclCommunicator::AllReduce(const void* in, void* out, size_t count, DataType dtype,
                                          cudaStream_t stream) {
-  if (comm_ == nullptr) return aborted_;
   // ToNccl would read a dtype outside the enum as fp32, over twice the bytes of a 16-bit one.
   RETURN_IF_ERROR(CheckAllReduceArgs(in, out, count, dtype).status());
+  return EnqueueAllReduce(in, out, count, dtype, stream);
+}
+
+absl::Status NcclCommunicator::EnqueueAllReduce(const void* in, void* out, size_t count,
+                                                DataType dtype, cudaStream_t stream) {
+  if (comm_ == nullptr) return aborted_;
   return Await(ncclAllReduce(in, out, count, ToNccl(dtype), ncclSum, comm_, stream),
                "ncclAllReduce");
 }

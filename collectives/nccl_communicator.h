@@ -46,7 +46,9 @@ class NcclCommunicator : public Communicator {
   int world_size() const override { return world_size_; }
 
   // Enqueues ncclAllReduce(sum). InvalidArgument for what CheckAllReduceArgs refuses (a dtype
-  // outside the enum, a size that overflows, null buffers). Legal during capture.
+  // outside the enum, a size that overflows, null buffers), before anything is enqueued; an
+  // AutoCommunicator call checks them once, when it plans, and skips them here. Legal during
+  // capture.
   absl::Status AllReduce(const void* in, void* out, size_t count, DataType dtype,
                          cudaStream_t stream) override;
 
@@ -70,8 +72,16 @@ class NcclCommunicator : public Communicator {
   ncclComm_t comm() const { return comm_; }
 
  private:
+  // AutoCommunicator checks a call's arguments once, when it plans it, then enqueues it through
+  // EnqueueAllReduce.
+  friend class AutoCommunicator;
+
   NcclCommunicator(ncclComm_t comm, int rank, int world_size, absl::Duration timeout)
       : comm_(comm), rank_(rank), world_size_(world_size), timeout_(timeout) {}
+  // Enqueues ncclAllReduce(sum) of arguments that passed CheckAllReduceArgs; returns the abort
+  // reason once aborted.
+  absl::Status EnqueueAllReduce(const void* in, void* out, size_t count, DataType dtype,
+                                cudaStream_t stream);
   absl::Status Await(ncclResult_t result, const char* what);
   void AbortAfterTimeout(const absl::Status& error) override { AbortWithoutWaiting(error); }
 

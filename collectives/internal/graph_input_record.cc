@@ -1,0 +1,79 @@
+#include "collectives/internal/graph_input_record.h"
+
+#include <cstring>
+
+#include "absl/strings/str_format.h"
+
+namespace kiln {
+namespace internal {
+namespace {
+
+void AppendBuffer(const ExportedBuffer& buffer, std::string* out) {
+  out->append(reinterpret_cast<const char*>(&buffer.handle), sizeof(buffer.handle));
+  out->append(reinterpret_cast<const char*>(&buffer.offset), sizeof(buffer.offset));
+  out->append(reinterpret_cast<const char*>(&buffer.allocation_bytes),
+              sizeof(buffer.allocation_bytes));
+}
+
+const char* ReadBuffer(const char* data, ExportedBuffer* buffer) {
+  std::memcpy(&buffer->handle, data, sizeof(buffer->handle));
+  data += sizeof(buffer->handle);
+  std::memcpy(&buffer->offset, data, sizeof(buffer->offset));
+  data += sizeof(buffer->offset);
+  std::memcpy(&buffer->allocation_bytes, data, sizeof(buffer->allocation_bytes));
+  return data + sizeof(buffer->allocation_bytes);
+}
+
+absl::Status CheckBuffer(int rank, int slot, const char* what, const ExportedBuffer& buffer,
+                         uint64_t bytes) {
+  // The kernels load and store 16 bytes at a time; an allocation's base is at least 256-byte
+  // aligned, so the offset is what decides the buffer's alignment.
+  if (buffer.offset % 16 != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Rank %d's %s of graph all-reduce slot %d is at offset %d of its allocation, not a "
+        "multiple of 16 bytes; that rank's buffer or its registration record is corrupt",
+        rank, what, slot, buffer.offset));
+  }
+  // By subtraction: offset + bytes may wrap.
+  if (buffer.offset > buffer.allocation_bytes || bytes > buffer.allocation_bytes - buffer.offset) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Rank %d's %s of graph all-reduce slot %d is at offset %d of a %d-byte allocation, where "
+        "the call's %d bytes do not fit; pass buffers that hold the call's count on every rank",
+        rank, what, slot, buffer.offset, buffer.allocation_bytes, bytes));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void AppendGraphInputRecord(const GraphInputRecord& record, std::string* out) {
+  out->append(reinterpret_cast<const char*>(&record.bytes), sizeof(record.bytes));
+  AppendBuffer(record.input, out);
+  AppendBuffer(record.output, out);
+}
+
+GraphInputRecord ReadGraphInputRecord(const char* data) {
+  GraphInputRecord record;
+  std::memcpy(&record.bytes, data, sizeof(record.bytes));
+  data = ReadBuffer(data + sizeof(record.bytes), &record.input);
+  ReadBuffer(data, &record.output);
+  return record;
+}
+
+absl::Status CheckGraphInputRecord(int rank, int slot, const GraphInputRecord& record,
+                                   uint64_t bytes, bool has_output) {
+  if (record.bytes != bytes) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "Rank %d captured a %d-byte all-reduce in graph input slot %d where this rank captured "
+        "%d bytes; every rank must capture the same calls with the same counts",
+        rank, record.bytes, slot, bytes));
+  }
+  if (absl::Status input = CheckBuffer(rank, slot, "input", record.input, bytes); !input.ok()) {
+    return input;
+  }
+  if (!has_output) return absl::OkStatus();
+  return CheckBuffer(rank, slot, "output", record.output, bytes);
+}
+
+}  // namespace internal
+}  // namespace kiln

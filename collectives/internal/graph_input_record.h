@@ -1,0 +1,66 @@
+// Internal to //collectives:custom_allreduce: the record each rank sends about one captured
+// all-reduce when the ranks register their graph inputs (CustomAllReduce::RegisterGraphBuffers),
+// and the checks a rank makes of every rank's record before it maps any peer memory. A peer's
+// offsets and sizes decide which addresses the kernels read and write, so they are checked
+// against the call this rank captured (its size) and against the allocation the peer exported.
+// Host-only: no CUDA calls.
+//
+//   std::string wire;
+//   internal::AppendGraphInputRecord(mine, &wire);               // one per pending input
+//   ... all-gather ...
+//   internal::GraphInputRecord theirs = internal::ReadGraphInputRecord(data);
+//   RETURN_IF_ERROR(internal::CheckGraphInputRecord(rank, slot, theirs, bytes, has_output));
+#ifndef KILN_COLLECTIVES_INTERNAL_GRAPH_INPUT_RECORD_H_
+#define KILN_COLLECTIVES_INTERNAL_GRAPH_INPUT_RECORD_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace kiln {
+namespace internal {
+
+// A buffer a rank exports for its peers to map: the IPC handle of the allocation that holds it,
+// the buffer's offset in that allocation, and the allocation's size (cuMemGetAddressRange).
+struct ExportedBuffer {
+  cudaIpcMemHandle_t handle{};
+  uint64_t offset = 0;
+  uint64_t allocation_bytes = 0;
+};
+
+// What a rank sends about one captured call: its size in bytes, its input, and its output (all
+// zeros unless every rank exported its output, for a two-shot call that gathers into outputs).
+struct GraphInputRecord {
+  uint64_t bytes = 0;
+  ExportedBuffer input;
+  ExportedBuffer output;
+};
+
+// The size of one record on the wire (168 bytes).
+constexpr size_t kGraphInputRecordBytes =
+    sizeof(uint64_t) + 2 * (sizeof(cudaIpcMemHandle_t) + 2 * sizeof(uint64_t));
+
+// Appends `record` to `out` (kGraphInputRecordBytes bytes).
+void AppendGraphInputRecord(const GraphInputRecord& record, std::string* out);
+
+// Returns the record in the kGraphInputRecordBytes bytes at `data`.
+GraphInputRecord ReadGraphInputRecord(const char* data);
+
+// Returns OK when rank `rank`'s `record` for graph input slot `slot` fits the call this rank
+// captured in that slot: `bytes` bytes, gathering into the peers' outputs when `has_output` (the
+// output is checked only then). Otherwise, naming the rank, the slot and the value:
+// FailedPrecondition when the record's size is not `bytes` (the ranks captured different calls);
+// InvalidArgument when a buffer's offset is not a multiple of 16, or `bytes` from its offset do
+// not fit its allocation (the kernels would touch memory beyond it). Depends only on its
+// arguments, so every rank that checks the same records reaches the same verdict. Thread-safe.
+absl::Status CheckGraphInputRecord(int rank, int slot, const GraphInputRecord& record,
+                                   uint64_t bytes, bool has_output);
+
+}  // namespace internal
+}  // namespace kiln
+
+#endif  // KILN_COLLECTIVES_INTERNAL_GRAPH_INPUT_RECORD_H_
