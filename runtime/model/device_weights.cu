@@ -86,13 +86,14 @@ absl::StatusOr<LlamaDeviceWeights> LlamaDeviceWeights::RandomShard(const LlamaSh
                                                                    cudaStream_t stream) {
   ASSIGN_OR_RETURN(LlamaShape local, RankShape(full, tp_size));
   ASSIGN_OR_RETURN(LlamaWeightLayout full_layout, LlamaWeightLayout::Create(full));
-  // The rank is checked by every tensor's map below; a bad one is refused here, before the
-  // weights are allocated and the stream is given any work.
-  RETURN_IF_ERROR(ShardMapFor(full, tp_size, rank, /*tensor_index=*/0).status());
-  ASSIGN_OR_RETURN(LlamaDeviceWeights weights, Allocate(local));
+  // Every tensor's map, with the split and the rank checked once: a bad rank is refused here,
+  // before the weights are allocated and the stream is given any work.
+  ASSIGN_OR_RETURN(const std::vector<WeightShardMap> maps, ShardMapsFor(full, tp_size, rank));
+  ASSIGN_OR_RETURN(LlamaWeightLayout local_layout, LlamaWeightLayout::Create(local));
+  ASSIGN_OR_RETURN(LlamaDeviceWeights weights, Allocate(std::move(local_layout)));
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(weights.buffer_.data(), 0, weights.buffer_.size(), stream));
   for (const WeightTensor& t : weights.layout_.tensors()) {
-    ASSIGN_OR_RETURN(WeightShardMap map, ShardMapFor(full, tp_size, rank, t.index));
+    const WeightShardMap& map = maps[t.index];
     // The full tensor decides the range (its fan-in) and the stream (its index).
     const WeightTensor& full_tensor = full_layout.tensors()[t.index];
     const WeightInitRange range = InitRangeFor(full_tensor);
@@ -126,8 +127,7 @@ absl::StatusOr<LlamaDeviceWeights> LlamaDeviceWeights::RandomShard(const LlamaSh
   return weights;
 }
 
-absl::StatusOr<LlamaDeviceWeights> LlamaDeviceWeights::Allocate(const LlamaShape& shape) {
-  ASSIGN_OR_RETURN(LlamaWeightLayout layout, LlamaWeightLayout::Create(shape));
+absl::StatusOr<LlamaDeviceWeights> LlamaDeviceWeights::Allocate(LlamaWeightLayout layout) {
   LlamaDeviceWeights weights;
   ASSIGN_OR_RETURN(weights.buffer_, DeviceBuffer::Allocate(layout.total_bytes(), "Llama weights"));
   weights.layout_ = std::move(layout);
@@ -136,7 +136,8 @@ absl::StatusOr<LlamaDeviceWeights> LlamaDeviceWeights::Allocate(const LlamaShape
 
 absl::StatusOr<LlamaDeviceWeights> LlamaDeviceWeights::Random(const LlamaShape& shape,
                                                               uint64_t seed, cudaStream_t stream) {
-  ASSIGN_OR_RETURN(LlamaDeviceWeights weights, Allocate(shape));
+  ASSIGN_OR_RETURN(LlamaWeightLayout layout, LlamaWeightLayout::Create(shape));
+  ASSIGN_OR_RETURN(LlamaDeviceWeights weights, Allocate(std::move(layout)));
   // Padding between tensors is zero, as on the host.
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(weights.buffer_.data(), 0, weights.buffer_.size(), stream));
   for (const WeightTensor& t : weights.layout_.tensors()) {
@@ -159,7 +160,7 @@ absl::StatusOr<LlamaDeviceWeights> LlamaDeviceWeights::Upload(const LlamaHostWei
                                                               cudaStream_t stream) {
   // Default-constructed weights (no tensors, no data) would pass a size comparison alone.
   RETURN_IF_ERROR(host.Validate());
-  ASSIGN_OR_RETURN(LlamaDeviceWeights weights, Allocate(host.layout.shape()));
+  ASSIGN_OR_RETURN(LlamaDeviceWeights weights, Allocate(host.layout));
   RETURN_IF_ERROR(CopyHostToDevice(weights.buffer_.data(), host.data.data(),
                                    weights.buffer_.size(), stream));
   RETURN_IF_ERROR(CheckNotCapturing(stream, "LlamaDeviceWeights::Upload"));
@@ -186,7 +187,7 @@ absl::StatusOr<LlamaDeviceWeights> LlamaDeviceWeights::Load(const LlamaShardRead
     largest_block = std::max(largest_block, row_bytes * static_cast<size_t>(b.rows));
   }
   const size_t stage_bytes = std::max(std::min(options.staging_bytes, largest_block), widest_row);
-  ASSIGN_OR_RETURN(LlamaDeviceWeights weights, Allocate(reader.layout().shape()));
+  ASSIGN_OR_RETURN(LlamaDeviceWeights weights, Allocate(reader.layout()));
   // Padding between tensors is zero, as on the host.
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(weights.buffer_.data(), 0, weights.buffer_.size(), stream));
 

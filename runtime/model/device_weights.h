@@ -119,7 +119,8 @@ class LlamaDeviceWeights {
   }
 
  private:
-  static absl::StatusOr<LlamaDeviceWeights> Allocate(const LlamaShape& shape);
+  // Allocates the region of `layout` (from LlamaWeightLayout::Create), which the weights take.
+  static absl::StatusOr<LlamaDeviceWeights> Allocate(LlamaWeightLayout layout);
   LlamaWeightLayout layout_;
   DeviceBuffer buffer_;
 };

@@ -135,6 +135,12 @@ TEST_F(DeviceWeightsGpuTest, LoadStreamsEachRanksShardFromTheFiles) {
         if (staging == 4096) {
           EXPECT_GT(calls, static_cast<int64_t>(reader->blocks().size()));
         }
+        // The weights take the reader's rank layout.
+        EXPECT_EQ(dev->bytes(), reader->layout().total_bytes());
+        ASSERT_EQ(dev->layout().tensors().size(), reader->layout().tensors().size());
+        for (size_t i = 0; i < dev->layout().tensors().size(); ++i) {
+          EXPECT_EQ(dev->layout().tensors()[i].offset, reader->layout().tensors()[i].offset);
+        }
         absl::StatusOr<LlamaHostWeights> back = dev->Download(stream());
         ASSERT_TRUE(back.ok());
         EXPECT_EQ(back->data, expected->data);
@@ -165,8 +171,9 @@ TEST_F(DeviceWeightsGpuTest, LoadStreamsEachRanksShardFromTheFiles) {
   EXPECT_NE(cut.status().message().find("shrank"), std::string::npos) << cut.status();
 }
 
-// A rank outside the split is refused before the shard is allocated or its fill enqueued (this
-// case needs no GPU: the refusal comes first).
+// A rank outside the split, or a split the shape does not take, is refused before the shard is
+// allocated or its fill enqueued (these cases need no GPU: the refusal comes first), with
+// ShardMapsFor's and RankShape's messages.
 TEST(DeviceWeightsTest, RandomShardRefusesARankOutsideTheSplitFirst) {
   const LlamaShape shape = LlamaShape::Tiny();
   for (int rank : {-1, 2}) {
@@ -175,6 +182,13 @@ TEST(DeviceWeightsTest, RandomShardRefusesARankOutsideTheSplitFirst) {
     EXPECT_EQ(shard.status().code(), absl::StatusCode::kInvalidArgument) << shard.status();
     EXPECT_NE(shard.status().message().find(absl::StrCat("Rank ", rank)), std::string::npos)
         << shard.status();
+    EXPECT_EQ(shard.status(), ShardMapsFor(shape, 2, rank).status());
+  }
+  for (int tp_size : {0, 3}) {
+    absl::StatusOr<LlamaDeviceWeights> shard =
+        LlamaDeviceWeights::RandomShard(shape, tp_size, /*rank=*/0, /*seed=*/1, nullptr);
+    EXPECT_EQ(shard.status().code(), absl::StatusCode::kInvalidArgument) << shard.status();
+    EXPECT_EQ(shard.status(), RankShape(shape, tp_size).status());
   }
 }
 

@@ -207,6 +207,14 @@ TEST_F(LlamaCheckpointTest, ReadsEachTensorParallelRanksShardAlone) {
         ASSERT_TRUE(mine.ok()) << mine.status();
         EXPECT_EQ(mine->layout.shape().heads, shape.heads / world);
         EXPECT_EQ(mine->data, expected->data);
+        // The weights are laid out as the reader's rank layout, the rank shape's own.
+        EXPECT_TRUE(mine->Validate().ok()) << mine->Validate();
+        EXPECT_EQ(mine->layout.total_bytes(), expected->layout.total_bytes());
+        ASSERT_EQ(mine->layout.tensors().size(), expected->layout.tensors().size());
+        for (size_t i = 0; i < mine->layout.tensors().size(); ++i) {
+          EXPECT_EQ(mine->layout.tensors()[i].name, expected->layout.tensors()[i].name);
+          EXPECT_EQ(mine->layout.tensors()[i].offset, expected->layout.tensors()[i].offset);
+        }
         int64_t shard_bytes = 0;  // the tensors' own bytes, without the layout's alignment
         for (const WeightTensor& t : expected->layout.tensors()) shard_bytes += t.rows * t.cols * 2;
         EXPECT_EQ(last_total, shard_bytes);

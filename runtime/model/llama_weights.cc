@@ -97,6 +97,17 @@ uint64_t PhysicalMemoryBytes() {
 
 absl::StatusOr<LlamaHostWeights> ZeroLlamaHostWeights(const LlamaShape& shape) {
   ASSIGN_OR_RETURN(LlamaWeightLayout layout, LlamaWeightLayout::Create(shape));
+  return ZeroLlamaHostWeights(std::move(layout));
+}
+
+absl::StatusOr<LlamaHostWeights> ZeroLlamaHostWeights(LlamaWeightLayout layout) {
+  // Weights of no tensors would fail LlamaHostWeights::Validate wherever they were passed.
+  if (layout.tensors().empty()) {
+    return absl::InvalidArgumentError(
+        "ZeroLlamaHostWeights got a layout with no tensors (default-constructed or moved from); "
+        "build it with LlamaWeightLayout::Create");
+  }
+  const LlamaShape& shape = layout.shape();
   // A valid shape may still need far more than any host has; refuse it here rather than let the
   // allocation throw (which ends the process: kiln has no exception handlers).
   const uint64_t memory = PhysicalMemoryBytes();

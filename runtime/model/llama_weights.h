@@ -130,6 +130,13 @@ struct LlamaHostWeights {
 // memory (a valid shape can describe petabytes: hidden 2^20 and vocab 2^24 is a 32 TiB table).
 absl::StatusOr<LlamaHostWeights> ZeroLlamaHostWeights(const LlamaShape& shape);
 
+// Returns zero-filled host weights laid out as `layout` (from LlamaWeightLayout::Create), which
+// they take over, for a caller that already holds the layout (a checkpoint reader's rank layout):
+// the same weights as ZeroLlamaHostWeights(layout.shape()) without building the layout again.
+// InvalidArgument for a layout with no tensors (default-constructed or moved from);
+// ResourceExhausted as above.
+absl::StatusOr<LlamaHostWeights> ZeroLlamaHostWeights(LlamaWeightLayout layout);
+
 // Returns the seeded random weights for `shape`, the same bits LlamaDeviceWeights::Random
 // makes on the GPU; errors as ZeroLlamaHostWeights. Host-only; single-threaded (about 5 ns per
 // value).

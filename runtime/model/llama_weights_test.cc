@@ -338,7 +338,8 @@ TEST(LlamaWeightLayoutSweepTest, WeightsBeyondMemoryAreResourceExhausted) {
   absl::StatusOr<LlamaWeightLayout> layout = LlamaWeightLayout::Create(s);
   ASSERT_TRUE(layout.ok()) << layout.status();
   for (const absl::Status& status :
-       {ZeroLlamaHostWeights(s).status(), RandomLlamaHostWeights(s, 1).status()}) {
+       {ZeroLlamaHostWeights(s).status(), ZeroLlamaHostWeights(*layout).status(),
+        RandomLlamaHostWeights(s, 1).status()}) {
     EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
     EXPECT_THAT(std::string(status.message()),
                 ::testing::HasSubstr(absl::StrCat("need ", layout->total_bytes(), " bytes")));
@@ -348,6 +349,45 @@ TEST(LlamaWeightLayoutSweepTest, WeightsBeyondMemoryAreResourceExhausted) {
   s.vocab = 1 << 24;
   s.hidden = 1 << 20;
   EXPECT_EQ(ZeroLlamaHostWeights(s).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+// Zero weights from an existing layout take it over: the tensors, offsets and bytes of the
+// shape's own, all zero, for every layout variant (tied or not, QKV bias, QK norm); a layout with
+// no tensors is refused, naming the way to build one.
+TEST(LlamaHostWeightsTest, ZeroWeightsFromALayoutMatchThoseFromItsShape) {
+  for (int variant = 0; variant < 8; ++variant) {
+    LlamaShape shape = LlamaShape::Tiny();
+    shape.tie_embeddings = (variant & 1) != 0;
+    shape.qkv_bias = (variant & 2) != 0;
+    shape.qk_norm = (variant & 4) != 0;
+    SCOPED_TRACE(shape.ToString());
+    absl::StatusOr<LlamaWeightLayout> layout = LlamaWeightLayout::Create(shape);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    absl::StatusOr<LlamaHostWeights> from_layout = ZeroLlamaHostWeights(*layout);
+    absl::StatusOr<LlamaHostWeights> from_shape = ZeroLlamaHostWeights(shape);
+    ASSERT_TRUE(from_layout.ok()) << from_layout.status();
+    ASSERT_TRUE(from_shape.ok()) << from_shape.status();
+    EXPECT_TRUE(from_layout->Validate().ok()) << from_layout->Validate();
+    EXPECT_EQ(from_layout->layout.total_bytes(), from_shape->layout.total_bytes());
+    EXPECT_EQ(from_layout->layout.shape().ToString(), shape.ToString());
+    ASSERT_EQ(from_layout->layout.tensors().size(), from_shape->layout.tensors().size());
+    for (size_t i = 0; i < from_shape->layout.tensors().size(); ++i) {
+      const WeightTensor& a = from_layout->layout.tensors()[i];
+      const WeightTensor& b = from_shape->layout.tensors()[i];
+      EXPECT_EQ(a.name, b.name);
+      EXPECT_EQ(a.kind, b.kind);
+      EXPECT_EQ(a.rows, b.rows);
+      EXPECT_EQ(a.cols, b.cols);
+      EXPECT_EQ(a.offset, b.offset);
+      EXPECT_EQ(a.index, b.index);
+    }
+    EXPECT_EQ(from_layout->data, from_shape->data);
+    EXPECT_TRUE(std::all_of(from_layout->data.begin(), from_layout->data.end(),
+                            [](uint16_t v) { return v == 0; }));
+  }
+  const absl::Status empty = ZeroLlamaHostWeights(LlamaWeightLayout{}).status();
+  EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument) << empty;
+  EXPECT_THAT(std::string(empty.message()), ::testing::HasSubstr("LlamaWeightLayout::Create"));
 }
 
 // Host weights whose data does not match their layout (default-constructed, moved from, resized)
