@@ -546,61 +546,92 @@ absl::Status LlamaModel::Prepare(int num_tokens, int num_rows) {
   for (const Projection& p : Projections(s)) {
     if (p.input == DecodeGemmInput::kSiluMul) continue;  // falls back to the plain down GEMM
     const int64_t m = p.float_output ? num_rows : num_tokens;
-    if (UsesPrefetchGemm(p.proj, m, p.n, p.k, p.input) ||
-        TmaGemmFor(p.proj, m, p.n, p.k, p.input).has_value() ||
-        UsesDecodeGemm(p.proj, m, p.n, p.k, p.input) || UsesSkinny(m)) {
-      continue;
-    }
+    const LinearPath path = LinearPathFor(p.proj, m, p.n, p.k, p.input);
+    if (path.prefetch || path.tma || path.decode || path.skinny) continue;
     RETURN_IF_ERROR(gemm_->Prepare(m, p.n, p.k,
                                    p.float_output ? GemmOutput::kFloat32 : GemmOutput::kBf16));
   }
   return absl::OkStatus();
 }
 
-absl::Status LlamaModel::Linear(Proj proj, const bf16* x, const bf16* w, void* y, int64_t m,
-                                int64_t n, int64_t k, cudaStream_t stream,
-                                DecodeGemmInput input) {
-  const bool float_output = proj == Proj::kLmHead;
-  if (const std::optional<PrefetchGemmConfig> c = PrefetchGemmFor(proj, m, n, k, input)) {
+LlamaModel::LinearPath LlamaModel::LinearPathFor(Proj proj, int64_t m, int64_t n, int64_t k,
+                                                 DecodeGemmInput input) const {
+  LinearPath path;
+  path.proj = proj;
+  path.input = input;
+  path.m = m;
+  path.n = n;
+  path.k = k;
+  path.prefetch = PrefetchGemmFor(proj, m, n, k, input);
+  path.tma = TmaGemmFor(proj, m, n, k, input);
+  path.decode = DecodeGemmFor(proj, m, n, k, input);
+  path.skinny = UsesSkinny(m);
+  return path;
+}
+
+LlamaModel::StepDecisions LlamaModel::DecideStep(const LlamaStepArgs& args) const {
+  const LlamaShape& s = shape();
+  const int n = args.num_tokens;
+  const DecodeGemmInput plain = DecodeGemmInput::kPlain;
+  StepDecisions step;
+  step.layer_kernel = UsesLayerKernel(n);
+  step.fused_allreduce_norm = FusesAllReduceNorm(n);
+  step.attention_rope = AttentionTakesRope(args);
+  step.mlp = MlpPathFor(n);
+  step.qkv = LinearPathFor(Proj::kQkv, n, s.qkv_rows(), s.hidden, plain);
+  step.o = LinearPathFor(Proj::kO, n, s.hidden, s.q_width(), plain);
+  step.gate_up = LinearPathFor(Proj::kGateUp, n, 2 * int64_t{s.ffn}, s.hidden, plain);
+  step.down = LinearPathFor(Proj::kDown, n, s.hidden, s.ffn,
+                            step.mlp.silu_in_down ? DecodeGemmInput::kSiluMul : plain);
+  step.lm_head = LinearPathFor(Proj::kLmHead, args.num_rows, s.vocab, s.hidden, plain);
+  return step;
+}
+
+absl::Status LlamaModel::Linear(const LinearPath& path, const bf16* x, const bf16* w, void* y,
+                                cudaStream_t stream) {
+  const int64_t m = path.m, n = path.n, k = path.k;
+  const bool float_output = path.proj == Proj::kLmHead;
+  if (path.prefetch) {
     PrefetchGemmArgs args = GemmArgs<PrefetchGemmArgs>(x, w, y, m, n, k);
     args.float_output = float_output;
-    args.input = input == DecodeGemmInput::kSiluMul ? PrefetchGemmInput::kSiluMul
-                                                    : PrefetchGemmInput::kPlain;
-    if (PrefetchGemmSupports(args, *c)) {
-      return ToStatus(LaunchPrefetchGemm(args, *c, stream), "prefetch GEMM");
+    args.input = path.input == DecodeGemmInput::kSiluMul ? PrefetchGemmInput::kSiluMul
+                                                         : PrefetchGemmInput::kPlain;
+    if (PrefetchGemmSupports(args, *path.prefetch)) {
+      return ToStatus(LaunchPrefetchGemm(args, *path.prefetch, stream), "prefetch GEMM");
     }
   }
-  if (const std::optional<TmaGemmConfig> c = TmaGemmFor(proj, m, n, k, input)) {
+  if (path.tma) {
     TmaGemmArgs args = GemmArgs<TmaGemmArgs>(x, w, static_cast<bf16*>(y), m, n, k);
-    args.next_after_wait = proj == Proj::kQkv && options_.tma_qkv_next_after_wait;
-    if (TmaGemmSupports(args, *c)) {
-      return ToStatus(LaunchTmaGemm(args, *c, stream), "TMA GEMM");
+    args.next_after_wait = path.proj == Proj::kQkv && options_.tma_qkv_next_after_wait;
+    if (TmaGemmSupports(args, *path.tma)) {
+      return ToStatus(LaunchTmaGemm(args, *path.tma, stream), "TMA GEMM");
     }
   }
-  if (const std::optional<DecodeGemmConfig> c = DecodeGemmFor(proj, m, n, k, input)) {
+  if (path.decode) {
     DecodeGemmArgs args = GemmArgs<DecodeGemmArgs>(x, w, y, m, n, k);
     args.float_output = float_output;
-    args.input = input;
-    if (DecodeGemmSupports(args, *c)) {
-      return ToStatus(LaunchDecodeGemm(args, *c, decode_workspace_.as<float>(),
+    args.input = path.input;
+    if (DecodeGemmSupports(args, *path.decode)) {
+      return ToStatus(LaunchDecodeGemm(args, *path.decode, decode_workspace_.as<float>(),
                                        decode_counters_.as<int32_t>(), stream),
                       "decode GEMM");
     }
   }
-  if (input != DecodeGemmInput::kPlain) {
+  if (path.input != DecodeGemmInput::kPlain) {
     return absl::InternalError("Linear got a fused SiLU·mul input the decode GEMM cannot take");
   }
-  if (UsesSkinny(m) && SkinnyGemmSupports(m, k, x, w, y)) {
+  if (path.skinny && SkinnyGemmSupports(m, k, x, w, y)) {
     return ToStatus(LaunchSkinnyGemm(x, w, y, m, n, k, float_output, stream), "skinny GEMM");
   }
   return gemm_->Run(x, w, y, m, n, k, stream,
                     float_output ? GemmOutput::kFloat32 : GemmOutput::kBf16);
 }
 
-absl::Status LlamaModel::FoldedNormLinear(const bf16* x, const bf16* residual_in,
-                                          bf16* residual_out, const bf16* norm_weight,
-                                          const bf16* w, void* y, int64_t m, int64_t n, int64_t k,
+absl::Status LlamaModel::FoldedNormLinear(const LinearPath& path, const bf16* x,
+                                          const bf16* residual_in, bf16* residual_out,
+                                          const bf16* norm_weight, const bf16* w, void* y,
                                           cudaStream_t stream) {
+  const int64_t m = path.m, n = path.n, k = path.k;
   PrefetchGemmArgs args = GemmArgs<PrefetchGemmArgs>(x, w, y, m, n, k);
   args.input =
       residual_in != nullptr ? PrefetchGemmInput::kAddRmsNorm : PrefetchGemmInput::kRmsNorm;
@@ -608,14 +639,16 @@ absl::Status LlamaModel::FoldedNormLinear(const bf16* x, const bf16* residual_in
   args.residual_out = residual_out;
   args.norm_weight = norm_weight;
   args.eps = static_cast<float>(shape().rms_eps);
-  const PrefetchGemmConfig c = ChoosePrefetchGemmConfig(args.m, args.n, args.k, sm_count_,
-                                                        options_.prefetch_gemm_ctas_per_sm);
-  if (!PrefetchGemmSupports(args, c)) {
-    return absl::InternalError(absl::StrCat("The prefetch GEMM refuses a folded norm at ", m,
-                                            " x ", n, " x ", k, " (", c.ToString(),
-                                            ") that FoldsNorms chose"));
+  // FoldsNorms found this configuration (PrefetchGemmTakesNorm): ChoosePrefetchGemmConfig's, as
+  // PrefetchGemmFor sets row halves for neither QKV nor gate-up.
+  if (!path.prefetch || !PrefetchGemmSupports(args, *path.prefetch)) {
+    return absl::InternalError(absl::StrCat(
+        "The prefetch GEMM refuses a folded norm at ", m, " x ", n, " x ", k, " (",
+        path.prefetch ? path.prefetch->ToString() : "no configuration",
+        ") that FoldsNorms chose"));
   }
-  return ToStatus(LaunchPrefetchGemm(args, c, stream), "prefetch GEMM with folded norm");
+  return ToStatus(LaunchPrefetchGemm(args, *path.prefetch, stream),
+                  "prefetch GEMM with folded norm");
 }
 
 LlamaModel::Activations LlamaModel::Carve(const LlamaStepArgs& args) const {
@@ -632,27 +665,28 @@ LlamaModel::Activations LlamaModel::Carve(const LlamaStepArgs& args) const {
                      reinterpret_cast<bf16*>(base + o.mid_residual)};
 }
 
-absl::Status LlamaModel::PreAttention(int layer, const LlamaStepArgs& args, const Activations& a,
+absl::Status LlamaModel::PreAttention(int layer, const LlamaStepArgs& args,
+                                      const StepDecisions& step, const Activations& a,
                                       cudaStream_t stream) {
   const LlamaShape& s = shape();
   const LlamaDeviceWeights& w = weights_;
   const int n = args.num_tokens;
   const float eps = static_cast<float>(s.rms_eps);
   const bf16* normed = a.normed;
-  if (FoldsNorms(n)) {
+  if (step.mlp.folded_norm) {
     // The QKV GEMM norms its input itself: mid_residual = residual (+ the previous layer's down
     // projection); its x = RMSNorm(mid_residual). The gate-up GEMM moves the residual back.
     const bool first = layer == 0;
-    RETURN_IF_ERROR(FoldedNormLinear(first ? a.residual : a.hidden, first ? nullptr : a.residual,
-                                     a.mid_residual, w.input_norm(layer), w.qkv(layer), a.qkv, n,
-                                     s.qkv_rows(), s.hidden, stream));
+    RETURN_IF_ERROR(FoldedNormLinear(step.qkv, first ? a.residual : a.hidden,
+                                     first ? nullptr : a.residual, a.mid_residual,
+                                     w.input_norm(layer), w.qkv(layer), a.qkv, stream));
   } else {
     if (!options_.run_norms) {
       // A benchmark times the step without its norm kernels.
     } else if (layer == 0) {
       CUDA_RETURN_IF_ERROR(LaunchRmsNorm(a.residual, w.input_norm(0), a.normed, n, s.hidden, eps,
                                          stream));
-    } else if (FusesAllReduceNorm(n)) {
+    } else if (step.fused_allreduce_norm) {
       // The previous layer's down-projection all-reduce already added the residual and normed
       // it into `hidden` (PostAttention, in the same piece).
       normed = a.hidden;
@@ -661,8 +695,7 @@ absl::Status LlamaModel::PreAttention(int layer, const LlamaStepArgs& args, cons
       CUDA_RETURN_IF_ERROR(LaunchFusedAddRmsNorm(a.hidden, a.residual, w.input_norm(layer),
                                                  a.normed, n, s.hidden, eps, stream));
     }
-    RETURN_IF_ERROR(
-        Linear(Proj::kQkv, normed, w.qkv(layer), a.qkv, n, s.qkv_rows(), s.hidden, stream));
+    RETURN_IF_ERROR(Linear(step.qkv, normed, w.qkv(layer), a.qkv, stream));
   }
   if (s.qkv_bias) {
     CUDA_RETURN_IF_ERROR(LaunchBiasAdd(a.qkv, w.qkv_bias(layer), n,
@@ -670,7 +703,7 @@ absl::Status LlamaModel::PreAttention(int layer, const LlamaStepArgs& args, cons
   }
   // Where attention rotates q and the new k, it norms them first (the same bits); the step
   // without attention (benchmarks) leaves both out there too.
-  const bool attention_rotates = AttentionTakesRope(args);
+  const bool attention_rotates = step.attention_rope;
   if (s.qk_norm && !attention_rotates) {
     CUDA_RETURN_IF_ERROR(LaunchQkNorm(a.qkv, w.q_norm(layer), w.k_norm(layer), n, s.heads,
                                       s.kv_heads, s.head_dim, eps, stream));
@@ -797,7 +830,8 @@ absl::Status LlamaModel::AllReduceAddRmsNorm(const Activations& a, int num_token
   return options_.communicator->AllReduceAddRmsNorm(fused, stream);
 }
 
-absl::Status LlamaModel::PostAttention(int layer, const LlamaStepArgs& args, const Activations& a,
+absl::Status LlamaModel::PostAttention(int layer, const LlamaStepArgs& args,
+                                       const StepDecisions& step, const Activations& a,
                                        cudaStream_t stream) {
   const LlamaShape& s = shape();
   const LlamaDeviceWeights& w = weights_;
@@ -807,10 +841,9 @@ absl::Status LlamaModel::PostAttention(int layer, const LlamaStepArgs& args, con
   // applies the norm that follows: the post-attention norm after O, and after down the next
   // layer's input norm (PreAttention then skips it) or, after the last layer, the final norm
   // (RunPiece then skips it). The normed rows land in `hidden`, not `normed`.
-  const bool fused = FusesAllReduceNorm(n);
-  RETURN_IF_ERROR(
-      Linear(Proj::kO, a.attn, w.o(layer), ProjectionOutput(a), n, s.hidden, s.q_width(), stream));
-  const MlpPath mlp = MlpPathFor(n);
+  const bool fused = step.fused_allreduce_norm;
+  RETURN_IF_ERROR(Linear(step.o, a.attn, w.o(layer), ProjectionOutput(a), stream));
+  const MlpPath& mlp = step.mlp;
   if (fused) {
     RETURN_IF_ERROR(AllReduceAddRmsNorm(a, n, w.post_norm(layer), stream));
   } else {
@@ -824,26 +857,22 @@ absl::Status LlamaModel::PostAttention(int layer, const LlamaStepArgs& args, con
   if (mlp.folded_norm) {
     // residual = mid_residual (from the QKV GEMM) + the O projection; the gate-up GEMM's x =
     // RMSNorm(residual).
-    RETURN_IF_ERROR(FoldedNormLinear(a.hidden, a.mid_residual, a.residual, w.post_norm(layer),
-                                     w.gate_up(layer), a.gate_up, n, 2 * int64_t{s.ffn}, s.hidden,
-                                     stream));
+    RETURN_IF_ERROR(FoldedNormLinear(step.gate_up, a.hidden, a.mid_residual, a.residual,
+                                     w.post_norm(layer), w.gate_up(layer), a.gate_up, stream));
   } else if (mlp.gate_up_silu.any()) {
     // The gate-up GEMM's epilogue writes SiLU(gate)·up into act: no SiLU·mul kernel.
     RETURN_IF_ERROR(GateUpSiluMul(normed, w.gate_up(layer), a.act, n, mlp.gate_up_silu, stream));
   } else {
-    RETURN_IF_ERROR(Linear(Proj::kGateUp, normed, w.gate_up(layer), a.gate_up, n,
-                           2 * int64_t{s.ffn}, s.hidden, stream));
+    RETURN_IF_ERROR(Linear(step.gate_up, normed, w.gate_up(layer), a.gate_up, stream));
   }
   if (mlp.silu_in_down) {
     // The down GEMM reads SiLU(gate)·up of gate_up itself.
-    RETURN_IF_ERROR(Linear(Proj::kDown, a.gate_up, w.down(layer), ProjectionOutput(a), n,
-                           s.hidden, s.ffn, stream, DecodeGemmInput::kSiluMul));
+    RETURN_IF_ERROR(Linear(step.down, a.gate_up, w.down(layer), ProjectionOutput(a), stream));
   } else {
     if (!mlp.gate_up_silu.any() && options_.run_silu_mul) {
       CUDA_RETURN_IF_ERROR(LaunchSiluMul(a.gate_up, a.act, n, s.ffn, stream));
     }
-    RETURN_IF_ERROR(Linear(Proj::kDown, a.act, w.down(layer), ProjectionOutput(a), n, s.hidden,
-                           s.ffn, stream));
+    RETURN_IF_ERROR(Linear(step.down, a.act, w.down(layer), ProjectionOutput(a), stream));
   }
   if (!fused) return AllReduceProjection(a, n, stream);
   const bf16* next_norm = layer + 1 < s.layers ? w.input_norm(layer + 1) : w.final_norm();
@@ -856,46 +885,46 @@ absl::Status LlamaModel::RunPiece(int piece, const LlamaStepArgs& args, cudaStre
         absl::StrCat("Piece ", piece, " is outside [0, ", num_pieces(), ")"));
   }
   RETURN_IF_ERROR(CheckLlamaStepArgs(args));
-  return RunCheckedPiece(piece, args, Carve(args), stream);
+  return RunCheckedPiece(piece, args, DecideStep(args), Carve(args), stream);
 }
 
 absl::Status LlamaModel::RunCheckedPiece(int piece, const LlamaStepArgs& args,
-                                         const Activations& a, cudaStream_t stream) {
+                                         const StepDecisions& step, const Activations& a,
+                                         cudaStream_t stream) {
   const LlamaShape& s = shape();
   const int n = args.num_tokens;
-  if (UsesLayerKernel(n)) return RunLayerKernelPiece(piece, args, a, stream);
+  if (step.layer_kernel) return RunLayerKernelPiece(piece, args, step, a, stream);
   if (piece == 0) {
     // Attention writes only the rows of real tokens; the embedding kernel clears the attention
     // output once per step so the O projection never reads stale values in padding rows.
     CUDA_RETURN_IF_ERROR(LaunchEmbeddingGather(weights_.embedding(), s.vocab, s.hidden,
                                                args.token_ids, n, a.residual, stream, a.attn,
                                                s.q_width()));
-    return PreAttention(0, args, a, stream);
+    return PreAttention(0, args, step, a, stream);
   }
-  RETURN_IF_ERROR(PostAttention(piece - 1, args, a, stream));
-  if (piece < s.layers) return PreAttention(piece, args, a, stream);
+  RETURN_IF_ERROR(PostAttention(piece - 1, args, step, a, stream));
+  if (piece < s.layers) return PreAttention(piece, args, step, a, stream);
 
   // The last piece: final norm (done by the last all-reduce when fused), each sequence's last
   // token, logits, greedy tokens.
   const bf16* normed = a.normed;
-  if (FusesAllReduceNorm(n)) {
+  if (step.fused_allreduce_norm) {
     normed = a.hidden;
   } else if (options_.run_norms) {
     CUDA_RETURN_IF_ERROR(LaunchFusedAddRmsNorm(a.hidden, a.residual, weights_.final_norm(),
                                                a.normed, n, s.hidden,
                                                static_cast<float>(s.rms_eps), stream));
   }
-  return Head(args, a, normed, stream);
+  return Head(args, step, a, normed, stream);
 }
 
-absl::Status LlamaModel::Head(const LlamaStepArgs& args, const Activations& a, const bf16* normed,
-                              cudaStream_t stream) {
+absl::Status LlamaModel::Head(const LlamaStepArgs& args, const StepDecisions& step,
+                              const Activations& a, const bf16* normed, cudaStream_t stream) {
   const LlamaShape& s = shape();
   const int n = args.num_tokens;
   CUDA_RETURN_IF_ERROR(LaunchEmbeddingGather(normed, n, s.hidden, args.last_token_rows,
                                              args.num_rows, a.last, stream));
-  RETURN_IF_ERROR(Linear(Proj::kLmHead, a.last, weights_.lm_head(), args.logits, args.num_rows,
-                         s.vocab, s.hidden, stream));
+  RETURN_IF_ERROR(Linear(step.lm_head, a.last, weights_.lm_head(), args.logits, stream));
   return ToStatus(
       LaunchGreedySample(args.logits, args.num_rows, s.vocab, args.next_tokens, stream,
                          args.next_tokens_mirror),
@@ -903,7 +932,8 @@ absl::Status LlamaModel::Head(const LlamaStepArgs& args, const Activations& a, c
 }
 
 absl::Status LlamaModel::RunLayerKernelPiece(int piece, const LlamaStepArgs& args,
-                                             const Activations& a, cudaStream_t stream) {
+                                             const StepDecisions& step, const Activations& a,
+                                             cudaStream_t stream) {
   const LlamaShape& s = shape();
   const LlamaDeviceWeights& w = weights_;
   const int n = args.num_tokens;
@@ -958,15 +988,17 @@ absl::Status LlamaModel::RunLayerKernelPiece(int piece, const LlamaStepArgs& arg
   }
   CUDA_RETURN_IF_ERROR(LaunchDecodeLayer(l, c, stream));
   if (piece < s.layers) return absl::OkStatus();
-  return Head(args, a, a.normed, stream);
+  return Head(args, step, a, a.normed, stream);
 }
 
 absl::Status LlamaModel::Forward(const LlamaStepArgs& args, cudaStream_t stream) {
-  // Once per step: every piece and attention below reads the same views and activations.
+  // Once per step: every piece below reads the same decisions, and every piece and attention
+  // the same views and activations.
   RETURN_IF_ERROR(CheckLlamaStepArgs(args));
+  const StepDecisions step = DecideStep(args);
   const Activations a = Carve(args);
   for (int piece = 0; piece < num_pieces(); ++piece) {
-    RETURN_IF_ERROR(RunCheckedPiece(piece, args, a, stream));
+    RETURN_IF_ERROR(RunCheckedPiece(piece, args, step, a, stream));
     if (piece < shape().layers && options_.run_attention) {
       RETURN_IF_ERROR(RunCheckedAttention(piece, args, a, stream));
     }

@@ -52,7 +52,9 @@
 // GEMM up to options.decode_gemm_rows (decode_gemm.h: tensor cores, split-K, weights streamed from
 // before the previous kernel ends), the skinny kernel up to options.skinny_gemm_max_rows, cuBLASLt
 // above; every choice depends only on the projection and (m, n, k), so an eager step at a graph's
-// padded size computes the same bits as the graph. Every kiln kernel of the step is launched with
+// padded size computes the same bits as the graph, and Forward makes the choices (with the
+// step's other ones: folded norms, fused all-reduce norms, RoPE in attention) once per step,
+// RunPiece once per call, not once per layer. Every kiln kernel of the step is launched with
 // programmatic dependent launch (internal/pdl_launch.cuh), so each starts while the one before it
 // finishes.
 //
@@ -428,25 +430,71 @@ class LlamaModel {
              LayerKernel layer_kernel);
 
   Activations Carve(const LlamaStepArgs& args) const;
+  // The GEMMs Linear tries for one projection's y [m, n] = op(x) [m, k] · Wᵀ, in its order: each
+  // configuration is set where that GEMM takes the shape, and the first whose kernel also takes
+  // the step's pointers runs; then the skinny kernel (where `skinny`) and cuBLASLt. A pure
+  // function of the projection, the input and (m, n, k) (LinearPathFor).
+  struct LinearPath {
+    Proj proj = Proj::kQkv;
+    DecodeGemmInput input = DecodeGemmInput::kPlain;
+    int64_t m = 0, n = 0, k = 0;
+    std::optional<PrefetchGemmConfig> prefetch;
+    std::optional<TmaGemmConfig> tma;
+    std::optional<DecodeGemmConfig> decode;
+    bool skinny = false;
+  };
+  // The launch shape of a gate-up projection that writes SiLU(gate)·up itself: on the prefetch
+  // GEMM (prefetch_gate_up_silu) or the TMA GEMM (tma_gate_up_silu).
+  struct GateUpSilu {
+    std::optional<PrefetchGemmConfig> prefetch;
+    std::optional<TmaGemmConfig> tma;
+    bool any() const { return prefetch.has_value() || tma.has_value(); }
+  };
+  // How the MLP of a step of m rows (without the decode layer kernel) runs: the same answer for
+  // every layer and piece of the step, at capture and replay.
+  struct MlpPath {
+    bool folded_norm = false;   // FoldsNorms: the gate-up GEMM adds and normalises its own x
+    bool silu_in_down = false;  // FusesSiluMul: the down GEMM applies SiLU·mul to gate_up
+    GateUpSilu gate_up_silu;    // the gate-up GEMM writes SiLU(gate)·up (neither of the above)
+  };  // The SiLU·mul kernel runs where neither silu_in_down nor gate_up_silu holds.
+  // A step's decisions. Each depends only on the step's sizes and plan parts, which its capture
+  // key fixes, so one set serves every layer and piece of the step: Forward decides once per
+  // step, RunPiece once per call, and the pieces read them instead of deciding again per layer.
+  struct StepDecisions {
+    bool layer_kernel = false;          // UsesLayerKernel
+    bool fused_allreduce_norm = false;  // FusesAllReduceNorm
+    bool attention_rope = false;        // AttentionTakesRope
+    MlpPath mlp;                        // MlpPathFor; mlp.folded_norm is FoldsNorms
+    // Each projection at the step's token rows, the LM head at its sequence rows; the down
+    // projection with the SiLU·mul input where mlp.silu_in_down holds.
+    LinearPath qkv, o, gate_up, down, lm_head;
+  };
+  // Returns the decisions of a step with `args` (which CheckLlamaStepArgs accepted).
+  StepDecisions DecideStep(const LlamaStepArgs& args) const;
   // RunPiece and RunAttention for `args` that CheckLlamaStepArgs accepted, a piece or layer in
-  // range and `a` carved from args.activations: the entry points check and carve, then run these.
-  absl::Status RunCheckedPiece(int piece, const LlamaStepArgs& args, const Activations& a,
-                               cudaStream_t stream);
+  // range, `step` from DecideStep(args) and `a` carved from args.activations: the entry points
+  // check, decide and carve, then run these.
+  absl::Status RunCheckedPiece(int piece, const LlamaStepArgs& args, const StepDecisions& step,
+                               const Activations& a, cudaStream_t stream);
+  // Attention needs only RopeInAttention of the step's decisions (a few integer compares), so
+  // RunAttention, which the piecewise step calls once per layer, makes no StepDecisions.
   absl::Status RunCheckedAttention(int layer, const LlamaStepArgs& args, const Activations& a,
                                    cudaStream_t stream);
   // RopeInAttention without its run_attention term: the steps whose attention would rotate.
   bool AttentionTakesRope(const LlamaStepArgs& args) const;
-  // y [m, n] = op(x) [m, k] · Wᵀ through the prefetch GEMM, the TMA GEMM, the decode GEMM, the
-  // skinny kernel or cuBLASLt (see the file comment); op is SiLU·mul only where FusesSiluMul holds.
-  absl::Status Linear(Proj proj, const __nv_bfloat16* x, const __nv_bfloat16* w, void* y,
-                      int64_t m, int64_t n, int64_t k, cudaStream_t stream,
-                      DecodeGemmInput input = DecodeGemmInput::kPlain);
-  // y [m, n] = (RMSNorm(h) * norm_weight) · Wᵀ through the prefetch GEMM with the norm in its
-  // prologue: h = x (residual_in null) or bf16(x + residual_in); h goes to residual_out. Only
-  // where FoldsNorms holds.
-  absl::Status FoldedNormLinear(const __nv_bfloat16* x, const __nv_bfloat16* residual_in,
-                                __nv_bfloat16* residual_out, const __nv_bfloat16* norm_weight,
-                                const __nv_bfloat16* w, void* y, int64_t m, int64_t n, int64_t k,
+  // Returns the GEMMs Linear tries for the projection (see LinearPath).
+  LinearPath LinearPathFor(Proj proj, int64_t m, int64_t n, int64_t k,
+                           DecodeGemmInput input) const;
+  // y [m, n] = op(x) [m, k] · Wᵀ through the first GEMM of `path` that takes the pointers (see
+  // the file comment); op is SiLU·mul only where FusesSiluMul holds.
+  absl::Status Linear(const LinearPath& path, const __nv_bfloat16* x, const __nv_bfloat16* w,
+                      void* y, cudaStream_t stream);
+  // y [m, n] = (RMSNorm(h) * norm_weight) · Wᵀ through the prefetch GEMM of `path` with the norm
+  // in its prologue: h = x (residual_in null) or bf16(x + residual_in); h goes to residual_out.
+  // Only where FoldsNorms holds (the QKV or gate-up path of the step's decisions).
+  absl::Status FoldedNormLinear(const LinearPath& path, const __nv_bfloat16* x,
+                                const __nv_bfloat16* residual_in, __nv_bfloat16* residual_out,
+                                const __nv_bfloat16* norm_weight, const __nv_bfloat16* w, void* y,
                                 cudaStream_t stream);
   // Returns the prefetch GEMM's launch shape for the projection at m rows, or nullopt where the
   // projection does not run through it.
@@ -468,20 +516,7 @@ class LlamaModel {
   // Returns whether the down projection at m rows reads SiLU(gate)·up of the gate-up output
   // itself (through the prefetch or the decode GEMM).
   bool FusesSiluMul(int64_t m, int64_t n, int64_t k) const;
-  // The launch shape of a gate-up projection that writes SiLU(gate)·up itself: on the prefetch
-  // GEMM (prefetch_gate_up_silu) or the TMA GEMM (tma_gate_up_silu).
-  struct GateUpSilu {
-    std::optional<PrefetchGemmConfig> prefetch;
-    std::optional<TmaGemmConfig> tma;
-    bool any() const { return prefetch.has_value() || tma.has_value(); }
-  };
-  // How the MLP of a step of m rows (without the decode layer kernel) runs: the same answer for
-  // every layer and piece of the step, at capture and replay.
-  struct MlpPath {
-    bool folded_norm = false;   // FoldsNorms: the gate-up GEMM adds and normalises its own x
-    bool silu_in_down = false;  // FusesSiluMul: the down GEMM applies SiLU·mul to gate_up
-    GateUpSilu gate_up_silu;    // the gate-up GEMM writes SiLU(gate)·up (neither of the above)
-  };  // The SiLU·mul kernel runs where neither silu_in_down nor gate_up_silu holds.
+  // Returns the MlpPath of a step of m rows.
   MlpPath MlpPathFor(int64_t m) const;
   // act [m, ffn] = SiLU(gate)·up of x · Wᵀ for the gate-up weights W through `path` (from
   // MlpPathFor(m); any() must hold).
@@ -489,18 +524,18 @@ class LlamaModel {
                              int64_t m, const GateUpSilu& path, cudaStream_t stream);
   bool UsesSkinny(int64_t m) const;
   // Layer `layer` from its input norm through the KV append.
-  absl::Status PreAttention(int layer, const LlamaStepArgs& args, const Activations& a,
-                            cudaStream_t stream);
+  absl::Status PreAttention(int layer, const LlamaStepArgs& args, const StepDecisions& step,
+                            const Activations& a, cudaStream_t stream);
   // Piece `piece` where UsesLayerKernel holds: one launch of the decode layer kernel (after the
   // embeddings in piece 0; before the head in the last piece).
-  absl::Status RunLayerKernelPiece(int piece, const LlamaStepArgs& args, const Activations& a,
-                                   cudaStream_t stream);
+  absl::Status RunLayerKernelPiece(int piece, const LlamaStepArgs& args, const StepDecisions& step,
+                                   const Activations& a, cudaStream_t stream);
   // The last piece's end: each sequence's last token of `normed`, logits, greedy tokens.
-  absl::Status Head(const LlamaStepArgs& args, const Activations& a, const __nv_bfloat16* normed,
-                    cudaStream_t stream);
+  absl::Status Head(const LlamaStepArgs& args, const StepDecisions& step, const Activations& a,
+                    const __nv_bfloat16* normed, cudaStream_t stream);
   // Layer `layer` from the O projection through the down projection.
-  absl::Status PostAttention(int layer, const LlamaStepArgs& args, const Activations& a,
-                             cudaStream_t stream);
+  absl::Status PostAttention(int layer, const LlamaStepArgs& args, const StepDecisions& step,
+                             const Activations& a, cudaStream_t stream);
   // Where the O and down projections write: `hidden`, or with tensor parallelism the partial
   // sum's buffer that AllReduceProjection sums into `hidden`.
   __nv_bfloat16* ProjectionOutput(const Activations& a) const;

@@ -1,8 +1,11 @@
-// GPU test of LlamaModel's entry points with step views CheckLlamaStepArgs refuses: Forward (which
-// checks once per step), RunPiece for every piece and RunAttention for every layer each return
-// that InvalidArgument with nothing enqueued. Each call runs under stream capture, so anything
-// it enqueued would be a node of the captured graph; a valid piece captured the same way shows
-// that launches do land there. The views are host stand-ins that no kernel ever reads.
+// GPU tests of LlamaModel's entry points. With step views CheckLlamaStepArgs refuses, Forward
+// (which checks once per step), RunPiece for every piece and RunAttention for every layer each
+// return that InvalidArgument with nothing enqueued. Each call runs under stream capture, so
+// anything it enqueued would be a node of the captured graph; a valid piece captured the same way
+// shows that launches do land there. The views are host stand-ins that no kernel ever reads.
+// Forward, which decides a step's GEMMs and paths once, captures the launches (kernel, grid,
+// block, shared memory, in order) that RunPiece captures deciding them at every call, at row
+// counts across every GEMM's limits and with option sets that take each path.
 #include "runtime/model/llama_model.h"
 
 #include <cuda_runtime_api.h>
@@ -10,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -18,6 +22,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "runtime/cuda/device_buffer.h"
+#include "runtime/cuda/status_macros.h"
 #include "runtime/model/device_weights.h"
 #include "runtime/model/internal/gpu_test_helpers.h"
 #include "runtime/model/llama_shape.h"
@@ -120,6 +126,146 @@ TEST_F(LlamaModelGpuTest, EveryEntryPointRefusesBadStepViewsBeforeEnqueuing) {
     }
   }
   EXPECT_EQ(cudaStreamSynchronize(stream()), cudaSuccess);
+}
+
+
+// Returns the launches of `graph` in dependency order (ties in cudaGraphGetNodes' order): a
+// kernel node as its function, grid, block and dynamic shared memory, another node as its type.
+std::vector<std::string> LaunchesOf(cudaGraph_t graph) {
+  size_t count = 0, edges = 0;
+  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &count), cudaSuccess);
+  std::vector<cudaGraphNode_t> nodes(count);
+  EXPECT_EQ(cudaGraphGetNodes(graph, nodes.data(), &count), cudaSuccess);
+  EXPECT_EQ(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &edges), cudaSuccess);
+  std::vector<cudaGraphNode_t> from(edges), to(edges);
+  std::vector<cudaGraphEdgeData> data(edges);
+  EXPECT_EQ(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &edges), cudaSuccess);
+  std::map<cudaGraphNode_t, int> waiting;
+  for (cudaGraphNode_t node : nodes) waiting[node] = 0;
+  for (cudaGraphNode_t node : to) ++waiting[node];
+  std::vector<std::string> launches;
+  std::vector<bool> done(count, false);
+  for (size_t placed = 0; placed < count; ++placed) {
+    size_t i = 0;
+    while (i < count && (done[i] || waiting[nodes[i]] != 0)) ++i;
+    if (i == count) {
+      ADD_FAILURE() << "The graph has a cycle";
+      break;
+    }
+    done[i] = true;
+    for (size_t e = 0; e < edges; ++e) {
+      if (from[e] == nodes[i]) --waiting[to[e]];
+    }
+    cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
+    EXPECT_EQ(cudaGraphNodeGetType(nodes[i], &type), cudaSuccess);
+    cudaKernelNodeParams k = {};
+    if (type != cudaGraphNodeTypeKernel) {
+      launches.push_back(absl::StrCat("node type ", static_cast<int>(type)));
+    } else if (cudaGraphKernelNodeGetParams(nodes[i], &k) != cudaSuccess) {
+      // A kernel the runtime does not know by function (a library's): its node alone.
+      cudaGetLastError();
+      launches.push_back("library kernel");
+    } else {
+      launches.push_back(absl::StrCat(
+          "kernel ", reinterpret_cast<uintptr_t>(k.func), " grid ", k.gridDim.x, "x",
+          k.gridDim.y, "x", k.gridDim.z, " block ", k.blockDim.x, "x", k.blockDim.y, "x",
+          k.blockDim.z, " shared ", k.sharedMemBytes));
+    }
+  }
+  return launches;
+}
+
+// Forward decides the step's GEMM configurations, folded norms and RoPE placement once;
+// RunPiece decides them at each call. Captured into one graph each, the pieces of a step launch
+// what Forward launches, kernel for kernel, at row counts on both sides of every GEMM's limit
+// (prefetch 2 and 8, TMA 32, 48 and 64, the decode GEMM 16, the skinny kernel 2, RoPE in
+// attention 8), for the default options and for option sets that fold the norms, read SiLU·mul
+// in the down GEMM, run the decode GEMM or the decode layer kernel.
+TEST_F(LlamaModelGpuTest, ForwardLaunchesWhatItsPiecesLaunchAtEveryRowCount) {
+  const LlamaShape shape = LlamaShape::Tiny();
+  constexpr int kMaxTokens = 96;
+  const int sizes[] = {1, 2, 3, 8, 9, 16, 17, 32, 33, 48, 49, 64, 65, kMaxTokens};
+  absl::StatusOr<DeviceBuffer> activations = DeviceBuffer::Allocate(
+      LlamaModel::ActivationBytes(shape, kMaxTokens, kMaxTokens), "activations");
+  absl::StatusOr<DeviceBuffer> ints =
+      DeviceBuffer::Allocate(2 * kMaxTokens * sizeof(int32_t), "step ints");
+  absl::StatusOr<DeviceBuffer> logits =
+      DeviceBuffer::Allocate(size_t{kMaxTokens} * shape.vocab * sizeof(float), "logits");
+  ASSERT_TRUE(activations.ok() && ints.ok() && logits.ok());
+
+  std::vector<std::pair<std::string, LlamaModelOptions>> option_sets;
+  LlamaModelOptions defaults;
+  defaults.num_kv_blocks = 8;
+  // Attention is left out: it checks a real plan's layout before it enqueues, and these views
+  // are not one. The RoPE + KV append still runs where attention would not do it.
+  defaults.run_attention = false;
+  option_sets.emplace_back("defaults", defaults);
+  LlamaModelOptions folded = defaults;
+  folded.fold_norm_into_gemm = true;
+  folded.prefetch_gemm_rows = {8, 8, 8, 8, 8};
+  option_sets.emplace_back("folded norms", folded);
+  LlamaModelOptions decode = defaults;
+  decode.tma_gemm_rows = {0, 0, 0, 0};
+  decode.decode_gemm_rows = {16, 16, 16, 16, 16};
+  decode.prefetch_gemm_silu = true;
+  decode.prefetch_gate_up_silu = false;
+  option_sets.emplace_back("decode GEMM, SiLU·mul in down", decode);
+  LlamaModelOptions layer_kernel = defaults;
+  layer_kernel.layer_kernel_rows = 2;
+  option_sets.emplace_back("layer kernel", layer_kernel);
+
+  for (const auto& [name, options] : option_sets) {
+    absl::StatusOr<LlamaDeviceWeights> weights = LlamaDeviceWeights::Random(shape, 1, stream());
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    absl::StatusOr<std::unique_ptr<LlamaModel>> model =
+        LlamaModel::Create(*std::move(weights), options);
+    ASSERT_TRUE(model.ok()) << name << ": " << model.status();
+    ASSERT_EQ(cudaStreamSynchronize(stream()), cudaSuccess);
+    for (int n : sizes) {
+      SCOPED_TRACE(absl::StrCat(name, ", ", n, " rows"));
+      LlamaStepArgs args;
+      args.num_tokens = n;
+      args.num_rows = (n + 1) / 2;
+      int32_t* i32 = ints->as<int32_t>();
+      args.token_ids = i32;
+      args.positions = i32;
+      args.last_token_rows = i32;
+      args.block_table = i32 + kMaxTokens;
+      args.max_blocks_per_seq = 1;
+      args.decode.work_capacity = 1;  // decode-only: attention would rotate up to 8 rows
+      args.decode.seq_q_start = i32;
+      args.decode.seq_kv_len = i32;
+      args.decode.max_seqs = 1;
+      args.activations = activations->data();
+      args.logits = logits->as<float>();
+      args.next_tokens = i32;
+      ASSERT_TRUE((*model)->Prepare(args.num_tokens, args.num_rows).ok());
+      auto capture = [&](const std::function<absl::Status()>& call) {
+        EXPECT_EQ(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+        const absl::Status status = call();
+        EXPECT_TRUE(status.ok()) << status;
+        cudaGraph_t graph = nullptr;
+        EXPECT_EQ(cudaStreamEndCapture(stream(), &graph), cudaSuccess);
+        std::vector<std::string> launches;
+        if (graph != nullptr) {
+          launches = LaunchesOf(graph);
+          EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+        }
+        return launches;
+      };
+      const std::vector<std::string> forward =
+          capture([&] { return (*model)->Forward(args, stream()); });
+      const std::vector<std::string> pieces = capture([&] {
+        for (int piece = 0; piece < (*model)->num_pieces(); ++piece) {
+          RETURN_IF_ERROR((*model)->RunPiece(piece, args, stream()));
+        }
+        return absl::OkStatus();
+      });
+      ASSERT_GT(forward.size(), 0u);
+      ASSERT_EQ(forward.size(), pieces.size());
+      for (size_t i = 0; i < forward.size(); ++i) EXPECT_EQ(forward[i], pieces[i]) << "node " << i;
+    }
+  }
 }
 
 }  // namespace
