@@ -188,6 +188,55 @@ const std::vector<SplitAim>& DecodeSplitRules(const RunnerOptions& options, int 
                          : options.decode_split_by_rows;
 }
 
+absl::StatusOr<StepSetup> BuildStepSetup(const config::PlannerConfig& resolved,
+                                         const RunnerOptions& options, const LlamaShape& shape,
+                                         int sm_count, int max_blocks_per_seq) {
+  if (max_blocks_per_seq < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_blocks_per_seq ", max_blocks_per_seq,
+                     " must be positive; pass the SequenceTable's max_blocks_per_seq"));
+  }
+  StepSetup setup;
+  const StepLimits limits{resolved.max_num_seqs(), resolved.max_num_batched_tokens()};
+  const config::GraphMode graph_mode = resolved.graph().mode();
+  std::vector<int> listed(resolved.graph().capture_sizes().begin(),
+                          resolved.graph().capture_sizes().end());
+  if (graph_mode == config::GRAPH_MODE_DECODE) {
+    ASSIGN_OR_RETURN(setup.decode_sizes,
+                     CaptureSizes::FromList(listed, limits.max_num_seqs, "max_num_seqs"));
+  } else {
+    ASSIGN_OR_RETURN(setup.decode_sizes, CaptureSizes::Decode(limits.max_num_seqs));
+  }
+  if (graph_mode == config::GRAPH_MODE_PREFILL_ONLY) {
+    ASSIGN_OR_RETURN(setup.prefill_sizes,
+                     CaptureSizes::FromList(listed, limits.max_num_batched_tokens,
+                                            "max_num_batched_tokens"));
+  } else if (!options.prefill_sizes.empty()) {
+    ASSIGN_OR_RETURN(setup.prefill_sizes, CaptureSizes::Prefill(limits.max_num_batched_tokens,
+                                                                options.prefill_sizes));
+  } else {
+    ASSIGN_OR_RETURN(setup.prefill_sizes,
+                     CaptureSizes::Prefill(
+                         std::min(kDefaultPrefillLimit, limits.max_num_batched_tokens)));
+  }
+  ASSIGN_OR_RETURN(setup.keys,
+                   StepKeys::Create(limits, &*setup.decode_sizes, &*setup.prefill_sizes));
+
+  for (const StepKey& key : setup.keys.keys()) {
+    SplitKvPlannerOptions planner_options =
+        PlannerOptionsFor(key, shape.heads, shape.kv_heads, shape.head_dim, sm_count,
+                          options.max_model_len, options.prefill_tile_rows);
+    planner_options.decode.min_kv_chunk = options.decode_min_kv_chunk;
+    SetDecodeSplit(key, DecodeSplitRules(options, shape.head_dim), options.decode_ctas_per_sm,
+                   &planner_options.decode);
+    ASSIGN_OR_RETURN(SplitKvPlanner planner, SplitKvPlanner::Create(planner_options));
+    setup.layouts.push_back(
+        MetadataLayout::Create(key, planner.layout().plan_bytes, max_blocks_per_seq));
+    setup.planners.push_back(std::move(planner));
+  }
+  return setup;
+}
+
 absl::Status CheckStepTokens(absl::Span<const SequenceTokens> batch, int vocab,
                              int max_num_batched_tokens) {
   const size_t max_tokens = static_cast<size_t>(std::max(max_num_batched_tokens, 0));
@@ -278,7 +327,7 @@ absl::Status CheckRunnerOptions(const RunnerOptions& options) {
   RETURN_IF_ERROR(CheckDecodeSplitRules(options.decode_split_by_rows_head_dim_128,
                                         "RunnerOptions::decode_split_by_rows_head_dim_128"));
   // The attention planner's options, checked here on the host: the planners are built only after
-  // the weights and the KV cache are allocated (InitAllocations), and the prefill kernel's tile
+  // the device is queried and the memory planned (BuildStepSetup), and the prefill kernel's tile
   // rows are checked only at the first prefill launch.
   if (options.prefill_tile_rows != 64 && options.prefill_tile_rows != 128) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -401,42 +450,29 @@ absl::Status Runner::InitPlan(const RunnerOptions& options) {
   // Checked before any device memory exists: a wrong file fails here (on every rank
   // alike under tensor parallelism, see Init).
   if (!options.weight_files.empty()) RETURN_IF_ERROR(OpenWeightFiles(options));
-  const StepLimits limits{resolved.max_num_seqs(), resolved.max_num_batched_tokens()};
-  const int block_size = resolved.block_size();
 
-  // Step keys: decode sizes and prefill token budgets pad batches whether or not they are
-  // captured, so eager steps run at the same shapes as graphs.
+  int64_t num_blocks = plan_.num_kv_blocks;
+  if (options.max_kv_blocks > 0) num_blocks = std::min(num_blocks, options.max_kv_blocks);
+  if (num_blocks > int64_t{1} << 30) num_blocks = int64_t{1} << 30;
+  table_ = SequenceTable(static_cast<int>(num_blocks), resolved.block_size(),
+                         options.max_model_len);
+  max_blocks_per_seq_ = table_.max_blocks_per_seq();
+
+  // Step keys, and one attention planner and metadata layout per key, built (or refused)
+  // before any device memory exists.
+  ASSIGN_OR_RETURN(StepSetup setup, BuildStepSetup(resolved, options, rank_shape, sm_count_,
+                                                   max_blocks_per_seq_));
+  decode_sizes_ = std::move(setup.decode_sizes);
+  prefill_sizes_ = std::move(setup.prefill_sizes);
+  keys_ = std::move(setup.keys);
+  planners_ = std::move(setup.planners);
+  layouts_ = std::move(setup.layouts);
   const config::GraphMode graph_mode = resolved.graph().mode();
-  std::vector<int> listed(resolved.graph().capture_sizes().begin(),
-                          resolved.graph().capture_sizes().end());
-  if (graph_mode == config::GRAPH_MODE_DECODE) {
-    ASSIGN_OR_RETURN(decode_sizes_,
-                     CaptureSizes::FromList(listed, limits.max_num_seqs, "max_num_seqs"));
-  } else {
-    ASSIGN_OR_RETURN(decode_sizes_, CaptureSizes::Decode(limits.max_num_seqs));
-  }
-  if (graph_mode == config::GRAPH_MODE_PREFILL_ONLY) {
-    ASSIGN_OR_RETURN(prefill_sizes_, CaptureSizes::FromList(listed, limits.max_num_batched_tokens,
-                                                            "max_num_batched_tokens"));
-  } else if (!options.prefill_sizes.empty()) {
-    ASSIGN_OR_RETURN(prefill_sizes_, CaptureSizes::Prefill(limits.max_num_batched_tokens,
-                                                           options.prefill_sizes));
-  } else {
-    ASSIGN_OR_RETURN(prefill_sizes_, CaptureSizes::Prefill(std::min(
-                                         kDefaultPrefillLimit, limits.max_num_batched_tokens)));
-  }
   const bool graphs_on = options.graphs != GraphExecution::kNone;
   capture_decode_ = graphs_on && graph_mode == config::GRAPH_MODE_DECODE;
   capture_prefill_ = graphs_on && (graph_mode == config::GRAPH_MODE_PREFILL_ONLY ||
                                    (graph_mode == config::GRAPH_MODE_DECODE &&
                                     options.capture_prefill));
-  ASSIGN_OR_RETURN(keys_, StepKeys::Create(limits, &*decode_sizes_, &*prefill_sizes_));
-
-  int64_t num_blocks = plan_.num_kv_blocks;
-  if (options.max_kv_blocks > 0) num_blocks = std::min(num_blocks, options.max_kv_blocks);
-  if (num_blocks > int64_t{1} << 30) num_blocks = int64_t{1} << 30;
-  table_ = SequenceTable(static_cast<int>(num_blocks), block_size, options.max_model_len);
-  max_blocks_per_seq_ = table_.max_blocks_per_seq();
   // What the model would refuse once the weights are on the GPU, checked before they are.
   return CheckLlamaModelOptions(rank_shape, ModelOptions(options));
 }
@@ -567,28 +603,20 @@ absl::Status Runner::InitAllocations(const RunnerOptions& options) {
   RETURN_IF_ERROR(Record(&memory_, "kv_cache", static_cast<int64_t>(model_->kv_cache_bytes()),
                          free_bytes));
 
-  // One attention planner and metadata layout per key; one pinned blob and one device copy
-  // shared by all keys (steps run one at a time), and one partial workspace per plan part.
+  // One pinned blob and one device copy shared by all keys (steps run one at a time), and one
+  // partial workspace per plan part, each as large as the largest key's (InitPlan's planners
+  // and layouts).
   size_t metadata_bytes = 0, decode_o = 0, decode_lse = 0, prefill_o = 0, prefill_lse = 0;
   size_t decode_counters = 0, prefill_counters = 0;
-  for (const StepKey& key : keys_.keys()) {
-    SplitKvPlannerOptions planner_options =
-        PlannerOptionsFor(key, shape.heads, shape.kv_heads, shape.head_dim, sm_count_,
-                          options.max_model_len, options.prefill_tile_rows);
-    planner_options.decode.min_kv_chunk = options.decode_min_kv_chunk;
-    SetDecodeSplit(key, DecodeSplitRules(options, shape.head_dim), options.decode_ctas_per_sm,
-                   &planner_options.decode);
-    ASSIGN_OR_RETURN(SplitKvPlanner planner, SplitKvPlanner::Create(planner_options));
-    const PlanLayout& layout = planner.layout();
-    layouts_.push_back(MetadataLayout::Create(key, layout.plan_bytes, max_blocks_per_seq_));
-    metadata_bytes = std::max(metadata_bytes, layouts_.back().bytes);
+  for (size_t i = 0; i < planners_.size(); ++i) {
+    const PlanLayout& layout = planners_[i].layout();
+    metadata_bytes = std::max(metadata_bytes, layouts_[i].bytes);
     decode_o = std::max(decode_o, layout.decode.partial_o_bytes);
     decode_lse = std::max(decode_lse, layout.decode.partial_lse_bytes);
     prefill_o = std::max(prefill_o, layout.prefill.partial_o_bytes);
     prefill_lse = std::max(prefill_lse, layout.prefill.partial_lse_bytes);
     decode_counters = std::max(decode_counters, layout.decode.merge_counter_bytes);
     prefill_counters = std::max(prefill_counters, layout.prefill.merge_counter_bytes);
-    planners_.push_back(std::move(planner));
   }
   ASSIGN_OR_RETURN(free_bytes, FreeDeviceBytes());
   ASSIGN_OR_RETURN(metadata_host_, PinnedHostBuffer::Allocate(metadata_bytes, "step metadata"));

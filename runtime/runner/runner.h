@@ -495,6 +495,36 @@ absl::Status CheckRunnerOptions(const RunnerOptions& options);
 // decode_split_by_rows_head_dim_128 for head_dim 128, decode_split_by_rows otherwise.
 const std::vector<SplitAim>& DecodeSplitRules(const RunnerOptions& options, int head_dim);
 
+// What a Runner builds for its steps on the host: the sizes that pad batches, the step keys over
+// them, and per key the attention planner and the metadata layout (indexed like keys.keys()).
+struct StepSetup {
+  std::optional<CaptureSizes> decode_sizes;   // decode batch sizes (sequences)
+  std::optional<CaptureSizes> prefill_sizes;  // prefill token budgets
+  StepKeys keys;
+  std::vector<SplitKvPlanner> planners;  // per key
+  std::vector<MetadataLayout> layouts;   // per key
+};
+
+// Builds the StepSetup Runner::Create builds from `resolved` (the config PlanMemory resolved for
+// Runner::PlannerConfigFor(options)) and `options` (which should pass CheckRunnerOptions):
+//   decode sizes     GRAPH_MODE_DECODE: the config's capture sizes; else the default list, up to
+//                    max_num_seqs
+//   prefill budgets  GRAPH_MODE_PREFILL_ONLY: the config's capture sizes; else
+//                    options.prefill_sizes, or the default list up to min(512,
+//                    max_num_batched_tokens)
+//   keys             StepKeys::Create over both, then the eager key
+//   planners         PlannerOptionsFor(key, ...) for `shape` (this rank's heads) on `sm_count`
+//                    SMs, KV up to max_model_len, with options' prefill_tile_rows,
+//                    decode_min_kv_chunk and decode split (SetDecodeSplit, DecodeSplitRules)
+//   layouts          MetadataLayout::Create(key, the planner's plan_bytes, max_blocks_per_seq)
+// Sizes pad batches whether or not they are captured, so eager steps run at the shapes of graphs.
+// InvalidArgument naming the value and the fix for max_blocks_per_seq below 1, a capture size or
+// budget outside its limit, and what SplitKvPlanner::Create refuses (an sm_count below 1, ...).
+// Host-only; thread-safe.
+absl::StatusOr<StepSetup> BuildStepSetup(const config::PlannerConfig& resolved,
+                                         const RunnerOptions& options, const LlamaShape& shape,
+                                         int sm_count, int max_blocks_per_seq);
+
 // Returns InvalidArgument, naming the sequence, for a sequence of `batch` that brings more than
 // max_num_batched_tokens tokens or a token outside [0, vocab). Runner::Step's first check: the
 // token ids it lets through are never negative, so the step's fill does not read them again

@@ -1,5 +1,6 @@
-// Host test: the model shape the Runner builds from a config, and the memory planner is asked
-// about the graphs the Runner will really capture.
+// Host test: the model shape the Runner builds from a config, the memory planner is asked
+// about the graphs the Runner will really capture, and the steps' keys, planners and layouts
+// (BuildStepSetup).
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -10,7 +11,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "attention/split_kv_planner.h"
 #include "gmock/gmock.h"
+#include "graph/capture_context.h"
+#include "graph/capture_sizes.h"
 #include "gtest/gtest.h"
 #include "runtime/config/presets.h"
 #include "runtime/memory/memory_planner.h"
@@ -18,6 +22,8 @@
 #include "runtime/model/sampling.h"
 #include "runtime/model/skinny_gemm.h"
 #include "runtime/runner/runner.h"
+#include "runtime/runner/sequence_table.h"
+#include "runtime/runner/step_plan.h"
 
 namespace kiln {
 namespace {
@@ -110,6 +116,39 @@ config::PlannerConfig OneBillion() {
   config.set_model_preset("llama-3.2-1b");
   config.set_gpu_preset("h200-141gb");
   return config;
+}
+
+// What step_host_benchmark builds its StepSetup from, with its default flags: the llama-3.2-1b
+// preset on the stand-in GPU preset, blocks of 64 tokens, the Runner's default options, one GPU.
+struct StepSetupInputs {
+  RunnerOptions options;
+  config::PlannerConfig resolved;
+  LlamaShape shape;
+  int sm_count = 0;
+  int max_blocks_per_seq = 0;
+};
+
+absl::StatusOr<StepSetupInputs> BenchmarkStepSetupInputs() {
+  StepSetupInputs in;
+  in.options.config.set_model_preset("llama-3.2-1b");
+  in.options.config.set_block_size(64);
+  in.options.config.set_gpu_preset(kStandInGpuPreset);
+  config::PlannerConfig config = Runner::PlannerConfigFor(in.options);
+  config.set_tensor_parallel_size(1);
+  absl::StatusOr<MemoryPlan> plan = PlanMemory(config);
+  if (!plan.ok()) return plan.status();
+  in.resolved = plan->config;
+  absl::StatusOr<LlamaShape> shape = CheckRunnerModel(in.resolved, in.options.max_model_len);
+  if (!shape.ok()) return shape.status();
+  in.shape = *shape;
+  in.sm_count = static_cast<int>(in.resolved.gpu().sm_count());
+  in.max_blocks_per_seq =
+      SequenceTable(1, in.resolved.block_size(), in.options.max_model_len).max_blocks_per_seq();
+  return in;
+}
+
+absl::StatusOr<StepSetup> BuildStepSetup(const StepSetupInputs& in) {
+  return BuildStepSetup(in.resolved, in.options, in.shape, in.sm_count, in.max_blocks_per_seq);
 }
 
 TEST(RunnerConfigTest, ModelShapeRoundTripsThroughTheConfig) {
@@ -665,6 +704,129 @@ TEST(RunnerConfigTest, CheckRunnerModelSweep) {
   }
   EXPECT_GT(accepted, 300);
   EXPECT_GT(refused, 300);
+}
+
+// The setup step_host_benchmark measures by default: the default decode sizes (1, 2, 4, 8..128
+// step 8, 144..256 step 16), every batch of 1..256 decode sequences routed to the smallest that
+// holds it (what the benchmark prints as its key), and per key the planner and layout of the
+// model's heads, the GPU's SMs and the Runner's split rules.
+TEST(RunnerConfigTest, BuildStepSetupBuildsTheBenchmarksKeysPlannersAndLayouts) {
+  absl::StatusOr<StepSetupInputs> in = BenchmarkStepSetupInputs();
+  ASSERT_TRUE(in.ok()) << in.status();
+  ASSERT_EQ(in->resolved.max_num_seqs(), 256);
+  ASSERT_EQ(in->sm_count, 132);
+  ASSERT_EQ(in->max_blocks_per_seq, 64);  // 4096 tokens in blocks of 64
+  absl::StatusOr<StepSetup> setup = BuildStepSetup(*in);
+  ASSERT_TRUE(setup.ok()) << setup.status();
+
+  std::vector<int> decode = {1, 2, 4};
+  for (int size = 8; size <= 128; size += 8) decode.push_back(size);
+  for (int size = 144; size <= 256; size += 16) decode.push_back(size);
+  ASSERT_TRUE(setup->decode_sizes.has_value() && setup->prefill_sizes.has_value());
+  EXPECT_EQ(setup->decode_sizes->sizes(), decode);
+  EXPECT_EQ(setup->prefill_sizes->sizes(),
+            CaptureSizes::DefaultPrefillSizes(
+                std::min(512, static_cast<int>(in->resolved.max_num_batched_tokens()))));
+  const StepKeys& keys = setup->keys;
+  ASSERT_EQ(keys.keys().size(), decode.size() + setup->prefill_sizes->sizes().size() + 1);
+  for (int batch = 1; batch <= 256; ++batch) {
+    const std::vector<SeqLens> lens(batch, SeqLens{1, 1024});
+    ASSERT_TRUE(keys.Check(lens).ok()) << "batch " << batch;
+    const StepRoute route = keys.Route(lens);
+    const int padded = *std::lower_bound(decode.begin(), decode.end(), batch);
+    EXPECT_EQ(KeyName(keys.key(route.key_index).key), absl::StrCat("decode/", padded))
+        << "batch " << batch;
+    EXPECT_EQ(route.num_rows, padded) << "batch " << batch;
+  }
+
+  ASSERT_EQ(setup->planners.size(), keys.keys().size());
+  ASSERT_EQ(setup->layouts.size(), keys.keys().size());
+  for (size_t i = 0; i < keys.keys().size(); ++i) {
+    const StepKey& key = keys.keys()[i];
+    SCOPED_TRACE(KeyName(key.key));
+    const SplitKvPlannerOptions& planner = setup->planners[i].options();
+    EXPECT_EQ(planner.num_q_heads, 32);
+    EXPECT_EQ(planner.num_kv_heads, 8);
+    EXPECT_EQ(planner.head_dim, 64);
+    EXPECT_EQ(planner.sm_count, 132);
+    EXPECT_EQ(planner.key.max_seqs, key.max_rows);
+    EXPECT_EQ(planner.key.max_tokens, key.max_tokens);
+    EXPECT_EQ(planner.key.max_kv_len, 4096);
+    EXPECT_EQ(planner.decode.tile_rows, key.decode_part ? 4 : 0);  // 32 / 8 query heads
+    EXPECT_EQ(planner.prefill.tile_rows, key.prefill_part ? 64 : 0);
+    EXPECT_EQ(planner.decode.min_kv_chunk, 64);
+    const MetadataLayout& layout = setup->layouts[i];
+    EXPECT_EQ(layout.max_tokens, key.max_tokens);
+    EXPECT_EQ(layout.max_rows, key.max_rows);
+    EXPECT_EQ(layout.max_blocks_per_seq, 64);
+    // The plan section holds the key's planner's blob (sections are 256-byte aligned).
+    const size_t plan_bytes = setup->planners[i].layout().plan_bytes;
+    EXPECT_EQ(layout.block_table - layout.plan, (plan_bytes + 255) / 256 * 256);
+    EXPECT_EQ(layout.bytes, MetadataLayout::Create(key, plan_bytes, 64).bytes);
+  }
+  // The 1B model's split rules ({7, 2}, {8, 4}, {24, 1}, then 2): decode/8 takes batches of 5..8
+  // and aims at 4 CTAs per SM, decode/16 (9..16) at 1, decode/32 (25..32) at 2.
+  auto decode_ctas = [&](int size) {
+    return setup->planners[keys.Find({GraphMode::kDecode, size})].options().decode.ctas_per_sm;
+  };
+  EXPECT_EQ(decode_ctas(8), 4);
+  EXPECT_EQ(decode_ctas(16), 1);
+  EXPECT_EQ(decode_ctas(32), 2);
+}
+
+// In GRAPH_MODE_PREFILL_ONLY the config's capture sizes are the prefill budgets and the decode
+// sizes the default list; in GRAPH_MODE_DECODE RunnerOptions::prefill_sizes are the budgets.
+TEST(RunnerConfigTest, BuildStepSetupFollowsTheGraphMode) {
+  absl::StatusOr<StepSetupInputs> in = BenchmarkStepSetupInputs();
+  ASSERT_TRUE(in.ok()) << in.status();
+  StepSetupInputs prefill_only = *in;
+  prefill_only.resolved.mutable_graph()->set_mode(config::GRAPH_MODE_PREFILL_ONLY);
+  prefill_only.resolved.mutable_graph()->clear_capture_sizes();
+  for (int size : {32, 96}) prefill_only.resolved.mutable_graph()->add_capture_sizes(size);
+  absl::StatusOr<StepSetup> setup = BuildStepSetup(prefill_only);
+  ASSERT_TRUE(setup.ok()) << setup.status();
+  EXPECT_EQ(setup->prefill_sizes->sizes(), std::vector<int>({32, 96}));
+  EXPECT_EQ(setup->decode_sizes->sizes(), CaptureSizes::DefaultDecodeSizes(256));
+
+  StepSetupInputs listed = *in;
+  listed.options.prefill_sizes = {48, 128};
+  setup = BuildStepSetup(listed);
+  ASSERT_TRUE(setup.ok()) << setup.status();
+  EXPECT_EQ(setup->prefill_sizes->sizes(), std::vector<int>({48, 128}));
+  EXPECT_NE(setup->keys.Find({GraphMode::kPrefill, 48}), -1);
+}
+
+// Each refusal is InvalidArgument naming the bad value and the way out.
+TEST(RunnerConfigTest, BuildStepSetupRefusesBadInputs) {
+  absl::StatusOr<StepSetupInputs> in = BenchmarkStepSetupInputs();
+  ASSERT_TRUE(in.ok()) << in.status();
+  auto refusal = [](const StepSetupInputs& bad) {
+    const absl::Status status = BuildStepSetup(bad).status();
+    EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+    return std::string(status.message());
+  };
+  StepSetupInputs bad = *in;
+  bad.resolved.mutable_graph()->clear_capture_sizes();
+  for (int size : {8, 300}) bad.resolved.mutable_graph()->add_capture_sizes(size);
+  EXPECT_THAT(refusal(bad),
+              HasSubstr("Capture size 300 exceeds max_num_seqs 256; remove it or raise "
+                        "max_num_seqs"));
+  bad = *in;
+  bad.options.prefill_sizes = {64, 64};
+  EXPECT_THAT(refusal(bad), HasSubstr("Capture size 64 appears more than once"));
+  bad = *in;
+  bad.sm_count = 0;
+  EXPECT_THAT(refusal(bad), HasSubstr("Planner sm_count 0 must be positive"));
+  bad = *in;
+  bad.shape.kv_heads = 0;
+  EXPECT_THAT(refusal(bad), HasSubstr("Planner num_q_heads 32 and num_kv_heads 0"));
+  for (int blocks : {0, -1}) {
+    bad = *in;
+    bad.max_blocks_per_seq = blocks;
+    EXPECT_THAT(refusal(bad),
+                HasSubstr(absl::StrCat("max_blocks_per_seq ", blocks,
+                                       " must be positive; pass the SequenceTable's")));
+  }
 }
 
 }  // namespace

@@ -11,10 +11,10 @@
 //
 //   bazel run -c opt //runtime/runner:step_host_benchmark [-- --batches=1,8 --context=1024]
 //
-// The step keys, the attention planners and the metadata layouts are built as Runner::InitPlan
-// and InitAllocations build them (runner.cc), from the memory plan of the --preset model
-// (default llama-3.2-1b) with the Runner's default limits; the planners' SM count is the --gpu
-// preset's where the Runner reads the device's. The blob is one page-aligned host buffer as large
+// The step keys, the attention planners and the metadata layouts are built by BuildStepSetup
+// (runner.h), as Runner::Create builds them, from the memory plan of the --preset model (default
+// llama-3.2-1b) with the Runner's default limits; the planners' SM count is the --gpu preset's
+// where the Runner reads the device's. The blob is one page-aligned host buffer as large
 // as the largest layout (the Runner's is pinned, allocated once). What the Runner's `admit` also
 // decides, whether the key replays a graph, asks the captured graphs: there are none here, so it
 // is left out (the output says so).
@@ -38,7 +38,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
-#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -54,7 +53,6 @@
 #include "absl/types/span.h"
 #include "attention/split_kv_planner.h"
 #include "graph/capture_context.h"
-#include "graph/capture_sizes.h"
 #include "runtime/config/planner_config.pb.h"
 #include "runtime/config/presets.h"
 #include "runtime/cuda/status_macros.h"
@@ -96,24 +94,22 @@ struct BenchOptions {
   uint64_t seed = 0;
 };
 
-// What the Runner builds for its steps (runner.cc, InitPlan and InitAllocations), host parts
-// only: the same keys, one planner and one metadata layout per key.
-struct StepSetup {
+// What the benchmark measures with: the Runner's steps (BuildStepSetup, as Runner::Create builds
+// them) and what they were built from.
+struct BenchSetup {
   RunnerOptions options;
   config::PlannerConfig resolved;
   LlamaShape shape;
   int sm_count = 0;
   int max_blocks_per_seq = 0;
-  StepKeys keys;
-  std::vector<SplitKvPlanner> planners;
-  std::vector<MetadataLayout> layouts;
-  size_t blob_bytes = 0;
+  StepSetup steps;
+  size_t blob_bytes = 0;  // the largest layout's
 };
 
 // Builds them for `options`, whose config names a GPU preset (the Runner would plan for the
 // device otherwise).
-absl::StatusOr<StepSetup> BuildStepSetup(const RunnerOptions& options) {
-  StepSetup s;
+absl::StatusOr<BenchSetup> BuildBenchSetup(const RunnerOptions& options) {
+  BenchSetup s;
   s.options = options;
   RETURN_IF_ERROR(CheckRunnerOptions(options));
   // InitPlan on one GPU: the memory plan's resolved config; the SM count is the GPU preset's.
@@ -123,45 +119,12 @@ absl::StatusOr<StepSetup> BuildStepSetup(const RunnerOptions& options) {
   s.resolved = plan.config;
   s.sm_count = static_cast<int>(s.resolved.gpu().sm_count());
   ASSIGN_OR_RETURN(s.shape, CheckRunnerModel(s.resolved, options.max_model_len));
-  const StepLimits limits{s.resolved.max_num_seqs(), s.resolved.max_num_batched_tokens()};
-  const config::GraphMode graph_mode = s.resolved.graph().mode();
-  std::vector<int> listed(s.resolved.graph().capture_sizes().begin(),
-                          s.resolved.graph().capture_sizes().end());
-  std::optional<CaptureSizes> decode_sizes, prefill_sizes;
-  if (graph_mode == config::GRAPH_MODE_DECODE) {
-    ASSIGN_OR_RETURN(decode_sizes,
-                     CaptureSizes::FromList(listed, limits.max_num_seqs, "max_num_seqs"));
-  } else {
-    ASSIGN_OR_RETURN(decode_sizes, CaptureSizes::Decode(limits.max_num_seqs));
-  }
-  if (graph_mode == config::GRAPH_MODE_PREFILL_ONLY) {
-    ASSIGN_OR_RETURN(prefill_sizes, CaptureSizes::FromList(listed, limits.max_num_batched_tokens,
-                                                           "max_num_batched_tokens"));
-  } else if (!options.prefill_sizes.empty()) {
-    ASSIGN_OR_RETURN(prefill_sizes, CaptureSizes::Prefill(limits.max_num_batched_tokens,
-                                                          options.prefill_sizes));
-  } else {
-    // runner.cc's kDefaultPrefillLimit.
-    ASSIGN_OR_RETURN(prefill_sizes,
-                     CaptureSizes::Prefill(std::min(512, limits.max_num_batched_tokens)));
-  }
-  ASSIGN_OR_RETURN(s.keys, StepKeys::Create(limits, &*decode_sizes, &*prefill_sizes));
   s.max_blocks_per_seq =
       SequenceTable(1, s.resolved.block_size(), options.max_model_len).max_blocks_per_seq();
-
-  // InitAllocations: one planner and layout per key, one blob as large as the largest layout.
-  for (const StepKey& key : s.keys.keys()) {
-    SplitKvPlannerOptions planner_options =
-        PlannerOptionsFor(key, s.shape.heads, s.shape.kv_heads, s.shape.head_dim, s.sm_count,
-                          options.max_model_len, options.prefill_tile_rows);
-    planner_options.decode.min_kv_chunk = options.decode_min_kv_chunk;
-    SetDecodeSplit(key, DecodeSplitRules(options, s.shape.head_dim), options.decode_ctas_per_sm,
-                   &planner_options.decode);
-    ASSIGN_OR_RETURN(SplitKvPlanner planner, SplitKvPlanner::Create(planner_options));
-    s.layouts.push_back(
-        MetadataLayout::Create(key, planner.layout().plan_bytes, s.max_blocks_per_seq));
-    s.blob_bytes = std::max(s.blob_bytes, s.layouts.back().bytes);
-    s.planners.push_back(std::move(planner));
+  ASSIGN_OR_RETURN(s.steps, BuildStepSetup(s.resolved, options, s.shape, s.sm_count,
+                                           s.max_blocks_per_seq));
+  for (const MetadataLayout& layout : s.steps.layouts) {
+    s.blob_bytes = std::max(s.blob_bytes, layout.bytes);
   }
   return s;
 }
@@ -173,7 +136,7 @@ struct alignas(4096) Page {
 
 // One batch's state between steps.
 struct BatchState {
-  const StepSetup* setup = nullptr;
+  const BenchSetup* setup = nullptr;
   SequenceTable table{0, 1, 0};
   std::vector<SequenceTokens> batch;
   std::vector<int> window_start;  // each sequence's length when a window starts
@@ -187,8 +150,8 @@ template <bool kStaged>
 absl::Status HostStep(BatchState& s, double* stage_us) {
   Clock::time_point marks[kStages + 1];
   if constexpr (kStaged) marks[0] = Clock::now();
-  const StepSetup& setup = *s.setup;
-  const StepKeys& keys = setup.keys;
+  const BenchSetup& setup = *s.setup;
+  const StepKeys& keys = setup.steps.keys;
   const absl::Span<const SequenceTokens> batch = s.batch;
 
   RETURN_IF_ERROR(CheckStepTokens(batch, setup.shape.vocab, keys.limits().max_num_batched_tokens));
@@ -206,7 +169,7 @@ absl::Status HostStep(BatchState& s, double* stage_us) {
     return absl::OkStatus();
   };
   ASSIGN_OR_RETURN(std::vector<SeqLens> lens, s.table.Reserve(entries, admit));
-  const MetadataLayout& layout = setup.layouts[route.key_index];
+  const MetadataLayout& layout = setup.steps.layouts[route.key_index];
   if constexpr (kStaged) marks[2] = Clock::now();
 
   std::vector<absl::Span<const int32_t>> tokens, blocks;
@@ -222,7 +185,7 @@ absl::Status HostStep(BatchState& s, double* stage_us) {
                                  s.host, StepIds::kCheckedByCaller));
   if constexpr (kStaged) marks[4] = Clock::now();
 
-  RETURN_IF_ERROR(setup.planners[route.key_index].Plan(lens, s.host + layout.plan).status());
+  RETURN_IF_ERROR(setup.steps.planners[route.key_index].Plan(lens, s.host + layout.plan).status());
   if constexpr (kStaged) marks[5] = Clock::now();
 
   RETURN_IF_ERROR(s.table.Commit(entries));
@@ -277,7 +240,7 @@ absl::Status StartWindow(BatchState& s) {
   return s.table.Commit(prefill);
 }
 
-absl::StatusOr<BatchResult> RunBatch(const StepSetup& setup, const BenchOptions& o, int batch,
+absl::StatusOr<BatchResult> RunBatch(const BenchSetup& setup, const BenchOptions& o, int batch,
                                      std::mt19937_64& rng, char* host) {
   const int block_size = setup.resolved.block_size();
   // The longest a sequence gets: its window start (at most --context) plus a window of steps.
@@ -328,7 +291,7 @@ absl::StatusOr<BatchResult> RunBatch(const StepSetup& setup, const BenchOptions&
   }
 
   BatchResult r;
-  r.key = KeyName(setup.keys.key(s.key_index).key);
+  r.key = KeyName(setup.steps.keys.key(s.key_index).key);
   r.median_us = Percentile(whole, 0.5);
   r.p90_us = Percentile(whole, 0.9);
   double total = 0, sums[kStages] = {};
@@ -401,14 +364,14 @@ int Main(int argc, char** argv) {
   const std::string gpu = absl::GetFlag(FLAGS_gpu);
   options.config.set_gpu_preset(gpu);
   options.max_model_len = absl::GetFlag(FLAGS_max_model_len);
-  absl::StatusOr<StepSetup> setup = BuildStepSetup(options);
+  absl::StatusOr<BenchSetup> setup = BuildBenchSetup(options);
   if (!setup.ok()) {
     std::fprintf(stderr, "step_host_benchmark: --preset=%s, --gpu=%s: %s\n",
                  absl::GetFlag(FLAGS_preset).c_str(), gpu.c_str(),
                  std::string(setup.status().message()).c_str());
     return 2;
   }
-  const int max_num_seqs = setup->keys.limits().max_num_seqs;
+  const int max_num_seqs = setup->steps.keys.limits().max_num_seqs;
   BenchOptions o;
   if (!benchmark_internal::ParseIntList("batches", absl::GetFlag(FLAGS_batches), 1, max_num_seqs,
                                         &o.batches)) {
@@ -433,13 +396,13 @@ int Main(int argc, char** argv) {
   std::printf("Runner::Step's host work per decode step (no GPU); host: %s, %u hardware threads\n",
               CpuName().c_str(), std::thread::hardware_concurrency());
   std::printf(
-      "keys, planners and metadata layouts built as Runner::InitPlan and InitAllocations build "
+      "keys, planners and metadata layouts built by BuildStepSetup, as Runner::Create builds "
       "them: %s (vocab %d), max_num_seqs %d, max_num_batched_tokens %d, max_model_len %d, "
       "block_size %d (%d blocks per table row), %zu keys, blob %zu bytes; planners for %d SMs "
       "(gpu preset %s, %s; the Runner reads the device's)\n",
       r.model().name().c_str(), setup->shape.vocab, r.max_num_seqs(), r.max_num_batched_tokens(),
       setup->options.max_model_len, block_size, setup->max_blocks_per_seq,
-      setup->keys.keys().size(), setup->blob_bytes, setup->sm_count, gpu.c_str(),
+      setup->steps.keys.keys().size(), setup->blob_bytes, setup->sm_count, gpu.c_str(),
       r.gpu().name().c_str());
   std::printf(
       "admit runs StepKeys::Check and Route; the Runner's replay decision (whether the key has "
