@@ -203,14 +203,29 @@ absl::Status CheckLlamaStepArgs(const LlamaStepArgs& args) {
         "Step activations must be a 256-byte aligned region of ActivationBytes(num_tokens, "
         "num_rows) bytes; pass the arena or a graph memory pool allocation");
   }
-  if (args.token_ids == nullptr || args.positions == nullptr || args.last_token_rows == nullptr ||
-      args.block_table == nullptr || args.logits == nullptr || args.next_tokens == nullptr ||
-      args.max_blocks_per_seq < 1 ||
-      (args.decode.work_capacity <= 0 && args.prefill.work_capacity <= 0)) {
+  const std::pair<const char*, const void*> views[] = {
+      {"token_ids", args.token_ids},
+      {"positions", args.positions},
+      {"last_token_rows", args.last_token_rows},
+      {"block_table", args.block_table},
+      {"logits", args.logits},
+      {"next_tokens", args.next_tokens}};
+  for (const auto& [name, view] : views) {
+    if (view == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Step view ", name, " is null; pass the step's uploaded metadata and output buffers"));
+    }
+  }
+  if (args.max_blocks_per_seq < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "Step views token_ids, positions, last_token_rows, block_table (max_blocks_per_seq ",
-        args.max_blocks_per_seq, "), logits, next_tokens and an enabled plan part must all be "
-        "set; pass the step's uploaded metadata"));
+        "Step max_blocks_per_seq ", args.max_blocks_per_seq,
+        " is below 1; pass the block table's row width"));
+  }
+  if (args.decode.work_capacity <= 0 && args.prefill.work_capacity <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Step has no enabled plan part (work_capacity decode ", args.decode.work_capacity,
+        ", prefill ", args.prefill.work_capacity, "); pass the step's plan with decode and/or "
+        "prefill enabled"));
   }
   return absl::OkStatus();
 }

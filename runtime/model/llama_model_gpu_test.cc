@@ -8,6 +8,8 @@
 // counts across every GEMM's limits and with option sets that take each path.
 #include "runtime/model/llama_model.h"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -129,9 +131,30 @@ TEST_F(LlamaModelGpuTest, EveryEntryPointRefusesBadStepViewsBeforeEnqueuing) {
 }
 
 
+// Returns the driver's cuGraphKernelNodeGetParams, or null after a test failure. cudart loads
+// libcuda, which is never linked, so the entry point comes through cudart. Unlike the runtime's
+// cudaGraphKernelNodeGetParams, which fails with cudaErrorInvalidDeviceFunction on a kernel the
+// runtime did not launch, it reads every kernel node, cuBLASLt's (launched through the driver
+// API) included.
+PFN_cuGraphKernelNodeGetParams_v12000 DriverKernelNodeGetParams() {
+  void* symbol = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  EXPECT_EQ(cudaGetDriverEntryPointByVersion("cuGraphKernelNodeGetParams", &symbol, 12000,
+                                             cudaEnableDefault, &found),
+            cudaSuccess);
+  EXPECT_EQ(found, cudaDriverEntryPointSuccess);
+  return found == cudaDriverEntryPointSuccess
+             ? reinterpret_cast<PFN_cuGraphKernelNodeGetParams_v12000>(symbol)
+             : nullptr;
+}
+
 // Returns the launches of `graph` in dependency order (ties in cudaGraphGetNodes' order): a
-// kernel node as its function, grid, block and dynamic shared memory, another node as its type.
+// kernel node as its function (a CUfunction, or a CUkernel where the node has no function), grid,
+// block and dynamic shared memory, another node as its type. Empty after a test failure when the
+// driver's entry point is missing.
 std::vector<std::string> LaunchesOf(cudaGraph_t graph) {
+  const PFN_cuGraphKernelNodeGetParams_v12000 get_kernel_params = DriverKernelNodeGetParams();
+  if (get_kernel_params == nullptr) return {};
   size_t count = 0, edges = 0;
   EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &count), cudaSuccess);
   std::vector<cudaGraphNode_t> nodes(count);
@@ -158,19 +181,17 @@ std::vector<std::string> LaunchesOf(cudaGraph_t graph) {
     }
     cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
     EXPECT_EQ(cudaGraphNodeGetType(nodes[i], &type), cudaSuccess);
-    cudaKernelNodeParams k = {};
     if (type != cudaGraphNodeTypeKernel) {
       launches.push_back(absl::StrCat("node type ", static_cast<int>(type)));
-    } else if (cudaGraphKernelNodeGetParams(nodes[i], &k) != cudaSuccess) {
-      // A kernel the runtime does not know by function (a library's): its node alone.
-      cudaGetLastError();
-      launches.push_back("library kernel");
-    } else {
-      launches.push_back(absl::StrCat(
-          "kernel ", reinterpret_cast<uintptr_t>(k.func), " grid ", k.gridDim.x, "x",
-          k.gridDim.y, "x", k.gridDim.z, " block ", k.blockDim.x, "x", k.blockDim.y, "x",
-          k.blockDim.z, " shared ", k.sharedMemBytes));
+      continue;
     }
+    CUDA_KERNEL_NODE_PARAMS_v2 k = {};
+    EXPECT_EQ(get_kernel_params(nodes[i], &k), CUDA_SUCCESS) << "kernel node " << i;
+    EXPECT_TRUE(k.func != nullptr || k.kern != nullptr) << "kernel node " << i;
+    launches.push_back(absl::StrCat(
+        "kernel ", reinterpret_cast<uintptr_t>(k.func), "/", reinterpret_cast<uintptr_t>(k.kern),
+        " grid ", k.gridDimX, "x", k.gridDimY, "x", k.gridDimZ, " block ", k.blockDimX, "x",
+        k.blockDimY, "x", k.blockDimZ, " shared ", k.sharedMemBytes));
   }
   return launches;
 }

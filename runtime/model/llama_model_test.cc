@@ -18,6 +18,7 @@ namespace kiln {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Stand-ins that the check accepts: set, and the activation region 256-byte aligned.
 struct StandIns {
@@ -72,18 +73,27 @@ TEST(CheckLlamaStepArgsTest, RefusesEachBadViewNamingIt) {
   add("num_tokens 4 and num_rows 5", [](LlamaStepArgs& a) { a.num_rows = 5; });
   add("256-byte aligned", [](LlamaStepArgs& a) { a.activations = nullptr; });
   add("256-byte aligned", [&](LlamaStepArgs& a) { a.activations = s.region + 16; });
-  add("max_blocks_per_seq 1", [](LlamaStepArgs& a) { a.token_ids = nullptr; });
-  add("max_blocks_per_seq 1", [](LlamaStepArgs& a) { a.positions = nullptr; });
-  add("max_blocks_per_seq 1", [](LlamaStepArgs& a) { a.last_token_rows = nullptr; });
-  add("max_blocks_per_seq 1", [](LlamaStepArgs& a) { a.block_table = nullptr; });
-  add("max_blocks_per_seq 1", [](LlamaStepArgs& a) { a.logits = nullptr; });
-  add("max_blocks_per_seq 1", [](LlamaStepArgs& a) { a.next_tokens = nullptr; });
-  add("max_blocks_per_seq 0", [](LlamaStepArgs& a) { a.max_blocks_per_seq = 0; });
-  add("an enabled plan part", [](LlamaStepArgs& a) { a.decode.work_capacity = 0; });
+  add("Step view token_ids is null", [](LlamaStepArgs& a) { a.token_ids = nullptr; });
+  add("Step view positions is null", [](LlamaStepArgs& a) { a.positions = nullptr; });
+  add("Step view last_token_rows is null", [](LlamaStepArgs& a) { a.last_token_rows = nullptr; });
+  add("Step view block_table is null", [](LlamaStepArgs& a) { a.block_table = nullptr; });
+  add("Step view logits is null", [](LlamaStepArgs& a) { a.logits = nullptr; });
+  add("Step view next_tokens is null", [](LlamaStepArgs& a) { a.next_tokens = nullptr; });
+  // With several null views the first in declaration order is named.
+  add("Step view positions is null", [](LlamaStepArgs& a) {
+    a.positions = nullptr;
+    a.next_tokens = nullptr;
+  });
+  add("max_blocks_per_seq 0 is below 1", [](LlamaStepArgs& a) { a.max_blocks_per_seq = 0; });
+  add("no enabled plan part (work_capacity decode 0, prefill 0)",
+      [](LlamaStepArgs& a) { a.decode.work_capacity = 0; });
+  add("no enabled plan part (work_capacity decode -1, prefill 0)",
+      [](LlamaStepArgs& a) { a.decode.work_capacity = -1; });
   for (size_t i = 0; i < cases.size(); ++i) {
     const absl::Status status = CheckLlamaStepArgs(cases[i].second);
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << "case " << i << ": " << status;
     EXPECT_THAT(std::string(status.message()), HasSubstr(cases[i].first)) << "case " << i;
+    EXPECT_THAT(std::string(status.message()), Not(HasSubstr("\n"))) << "case " << i;
   }
 }
 

@@ -29,10 +29,22 @@ fi
 if expect_ok context_one --batches=2 --context=1 --steps=3 --warmup=0; then
   grep -Eq "$(row 2 2)" "$tmp/out" || fail "context_one: no row for batch 2: $(cat "$tmp/out")"
 fi
-# The same seed gives the same key and setup lines (timings differ).
+# The same seed gives the same key and setup lines (timings differ): two runs print the same
+# output once every decimal is masked and each row is cut to its batch and key.
+untimed() {
+  sed -E 's/[0-9]+\.[0-9]+/N/g; s/^( +[0-9]+  decode\/[0-9]+) .*$/\1/' "$1"
+}
 if expect_ok seeded --batches=8 --steps=2 --seed=7; then
   grep -Eq "$(row 8 8)" "$tmp/out" || fail "seeded: no row for batch 8: $(cat "$tmp/out")"
   expect_out seeded 'ids and tokens from seed 7'
+  untimed "$tmp/out" >"$tmp/seeded_first"
+  if expect_ok seeded_again --batches=8 --steps=2 --seed=7; then
+    untimed "$tmp/out" >"$tmp/seeded_second"
+    grep -q '^ \+8  decode/8$' "$tmp/seeded_second" ||
+      fail "seeded_again: no key line for batch 8: $(cat "$tmp/seeded_second")"
+    diff -u "$tmp/seeded_first" "$tmp/seeded_second" >"$tmp/seeded_diff" ||
+      fail "seeded: key and setup lines differ between runs with seed 7: $(cat "$tmp/seeded_diff")"
+  fi
 fi
 
 expect_bad batch_zero '--batches: bad entry "0" (want integers in [1, 256])' --batches=0

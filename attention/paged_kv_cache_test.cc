@@ -1,0 +1,77 @@
+// Host-only checks of PagedKvCache's and AppendKv's refusals: each comes before anything is
+// launched (on a host without a GPU a launch would fail with a CUDA error instead of the check's
+// message), so none of these needs a GPU and the stand-in pointers are never read.
+#include "attention/paged_kv_cache.h"
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "attention/attention_params.h"
+#include "attention/paged_kv_layout.h"
+#include "gtest/gtest.h"
+
+namespace kiln {
+namespace {
+
+// AppendKv's refusals come before anything is launched: the kernel copies 16-byte vectors and,
+// without a slot mapping, indexes the block table by rows of max_blocks_per_seq.
+TEST(PagedKvCacheTest, AppendRefusesMisalignedTensorsAndEmptyBlockTableRows) {
+  const PagedKvLayout layout{8, 16, 1, 64, AttentionDtype::kBf16};
+  alignas(16) int32_t buffers[16] = {};
+  AppendKvParams append;
+  append.k = &buffers[0];
+  append.v = &buffers[4];
+  append.max_tokens = 1;
+  append.plan.seq_q_start = &buffers[8];
+  append.plan.seq_kv_len = &buffers[10];
+  append.plan.max_seqs = 1;
+  PagedKvDevice kv;
+  kv.block_table = &buffers[12];
+  kv.max_blocks_per_seq = 0;
+  kv.block_size = 16;
+  void* pool = &buffers[0];
+  absl::Status s = AppendKv(append, layout, kv, pool, pool, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("max_blocks_per_seq 0"), std::string::npos) << s;
+  kv.max_blocks_per_seq = 2;
+  append.v = &buffers[5];  // 4 bytes past a 16-byte boundary
+  s = AppendKv(append, layout, kv, pool, pool, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("16-byte aligned"), std::string::npos) << s;
+  append.v = &buffers[4];
+  s = AppendKv(append, layout, kv, pool, &buffers[1], nullptr);
+  EXPECT_NE(s.message().find("16-byte aligned"), std::string::npos) << s;
+  kv.block_size = 32;  // attention would read blocks of 32 where the append writes blocks of 16
+  s = AppendKv(append, layout, kv, pool, pool, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("block_size 32 differs from the layout's 16"), std::string::npos)
+      << s;
+}
+
+// PagedKvCache::Append leaves the layout's check to Create: a cache Create did not make (no
+// pools, an empty layout) is refused before anything is launched, and the raw AppendKv still
+// checks the layout it is given.
+TEST(PagedKvCacheTest, AppendRefusesACacheCreateDidNotMakeAndABadLayout) {
+  alignas(16) int32_t buffers[16] = {};
+  AppendKvParams append;
+  append.k = &buffers[0];
+  append.v = &buffers[4];
+  append.max_tokens = 1;
+  append.slot_mapping = &buffers[8];
+  PagedKvCache empty;
+  absl::Status s = empty.Append(append, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("needs k, v and both cache pools"), std::string::npos) << s;
+
+  const PagedKvLayout bad{8, 24, 1, 64, AttentionDtype::kBf16};  // block_size not a power of 2
+  PagedKvDevice kv;
+  kv.block_size = 24;
+  void* pool = &buffers[0];
+  s = AppendKv(append, bad, kv, pool, pool, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("KV block_size 24 must be a power of two"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace kiln
