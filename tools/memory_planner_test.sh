@@ -98,8 +98,15 @@ expect_bad zero_layers 'model.num_layers must be positive, got 0; set it (--num_
 expect_bad unknown_preset 'Unknown model preset "llama-9"; use one of llama-3.2-1b' --preset=llama-9
 expect_bad unknown_gpu 'Unknown GPU preset "v100"; use one of h100-80gb' --gpu=v100
 printf 'max_num_seqs: 8\nmodel { num_layer: 3 }\n' >"$tmp/bad.textproto"
-message="Cannot parse $tmp/bad.textproto as a kiln.config.PlannerConfig textproto at line 2"
+# The parser's own quotes stay as they are.
+message="Cannot parse $tmp/bad.textproto as a kiln.config.PlannerConfig textproto at line 2 \
+column 18: Message type \"kiln.config.ModelShape\" has no field named \"num_layer\"; fix the file"
 expect_bad bad_textproto "$message" "--config=$tmp/bad.textproto"
+# A C1 control (U+009B, a terminal's CSI) in the path is written as its code point, never raw.
+cp "$tmp/bad.textproto" "$tmp/csi$(printf '\302\233')2J.textproto"
+expect_bad c1_in_path "Cannot parse $tmp/csi\\u009b2J.textproto as a kiln.config.PlannerConfig" \
+  "--config=$tmp/csi$(printf '\302\233')2J.textproto"
+LC_ALL=C grep -q "$(printf '\302\233')" "$tmp/err" && fail "c1_in_path: a raw CSI on stderr"
 printf '{"max_num_seqs": 8,,}' >"$tmp/bad.json"
 expect_bad bad_json "Cannot parse $tmp/bad.json as a JSON object" "--config=$tmp/bad.json"
 printf '{"max_seq_len_to_capture": 8192}' >"$tmp/unknown.json"

@@ -33,13 +33,16 @@ using google::protobuf::Reflection;
 using google::protobuf::Struct;
 using google::protobuf::Value;
 
-// Keeps the first error the text parser reports, with its position (1-based for people).
+// Keeps the first error the text parser reports, with its position (1-based for people) and
+// without its final period. The parser quotes what it names ("has no field named \"x\""): only
+// what is not printable is escaped, so its quotes read as quotes.
 class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
  public:
   void AddError(int line, google::protobuf::io::ColumnNumber column,
                 const std::string& message) override {
     if (!message_.empty()) return;
-    message_ = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", Escaped(message));
+    message_ = absl::StrCat("line ", line + 1, " column ", column + 1, ": ",
+                            Printable(absl::StripSuffix(message, ".")));
   }
   const std::string& message() const { return message_; }
 

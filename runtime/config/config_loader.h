@@ -38,7 +38,8 @@ namespace kiln {
 // Returns InvalidArgument with the line, column and the parser's complaint on bad input, and
 // naming the field for a value that parses but means nothing: a NaN or infinite number, or an
 // enum number the enum does not define. Messages stay on one line and send no terminal escape:
-// what they quote of `text` and `source` is escaped as Escaped (quoted.h) does.
+// `source` is escaped as Escaped (quoted.h) does, and the parser's complaint, which may quote
+// `text`, as Printable does (its own quotes and backslashes stay as they are).
 absl::StatusOr<config::PlannerConfig> ParsePlannerConfigText(absl::string_view text,
                                                              absl::string_view source = "text");
 

@@ -180,9 +180,11 @@ TEST(ConfigLoaderTest, FastDeployErrors) {
 TEST(ConfigLoaderTest, UnparsableInputSaysWhereAndHowToFix) {
   auto text = ParsePlannerConfigText("max_num_seqs: 8\nmax_num_sequences: 4\n", "a.textproto");
   EXPECT_EQ(text.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(Message(text.status()), HasSubstr("Cannot parse a.textproto"));
-  EXPECT_THAT(Message(text.status()), HasSubstr("line 2 column"));
-  EXPECT_THAT(Message(text.status()), HasSubstr("max_num_sequences"));
+  // The parser's own quotes stay as they are.
+  EXPECT_EQ(Message(text.status()),
+            "Cannot parse a.textproto as a kiln.config.PlannerConfig textproto at line 2 column "
+            "18: Message type \"kiln.config.PlannerConfig\" has no field named "
+            "\"max_num_sequences\"; fix the file (fields: runtime/config/planner_config.proto)");
 
   auto json = ParsePlannerConfigJson("{\"max_num_seqs\": }", "b.json");
   EXPECT_THAT(Message(json.status()), HasSubstr("Cannot parse b.json as a JSON object"));
@@ -852,6 +854,66 @@ TEST(ConfigLoaderRobustnessTest, MessagesEscapeWhatTheFileHolds) {
   // The source's own name is escaped too.
   absl::StatusOr<config::PlannerConfig> named = ParsePlannerConfigText("x: 1", "a\nb.textproto");
   EXPECT_THAT(Message(named.status()), HasSubstr("Cannot parse a\\nb.textproto as a"));
+  // What the parser quotes of the file: only what is not printable is escaped.
+  absl::StatusOr<config::PlannerConfig> quoted =
+      ParsePlannerConfigText("max_num_seqs: \"8\\\\\x1b[2J\"", "q.textproto");
+  EXPECT_THAT(Message(quoted.status()),
+              HasSubstr(R"(at line 1 column 15: Expected integer, got: "8\\\x1b[2J"; fix)"));
+}
+
+// C1 controls (U+0085 NEL ends a line on some terminals, U+009B CSI starts a terminal escape)
+// and the line and paragraph separators, in a path, a source name and what the parser quotes of
+// the file: every message writes them as \uHHHH, and its text stays one clean line.
+TEST(ConfigLoaderRobustnessTest, MessagesEscapeC1ControlsAndLineSeparators) {
+  const fs::path dir = ScratchDir("c1");
+  const std::vector<std::pair<std::string, std::string>> characters = {
+      {"\xc2\x80", "\\u0080"}, {"\xc2\x85", "\\u0085"},     {"\xc2\x9b", "\\u009b"},
+      {"\xc2\x9f", "\\u009f"}, {"\xe2\x80\xa8", "\\u2028"}, {"\xe2\x80\xa9", "\\u2029"},
+  };
+  const std::string fix = "; fix the file (fields: runtime/config/planner_config.proto)";
+  for (const auto& [raw, escaped] : characters) {
+    std::vector<std::pair<absl::Status, std::string>> cases;  // a refusal, what it must say
+    // A path: of no file, of a textproto and of JSON that do not parse.
+    cases.push_back({LoadPlannerConfigFile((dir / ("no" + raw + ".textproto")).string()).status(),
+                     absl::StrCat("Cannot open config file \"", (dir / "no").string(), escaped,
+                                  ".textproto\": No such file or directory; check the path")});
+    const fs::path text_path = dir / ("bad" + raw + ".textproto");
+    WriteText(text_path, "max_num_seqs: 8\nmodel { num_layer: 3 }\n");
+    cases.push_back({LoadPlannerConfigFile(text_path.string()).status(),
+                     absl::StrCat("Cannot parse ", (dir / "bad").string(), escaped,
+                                  ".textproto as a kiln.config.PlannerConfig textproto at line 2 "
+                                  "column 18: Message type \"kiln.config.ModelShape\" has no "
+                                  "field named \"num_layer\"",
+                                  fix)});
+    const fs::path json_path = dir / ("bad" + raw + ".json");
+    WriteText(json_path, "{\"max_num_seqs\": }");
+    cases.push_back({LoadPlannerConfigFile(json_path.string()).status(),
+                     absl::StrCat("Cannot parse ", (dir / "bad").string(), escaped,
+                                  ".json as a JSON object: ")});
+    // A source name, with a value refused after parsing, and a key refused in JSON.
+    cases.push_back({ParsePlannerConfigText("max_num_seqs: 1 gpu_memory_utilization: nan",
+                                            "src" + raw)
+                         .status(),
+                     absl::StrCat("gpu_memory_utilization in src", escaped,
+                                  " is nan; give a finite number")});
+    cases.push_back(
+        {ParsePlannerConfigJson("{\"graph_optimization_config\": {\"k" + raw + "\": 1}}",
+                                "src" + raw)
+             .status(),
+         absl::StrCat("Unsupported key \"k", escaped, "\" in graph_optimization_config of src",
+                      escaped, "; kiln reads")});
+    // What the parser quotes of the file.
+    cases.push_back({ParsePlannerConfigText("max_num_seqs: \"8" + raw + "\"", "p.cfg").status(),
+                     absl::StrCat("Cannot parse p.cfg as a kiln.config.PlannerConfig "
+                                  "textproto at line 1 column 15: Expected integer, got: \"8",
+                                  escaped, "\"", fix)});
+    for (const auto& [status, message] : cases) {
+      EXPECT_FALSE(status.ok()) << escaped;
+      EXPECT_THAT(Message(status), HasSubstr(message)) << escaped;
+      EXPECT_THAT(Message(status), Not(HasSubstr(raw))) << escaped;
+      EXPECT_TRUE(IsOneCleanLine(Message(status))) << absl::CHexEscape(Message(status));
+    }
+  }
 }
 }  // namespace
 }  // namespace kiln

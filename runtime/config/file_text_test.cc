@@ -165,19 +165,24 @@ TEST(ReadFileTextTest, MessagesEscapeThePath) {
   for (int i = 0; i < 400; ++i) {
     std::string name(1 + rng() % 40, '\0');
     for (char& c : name) c = static_cast<char>(1 + rng() % 255);  // no NUL: a C path ends there
-    if (i % 2 == 0) name = absl::StrCat("mod\xc3\xa8le ", i);     // UTF-8: kept as it is
-    std::replace(name.begin(), name.end(), '/', '_');
+    std::string want;  // the name as the message writes it
+    if (i % 2 == 0) {
+      // UTF-8: its printable characters kept as they are, a C1 control (CSI) or a line
+      // separator escaped by code point.
+      const bool csi = i % 4 == 0;
+      name = absl::StrCat("mod\xc3\xa8le ", i, csi ? "\xc2\x9b" "2J" : "\xe2\x80\xa8");
+      want = absl::StrCat("mod\xc3\xa8le ", i, csi ? "\\u009b2J" : "\\u2028");
+    } else {
+      std::replace(name.begin(), name.end(), '/', '_');
+      // Escaped byte by byte unless it happens to be UTF-8.
+      want = IsUtf8(name) ? Escaped(name) : absl::CHexEscape(name);
+    }
     const std::string path = absl::StrCat(ScratchDir("escape").string(), "/", name);
     absl::StatusOr<std::string> read = ReadFileText(path, "config file");
     ASSERT_TRUE(absl::IsNotFound(read.status())) << read.status();
     const std::string message = Message(read.status());
-    // A UTF-8 name keeps its characters; any other is escaped byte by byte.
-    EXPECT_TRUE(IsUtf8(message)) << absl::CHexEscape(message);
-    EXPECT_TRUE(std::none_of(message.begin(), message.end(), [](char c) {
-      return (c >= 0 && c < 0x20) || c == 0x7f;
-    })) << absl::CHexEscape(message);
-    EXPECT_THAT(message,
-                HasSubstr(IsUtf8(name) ? absl::Utf8SafeCHexEscape(name) : absl::CHexEscape(name)));
+    EXPECT_TRUE(IsOneCleanLine(message)) << absl::CHexEscape(message);
+    EXPECT_THAT(message, HasSubstr(absl::StrCat("/", want, "\": "))) << absl::CHexEscape(message);
   }
 }
 
