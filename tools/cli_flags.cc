@@ -12,7 +12,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "runtime/config/file_text.h"
 #include "runtime/config/quoted.h"
@@ -44,8 +43,15 @@ absl::Status CheckArgs(const std::vector<Arg>& args, absl::string_view source,
 // Prefixes a message about a flagfile's contents with the file and line.
 absl::Status InFile(absl::string_view source, int line, const absl::Status& status) {
   if (status.ok() || source.empty()) return status;
-  return absl::Status(status.code(),
-                      absl::StrCat("--flagfile ", source, " line ", line, ": ", status.message()));
+  return absl::Status(status.code(), absl::StrCat("--flagfile ", Quoted(source), " line ", line,
+                                                  ": ", status.message()));
+}
+
+// The flagfiles being read, then `id`, each quoted, joined by " -> ".
+std::string Chain(const std::vector<std::string>& open, const std::string& id) {
+  std::string chain;
+  for (const std::string& file : open) absl::StrAppend(&chain, Quoted(file), " -> ");
+  return absl::StrCat(chain, Quoted(id));
 }
 
 // Reads the flagfile `path` as absl does (a line per argument, leading spaces stripped, blank and
@@ -64,22 +70,20 @@ absl::Status CheckFlagfile(const std::string& path, absl::string_view program,
   const std::string id = ec ? path : canonical.string();
   for (const std::string& open : state->open) {
     if (open == id) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--flagfile ", path, " is already being read (",
-                       absl::StrJoin(state->open, " -> "), " -> ", id,
-                       "), so it would be read for ever; remove the --flagfile that names it "
-                       "again"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--flagfile ", Quoted(path), " is already being read (", Chain(state->open, id),
+          "), so it would be read for ever; remove the --flagfile that names it again"));
     }
   }
   if (static_cast<int>(state->open.size()) >= kMaxFlagfileDepth) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--flagfile ", path, " is nested ", state->open.size() + 1, " files deep (",
-        absl::StrJoin(state->open, " -> "), " -> ", id, "); at most ", kMaxFlagfileDepth,
-        " are read inside one another: put the flags in fewer files"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--flagfile ", Quoted(path), " is nested ", state->open.size() + 1,
+                     " files deep (", Chain(state->open, id), "); at most ", kMaxFlagfileDepth,
+                     " are read inside one another: put the flags in fewer files"));
   }
   if (++state->read > kMaxFlagfiles) {
     return absl::InvalidArgumentError(
-        absl::StrCat("More than ", kMaxFlagfiles, " flagfiles are read (the last ", path,
+        absl::StrCat("More than ", kMaxFlagfiles, " flagfiles are read (the last ", Quoted(path),
                      "); a file that names others more than once multiplies them: name each once"));
   }
   std::vector<Arg> args;
@@ -144,7 +148,7 @@ absl::Status CheckArgs(const std::vector<Arg>& args, absl::string_view source,
         if (path.empty()) {
           return InFile(
               source, line,
-              absl::InvalidArgumentError(absl::StrCat("--flagfile=", value,
+              absl::InvalidArgumentError(absl::StrCat("--flagfile=", Escaped(value),
                                                       " has an empty entry; list the files "
                                                       "separated by single commas")));
         }
@@ -199,7 +203,7 @@ absl::Status CheckArgs(const std::vector<Arg>& args, absl::string_view source,
       return InFile(
           source, line,
           absl::InvalidArgumentError(absl::StrCat("Bad value ", Quoted(value), " for --", name,
-                                                  ": ", error, "; ", flag->Help())));
+                                                  ": ", Printable(error), "; ", flag->Help())));
     }
   }
   return absl::OkStatus();

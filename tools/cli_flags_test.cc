@@ -5,6 +5,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <random>
@@ -51,6 +52,11 @@ std::string WriteFile(const std::string& name, const std::string& text) {
   const std::string path = absl::StrCat(::testing::TempDir(), "/", name);
   std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
   return path;
+}
+
+// The path CheckFlags tells flagfiles apart by.
+std::string Canonical(const std::string& path) {
+  return std::filesystem::weakly_canonical(path).string();
 }
 
 // The reference for an entry ParseIntList refuses: an optional sign and digits only is an
@@ -280,25 +286,25 @@ TEST(CheckFlagsTest, Flagfiles) {
   // What is wrong inside a file: the file and the line.
   const std::string unknown = WriteFile("unknown.flags", "--test_int=1\n\n--nosuch=3\n");
   EXPECT_EQ(Message(Check({"--flagfile=" + unknown})),
-            "--flagfile " + unknown +
+            "--flagfile " + Quoted(unknown) +
                 " line 3: Unknown flag --nosuch; run with --help to list "
                 "the flags");
   const std::string value = WriteFile("value.flags", "--test_int=lots\n");
   EXPECT_THAT(Message(Check({"--flagfile=" + value})),
-              HasSubstr(value + " line 1: Bad value \"lots\" for --test_int"));
+              HasSubstr(Quoted(value) + " line 1: Bad value \"lots\" for --test_int"));
   const std::string positional = WriteFile("positional.flags", "--test_int=1\nllama\n");
   EXPECT_THAT(Message(Check({"--flagfile=" + positional})),
-              HasSubstr(positional + " line 2: \"llama\" is not a flag"));
+              HasSubstr(Quoted(positional) + " line 2: \"llama\" is not a flag"));
   const std::string dashes = WriteFile("dashes.flags", "--\n--test_int=1\n");
   EXPECT_THAT(Message(Check({"--flagfile=" + dashes})),
-              HasSubstr(dashes + " line 1: \"--\" ends the flags"));
+              HasSubstr(Quoted(dashes) + " line 1: \"--\" ends the flags"));
   const std::string last = WriteFile("last.flags", "--test_int\n");
   EXPECT_THAT(Message(Check({"--flagfile=" + last})),
-              HasSubstr(last + " line 1: Flag --test_int needs a value"));
+              HasSubstr(Quoted(last) + " line 1: Flag --test_int needs a value"));
   // Nested: each file on the way is named.
   const std::string outer = WriteFile("outer.flags", "--test_bool\n--flagfile=" + unknown + "\n");
   EXPECT_EQ(Message(Check({"--flagfile=" + outer})),
-            "--flagfile " + outer + " line 2: --flagfile " + unknown +
+            "--flagfile " + Quoted(outer) + " line 2: --flagfile " + Quoted(unknown) +
                 " line 3: Unknown flag --nosuch; run with --help to list the flags");
 
   // Files that cannot be flagfiles: refused as a bad flag value (InvalidArgument), before
@@ -334,10 +340,10 @@ TEST(CheckFlagsTest, Flagfiles) {
   // Inside another flagfile, the refusal names that file and line too.
   const std::string names_dir =
       WriteFile("names_dir.flags", "--test_int=1\n--flagfile=" + ::testing::TempDir() + "\n");
-  refused(names_dir, "--flagfile " + names_dir + " line 2: Cannot read --flagfile \"" +
+  refused(names_dir, "--flagfile " + Quoted(names_dir) + " line 2: Cannot read --flagfile \"" +
                          ::testing::TempDir() + "\": Is a directory");
   EXPECT_THAT(Message(Check({"--flagfile=" + fine + ",," + fine})),
-              HasSubstr("has an empty entry"));
+              HasSubstr("--flagfile=" + fine + ",," + fine + " has an empty entry"));
 }
 
 // Flagfiles that name themselves, each other, or fan out: absl would read them until memory runs
@@ -345,8 +351,10 @@ TEST(CheckFlagsTest, Flagfiles) {
 TEST(CheckFlagsTest, FlagfileLoopsAndFanOut) {
   const std::string self = absl::StrCat(::testing::TempDir(), "/self.flags");
   WriteFile("self.flags", "--test_int=1\n--flagfile=" + self + "\n");
-  EXPECT_THAT(Message(Check({"--flagfile=" + self})),
-              HasSubstr("--flagfile " + self + " is already being read"));
+  EXPECT_THAT(
+      Message(Check({"--flagfile=" + self})),
+      HasSubstr(absl::StrCat("--flagfile ", Quoted(self), " is already being read (",
+                             Quoted(Canonical(self)), " -> ", Quoted(Canonical(self)), ")")));
   // The same file by another spelling of its path.
   const std::string dotted = absl::StrCat(::testing::TempDir(), "/./self.flags");
   EXPECT_THAT(Message(Check({"--flagfile=" + dotted})), HasSubstr("is already being read"));
@@ -373,6 +381,59 @@ TEST(CheckFlagsTest, FlagfileLoopsAndFanOut) {
                      absl::StrCat("--flagfile=", next, "\n--flagfile=", next, "\n"));
   }
   EXPECT_THAT(Message(Check({"--flagfile=" + next})), HasSubstr("More than 64 flagfiles"));
+}
+
+// A flagfile's path and a flag's value holding an ESC (a terminal escape), a newline and U+009B (a
+// terminal's CSI) are named escaped, every message on one clean line.
+TEST(CheckFlagsTest, OddPathsAndValuesAreEscaped) {
+  const std::string odd = "odd\033[31m\n\302\2332J";
+  const std::string escaped = "odd\\x1b[31m\\n\\u009b2J";
+  const auto clean = [&](const absl::Status& status, const std::string& want) {
+    EXPECT_TRUE(absl::IsInvalidArgument(status)) << status;
+    EXPECT_THAT(Message(status), HasSubstr(want));
+    EXPECT_THAT(Message(status), HasSubstr(escaped));
+    EXPECT_TRUE(IsOneCleanLine(Message(status))) << absl::CHexEscape(Message(status));
+  };
+  // The file and line of what is wrong inside a flagfile.
+  const std::string unknown = WriteFile(odd + ".flags", "--test_int=1\n--nosuch=3\n");
+  clean(Check({"--flagfile=" + unknown}),
+        absl::StrCat("--flagfile ", Quoted(unknown), " line 2: Unknown flag --nosuch"));
+  // A path with a newline cannot be named inside a flagfile: the odd file, given on the command
+  // line, names others. A loop below it: the chain read, each file quoted.
+  const std::string self = absl::StrCat(::testing::TempDir(), "/self_loop.flags");
+  WriteFile("self_loop.flags", "--flagfile=" + self + "\n");
+  const std::string top = WriteFile(odd + "_top.flags", "--flagfile=" + self + "\n");
+  clean(Check({"--flagfile=" + top}),
+        absl::StrCat("--flagfile ", Quoted(top), " line 1: --flagfile ", Quoted(self),
+                     " line 1: --flagfile ", Quoted(self), " is already being read (",
+                     Quoted(Canonical(top)), " -> ", Quoted(Canonical(self)), " -> ",
+                     Quoted(Canonical(self)), "), so it would be read for ever"));
+  // Nested too deep: the chain.
+  std::string next = WriteFile("plain_chain0.flags", "--test_int=3\n");
+  std::vector<std::string> chain = {Quoted(Canonical(next))};
+  for (int i = 1; i <= 7; ++i) {
+    next = WriteFile(absl::StrCat("plain_chain", i, ".flags"), "--flagfile=" + next);
+    chain.insert(chain.begin(), Quoted(Canonical(next)));
+  }
+  next = WriteFile(odd + "_chain8.flags", "--flagfile=" + next);
+  chain.insert(chain.begin(), Quoted(Canonical(next)));
+  clean(Check({"--flagfile=" + next}),
+        absl::StrCat(" is nested 9 files deep (", absl::StrJoin(chain, " -> "), "); at most 8"));
+  // Past 64 files read: the last one.
+  const std::string fine = WriteFile(odd + "_fine.flags", "--test_int=1\n");
+  const std::string plain = WriteFile("plain_fine.flags", "--test_int=1\n");
+  clean(Check({absl::StrCat("--flagfile=", absl::StrJoin(std::vector<std::string>(64, plain), ","),
+                            ",", fine)}),
+        absl::StrCat("More than 64 flagfiles are read (the last ", Quoted(fine), ")"));
+  // A list of flagfiles with an empty entry, as typed.
+  clean(Check({"--flagfile=" + fine + ",," + fine}),
+        absl::StrCat("--flagfile=", Escaped(fine), ",,", Escaped(fine),
+                     " has an empty entry; list the files separated by single commas"));
+  // A value the flag does not parse, also where absl's own complaint repeats it.
+  clean(Check({"--test_int=" + odd}), absl::StrCat("Bad value ", Quoted(odd), " for --test_int: "));
+  clean(Check({"--test_bool=" + odd}), absl::StrCat("Bad value ", Quoted(odd), " for --test_bool"));
+  clean(Check({"--test_double=" + odd}),
+        absl::StrCat("Bad value ", Quoted(odd), " for --test_double"));
 }
 
 }  // namespace

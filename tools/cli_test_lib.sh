@@ -1,6 +1,6 @@
 # Shared by the command-line tools' shell tests (source it after setting bin and tmp): fail,
-# expect_ok, expect_bad, expect_exit, expect_out and finish. Every check records a failure and
-# goes on, so a run lists all that is wrong.
+# expect_ok, expect_bad, expect_exit, expect_out, expect_clean and finish. Every check records a
+# failure and goes on, so a run lists all that is wrong.
 failures=0
 
 fail() {
@@ -47,6 +47,22 @@ expect_exit() {
 # expect_out NAME TEXT: the last successful run printed TEXT (a fixed string).
 expect_out() {
   grep -qF -- "$2" "$tmp/out" || fail "$1: stdout lacks \"$2\": $(cat "$tmp/out")"
+}
+
+# A name holding an ESC (a terminal escape), a newline and U+009B (a terminal's CSI), and the
+# name as kiln's messages write it (quoted.h's Escaped).
+odd=$'odd\e[31m\n\xc2\x9b2J'
+odd_escaped='odd\x1b[31m\n\u009b2J'
+
+# expect_clean NAME: the last run's stderr is one line, with no raw ESC and no raw U+009B.
+expect_clean() {
+  if LC_ALL=C grep -q $'\e' "$tmp/err"; then
+    fail "$1: a raw ESC on stderr: $(cat -v "$tmp/err")"
+  elif LC_ALL=C grep -q $'\xc2\x9b' "$tmp/err"; then
+    fail "$1: a raw U+009B on stderr: $(cat -v "$tmp/err")"
+  elif [ "$(wc -l <"$tmp/err")" -ne 1 ]; then
+    fail "$1: stderr is not one line: $(cat -v "$tmp/err")"
+  fi
 }
 
 # finish: exit 1 with the count of failed checks, or print PASS.

@@ -63,14 +63,15 @@ files() {
   expect_exit config_whole 1 "$passes" "--config=$tmp/whole.json" "$trunc" --batch=1
 
   # --logits_out: what cannot be written is refused before the run, which writes it only at the end.
-  expect_bad logits_out_fifo "--logits_out=$tmp/config.fifo is not a regular file" \
+  expect_bad logits_out_fifo "--logits_out \"$tmp/config.fifo\" is not a regular file" \
     "--logits_out=$tmp/config.fifo" --batch=1
-  expect_bad logits_out_device '--logits_out=/dev/full is not a regular file' \
+  expect_bad logits_out_device '--logits_out "/dev/full" is not a regular file' \
     --logits_out=/dev/full --batch=1
-  expect_bad logits_out_is_dir "--logits_out=$tmp is a directory" "--logits_out=$tmp" --batch=1
-  expect_bad logits_out_unwritable '--logits_out=/proc/kiln_logits.bin cannot be written' \
+  expect_bad logits_out_is_dir "--logits_out \"$tmp\" is a directory" "--logits_out=$tmp" --batch=1
+  expect_bad logits_out_unwritable '--logits_out "/proc/kiln_logits.bin" cannot be written' \
     --logits_out=/proc/kiln_logits.bin --batch=1
-  expect_bad logits_out_under_file "--logits_out=$tmp/whole.json/x.bin's directory does not exist" \
+  expect_bad logits_out_under_file \
+    "--logits_out \"$tmp/whole.json/x.bin\"'s directory does not exist" \
     "--logits_out=$tmp/whole.json/x.bin" --batch=1
   expect_bad logits_out_too_big '--logits_out would keep 4.30 GiB of logits (--gen_tokens 9000' \
     "--logits_out=$tmp/logits.bin" --batch=1 --gen_tokens=9000 --max_model_len=10000
@@ -79,7 +80,7 @@ files() {
   [ -e "$tmp/logits.bin" ] && fail "logits_out_ok: the probe left $tmp/logits.bin behind"
   expect_bad load_threads_huge '--load_threads is 2147483647, more than 64' \
     --load_threads=2147483647
-  expect_bad weights_device '--weights=/dev/zero is not a regular file' --weights=/dev/zero
+  expect_bad weights_device '--weights "/dev/zero" is not a regular file' --weights=/dev/zero
   expect_bad weights_commas '--weights=, names no file' --weights=,
 
   # --model_dir whose index names files outside the directory, or is a dangling link.

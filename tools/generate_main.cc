@@ -44,6 +44,7 @@
 #include "runtime/config/config_loader.h"
 #include "runtime/config/hf_model.h"
 #include "runtime/config/presets.h"
+#include "runtime/config/quoted.h"
 #include "runtime/cuda/device_info.h"
 #include "runtime/cuda/status_macros.h"
 #include "runtime/memory/memory_planner.h"
@@ -112,7 +113,7 @@ absl::StatusOr<std::vector<int>> ParseInts(const std::string& text, const char* 
   // Commas with no integer between them (",") are a typo, not "none".
   if (out.ok() && out->empty() && text.find(',') != std::string::npos) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, "=", text, " has an empty entry", fix));
+        absl::StrCat("--", flag, "=", Escaped(text), " has an empty entry", fix));
   }
   return out;
 }
@@ -153,7 +154,7 @@ absl::Status CheckLogitsOut(const std::string& path) {
                                                         : nullptr;
   if (problem != nullptr) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--logits_out=", path, problem,
+        absl::StrCat("--logits_out ", Quoted(path), problem,
                      "; give a file in an existing directory, e.g. /tmp/logits.bin"));
   }
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -161,7 +162,7 @@ absl::Status CheckLogitsOut(const std::string& path) {
   if (fd < 0 && errno == EEXIST) fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--logits_out=", path, " cannot be written: ", std::strerror(errno),
+        absl::StrCat("--logits_out ", Quoted(path), " cannot be written: ", std::strerror(errno),
                      "; give a file in a directory you may write to, e.g. /tmp/logits.bin"));
   }
   ::close(fd);
@@ -183,7 +184,7 @@ absl::Status WriteLogits(const std::string& path, const std::vector<int32_t>& to
   }
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr) {
-    return absl::NotFoundError(absl::StrCat("--logits_out: cannot open ", path,
+    return absl::NotFoundError(absl::StrCat("--logits_out: cannot open ", Quoted(path),
                                             " for writing; check the directory exists"));
   }
   const int32_t header[2] = {static_cast<int32_t>(tokens.size()), vocab};
@@ -191,7 +192,9 @@ absl::Status WriteLogits(const std::string& path, const std::vector<int32_t>& to
   ok = ok && std::fwrite(tokens.data(), sizeof(int32_t), tokens.size(), f) == tokens.size();
   ok = ok && std::fwrite(logits.data(), sizeof(float), logits.size(), f) == logits.size();
   ok = std::fclose(f) == 0 && ok;
-  if (!ok) return absl::DataLossError(absl::StrCat("--logits_out: writing ", path, " failed"));
+  if (!ok) {
+    return absl::DataLossError(absl::StrCat("--logits_out: writing ", Quoted(path), " failed"));
+  }
   return absl::OkStatus();
 }
 
@@ -290,8 +293,8 @@ int Run(int argc, char** argv) {
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() > 1) {
     return fail(absl::InvalidArgumentError(
-                    absl::StrCat("Unexpected argument \"", rest[1],
-                                 "\"; generate takes only flags (see --help)")),
+                    absl::StrCat("Unexpected argument ", Quoted(rest[1]),
+                                 "; generate takes only flags (see --help)")),
                 2);
   }
   RunnerOptions options;
@@ -324,7 +327,8 @@ int Run(int argc, char** argv) {
     }
     if (options.config.has_model_preset() || options.config.model().ByteSizeLong() > 0) {
       return fail(absl::InvalidArgumentError(absl::StrCat(
-                      "--model_dir and --config both set the model (", absl::GetFlag(FLAGS_config),
+                      "--model_dir and --config both set the model (",
+                      Quoted(absl::GetFlag(FLAGS_config)),
                       " sets model_preset or model); drop the model from the file or --model_dir")),
                   2);
     }
@@ -364,7 +368,7 @@ int Run(int argc, char** argv) {
     options.graphs = GraphExecution::kNone;
   } else {
     return fail(absl::InvalidArgumentError(absl::StrCat(
-                    "Unknown --graphs \"", graphs, "\"; use full, piecewise or none")),
+                    "Unknown --graphs ", Quoted(graphs), "; use full, piecewise or none")),
                 2);
   }
   options.max_kv_blocks = absl::GetFlag(FLAGS_max_kv_blocks);
@@ -386,14 +390,14 @@ int Run(int argc, char** argv) {
         std::filesystem::status(options.weight_files.back(), error);
     if (std::filesystem::is_directory(status)) {
       return fail(absl::InvalidArgumentError(absl::StrCat(
-                      "--weights=", file,
+                      "--weights ", Quoted(file),
                       " is a directory; give its safetensors files, or the directory as "
                       "--model_dir")),
                   2);
     }
     if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
       return fail(absl::InvalidArgumentError(absl::StrCat(
-                      "--weights=", file,
+                      "--weights ", Quoted(file),
                       " is not a regular file (a FIFO, a device or a socket); give safetensors "
                       "files")),
                   2);
@@ -401,7 +405,7 @@ int Run(int argc, char** argv) {
   }
   if (options.weight_files.empty() && !absl::GetFlag(FLAGS_weights).empty()) {
     return fail(absl::InvalidArgumentError(absl::StrCat(
-                    "--weights=", absl::GetFlag(FLAGS_weights),
+                    "--weights=", Escaped(absl::GetFlag(FLAGS_weights)),
                     " names no file; give comma-separated safetensors files, or leave it out for "
                     "random weights")),
                 2);
@@ -449,7 +453,7 @@ int Run(int argc, char** argv) {
   if (!logits_out.empty() && *batches != std::vector<int>{1}) {
     return fail(absl::InvalidArgumentError(absl::StrCat(
                     "--logits_out writes one sequence's logits; give --batch=1 (not --batch=",
-                    absl::GetFlag(FLAGS_batch), ")")),
+                    Escaped(absl::GetFlag(FLAGS_batch)), ")")),
                 2);
   }
   if (!logits_out.empty()) {
@@ -494,8 +498,8 @@ int Run(int argc, char** argv) {
     }
   }
   if (!model_dir.empty()) {
-    std::printf("model_dir %s: %s, %zu safetensors file%s%s\n", model_dir.c_str(),
-                options.config.model().name().c_str(), options.weight_files.size(),
+    std::printf("model_dir %s: %s, %zu safetensors file%s%s\n", Escaped(model_dir).c_str(),
+                Escaped(options.config.model().name()).c_str(), options.weight_files.size(),
                 options.weight_files.size() == 1 ? "" : "s",
                 converted_from.empty()
                     ? ""
@@ -510,9 +514,10 @@ int Run(int argc, char** argv) {
         LlamaShardReader::Open(options.weight_files, *runnable);
     if (!reader.ok()) {
       const bool missing = reader.status().code() == absl::StatusCode::kNotFound;
+      const std::string flag =
+          model_dir.empty() ? "--weights" : absl::StrCat("--model_dir ", Quoted(model_dir));
       return fail(absl::Status(reader.status().code(),
-                               absl::StrCat(model_dir.empty() ? "--weights" : "--model_dir=",
-                                            model_dir, ": ", reader.status().message(),
+                               absl::StrCat(flag, ": ", reader.status().message(),
                                             missing ? "; check the path" : "")),
                   missing ? 2 : 1);
     }
@@ -530,8 +535,9 @@ int Run(int argc, char** argv) {
   const std::string weights =
       options.weight_files.empty()
           ? absl::StrCat("random weights, seed ", options.weight_seed)
-          : absl::StrCat("weights from ", absl::StrJoin(options.weight_files, ", "));
-  std::printf("model: %s (%s, %s)\n", runner.memory_plan().config.model().name().c_str(),
+          : absl::StrCat("weights from ", Escaped(absl::StrJoin(options.weight_files, ", ")));
+  std::printf("model: %s (%s, %s)\n",
+              Escaped(runner.memory_plan().config.model().name()).c_str(),
               shape.ToString().c_str(), weights.c_str());
   std::printf("created in %.2f s; device memory (requested / measured):\n", Since(t0) / 1e3);
   for (const RunnerMemoryItem& item : runner.memory().items) {
@@ -568,7 +574,7 @@ int Run(int argc, char** argv) {
       absl::Status written = WriteLogits(logits_out, r->first_tokens, logits, shape.vocab);
       if (!written.ok()) return fail(written, 1);
       std::printf("wrote %zu tokens and their logits to %s\n", r->first_tokens.size(),
-                  logits_out.c_str());
+                  Escaped(logits_out).c_str());
     }
     first_id += b;
     std::printf("%6d %8d %12.2f %10d %16.3f %14.3f %12.0f\n", b, prompt_len, r->prefill_ms,

@@ -50,7 +50,7 @@ expect_bad prompt_ids_vocab 'has token 128256, outside the model'"'"'s vocabular
   --prompt_ids=1,128256
 expect_bad too_long 'A prompt of 4000 tokens and 100 generated tokens exceed --max_model_len 4096' \
   --prompt_len=4000 --gen_tokens=100
-expect_bad logits_out_dir "--logits_out=$tmp/no/such/logits.bin's directory does not exist" \
+expect_bad logits_out_dir "--logits_out \"$tmp/no/such/logits.bin\"'s directory does not exist" \
   "--logits_out=$tmp/no/such/logits.bin" --batch=1
 # A --config file's limits hold where no flag sets them; a flag still wins.
 printf 'max_num_seqs: 4\nmax_model_len: 64\n' >"$tmp/limits.textproto"
@@ -68,7 +68,8 @@ expect_bad empty_int 'Flag --max_num_seqs is empty; give it a value or leave it 
 # before the GPU is looked for.
 expect_bad weights_missing "Cannot open safetensors file '$tmp/missing.safetensors'" \
   "--weights=$tmp/missing.safetensors"
-expect_bad weights_dir "--weights=$tmp is a directory; give its safetensors files" "--weights=$tmp"
+expect_bad weights_dir "--weights \"$tmp\" is a directory; give its safetensors files" \
+  "--weights=$tmp"
 header='{"model.norm.weight":{"dtype":"BF16","shape":[2048],"data_offsets":[0,4096]}}'
 {
   printf "$(printf '\\x%02x' ${#header})\\x00\\x00\\x00\\x00\\x00\\x00\\x00"
@@ -156,6 +157,69 @@ if [ "$rc" -ne 1 ]; then
   fail "model_dir_found: exit code $rc, want 1; stderr: $(cat "$tmp/err")"
 else
   expect_out model_dir_found "model_dir $tmp/Llama-3.2-1B: Llama-3.2-1B, 2 safetensors files"
+fi
+
+# Paths and values holding an ESC, a newline and U+009B are named escaped, on one clean line.
+mkdir -p "$tmp/$odd"
+expect_bad logits_out_odd_dir "--logits_out \"$tmp/$odd_escaped\" is a directory; give a file" \
+  "--logits_out=$tmp/$odd" --batch=1
+expect_clean logits_out_odd_dir
+expect_bad logits_out_odd_missing \
+  "--logits_out \"$tmp/$odd_escaped/no/logits.bin\"'s directory does not exist" \
+  "--logits_out=$tmp/$odd/no/logits.bin" --batch=1
+expect_clean logits_out_odd_missing
+expect_bad logits_out_odd_unwritable "--logits_out \"/proc/$odd_escaped.bin\" cannot be written: " \
+  "--logits_out=/proc/$odd.bin" --batch=1
+expect_clean logits_out_odd_unwritable
+expect_bad logits_out_odd_batches \
+  'give --batch=1 (not --batch=1,\n2)' "--logits_out=$tmp/logits.bin" --batch=$'1,\n2'
+expect_clean logits_out_odd_batches
+# Only spaces and commas reach the empty entry: anything else is named as not an integer.
+expect_bad batch_odd_empty_entry '--batch=,\n,\t has an empty entry' --batch=$',\n,\t'
+expect_clean batch_odd_empty_entry
+expect_bad batch_odd_entry "--batch has \"$odd_escaped\", which is not an integer" "--batch=1,$odd"
+expect_clean batch_odd_entry
+expect_bad graphs_odd "Unknown --graphs \"$odd_escaped\"; use full, piecewise or none" \
+  "--graphs=$odd"
+expect_clean graphs_odd
+expect_bad weights_odd_dir "--weights \"$tmp/$odd_escaped\" is a directory" "--weights=$tmp/$odd"
+expect_clean weights_odd_dir
+mkfifo "$tmp/$odd/weights.fifo"
+expect_bad weights_odd_fifo "--weights \"$tmp/$odd_escaped/weights.fifo\" is not a regular file" \
+  "--weights=$tmp/$odd/weights.fifo"
+expect_clean weights_odd_fifo
+expect_bad weights_odd_commas '--weights=,\n, names no file' --weights=$',\n,'
+expect_clean weights_odd_commas
+expect_bad positional_odd "Unexpected argument \"$odd_escaped\"; generate takes only flags" \
+  -- "$odd"
+expect_clean positional_odd
+cp runtime/config/testdata/llama70b_tp4.textproto "$tmp/$odd.textproto"
+expect_bad model_dir_and_odd_config \
+  "--model_dir and --config both set the model (\"$tmp/$odd_escaped.textproto\" sets model_preset" \
+  "--model_dir=$llama" "--config=$tmp/$odd.textproto"
+expect_clean model_dir_and_odd_config
+mkdir -p "$tmp/$odd/gemma"
+printf '{"model_type": "gemma2", "hidden_size": 3584}' >"$tmp/$odd/gemma/config.json"
+expect_bad model_dir_odd_config \
+  "\"$tmp/$odd_escaped/gemma/config.json\": model_type \"gemma2\" is not a Llama-family decoder" \
+  "--model_dir=$tmp/$odd/gemma"
+expect_clean model_dir_odd_config
+# A good directory of an odd name: named escaped on stdout too, and before the weights' message.
+mkdir -p "$tmp/$odd/$odd"
+cp "$llama/config.json" "$tmp/$odd/$odd/"
+: >"$tmp/$odd/$odd/model.safetensors"
+"$bin" "--model_dir=$tmp/$odd/$odd" --batch=1 >"$tmp/out" 2>"$tmp/err"
+rc=$?
+if [ "$rc" -ne 1 ]; then
+  fail "model_dir_odd: exit code $rc, want 1; stderr: $(cat -v "$tmp/err")"
+else
+  expect_out model_dir_odd \
+    "model_dir $tmp/$odd_escaped/$odd_escaped: $odd_escaped, 1 safetensors file"
+  LC_ALL=C grep -q $'\e' "$tmp/out" && fail "model_dir_odd: a raw ESC on stdout"
+  LC_ALL=C grep -q $'\xc2\x9b' "$tmp/out" && fail "model_dir_odd: a raw U+009B on stdout"
+  [ "$(wc -l <"$tmp/out")" -eq 1 ] || fail "model_dir_odd: stdout is not one line"
+  grep -qF -- "generate: --model_dir \"$tmp/$odd_escaped/$odd_escaped\": " "$tmp/err" ||
+    fail "model_dir_odd: stderr does not name the directory escaped: $(cat -v "$tmp/err")"
 fi
 
 finish

@@ -292,7 +292,7 @@ absl::Status CheckMeasureFlags() {
   } else if (!absl::GetFlag(FLAGS_svg).empty()) {
     conflict = "--svg";
   } else if (!gpu.empty() && !IsAutoGpuPreset(gpu)) {
-    conflict = absl::StrCat("--gpu=", gpu);
+    conflict = absl::StrCat("--gpu=", Escaped(gpu));
   } else if (absl::GetFlag(FLAGS_gpu_name)) {
     conflict = "--gpu_name";
   } else if (absl::GetFlag(FLAGS_gpu_total_bytes)) {
@@ -338,8 +338,8 @@ int Run(int argc, char** argv) {
   if (!flags.ok()) return Fail(flags);
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() > 1) {
-    return Fail(absl::StrCat("Unexpected argument \"", rest[1],
-                             "\"; memory_planner takes only flags (see --help)"));
+    return Fail(absl::StrCat("Unexpected argument ", Quoted(rest[1]),
+                             "; memory_planner takes only flags (see --help)"));
   }
 
   // Every flag is checked before the GPU is looked for (--measure, --gpu=auto), so a bad one gets
@@ -382,7 +382,8 @@ int Run(int argc, char** argv) {
     // kiln's runner rounds float16 and float32 checkpoints to bf16 as it loads them, so the plan
     // counts the weights it will hold (--dtype, applied below, plans them as stored).
     if (std::optional<config::DType> stored = RunInBf16(&*shape)) {
-      std::cerr << "memory_planner: --model_dir=" << model_dir << " holds " << DTypeName(*stored)
+      std::cerr << "memory_planner: --model_dir " << Quoted(model_dir) << " holds "
+                << DTypeName(*stored)
                 << " weights, which kiln rounds to bf16 as it loads them; planning bf16 (pass "
                    "--dtype to plan another type)\n";
     }
@@ -431,15 +432,15 @@ int Run(int argc, char** argv) {
     const std::string path = UserPath(absl::GetFlag(FLAGS_svg));
     std::error_code error;
     if (std::filesystem::is_directory(path, error)) {
-      return Fail(absl::StrCat("--svg=", path, " is a directory; give a file, e.g. ", path,
-                               "/plan.svg"));
+      return Fail(absl::StrCat("--svg ", Quoted(path), " is a directory; give a file, e.g. ",
+                               Quoted(absl::StrCat(path, "/plan.svg"))));
     }
     std::ofstream svg(path, std::ios::binary | std::ios::trunc);
     svg << RenderSvg(*plan);
     svg.close();
     if (!svg) {
-      return Fail(absl::StrCat("Cannot write --svg file \"", path,
-                               "\"; check that its directory exists and is writable"));
+      return Fail(absl::StrCat("Cannot write --svg file ", Quoted(path),
+                               "; check that its directory exists and is writable"));
     }
   }
   if (format == "json") {

@@ -149,7 +149,8 @@ expect_bad kv_dtype 'Unknown --kv_cache_dtype "int4"; use bf16, fp16, fp32 or fp
   --kv_cache_dtype=int4
 expect_bad tp_split 'does not split over tensor_parallel_size 3' --tensor_parallel_size=3
 expect_bad svg_dir 'Cannot write --svg file' "--svg=$tmp/no/such/dir/plan.svg"
-expect_bad svg_is_dir "--svg=$tmp is a directory; give a file" "--svg=$tmp"
+expect_bad svg_is_dir "--svg \"$tmp\" is a directory; give a file, e.g. \"$tmp/plan.svg\"" \
+  "--svg=$tmp"
 expect_bad config_is_dir "Cannot read config file \"$tmp\": Is a directory" "--config=$tmp"
 # An empty value would leave an optional flag unset, planning its default.
 expect_bad empty_number 'Flag --max_num_seqs is empty; give it a value or leave it out' \
@@ -187,12 +188,13 @@ expect_bad query_group '128 query heads per KV head on a rank, above the 64' \
 expect_bad flagfile_no_value 'Flag --flagfile needs a value' --flagfile
 expect_bad flagfile_empty 'Flag --flagfile is empty' --flagfile=
 printf -- '--flagfile=%s\n' "$tmp/self.flags" >"$tmp/self.flags"
-expect_bad flagfile_self "--flagfile $tmp/self.flags is already being read" "--flagfile=$tmp/self.flags"
+expect_bad flagfile_self "--flagfile \"$tmp/self.flags\" is already being read" \
+  "--flagfile=$tmp/self.flags"
 printf -- '# tuned\n--max_num_seqs=8\n--bogus=1\n' >"$tmp/bogus.flags"
-expect_bad flagfile_unknown "--flagfile $tmp/bogus.flags line 3: Unknown flag --bogus" \
+expect_bad flagfile_unknown "--flagfile \"$tmp/bogus.flags\" line 3: Unknown flag --bogus" \
   "--flagfile=$tmp/bogus.flags"
 printf -- '--max_num_seqs=lots\n' >"$tmp/lots.flags"
-expect_bad flagfile_bad_value "--flagfile $tmp/lots.flags line 1: Bad value \"lots\"" \
+expect_bad flagfile_bad_value "--flagfile \"$tmp/lots.flags\" line 1: Bad value \"lots\"" \
   "--flagfile=$tmp/lots.flags"
 printf -- '--max_num_seqs=8\nllama\n' >"$tmp/positional.flags"
 expect_bad flagfile_positional 'line 2: "llama" is not a flag' "--flagfile=$tmp/positional.flags"
@@ -201,6 +203,54 @@ expect_bad flagfile_device 'Cannot read --flagfile "/dev/zero": Is a device, not
 printf -- '  --max_num_seqs=8\r\n\n# a comment\n' >"$tmp/good.flags"
 expect_ok flagfile_good "--flagfile=$tmp/good.flags" &&
   expect_out flagfile_good 'Steps: max_num_seqs 8,'
+
+# Paths and values holding an ESC, a newline and U+009B are named escaped, on one clean line.
+mkdir -p "$tmp/$odd"
+expect_bad svg_odd_dir \
+  "--svg \"$tmp/$odd_escaped\" is a directory; give a file, e.g. \"$tmp/$odd_escaped/plan.svg\"" \
+  "--svg=$tmp/$odd"
+expect_clean svg_odd_dir
+expect_bad svg_odd_unwritable "Cannot write --svg file \"$tmp/$odd_escaped/no/plan.svg\"; check" \
+  "--svg=$tmp/$odd/no/plan.svg"
+expect_clean svg_odd_unwritable
+printf -- '--max_num_seqs=8\n--bogus=1\n' >"$tmp/$odd.flags"
+expect_bad flagfile_odd "--flagfile \"$tmp/$odd_escaped.flags\" line 2: Unknown flag --bogus" \
+  "--flagfile=$tmp/$odd.flags"
+expect_clean flagfile_odd
+# A path with a newline cannot be named inside a flagfile: the odd one names a file that names
+# itself, and the chain read (of canonical paths) names both.
+printf -- '--flagfile=%s\n' "$tmp/self.flags" >"$tmp/${odd}_top.flags"
+message="--flagfile \"$tmp/${odd_escaped}_top.flags\" line 1: --flagfile \"$tmp/self.flags\" \
+line 1: --flagfile \"$tmp/self.flags\" is already being read (\""
+expect_bad flagfile_odd_loop "$message" "--flagfile=$tmp/${odd}_top.flags"
+grep -qF -- "/${odd_escaped}_top.flags\" -> \"" "$tmp/err" ||
+  fail "flagfile_odd_loop: the chain does not name the file escaped: $(cat -v "$tmp/err")"
+expect_clean flagfile_odd_loop
+printf -- '--max_num_seqs=8\n' >"$tmp/${odd}_good.flags"
+message="--flagfile=$tmp/${odd_escaped}_good.flags,,x has an empty entry; list the files \
+separated by single commas"
+expect_bad flagfile_odd_empty_entry "$message" "--flagfile=$tmp/${odd}_good.flags,,x"
+expect_clean flagfile_odd_empty_entry
+expect_bad bad_number_odd "Bad value \"$odd_escaped\" for --max_num_seqs: " "--max_num_seqs=$odd"
+expect_clean bad_number_odd
+expect_bad positional_odd "Unexpected argument \"$odd_escaped\"; memory_planner takes only flags" \
+  -- "$odd"
+expect_clean positional_odd
+expect_bad measure_gpu_odd "--gpu=$odd_escaped does not apply to --measure" --measure "--gpu=$odd"
+expect_clean measure_gpu_odd
+mkdir -p "$tmp/$odd/gemma"
+printf '{"model_type": "gemma2", "hidden_size": 3584}' >"$tmp/$odd/gemma/config.json"
+expect_bad model_dir_odd_config \
+  "\"$tmp/$odd_escaped/gemma/config.json\": model_type \"gemma2\" is not a Llama-family decoder" \
+  "--model_dir=$tmp/$odd/gemma"
+expect_clean model_dir_odd_config
+mkdir -p "$tmp/$odd/fp32"
+cp "$tmp/Llama-fp32/config.json" "$tmp/$odd/fp32/"
+if expect_ok model_dir_odd_fp32 "--model_dir=$tmp/$odd/fp32"; then
+  grep -qF -- "--model_dir \"$tmp/$odd_escaped/fp32\" holds fp32 weights, which kiln rounds" \
+    "$tmp/err" || fail "model_dir_odd_fp32: no escaped directory: $(cat -v "$tmp/err")"
+  expect_clean model_dir_odd_fp32
+fi
 
 # Bad flags are named before the GPU is looked for (--gpu=auto, --measure), with or without one.
 expect_bad gpu_auto_bad_flag 'max_num_seqs must be positive, got 0' --gpu=auto --max_num_seqs=0

@@ -47,13 +47,14 @@ absl::Status ParseJson(absl::string_view json, absl::string_view source, absl::s
   // protobuf's strings, and so its depth, other than the ones JsonNestingDepth counts.
   const std::string quote = JsonSingleQuoteError(json);
   if (!quote.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("Cannot read ", source, " as ", what, ": ",
-                                                   quote, "; fix the file or download it again"));
+    return absl::InvalidArgumentError(absl::StrCat("Cannot read ", Quoted(source), " as ", what,
+                                                   ": ", quote,
+                                                   "; fix the file or download it again"));
   }
   const int depth = JsonNestingDepth(json);
   if (depth > kMaxJsonNesting) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "Cannot read ", source, " as ", what, ": its objects and lists nest ", depth,
+        "Cannot read ", Quoted(source), " as ", what, ": its objects and lists nest ", depth,
         " deep, more than the ", kMaxJsonNesting, " kiln reads; fix the file or download it "
         "again"));
   }
@@ -61,22 +62,22 @@ absl::Status ParseJson(absl::string_view json, absl::string_view source, absl::s
   options.ignore_unknown_fields = true;
   auto parsed = google::protobuf::util::JsonStringToMessage(std::string(json), out, options);
   if (!parsed.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("Cannot read ", source, " as ", what, ": ",
-                                                   OneLineJsonError(parsed.message().as_string()),
-                                                   "; fix the file or download it again"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Cannot read ", Quoted(source), " as ", what, ": ",
+        OneLineJsonError(parsed.message().as_string()), "; fix the file or download it again"));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<config::DType> DTypeFromHf(const HfConfig& c, absl::string_view source) {
   if (c.has_dtype() && c.has_torch_dtype() && c.dtype() != c.torch_dtype()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": \"dtype\" is ", Quoted(c.dtype()), " but \"torch_dtype\" is ",
-                     Quoted(c.torch_dtype()), "; keep one (the type the safetensors files hold)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        Quoted(source), ": \"dtype\" is ", Quoted(c.dtype()), " but \"torch_dtype\" is ",
+        Quoted(c.torch_dtype()), "; keep one (the type the safetensors files hold)"));
   }
   if (!c.has_dtype() && !c.has_torch_dtype()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        source,
+        Quoted(source),
         " has no \"torch_dtype\" (or \"dtype\"); add the type the safetensors files hold, "
         "e.g. \"torch_dtype\": \"bfloat16\""));
   }
@@ -86,7 +87,7 @@ absl::StatusOr<config::DType> DTypeFromHf(const HfConfig& c, absl::string_view s
   if (name == "float16") return config::DTYPE_FP16;
   if (name == "float32") return config::DTYPE_FP32;
   return absl::InvalidArgumentError(absl::StrCat(
-      source, ": ", key, " ", Quoted(name),
+      Quoted(source), ": ", key, " ", Quoted(name),
       " is not a type kiln reads; use a checkpoint in \"bfloat16\", or in \"float16\" or "
       "\"float32\", which kiln rounds to bf16 as it loads them"));
 }
@@ -99,7 +100,7 @@ absl::StatusOr<std::optional<int>> SlidingWindow(absl::string_view json, const H
   if (c.has_sliding_window()) {
     if (c.sliding_window() <= 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat(source, ": sliding_window is ", c.sliding_window(),
+          absl::StrCat(Quoted(source), ": sliding_window is ", c.sliding_window(),
                        "; it must be positive, or null for attention over every token"));
     }
     return c.sliding_window();
@@ -225,8 +226,8 @@ absl::StatusOr<std::vector<std::string>> SafetensorsIn(const fs::path& dir) {
     if (path.extension() == ".safetensors" && IsFile(path)) files.push_back(path.string());
   }
   if (error) {
-    return absl::NotFoundError(absl::StrCat("Cannot list model directory \"", dir.string(),
-                                            "\": ", error.message(), "; check its permissions"));
+    return absl::NotFoundError(absl::StrCat("Cannot list model directory ", Quoted(dir.string()),
+                                            ": ", error.message(), "; check its permissions"));
   }
   std::sort(files.begin(), files.end());
   return files;
@@ -243,7 +244,7 @@ absl::StatusOr<config::ModelShape> ModelShapeFromHfConfigJson(absl::string_view 
 
   if (!c.has_model_type()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(source,
+        absl::StrCat(Quoted(source),
                      " has no \"model_type\"; kiln's model runs Llama-family decoders (model_type "
                      "\"llama\", \"mistral\", \"qwen2\" or \"qwen3\"): give it a transformers "
                      "config.json"));
@@ -253,18 +254,18 @@ absl::StatusOr<config::ModelShape> ModelShapeFromHfConfigJson(absl::string_view 
   const bool qwen3 = c.model_type() == "qwen3";
   if (c.model_type() != "llama" && !mistral && !qwen2 && !qwen3) {
     return absl::InvalidArgumentError(absl::StrCat(
-        source, ": model_type ", Quoted(c.model_type()),
+        Quoted(source), ": model_type ", Quoted(c.model_type()),
         " is not a Llama-family decoder kiln runs; kiln's model runs model_type \"llama\", "
         "\"mistral\", \"qwen2\" and \"qwen3\""));
   }
   if (c.has_hidden_act() && c.hidden_act() != "silu") {
     return absl::InvalidArgumentError(absl::StrCat(
-        source, ": hidden_act ", Quoted(c.hidden_act()),
+        Quoted(source), ": hidden_act ", Quoted(c.hidden_act()),
         " is not supported; kiln's MLP is SwiGLU (hidden_act \"silu\"), as Llama's is"));
   }
   if (c.mlp_bias()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        source,
+        Quoted(source),
         ": mlp_bias is true, which kiln's model does not implement; use a Llama-family "
         "model without MLP bias (\"mlp_bias\": false)"));
   }
@@ -287,11 +288,11 @@ absl::StatusOr<config::ModelShape> ModelShapeFromHfConfigJson(absl::string_view 
   for (const Size& s : sizes) {
     if (!s.has && s.required) {
       return absl::InvalidArgumentError(
-          absl::StrCat(source, " has no \"", s.key,
+          absl::StrCat(Quoted(source), " has no \"", s.key,
                        "\"; every Llama config.json gives it: download the file again"));
     }
     if (s.has && s.value <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.key, " is ", s.value,
+      return absl::InvalidArgumentError(absl::StrCat(Quoted(source), ": ", s.key, " is ", s.value,
                                                      "; it must be positive: fix the file"));
     }
   }
@@ -321,7 +322,7 @@ absl::StatusOr<config::ModelShape> ModelShapeFromHfConfigJson(absl::string_view 
   } else if (c.hidden_size() < c.num_attention_heads()) {
     // The quotient rounds down to 0: no model has heads of no width.
     return absl::InvalidArgumentError(absl::StrCat(
-        source, ": head_dim is absent and hidden_size ", c.hidden_size(),
+        Quoted(source), ": head_dim is absent and hidden_size ", c.hidden_size(),
         " / num_attention_heads ", c.num_attention_heads(),
         " is 0; fix hidden_size or num_attention_heads, or give head_dim"));
   } else {

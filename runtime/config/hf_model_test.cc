@@ -1,6 +1,10 @@
 #include "runtime/config/hf_model.h"
 
+#include <dirent.h>
+#include <linux/capability.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -248,11 +252,12 @@ TEST(HfModelTest, RefusesOtherModelTypes) {
   auto keys = LlamaKeys();
   keys["model_type"] = R"("gemma2")";
   EXPECT_EQ(Message(Parse(keys).status()),
-            "test/config.json: model_type \"gemma2\" is not a Llama-family decoder kiln runs; "
+            "\"test/config.json\": model_type \"gemma2\" is not a Llama-family decoder kiln runs; "
             "kiln's model runs model_type \"llama\", \"mistral\", \"qwen2\" and \"qwen3\"");
   EXPECT_TRUE(absl::IsInvalidArgument(Parse(keys).status()));
   keys.erase("model_type");
-  EXPECT_THAT(Message(Parse(keys).status()), HasSubstr("test/config.json has no \"model_type\""));
+  EXPECT_THAT(Message(Parse(keys).status()),
+              HasSubstr("\"test/config.json\" has no \"model_type\""));
 }
 
 // Mistral-7B-v0.3's config.json keys (mistralai/Mistral-7B-v0.3) as raw JSON values.
@@ -313,7 +318,7 @@ TEST(HfModelTest, MistralSlidingWindowAndDefaults) {
   EXPECT_EQ(shape->num_kv_heads(), 8);
   keys["sliding_window"] = "0";
   EXPECT_THAT(Message(Parse(keys).status()),
-              HasSubstr("test/config.json: sliding_window is 0; it must be positive"));
+              HasSubstr("\"test/config.json\": sliding_window is 0; it must be positive"));
   // A Llama's config.json has no sliding window; transformers ignores the key there.
   auto llama = LlamaKeys();
   llama["sliding_window"] = "4096";
@@ -434,10 +439,10 @@ TEST(HfModelTest, RefusesOtherActivationsAndMlpBias) {
   auto keys = LlamaKeys();
   keys["hidden_act"] = R"("gelu")";
   EXPECT_THAT(Message(Parse(keys).status()),
-              HasSubstr("test/config.json: hidden_act \"gelu\" is not supported"));
+              HasSubstr("\"test/config.json\": hidden_act \"gelu\" is not supported"));
   keys = LlamaKeys();
   keys["mlp_bias"] = "true";
-  EXPECT_THAT(Message(Parse(keys).status()), HasSubstr("test/config.json: mlp_bias is true"));
+  EXPECT_THAT(Message(Parse(keys).status()), HasSubstr("\"test/config.json\": mlp_bias is true"));
 }
 
 TEST(HfModelTest, NamesEachMissingRequiredKey) {
@@ -447,12 +452,13 @@ TEST(HfModelTest, NamesEachMissingRequiredKey) {
     keys.erase(key);
     absl::Status status = Parse(keys).status();
     EXPECT_TRUE(absl::IsInvalidArgument(status)) << key << ": " << status;
-    EXPECT_THAT(Message(status), HasSubstr(absl::StrCat("test/config.json has no \"", key, "\"")));
+    EXPECT_THAT(Message(status),
+                HasSubstr(absl::StrCat("\"test/config.json\" has no \"", key, "\"")));
   }
   auto keys = LlamaKeys();
   keys.erase("torch_dtype");
   EXPECT_THAT(Message(Parse(keys).status()),
-              HasSubstr("test/config.json has no \"torch_dtype\" (or \"dtype\")"));
+              HasSubstr("\"test/config.json\" has no \"torch_dtype\" (or \"dtype\")"));
 }
 
 TEST(HfModelTest, RefusesNonPositiveSizes) {
@@ -460,8 +466,9 @@ TEST(HfModelTest, RefusesNonPositiveSizes) {
        {"num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim"}) {
     auto keys = LlamaKeys();
     keys[key] = "0";
-    EXPECT_THAT(Message(Parse(keys).status()),
-                HasSubstr(absl::StrCat("test/config.json: ", key, " is 0; it must be positive")));
+    EXPECT_THAT(
+        Message(Parse(keys).status()),
+        HasSubstr(absl::StrCat("\"test/config.json\": ", key, " is 0; it must be positive")));
   }
 }
 
@@ -469,7 +476,7 @@ TEST(HfModelTest, RefusesUnknownOrConflictingDtype) {
   auto keys = LlamaKeys();
   keys["torch_dtype"] = R"("int8")";
   EXPECT_THAT(Message(Parse(keys).status()),
-              HasSubstr("test/config.json: torch_dtype \"int8\" is not a type kiln reads"));
+              HasSubstr("\"test/config.json\": torch_dtype \"int8\" is not a type kiln reads"));
   keys["torch_dtype"] = R"("bfloat16")";
   keys["dtype"] = R"("float16")";
   EXPECT_THAT(Message(Parse(keys).status()),
@@ -479,11 +486,11 @@ TEST(HfModelTest, RefusesUnknownOrConflictingDtype) {
 TEST(HfModelTest, RefusesBadJson) {
   absl::Status status = ModelShapeFromHfConfigJson("{\"hidden_size\": 2048,,}", "c.json").status();
   EXPECT_TRUE(absl::IsInvalidArgument(status));
-  EXPECT_THAT(Message(status), HasSubstr("Cannot read c.json as a Hugging Face config.json"));
+  EXPECT_THAT(Message(status), HasSubstr("Cannot read \"c.json\" as a Hugging Face config.json"));
   auto keys = LlamaKeys();
   keys["hidden_size"] = R"("wide")";
   EXPECT_THAT(Message(Parse(keys).status()),
-              HasSubstr("Cannot read test/config.json as a Hugging Face config.json"));
+              HasSubstr("Cannot read \"test/config.json\" as a Hugging Face config.json"));
 }
 
 // A key kiln ignores, nested 100,000 deep, is refused before any parse (protobuf's parser would
@@ -515,10 +522,11 @@ TEST(HfModelTest, SingleQuotesAreCharactersInStringsAndRefusedOutside) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
   EXPECT_TRUE(absl::IsInvalidArgument(outside)) << outside;
   // The key's line: one a key, in name order.
-  EXPECT_THAT(Message(outside),
-              HasSubstr("Cannot read test/config.json as a Hugging Face config.json: line 8 column "
-                        "13 holds a ' outside a string: JSON strings take double quotes only; fix "
-                        "the file or download it again"));
+  EXPECT_THAT(
+      Message(outside),
+      HasSubstr("Cannot read \"test/config.json\" as a Hugging Face config.json: line 8 column "
+                "13 holds a ' outside a string: JSON strings take double quotes only; fix "
+                "the file or download it again"));
 }
 
 // ---- Robustness: every truncation and single-byte mutation of a config.json reads as a shape
@@ -536,7 +544,7 @@ bool ReadsAsShapeOrFailsCleanly(const std::string& json, const std::string& what
   if (!shape.ok()) {
     const std::string message = Message(shape.status());
     EXPECT_TRUE(absl::IsInvalidArgument(shape.status())) << what << ": " << shape.status();
-    EXPECT_THAT(message, HasSubstr("test/config.json")) << what;
+    EXPECT_THAT(message, HasSubstr("\"test/config.json\"")) << what;
     EXPECT_TRUE(std::all_of(message.begin(), message.end(),
                             [](char c) { return c >= 0x20 && c < 0x7f; }))
         << what << ": " << absl::CHexEscape(message);
@@ -1005,6 +1013,108 @@ TEST(HfModelDirRobustnessTest, OddDirectoryNamesAreQuoted) {
     EXPECT_TRUE(IsOneCleanLine(Message(status))) << absl::CHexEscape(Message(status));
   }
   EXPECT_TRUE(absl::IsNotFound(LoadHfModelDir("").status()));
+}
+
+// A name holding an ESC (a terminal escape), a newline and U+009B (a terminal's CSI).
+constexpr char kOddName[] = "odd\033[31m\n\302\2332J";
+// kOddName as Quoted and Escaped write it.
+constexpr char kOddNameEscaped[] = "odd\\x1b[31m\\n\\u009b2J";
+
+// The config.json's path names every refusal of its text quoted: the text given, and the file of
+// a model directory.
+TEST(HfModelDirRobustnessTest, OddConfigPathsAreQuoted) {
+  const std::string source = absl::StrCat("models/", kOddName, "/config.json");
+  auto keys = LlamaKeys();
+  keys["hidden_act"] = R"("gelu")";
+  auto no_type = LlamaKeys();
+  no_type.erase("model_type");
+  auto zero = LlamaKeys();
+  zero["hidden_size"] = "0";
+  auto int8 = LlamaKeys();
+  int8["torch_dtype"] = R"("int8")";
+  for (const std::string& json : {Json(keys), Json(no_type), Json(zero), Json(int8),
+                                  std::string("{,}"), std::string("{'a': 1}")}) {
+    const absl::Status status = ModelShapeFromHfConfigJson(json, source, "odd").status();
+    EXPECT_TRUE(absl::IsInvalidArgument(status)) << json << ": " << status;
+    EXPECT_THAT(Message(status), HasSubstr(Quoted(source))) << json;
+    EXPECT_THAT(Message(status), HasSubstr(kOddNameEscaped)) << json;
+    EXPECT_TRUE(IsOneCleanLine(Message(status))) << absl::CHexEscape(Message(status));
+  }
+
+  const fs::path dir = ModelDir(kOddName, {});
+  WriteText(dir / "config.json", Json(keys));
+  const absl::Status status = LoadHfModelDir(dir.string()).status();
+  EXPECT_EQ(Message(status),
+            absl::StrCat(Quoted((dir / "config.json").string()),
+                         ": hidden_act \"gelu\" is not supported; kiln's MLP is SwiGLU "
+                         "(hidden_act \"silu\"), as Llama's is"));
+  EXPECT_THAT(Message(status), HasSubstr(kOddNameEscaped));
+  EXPECT_TRUE(IsOneCleanLine(Message(status))) << absl::CHexEscape(Message(status));
+}
+
+// The index's path is named quoted where it does not parse.
+TEST(HfModelDirRobustnessTest, OddIndexPathsAreQuoted) {
+  const fs::path dir = ModelDir(kOddName, {"a.safetensors"});
+  for (const std::string& index : {std::string("[]"), std::string("{'weight_map': {}}"),
+                                   std::string(100, '[') + std::string(100, ']')}) {
+    WriteText(dir / "model.safetensors.index.json", index);
+    const absl::Status status = LoadHfModelDir(dir.string()).status();
+    EXPECT_TRUE(absl::IsInvalidArgument(status)) << index << ": " << status;
+    EXPECT_THAT(Message(status),
+                HasSubstr(absl::StrCat("Cannot read ",
+                                       Quoted((dir / "model.safetensors.index.json").string()),
+                                       " as a safetensors index: ")))
+        << index;
+    EXPECT_THAT(Message(status), HasSubstr(kOddNameEscaped)) << index;
+    EXPECT_TRUE(IsOneCleanLine(Message(status))) << absl::CHexEscape(Message(status));
+  }
+}
+
+// Clears CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from the calling thread's effective
+// capabilities while it lives, so that root, too, is refused a directory without read permission;
+// restores them after. Changes nothing for a process without them.
+class WithoutDacOverride {
+ public:
+  WithoutDacOverride() {
+    if (::syscall(SYS_capget, &header_, saved_) != 0) return;
+    __user_cap_data_struct dropped[2] = {saved_[0], saved_[1]};
+    dropped[0].effective &= ~((1u << CAP_DAC_OVERRIDE) | (1u << CAP_DAC_READ_SEARCH));
+    dropped_ = ::syscall(SYS_capset, &header_, dropped) == 0;
+  }
+  ~WithoutDacOverride() {
+    if (dropped_) ::syscall(SYS_capset, &header_, saved_);
+  }
+  WithoutDacOverride(const WithoutDacOverride&) = delete;
+  WithoutDacOverride& operator=(const WithoutDacOverride&) = delete;
+
+ private:
+  __user_cap_header_struct header_ = {_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct saved_[2] = {};
+  bool dropped_ = false;
+};
+
+// A model directory that cannot be listed (its safetensors files are looked for there) is named
+// quoted.
+TEST(HfModelDirRobustnessTest, UnlistableOddDirectoryIsQuoted) {
+  const fs::path dir = ModelDir(kOddName, {});
+  // Search but no read permission: config.json is read, the directory cannot be listed.
+  ASSERT_EQ(::chmod(dir.c_str(), 0311), 0);
+  absl::Status status;
+  bool listable = false;
+  {
+    const WithoutDacOverride without;
+    DIR* listing = ::opendir(dir.c_str());
+    listable = listing != nullptr;
+    if (listable) ::closedir(listing);
+    status = LoadHfModelDir(dir.string()).status();
+  }
+  ASSERT_EQ(::chmod(dir.c_str(), 0755), 0);
+  if (listable) GTEST_SKIP() << "this process lists a directory without read permission";
+  EXPECT_TRUE(absl::IsNotFound(status)) << status;
+  EXPECT_EQ(Message(status), absl::StrCat("Cannot list model directory ", Quoted(dir.string()),
+                                          ": Permission denied; check its permissions"));
+  EXPECT_THAT(Message(status), HasSubstr(kOddNameEscaped));
+  EXPECT_TRUE(IsOneCleanLine(Message(status))) << absl::CHexEscape(Message(status));
 }
 }  // namespace
 }  // namespace kiln
