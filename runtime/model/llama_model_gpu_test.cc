@@ -28,6 +28,7 @@
 #include "runtime/cuda/status_macros.h"
 #include "runtime/model/device_weights.h"
 #include "runtime/model/internal/gpu_test_helpers.h"
+#include "runtime/model/internal/step_args_stand_ins.h"
 #include "runtime/model/llama_shape.h"
 
 namespace kiln {
@@ -70,25 +71,9 @@ class LlamaModelGpuTest : public GpuTest {
 
   std::unique_ptr<LlamaModel> model_;
   // Host stand-ins for the device views, never read: a captured launch is recorded, not run.
-  alignas(256) char region_[512] = {};
-  int32_t ints_[4] = {};
-  float logits_[4] = {};
+  testing_internal::StepArgsStandIns stand_ins_;
 
-  LlamaStepArgs GoodArgs() {
-    LlamaStepArgs args;
-    args.num_tokens = 1;
-    args.num_rows = 1;
-    args.token_ids = ints_;
-    args.positions = ints_;
-    args.last_token_rows = ints_;
-    args.block_table = ints_;
-    args.max_blocks_per_seq = 1;
-    args.decode.work_capacity = 1;
-    args.activations = region_;
-    args.logits = logits_;
-    args.next_tokens = ints_;
-    return args;
-  }
+  LlamaStepArgs GoodArgs() { return stand_ins_.Args(/*num_tokens=*/1, /*num_rows=*/1); }
 };
 
 TEST_F(LlamaModelGpuTest, EveryEntryPointRefusesBadStepViewsBeforeEnqueuing) {
@@ -102,7 +87,7 @@ TEST_F(LlamaModelGpuTest, EveryEntryPointRefusesBadStepViewsBeforeEnqueuing) {
 
   std::vector<LlamaStepArgs> bad(7, good);
   bad[0].activations = nullptr;
-  bad[1].activations = region_ + 16;
+  bad[1].activations = stand_ins_.region + 16;
   bad[2].token_ids = nullptr;
   bad[3].logits = nullptr;
   bad[4].max_blocks_per_seq = 0;

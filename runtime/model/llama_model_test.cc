@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/model/internal/step_args_stand_ins.h"
 
 namespace kiln {
 namespace {
@@ -20,27 +21,9 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-// Stand-ins that the check accepts: set, and the activation region 256-byte aligned.
-struct StandIns {
-  alignas(256) char region[512] = {};
-  int32_t ints[4] = {};
-  float logits[4] = {};
-
-  LlamaStepArgs Args() {
-    LlamaStepArgs args;
-    args.num_tokens = 4;
-    args.num_rows = 2;
-    args.token_ids = ints;
-    args.positions = ints;
-    args.last_token_rows = ints;
-    args.block_table = ints;
-    args.max_blocks_per_seq = 1;
-    args.decode.work_capacity = 1;
-    args.activations = region;
-    args.logits = logits;
-    args.next_tokens = ints;
-    return args;
-  }
+// Stand-ins that the check accepts, as a decode step of 4 tokens in 2 rows.
+struct StandIns : testing_internal::StepArgsStandIns {
+  LlamaStepArgs Args() { return StepArgsStandIns::Args(/*num_tokens=*/4, /*num_rows=*/2); }
 };
 
 TEST(CheckLlamaStepArgsTest, AcceptsSetViewsWithSizesInOrder) {

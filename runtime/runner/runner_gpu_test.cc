@@ -40,6 +40,7 @@
 #include "runtime/cuda/compute_capability.h"
 #include "runtime/cuda/gpu_test_util.h"
 #include "runtime/model/decode_layer.h"
+#include "runtime/model/internal/step_args_stand_ins.h"
 #include "runtime/model/llama_checkpoint.h"
 #include "runtime/model/llama_weights.h"
 #include "runtime/model/reference_decoder.h"
@@ -1234,21 +1235,8 @@ TEST_F(RunnerGpuTest, ModelRefusesLayersOutsideTheModelAndMissingStepViews) {
   ASSERT_NE(runner, nullptr);
   LlamaModel& model = runner->model();
   // Host stand-ins, never read: every call below is refused first.
-  alignas(256) static char region[512];
-  int32_t ints[4] = {};
-  float logits[4] = {};
-  LlamaStepArgs args;
-  args.num_tokens = 1;
-  args.num_rows = 1;
-  args.token_ids = ints;
-  args.positions = ints;
-  args.last_token_rows = ints;
-  args.block_table = ints;
-  args.max_blocks_per_seq = 1;
-  args.decode.work_capacity = 1;
-  args.activations = region;
-  args.logits = logits;
-  args.next_tokens = ints;
+  testing_internal::StepArgsStandIns stand_ins;
+  LlamaStepArgs args = stand_ins.Args(/*num_tokens=*/1, /*num_rows=*/1);
   const int layers = model.shape().layers;
   for (int layer : {-1, layers}) {
     const absl::Status s = model.RunAttention(layer, args, runner->stream());
@@ -1258,7 +1246,7 @@ TEST_F(RunnerGpuTest, ModelRefusesLayersOutsideTheModelAndMissingStepViews) {
   }
   std::vector<LlamaStepArgs> bad(6, args);
   bad[0].activations = nullptr;
-  bad[1].activations = region + 16;
+  bad[1].activations = stand_ins.region + 16;
   bad[2].token_ids = nullptr;
   bad[3].max_blocks_per_seq = 0;
   bad[4].decode.work_capacity = 0;  // no plan part
