@@ -150,6 +150,10 @@ absl::StatusOr<bool> SendVerdict(int fd, absl::string_view refusal, absl::Time d
   return SendAll(fd, refusal.data(), refusal.size(), deadline);
 }
 
+// Sent alone in place of a verdict's length: rank 0 pushed the connection out while it looked
+// silent (the rendezvous was full). A rank whose introduction had not arrived connects again.
+constexpr uint32_t kConnectAgain = 0xffffffff;
+
 void CloseAll(std::vector<int>& fds) {
   for (int fd : fds) {
     if (fd >= 0) close(fd);
@@ -226,13 +230,18 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
     std::vector<int> fds(world_size - 1, -1);
     // Accepted connections that have not introduced themselves yet, each with its own buffer:
     // poll() watches them and the listener together, so a connection that stays silent holds up
-    // no other. At most world_size + 64 wait at a time; beyond that, the one that has waited
-    // longest is dropped (a rank introduces itself as soon as it connects, so that one is the
-    // likeliest stranger), which bounds the descriptors a flood of connections can take.
+    // no other. At most world_size + 64 wait at a time, which bounds the descriptors a flood of
+    // connections can take. Beyond that, a new connection pushes out the one that has waited
+    // longest among the silent ones: a poll() round reported nothing from it, and nothing waits
+    // to be read from it now (a rank introduces itself as soon as it connects). A connection
+    // accepted since the last poll() is never pushed out: its introduction may sit unread in its
+    // socket. When no connection is silent, rank 0 stops accepting until the next poll() round;
+    // the listener keeps the rest.
     struct Introduction {
       int fd;
       int32_t hello[3];
-      size_t got;  // bytes of `hello` received
+      size_t got;          // bytes of `hello` received
+      bool polled_silent;  // a poll() round reported nothing from it
     };
     std::vector<Introduction> waiting;
     const size_t max_waiting = static_cast<size_t>(world_size) + 64;
@@ -263,6 +272,13 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
       waiting.erase(waiting.begin() + static_cast<std::ptrdiff_t>(i));
       ++dropped;
     };
+    // Whether waiting[i] may be pushed out. A peek, not a read: bytes that came after the poll()
+    // round stay for the next one, which reads them.
+    auto silent = [&](size_t i) {
+      if (!waiting[i].polled_silent) return false;
+      char byte;
+      return recv(waiting[i].fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) <= 0;  // none, closed or broken
+    };
     while (status.ok() && joined < world_size - 1) {
       polled.assign(1, pollfd{listener, POLLIN, 0});
       for (const Introduction& w : waiting) polled.push_back(pollfd{w.fd, POLLIN, 0});
@@ -278,8 +294,11 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
       // Read what arrived; backwards, so that removing entry i leaves the ones before it (and
       // their poll entries, i + 1) in place.
       for (size_t i = waiting.size(); status.ok() && i-- > 0;) {
-        if (polled[i + 1].revents == 0) continue;
         Introduction& w = waiting[i];
+        if (polled[i + 1].revents == 0) {
+          w.polled_silent = true;
+          continue;
+        }
         const ssize_t n =
             recv(w.fd, reinterpret_cast<char*>(w.hello) + w.got, sizeof(w.hello) - w.got, 0);
         if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
@@ -313,15 +332,29 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
         ++joined;
       }
       if (!status.ok() || joined == world_size - 1 || polled[0].revents == 0) continue;
-      while (true) {  // every connection the listener holds
+      // Every connection the listener holds, while there is room or a silent one to push out.
+      // waiting[0, pushable) were found not silent and stay so in this pass (bytes stay until
+      // read; connections accepted in it go after them): the search goes on from `pushable`.
+      size_t pushable = 0;
+      while (true) {
+        if (waiting.size() == max_waiting) {
+          while (pushable < waiting.size() && !silent(pushable)) ++pushable;
+          if (pushable == waiting.size()) break;
+        }
         int fd = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) {
           if (errno == EINTR || errno == ECONNABORTED) continue;
           if (errno != EAGAIN && errno != EWOULDBLOCK) status = ErrnoStatus("accept");
           break;
         }
-        if (waiting.size() == max_waiting) drop(0);
-        waiting.push_back(Introduction{fd, {0, -1, -1}, 0});
+        if (waiting.size() == max_waiting) {
+          // Best effort, never blocking (nothing else was sent to it): a rank whose introduction
+          // had not left yet reads it, or fails to send, and connects again.
+          send(waiting[pushable].fd, &kConnectAgain, sizeof(kConnectAgain),
+               MSG_DONTWAIT | MSG_NOSIGNAL);
+          drop(pushable);
+        }
+        waiting.push_back(Introduction{fd, {0, -1, -1}, 0, false});
       }
     }
     for (const Introduction& w : waiting) close(w.fd);
@@ -352,17 +385,27 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
       int32_t hello[3] = {kHelloMagic, rank, world_size};
       absl::StatusOr<bool> sent =
           SendAll(fd, reinterpret_cast<const char*>(hello), sizeof(hello), deadline);
-      if (!sent.ok() || !*sent) {
+      // Wait for rank 0's verdict: sent once every rank joined, or at once if it refused this
+      // rank (a rank or world size that does not fit its own).
+      uint32_t length = 0;
+      absl::StatusOr<bool> got = sent;
+      if (sent.ok() && *sent) {
+        got = ReceiveAll(fd, reinterpret_cast<char*>(&length), sizeof(length), deadline);
+      }
+      // Rank 0 accepted the connection before the introduction arrived and pushed it out as
+      // silent: it closed before the introduction went through, or says so.
+      const bool pushed_out = absl::IsUnavailable(sent.status()) ||
+                              (got.ok() && *got && length == kConnectAgain);
+      if (pushed_out && absl::Now() < deadline) {
+        close(fd);
+        continue;
+      }
+      if (pushed_out || !sent.ok() || !*sent) {
         close(fd);
         return absl::DeadlineExceededError(absl::StrFormat(
             "Rank %d could not introduce itself to rank 0 at %s within %s", rank, path,
             absl::FormatDuration(timeout)));
       }
-      // Wait for rank 0's verdict: sent once every rank joined, or at once if it refused this
-      // rank (a rank or world size that does not fit its own).
-      uint32_t length = 0;
-      absl::StatusOr<bool> got =
-          ReceiveAll(fd, reinterpret_cast<char*>(&length), sizeof(length), deadline);
       std::string refusal(got.ok() && *got ? std::min<uint32_t>(length, 4096) : 0, '\0');
       if (!refusal.empty()) got = ReceiveAll(fd, refusal.data(), refusal.size(), deadline);
       if (!got.ok() || (*got && length > 0)) {

@@ -65,8 +65,10 @@ class HostBootstrap {
   // introduces itself as something other than a kiln rank, is dropped and rank 0 keeps
   // waiting. Rank 0 reads the introductions of all its accepted connections at once (poll), so
   // one that stays silent holds up no rank; at most world_size + 64 connections wait for their
-  // introduction at a time (past that, the one that waited longest is dropped).
-  // DeadlineExceeded when not everyone joined in time.
+  // introduction at a time. Past that, a new one pushes out the one that waited longest among
+  // those a poll() round found silent and that have nothing to read (never one whose
+  // introduction waits unread), and tells it to connect again: a rank whose introduction had not
+  // arrived yet does so. DeadlineExceeded when not everyone joined in time.
   static absl::StatusOr<std::unique_ptr<HostBootstrap>> Rendezvous(const std::string& path,
                                                                    int rank, int world_size,
                                                                    absl::Duration timeout);

@@ -7,11 +7,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <random>
@@ -849,18 +852,26 @@ TEST(HostBootstrapSweepTest, AnOversizedMessageIsRefusedAndThePeersLearnAtOnce) 
   EXPECT_EQ((*lone)->Broadcast(big).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// Connects to the abstract socket `path` as a process that is not (or not yet) a rank: retries
-// until rank 0 listens. Returns the connected descriptor, or -1.
-int ConnectRaw(const std::string& path) {
+// Connects once to the abstract socket `path` as a process that is not (or not yet) a rank,
+// waiting while the listener's backlog is full. Returns the connected descriptor, or -1 when no
+// one listens there.
+int ConnectOnce(const std::string& path) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.data(), path.size());
   addr.sun_path[0] = '\0';
   const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size());
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), len) == 0) return fd;
+  close(fd);
+  return -1;
+}
+
+// ConnectOnce, retried until rank 0 listens. Returns the connected descriptor, or -1.
+int ConnectRaw(const std::string& path) {
   for (int attempt = 0; attempt < 400; ++attempt) {
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), len) == 0) return fd;
-    close(fd);
+    const int fd = ConnectOnce(path);
+    if (fd >= 0) return fd;
     absl::SleepFor(absl::Milliseconds(5));
   }
   return -1;
@@ -917,13 +928,29 @@ TEST(HostBootstrapSweepTest, StrangersAtTheRendezvousAreDroppedAndTheRanksStillM
   }
 }
 
-// Returns whether the peer of `fd` closed it (end of file or reset) within `wait`.
-bool ClosedByPeer(int fd, absl::Duration wait) {
-  pollfd p{fd, POLLIN, 0};
-  if (poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(wait))) != 1) return false;
-  char c;
-  return recv(fd, &c, 1, MSG_DONTWAIT) <= 0;
+// Returns what the peer of `fd` sent before it closed it (end of file or reset), or nullopt when
+// it did not close it within `wait`.
+std::optional<std::string> BytesBeforeClose(int fd, absl::Duration wait) {
+  const absl::Time deadline = absl::Now() + wait;
+  std::string got;
+  while (true) {
+    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    pollfd p{fd, POLLIN, 0};
+    if (ms <= 0 || poll(&p, 1, static_cast<int>(ms)) != 1) return std::nullopt;
+    char bytes[64];
+    const ssize_t n = recv(fd, bytes, sizeof(bytes), MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    if (n <= 0) return got;
+    got.append(bytes, static_cast<size_t>(n));
+  }
 }
+
+// Returns whether the peer of `fd` closed it within `wait`.
+bool ClosedByPeer(int fd, absl::Duration wait) { return BytesBeforeClose(fd, wait).has_value(); }
+
+// What rank 0 sends a connection it pushes out while silent before it closes it: a verdict
+// length of 0xffffffff, "connect again".
+const std::string kConnectAgain(4, '\xff');
 
 TEST(HostBootstrapSweepTest, SilentStrangersDoNotHoldUpTheRanks) {
   // Before the real ranks come, processes connect to rank 0's socket and stay connected without
@@ -978,8 +1005,9 @@ TEST(HostBootstrapSweepTest, SilentStrangersDoNotHoldUpTheRanks) {
 }
 
 TEST(HostBootstrapSweepTest, AFloodOfSilentConnectionsIsBoundedAndTheRanksStillMeet) {
-  // More silent connections than rank 0 keeps waiting (world size + 64): it drops the ones that
-  // waited longest, and the ranks, which come last, still meet at once.
+  // More silent connections than rank 0 keeps waiting (world size + 64): it pushes out the ones
+  // that waited longest, telling each to connect again, and the ranks, which come last, still
+  // meet at once. At the end it closes the rest without a word.
   constexpr int kWorld = 3;
   const std::string path = TempPath("flood");
   const absl::Time start = absl::Now();
@@ -992,8 +1020,8 @@ TEST(HostBootstrapSweepTest, AFloodOfSilentConnectionsIsBoundedAndTheRanksStillM
     ASSERT_GE(fd, 0);
     strangers.push_back(fd);
   }
-  // The first ones were dropped while the later ones kept coming.
-  EXPECT_TRUE(ClosedByPeer(strangers[0], absl::Seconds(5)));
+  // The first ones were pushed out while the later ones kept coming.
+  EXPECT_EQ(BytesBeforeClose(strangers[0], absl::Seconds(5)), kConnectAgain);
   std::vector<std::thread> ranks;
   for (int r = 1; r < kWorld; ++r) {
     ranks.emplace_back(
@@ -1003,12 +1031,125 @@ TEST(HostBootstrapSweepTest, AFloodOfSilentConnectionsIsBoundedAndTheRanksStillM
   rank0.join();
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(boots[r].ok()) << "rank " << r << boots[r].status();
-  int closed = 0;
+  int closed = 0, pushed_out = 0;
   for (int fd : strangers) {
-    closed += ClosedByPeer(fd, absl::Seconds(2));
+    const std::optional<std::string> got = BytesBeforeClose(fd, absl::Seconds(2));
+    closed += got.has_value();
+    pushed_out += got == kConnectAgain;
+    EXPECT_TRUE(!got.has_value() || got->empty() || *got == kConnectAgain);
     close(fd);
   }
   EXPECT_EQ(closed, 100);
+  EXPECT_GE(pushed_out, 100 - (kWorld + 64));
+}
+
+TEST(HostBootstrapSweepTest, RanksStillMeetAmidAFloodOfSilentConnections) {
+  // Threads connect to rank 0's socket without a word and without pause while the ranks join:
+  // far more than world size + 64 connections, so many that one accept pass of rank 0 takes more
+  // than that. A rank's introduction arrives amid them and may sit unread in its socket while
+  // the pass goes on. Rank 0 pushes out only connections a poll() round found silent and that
+  // have nothing to read, and a rank whose introduction had not even left when it was pushed out
+  // connects again: every rank joins at once, instead of reading an early end while rank 0 waits
+  // out its timeout.
+  constexpr absl::Duration kTimeout = absl::Seconds(20);
+  for (const int world : {2, 3, 8, 32}) {
+    const std::string path = TempPath(absl::StrCat("flooded", world));
+    const absl::Time start = absl::Now();
+    std::vector<absl::StatusOr<std::unique_ptr<HostBootstrap>>> boots(world);
+    std::thread rank0([&] { boots[0] = HostBootstrap::Rendezvous(path, 0, world, kTimeout); });
+    std::atomic<bool> stop{false};
+    std::atomic<int> connected{0};
+    std::vector<std::thread> flood;
+    for (int t = 0; t < 3; ++t) {
+      flood.emplace_back([&] {
+        std::deque<int> fds;  // the latest ones stay open; rank 0 closed most before
+        while (!stop.load()) {
+          const int fd = ConnectOnce(path);
+          if (fd < 0) {
+            absl::SleepFor(absl::Milliseconds(1));  // not listening yet, or no more
+            continue;
+          }
+          ++connected;
+          fds.push_back(fd);
+          if (fds.size() > 500) {
+            close(fds.front());
+            fds.pop_front();
+          }
+        }
+        for (int fd : fds) close(fd);
+      });
+    }
+    while (connected.load() < 10 * (world + 64) && absl::Now() - start < kTimeout) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    std::vector<std::thread> ranks;
+    for (int r = 1; r < world; ++r) {
+      ranks.emplace_back(
+          [&, r] { boots[r] = HostBootstrap::Rendezvous(path, r, world, kTimeout); });
+    }
+    for (auto& t : ranks) t.join();
+    rank0.join();
+    const absl::Duration took = absl::Now() - start;
+    stop = true;
+    for (auto& t : flood) t.join();
+    EXPECT_LT(took, absl::Seconds(10)) << "world " << world;
+    for (int r = 0; r < world; ++r) {
+      EXPECT_TRUE(boots[r].ok()) << "world " << world << " rank " << r << " " << boots[r].status();
+    }
+    if (HasFailure()) return;
+    std::vector<std::vector<std::string>> got(world);
+    std::vector<std::thread> gather;
+    for (int r = 0; r < world; ++r) {
+      gather.emplace_back([&, r] {
+        auto all = (*boots[r])->AllGather(absl::StrCat("rank", r));
+        if (all.ok()) got[r] = *all;
+      });
+    }
+    for (auto& t : gather) t.join();
+    for (int r = 0; r < world; ++r) {
+      ASSERT_EQ(got[r].size(), static_cast<size_t>(world)) << "world " << world << " rank " << r;
+      for (int p = 0; p < world; ++p) EXPECT_EQ(got[r][p], absl::StrCat("rank", p));
+    }
+  }
+}
+
+TEST(HostBootstrapTest, ARankPushedOutBeforeItsIntroductionConnectsAgain) {
+  // The test plays rank 0 at the socket: it tells the rank's first connection to connect again
+  // and closes it unread, as rank 0 does to a connection that looked silent while its rendezvous
+  // was full. The rank connects again, introduces itself and joins.
+  const std::string path = TempPath("pushed_out");
+  const int listener = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  addr.sun_path[0] = '\0';
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr),
+                 static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size())),
+            0);
+  ASSERT_EQ(listen(listener, 4), 0);
+  absl::StatusOr<std::unique_ptr<HostBootstrap>> rank1;
+  std::thread joiner([&] { rank1 = HostBootstrap::Rendezvous(path, 1, 2, absl::Seconds(10)); });
+  const int first = accept(listener, nullptr, nullptr);
+  ASSERT_GE(first, 0);
+  WriteAll(first, kConnectAgain);
+  close(first);
+  const int second = accept(listener, nullptr, nullptr);
+  ASSERT_GE(second, 0);
+  int32_t hello[3] = {};
+  ASSERT_EQ(recv(second, hello, sizeof(hello), MSG_WAITALL), 12);
+  EXPECT_EQ(hello[0], kHelloMagic);
+  EXPECT_EQ(hello[1], 1);
+  EXPECT_EQ(hello[2], 2);
+  WriteAll(second, std::string(4, '\0'));  // accepted
+  joiner.join();
+  close(listener);
+  ASSERT_TRUE(rank1.ok()) << rank1.status();
+  // The second connection is the rank's link to rank 0: a broadcast from it arrives.
+  WriteAll(second, Frame(kKindBroadcast, 1, "after a push-out"));
+  absl::StatusOr<std::string> got = (*rank1)->Broadcast("");
+  EXPECT_EQ(got.value_or(""), "after a push-out") << got.status();
+  close(second);
 }
 
 TEST(HostBootstrapTest, ASkippedCallOfTheSameKindEndsInErrorsWithinTheTimeout) {
