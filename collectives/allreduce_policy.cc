@@ -154,7 +154,8 @@ AllReducePlan SelectAllReduce(const AllReduceConfig& config, const AllReduceRequ
   return plan;
 }
 
-absl::Status CheckCustomAllReducePlan(const AllReducePlan& plan, const AllReduceRequest& request) {
+absl::Status CheckCustomAllReducePlan(const AllReducePlan& plan, const AllReduceRequest& request,
+                                      size_t count, const char* dtype_name) {
   if (plan.algorithm != AllReduceAlgorithm::kOneShot &&
       plan.algorithm != AllReduceAlgorithm::kTwoShot) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -163,9 +164,9 @@ absl::Status CheckCustomAllReducePlan(const AllReducePlan& plan, const AllReduce
   }
   if (request.bytes == 0 || request.bytes % 16 != 0 || request.bytes > request.custom_max_bytes) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "Custom all-reduce of %d bytes must be a positive multiple of 16 bytes and at most "
-        "buffer_bytes %d; use NCCL for it",
-        request.bytes, request.custom_max_bytes));
+        "Custom all-reduce of %d x %s = %d bytes must be a positive multiple of 16 bytes and at "
+        "most buffer_bytes %d; use NCCL for it",
+        count, dtype_name, request.bytes, request.custom_max_bytes));
   }
   if (reinterpret_cast<uintptr_t>(request.in) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(request.out) % 16 != 0) {

@@ -110,12 +110,14 @@ AllReducePlan SelectAllReduce(const AllReduceConfig& config, const AllReduceRequ
 
 // Returns InvalidArgument naming the first part of `request` that the custom kernels cannot run
 // with `plan`: an algorithm other than kOneShot or kTwoShot, bytes that are not a positive
-// multiple of 16 at most custom_max_bytes, an in or out pointer that is not 16-byte aligned, or
-// a one-shot registered input that overlaps the output (peers would read what this rank
-// overwrites). Reads neither `capturing` nor the world size. Every custom plan SelectAllReduce
-// returns passes (allreduce_policy_test sweeps it), so a caller that planned with it need not
-// ask again.
-absl::Status CheckCustomAllReducePlan(const AllReducePlan& plan, const AllReduceRequest& request);
+// multiple of 16 at most custom_max_bytes (named with the call's `count` elements of
+// `dtype_name`, e.g. DataTypeName's "bf16", that make them), an in or out pointer that is not
+// 16-byte aligned, or a one-shot registered input that overlaps the output (peers would read
+// what this rank overwrites). Reads neither `capturing` nor the world size. Every custom plan
+// SelectAllReduce returns passes (allreduce_policy_test sweeps it), so a caller that planned
+// with it need not ask again.
+absl::Status CheckCustomAllReducePlan(const AllReducePlan& plan, const AllReduceRequest& request,
+                                      size_t count, const char* dtype_name);
 
 // The grid of one custom kernel launch.
 struct CustomLaunchShape {

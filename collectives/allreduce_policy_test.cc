@@ -35,6 +35,11 @@ AllReduceRequest Request(size_t bytes, int world = 2) {
   return r;
 }
 
+// CheckCustomAllReducePlan of `request` as `request.bytes / 2` bf16 elements.
+absl::Status CheckPlan(const AllReducePlan& plan, const AllReduceRequest& request) {
+  return CheckCustomAllReducePlan(plan, request, request.bytes / 2, "bf16");
+}
+
 TEST(AllReducePolicyTest, DefaultsAreValidAndOrdered) {
   AllReduceConfig config;
   EXPECT_TRUE(ValidateAllReduceConfig(config).ok());
@@ -589,19 +594,26 @@ TEST(AllReducePolicyTest, CustomPlanCheckNamesWhatTheKernelsCannotTake) {
   const AllReducePlan one_staged{AllReduceAlgorithm::kOneShot, AllReduceInput::kStaged};
   const AllReducePlan one_registered{AllReduceAlgorithm::kOneShot, AllReduceInput::kRegistered};
   const AllReducePlan two_registered{AllReduceAlgorithm::kTwoShot, AllReduceInput::kRegistered};
-  EXPECT_TRUE(CheckCustomAllReducePlan(one_staged, Request(4096)).ok());
-  EXPECT_TRUE(CheckCustomAllReducePlan(two_registered, Request(4096)).ok());
+  EXPECT_TRUE(CheckPlan(one_staged, Request(4096)).ok());
+  EXPECT_TRUE(CheckPlan(two_registered, Request(4096)).ok());
 
   auto refusal = [](const AllReducePlan& plan, const AllReduceRequest& r) {
-    const absl::Status s = CheckCustomAllReducePlan(plan, r);
+    const absl::Status s = CheckPlan(plan, r);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     return std::string(s.message());
   };
   EXPECT_THAT(refusal(AllReducePlan{}, Request(4096)), HasSubstr("not nccl"));
   for (size_t bytes : {size_t{0}, size_t{24}, size_t{8 << 20} + 16}) {
     EXPECT_THAT(refusal(one_staged, Request(bytes)),
-                HasSubstr(absl::StrCat("of ", bytes, " bytes must be a positive multiple of 16")));
+                HasSubstr(absl::StrCat("Custom all-reduce of ", bytes / 2, " x bf16 = ", bytes,
+                                       " bytes must be a positive multiple of 16")));
   }
+  // The call's own count and dtype name, as given.
+  const absl::Status fp32 = CheckCustomAllReducePlan(one_staged, Request(24), 6, "fp32");
+  EXPECT_EQ(fp32.code(), absl::StatusCode::kInvalidArgument) << fp32;
+  EXPECT_THAT(std::string(fp32.message()),
+              HasSubstr("Custom all-reduce of 6 x fp32 = 24 bytes must be a positive multiple of "
+                        "16 bytes and at most buffer_bytes"));
   AllReduceRequest unaligned = Request(4096);
   unaligned.out = Address(0x20000008);
   EXPECT_THAT(refusal(two_registered, unaligned), HasSubstr("16-byte-aligned buffers"));
@@ -609,8 +621,8 @@ TEST(AllReducePolicyTest, CustomPlanCheckNamesWhatTheKernelsCannotTake) {
   // writing); not one-shot registered.
   AllReduceRequest in_place = Request(4096);
   in_place.out = in_place.in;
-  EXPECT_TRUE(CheckCustomAllReducePlan(one_staged, in_place).ok());
-  EXPECT_TRUE(CheckCustomAllReducePlan(two_registered, in_place).ok());
+  EXPECT_TRUE(CheckPlan(one_staged, in_place).ok());
+  EXPECT_TRUE(CheckPlan(two_registered, in_place).ok());
   EXPECT_THAT(refusal(one_registered, in_place), HasSubstr("cannot read a registered input"));
 }
 
@@ -642,7 +654,7 @@ TEST(AllReducePolicySweepTest, EveryCustomPlanPassesTheCustomPlanCheck) {
     const AllReducePlan plan = SelectAllReduce(config, r);
     if (plan.algorithm != AllReduceAlgorithm::kNccl) {
       ++custom;
-      const absl::Status check = CheckCustomAllReducePlan(plan, r);
+      const absl::Status check = CheckPlan(plan, r);
       ASSERT_TRUE(check.ok()) << check << " bytes " << r.bytes << " in " << r.in << " out " << r.out
                               << " " << AllReduceAlgorithmName(plan.algorithm) << " "
                               << AllReduceInputName(plan.input);
@@ -651,7 +663,7 @@ TEST(AllReducePolicySweepTest, EveryCustomPlanPassesTheCustomPlanCheck) {
     for (AllReduceAlgorithm algorithm :
          {AllReduceAlgorithm::kOneShot, AllReduceAlgorithm::kTwoShot}) {
       const AllReducePlan forced{algorithm, ChooseAllReduceInput(config, algorithm, r)};
-      if (!CheckCustomAllReducePlan(forced, r).ok()) {
+      if (!CheckPlan(forced, r).ok()) {
         ++refused;
         ASSERT_FALSE(CustomAllReduceEligible(config, r)) << "bytes " << r.bytes;
       }

@@ -375,6 +375,9 @@ absl::Status CustomAllReduce::RecordGraphInput(const void* in, void* out, size_t
 
 absl::Status CustomAllReduce::AllReduce(const void* in, void* out, size_t count, DataType dtype,
                                         const AllReducePlan& plan, cudaStream_t stream) {
+  // The state first: once a peer is lost, the sticky error is what every call reports, whatever
+  // its arguments.
+  RETURN_IF_ERROR(CheckAsyncErrors());
   // The size and alignment checks run on every call, capturing or not: a captured kernel with
   // an oversize input would overrun the staging buffers on every replay.
   AllReduceRequest request;
@@ -383,17 +386,23 @@ absl::Status CustomAllReduce::AllReduce(const void* in, void* out, size_t count,
   request.in = in;
   request.out = out;
   request.custom_max_bytes = half_bytes_;
-  RETURN_IF_ERROR(CheckCustomAllReducePlan(plan, request));
+  RETURN_IF_ERROR(CheckCustomAllReducePlan(plan, request, count, DataTypeName(dtype)));
   ASSIGN_OR_RETURN(const cudaStreamCaptureStatus capture, CaptureStatus(stream));
-  return EnqueueAllReduce(in, out, request.bytes, dtype, plan, capture, stream);
+  return EnqueueCheckedAllReduce(in, out, request.bytes, dtype, plan, capture, stream);
 }
 
 absl::Status CustomAllReduce::EnqueueAllReduce(const void* in, void* out, size_t bytes,
                                                DataType dtype, const AllReducePlan& plan,
                                                cudaStreamCaptureStatus capture,
                                                cudaStream_t stream) {
-  RETURN_IF_ERROR(sticky_);
   RETURN_IF_ERROR(CheckAsyncErrors());
+  return EnqueueCheckedAllReduce(in, out, bytes, dtype, plan, capture, stream);
+}
+
+absl::Status CustomAllReduce::EnqueueCheckedAllReduce(const void* in, void* out, size_t bytes,
+                                                      DataType dtype, const AllReducePlan& plan,
+                                                      cudaStreamCaptureStatus capture,
+                                                      cudaStream_t stream) {
   ASSIGN_OR_RETURN(const bool capturing, Capturing(capture));
   const bool registered = plan.input == AllReduceInput::kRegistered;
   if (registered && !capturing) {
@@ -463,46 +472,33 @@ absl::Status CustomAllReduce::RegisterGraphBuffers() {
   }
   RETURN_IF_ERROR(CheckNotCapturing(cudaStreamLegacy, "RegisterGraphBuffers"));
   RETURN_IF_ERROR(sticky_);
-  // Per input: its record (internal/graph_input_record.h).
-  constexpr size_t kEntry = internal::kGraphInputRecordBytes;
-  static_assert(2 * sizeof(int) + size_t{kMaxAllReduceGraphInputs} * kEntry <=
+  // A header, then per input its record (internal/graph_input_record.h).
+  static_assert(internal::kGraphInputsHeaderBytes +
+                        size_t{kMaxAllReduceGraphInputs} * internal::kGraphInputRecordBytes <=
                     HostBootstrap::kMaxMessageBytes,
                 "every pending graph input must fit one bootstrap message");
   std::string mine;
   const int first = pending_.empty() ? next_slot_ : pending_.front().slot;
   const int n = static_cast<int>(pending_.size());
-  mine.append(reinterpret_cast<const char*>(&first), sizeof(first));
-  mine.append(reinterpret_cast<const char*>(&n), sizeof(n));
+  internal::AppendGraphInputsHeader(first, n, &mine);
   for (const PendingInput& p : pending_) internal::AppendGraphInputRecord(p.record, &mine);
   ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap_.AllGather(mine));
   for (int r = 0; r < world_size_; ++r) {
-    int their_first = -1, their_n = -1;
-    if (all[r].size() >= 2 * sizeof(int)) {
-      std::memcpy(&their_first, all[r].data(), sizeof(int));
-      std::memcpy(&their_n, all[r].data() + sizeof(int), sizeof(int));
-    }
-    if (their_first != first || their_n != n ||
-        all[r].size() != 2 * sizeof(int) + static_cast<size_t>(n) * kEntry) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "Rank %d has %d captured all-reduce inputs from slot %d, rank %d has %d from slot "
-          "%d; every rank must capture the same calls before RegisterGraphBuffers()",
-          rank_, n, first, r, their_n, their_first));
-    }
+    RETURN_IF_ERROR(internal::CheckGraphInputsMessage(rank_, first, n, r, all[r]));
   }
   if (n == 0) return absl::OkStatus();
 
   // What every rank says about its buffers is checked before anything is mapped: a wrong
   // offset or size would have the kernels read or write outside the peer's allocation. Every
   // rank checks every record, its own included, so every rank refuses alike and none is left
-  // waiting in the agreement below.
-  std::vector<std::vector<internal::GraphInputRecord>> records(
-      world_size_, std::vector<internal::GraphInputRecord>(n));
+  // waiting in the agreement below. The records are read from the gathered messages, here and
+  // again where they are mapped, never copied out: world size x n copies would double the memory
+  // the messages take (1.4 GB at 8 ranks and kMaxAllReduceGraphInputs).
   for (int r = 0; r < world_size_; ++r) {
     for (int i = 0; i < n; ++i) {
       const PendingInput& p = pending_[i];
-      records[r][i] = internal::ReadGraphInputRecord(all[r].data() + 2 * sizeof(int) + i * kEntry);
-      RETURN_IF_ERROR(
-          internal::CheckGraphInputRecord(r, p.slot, records[r][i], p.record.bytes, p.has_output));
+      RETURN_IF_ERROR(internal::CheckGraphInputRecord(
+          r, p.slot, internal::ReadGraphInputRecord(all[r], i), p.record.bytes, p.has_output));
     }
   }
 
@@ -524,10 +520,11 @@ absl::Status CustomAllReduce::RegisterGraphBuffers() {
           ASSIGN_OR_RETURN(void* base, OpenPeerHandle(r, buffer.handle));
           return static_cast<char*>(base) + buffer.offset;
         };
-        ASSIGN_OR_RETURN(e.ptrs[r], open(records[r][i].input));
+        const internal::GraphInputRecord record = internal::ReadGraphInputRecord(all[r], i);
+        ASSIGN_OR_RETURN(e.ptrs[r], open(record.input));
         // has_output was agreed by every rank when the call was captured.
         if (p.has_output) {
-          ASSIGN_OR_RETURN(e.outs[r], open(records[r][i].output));
+          ASSIGN_OR_RETURN(e.outs[r], open(record.output));
         }
       }
       e.ready = 1;
@@ -604,6 +601,8 @@ bool CustomAllReduce::SupportsAddRmsNorm(int64_t tokens, int64_t hidden, DataTyp
 
 absl::Status CustomAllReduce::AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs& args,
                                                   AllReduceInput input, cudaStream_t stream) {
+  // The state first, as for AllReduce.
+  RETURN_IF_ERROR(CheckAsyncErrors());
   // Checked on every call, capturing or not, like AllReduce's size check.
   if (!SupportsAddRmsNorm(args.tokens, args.hidden, args.dtype)) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -613,15 +612,21 @@ absl::Status CustomAllReduce::AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs&
         half_bytes_));
   }
   ASSIGN_OR_RETURN(const cudaStreamCaptureStatus capture, CaptureStatus(stream));
-  return EnqueueAddRmsNorm(args, input, capture, stream);
+  return EnqueueCheckedAddRmsNorm(args, input, capture, stream);
 }
 
 absl::Status CustomAllReduce::EnqueueAddRmsNorm(const AllReduceAddRmsNormArgs& args,
                                                 AllReduceInput input,
                                                 cudaStreamCaptureStatus capture,
                                                 cudaStream_t stream) {
-  RETURN_IF_ERROR(sticky_);
   RETURN_IF_ERROR(CheckAsyncErrors());
+  return EnqueueCheckedAddRmsNorm(args, input, capture, stream);
+}
+
+absl::Status CustomAllReduce::EnqueueCheckedAddRmsNorm(const AllReduceAddRmsNormArgs& args,
+                                                       AllReduceInput input,
+                                                       cudaStreamCaptureStatus capture,
+                                                       cudaStream_t stream) {
   // SupportsAddRmsNorm bounded tokens and hidden: the products below do not overflow.
   const size_t bytes = static_cast<size_t>(args.tokens * args.hidden) * 2;
   const size_t weight_bytes = static_cast<size_t>(args.hidden) * 2;

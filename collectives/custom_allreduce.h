@@ -85,8 +85,10 @@ class CustomAllReduce {
   size_t max_bytes() const { return half_bytes_; }
 
   // Enqueues the sum of `count` elements of `dtype` over all ranks from `in` into `out` with
-  // `plan` (algorithm kOneShot or kTwoShot). Checks on every call, capturing or not, before
-  // anything is enqueued: CheckAllReduceArgs (dtype, size overflow, non-null buffers),
+  // `plan` (algorithm kOneShot or kTwoShot). First returns what CheckAsyncErrors reports (the
+  // sticky DeadlineExceeded once a barrier timed out), before any check of the arguments: a lost
+  // peer is what the caller must act on. Checks on every call, capturing or not, before anything
+  // is enqueued: CheckAllReduceArgs (dtype, size overflow, non-null buffers),
   // CheckCustomAllReducePlan (the plan, bytes a positive multiple of 16 and at most max_bytes(),
   // 16-byte-aligned pointers, for a one-shot registered call no overlap of in and out) and a
   // registered input only while `stream` is capturing (InvalidArgument otherwise); an
@@ -96,7 +98,6 @@ class CustomAllReduce {
   // is not capturing). Under capture with a registered input it records the input's IPC handle
   // and takes the next table slot after all ranks agree they could (a host exchange);
   // Unavailable when any rank could not export its input (the caller falls back to NCCL).
-  // Returns the sticky DeadlineExceeded once a barrier timed out.
   absl::Status AllReduce(const void* in, void* out, size_t count, DataType dtype,
                          const AllReducePlan& plan, cudaStream_t stream);
 
@@ -114,14 +115,15 @@ class CustomAllReduce {
   // (communicator.h, AllReduceAddRmsNormArgs), with programmatic dependent launch (the kernel
   // starts while the one before it finishes; the next one may start before it ends). Rows that
   // AddRmsNormPushes take the push kernel and `input` only has to pass the checks below; larger
-  // ones the pull kernel, reading the input as `input` says. Checks on every call, capturing or
-  // not, before anything is enqueued: SupportsAddRmsNorm (an AutoCommunicator call asks it once,
-  // in SupportsAllReduceAddRmsNorm), 16-byte-aligned pointers, residual and weight overlapping
+  // ones the pull kernel, reading the input as `input` says. First returns what CheckAsyncErrors
+  // reports, as AllReduce does. Checks on every call, capturing or not, before anything is
+  // enqueued: SupportsAddRmsNorm (an AutoCommunicator call asks it once, in
+  // SupportsAllReduceAddRmsNorm), 16-byte-aligned pointers, residual and weight overlapping
   // nothing else, out either exactly partial (staged only) or disjoint from it, and a registered
   // input only while `stream` is capturing (InvalidArgument otherwise). Capture state, graph-input
   // recording (Unavailable when some rank could not export its input: retry staged),
-  // registration, the epoch and DeadlineExceeded are as for AllReduce; a fused call is one more
-  // call of the same sequence.
+  // registration and the epoch are as for AllReduce; a fused call is one more call of the same
+  // sequence.
   absl::Status AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs& args, AllReduceInput input,
                                    cudaStream_t stream);
 
@@ -171,16 +173,26 @@ class CustomAllReduce {
   // Enqueues an all-reduce of `bytes` whose arguments passed CheckAllReduceArgs (which gave
   // `bytes`) and CheckCustomAllReducePlan with this object's max_bytes(); `capture` is `stream`'s
   // capture status, read for this call. Checks the rest, which the arguments alone do not
-  // decide: the sticky error and CheckAsyncErrors, the capture state (FailedPrecondition for an
-  // invalidated capture, or a CaptureContext capture on a stream that is not capturing), and a
-  // registered input only while capturing (InvalidArgument).
+  // decide: the sticky error and CheckAsyncErrors, then as EnqueueCheckedAllReduce.
   absl::Status EnqueueAllReduce(const void* in, void* out, size_t bytes, DataType dtype,
                                 const AllReducePlan& plan, cudaStreamCaptureStatus capture,
                                 cudaStream_t stream);
-  // Enqueues a fused call whose sizes passed SupportsAddRmsNorm, `capture` as above. Checks
-  // everything else AllReduceAddRmsNorm documents.
+  // EnqueueAllReduce once the state was checked too (AllReduce checks it before the arguments):
+  // checks the capture state (FailedPrecondition for an invalidated capture, or a CaptureContext
+  // capture on a stream that is not capturing) and a registered input only while capturing
+  // (InvalidArgument).
+  absl::Status EnqueueCheckedAllReduce(const void* in, void* out, size_t bytes, DataType dtype,
+                                       const AllReducePlan& plan, cudaStreamCaptureStatus capture,
+                                       cudaStream_t stream);
+  // Enqueues a fused call whose sizes passed SupportsAddRmsNorm, `capture` as above: the sticky
+  // error and CheckAsyncErrors, then as EnqueueCheckedAddRmsNorm.
   absl::Status EnqueueAddRmsNorm(const AllReduceAddRmsNormArgs& args, AllReduceInput input,
                                  cudaStreamCaptureStatus capture, cudaStream_t stream);
+  // EnqueueAddRmsNorm once the state was checked too: checks everything else
+  // AllReduceAddRmsNorm documents.
+  absl::Status EnqueueCheckedAddRmsNorm(const AllReduceAddRmsNormArgs& args,
+                                        AllReduceInput input, cudaStreamCaptureStatus capture,
+                                        cudaStream_t stream);
   absl::Status Init();
   // Allocates this rank's push buffer (sentinel-filled), exchanges and maps every peer's.
   // Collective; Unavailable on every rank when any rank failed.

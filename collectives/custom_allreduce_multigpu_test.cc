@@ -695,6 +695,12 @@ TEST(CustomAllReduceMultiGpuTest, AnNcclCommunicatorAbortedWithAnOkReasonStillFa
                   ->AllReduce(in.data(), out.data(), 2048, DataType::kBf16, rig.stream.get())
                   .code(),
               absl::StatusCode::kFailedPrecondition);
+    // The abort comes first, before the arguments' checks: a bad call reports it too.
+    EXPECT_EQ(rig.comm->nccl()
+                  ->AllReduce(nullptr, out.data(), 2048, static_cast<DataType>(7),
+                              rig.stream.get())
+                  .code(),
+              absl::StatusCode::kFailedPrecondition);
     EXPECT_EQ(rig.comm->nccl()->CheckAsyncErrors().code(), absl::StatusCode::kFailedPrecondition);
   }, Options());
 }
@@ -757,6 +763,24 @@ TEST(CustomAllReduceMultiGpuTest, DeadPeerEndsInDeadlineExceeded) {
         EXPECT_LT(waited, absl::Seconds(6)) << "bounded by one barrier timeout, not three";
         // Sticky: later calls fail at once.
         EXPECT_EQ(c.AllReduce().code(), absl::StatusCode::kDeadlineExceeded);
+        // The lost peer comes first, before the arguments' checks: calls the custom all-reduce
+        // would refuse (a plan it cannot run, a null input, rows it does not fuse) report it too.
+        CustomAllReduce& custom = *c.rig.comm->custom();
+        EXPECT_EQ(custom.AllReduce(c.in.data(), c.out.data(), count, DataType::kBf16,
+                                   AllReducePlan{}, s)
+                      .code(),
+                  absl::StatusCode::kDeadlineExceeded);
+        EXPECT_EQ(custom.AllReduce(nullptr, c.out.data(), count, DataType::kBf16,
+                                   {AllReduceAlgorithm::kOneShot, AllReduceInput::kStaged}, s)
+                      .code(),
+                  absl::StatusCode::kDeadlineExceeded);
+        AllReduceAddRmsNormArgs fused;
+        fused.partial = c.in.data();
+        fused.out = c.out.data();
+        fused.tokens = 1;
+        fused.hidden = 3;  // not a multiple of 8
+        EXPECT_EQ(custom.AllReduceAddRmsNorm(fused, AllReduceInput::kStaged, s).code(),
+                  absl::StatusCode::kDeadlineExceeded);
         // A communicator with a dead peer cannot be torn down collectively (NCCL's finalize
         // would wait for it); the process is about to exit, so leave it to the driver.
         c.rig.comm.release();

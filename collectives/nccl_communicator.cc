@@ -158,6 +158,9 @@ absl::Status NcclCommunicator::Await(ncclResult_t result, const char* what) {
 
 absl::Status NcclCommunicator::AllReduce(const void* in, void* out, size_t count, DataType dtype,
                                          cudaStream_t stream) {
+  // The abort's reason first: once a peer is lost, it is what every call reports, whatever its
+  // arguments (EnqueueAllReduce asks again for AutoCommunicator's calls, which skip this).
+  if (comm_ == nullptr) return aborted_;
   // ToNccl would read a dtype outside the enum as fp32, over twice the bytes of a 16-bit one.
   RETURN_IF_ERROR(CheckAllReduceArgs(in, out, count, dtype).status());
   return EnqueueAllReduce(in, out, count, dtype, stream);

@@ -45,10 +45,10 @@ class NcclCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
 
-  // Enqueues ncclAllReduce(sum). InvalidArgument for what CheckAllReduceArgs refuses (a dtype
-  // outside the enum, a size that overflows, null buffers), before anything is enqueued; an
-  // AutoCommunicator call checks them once, when it plans, and skips them here. Legal during
-  // capture.
+  // Enqueues ncclAllReduce(sum). Once aborted, returns the abort's reason, before any check of
+  // the arguments. InvalidArgument for what CheckAllReduceArgs refuses (a dtype outside the enum,
+  // a size that overflows, null buffers), before anything is enqueued; an AutoCommunicator call
+  // checks them once, when it plans, and skips them here. Legal during capture.
   absl::Status AllReduce(const void* in, void* out, size_t count, DataType dtype,
                          cudaStream_t stream) override;
 

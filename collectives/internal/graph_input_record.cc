@@ -60,6 +60,42 @@ GraphInputRecord ReadGraphInputRecord(const char* data) {
   return record;
 }
 
+void AppendGraphInputsHeader(int32_t first, int32_t n, std::string* out) {
+  out->append(reinterpret_cast<const char*>(&first), sizeof(first));
+  out->append(reinterpret_cast<const char*>(&n), sizeof(n));
+}
+
+absl::Status CheckGraphInputsMessage(int this_rank, int32_t first, int32_t n, int rank,
+                                     absl::string_view message) {
+  int32_t their_first = -1, their_n = -1;
+  if (message.size() >= kGraphInputsHeaderBytes) {
+    std::memcpy(&their_first, message.data(), sizeof(their_first));
+    std::memcpy(&their_n, message.data() + sizeof(their_first), sizeof(their_n));
+  }
+  if (their_first != first || their_n != n) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "Rank %d has %d captured all-reduce inputs from slot %d, rank %d has %d from slot %d; "
+        "every rank must capture the same calls before RegisterGraphBuffers()",
+        this_rank, n, first, rank, their_n, their_first));
+  }
+  // Checked apart from the counts, which agree: a record of another size means another build.
+  const uint64_t want =
+      kGraphInputsHeaderBytes + static_cast<uint64_t>(n) * kGraphInputRecordBytes;
+  if (message.size() != want) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "Rank %d sent %d bytes for %d graph inputs where rank %d expects %d + %d x %d = %d; "
+        "the ranks run different kiln builds: run the same build on every rank",
+        rank, message.size(), n, this_rank, kGraphInputsHeaderBytes, n, kGraphInputRecordBytes,
+        want));
+  }
+  return absl::OkStatus();
+}
+
+GraphInputRecord ReadGraphInputRecord(absl::string_view message, int32_t i) {
+  return ReadGraphInputRecord(message.data() + kGraphInputsHeaderBytes +
+                              static_cast<size_t>(i) * kGraphInputRecordBytes);
+}
+
 absl::Status CheckGraphInputRecord(int rank, int slot, const GraphInputRecord& record,
                                    uint64_t bytes, bool has_output) {
   if (record.bytes != bytes) {

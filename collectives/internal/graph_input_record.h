@@ -6,9 +6,11 @@
 // Host-only: no CUDA calls.
 //
 //   std::string wire;
+//   internal::AppendGraphInputsHeader(first_slot, n, &wire);
 //   internal::AppendGraphInputRecord(mine, &wire);               // one per pending input
 //   ... all-gather ...
-//   internal::GraphInputRecord theirs = internal::ReadGraphInputRecord(data);
+//   RETURN_IF_ERROR(internal::CheckGraphInputsMessage(my_rank, first_slot, n, rank, message));
+//   internal::GraphInputRecord theirs = internal::ReadGraphInputRecord(message, i);
 //   RETURN_IF_ERROR(internal::CheckGraphInputRecord(rank, slot, theirs, bytes, has_output));
 #ifndef KILN_COLLECTIVES_INTERNAL_GRAPH_INPUT_RECORD_H_
 #define KILN_COLLECTIVES_INTERNAL_GRAPH_INPUT_RECORD_H_
@@ -20,6 +22,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace kiln {
 namespace internal {
@@ -49,6 +52,25 @@ void AppendGraphInputRecord(const GraphInputRecord& record, std::string* out);
 
 // Returns the record in the kGraphInputRecordBytes bytes at `data`.
 GraphInputRecord ReadGraphInputRecord(const char* data);
+
+// A rank's registration message: this header (the first slot and the number of records, int32
+// each), then that many records.
+constexpr size_t kGraphInputsHeaderBytes = 2 * sizeof(int32_t);
+
+// Appends the header of a message of `n` records from slot `first` to `out`.
+void AppendGraphInputsHeader(int32_t first, int32_t n, std::string* out);
+
+// Returns OK when rank `rank`'s registration `message` holds `n` records from slot `first`, as
+// the message of this rank (`this_rank`) does. Otherwise FailedPrecondition naming both ranks:
+// when its header is missing or says another first slot or count (the ranks captured different
+// calls), or when its length is not kGraphInputsHeaderBytes + n x kGraphInputRecordBytes (the
+// ranks run different kiln builds, whose records differ). Depends only on its arguments.
+// Thread-safe.
+absl::Status CheckGraphInputsMessage(int this_rank, int32_t first, int32_t n, int rank,
+                                     absl::string_view message);
+
+// Returns record `i` of a `message` that CheckGraphInputsMessage accepted (0 <= i < its count).
+GraphInputRecord ReadGraphInputRecord(absl::string_view message, int32_t i);
 
 // Returns OK when rank `rank`'s `record` for graph input slot `slot` fits the call this rank
 // captured in that slot: `bytes` bytes, gathering into the peers' outputs when `has_output` (the

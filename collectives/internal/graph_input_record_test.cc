@@ -1,6 +1,7 @@
-// Host tests of the graph-input record (graph_input_record.h): its wire form, and the checks of
-// what a peer says about its buffers (size, alignment, offset + size within the exported
-// allocation) before any of it is mapped. No GPU: the checks are plain arithmetic.
+// Host tests of the graph-input record (graph_input_record.h): its wire form, the checks of a
+// rank's whole registration message (counts, then length), and the checks of what a peer says
+// about its buffers (size, alignment, offset + size within the exported allocation) before any of
+// it is mapped. No GPU: the checks are plain arithmetic.
 #include "collectives/internal/graph_input_record.h"
 
 #include <cstdint>
@@ -19,6 +20,7 @@ namespace internal {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using u128 = unsigned __int128;
 
 constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
@@ -64,6 +66,69 @@ TEST(GraphInputRecordTest, RoundTripsThroughItsWireForm) {
     }
   }
   EXPECT_EQ(kGraphInputRecordBytes, 168u);
+}
+
+// A registration message of `n` records from slot `first`; record i's call is 16 x (i + 1) bytes.
+std::string Message(int32_t first, int32_t n) {
+  std::string message;
+  AppendGraphInputsHeader(first, n, &message);
+  for (int32_t i = 0; i < n; ++i) {
+    const uint64_t bytes = 16 * (static_cast<uint64_t>(i) + 1);
+    AppendGraphInputRecord(Record(bytes, Buffer(16 * i, 1 << 20, static_cast<uint8_t>(i))),
+                           &message);
+  }
+  return message;
+}
+
+TEST(GraphInputRecordTest, ReadsEveryRecordOfAMessageInPlace) {
+  for (int32_t n : {0, 1, 5}) {
+    const std::string message = Message(3, n);
+    ASSERT_EQ(message.size(), kGraphInputsHeaderBytes + n * kGraphInputRecordBytes);
+    EXPECT_TRUE(CheckGraphInputsMessage(0, 3, n, 1, message).ok());
+    for (int32_t i = 0; i < n; ++i) {
+      const GraphInputRecord record = ReadGraphInputRecord(message, i);
+      EXPECT_EQ(record.bytes, 16 * (static_cast<uint64_t>(i) + 1));
+      EXPECT_EQ(record.input.offset, 16 * static_cast<uint64_t>(i));
+      EXPECT_EQ(reinterpret_cast<const uint8_t*>(&record.input.handle)[0], i);
+    }
+  }
+  EXPECT_EQ(kGraphInputsHeaderBytes, 8u);
+}
+
+TEST(GraphInputRecordTest, RefusesAMessageOfOtherCountsNamingBothRanks) {
+  const std::string theirs = Message(2, 4);
+  for (auto [first, n] : {std::make_pair(2, 5), std::make_pair(3, 4), std::make_pair(0, 0)}) {
+    const absl::Status s = CheckGraphInputsMessage(1, first, n, 3, theirs);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr(absl::StrCat("Rank 1 has ", n, " captured all-reduce inputs from slot ",
+                                       first, ", rank 3 has 4 from slot 2")));
+  }
+  // Too short for a header: read as no counts at all.
+  const absl::Status s = CheckGraphInputsMessage(0, 0, 0, 2, std::string(7, '\0'));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("rank 2 has -1 from slot -1"));
+}
+
+TEST(GraphInputRecordTest, RefusesAMessageOfAnotherLengthAsAnotherBuild) {
+  // Records of another build's size (144 bytes: no allocation sizes), and one byte more or less:
+  // the counts agree, so the length is what names the cause.
+  const int32_t n = 3;
+  std::string other_build;
+  AppendGraphInputsHeader(5, n, &other_build);
+  other_build.append(n * 144, '\x01');
+  const std::string right = Message(5, n);
+  for (const std::string& message :
+       {other_build, right + "x", right.substr(0, right.size() - 1)}) {
+    const absl::Status s = CheckGraphInputsMessage(0, 5, n, 1, message);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr(absl::StrCat("Rank 1 sent ", message.size(),
+                                       " bytes for 3 graph inputs where rank 0 expects 8 + 3 x "
+                                       "168 = 512")));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("different kiln builds"));
+    EXPECT_THAT(std::string(s.message()), Not(HasSubstr("captured")));
+  }
 }
 
 TEST(GraphInputRecordTest, AcceptsBuffersThatHoldTheCall) {
