@@ -66,7 +66,7 @@ expect_bad empty_int 'Flag --max_num_seqs is empty; give it a value or leave it 
   --max_num_seqs=
 # --weights: a missing file or a directory is a bad flag; a truncated file is found (exit code 1)
 # before the GPU is looked for.
-expect_bad weights_missing "Cannot open safetensors file '$tmp/missing.safetensors'" \
+expect_bad weights_missing "Cannot open safetensors file \"$tmp/missing.safetensors\"" \
   "--weights=$tmp/missing.safetensors"
 expect_bad weights_dir "--weights \"$tmp\" is a directory; give its safetensors files" \
   "--weights=$tmp"
@@ -76,7 +76,7 @@ header='{"model.norm.weight":{"dtype":"BF16","shape":[2048],"data_offsets":[0,40
   printf '%s' "$header"
   head -c 100 /dev/zero
 } >"$tmp/truncated.safetensors"
-expect_exit weights_truncated 1 "'$tmp/truncated.safetensors' has only 100 bytes of data" \
+expect_exit weights_truncated 1 "\"$tmp/truncated.safetensors\" has only 100 bytes of data" \
   "--weights=$tmp/truncated.safetensors"
 # --preset is layered over --config's model (the 1B preset's vocabulary takes token 100, a
 # 64-token model's would not); the truncated weights then stop it.

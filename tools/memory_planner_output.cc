@@ -47,10 +47,17 @@ std::string GraphSummary(const MemoryPlan& plan) {
   return out;
 }
 
-std::string Title(const MemoryPlan& plan) {
+// Returns the plan's title: "Llama-3.1-8B (bf16) on NVIDIA H100 80GB HBM3, tensor_parallel_size 1".
+// The model and GPU names come from the user (a flag, a config file): with `escaped` they are
+// written as Escaped writes them, for the text table on a terminal, where an ESC, a newline or
+// U+009B would send a terminal sequence or break the title's line; the SVG escapes them as XML.
+std::string Title(const MemoryPlan& plan, bool escaped) {
   const config::PlannerConfig& c = plan.config;
-  return absl::StrCat(c.model().name(), " (", DTypeName(c.model().dtype()), ") on ", c.gpu().name(),
-                      ", tensor_parallel_size ", c.tensor_parallel_size());
+  const std::string& model = c.model().name();
+  const std::string& gpu = c.gpu().name();
+  return absl::StrCat(escaped ? Escaped(model) : model, " (", DTypeName(c.model().dtype()), ") on ",
+                      escaped ? Escaped(gpu) : gpu, ", tensor_parallel_size ",
+                      c.tensor_parallel_size());
 }
 
 // Returns `text` with each byte that starts no well-formed UTF-8 sequence replaced by U+FFFD, and
@@ -144,7 +151,7 @@ tools::MemoryPlanReport ToReport(const MemoryPlan& plan, int64_t context_tokens)
 std::string RenderTable(const MemoryPlan& plan, int64_t context_tokens) {
   const config::PlannerConfig& c = plan.config;
   std::string out;
-  absl::StrAppend(&out, "kiln memory plan: ", Title(plan), "\n");
+  absl::StrAppend(&out, "kiln memory plan: ", Title(plan, /*escaped=*/true), "\n");
   absl::StrAppendFormat(&out, "Budget per GPU: %s x gpu_memory_utilization %g = %s\n",
                         FormatBytes(plan.total_bytes), c.gpu_memory_utilization(),
                         FormatBytes(plan.budget_bytes));
@@ -217,7 +224,8 @@ std::string RenderSvg(const MemoryPlan& plan) {
                         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"1280\" height=\"%.0f\" "
                         "viewBox=\"0 0 1280 %.0f\" font-family=\"sans-serif\" font-size=\"12\">\n",
                         height, height);
-  const std::string title = EscapeXml(absl::StrCat("kiln memory plan: ", Title(plan)));
+  const std::string title =
+      EscapeXml(absl::StrCat("kiln memory plan: ", Title(plan, /*escaped=*/false)));
   absl::StrAppend(&out, "<title>", title, "</title>\n");
   absl::StrAppendFormat(&out, "<text x=\"%.0f\" y=\"22\" font-size=\"15\">%s</text>\n", kLeft,
                         title);

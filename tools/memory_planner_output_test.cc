@@ -6,11 +6,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "runtime/config/presets.h"
+#include "runtime/config/quoted.h"
 #include "runtime/memory/memory_planner.h"
 
 namespace kiln {
@@ -67,6 +69,45 @@ TEST(MemoryPlannerOutputTest, TableHasARowPerTermAndIsDeterministic) {
   EXPECT_THAT(table, HasSubstr("KV cache: 6,969 blocks of 64 tokens = 446,016 tokens"));
 }
 
+// The title's first line as the table writes it.
+std::string TitleLine(const MemoryPlan& plan) {
+  const std::string table = RenderTable(plan, 8192);
+  return table.substr(0, table.find('\n'));
+}
+
+// Model and GPU names (a flag's, a config file's) are escaped in the table's title, so that an
+// ESC, a newline or U+009B neither breaks its line nor reaches the terminal; ordinary names are
+// written as they are, and the SVG keeps its own escaping.
+TEST(MemoryPlannerOutputTest, TableTitleEscapesOddNames) {
+  EXPECT_EQ(TitleLine(Plan(DefaultPlannerConfig())),
+            "kiln memory plan: Llama-3.1-8B (bf16) on NVIDIA H100 80GB HBM3, "
+            "tensor_parallel_size 1");
+  config::PlannerConfig config = DefaultPlannerConfig();
+  config.mutable_model()->set_name("Llama 3.1 (\xc3\xa9" "dition) & <B>");
+  config.mutable_gpu()->set_name("H100 \xe6\x97\xa5\xe6\x9c\xac");
+  EXPECT_EQ(TitleLine(Plan(config)),
+            "kiln memory plan: Llama 3.1 (\xc3\xa9" "dition) & <B> (bf16) on H100 "
+            "\xe6\x97\xa5\xe6\x9c\xac, tensor_parallel_size 1");
+
+  // An ESC (a terminal escape), a newline and U+009B (a terminal's CSI); a BEL, U+2028 and a byte
+  // that is not UTF-8.
+  config.mutable_model()->set_name("odd\033[31m\n\302\2332J");
+  config.mutable_gpu()->set_name("gpu\a\xe2\x80\xa8\xff");
+  const MemoryPlan plan = Plan(config);
+  const std::string table = RenderTable(plan, 8192);
+  EXPECT_EQ(TitleLine(plan),
+            "kiln memory plan: odd\\x1b[31m\\n\\u009b2J (bf16) on gpu\\x07\\xe2\\x80\\xa8\\xff, "
+            "tensor_parallel_size 1");
+  for (absl::string_view line : absl::StrSplit(table, '\n')) {
+    EXPECT_TRUE(IsOneCleanLine(line)) << line;
+  }
+  // The SVG's title holds the names as XML text: the ESC and the BEL (no XML characters) and the
+  // stray byte replaced, the newline, U+009B and U+2028 as they are.
+  EXPECT_THAT(RenderSvg(plan),
+              HasSubstr("<title>kiln memory plan: odd\xef\xbf\xbd[31m\n\302\2332J (bf16) on "
+                        "gpu\xef\xbf\xbd\xe2\x80\xa8\xef\xbf\xbd, tensor_parallel_size 1</title>"));
+}
+
 TEST(MemoryPlannerOutputTest, SvgSegmentsCoverTheBarInProportion) {
   config::PlannerConfig config = DefaultPlannerConfig();
   config.mutable_model()->set_name("A & <B>");  // escaped, not raw markup
@@ -105,9 +146,9 @@ bool DecodeUtf8(const std::string& text, std::vector<uint32_t>* out) {
 }
 
 // Model and GPU names of random bytes (NUL, controls, markup, broken UTF-8) on random plans, at
-// any context: the table names every term, the SVG is well-formed UTF-8 XML text (no character
-// XML forbids, every '&' an entity, every element closed), and JSON and the textproto read back
-// as the report, whose names are UTF-8.
+// any context: the table names every term and each of its lines is clean (the names escaped), the
+// SVG is well-formed UTF-8 XML text (no character XML forbids, every '&' an entity, every element
+// closed), and JSON and the textproto read back as the report, whose names are UTF-8.
 TEST(MemoryPlannerOutputTest, SweepNamesAndPlansRenderWellFormed) {
   std::mt19937 rng(29);
   auto pick = [&](int hi) { return std::uniform_int_distribution<int>(0, hi)(rng); };
@@ -131,6 +172,9 @@ TEST(MemoryPlannerOutputTest, SweepNamesAndPlansRenderWellFormed) {
 
     const std::string table = RenderTable(*plan, context);
     for (const MemoryTerm& t : plan->terms) ASSERT_THAT(table, HasSubstr("\n" + t.name + " "));
+    for (absl::string_view line : absl::StrSplit(table, '\n')) {
+      ASSERT_TRUE(IsOneCleanLine(line)) << "a name of bytes " << name.size() << ": " << line;
+    }
 
     const std::string svg = RenderSvg(*plan);
     std::vector<uint32_t> cps;

@@ -47,8 +47,9 @@ struct HfModel {
 };
 
 // Parses the text of a config.json into kiln's ModelShape (see the file comment for the keys).
-// `source` names the text in error messages (a path); `name` becomes the shape's display name
-// (empty: the first of "architectures", else model_type). Returns InvalidArgument naming the
+// `source` names the text in error messages (a path), quoted and escaped as quoted.h's Quoted
+// writes it ("models/x/config.json"); `name` becomes the shape's display name (empty: the first
+// of "architectures", else model_type). Returns InvalidArgument naming the
 // key and the fix for a model that is not a Llama, a missing size, an unknown dtype, a key of the
 // wrong type, or text that is not JSON.
 absl::StatusOr<config::ModelShape> ModelShapeFromHfConfigJson(absl::string_view json,

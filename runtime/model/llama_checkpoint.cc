@@ -27,8 +27,8 @@
 namespace kiln {
 namespace {
 
-// Quotes a name or path from a file or the caller for a message: '...', escaped (a tensor name
-// may hold a newline or a NUL; JSON allows both).
+// Quotes a tensor name from a file or the caller for a message: '...', escaped (a name may hold a
+// newline or a NUL; JSON allows both). Paths are Quoted: "...", as safetensors.cc quotes them.
 std::string Quote(absl::string_view text) { return Quoted(text, '\''); }
 
 std::vector<int64_t> SliceShape(const HfTensorSlice& s) {
@@ -152,7 +152,7 @@ absl::StatusOr<LlamaShardReader> LlamaShardReader::Open(absl::Span<const std::st
       if (!inserted) {
         return absl::InvalidArgumentError(
             absl::StrCat("Checkpoint tensor ", Quote(t.name), " appears in both ",
-                         Quote(it->second.first->path()), " and ", Quote(reader.path()),
+                         Quoted(it->second.first->path()), " and ", Quoted(reader.path()),
                          "; pass each shard of one checkpoint once"));
       }
     }
@@ -169,7 +169,7 @@ absl::StatusOr<LlamaShardReader> LlamaShardReader::Open(absl::Span<const std::st
   for (const std::string& name : names) {
     if (expected.contains(name) || absl::EndsWith(name, ".rotary_emb.inv_freq")) continue;
     return absl::InvalidArgumentError(
-        absl::StrCat("Checkpoint tensor ", Quote(name), " in ", Quote(found[name].first->path()),
+        absl::StrCat("Checkpoint tensor ", Quote(name), " in ", Quoted(found[name].first->path()),
                      " is unexpected: ", UnexpectedReason(name, shape)));
   }
   for (const HfTensorSlice& s : slices) {
@@ -320,7 +320,8 @@ absl::Status WriteLlamaSafetensors(const std::string& path, const LlamaHostWeigh
                                    absl::string_view dtype) {
   if (dtype != "BF16" && dtype != "F32") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "WriteLlamaSafetensors writes dtype BF16 or F32 (each bf16 value exactly), not ", dtype));
+        "WriteLlamaSafetensors writes dtype BF16 or F32 (each bf16 value exactly), not ",
+        Quoted(dtype)));
   }
   RETURN_IF_ERROR(weights.Validate());
   const std::vector<HfTensorSlice> slices = HfTensorSlices(weights.layout);

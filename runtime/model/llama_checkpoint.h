@@ -24,8 +24,8 @@
 // kiln's model runs bf16), with exactly the shape LlamaShape implies; a missing, unexpected or
 // duplicated name, a wrong shape or another dtype is InvalidArgument naming the tensor, what was
 // expected and which LlamaShape field to check; so is a finite F32 value too large for bf16 (it
-// would load as infinity); a truncated or corrupt file is DataLoss. Names and paths in messages
-// are quoted with C escapes.
+// would load as infinity); a truncated or corrupt file is DataLoss. Messages quote tensor names as
+// 'name' and paths as "path", with quoted.h's escapes, so each stays one clean line.
 // Host-only; thread-compatible.
 #ifndef KILN_RUNTIME_MODEL_LLAMA_CHECKPOINT_H_
 #define KILN_RUNTIME_MODEL_LLAMA_CHECKPOINT_H_

@@ -23,9 +23,11 @@
 #include "gtest/gtest.h"
 #include "absl/status/status.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/config/hf_model.h"
+#include "runtime/config/quoted.h"
 #include "runtime/model/bf16.h"
 #include "runtime/model/safetensors.h"
 #include "runtime/model/tensor_parallel.h"
@@ -34,6 +36,7 @@ namespace kiln {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string TempPath(const std::string& name) {
   const char* dir = std::getenv("TEST_TMPDIR");
@@ -125,8 +128,8 @@ TEST_F(LlamaCheckpointTest, RoundTripsQkvBiases) {
   const absl::Status without = ReadLlamaSafetensors({path}, shape_).status();
   EXPECT_EQ(without.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(without.message()),
-              HasSubstr("self_attn.k_proj.bias' in '" + path +
-                        "' is unexpected: the LlamaShape has no QKV bias; set qkv_bias = true"));
+              HasSubstr("self_attn.k_proj.bias' in \"" + path +
+                        "\" is unexpected: the LlamaShape has no QKV bias; set qkv_bias = true"));
 }
 
 // Qwen3's q and k norms: written and read under HF names; a shape without them names the fix.
@@ -153,8 +156,8 @@ TEST_F(LlamaCheckpointTest, RoundTripsQkNorms) {
   const absl::Status without = ReadLlamaSafetensors({path}, shape_).status();
   EXPECT_EQ(without.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(without.message()),
-              HasSubstr("_norm.weight' in '" + path +
-                        "' is unexpected: the LlamaShape has no QK norm; set qk_norm = true"));
+              HasSubstr("_norm.weight' in \"" + path +
+                        "\" is unexpected: the LlamaShape has no QK norm; set qk_norm = true"));
 }
 
 TEST_F(LlamaCheckpointTest, ReadsShardedCheckpoints) {
@@ -170,7 +173,8 @@ TEST_F(LlamaCheckpointTest, ReadsShardedCheckpoints) {
   // The same shard twice is ambiguous.
   absl::Status twice = ReadLlamaSafetensors({a, a, b}, shape_).status();
   EXPECT_EQ(twice.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(twice.message()), HasSubstr("appears in both"));
+  EXPECT_THAT(std::string(twice.message()),
+              HasSubstr("appears in both \"" + a + "\" and \"" + a + "\"; pass each shard"));
 }
 
 // Each tensor-parallel rank reads its shard straight from the files (split across two of them):
@@ -499,11 +503,9 @@ LlamaShape SmallShape() {
   return s;
 }
 
-// Whether `message` fits on one line of plain text: no control character, no raw NUL.
-bool OneLine(const std::string& message) {
-  return std::none_of(message.begin(), message.end(),
-                      [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; });
-}
+// Whether `message` fits on one line of clean text: UTF-8 with no control character (C0 or C1),
+// no raw NUL and no line separator (quoted.h's IsOneCleanLine).
+bool OneLine(const std::string& message) { return IsOneCleanLine(message); }
 
 // The value of IEEE half `bits`, written apart from bf16.h: (1024 + m) · 2^(e - 25), or m · 2^-24
 // for a subnormal.
@@ -775,7 +777,7 @@ TEST(LlamaCheckpointSweepTest, EveryTensorMutatedIsRefusedByName) {
       entries = all;
       entries[k].name = name + ".old";
       expect(ReadMutated(entries, {}, shape, tp, rank),
-             "Checkpoint tensor '" + name + ".old' in '");
+             "Checkpoint tensor '" + name + ".old' in \"");
       // In a second shard as well.
       expect(ReadMutated(all, {all[k]}, shape, tp, rank),
              "Checkpoint tensor " + quoted + " appears in both");
@@ -903,17 +905,19 @@ TEST(LlamaCheckpointSweepTest, PathsThatAreNotShardsAreRefused) {
     EXPECT_THAT(std::string(status.message()), HasSubstr(what));
     EXPECT_TRUE(OneLine(std::string(status.message()))) << status;
   };
-  check({good, missing}, absl::StatusCode::kNotFound, missing);
-  check({dir}, absl::StatusCode::kInvalidArgument, "'" + dir + "' is a directory, not a file");
+  check({good, missing}, absl::StatusCode::kNotFound, "\"" + missing + "\"");
+  check({dir}, absl::StatusCode::kInvalidArgument, "\"" + dir + "\" is a directory, not a file");
   // A FIFO would block the open until a writer comes: refused without opening it.
   const std::string fifo = TempPath("paths-fifo.safetensors");
   fs::remove(fifo);
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  check({good, fifo}, absl::StatusCode::kInvalidArgument, "'" + fifo + "' is a FIFO, not a file");
-  check({"/dev/zero"}, absl::StatusCode::kInvalidArgument, "'/dev/zero' is a device, not a file");
-  check({empty, good}, absl::StatusCode::kDataLoss, empty);
-  check({garbage}, absl::StatusCode::kDataLoss, garbage);
-  check({good, good}, absl::StatusCode::kInvalidArgument, "appears in both '" + good + "' and '" + good);
+  check({good, fifo}, absl::StatusCode::kInvalidArgument,
+        "\"" + fifo + "\" is a FIFO, not a file");
+  check({"/dev/zero"}, absl::StatusCode::kInvalidArgument, "\"/dev/zero\" is a device, not a file");
+  check({empty, good}, absl::StatusCode::kDataLoss, "\"" + empty + "\"");
+  check({garbage}, absl::StatusCode::kDataLoss, "\"" + garbage + "\"");
+  check({good, good}, absl::StatusCode::kInvalidArgument,
+        "appears in both \"" + good + "\" and \"" + good + "\"");
   check({mixed_a, mixed_b}, absl::StatusCode::kInvalidArgument, "_proj.weight' has shape [128, 32]");
   check({nothing}, absl::StatusCode::kInvalidArgument, "lacks tensor 'model.embed_tokens.weight'");
   std::vector<std::string> many(1000, nothing);
@@ -921,6 +925,107 @@ TEST(LlamaCheckpointSweepTest, PathsThatAreNotShardsAreRefused) {
   absl::StatusOr<LlamaHostWeights> back = ReadLlamaSafetensors(many, shape);
   ASSERT_TRUE(back.ok()) << back.status();
   ExpectSameWeights(*back, ExpectedWeights(shape, tensors));
+}
+
+// A name holding an ESC (a terminal escape), a newline and U+009B (a terminal's CSI).
+constexpr char kOddName[] = "odd\033[31m\n\302\2332J";
+// kOddName as Quoted and Escaped write it.
+constexpr char kOddNameEscaped[] = "odd\\x1b[31m\\n\\u009b2J";
+
+// Shards whose paths hold an ESC, a newline and U+009B: every message that names one quotes it,
+// escaped, on one clean line (a missing shard, a directory, a bad header, an unexpected tensor, a
+// tensor in two shards, a shard that shrank before its rows were read, the writer's), and one that
+// names only a tensor (a wrong shape) holds nothing of the path. The writer quotes a bad dtype too.
+TEST(LlamaCheckpointSweepTest, OddPathsAreQuotedInEveryMessage) {
+  std::mt19937 rng(110);
+  const LlamaShape shape = SmallShape();
+  absl::StatusOr<LlamaWeightLayout> layout = LlamaWeightLayout::Create(shape);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  const std::vector<HfTensor> tensors = RandomHfTensors(shape, *layout, {"BF16"}, rng);
+  const std::string base = TempPath("");
+  ASSERT_TRUE(std::all_of(base.begin(), base.end(),
+                          [](char c) { return c >= 0x20 && c < 0x7f && c != '"' && c != '\\'; }))
+      << "the expected messages below take the temporary directory as Quoted writes it: " << base;
+  const std::string dir = base + kOddName;
+  fs::remove_all(dir);
+  ASSERT_TRUE(fs::create_directories(dir));
+  // The file `dir`/kOddName`suffix`, and its path as Quoted writes it.
+  auto odd = [&](const std::string& suffix) { return absl::StrCat(dir, "/", kOddName, suffix); };
+  auto quoted = [&](const std::string& suffix) {
+    return absl::StrCat("\"", base, kOddNameEscaped, "/", kOddNameEscaped, suffix, "\"");
+  };
+  auto expect = [&](const absl::Status& status, absl::StatusCode code, const std::string& want) {
+    EXPECT_EQ(status.code(), code) << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(want));
+    EXPECT_TRUE(IsOneCleanLine(status.message())) << absl::CHexEscape(status.message());
+  };
+  const std::string good = odd("-good.safetensors");
+  ASSERT_TRUE(WriteSafetensors(good, EntriesOf(tensors)).ok());
+
+  expect(ReadLlamaSafetensors({good, odd("-missing.safetensors")}, shape).status(),
+         absl::StatusCode::kNotFound,
+         "Cannot open safetensors file " + quoted("-missing.safetensors") +
+             ": No such file or directory");
+  ASSERT_TRUE(fs::create_directories(odd("-dir.safetensors")));
+  expect(ReadLlamaSafetensors({good, odd("-dir.safetensors")}, shape).status(),
+         absl::StatusCode::kInvalidArgument,
+         "Safetensors path " + quoted("-dir.safetensors") +
+             " is a directory, not a file; pass a .safetensors file");
+  const std::string bad = odd("-bad.safetensors");
+  std::ofstream(bad, std::ios::binary | std::ios::trunc)
+      << std::string("\x02\0\0\0\0\0\0\0[]", 10);  // a header of 2 bytes: "[]"
+  expect(ReadLlamaSafetensors({good, bad}, shape).status(), absl::StatusCode::kDataLoss,
+         "Safetensors header of " + quoted("-bad.safetensors") +
+             " is an array; expected an object");
+  const std::string extra = odd("-extra.safetensors");
+  std::vector<uint16_t> values(4, 0x3f80);
+  ASSERT_TRUE(
+      WriteSafetensors(extra, {{"model.extra.weight", "BF16", {4}, values.data(), 8}}).ok());
+  expect(ReadLlamaSafetensors({good, extra}, shape).status(), absl::StatusCode::kInvalidArgument,
+         "Checkpoint tensor 'model.extra.weight' in " + quoted("-extra.safetensors") +
+             " is unexpected: kiln's Llama decoder has no such weight");
+  const std::string copy = odd("-copy.safetensors");
+  ASSERT_TRUE(WriteSafetensors(copy, EntriesOf(tensors)).ok());
+  expect(ReadLlamaSafetensors({good, copy}, shape).status(), absl::StatusCode::kInvalidArgument,
+         "' appears in both " + quoted("-good.safetensors") + " and " +
+             quoted("-copy.safetensors") + "; pass each shard of one checkpoint once");
+
+  // A wrong shape names the tensor, not the file.
+  std::vector<SafetensorsEntry> entries = EntriesOf(tensors);
+  auto embed = std::find_if(entries.begin(), entries.end(), [](const SafetensorsEntry& e) {
+    return e.name == "model.embed_tokens.weight";
+  });
+  ASSERT_NE(embed, entries.end());
+  std::vector<uint16_t> wide(static_cast<size_t>(shape.vocab) * (shape.hidden + 1), 0x3f80);
+  *embed = {embed->name, "BF16", {shape.vocab, shape.hidden + 1}, wide.data(), wide.size() * 2};
+  const std::string wrong_shape = odd("-shape.safetensors");
+  ASSERT_TRUE(WriteSafetensors(wrong_shape, entries).ok());
+  const absl::Status shape_status = ReadLlamaSafetensors({wrong_shape}, shape).status();
+  expect(shape_status, absl::StatusCode::kInvalidArgument,
+         "Checkpoint tensor 'model.embed_tokens.weight' has shape [40, 33] but LlamaShape needs "
+         "[vocab, hidden] = [40, 32]");
+  EXPECT_THAT(std::string(shape_status.message()), Not(HasSubstr(kOddNameEscaped)));
+
+  // A shard emptied after it was opened: its rows cannot be read.
+  const std::string shrinking = odd("-shrinking.safetensors");
+  ASSERT_TRUE(WriteSafetensors(shrinking, EntriesOf(tensors)).ok());
+  absl::StatusOr<LlamaShardReader> reader = LlamaShardReader::Open({shrinking}, shape);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  fs::resize_file(shrinking, 0);
+  const LlamaShardReader::Block& first = reader->blocks().front();
+  std::vector<uint16_t> rows(static_cast<size_t>(shape.vocab) * shape.hidden);
+  expect(reader->ReadRows(first, 0, first.rows, rows.data()), absl::StatusCode::kDataLoss,
+         "Read stopped at byte 0 of tensor 'model.embed_tokens.weight' (2560 bytes) in " +
+             quoted("-shrinking.safetensors") + "; the file shrank since it was opened");
+
+  // The writer: into a directory that does not exist, and in a dtype it does not write.
+  const LlamaHostWeights weights = ExpectedWeights(shape, tensors);
+  expect(WriteLlamaSafetensors(odd("/w.safetensors"), weights), absl::StatusCode::kNotFound,
+         "Cannot open for writing " + quoted("/w.safetensors") + ": No such file or directory");
+  expect(WriteLlamaSafetensors(odd("-w.safetensors"), weights, kOddName),
+         absl::StatusCode::kInvalidArgument,
+         absl::StrCat("WriteLlamaSafetensors writes dtype BF16 or F32 (each bf16 value exactly), "
+                      "not \"", kOddNameEscaped, "\""));
 }
 
 // F32 values past bf16's range would load as infinity: refused naming the tensor, the value and
@@ -1017,7 +1122,11 @@ TEST(LlamaCheckpointSweepTest, EveryHeaderByteOfAShardMutated) {
     EXPECT_TRUE(code == absl::StatusCode::kDataLoss || code == absl::StatusCode::kInvalidArgument)
         << what << ": " << back.status();
     EXPECT_TRUE(OneLine(message)) << what << ": " << absl::CHexEscape(message);
-    EXPECT_THAT(message, HasSubstr("'")) << what;  // a quoted tensor or file
+    // A quoted tensor ('name') or file ("path").
+    EXPECT_TRUE(absl::StrContains(message, "'") ||
+                absl::StrContains(message, absl::StrCat("\"", a, "\"")) ||
+                absl::StrContains(message, absl::StrCat("\"", b, "\"")))
+        << what << ": " << message;
   };
   const char kBytes[] = {'\0', '"', '{', '}', '[', ',', ':', '0', '9', ' ', '\t', '\n', 'x', '\\'};
   for (size_t i = 0; i < 8 + header; ++i) {
@@ -1244,8 +1353,8 @@ TEST_F(HfDirTest, IndexNamesTheShards) {
 
 // Every byte of the index replaced by each of 6 bytes or deleted, and the index cut at every
 // length: the directory either loads bit for bit, or is refused (a bad index, a missing file, a
-// missing tensor; the loader's messages on one line); never loads wrong weights. (LoadHfModelDir's
-// own messages may quote a file name with a raw NUL the index holds: runtime/config's to fix.)
+// missing tensor; LoadHfModelDir's messages and the loader's on one clean line); never loads wrong
+// weights.
 TEST_F(HfDirTest, EveryIndexByteMutated) {
   const std::string index = IndexJson(file_of_);
   std::map<std::vector<std::string>, absl::Status> read;  // the loader's verdict per file list
@@ -1254,7 +1363,6 @@ TEST_F(HfDirTest, EveryIndexByteMutated) {
     WriteIndex(text);
     absl::StatusOr<HfModel> hf = LoadHfModelDir(dir_.string());
     absl::Status status = hf.status();
-    const bool loader = hf.ok();  // the status below is ReadLlamaSafetensors'
     if (hf.ok()) {
       auto it = read.find(hf->weight_files);
       if (it == read.end()) {
@@ -1274,9 +1382,7 @@ TEST_F(HfDirTest, EveryIndexByteMutated) {
                 code == absl::StatusCode::kNotFound || code == absl::StatusCode::kDataLoss)
         << what << ": " << status;
     EXPECT_FALSE(status.message().empty()) << what;
-    if (loader) {
-      EXPECT_TRUE(OneLine(std::string(status.message()))) << what << ": " << status;
-    }
+    EXPECT_TRUE(OneLine(std::string(status.message()))) << what << ": " << status;
   };
   for (size_t i = 0; i < index.size(); ++i) {
     std::string cut = index;

@@ -53,7 +53,8 @@ std::string ByteName(char c) {
   return absl::StrCat("byte 0x", absl::Hex(u, absl::kZeroPad2));
 }
 
-// Quotes a name from a header (a tensor name, a metadata key) for a message: '...', escaped.
+// Quotes a name from a header or the caller (a tensor name, a metadata key, a dtype) for a
+// message: '...', escaped as Quoted escapes it. Paths are Quoted: "...".
 std::string Quote(absl::string_view s) { return Quoted(s, '\''); }
 
 const char* TypeName(JsonValue::Type type) {
@@ -334,7 +335,7 @@ void AppendJsonString(absl::string_view s, std::string& out) {
 }
 
 absl::Status IoError(absl::string_view what, const std::string& path, int err) {
-  return absl::ErrnoToStatus(err, absl::StrCat(what, " '", path, "'"));
+  return absl::ErrnoToStatus(err, absl::StrCat(what, " ", Quoted(path)));
 }
 
 struct FileCloser {
@@ -349,8 +350,8 @@ using File = std::unique_ptr<std::FILE, FileCloser>;
 // shrank after its size was taken.
 absl::Status ShortReadError(std::FILE* f, const std::string& path) {
   if (std::ferror(f) != 0) return IoError("Cannot read the header of", path, errno);
-  return absl::DataLossError(absl::StrCat("Safetensors file '", path,
-                                          "' shrank while its header was read; open it again "
+  return absl::DataLossError(absl::StrCat("Safetensors file ", Quoted(path),
+                                          " shrank while its header was read; open it again "
                                           "once whatever writes it is done"));
 }
 
@@ -491,28 +492,29 @@ absl::Status WriteSafetensors(const std::string& path,
   uint64_t offset = 0;
   for (const SafetensorsEntry& e : entries) {
     if (e.name.empty() || e.name == "__metadata__") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Safetensors tensor name '", e.name, "' is reserved or empty; give the tensor a name"));
+      return absl::InvalidArgumentError(absl::StrCat("Safetensors tensor name ", Quote(e.name),
+                                                     " is reserved or empty; give the tensor a "
+                                                     "name"));
     }
     if (!names.insert(e.name).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Safetensors tensor '", e.name, "' appears twice; names must be unique"));
+      return absl::InvalidArgumentError(absl::StrCat("Safetensors tensor ", Quote(e.name),
+                                                     " appears twice; names must be unique"));
     }
     const size_t element = SafetensorsDtypeSize(e.dtype);
     uint64_t expected = 0;
     if (element == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "Safetensors tensor '", e.name, "' has dtype '", e.dtype,
-          "'; use one of BF16, F16, F32, F64, I8..I64, U8..U64, BOOL, F8_E4M3, F8_E5M2"));
+          "Safetensors tensor ", Quote(e.name), " has dtype ", Quote(e.dtype),
+          "; use one of BF16, F16, F32, F64, I8..I64, U8..U64, BOOL, F8_E4M3, F8_E5M2"));
     }
     if (!ByteCount(e.shape, element, expected) || expected != e.bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "Safetensors tensor '", e.name, "' has ", e.bytes, " bytes of data but dtype ", e.dtype,
-          " and shape [", absl::StrJoin(e.shape, ", "), "] need ", expected));
+          "Safetensors tensor ", Quote(e.name), " has ", e.bytes, " bytes of data but dtype ",
+          e.dtype, " and shape [", absl::StrJoin(e.shape, ", "), "] need ", expected));
     }
     if (e.bytes > 0 && e.data == nullptr) {
       return absl::InvalidArgumentError(
-          absl::StrCat("Safetensors tensor '", e.name, "' has no data pointer"));
+          absl::StrCat("Safetensors tensor ", Quote(e.name), " has no data pointer"));
     }
     if (!first) header += ",";
     first = false;
@@ -537,7 +539,7 @@ absl::Status WriteSafetensors(const std::string& path,
   }
   for (const SafetensorsEntry& e : entries) {
     if (e.bytes > 0 && std::fwrite(e.data, 1, e.bytes, f.get()) != e.bytes) {
-      return IoError(absl::StrCat("Cannot write tensor '", e.name, "' to"), path, errno);
+      return IoError(absl::StrCat("Cannot write tensor ", Quote(e.name), " to"), path, errno);
     }
   }
   if (std::fclose(f.release()) != 0) return IoError("Cannot close", path, errno);
@@ -555,13 +557,13 @@ absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& pat
                        : S_ISSOCK(info.st_mode) ? "a socket"
                                                 : "a device";
     return absl::InvalidArgumentError(absl::StrCat(
-        "Safetensors path '", path, "' is ", kind, ", not a file; pass a .safetensors file"));
+        "Safetensors path ", Quoted(path), " is ", kind, ", not a file; pass a .safetensors file"));
   }
   File f(std::fopen(path.c_str(), "rb"));
   if (f == nullptr) return IoError("Cannot open safetensors file", path, errno);
   ASSIGN_OR_RETURN(uint64_t file_size, FileSize(f.get(), path));
   if (file_size < 8) {
-    return absl::DataLossError(absl::StrCat("Safetensors file '", path, "' has ", file_size,
+    return absl::DataLossError(absl::StrCat("Safetensors file ", Quoted(path), " has ", file_size,
                                             " bytes, fewer than the 8-byte header length; it is "
                                             "truncated or not a safetensors file"));
   }
@@ -572,7 +574,7 @@ absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& pat
   for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | length[i];
   if (header_size > kMaxHeaderBytes || header_size > file_size - 8) {
     return absl::DataLossError(absl::StrCat(
-        "Safetensors file '", path, "' declares a header of ", header_size, " bytes but has ",
+        "Safetensors file ", Quoted(path), " declares a header of ", header_size, " bytes but has ",
         file_size - 8, " after the length field; it is truncated or not a safetensors file"));
   }
   std::string text(header_size, '\0');
@@ -581,10 +583,10 @@ absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& pat
   }
   absl::StatusOr<JsonValue> root = JsonParser(text).ParseDocument();
   if (!root.ok()) {
-    return absl::DataLossError(absl::StrCat(root.status().message(), " in '", path, "'"));
+    return absl::DataLossError(absl::StrCat(root.status().message(), " in ", Quoted(path)));
   }
   if (root->type != JsonValue::kObject) {
-    return absl::DataLossError(absl::StrCat("Safetensors header of '", path, "' is ",
+    return absl::DataLossError(absl::StrCat("Safetensors header of ", Quoted(path), " is ",
                                             TypeName(root->type), "; expected an object"));
   }
   SafetensorsReader reader;
@@ -595,17 +597,18 @@ absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& pat
   for (const auto& [name, value] : root->object) {
     if (!seen.insert(name).second) {
       return absl::DataLossError(
-          absl::StrCat("Safetensors header of '", path, "' lists ", Quote(name), " twice"));
+          absl::StrCat("Safetensors header of ", Quoted(path), " lists ", Quote(name), " twice"));
     }
     if (name == "__metadata__") {
       if (value.type != JsonValue::kObject) {
-        return absl::DataLossError(absl::StrCat("Safetensors __metadata__ of '", path, "' is ",
-                                                TypeName(value.type), "; expected an object"));
+        return absl::DataLossError(absl::StrCat("Safetensors __metadata__ of ", Quoted(path),
+                                                " is ", TypeName(value.type),
+                                                "; expected an object"));
       }
       for (const auto& [key, v] : value.object) {
         if (v.type != JsonValue::kString) {
           return absl::DataLossError(absl::StrCat("Safetensors __metadata__ key ", Quote(key),
-                                                  " of '", path, "' is ", TypeName(v.type),
+                                                  " of ", Quoted(path), " is ", TypeName(v.type),
                                                   "; metadata values are strings"));
         }
         reader.metadata_[key] = v.text;
@@ -613,11 +616,14 @@ absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& pat
       continue;
     }
     absl::StatusOr<SafetensorsTensor> t = ParseTensorEntry(name, value);
-    if (!t.ok()) return absl::DataLossError(absl::StrCat(t.status().message(), " in '", path, "'"));
+    if (!t.ok()) {
+      return absl::DataLossError(absl::StrCat(t.status().message(), " in ", Quoted(path)));
+    }
     if (t->data_end > data_size) {
       return absl::DataLossError(absl::StrCat(
-          "Safetensors tensor ", Quote(name), " ends at data byte ", t->data_end, " but '", path,
-          "' has only ", data_size, " bytes of data; the file is truncated (download it again)"));
+          "Safetensors tensor ", Quote(name), " ends at data byte ", t->data_end, " but ",
+          Quoted(path), " has only ", data_size,
+          " bytes of data; the file is truncated (download it again)"));
     }
     reader.tensors_.push_back(*std::move(t));
   }
@@ -643,7 +649,7 @@ absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& pat
     if (t->data_begin < covered) {
       return absl::DataLossError(absl::StrCat(
           "Safetensors tensors ", Quote(previous->name), " and ", Quote(t->name),
-          " overlap in '", path, "'; the file is corrupt"));
+          " overlap in ", Quoted(path), "; the file is corrupt"));
     }
     if (t->data_begin > covered && after_hole == nullptr) {
       after_hole = t;
@@ -654,13 +660,13 @@ absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& pat
   }
   if (after_hole != nullptr) {
     return absl::DataLossError(absl::StrCat(
-        "Safetensors file '", path, "' has data bytes [", hole_begin, ", ",
+        "Safetensors file ", Quoted(path), " has data bytes [", hole_begin, ", ",
         after_hole->data_begin, ") that no tensor holds (before tensor ", Quote(after_hole->name),
         "), which the format does not allow; the file is corrupt (download it again)"));
   }
   if (covered != data_size) {
     return absl::DataLossError(absl::StrCat(
-        "Safetensors file '", path, "' ends in data bytes [", covered, ", ", data_size,
+        "Safetensors file ", Quoted(path), " ends in data bytes [", covered, ", ", data_size,
         ") that no tensor holds, which the format does not allow; its header length ",
         header_size, " or its size is wrong (download it again)"));
   }
@@ -731,8 +737,8 @@ absl::Status SafetensorsReader::ReadStrided(const SafetensorsTensor& tensor, uin
       if (got == 0) {
         status = absl::DataLossError(absl::StrCat(
             "Read stopped at byte ", at - data_start_ - tensor.data_begin, " of tensor ",
-            Quote(tensor.name), " (", size, " bytes) in '", path_,
-            "'; the file shrank since it was opened"));
+            Quote(tensor.name), " (", size, " bytes) in ", Quoted(path_),
+            "; the file shrank since it was opened"));
         break;
       }
       out += got;

@@ -15,7 +15,8 @@
 // another, and match its dtype and shape, and the ranges together must cover the data section
 // with no gap and nothing after them, as the format requires. A file that fails these checks
 // (truncated, malformed header, sizes that disagree, a wrong header length) is DataLoss naming
-// the tensor or byte offset; a missing file is NotFound.
+// the tensor or byte offset; a missing file is NotFound. Messages quote what a file or the
+// caller gave with quoted.h's escapes, on one line: a tensor name as 'name', a path as "path".
 // Host-only; a reader is immutable after Open and safe to share between threads (each read
 // opens the file itself).
 #ifndef KILN_RUNTIME_MODEL_SAFETENSORS_H_

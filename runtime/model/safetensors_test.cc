@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/config/quoted.h"
 
 namespace kiln {
 namespace {
@@ -168,9 +169,11 @@ TEST(SafetensorsTest, ReadsBlocksOfColumns) {
 }
 
 TEST(SafetensorsTest, MissingFileIsNotFound) {
-  absl::StatusOr<SafetensorsReader> reader = SafetensorsReader::Open(TempPath("nope.safetensors"));
+  const std::string path = TempPath("nope.safetensors");
+  absl::StatusOr<SafetensorsReader> reader = SafetensorsReader::Open(path);
   EXPECT_EQ(reader.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(std::string(reader.status().message()), HasSubstr("nope.safetensors"));
+  EXPECT_EQ(std::string(reader.status().message()),
+            "Cannot open safetensors file \"" + path + "\": No such file or directory");
 }
 
 // A directory, a FIFO (whose open would wait for a writer for ever) or a device is refused
@@ -185,7 +188,9 @@ TEST(SafetensorsTest, PathsThatAreNotFilesAreRefusedBeforeOpening) {
            {dir, "a directory"}, {fifo, "a FIFO"}, {"/dev/zero", "a device"}}) {
     const absl::Status status = SafetensorsReader::Open(path).status();
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-    EXPECT_THAT(std::string(status.message()), HasSubstr("'" + path + "' is " + kind))
+    EXPECT_EQ(std::string(status.message()),
+              "Safetensors path \"" + path + "\" is " + kind +
+                  ", not a file; pass a .safetensors file")
         << status;
   }
 }
@@ -315,8 +320,8 @@ void WriteBytes(const std::string& path, const std::string& bytes) {
 // Writes `bytes` to `path` and opens it. A file Open accepts must be what its header says: each
 // tensor's data lies inside the file, holds the bytes its dtype and shape need, and reads back,
 // and the tensors' bytes add up to the data section. A file it refuses is DataLoss, with a
-// message that names the file and holds only printable ASCII (the path is ASCII; header bytes
-// are quoted by value). `what` describes the input for failure messages. Returns whether the
+// message that names the file, quoted, and holds only printable ASCII (the path is ASCII; header
+// bytes are quoted by value). `what` describes the input for failure messages. Returns whether the
 // file opened.
 bool OpensConsistentlyOrFailsCleanly(const std::string& path, const std::string& bytes,
                                      const std::string& what) {
@@ -326,7 +331,7 @@ bool OpensConsistentlyOrFailsCleanly(const std::string& path, const std::string&
     EXPECT_EQ(reader.status().code(), absl::StatusCode::kDataLoss)
         << what << ": " << reader.status();
     const std::string message(reader.status().message());
-    EXPECT_THAT(message, HasSubstr(path)) << what;
+    EXPECT_THAT(message, HasSubstr("\"" + path + "\"")) << what;
     EXPECT_TRUE(std::all_of(message.begin(), message.end(),
                             [](char c) { return c >= 0x20 && c < 0x7f; }))
         << what << ": " << absl::CHexEscape(message);
@@ -598,6 +603,135 @@ TEST(SafetensorsTest, WriterRejectsBadEntries) {
   EXPECT_EQ(WriteSafetensors(path, {{"", "BF16", {4}, a.data(), 8}}).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(WriteSafetensors("/nonexistent-dir/x.safetensors", {}).ok());
+}
+
+// A name holding an ESC (a terminal escape), a newline and U+009B (a terminal's CSI).
+constexpr char kOddName[] = "odd\033[31m\n\302\2332J";
+// kOddName as Quoted and Escaped write it.
+constexpr char kOddNameEscaped[] = "odd\\x1b[31m\\n\\u009b2J";
+
+// The writer's messages quote the names and dtypes it is given, escaped.
+TEST(SafetensorsTest, WriterQuotesOddNamesAndDtypes) {
+  const std::string path = TempPath("writer-odd.safetensors");
+  const std::string quoted = absl::StrCat("'", kOddNameEscaped, "'");
+  std::vector<uint16_t> a(4, 0);
+  const absl::Status twice = WriteSafetensors(path, {{kOddName, "BF16", {4}, a.data(), 8},
+                                                     {kOddName, "BF16", {4}, a.data(), 8}});
+  EXPECT_EQ(std::string(twice.message()),
+            "Safetensors tensor " + quoted + " appears twice; names must be unique");
+  const absl::Status dtype = WriteSafetensors(path, {{"a", kOddName, {4}, a.data(), 8}});
+  EXPECT_EQ(std::string(dtype.message()),
+            "Safetensors tensor 'a' has dtype " + quoted +
+                "; use one of BF16, F16, F32, F64, I8..I64, U8..U64, BOOL, F8_E4M3, F8_E5M2");
+  const absl::Status bytes = WriteSafetensors(path, {{kOddName, "BF16", {3}, a.data(), 8}});
+  EXPECT_EQ(std::string(bytes.message()), "Safetensors tensor " + quoted +
+                                              " has 8 bytes of data but dtype BF16 and shape "
+                                              "[3] need 6");
+  const absl::Status no_data = WriteSafetensors(path, {{kOddName, "BF16", {4}, nullptr, 8}});
+  EXPECT_EQ(std::string(no_data.message()),
+            "Safetensors tensor " + quoted + " has no data pointer");
+  for (const absl::Status& status : {twice, dtype, bytes, no_data}) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_TRUE(IsOneCleanLine(status.message())) << absl::CHexEscape(status.message());
+  }
+}
+
+// Every message that names a file quotes its path, escaped on one clean line: a path holding an
+// ESC, a newline and U+009B, given to Open (a missing file, a directory, each kind of bad file),
+// to a read after the file changed, and to the writer.
+TEST(SafetensorsTest, OddPathsAreQuotedInEveryMessage) {
+  const std::string base = TempPath("");
+  ASSERT_TRUE(std::all_of(base.begin(), base.end(),
+                          [](char c) { return c >= 0x20 && c < 0x7f && c != '"' && c != '\\'; }))
+      << "the expected messages below take the temporary directory as Quoted writes it: " << base;
+  const std::string dir = base + kOddName;
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(std::filesystem::create_directories(dir));
+  const std::string path = absl::StrCat(dir, "/", kOddName, ".safetensors");
+  const std::string quoted =
+      absl::StrCat("\"", base, kOddNameEscaped, "/", kOddNameEscaped, ".safetensors\"");
+  auto expect = [&](const absl::Status& status, absl::StatusCode code, const std::string& want) {
+    EXPECT_EQ(status.code(), code) << status;
+    EXPECT_EQ(std::string(status.message()), want);
+    EXPECT_TRUE(IsOneCleanLine(status.message())) << absl::CHexEscape(status.message());
+  };
+  auto open_with = [&](const std::string& header, size_t data_bytes) {
+    WriteRaw(path, header, data_bytes);
+    return SafetensorsReader::Open(path).status();
+  };
+  const std::string bf16_2 = R"({"dtype": "BF16", "shape": [2], "data_offsets": )";
+
+  std::filesystem::remove(path);
+  expect(SafetensorsReader::Open(path).status(), absl::StatusCode::kNotFound,
+         "Cannot open safetensors file " + quoted + ": No such file or directory");
+  std::filesystem::create_directory(path);
+  expect(SafetensorsReader::Open(path).status(), absl::StatusCode::kInvalidArgument,
+         "Safetensors path " + quoted + " is a directory, not a file; pass a .safetensors file");
+  std::filesystem::remove(path);
+  WriteBytes(path, "abc");
+  expect(SafetensorsReader::Open(path).status(), absl::StatusCode::kDataLoss,
+         "Safetensors file " + quoted +
+             " has 3 bytes, fewer than the 8-byte header length; it is truncated or not a "
+             "safetensors file");
+  WriteBytes(path, std::string("\x20\0\0\0\0\0\0\0{}", 10));
+  expect(SafetensorsReader::Open(path).status(), absl::StatusCode::kDataLoss,
+         "Safetensors file " + quoted +
+             " declares a header of 32 bytes but has 2 after the length field; it is truncated "
+             "or not a safetensors file");
+  expect(open_with("{\"t\": }", 0), absl::StatusCode::kDataLoss,
+         "Malformed safetensors header: unexpected character '}' at header byte 6 in " + quoted);
+  expect(open_with("[1, 2]", 0), absl::StatusCode::kDataLoss,
+         "Safetensors header of " + quoted + " is an array; expected an object");
+  expect(open_with("{\"t\": " + bf16_2 + "[0, 4]}, \"t\": " + bf16_2 + "[4, 8]}}", 8),
+         absl::StatusCode::kDataLoss, "Safetensors header of " + quoted + " lists 't' twice");
+  expect(open_with("{\"__metadata__\": 1}", 0), absl::StatusCode::kDataLoss,
+         "Safetensors __metadata__ of " + quoted + " is a number; expected an object");
+  expect(open_with("{\"__metadata__\": {\"k\": 1}}", 0), absl::StatusCode::kDataLoss,
+         "Safetensors __metadata__ key 'k' of " + quoted +
+             " is a number; metadata values are strings");
+  // A shape that disagrees with the tensor's bytes.
+  expect(open_with(R"({"t": {"dtype": "BF16", "shape": [3], "data_offsets": [0, 4]}})", 4),
+         absl::StatusCode::kDataLoss,
+         "Safetensors tensor 't' holds 4 bytes but dtype BF16 and shape [3] need 6; the file is "
+         "corrupt in " + quoted);
+  expect(open_with("{\"t\": " + bf16_2 + "[4, 8]}}", 6), absl::StatusCode::kDataLoss,
+         "Safetensors tensor 't' ends at data byte 8 but " + quoted +
+             " has only 6 bytes of data; the file is truncated (download it again)");
+  expect(open_with("{\"a\": " + bf16_2 + "[0, 4]}, \"b\": " + bf16_2 + "[2, 6]}}", 6),
+         absl::StatusCode::kDataLoss,
+         "Safetensors tensors 'a' and 'b' overlap in " + quoted + "; the file is corrupt");
+  expect(open_with("{\"a\": " + bf16_2 + "[0, 4]}, \"b\": " + bf16_2 + "[6, 10]}}", 10),
+         absl::StatusCode::kDataLoss,
+         "Safetensors file " + quoted +
+             " has data bytes [4, 6) that no tensor holds (before tensor 'b'), which the format "
+             "does not allow; the file is corrupt (download it again)");
+  const std::string tail_header = "{\"a\": " + bf16_2 + "[0, 4]}}";
+  expect(open_with(tail_header, 6), absl::StatusCode::kDataLoss,
+         absl::StrCat("Safetensors file ", quoted,
+                      " ends in data bytes [4, 6) that no tensor holds, which the format does "
+                      "not allow; its header length ",
+                      tail_header.size(), " or its size is wrong (download it again)"));
+
+  // Reads after Open: the file shrank, then is gone.
+  std::vector<uint16_t> values(8, 0x3f80);
+  ASSERT_TRUE(WriteSafetensors(path, {{"w", "BF16", {8}, values.data(), 16}}).ok());
+  absl::StatusOr<SafetensorsReader> reader = SafetensorsReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const std::string whole = ReadAll(path);
+  WriteBytes(path, whole.substr(0, whole.size() - 4));
+  std::vector<uint16_t> dst(8);
+  expect(reader->Read(*reader->Find("w"), dst.data(), 16), absl::StatusCode::kDataLoss,
+         "Read stopped at byte 12 of tensor 'w' (16 bytes) in " + quoted +
+             "; the file shrank since it was opened");
+  std::filesystem::remove(path);
+  expect(reader->Read(*reader->Find("w"), dst.data(), 16), absl::StatusCode::kNotFound,
+         "Cannot open safetensors file " + quoted + ": No such file or directory");
+
+  // The writer, into a directory that does not exist.
+  const std::string missing_dir = absl::StrCat(dir, "/", kOddName, "/x.safetensors");
+  expect(WriteSafetensors(missing_dir, {}), absl::StatusCode::kNotFound,
+         absl::StrCat("Cannot open for writing \"", base, kOddNameEscaped, "/", kOddNameEscaped,
+                      "/x.safetensors\": No such file or directory"));
 }
 
 }  // namespace
