@@ -28,9 +28,12 @@
 // After --warmup untimed steps, --steps steps are timed whole (steady_clock around the step) and
 // --steps stage by stage (steady_clock between stages), alternating, so both see the same
 // machine. The table gives the whole step's median and p90, and each stage's median with its
-// share of the staged steps' total time. A flag value it refuses exits with code 2 and a message
-// (what absl's parser refuses, such as an unknown flag, with absl's 1), an error in a step with
-// code 1.
+// share of the staged steps' total time, then a digest of the first timed step: a 64-bit FNV-1a
+// hash of its sequence ids, its tokens and the blob bytes it uploads (the token ids, positions,
+// rows, plan and block-table rows FillStepInputs and Plan wrote), which is the same for the same
+// flags and --seed and changes with the seed. A flag value it refuses exits with code 2 and a
+// message (what absl's parser refuses, such as an unknown flag, with absl's 1), an error in a step
+// with code 1.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -84,6 +87,18 @@ using Clock = std::chrono::steady_clock;
 constexpr int kStages = 6;
 constexpr const char* kStageNames[kStages] = {"check_tokens", "reserve", "blocks",
                                               "fill",         "plan",    "commit"};
+
+constexpr uint64_t kFnvOffset = 14695981039346656037ull;
+constexpr uint64_t kFnvPrime = 1099511628211ull;
+
+// Returns `hash` advanced over the `n` bytes at `data` by 64-bit FNV-1a.
+uint64_t Fnv1a(uint64_t hash, const void* data, size_t n) {
+  const unsigned char* bytes = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    hash = (hash ^ bytes[i]) * kFnvPrime;
+  }
+  return hash;
+}
 
 // The flags, checked.
 struct BenchOptions {
@@ -199,6 +214,18 @@ absl::Status HostStep(BatchState& s, double* stage_us) {
   return absl::OkStatus();
 }
 
+// Returns the digest of the step `s` last ran: each sequence's id and tokens, then the blob bytes
+// the step uploads for its key (MetadataLayout::UploadBytes of the batch).
+uint64_t StepDigest(const BatchState& s) {
+  uint64_t hash = kFnvOffset;
+  for (const SequenceTokens& seq : s.batch) {
+    hash = Fnv1a(hash, &seq.id, sizeof(seq.id));
+    hash = Fnv1a(hash, seq.tokens.data(), seq.tokens.size() * sizeof(int32_t));
+  }
+  const MetadataLayout& layout = s.setup->steps.layouts[s.key_index];
+  return Fnv1a(hash, s.host, layout.UploadBytes(static_cast<int>(s.batch.size())));
+}
+
 // Returns the value at fraction `q` of `v` (nearest rank), sorting `v`.
 double Percentile(std::vector<double>& v, double q) {
   if (v.empty()) return 0.0;
@@ -224,6 +251,7 @@ struct BatchResult {
   double median_us = 0, p90_us = 0;
   double stage_median_us[kStages] = {};
   double stage_share[kStages] = {};
+  uint64_t digest = 0;  // StepDigest of the first timed step
 };
 
 // Releases the batch's sequences (where the table holds them) and prefills each to its window
@@ -268,6 +296,7 @@ absl::StatusOr<BatchResult> RunBatch(const BenchSetup& setup, const BenchOptions
   whole.reserve(o.steps);
   for (std::vector<double>& v : stages) v.reserve(o.steps);
   double stage_us[kStages];
+  uint64_t digest = 0;
   int in_window = block_size;  // starts a window at the first step
   for (int step = 0; step < o.warmup + 2 * o.steps; ++step) {
     if (in_window == block_size) {
@@ -287,6 +316,7 @@ absl::StatusOr<BatchResult> RunBatch(const BenchSetup& setup, const BenchOptions
       if (step >= o.warmup) {
         whole.push_back(std::chrono::duration<double, std::micro>(stop - start).count());
       }
+      if (step == o.warmup) digest = StepDigest(s);
     }
   }
 
@@ -294,6 +324,7 @@ absl::StatusOr<BatchResult> RunBatch(const BenchSetup& setup, const BenchOptions
   r.key = KeyName(setup.steps.keys.key(s.key_index).key);
   r.median_us = Percentile(whole, 0.5);
   r.p90_us = Percentile(whole, 0.9);
+  r.digest = digest;
   double total = 0, sums[kStages] = {};
   for (int i = 0; i < kStages; ++i) {
     for (double t : stages[i]) sums[i] += t;
@@ -420,7 +451,7 @@ int Main(int argc, char** argv) {
 
   std::printf("%5s  %-10s %9s %9s %7s |", "batch", "key", "median_us", "p90_us", "us/seq");
   for (const char* name : kStageNames) std::printf(" %15s", name);
-  std::printf("\n");
+  std::printf(" | %16s\n", "digest");
 
   std::vector<Page> blob((setup->blob_bytes + sizeof(Page) - 1) / sizeof(Page));
   std::mt19937_64 rng(o.seed);
@@ -437,7 +468,7 @@ int Main(int argc, char** argv) {
     for (int i = 0; i < kStages; ++i) {
       std::printf(" %9.2f %4.0f%%", result->stage_median_us[i], 100.0 * result->stage_share[i]);
     }
-    std::printf("\n");
+    std::printf(" | %016llx\n", static_cast<unsigned long long>(result->digest));
     std::fflush(stdout);
   }
   return 0;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs //runtime/runner:step_host_benchmark for a few steps: it must print a line of numbers for
-# each batch, routed to the batch's decode key. Then with bad flags: each must exit non-zero and
+# each batch, routed to the batch's decode key, ending in a digest of its first timed step that
+# the same seed repeats and another seed changes. Then with bad flags: each must exit non-zero and
 # say on stderr what is wrong (code 2 for the values it checks, absl's 1 for a flag it lacks).
 set -uo pipefail
 
@@ -8,11 +9,11 @@ bin=runtime/runner/step_host_benchmark
 tmp=${TEST_TMPDIR:-$(mktemp -d)}
 source tools/cli_test_lib.sh
 
-# A row: batch, key, median, p90, us/seq, then six stages of "median share%".
+# A row: batch, key, median, p90, us/seq, six stages of "median share%", then the digest.
 number='[0-9]+\.[0-9]+'
 stage=" +$number +[0-9]+%"
 row() {
-  echo "^ +$1  decode/$2 +$number +$number +$number \|($stage){6}\$"
+  echo "^ +$1  decode/$2 +$number +$number +$number \|($stage){6} \| [0-9a-f]{16}\$"
 }
 
 if expect_ok small --batches=1,3,256 --steps=5 --warmup=2 --context=100; then
@@ -29,21 +30,39 @@ fi
 if expect_ok context_one --batches=2 --context=1 --steps=3 --warmup=0; then
   grep -Eq "$(row 2 2)" "$tmp/out" || fail "context_one: no row for batch 2: $(cat "$tmp/out")"
 fi
-# The same seed gives the same key and setup lines (timings differ): two runs print the same
-# output once every decimal is masked and each row is cut to its batch and key.
+# The same seed gives the same keys, setup lines and digests (timings differ): two runs print the
+# same output once every decimal is masked and each row is cut to its batch, key and digest.
+# Another seed draws other ids and tokens: every batch's digest changes.
 untimed() {
-  sed -E 's/[0-9]+\.[0-9]+/N/g; s/^( +[0-9]+  decode\/[0-9]+) .*$/\1/' "$1"
+  sed -E 's/[0-9]+\.[0-9]+/N/g; s/^( +[0-9]+  decode\/[0-9]+) .* \| ([0-9a-f]{16})$/\1 \2/' "$1"
 }
-if expect_ok seeded --batches=8 --steps=2 --seed=7; then
+# digests FILE: "batch digest" for each row of a run's output.
+digests() {
+  sed -nE 's/^ +([0-9]+)  decode\/[0-9]+ .* \| ([0-9a-f]{16})$/\1 \2/p' "$1"
+}
+if expect_ok seeded --batches=3,8 --steps=2 --seed=7; then
+  grep -Eq "$(row 3 4)" "$tmp/out" || fail "seeded: no row for batch 3: $(cat "$tmp/out")"
   grep -Eq "$(row 8 8)" "$tmp/out" || fail "seeded: no row for batch 8: $(cat "$tmp/out")"
   expect_out seeded 'ids and tokens from seed 7'
   untimed "$tmp/out" >"$tmp/seeded_first"
-  if expect_ok seeded_again --batches=8 --steps=2 --seed=7; then
+  digests "$tmp/out" >"$tmp/digests_first"
+  if expect_ok seeded_again --batches=3,8 --steps=2 --seed=7; then
     untimed "$tmp/out" >"$tmp/seeded_second"
-    grep -q '^ \+8  decode/8$' "$tmp/seeded_second" ||
-      fail "seeded_again: no key line for batch 8: $(cat "$tmp/seeded_second")"
+    grep -Eq '^ +8  decode/8 [0-9a-f]{16}$' "$tmp/seeded_second" ||
+      fail "seeded_again: no key and digest line for batch 8: $(cat "$tmp/seeded_second")"
     diff -u "$tmp/seeded_first" "$tmp/seeded_second" >"$tmp/seeded_diff" ||
-      fail "seeded: key and setup lines differ between runs with seed 7: $(cat "$tmp/seeded_diff")"
+      fail "seeded: key, setup or digest lines differ between runs with seed 7:" \
+        "$(cat "$tmp/seeded_diff")"
+  fi
+  if expect_ok other_seed --batches=3,8 --steps=2 --seed=8; then
+    digests "$tmp/out" >"$tmp/digests_other"
+    [ "$(wc -l <"$tmp/digests_other")" -eq 2 ] ||
+      fail "other_seed: $(wc -l <"$tmp/digests_other") digests, want 2: $(cat "$tmp/out")"
+    # Both list batches 3 and 8 in flag order: each line pairs a batch's two digests.
+    same=$(paste -d ' ' "$tmp/digests_first" "$tmp/digests_other" |
+      awk '$2 == $4 { printf " %s", $1 }')
+    [ -z "$same" ] ||
+      fail "other_seed: seeds 7 and 8 give the same digest for batches$same: $(cat "$tmp/out")"
   fi
 fi
 
