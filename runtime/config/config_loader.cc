@@ -33,16 +33,26 @@ using google::protobuf::Reflection;
 using google::protobuf::Struct;
 using google::protobuf::Value;
 
-// Keeps the first error the text parser reports, with its position (1-based for people) and
-// without its final period. The parser quotes what it names ("has no field named \"x\""): only
-// what is not printable is escaped, so its quotes read as quotes.
+// Returns the text parser's `message` as the end of a clause. The parser ends a sentence of its
+// own with a period ("Message type \"a.B\" has no field named \"x\"."), which is dropped; but it
+// ends a message that shows a token of the file with the token as the file writes it, after a
+// ": " ("Expected integer, got: 8."), and that keeps its last byte. An empty token there is the
+// end of the text. Only what is not printable is escaped, so the parser's quotes read as quotes.
+std::string ParserClause(absl::string_view message) {
+  if (absl::EndsWith(message, ": ")) return Printable(absl::StrCat(message, "the end of the text"));
+  if (!absl::StrContains(message, ": ")) message = absl::StripSuffix(message, ".");
+  return Printable(message);
+}
+
+// Keeps the first error the text parser reports, with its position (1-based for people), as
+// ParserClause writes it.
 class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
  public:
   void AddError(int line, google::protobuf::io::ColumnNumber column,
                 const std::string& message) override {
     if (!message_.empty()) return;
-    message_ = absl::StrCat("line ", line + 1, " column ", column + 1, ": ",
-                            Printable(absl::StripSuffix(message, ".")));
+    message_ =
+        absl::StrCat("line ", line + 1, " column ", column + 1, ": ", ParserClause(message));
   }
   const std::string& message() const { return message_; }
 

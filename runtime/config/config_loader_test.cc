@@ -188,6 +188,12 @@ TEST(ConfigLoaderTest, UnparsableInputSaysWhereAndHowToFix) {
 
   auto json = ParsePlannerConfigJson("{\"max_num_seqs\": }", "b.json");
   EXPECT_THAT(Message(json.status()), HasSubstr("Cannot parse b.json as a JSON object"));
+  // What the JSON parser quotes of the file keeps its quotes too, with a caret at the spot.
+  auto colon = ParsePlannerConfigJson("{\"max_num_seqs\" 1}", "b.json");
+  EXPECT_EQ(Message(colon.status()),
+            "Cannot parse b.json as a JSON object: Expected : between key:value pair, at ^ in "
+            "\"{\"max_num_seqs\" ^1}\"; fix the file (a JSON object of kiln.config.PlannerConfig "
+            "fields)");
 
   auto field = ParsePlannerConfigJson(R"({"max_seq_len_to_capture": 8192})", "c.json");
   EXPECT_THAT(Message(field.status()), HasSubstr("Cannot read c.json"));
@@ -205,6 +211,32 @@ TEST(ConfigLoaderTest, UnparsableInputSaysWhereAndHowToFix) {
   auto directory = LoadPlannerConfigFile("runtime/config/testdata");
   EXPECT_FALSE(directory.ok());
   EXPECT_THAT(Message(directory.status()), HasSubstr("runtime/config/testdata"));
+}
+
+// The parser's own sentences lose their final period; a token of the file it shows (after
+// "got: ") is shown whole, a period included, and the end of the text is named.
+TEST(ConfigLoaderTest, TextParserMessagesShowTheTokenWhole) {
+  const std::string fix = "; fix the file (fields: runtime/config/planner_config.proto)";
+  const struct {
+    std::string text;
+    std::string says;
+  } cases[] = {
+      {"max_num_seqs: 8.", "line 1 column 15: Expected integer, got: 8."},
+      {"max_num_seqs: 8 .", "line 1 column 17: Expected identifier, got: ."},
+      {"block_size: 16.", "line 1 column 13: Expected integer, got: 16."},
+      {"gpu_preset: 8.", "line 1 column 13: Expected string, got: 8."},
+      {"max_num_seqs: ", "line 1 column 15: Expected integer, got: the end of the text"},
+      {"max_num_seqs: 8 [", "line 1 column 18: Expected identifier, got: the end of the text"},
+      {"max_num_seqs: 8 max_num_seqs: 9",
+       "line 1 column 29: Non-repeated field \"max_num_seqs\" is specified multiple times"},
+  };
+  for (const auto& c : cases) {
+    absl::StatusOr<config::PlannerConfig> got = ParsePlannerConfigText(c.text, "t.textproto");
+    ASSERT_FALSE(got.ok()) << c.text;
+    EXPECT_EQ(Message(got.status()),
+              absl::StrCat("Cannot parse t.textproto as a kiln.config.PlannerConfig textproto at ",
+                           c.says, fix));
+  }
 }
 
 TEST(ConfigLoaderTest, MergeReplacesListsAndPresets) {
@@ -614,9 +646,9 @@ TEST(ConfigLoaderRobustnessTest, RefusesWhatProtobufWouldReadSilently) {
        "j.json sets model.num_kv_heads twice"},
       // The same name twice: a JSON object's keys are unique.
       {R"({"max_num_seqs": 3, "max_num_seqs": 4})",
-       R"(max_num_seqs: Repeated map key: \'max_num_seqs\' is already set)"},
+       R"(max_num_seqs: Repeated map key: 'max_num_seqs' is already set)"},
       {R"({"model": {"num_layers": 3, "num_layers": 3}})",
-       R"(num_layers: Repeated map key: \'num_layers\')"},
+       R"(num_layers: Repeated map key: 'num_layers')"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<config::PlannerConfig> got = ParsePlannerConfigJson(c.json, "j.json");
@@ -861,14 +893,16 @@ TEST(ConfigLoaderRobustnessTest, MessagesEscapeWhatTheFileHolds) {
               HasSubstr(R"(at line 1 column 15: Expected integer, got: "8\\\x1b[2J"; fix)"));
 }
 
-// C1 controls (U+0085 NEL ends a line on some terminals, U+009B CSI starts a terminal escape)
-// and the line and paragraph separators, in a path, a source name and what the parser quotes of
-// the file: every message writes them as \uHHHH, and its text stays one clean line.
+// C1 controls (U+0085 NEL ends a line on some terminals, U+009B CSI starts a terminal escape),
+// the line and paragraph separators and bidirectional controls (U+202E shows what follows it
+// reversed), in a path, a source name and what the parser quotes of the file: every message
+// writes them as \uHHHH, and its text stays one clean line.
 TEST(ConfigLoaderRobustnessTest, MessagesEscapeC1ControlsAndLineSeparators) {
   const fs::path dir = ScratchDir("c1");
   const std::vector<std::pair<std::string, std::string>> characters = {
       {"\xc2\x80", "\\u0080"}, {"\xc2\x85", "\\u0085"},     {"\xc2\x9b", "\\u009b"},
       {"\xc2\x9f", "\\u009f"}, {"\xe2\x80\xa8", "\\u2028"}, {"\xe2\x80\xa9", "\\u2029"},
+      {"\xe2\x80\xae", "\\u202e"}, {"\xe2\x81\xa6", "\\u2066"}, {"\xd8\x9c", "\\u061c"},
   };
   const std::string fix = "; fix the file (fields: runtime/config/planner_config.proto)";
   for (const auto& [raw, escaped] : characters) {

@@ -11,7 +11,6 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "runtime/config/quoted.h"
@@ -124,17 +123,20 @@ absl::StatusOr<std::string> ReadFileText(const std::string& path, absl::string_v
 std::string OneLineJsonError(absl::string_view message) {
   const size_t first = message.find('\n');
   const size_t last = message.rfind('\n');
-  if (first == absl::string_view::npos || first == last) return absl::CHexEscape(message);
+  if (first == absl::string_view::npos || first == last) return Printable(message);
   const absl::string_view what = absl::StripSuffix(message.substr(0, first), ".");
   const absl::string_view near = message.substr(first + 1, last - first - 1);
   const absl::string_view caret = message.substr(last + 1);
   const size_t at = caret.find_first_not_of(' ');  // a byte of `near`, or its end
   if (at == absl::string_view::npos || caret.substr(at) != "^" || at > near.size()) {
-    return absl::CHexEscape(message);
+    return Printable(message);
   }
-  if (near.empty()) return absl::CHexEscape(what);  // the text ended: nothing to quote
-  return absl::StrCat(absl::CHexEscape(what), ", at ^ in \"", absl::CHexEscape(near.substr(0, at)),
-                      "^", absl::CHexEscape(near.substr(at)), "\"");
+  if (near.empty()) return Printable(what);  // the text ended: nothing to quote
+  // The caret goes into the text before it is escaped, so that it stays between the escapes of
+  // the bytes either side of the spot. Where the spot splits a character, the text with the caret
+  // is not UTF-8 and each of its bytes above 0x7e is escaped, as Printable writes any such text.
+  return absl::StrCat(Printable(what), ", at ^ in \"",
+                      Printable(absl::StrCat(near.substr(0, at), "^", near.substr(at))), "\"");
 }
 
 size_t SkipJsonString(absl::string_view json, size_t i) {

@@ -32,11 +32,12 @@ inline constexpr size_t kMaxFileTextBytes = size_t{64} << 20;
 absl::StatusOr<std::string> ReadFileText(const std::string& path, absl::string_view what = "",
                                          size_t max_bytes = kMaxFileTextBytes);
 
-// Puts one of protobuf's JSON parse errors on one line of printable ASCII. protobuf ends them
+// Puts one of protobuf's JSON parse errors on one clean line (see quoted.h). protobuf ends them
 // with the text around the error, raw, and a line with a caret under the spot ("Expected a
 // value.\n  \"a\": ,\n       ^"): raw, that text can hold any byte of the file (a NUL, a byte
 // that is not UTF-8), and a file's own newlines move the caret off the spot. So the text is
-// escaped and the caret written into it at the spot. A message in any other form is escaped.
+// escaped as Printable escapes it (quotes stay quotes, as in the text parser's messages kiln
+// shows) and the caret written into it at the spot. A message in any other form is escaped so.
 std::string OneLineJsonError(absl::string_view message);
 
 // The JSON scanner the config readers share, for what they check before protobuf's parser reads

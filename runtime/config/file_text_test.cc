@@ -167,11 +167,12 @@ TEST(ReadFileTextTest, MessagesEscapeThePath) {
     for (char& c : name) c = static_cast<char>(1 + rng() % 255);  // no NUL: a C path ends there
     std::string want;  // the name as the message writes it
     if (i % 2 == 0) {
-      // UTF-8: its printable characters kept as they are, a C1 control (CSI) or a line
-      // separator escaped by code point.
-      const bool csi = i % 4 == 0;
-      name = absl::StrCat("mod\xc3\xa8le ", i, csi ? "\xc2\x9b" "2J" : "\xe2\x80\xa8");
-      want = absl::StrCat("mod\xc3\xa8le ", i, csi ? "\\u009b2J" : "\\u2028");
+      // UTF-8: its printable characters kept as they are, a C1 control (CSI), a line separator
+      // or a right-to-left override escaped by code point.
+      const char* const raw[] = {"\xc2\x9b" "2J", "\xe2\x80\xa8", "\xe2\x80\xae" "nosj.x"};
+      const char* const escaped[] = {"\\u009b2J", "\\u2028", "\\u202enosj.x"};
+      name = absl::StrCat("mod\xc3\xa8le ", i, raw[i / 2 % 3]);
+      want = absl::StrCat("mod\xc3\xa8le ", i, escaped[i / 2 % 3]);
     } else {
       std::replace(name.begin(), name.end(), '/', '_');
       // Escaped byte by byte unless it happens to be UTF-8.
@@ -188,10 +189,14 @@ TEST(ReadFileTextTest, MessagesEscapeThePath) {
 
 TEST(OneLineJsonErrorTest, AnyMessageComesOutOnOnePrintableLine) {
   // protobuf's form: the complaint, the text near the error, a caret under the spot.
+  // Its quotes stay quotes, as in the text parser's messages.
   EXPECT_EQ(OneLineJsonError("Expected a value.\n  \"a\": ,\n       ^"),
-            R"(Expected a value, at ^ in "  \"a\": ^,")");
+            R"(Expected a value, at ^ in "  "a": ^,")");
   EXPECT_EQ(OneLineJsonError("Unexpected end of string.\n\n^"), "Unexpected end of string");
   EXPECT_EQ(OneLineJsonError("no text here"), "no text here");
+  EXPECT_EQ(OneLineJsonError("(max_num_seqs): invalid value \"x\" for type TYPE_INT32"),
+            "(max_num_seqs): invalid value \"x\" for type TYPE_INT32");
+  EXPECT_EQ(OneLineJsonError("two\nlines \"q\" \\"), R"(two\nlines "q" \)");
   std::mt19937 rng(99);
   const char kAlphabet[] = "\n\n^^  \"\\{}x\x01\x1b\x7f\xff\xc3\xa9\0";
   const std::string alphabet(kAlphabet, sizeof(kAlphabet) - 1);  // the NUL before the end too
@@ -201,8 +206,34 @@ TEST(OneLineJsonErrorTest, AnyMessageComesOutOnOnePrintableLine) {
       c = rng() % 3 == 0 ? static_cast<char>(rng()) : alphabet[rng() % alphabet.size()];
     }
     const std::string line = OneLineJsonError(message);
-    ASSERT_TRUE(IsPrintableAscii(line))
+    ASSERT_TRUE(IsOneCleanLine(line))
         << absl::CHexEscape(message) << " -> " << absl::CHexEscape(line);
+  }
+}
+
+// The caret lands between the escapes of the bytes either side of the spot, whatever is escaped
+// before it: a character beyond ASCII, a control, a bidirectional control, bytes that are not
+// UTF-8, the middle of a character.
+TEST(OneLineJsonErrorTest, CaretStaysAtTheSpotOfEscapedText) {
+  const struct {
+    std::string message;
+    std::string line;
+  } cases[] = {
+      {"Bad.\ncaf\xc3\xa9,x\n     ^", "Bad, at ^ in \"caf\xc3\xa9^,x\""},
+      {"Bad.\n\x1b[2J: 1\n    ^", "Bad, at ^ in \"\\x1b[2J^: 1\""},
+      {"Bad.\n\"\xe2\x80\xae\": 1\n ^", "Bad, at ^ in \"\"^\\u202e\": 1\""},
+      {"Bad.\n\"\xe2\x80\xae\": 1\n    ^", "Bad, at ^ in \"\"\\u202e^\": 1\""},
+      // Not UTF-8: every byte above 0x7e escaped, on both sides of the caret alike.
+      {"Bad.\n\xff a\xc3\xa9\n   ^", "Bad, at ^ in \"\\xff a^\\xc3\\xa9\""},
+      // The spot inside a character: its bytes escaped, the caret between them.
+      {"Bad.\ncaf\xc3\xa9,x\n    ^", "Bad, at ^ in \"caf\\xc3^\\xa9,x\""},
+      // A hex digit after \x01 is escaped where it would extend it, not after the caret.
+      {"Bad.\n\x01" "a\n ^", "Bad, at ^ in \"\\x01^a\""},
+      {"Bad.\n\x01" "a\n  ^", "Bad, at ^ in \"\\x01\\x61^\""},
+  };
+  for (const auto& c : cases) {
+    EXPECT_EQ(OneLineJsonError(c.message), c.line) << absl::CHexEscape(c.message);
+    EXPECT_TRUE(IsOneCleanLine(OneLineJsonError(c.message))) << absl::CHexEscape(c.message);
   }
 }
 

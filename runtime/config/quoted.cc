@@ -18,9 +18,11 @@ char32_t CodePoint(absl::string_view text, size_t n) {
 }
 
 // Returns whether the character `c` is not printable (see quoted.h): a C0 or C1 control
-// character, DEL, or a line or paragraph separator.
+// character, DEL, a line or paragraph separator, or a bidirectional control.
 bool IsUnprintable(char32_t c) {
-  return c < 0x20 || (c >= 0x7f && c <= 0x9f) || c == 0x2028 || c == 0x2029;
+  return c < 0x20 || (c >= 0x7f && c <= 0x9f) || c == 0x2028 || c == 0x2029 ||
+         (c >= 0x202a && c <= 0x202e) || (c >= 0x2066 && c <= 0x2069) || c == 0x200e ||
+         c == 0x200f || c == 0x061c;
 }
 
 // Escapes `text` as quoted.h says; quotes and backslashes too where `quotes_too`.

@@ -4,10 +4,13 @@
 // never breaks a message's one line.
 //
 // Not printable here: the C0 control characters (U+0000..U+001F), DEL (U+007F), the C1 control
-// characters (U+0080..U+009F: a terminal may read U+009B as CSI, U+0085 as a new line) and the
-// line and paragraph separators U+2028 and U+2029. Each ASCII one is written as \n, \r, \t or
-// \xHH (as absl::CHexEscape writes it), each other one as \uHHHH (its code point: "\u0085"). Any
-// other UTF-8 character ("é", "日本") is shown as it is. Text that is not UTF-8 has every byte
+// characters (U+0080..U+009F: a terminal may read U+009B as CSI, U+0085 as a new line), the
+// line and paragraph separators U+2028 and U+2029, and the bidirectional controls: the
+// embeddings and overrides U+202A..U+202E, the isolates U+2066..U+2069 and the marks U+200E,
+// U+200F and U+061C, with which a terminal shows the text around them in another order (a path
+// that reads as some other path). Each ASCII one is written as \n, \r, \t or \xHH (as
+// absl::CHexEscape writes it), each other one as \uHHHH (its code point: "\u0085"). Any other
+// UTF-8 character ("é", "日本") is shown as it is. Text that is not UTF-8 has every byte
 // above 0x7e written as \xHH, for its bytes may be of some other encoding.
 //
 //   return absl::InvalidArgumentError(absl::StrCat("Unknown preset ", kiln::Quoted(name)));
@@ -30,7 +33,8 @@ size_t Utf8CharLength(absl::string_view text);
 bool IsUtf8(absl::string_view text);
 
 // Returns whether `text` is UTF-8 with no character that is not printable (see above): one line
-// that sends no terminal escape, as the output of Quoted, Escaped and Printable always is.
+// that sends no terminal escape and is shown in the order it is written, as the output of Quoted,
+// Escaped and Printable always is.
 bool IsOneCleanLine(absl::string_view text);
 
 // Returns `text` escaped as above, without quotes: a C string literal's contents.

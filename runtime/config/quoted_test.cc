@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 
@@ -30,7 +31,9 @@ std::string Encode(uint32_t code) {
 // quoted.cc does.
 bool ReferenceUnprintable(uint32_t code) {
   return code <= 0x1f || code == 0x7f || (code >= 0x80 && code <= 0x9f) || code == 0x2028 ||
-         code == 0x2029;
+         code == 0x2029 || code == 0x202a || code == 0x202b || code == 0x202c || code == 0x202d ||
+         code == 0x202e || code == 0x2066 || code == 0x2067 || code == 0x2068 || code == 0x2069 ||
+         code == 0x200e || code == 0x200f || code == 0x061c;
 }
 
 // The code points the sweeps try: all of U+0000..U+FFFF but the surrogates, then a sample of
@@ -54,8 +57,8 @@ TEST(EscapedTest, EscapesC1ControlsAndLineSeparatorsByCodePoint) {
   EXPECT_EQ(Escaped("one\xe2\x80\xa8two\xe2\x80\xa9three"), "one\\u2028two\\u2029three");
   EXPECT_EQ(Quoted("x\xc2\x85"), "\"x\\u0085\"");
   EXPECT_EQ(Printable("\"x\xc2\x9b\""), "\"x\\u009b\"");
-  // Their neighbours are printable and stay: U+00A0 (no-break space), U+2027, U+202A.
-  for (const char* text : {"\xc2\xa0", "\xe2\x80\xa7", "\xe2\x80\xaa"}) {
+  // Their neighbours are printable and stay: U+00A0 (no-break space), U+2027.
+  for (const char* text : {"\xc2\xa0", "\xe2\x80\xa7"}) {
     EXPECT_EQ(Escaped(text), text) << absl::CHexEscape(text);
     EXPECT_TRUE(IsOneCleanLine(text)) << absl::CHexEscape(text);
   }
@@ -67,6 +70,38 @@ TEST(EscapedTest, EscapesC1ControlsAndLineSeparatorsByCodePoint) {
     EXPECT_TRUE(IsOneCleanLine(Escaped(raw))) << absl::CHexEscape(raw);
     EXPECT_TRUE(IsOneCleanLine(Quoted(raw))) << absl::CHexEscape(raw);
     EXPECT_TRUE(IsOneCleanLine(Printable(raw))) << absl::CHexEscape(raw);
+  }
+}
+
+// The bidirectional controls, with which a terminal would show a name in another order ("Trojan
+// Source": "a\u202eb.txt" shows as "atxt.b"), are written as \uHHHH in every form; the
+// characters beside each range stay as they are.
+TEST(EscapedTest, EscapesBidirectionalControlsByCodePoint) {
+  const struct {
+    const char* raw;
+    const char* escaped;
+  } controls[] = {
+      {"\xd8\x9c", "\\u061c"},     {"\xe2\x80\x8e", "\\u200e"}, {"\xe2\x80\x8f", "\\u200f"},
+      {"\xe2\x80\xaa", "\\u202a"}, {"\xe2\x80\xab", "\\u202b"}, {"\xe2\x80\xac", "\\u202c"},
+      {"\xe2\x80\xad", "\\u202d"}, {"\xe2\x80\xae", "\\u202e"}, {"\xe2\x81\xa6", "\\u2066"},
+      {"\xe2\x81\xa7", "\\u2067"}, {"\xe2\x81\xa8", "\\u2068"}, {"\xe2\x81\xa9", "\\u2069"},
+  };
+  for (const auto& [raw, escaped] : controls) {
+    EXPECT_FALSE(IsOneCleanLine(raw)) << escaped;
+    EXPECT_EQ(Escaped(raw), escaped);
+    EXPECT_EQ(Printable(raw), escaped);
+    EXPECT_EQ(Quoted(raw, '\''), absl::StrCat("'", escaped, "'"));
+  }
+  // A path that a terminal would show as "report_fdp.exe" keeps its order when quoted.
+  const std::string path = "report_\xe2\x80\xae" "exe.pdf";
+  EXPECT_FALSE(IsOneCleanLine(path));
+  EXPECT_EQ(Quoted(path), "\"report_\\u202eexe.pdf\"");
+  EXPECT_TRUE(IsOneCleanLine(Quoted(path)));
+  // Their neighbours U+061B, U+061D, U+200D, U+2010, U+202F, U+2065 and U+206A are printable.
+  for (const char* kept : {"\xd8\x9b", "\xd8\x9d", "\xe2\x80\x8d", "\xe2\x80\x90",
+                           "\xe2\x80\xaf", "\xe2\x81\xa5", "\xe2\x81\xaa"}) {
+    EXPECT_EQ(Escaped(kept), kept) << absl::CHexEscape(kept);
+    EXPECT_TRUE(IsOneCleanLine(kept)) << absl::CHexEscape(kept);
   }
 }
 
@@ -110,17 +145,19 @@ TEST(EscapedTest, EveryCodePointComesOutOnOneCleanLine) {
     ASSERT_EQ(back, "a" + c + "0") << code;
     (unprintable ? escaped : kept) += 1;
   }
-  EXPECT_EQ(escaped, 0x20 + 1 + 0x20 + 2);
+  EXPECT_EQ(escaped, 0x20 + 1 + 0x20 + 2 + 5 + 4 + 3);
   EXPECT_GT(kept, 60000);
 }
 
-// Random mixes of printable text, controls, C1 controls, separators and stray bytes: every form
+// Random mixes of printable text, controls, C1 controls, separators, bidirectional controls and
+// stray bytes: every form
 // is one clean line, and Escaped's reads back, as a C string literal, as the text.
 TEST(EscapedTest, RandomTextComesOutOnOneCleanLineAndReadsBack) {
   const std::vector<std::string> pieces = {
       "a",          "0",          "f",          "\"",           "'",  "\\", "\n", "\x1b",
       "\x7f",       "\x01",       "\xc3\xa9",   "\xe6\x97\xa5", "\xf0\x9f\x98\x80",
-      "\xc2\x85",   "\xc2\x9b",   "\xe2\x80\xa8", "\xe2\x80\xa9", "\xff", "\xc2", "\xe2\x80"};
+      "\xc2\x85",   "\xc2\x9b",   "\xe2\x80\xa8", "\xe2\x80\xa9", "\xff", "\xc2", "\xe2\x80",
+      "\xe2\x80\xae", "\xe2\x81\xa6", "\xd8\x9c"};
   std::mt19937 rng(2028);
   int utf8 = 0;
   for (int i = 0; i < 20000; ++i) {
