@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "runtime/config/quoted.h"
 #include "runtime/cuda/device_info.h"
 #include "runtime/cuda/status.h"
 #include "runtime/cuda/status_macros.h"
@@ -142,9 +143,12 @@ absl::StatusOr<MeasuredPlan> MeasurePlan(const config::PlannerConfig& config) {
 }
 
 std::string RenderMeasured(const MeasuredPlan& m) {
+  // The GPU and model names come from the user (a flag, a config file, a model directory):
+  // escaped, as the plan's table writes them, so that none breaks the title's line or sends a
+  // terminal sequence.
   std::string out = absl::StrFormat(
-      "Measured on %s (%s): %s, %d %s graphs\n", m.plan.config.gpu().name(),
-      FormatBytes(m.plan.total_bytes), m.plan.config.model().name(), m.num_graphs,
+      "Measured on %s (%s): %s, %d %s graphs\n", Escaped(m.plan.config.gpu().name()),
+      FormatBytes(m.plan.total_bytes), Escaped(m.plan.config.model().name()), m.num_graphs,
       m.plan.config.graph().execution() == config::GRAPH_EXECUTION_PIECEWISE ? "piecewise"
                                                                                : "full");
   absl::StrAppendFormat(&out, "%-20s %12s %12s %8s  %s\n", "term", "predicted", "measured",

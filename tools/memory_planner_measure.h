@@ -56,7 +56,8 @@ absl::Status CheckMeasurable(const config::PlannerConfig& config);
 // Runner::Create returns on other bad input.
 absl::StatusOr<MeasuredPlan> MeasurePlan(const config::PlannerConfig& config);
 
-// Returns the comparison as a table followed by the calibration as a textproto block.
+// Returns the comparison as a table followed by the calibration as a textproto block. The title
+// writes the model and GPU names as Escaped does (runtime/config/quoted.h). Host-only.
 std::string RenderMeasured(const MeasuredPlan& measured);
 
 }  // namespace kiln

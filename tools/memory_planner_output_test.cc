@@ -101,6 +101,12 @@ TEST(MemoryPlannerOutputTest, TableTitleEscapesOddNames) {
   for (absl::string_view line : absl::StrSplit(table, '\n')) {
     EXPECT_TRUE(IsOneCleanLine(line)) << line;
   }
+  // A right-to-left override, which would show the rest of the title reversed.
+  config::PlannerConfig reversed = DefaultPlannerConfig();
+  reversed.mutable_model()->set_name("Llama\xe2\x80\xae" "B8-1.3");
+  EXPECT_EQ(TitleLine(Plan(reversed)),
+            "kiln memory plan: Llama\\u202eB8-1.3 (bf16) on NVIDIA H100 80GB HBM3, "
+            "tensor_parallel_size 1");
   // The SVG's title holds the names as XML text: the ESC and the BEL (no XML characters) and the
   // stray byte replaced, the newline, U+009B and U+2028 as they are.
   EXPECT_THAT(RenderSvg(plan),

@@ -264,7 +264,7 @@ expect_bad measure_tp 'cannot measure tensor_parallel_size 4; set --tensor_paral
   --measure "--config=$data/llama70b_tp4.textproto"
 expect_bad measure_kv_dtype 'kv_cache_dtype fp8 is not supported; kiln'"'"'s KV cache is bf16' \
   --measure --kv_cache_dtype=fp8
-expect_bad measure_head_dim 'refuses this config: Model Llama-3.1-8B (modified): Decode attention' \
+expect_bad measure_head_dim 'refuses this config: Model "Llama-3.1-8B (modified)": Decode attention' \
   --measure --head_dim=96
 
 # --gpu=auto reads GPU 0; on a machine without one it must say so (exit 2), not crash.

@@ -411,8 +411,7 @@ absl::StatusOr<SafetensorsTensor> ParseTensorEntry(const std::string& name, cons
   if (dtype->type != JsonValue::kString || SafetensorsDtypeSize(dtype->text) == 0) {
     return absl::DataLossError(absl::StrCat(
         "Safetensors tensor ", Quote(name), " has dtype ",
-        dtype->type == JsonValue::kString ? Escaped(dtype->text)
-                                          : TypeName(dtype->type),
+        dtype->type == JsonValue::kString ? Quote(dtype->text) : TypeName(dtype->type),
         ", which safetensors does not define"));
   }
   t.dtype = dtype->text;

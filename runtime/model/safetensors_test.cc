@@ -232,7 +232,17 @@ TEST(SafetensorsTest, MalformedHeadersAreDataLoss) {
   } cases[] = {
       {"{\"t\": {\"dtype\": \"BF16\", \"shape\": [2], \"data_offsets\": [0, 4]}", "expected ','"},
       {"{\"t\": {\"dtype\": \"BF16\", \"shape\": [2]}}", "lacks \"data_offsets\""},
-      {"{\"t\": {\"dtype\": \"Q4\", \"shape\": [2], \"data_offsets\": [0, 4]}}", "dtype Q4"},
+      {"{\"t\": {\"dtype\": \"Q4\", \"shape\": [2], \"data_offsets\": [0, 4]}}",
+       "Safetensors tensor 't' has dtype 'Q4', which safetensors does not define"},
+      // A dtype is quoted, escaped: an empty one, one holding an ESC, a right-to-left override.
+      {"{\"t\": {\"dtype\": \"\", \"shape\": [2], \"data_offsets\": [0, 4]}}",
+       "Safetensors tensor 't' has dtype '', which safetensors does not define"},
+      {"{\"t\": {\"dtype\": \"\\u001b[2J\\u202eBF16\", \"shape\": [2], "
+       "\"data_offsets\": [0, 4]}}",
+       "Safetensors tensor 't' has dtype '\\x1b[2J\\u202eBF16', which safetensors does not "
+       "define"},
+      {"{\"t\": {\"dtype\": 16, \"shape\": [2], \"data_offsets\": [0, 4]}}",
+       "Safetensors tensor 't' has dtype a number, which safetensors does not define"},
       {"{\"t\": {\"dtype\": \"BF16\", \"shape\": [3], \"data_offsets\": [0, 4]}}",
        "need 6"},
       {"{\"t\": {\"dtype\": \"BF16\", \"shape\": [-2], \"data_offsets\": [0, 4]}}",
@@ -272,6 +282,7 @@ TEST(SafetensorsTest, MalformedHeadersAreDataLoss) {
     absl::StatusOr<SafetensorsReader> reader = SafetensorsReader::Open(path);
     EXPECT_EQ(reader.status().code(), absl::StatusCode::kDataLoss) << c.header;
     EXPECT_THAT(std::string(reader.status().message()), HasSubstr(c.expect)) << c.header;
+    EXPECT_TRUE(IsOneCleanLine(reader.status().message())) << reader.status();
   }
   // A length field far beyond the file.
   {

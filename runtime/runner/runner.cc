@@ -17,6 +17,7 @@
 #include "attention/plan_buffers.h"
 #include "graph/capture_context.h"
 #include "runtime/config/presets.h"
+#include "runtime/config/quoted.h"
 #include "runtime/cuda/device_info.h"
 #include "runtime/cuda/status.h"
 #include "runtime/cuda/status_macros.h"
@@ -114,8 +115,8 @@ absl::StatusOr<LlamaShape> LlamaShapeFromConfig(const config::ModelShape& m) {
     }
     if (r.rope_type() != "llama3") {
       return absl::InvalidArgumentError(absl::StrCat(
-          "Model rope_scaling.rope_type \"", r.rope_type(),
-          "\" is not supported; kiln implements \"llama3\" RoPE scaling (or rope_type "
+          "Model rope_scaling.rope_type ", Quoted(r.rope_type()),
+          " is not supported; kiln implements \"llama3\" RoPE scaling (or rope_type "
           "\"default\" for none)"));
     }
     struct Field {
@@ -148,7 +149,8 @@ absl::StatusOr<LlamaShape> LlamaShapeFromConfig(const config::ModelShape& m) {
   if (absl::Status attention = DecodeAttentionSupportsShape(s.heads, s.kv_heads, s.head_dim);
       !attention.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("Model ", m.name(), ": ", attention.message(), "; kiln cannot run it yet"));
+        absl::StrCat("Model ", Quoted(m.name()), ": ", attention.message(),
+                     "; kiln cannot run it yet"));
   }
   return s;
 }
@@ -158,7 +160,7 @@ absl::Status CheckSlidingWindow(const config::ModelShape& model, int max_model_l
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "Model ", model.name(), " attends over a sliding window of its last ",
+      "Model ", Quoted(model.name()), " attends over a sliding window of its last ",
       model.sliding_window(), " tokens, which kiln's attention does not implement; up to ",
       model.sliding_window(), " tokens full attention computes the same: set max_model_len (",
       max_model_len, ") to at most ", model.sliding_window()));
@@ -493,9 +495,9 @@ absl::Status Runner::OpenWeightFiles(const RunnerOptions& options) {
 }
 
 absl::Status Runner::WeightFilesError(const absl::Status& status) const {
-  return absl::Status(status.code(),
-                      absl::StrCat("RunnerOptions::weight_files (", plan_.config.model().name(),
-                                   " shape): ", status.message()));
+  return absl::Status(status.code(), absl::StrCat("RunnerOptions::weight_files (",
+                                                  Quoted(plan_.config.model().name()),
+                                                  " shape): ", status.message()));
 }
 
 absl::StatusOr<LlamaDeviceWeights> Runner::LoadWeights(const RunnerOptions& options,

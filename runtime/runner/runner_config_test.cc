@@ -6,9 +6,11 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "attention/split_kv_planner.h"
@@ -17,6 +19,7 @@
 #include "graph/capture_sizes.h"
 #include "gtest/gtest.h"
 #include "runtime/config/presets.h"
+#include "runtime/config/quoted.h"
 #include "runtime/memory/memory_planner.h"
 #include "runtime/model/llama_model.h"
 #include "runtime/model/sampling.h"
@@ -251,7 +254,7 @@ TEST(RunnerConfigTest, RefusesHeadsDecodeAttentionHasNoKernelFor) {
   absl::Status status = LlamaShapeFromConfig(ModelShapeFromLlamaShape(nines, "9s")).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(),
-              HasSubstr("Model 9s: Decode attention has no kernel for 36 query heads over 4 KV "
+              HasSubstr("Model \"9s\": Decode attention has no kernel for 36 query heads over 4 KV "
                         "heads (9 per KV head); it is built for 1, 2, 3, 4, 5, 6, 7, 8"));
   LlamaShape wide_heads = LlamaShape::Llama1B();
   wide_heads.heads = 16;
@@ -273,9 +276,50 @@ TEST(RunnerConfigTest, SlidingWindowBoundsMaxModelLen) {
   const absl::Status status = CheckSlidingWindow(model, 8192);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(status.message(),
-            "Model Mistral-7B-v0.1 attends over a sliding window of its last 4096 tokens, which "
-            "kiln's attention does not implement; up to 4096 tokens full attention computes the "
-            "same: set max_model_len (8192) to at most 4096");
+            "Model \"Mistral-7B-v0.1\" attends over a sliding window of its last 4096 tokens, "
+            "which kiln's attention does not implement; up to 4096 tokens full attention computes "
+            "the same: set max_model_len (8192) to at most 4096");
+}
+
+// A model's name comes from the user (a config file, a --model_dir's directory name or its
+// config.json): the messages that name it quote it, escaped, on one clean line, as they do the
+// rope_type. An empty one shows as "".
+TEST(RunnerConfigTest, MessagesQuoteTheModelsNameEscaped) {
+  const std::vector<std::pair<std::string, std::string>> names = {
+      {"", "\"\""},
+      {"odd\x1b[31m\nname", "\"odd\\x1b[31m\\nname\""},
+      {"x\xc2\x9b" "2J \"q\"", "\"x\\u009b2J \\\"q\\\"\""},
+      {"report_\xe2\x80\xae" "exe.pdf", "\"report_\\u202eexe.pdf\""},
+      {"caf\xc3\xa9\xff", "\"caf\\xc3\\xa9\\xff\""},
+  };
+  LlamaShape nines = LlamaShape::Llama1B();  // groups of 9: no decode attention kernel
+  nines.hidden = 4608;
+  nines.heads = 36;
+  nines.kv_heads = 4;
+  nines.head_dim = 128;
+  for (const auto& [name, quoted] : names) {
+    std::vector<std::pair<absl::Status, std::string>> cases;  // a refusal, how it starts
+    cases.push_back({LlamaShapeFromConfig(ModelShapeFromLlamaShape(nines, name)).status(),
+                     absl::StrCat("Model ", quoted, ": Decode attention has no kernel for 36")});
+    config::ModelShape windowed = ModelShapeFromLlamaShape(LlamaShape::Llama1B(), name);
+    windowed.set_sliding_window(1024);
+    cases.push_back({CheckSlidingWindow(windowed, 4096),
+                     absl::StrCat("Model ", quoted, " attends over a sliding window of its last "
+                                  "1024 tokens")});
+    config::PlannerConfig resolved = *ResolvePlannerConfig(OneBillion());
+    *resolved.mutable_model() = windowed;
+    cases.push_back({CheckRunnerModel(resolved, 4096).status(),
+                     absl::StrCat("Model ", quoted, " attends over a sliding window")});
+    config::ModelShape roped = ModelShapeFromLlamaShape(LlamaShape::Llama1B(), "1b");
+    roped.mutable_rope_scaling()->set_rope_type(name);
+    cases.push_back({LlamaShapeFromConfig(roped).status(),
+                     absl::StrCat("Model rope_scaling.rope_type ", quoted, " is not supported")});
+    for (const auto& [status, start] : cases) {
+      EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << start;
+      EXPECT_TRUE(absl::StartsWith(status.message(), start)) << status.message();
+      EXPECT_TRUE(IsOneCleanLine(status.message())) << absl::CHexEscape(status.message());
+    }
+  }
 }
 
 // What Runner::Create refuses about the model before it allocates, checked on the host.
