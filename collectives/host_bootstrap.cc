@@ -232,22 +232,33 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
     // poll() watches them and the listener together, so a connection that stays silent holds up
     // no other. At most world_size + 64 wait at a time, which bounds the descriptors a flood of
     // connections can take. Beyond that, a new connection pushes out the one that has waited
-    // longest among the silent ones: a poll() round reported nothing from it, and nothing waits
-    // to be read from it now (a rank introduces itself as soon as it connects). A connection
-    // accepted since the last poll() is never pushed out: its introduction may sit unread in its
-    // socket. When no connection is silent, rank 0 stops accepting until the next poll() round;
-    // the listener keeps the rest.
+    // longest among the silent ones: some poll() round since it was accepted reported nothing
+    // from it (it had its chance to introduce itself), and nothing waits to be read from it now
+    // (a rank introduces itself as soon as it connects, in one piece). A connection accepted
+    // since the last poll() is never pushed out: its introduction may sit unread in its socket.
+    // When no connection is silent, rank 0 stops accepting until the next poll() round; the
+    // listener keeps the rest. Running out of descriptors (EMFILE, ENFILE) is handled alike: a
+    // silent connection is pushed out to make room, and when none is, rank 0 stops accepting
+    // until a connection leaves or kAcceptPause passed (polling the listener meanwhile would
+    // return at once, its connections still pending, and spin).
     struct Introduction {
       int fd;
       int32_t hello[3];
-      size_t got;          // bytes of `hello` received
-      bool polled_silent;  // a poll() round reported nothing from it
+      size_t got;  // bytes of `hello` received
+      // Some poll() round since it was accepted reported nothing from it. Not cleared when a
+      // later round reads part of an introduction: a rank sends its introduction whole, so a
+      // connection that sends it piecemeal is not a rank, and is pushed out as readily.
+      bool polled_silent;
     };
     std::vector<Introduction> waiting;
     const size_t max_waiting = static_cast<size_t>(world_size) + 64;
     std::vector<pollfd> polled;
     int joined = 0;
     int dropped = 0;  // connections that left, were pushed out, or were not kiln ranks
+    // Accepting is paused until then (descriptors ran out and no connection was silent).
+    constexpr absl::Duration kAcceptPause = absl::Milliseconds(2);
+    absl::Time accept_paused_until = absl::InfinitePast();
+    bool out_of_descriptors = false;  // accept4 failed with EMFILE or ENFILE at least once
     absl::Status status;
     auto too_late = [&]() {
       std::string waiting_for;
@@ -259,13 +270,19 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
       }
       return absl::DeadlineExceededError(absl::StrFormat(
           "Only %d of %d ranks joined the bootstrap at %s within %s%s%s; start every rank "
-          "with the same path and world size",
+          "with the same path and world size%s",
           joined + 1, world_size, path, absl::FormatDuration(timeout), waiting_for,
           dropped == 0 ? ""
                        : absl::StrFormat(" (%d connection(s) dropped: closed before introducing "
                                          "themselves, pushed out by later ones while silent, or "
                                          "not kiln ranks)",
-                                         dropped)));
+                                         dropped),
+          out_of_descriptors
+              ? absl::StrFormat(". Rank 0 ran out of file descriptors while accepting "
+                                "connections: raise its limit (ulimit -n) to leave about %d "
+                                "free for the rendezvous (world size + 8)",
+                                world_size + 8)
+              : ""));
     };
     auto drop = [&](size_t i) {
       close(waiting[i].fd);
@@ -280,19 +297,24 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
       return recv(waiting[i].fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) <= 0;  // none, closed or broken
     };
     while (status.ok() && joined < world_size - 1) {
-      polled.assign(1, pollfd{listener, POLLIN, 0});
+      // While accepting is paused, the listener stays in the set (index 0) with no events.
+      const bool accepting = absl::Now() >= accept_paused_until;
+      polled.assign(1, pollfd{listener, static_cast<short>(accepting ? POLLIN : 0), 0});
       for (const Introduction& w : waiting) polled.push_back(pollfd{w.fd, POLLIN, 0});
-      absl::StatusOr<bool> ready = WaitAnyReady(polled.data(), polled.size(), deadline);
+      absl::StatusOr<bool> ready =
+          WaitAnyReady(polled.data(), polled.size(),
+                       accepting ? deadline : std::min(deadline, accept_paused_until));
       if (!ready.ok()) {
         status = ready.status();
         break;
       }
-      if (!*ready) {
+      if (!*ready && absl::Now() >= deadline) {
         status = too_late();
         break;
       }
-      // Read what arrived; backwards, so that removing entry i leaves the ones before it (and
-      // their poll entries, i + 1) in place.
+      // Read what arrived (nothing when the pause ran out); backwards, so that removing entry i
+      // leaves the ones before it (and their poll entries, i + 1) in place.
+      const size_t held = static_cast<size_t>(joined) + waiting.size();
       for (size_t i = waiting.size(); status.ok() && i-- > 0;) {
         Introduction& w = waiting[i];
         if (polled[i + 1].revents == 0) {
@@ -331,29 +353,47 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
         fds[joiner - 1] = fd;
         ++joined;
       }
+      // A connection left (a descriptor is free again): accept again.
+      if (static_cast<size_t>(joined) + waiting.size() < held) {
+        accept_paused_until = absl::InfinitePast();
+      }
       if (!status.ok() || joined == world_size - 1 || polled[0].revents == 0) continue;
       // Every connection the listener holds, while there is room or a silent one to push out.
       // waiting[0, pushable) were found not silent and stay so in this pass (bytes stay until
       // read; connections accepted in it go after them): the search goes on from `pushable`.
       size_t pushable = 0;
+      auto find_silent = [&]() {
+        while (pushable < waiting.size() && !silent(pushable)) ++pushable;
+        return pushable < waiting.size();
+      };
+      auto push_out = [&]() {
+        // Best effort, never blocking (nothing else was sent to it): a rank whose introduction
+        // had not left yet reads it and connects again, also when its introduction then fails
+        // to go through (the notice stays readable after the close).
+        send(waiting[pushable].fd, &kConnectAgain, sizeof(kConnectAgain),
+             MSG_DONTWAIT | MSG_NOSIGNAL);
+        drop(pushable);
+      };
       while (true) {
-        if (waiting.size() == max_waiting) {
-          while (pushable < waiting.size() && !silent(pushable)) ++pushable;
-          if (pushable == waiting.size()) break;
-        }
+        if (waiting.size() == max_waiting && !find_silent()) break;
         int fd = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) {
           if (errno == EINTR || errno == ECONNABORTED) continue;
+          if (errno == EMFILE || errno == ENFILE) {
+            // Not fatal: the descriptors are the waiting connections' (a flood), or the limit is
+            // close to world_size (host_bootstrap.h).
+            out_of_descriptors = true;
+            if (find_silent()) {
+              push_out();
+              continue;
+            }
+            accept_paused_until = absl::Now() + kAcceptPause;
+            break;
+          }
           if (errno != EAGAIN && errno != EWOULDBLOCK) status = ErrnoStatus("accept");
           break;
         }
-        if (waiting.size() == max_waiting) {
-          // Best effort, never blocking (nothing else was sent to it): a rank whose introduction
-          // had not left yet reads it, or fails to send, and connects again.
-          send(waiting[pushable].fd, &kConnectAgain, sizeof(kConnectAgain),
-               MSG_DONTWAIT | MSG_NOSIGNAL);
-          drop(pushable);
-        }
+        if (waiting.size() == max_waiting) push_out();
         waiting.push_back(Introduction{fd, {0, -1, -1}, 0, false});
       }
     }
@@ -385,32 +425,38 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
       int32_t hello[3] = {kHelloMagic, rank, world_size};
       absl::StatusOr<bool> sent =
           SendAll(fd, reinterpret_cast<const char*>(hello), sizeof(hello), deadline);
+      // Rank 0 closed the connection before the introduction went through. What it queued
+      // before closing stays readable: the notice when it pushed the connection out as silent,
+      // nothing when it ended the rendezvous (it refused another rank or gave up).
+      const bool closed_early = absl::IsUnavailable(sent.status());
       // Wait for rank 0's verdict: sent once every rank joined, or at once if it refused this
       // rank (a rank or world size that does not fit its own).
       uint32_t length = 0;
       absl::StatusOr<bool> got = sent;
-      if (sent.ok() && *sent) {
+      if (closed_early || (sent.ok() && *sent)) {
         got = ReceiveAll(fd, reinterpret_cast<char*>(&length), sizeof(length), deadline);
       }
       // Rank 0 accepted the connection before the introduction arrived and pushed it out as
-      // silent: it closed before the introduction went through, or says so.
-      const bool pushed_out = absl::IsUnavailable(sent.status()) ||
-                              (got.ok() && *got && length == kConnectAgain);
+      // silent.
+      const bool pushed_out = got.ok() && *got && length == kConnectAgain;
       if (pushed_out && absl::Now() < deadline) {
         close(fd);
         continue;
       }
-      if (pushed_out || !sent.ok() || !*sent) {
+      if (pushed_out || (!closed_early && (!sent.ok() || !*sent))) {
         close(fd);
         return absl::DeadlineExceededError(absl::StrFormat(
             "Rank %d could not introduce itself to rank 0 at %s within %s", rank, path,
             absl::FormatDuration(timeout)));
       }
-      std::string refusal(got.ok() && *got ? std::min<uint32_t>(length, 4096) : 0, '\0');
+      std::string refusal(!closed_early && got.ok() && *got ? std::min<uint32_t>(length, 4096) : 0,
+                          '\0');
       if (!refusal.empty()) got = ReceiveAll(fd, refusal.data(), refusal.size(), deadline);
-      if (!got.ok() || (*got && length > 0)) {
+      if (closed_early || !got.ok() || (*got && length > 0)) {
         close(fd);
-        if (got.ok()) return absl::InvalidArgumentError(absl::StrCat("Rank 0 refused: ", refusal));
+        if (!closed_early && got.ok()) {
+          return absl::InvalidArgumentError(absl::StrCat("Rank 0 refused: ", refusal));
+        }
         return absl::UnavailableError(absl::StrFormat(
             "Rank %d of %d: rank 0 at %s ended the rendezvous before every rank joined (it "
             "refused another rank or gave up); see its error, and start every rank again",

@@ -68,7 +68,15 @@ class HostBootstrap {
   // introduction at a time. Past that, a new one pushes out the one that waited longest among
   // those a poll() round found silent and that have nothing to read (never one whose
   // introduction waits unread), and tells it to connect again: a rank whose introduction had not
-  // arrived yet does so. DeadlineExceeded when not everyone joined in time.
+  // arrived yet does so. A joining rank whose connection rank 0 closes without that notice gets
+  // Unavailable at once. DeadlineExceeded when not everyone joined in time.
+  // Descriptors: rank 0 holds its listener, one socket per joined rank and the connections
+  // waiting for their introduction, so world_size ranks need about world_size + 8 free
+  // descriptors on rank 0 (ulimit -n; a soft limit of 1024 is common, too few near
+  // kMaxWorldSize); a joining rank needs one. When rank 0 runs out while accepting (EMFILE,
+  // ENFILE), it pushes out a silent connection to make room, or else stops accepting until a
+  // connection leaves or a few milliseconds passed; that never fails the rendezvous, and a rank
+  // it could never accept ends it in DeadlineExceeded saying so.
   static absl::StatusOr<std::unique_ptr<HostBootstrap>> Rendezvous(const std::string& path,
                                                                    int rank, int world_size,
                                                                    absl::Duration timeout);

@@ -1,8 +1,17 @@
 #include "collectives/host_bootstrap.h"
 
+#include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -15,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
@@ -24,7 +34,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -1051,7 +1063,9 @@ TEST(HostBootstrapSweepTest, RanksStillMeetAmidAFloodOfSilentConnections) {
   // have nothing to read, and a rank whose introduction had not even left when it was pushed out
   // connects again: every rank joins at once, instead of reading an early end while rank 0 waits
   // out its timeout.
-  constexpr absl::Duration kTimeout = absl::Seconds(20);
+  // The bound on how long the ranks take is half the deadline: generous for a sanitizer build on
+  // two cores, and still far from a rank 0 that waits out its timeout.
+  constexpr absl::Duration kTimeout = absl::Seconds(60);
   for (const int world : {2, 3, 8, 32}) {
     const std::string path = TempPath(absl::StrCat("flooded", world));
     const absl::Time start = absl::Now();
@@ -1092,7 +1106,7 @@ TEST(HostBootstrapSweepTest, RanksStillMeetAmidAFloodOfSilentConnections) {
     const absl::Duration took = absl::Now() - start;
     stop = true;
     for (auto& t : flood) t.join();
-    EXPECT_LT(took, absl::Seconds(10)) << "world " << world;
+    EXPECT_LT(took, kTimeout / 2) << "world " << world;
     for (int r = 0; r < world; ++r) {
       EXPECT_TRUE(boots[r].ok()) << "world " << world << " rank " << r << " " << boots[r].status();
     }
@@ -1113,31 +1127,79 @@ TEST(HostBootstrapSweepTest, RanksStillMeetAmidAFloodOfSilentConnections) {
   }
 }
 
+// Listens at the abstract socket `path`, as rank 0 does (the test plays it). Returns the
+// listening descriptor, or -1.
+int ListenAt(const std::string& path) {
+  const int listener = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (listener < 0) return -1;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  addr.sun_path[0] = '\0';
+  if (bind(listener, reinterpret_cast<sockaddr*>(&addr),
+           static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size())) != 0 ||
+      listen(listener, 4) != 0) {
+    close(listener);
+    return -1;
+  }
+  return listener;
+}
+
+// Accepts a connection on `listener`, or returns -1 when none comes within `wait`: a rank that
+// never connects fails the test with a message instead of hanging it.
+int AcceptWithin(int listener, absl::Duration wait) {
+  pollfd p{listener, POLLIN, 0};
+  if (poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(wait))) != 1) return -1;
+  return accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+}
+
+// Returns the next `n` bytes from `fd`, or nullopt when they do not all arrive within `wait`
+// (or the peer closes first).
+std::optional<std::string> ReceiveWithin(int fd, size_t n, absl::Duration wait) {
+  const absl::Time deadline = absl::Now() + wait;
+  std::string got;
+  while (got.size() < n) {
+    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    pollfd p{fd, POLLIN, 0};
+    if (ms <= 0 || poll(&p, 1, static_cast<int>(ms)) != 1) return std::nullopt;
+    char bytes[64];
+    const ssize_t r = recv(fd, bytes, std::min(sizeof(bytes), n - got.size()), MSG_DONTWAIT);
+    if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    if (r <= 0) return std::nullopt;
+    got.append(bytes, static_cast<size_t>(r));
+  }
+  return got;
+}
+
 TEST(HostBootstrapTest, ARankPushedOutBeforeItsIntroductionConnectsAgain) {
   // The test plays rank 0 at the socket: it tells the rank's first connection to connect again
   // and closes it unread, as rank 0 does to a connection that looked silent while its rendezvous
   // was full. The rank connects again, introduces itself and joins.
   const std::string path = TempPath("pushed_out");
-  const int listener = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int listener = ListenAt(path);
   ASSERT_GE(listener, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.data(), path.size());
-  addr.sun_path[0] = '\0';
-  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr),
-                 static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size())),
-            0);
-  ASSERT_EQ(listen(listener, 4), 0);
   absl::StatusOr<std::unique_ptr<HostBootstrap>> rank1;
   std::thread joiner([&] { rank1 = HostBootstrap::Rendezvous(path, 1, 2, absl::Seconds(10)); });
-  const int first = accept(listener, nullptr, nullptr);
-  ASSERT_GE(first, 0);
-  WriteAll(first, kConnectAgain);
-  close(first);
-  const int second = accept(listener, nullptr, nullptr);
-  ASSERT_GE(second, 0);
+  const int first = AcceptWithin(listener, absl::Seconds(20));
+  int second = -1;
+  if (first >= 0) {
+    WriteAll(first, kConnectAgain);
+    close(first);
+    second = AcceptWithin(listener, absl::Seconds(20));
+  }
+  std::optional<std::string> introduction;
+  if (second >= 0) introduction = ReceiveWithin(second, 12, absl::Seconds(20));
+  if (!introduction.has_value()) {
+    joiner.join();  // returns by the rank's deadline
+    close(listener);
+    if (second >= 0) close(second);
+    FAIL() << (first < 0    ? "the rank never connected"
+               : second < 0 ? "the rank did not connect again after it was pushed out"
+                            : "the rank did not introduce itself on its second connection")
+           << "; it returned " << rank1.status();
+  }
   int32_t hello[3] = {};
-  ASSERT_EQ(recv(second, hello, sizeof(hello), MSG_WAITALL), 12);
+  std::memcpy(hello, introduction->data(), sizeof(hello));
   EXPECT_EQ(hello[0], kHelloMagic);
   EXPECT_EQ(hello[1], 1);
   EXPECT_EQ(hello[2], 2);
@@ -1150,6 +1212,303 @@ TEST(HostBootstrapTest, ARankPushedOutBeforeItsIntroductionConnectsAgain) {
   absl::StatusOr<std::string> got = (*rank1)->Broadcast("");
   EXPECT_EQ(got.value_or(""), "after a push-out") << got.status();
   close(second);
+}
+
+// A forked child process that runs a body and sends back what it returns through a pipe.
+// Killed and reaped on destruction if still running.
+class Child {
+ public:
+  // Forks; the child runs `body`, writes what it returns to the pipe and exits at once (_exit:
+  // no atexit handlers, no test-framework teardown in the child). Call it while this process
+  // runs no other thread: the child gets only the calling one.
+  explicit Child(const std::function<std::string()>& body) {
+    int ends[2];
+    if (pipe2(ends, O_CLOEXEC) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      close(ends[0]);
+      const std::string out = body();
+      for (size_t done = 0; done < out.size();) {
+        const ssize_t n = write(ends[1], out.data() + done, out.size() - done);
+        if (n <= 0) break;
+        done += static_cast<size_t>(n);
+      }
+      _exit(0);
+    }
+    close(ends[1]);
+    result_ = ends[0];
+    if (pid_ < 0) Close();
+  }
+  ~Child() { Close(); }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+
+  bool started() const { return pid_ > 0; }
+
+  // Returns whether the child is done (it wrote its result and exited) without waiting.
+  bool Done() const {
+    pollfd p{result_, POLLIN, 0};
+    return result_ >= 0 && poll(&p, 1, 0) == 1;
+  }
+
+  // Returns what the child wrote before it exited, or nullopt when it did not exit within
+  // `wait` (it is killed then).
+  std::optional<std::string> Finish(absl::Duration wait) {
+    const absl::Time deadline = absl::Now() + wait;
+    std::string got;
+    while (result_ >= 0) {
+      const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+      pollfd p{result_, POLLIN, 0};
+      if (ms <= 0 || poll(&p, 1, static_cast<int>(ms)) != 1) break;
+      char bytes[256];
+      const ssize_t n = read(result_, bytes, sizeof(bytes));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        Close();  // end of file: the child exited
+        return got;
+      }
+      got.append(bytes, static_cast<size_t>(n));
+    }
+    Close();
+    return std::nullopt;
+  }
+
+ private:
+  void Close() {
+    if (result_ >= 0) close(result_);
+    result_ = -1;
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);  // no effect on a child that exited; reaped below either way
+      waitpid(pid_, nullptr, 0);
+    }
+    pid_ = -1;
+  }
+
+  pid_t pid_ = -1;
+  int result_ = -1;
+};
+
+// A status as one line of text, and back: how a child process reports one.
+std::string EncodeStatus(const absl::Status& status) {
+  return absl::StrCat(static_cast<int>(status.code()), " ", status.message());
+}
+
+absl::Status DecodeStatus(const std::string& line) {
+  const std::vector<std::string> parts = absl::StrSplit(line, absl::MaxSplits(' ', 1));
+  int code = 0;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &code)) {
+    return absl::InternalError(absl::StrCat("Not a status from the child process: ", line));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(code), parts[1]);
+}
+
+// Makes every later send() of this process (in a forked child) fail with EPIPE, as one does
+// once the peer closed the connection. Returns false where seccomp filters are unavailable.
+bool FailEverySend() {
+#if defined(__x86_64__)
+  constexpr uint32_t kArch = AUDIT_ARCH_X86_64;
+#elif defined(__aarch64__)
+  constexpr uint32_t kArch = AUDIT_ARCH_AARCH64;
+#else
+  return false;
+#endif
+  // send() is the sendto system call on both.
+  sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kArch, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_sendto, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPIPE & SECCOMP_RET_DATA)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog program{static_cast<unsigned short>(sizeof(filter) / sizeof(filter[0])), filter};
+  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+         prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) == 0;
+}
+
+TEST(HostBootstrapTest, ARankWhoseIntroductionCannotGoOutReadsWhyRankZeroClosed) {
+  // Rank 0 may close a rank's connection before the rank's introduction goes out: it pushed the
+  // connection out as silent (and queued the notice to connect again first), or it ended the
+  // rendezvous (refused another rank or gave up) and closed it without a word. The rank's send
+  // then fails, and what rank 0 queued is still readable: the rank connects again only on the
+  // notice, and otherwise fails at once, not at its deadline. The send fails only when rank 0
+  // closes in the moment between the rank's connect and its send; to make that certain, the
+  // rank runs in a forked child whose every send fails as it then does (EPIPE), and the test
+  // plays rank 0: it pushes out the first connection and closes the second without a word.
+  Child probe([] { return std::string(FailEverySend() ? "filtered" : "unfiltered"); });
+  if (probe.Finish(absl::Seconds(20)) != "filtered") {
+    GTEST_SKIP() << "no seccomp filters here to make the rank's sends fail";
+  }
+  const std::string path = TempPath("closed_early");
+  const int listener = ListenAt(path);
+  ASSERT_GE(listener, 0);
+  constexpr absl::Duration kTimeout = absl::Seconds(10);
+  Child rank1([&] {
+    close(listener);  // the child's copy
+    if (!FailEverySend()) return EncodeStatus(absl::InternalError("No seccomp filter"));
+    return EncodeStatus(HostBootstrap::Rendezvous(path, 1, 2, kTimeout).status());
+  });
+  ASSERT_TRUE(rank1.started());
+  const int first = AcceptWithin(listener, absl::Seconds(20));
+  if (first >= 0) {
+    WriteAll(first, kConnectAgain);
+    close(first);
+  }
+  const int second = first < 0 ? -1 : AcceptWithin(listener, absl::Seconds(20));
+  const absl::Time closed = absl::Now();
+  if (second >= 0) close(second);
+  const std::optional<std::string> result = rank1.Finish(kTimeout + absl::Seconds(20));
+  const absl::Duration took = absl::Now() - closed;
+  close(listener);
+  ASSERT_TRUE(result.has_value()) << "the rank did not return";
+  ASSERT_GE(first, 0) << "the rank never connected; it returned " << *result;
+  ASSERT_GE(second, 0) << "the rank did not connect again after the notice; it returned "
+                       << *result;
+  const absl::Status status = DecodeStatus(*result);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("Rank 1 of 2: rank 0 at " + path +
+                        " ended the rendezvous before every rank joined"));
+  EXPECT_LT(took, kTimeout / 2) << "the rank waited for its deadline";
+}
+
+// Lowers this process's descriptor limit so that exactly `free` descriptors are free below it.
+// Returns false when the limit cannot be set.
+bool LeaveFreeDescriptors(int free) {
+  int limit = 0;
+  for (int found = 0; found < free; ++limit) {
+    if (fcntl(limit, F_GETFD) < 0 && errno == EBADF) ++found;
+  }
+  rlimit r{};
+  if (getrlimit(RLIMIT_NOFILE, &r) != 0) return false;
+  r.rlim_cur = static_cast<rlim_t>(limit);
+  return setrlimit(RLIMIT_NOFILE, &r) == 0;
+}
+
+TEST(HostBootstrapSweepTest, RanksMeetAmidAFloodWhileRankZeroRunsOutOfDescriptors) {
+  // Rank 0 runs in a forked child whose descriptor limit leaves room for its listener, the other
+  // ranks and two more connections, far below world size + 64, while threads flood its socket
+  // with silent connections. accept() fails with EMFILE over and over: rank 0 pushes out silent
+  // connections to make room (or waits a moment for one to become silent), and the ranks meet.
+  constexpr int kWorld = 4;
+  constexpr absl::Duration kTimeout = absl::Seconds(60);
+  const std::string path = TempPath("out_of_descriptors");
+  const absl::Time start = absl::Now();
+  Child rank0([&] {
+    if (!LeaveFreeDescriptors(kWorld + 2)) return EncodeStatus(absl::InternalError("setrlimit"));
+    absl::StatusOr<std::unique_ptr<HostBootstrap>> boot =
+        HostBootstrap::Rendezvous(path, 0, kWorld, kTimeout);
+    if (!boot.ok()) return EncodeStatus(boot.status());
+    return EncodeStatus((*boot)->AllGather("rank0").status());
+  });
+  ASSERT_TRUE(rank0.started());
+  std::atomic<bool> stop{false};
+  std::atomic<int> connected{0};
+  std::vector<std::thread> flood;
+  for (int t = 0; t < 3; ++t) {
+    flood.emplace_back([&] {
+      std::deque<int> fds;  // the latest ones stay open
+      while (!stop.load()) {
+        const int fd = ConnectOnce(path);
+        if (fd < 0) {
+          absl::SleepFor(absl::Milliseconds(1));  // not listening yet, or no more
+          continue;
+        }
+        ++connected;
+        fds.push_back(fd);
+        if (fds.size() > 50) {
+          close(fds.front());
+          fds.pop_front();
+        }
+      }
+      for (int fd : fds) close(fd);
+    });
+  }
+  // Far more connections than rank 0 has room for, unless it stopped listening.
+  while (connected.load() < 20 * (kWorld + 2) && !rank0.Done() &&
+         absl::Now() - start < absl::Seconds(10)) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  std::vector<absl::StatusOr<std::unique_ptr<HostBootstrap>>> boots(kWorld);
+  std::vector<std::vector<std::string>> got(kWorld);
+  std::vector<std::thread> ranks;
+  if (!rank0.Done()) {
+    for (int r = 1; r < kWorld; ++r) {
+      ranks.emplace_back([&, r] {
+        boots[r] = HostBootstrap::Rendezvous(path, r, kWorld, kTimeout);
+        if (!boots[r].ok()) return;
+        absl::StatusOr<std::vector<std::string>> all =
+            (*boots[r])->AllGather(absl::StrCat("rank", r));
+        if (all.ok()) got[r] = *all;
+      });
+    }
+  }
+  const std::optional<std::string> result = rank0.Finish(kTimeout + absl::Seconds(10));
+  for (auto& t : ranks) t.join();
+  const absl::Duration took = absl::Now() - start;
+  stop = true;
+  for (auto& t : flood) t.join();
+  ASSERT_TRUE(result.has_value()) << "rank 0 did not return";
+  const absl::Status status = DecodeStatus(*result);
+  ASSERT_TRUE(status.ok()) << "rank 0: " << status;
+  ASSERT_EQ(ranks.size(), static_cast<size_t>(kWorld - 1));
+  for (int r = 1; r < kWorld; ++r) {
+    ASSERT_TRUE(boots[r].ok()) << "rank " << r << " " << boots[r].status();
+    EXPECT_THAT(got[r], ElementsAre("rank0", "rank1", "rank2", "rank3")) << "rank " << r;
+  }
+  EXPECT_GE(connected.load(), 20 * (kWorld + 2));
+  EXPECT_LT(took, kTimeout / 2);
+}
+
+TEST(HostBootstrapTest, RankZeroOutOfDescriptorsWaitsWithoutSpinningAndSaysWhy) {
+  // Rank 0 (a forked child) has room for its listener and one connection only. One of the two
+  // other ranks joins; the other's connection stays in the listener's backlog and accept()
+  // fails with EMFILE until the deadline. Rank 0 does not fail at once, nor spin on the listener
+  // (readable all along): it waits out its timeout using little CPU and says what to raise.
+  constexpr int kWorld = 3;
+  constexpr absl::Duration kTimeout = absl::Seconds(2);
+  const std::string path = TempPath("no_descriptors");
+  Child rank0([&] {
+    if (!LeaveFreeDescriptors(2)) {
+      return absl::StrCat("0 ", EncodeStatus(absl::InternalError("setrlimit")));
+    }
+    rusage before{}, after{};
+    getrusage(RUSAGE_SELF, &before);
+    const absl::Status status = HostBootstrap::Rendezvous(path, 0, kWorld, kTimeout).status();
+    getrusage(RUSAGE_SELF, &after);
+    const absl::Duration cpu =
+        absl::DurationFromTimeval(after.ru_utime) - absl::DurationFromTimeval(before.ru_utime) +
+        absl::DurationFromTimeval(after.ru_stime) - absl::DurationFromTimeval(before.ru_stime);
+    return absl::StrCat(absl::ToInt64Milliseconds(cpu), " ", EncodeStatus(status));
+  });
+  ASSERT_TRUE(rank0.started());
+  std::vector<absl::Status> others(kWorld);
+  std::vector<std::thread> ranks;
+  for (int r = 1; r < kWorld; ++r) {
+    ranks.emplace_back([&, r] {
+      others[r] = HostBootstrap::Rendezvous(path, r, kWorld, absl::Seconds(20)).status();
+    });
+  }
+  const std::optional<std::string> result = rank0.Finish(absl::Seconds(30));
+  for (auto& t : ranks) t.join();
+  ASSERT_TRUE(result.has_value()) << "rank 0 did not return";
+  const std::vector<std::string> parts = absl::StrSplit(*result, absl::MaxSplits(' ', 1));
+  int64_t cpu_ms = 0;
+  ASSERT_EQ(parts.size(), 2u) << *result;
+  ASSERT_TRUE(absl::SimpleAtoi(parts[0], &cpu_ms)) << *result;
+  const absl::Status status = DecodeStatus(parts[1]);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("Only 2 of 3 ranks joined"));
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("Rank 0 ran out of file descriptors while accepting connections: raise "
+                        "its limit (ulimit -n) to leave about 11 free for the rendezvous"));
+  EXPECT_LT(cpu_ms, 500) << "rank 0 spun while it could not accept";
+  // The ranks learn at once that rank 0 ended the rendezvous.
+  for (int r = 1; r < kWorld; ++r) {
+    EXPECT_EQ(others[r].code(), absl::StatusCode::kUnavailable)
+        << "rank " << r << " " << others[r];
+  }
 }
 
 TEST(HostBootstrapTest, ASkippedCallOfTheSameKindEndsInErrorsWithinTheTimeout) {
