@@ -86,10 +86,13 @@ void AutoCommunicator::AbortAfterTimeout(const absl::Status& error) {
 absl::Status AutoCommunicator::AllReduce(const void* in, void* out, size_t count,
                                          DataType dtype, cudaStream_t stream) {
   RETURN_IF_ERROR(aborted_);
+  // A lost peer next, before the arguments and whatever the path: an NCCL call would wait for
+  // that peer with no timeout of its own. Asked once; the custom path does not ask again.
+  if (custom_ != nullptr) RETURN_IF_ERROR(custom_->CheckTimedOut());
   // The call's only argument checks: CheckAllReduceArgs in PlanCall, and SelectAllReduce, which
   // picks a custom plan only for what CheckCustomAllReducePlan accepts (allreduce_policy_test).
-  // Neither communicator below checks them again; the custom one checks its own state and the
-  // capture state (from call.capture, read once).
+  // Neither communicator below checks them again; the custom one checks the rest of its state
+  // (an unregistered replay) and the capture state (from call.capture, read once).
   ASSIGN_OR_RETURN(const PlannedCall call, PlanCall(in, out, count, dtype, stream));
   const AllReducePlan& plan = call.plan;
   if (plan.algorithm != AllReduceAlgorithm::kNccl) {
@@ -128,6 +131,8 @@ bool AutoCommunicator::SupportsAllReduceAddRmsNorm(int64_t tokens, int64_t hidde
 absl::Status AutoCommunicator::AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs& args,
                                                    cudaStream_t stream) {
   RETURN_IF_ERROR(aborted_);
+  // A lost peer next, before the sizes, as for AllReduce.
+  if (custom_ != nullptr) RETURN_IF_ERROR(custom_->CheckTimedOut());
   if (!SupportsAllReduceAddRmsNorm(args.tokens, args.hidden, args.dtype)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "No fused all-reduce + RMSNorm for %d x %d %s here (%s); check "
@@ -166,7 +171,8 @@ absl::Status AutoCommunicator::AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs
                    << result.message();
     }
     input = AllReduceInput::kStaged;
-    result = custom_->EnqueueAddRmsNorm(args, input, capture, stream);
+    // The state was checked for this call already.
+    result = custom_->EnqueueCheckedAddRmsNorm(args, input, capture, stream);
   }
   if (!result.ok()) return result;
   ++stats_.fused_add_rms_norm;

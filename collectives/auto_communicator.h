@@ -65,11 +65,15 @@ class AutoCommunicator : public Communicator {
   int rank() const override { return nccl_->rank(); }
   int world_size() const override { return nccl_->world_size(); }
 
-  // Picks the path with SelectAllReduce and enqueues it. InvalidArgument, on every path and
-  // before anything is enqueued, for what CheckAllReduceArgs refuses (a dtype outside the enum, a
-  // size that overflows, null buffers). The arguments are checked once, here: the custom or NCCL
-  // communicator under it enqueues without checking them again (SelectAllReduce picks the custom
-  // kernels only for what CheckCustomAllReducePlan accepts). Legal during capture.
+  // Picks the path with SelectAllReduce and enqueues it. First returns the error that ends every
+  // call, before the arguments are checked and whatever the path: the abort after a
+  // SynchronizeStream timeout, then the custom all-reduce's DeadlineExceeded once one of its
+  // barriers timed out (a lost peer, which an NCCL call would wait for too). InvalidArgument, on
+  // every path and before anything is enqueued, for what CheckAllReduceArgs refuses (a dtype
+  // outside the enum, a size that overflows, null buffers). The arguments are checked once,
+  // here: the custom or NCCL communicator under it enqueues without checking them again
+  // (SelectAllReduce picks the custom kernels only for what CheckCustomAllReducePlan accepts).
+  // Legal during capture.
   absl::Status AllReduce(const void* in, void* out, size_t count, DataType dtype,
                          cudaStream_t stream) override;
 
@@ -83,8 +87,9 @@ class AutoCommunicator : public Communicator {
   // at most 512 KiB take the push kernel (nothing to register; counted as one-shot staged);
   // larger ones the pull kernel, which under capture reads a registered input where the policy
   // would for a plain one-shot call (ChooseAllReduceInput), else the staging copy, and falls
-  // back to staged on every rank when some rank cannot export its captured input.
-  // InvalidArgument where SupportsAllReduceAddRmsNorm says no. Legal during capture.
+  // back to staged on every rank when some rank cannot export its captured input. First returns
+  // the errors that end every call, as AllReduce does; then InvalidArgument where
+  // SupportsAllReduceAddRmsNorm says no. Legal during capture.
   absl::Status AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs& args,
                                    cudaStream_t stream) override;
 

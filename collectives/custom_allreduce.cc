@@ -266,15 +266,24 @@ CustomAllReduce::~CustomAllReduce() {
 }
 
 absl::Status CustomAllReduce::CheckAsyncErrors() {
+  RETURN_IF_ERROR(CheckTimedOut());
+  return TakeUnregisteredReplay();
+}
+
+absl::Status CustomAllReduce::CheckTimedOut() {
   if (!sticky_.ok()) return sticky_;
-  volatile DeviceErrorWords* e = errors_;
+  const volatile DeviceErrorWords* e = errors_;
   if (e->timed_out != 0) {
     sticky_ = absl::DeadlineExceededError(absl::StrFormat(
         "Custom all-reduce on rank %d waited more than %d ms for rank %d at barrier %d; that "
         "process died or is stuck. This communicator is unusable: recreate it on every rank",
         rank_, config_.barrier_timeout_ms(), e->timed_out_peer, e->timed_out_stage));
-    return sticky_;
   }
+  return sticky_;
+}
+
+absl::Status CustomAllReduce::TakeUnregisteredReplay() {
+  volatile DeviceErrorWords* e = errors_;
   if (e->unregistered != 0) {
     const int slot = e->unregistered_slot;
     e->unregistered = 0;
@@ -395,7 +404,7 @@ absl::Status CustomAllReduce::EnqueueAllReduce(const void* in, void* out, size_t
                                                DataType dtype, const AllReducePlan& plan,
                                                cudaStreamCaptureStatus capture,
                                                cudaStream_t stream) {
-  RETURN_IF_ERROR(CheckAsyncErrors());
+  RETURN_IF_ERROR(TakeUnregisteredReplay());
   return EnqueueCheckedAllReduce(in, out, bytes, dtype, plan, capture, stream);
 }
 
@@ -619,7 +628,7 @@ absl::Status CustomAllReduce::EnqueueAddRmsNorm(const AllReduceAddRmsNormArgs& a
                                                 AllReduceInput input,
                                                 cudaStreamCaptureStatus capture,
                                                 cudaStream_t stream) {
-  RETURN_IF_ERROR(CheckAsyncErrors());
+  RETURN_IF_ERROR(TakeUnregisteredReplay());
   return EnqueueCheckedAddRmsNorm(args, input, capture, stream);
 }
 

@@ -165,15 +165,23 @@ class CustomAllReduce {
     std::string key;  // capture key, for messages
   };
 
-  // AutoCommunicator checks a call's arguments once, when it plans it, then enqueues it through
-  // EnqueueAllReduce and EnqueueAddRmsNorm.
+  // AutoCommunicator asks CheckTimedOut first on every call, whatever its path, checks a call's
+  // arguments once, when it plans it, then enqueues it through EnqueueAllReduce and
+  // EnqueueAddRmsNorm.
   friend class AutoCommunicator;
 
   CustomAllReduce(HostBootstrap& bootstrap, int device, const AllReduceConfig& config);
+  // Returns the sticky DeadlineExceeded once a barrier timed out (a peer died or hung; read from
+  // the device-written word without waiting), else OK. The first half of CheckAsyncErrors.
+  absl::Status CheckTimedOut();
+  // Returns FailedPrecondition once per replay that found its input unregistered (and clears
+  // the device's flag), else OK. The second half of CheckAsyncErrors.
+  absl::Status TakeUnregisteredReplay();
   // Enqueues an all-reduce of `bytes` whose arguments passed CheckAllReduceArgs (which gave
-  // `bytes`) and CheckCustomAllReducePlan with this object's max_bytes(); `capture` is `stream`'s
-  // capture status, read for this call. Checks the rest, which the arguments alone do not
-  // decide: the sticky error and CheckAsyncErrors, then as EnqueueCheckedAllReduce.
+  // `bytes`) and CheckCustomAllReducePlan with this object's max_bytes(), after CheckTimedOut
+  // returned OK; `capture` is `stream`'s capture status, read for this call. Checks the rest,
+  // which the arguments alone do not decide: TakeUnregisteredReplay, then as
+  // EnqueueCheckedAllReduce.
   absl::Status EnqueueAllReduce(const void* in, void* out, size_t bytes, DataType dtype,
                                 const AllReducePlan& plan, cudaStreamCaptureStatus capture,
                                 cudaStream_t stream);
@@ -184,12 +192,13 @@ class CustomAllReduce {
   absl::Status EnqueueCheckedAllReduce(const void* in, void* out, size_t bytes, DataType dtype,
                                        const AllReducePlan& plan, cudaStreamCaptureStatus capture,
                                        cudaStream_t stream);
-  // Enqueues a fused call whose sizes passed SupportsAddRmsNorm, `capture` as above: the sticky
-  // error and CheckAsyncErrors, then as EnqueueCheckedAddRmsNorm.
+  // Enqueues a fused call whose sizes passed SupportsAddRmsNorm, after CheckTimedOut returned
+  // OK, `capture` as above: TakeUnregisteredReplay, then as EnqueueCheckedAddRmsNorm.
   absl::Status EnqueueAddRmsNorm(const AllReduceAddRmsNormArgs& args, AllReduceInput input,
                                  cudaStreamCaptureStatus capture, cudaStream_t stream);
-  // EnqueueAddRmsNorm once the state was checked too: checks everything else
-  // AllReduceAddRmsNorm documents.
+  // EnqueueAddRmsNorm once the state was checked too (AllReduceAddRmsNorm checks it before the
+  // sizes; AutoCommunicator's retry of a registered call as staged, after EnqueueAddRmsNorm):
+  // checks everything else AllReduceAddRmsNorm documents.
   absl::Status EnqueueCheckedAddRmsNorm(const AllReduceAddRmsNormArgs& args,
                                         AllReduceInput input, cudaStreamCaptureStatus capture,
                                         cudaStream_t stream);

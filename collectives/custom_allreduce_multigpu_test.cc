@@ -781,6 +781,30 @@ TEST(CustomAllReduceMultiGpuTest, DeadPeerEndsInDeadlineExceeded) {
         fused.hidden = 3;  // not a multiple of 8
         EXPECT_EQ(custom.AllReduceAddRmsNorm(fused, AllReduceInput::kStaged, s).code(),
                   absl::StatusCode::kDeadlineExceeded);
+        // AutoCommunicator asks the same first, whatever the call: one it would refuse (a null
+        // input, rows it does not fuse) and one it plans for NCCL (an unaligned input; an NCCL
+        // kernel would wait for the dead peer with no timeout) report the lost peer, and
+        // nothing is enqueued.
+        AutoCommunicator& comm = *c.rig.comm;
+        const AllReduceStats before = comm.stats();
+        const absl::Status bad = comm.AllReduce(nullptr, c.out.data(), count, DataType::kBf16, s);
+        EXPECT_EQ(bad.code(), absl::StatusCode::kDeadlineExceeded) << bad;
+        const void* unaligned_in = static_cast<const char*>(c.in.data()) + 2;
+        void* unaligned_out = static_cast<char*>(c.out.data()) + 2;
+        absl::StatusOr<AllReducePlan> plan =
+            comm.Plan(unaligned_in, unaligned_out, count - 1, DataType::kBf16, s);
+        ASSERT_TRUE(plan.ok()) << plan.status();
+        ASSERT_EQ(plan->algorithm, AllReduceAlgorithm::kNccl);
+        const absl::Status nccl_planned =
+            comm.AllReduce(unaligned_in, unaligned_out, count - 1, DataType::kBf16, s);
+        EXPECT_EQ(nccl_planned.code(), absl::StatusCode::kDeadlineExceeded) << nccl_planned;
+        EXPECT_NE(nccl_planned.message().find("waited more than"), absl::string_view::npos)
+            << nccl_planned;
+        const absl::Status fused_status = comm.AllReduceAddRmsNorm(fused, s);
+        EXPECT_EQ(fused_status.code(), absl::StatusCode::kDeadlineExceeded) << fused_status;
+        EXPECT_EQ(comm.stats().nccl, before.nccl) << "an NCCL call was enqueued";
+        EXPECT_EQ(comm.stats().one_shot_staged, before.one_shot_staged);
+        EXPECT_EQ(cudaStreamQuery(s), cudaSuccess) << "work was enqueued after the timeout";
         // A communicator with a dead peer cannot be torn down collectively (NCCL's finalize
         // would wait for it); the process is about to exit, so leave it to the driver.
         c.rig.comm.release();
