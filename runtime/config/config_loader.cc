@@ -34,13 +34,13 @@ using google::protobuf::Struct;
 using google::protobuf::Value;
 
 // Returns the text parser's `message` as the end of a clause. The parser ends a sentence of its
-// own with a period ("Message type \"a.B\" has no field named \"x\"."), which is dropped; but it
-// ends a message that shows a token of the file with the token as the file writes it, after a
-// ": " ("Expected integer, got: 8."), and that keeps its last byte. An empty token there is the
-// end of the text. Only what is not printable is escaped, so the parser's quotes read as quotes.
+// own with a period ("Message type \"a.B\" has no field named \"x\".", "... Value: \"yes\"."),
+// which is dropped; but a tokenizer message ends with the token as the file writes it, after
+// "got: " ("Expected integer, got: 8."), and keeps its last byte. An empty token there is the end
+// of the text. Only what is not printable is escaped, so the parser's quotes read as quotes.
 std::string ParserClause(absl::string_view message) {
   if (absl::EndsWith(message, ": ")) return Printable(absl::StrCat(message, "the end of the text"));
-  if (!absl::StrContains(message, ": ")) message = absl::StripSuffix(message, ".");
+  if (!absl::StrContains(message, "got: ")) message = absl::StripSuffix(message, ".");
   return Printable(message);
 }
 

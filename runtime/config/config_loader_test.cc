@@ -213,8 +213,9 @@ TEST(ConfigLoaderTest, UnparsableInputSaysWhereAndHowToFix) {
   EXPECT_THAT(Message(directory.status()), HasSubstr("runtime/config/testdata"));
 }
 
-// The parser's own sentences lose their final period; a token of the file it shows (after
-// "got: ") is shown whole, a period included, and the end of the text is named.
+// The parser's own sentences lose their final period (a quoted value in one included); a token of
+// the file it shows after "got: " is shown whole, a period included, and the end of the text is
+// named.
 TEST(ConfigLoaderTest, TextParserMessagesShowTheTokenWhole) {
   const std::string fix = "; fix the file (fields: runtime/config/planner_config.proto)";
   const struct {
@@ -229,6 +230,8 @@ TEST(ConfigLoaderTest, TextParserMessagesShowTheTokenWhole) {
       {"max_num_seqs: 8 [", "line 1 column 18: Expected identifier, got: the end of the text"},
       {"max_num_seqs: 8 max_num_seqs: 9",
        "line 1 column 29: Non-repeated field \"max_num_seqs\" is specified multiple times"},
+      {"graph { capture_prefill: yes }",
+       "line 1 column 30: Invalid value for boolean field \"capture_prefill\". Value: \"yes\""},
   };
   for (const auto& c : cases) {
     absl::StatusOr<config::PlannerConfig> got = ParsePlannerConfigText(c.text, "t.textproto");
