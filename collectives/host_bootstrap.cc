@@ -258,7 +258,8 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
     // Accepting is paused until then (descriptors ran out and no connection was silent).
     constexpr absl::Duration kAcceptPause = absl::Milliseconds(2);
     absl::Time accept_paused_until = absl::InfinitePast();
-    bool out_of_descriptors = false;  // accept4 failed with EMFILE or ENFILE at least once
+    // accept4 failed with EMFILE or ENFILE since the last connection it accepted.
+    bool out_of_descriptors = false;
     absl::Status status;
     auto too_late = [&]() {
       std::string waiting_for;
@@ -379,10 +380,10 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
         int fd = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) {
           if (errno == EINTR || errno == ECONNABORTED) continue;
-          if (errno == EMFILE || errno == ENFILE) {
-            // Not fatal: the descriptors are the waiting connections' (a flood), or the limit is
-            // close to world_size (host_bootstrap.h).
-            out_of_descriptors = true;
+          if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            // Not fatal: the descriptors (or socket memory) are the waiting connections' (a
+            // flood), or the limit is close to world_size (host_bootstrap.h).
+            if (errno == EMFILE || errno == ENFILE) out_of_descriptors = true;
             if (find_silent()) {
               push_out();
               continue;
@@ -393,6 +394,8 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
           if (errno != EAGAIN && errno != EWOULDBLOCK) status = ErrnoStatus("accept");
           break;
         }
+        // Descriptors are free again: a later timeout is not theirs.
+        out_of_descriptors = false;
         if (waiting.size() == max_waiting) push_out();
         waiting.push_back(Introduction{fd, {0, -1, -1}, 0, false});
       }

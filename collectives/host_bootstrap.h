@@ -74,9 +74,11 @@ class HostBootstrap {
   // waiting for their introduction, so world_size ranks need about world_size + 8 free
   // descriptors on rank 0 (ulimit -n; a soft limit of 1024 is common, too few near
   // kMaxWorldSize); a joining rank needs one. When rank 0 runs out while accepting (EMFILE,
-  // ENFILE), it pushes out a silent connection to make room, or else stops accepting until a
-  // connection leaves or a few milliseconds passed; that never fails the rendezvous, and a rank
-  // it could never accept ends it in DeadlineExceeded saying so.
+  // ENFILE, or ENOBUFS and ENOMEM for socket memory), it pushes out a silent connection to make
+  // room, or else stops accepting until a connection leaves or a few milliseconds passed; that
+  // never fails the rendezvous, and a rank
+  // it could never accept ends it in DeadlineExceeded saying so (descriptors only when it ran
+  // out of them after the last connection it accepted).
   static absl::StatusOr<std::unique_ptr<HostBootstrap>> Rendezvous(const std::string& path,
                                                                    int rank, int world_size,
                                                                    absl::Duration timeout);
