@@ -108,7 +108,8 @@ absl::Status AutoCommunicator::AllReduce(const void* in, void* out, size_t count
       return status;
     }
     // Unavailable: some rank could not export its captured input over IPC, and all ranks
-    // agreed on it, so all of them take NCCL for this call.
+    // agreed on it, so all of them take NCCL for this call. A failed agreement (a lost peer) is
+    // never Unavailable (internal::CaptureAgreementLost).
     if (!absl::IsUnavailable(status)) return status;
     ++stats_.ipc_fallbacks;
     if (!logged_ipc_fallback_) {
@@ -187,6 +188,7 @@ absl::Status AutoCommunicator::CheckAsyncErrors() {
 }
 
 absl::Status AutoCommunicator::RegisterGraphBuffers() {
+  RETURN_IF_ERROR(aborted_);
   return custom_ != nullptr ? custom_->RegisterGraphBuffers() : absl::OkStatus();
 }
 

@@ -67,8 +67,9 @@ class AutoCommunicator : public Communicator {
 
   // Picks the path with SelectAllReduce and enqueues it. First returns the error that ends every
   // call, before the arguments are checked and whatever the path: the abort after a
-  // SynchronizeStream timeout, then the custom all-reduce's DeadlineExceeded once one of its
-  // barriers timed out (a lost peer, which an NCCL call would wait for too). InvalidArgument, on
+  // SynchronizeStream timeout, then the custom all-reduce's sticky error: DeadlineExceeded once
+  // one of its barriers timed out, Aborted once its capture agreement lost a peer (a lost peer,
+  // which an NCCL call would wait for too, so never a fallback to NCCL). InvalidArgument, on
   // every path and before anything is enqueued, for what CheckAllReduceArgs refuses (a dtype
   // outside the enum, a size that overflows, null buffers). The arguments are checked once,
   // here: the custom or NCCL communicator under it enqueues without checking them again
@@ -97,7 +98,8 @@ class AutoCommunicator : public Communicator {
   // FailedPrecondition for a replay before registration).
   absl::Status CheckAsyncErrors() override;
 
-  // Registers the inputs captured since the last call (collective; see CustomAllReduce).
+  // Registers the inputs captured since the last call (collective; see CustomAllReduce). First
+  // returns the errors that end every call, as AllReduce does, before any exchange.
   absl::Status RegisterGraphBuffers();
 
   // Returns FailedPrecondition while captured inputs await RegisterGraphBuffers.

@@ -348,32 +348,17 @@ absl::Status CustomAllReduce::RecordGraphInput(const void* in, void* out, size_t
   const bool output_exported =
       local.ok() && out != nullptr && ExportForIpc(out, &entry.record.output).ok();
   // The ranks must agree before any of them records a kernel that waits for the others.
-  // Message: outcome, then one byte (output exported), then the slot.
-  constexpr size_t kTail = 1 + sizeof(int);
-  std::string mine = Outcome(local);
-  mine.push_back(output_exported ? '1' : '0');
-  mine.append(reinterpret_cast<const char*>(&next_slot_), sizeof(next_slot_));
-  ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap_.AllGather(mine));
-  bool every_output = out != nullptr;
-  for (int r = 0; r < world_size_; ++r) {
-    const std::string& s = all[r];
-    int their_slot = -1;
-    if (s.size() >= 1 + kTail) {
-      std::memcpy(&their_slot, s.data() + s.size() - sizeof(int), sizeof(int));
-    }
-    if (their_slot != next_slot_) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "Rank %d is capturing its graph all-reduce #%d while rank %d is at #%d; every rank "
-          "must capture the same sequence of calls",
-          rank_, next_slot_, r, their_slot));
-    }
-    if (s[0] != '1') {
-      return absl::UnavailableError(absl::StrFormat(
-          "Rank %d could not register a captured all-reduce input: %s", r,
-          absl::string_view(s).substr(1, s.size() - 1 - kTail)));
-    }
-    every_output = every_output && s[s.size() - kTail] == '1';
+  absl::StatusOr<std::vector<std::string>> all = bootstrap_.AllGather(
+      internal::CaptureAgreementMessage(local, output_exported, next_slot_));
+  if (!all.ok()) {
+    // A lost peer is not an agreement to take NCCL (whose kernel would wait for that peer):
+    // sticky, so this and every later call report it.
+    sticky_ = internal::CaptureAgreementLost(rank_, all.status());
+    return sticky_;
   }
+  bool every_output = false;
+  RETURN_IF_ERROR(internal::CheckCaptureAgreement(rank_, next_slot_, *all, &every_output));
+  every_output = every_output && out != nullptr;
   entry.has_output = every_output;
   entry.output = every_output ? out : nullptr;
   if (!every_output) entry.record.output = internal::ExportedBuffer();
@@ -480,7 +465,7 @@ absl::Status CustomAllReduce::RegisterGraphBuffers() {
         "RegisterGraphBuffers() is illegal during capture; call it after the capture ends");
   }
   RETURN_IF_ERROR(CheckNotCapturing(cudaStreamLegacy, "RegisterGraphBuffers"));
-  RETURN_IF_ERROR(sticky_);
+  RETURN_IF_ERROR(CheckTimedOut());
   // A header, then per input its record (internal/graph_input_record.h).
   static_assert(internal::kGraphInputsHeaderBytes +
                         size_t{kMaxAllReduceGraphInputs} * internal::kGraphInputRecordBytes <=

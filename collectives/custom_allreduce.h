@@ -31,7 +31,9 @@
 // A dead or stuck peer: every barrier wait is bounded by barrier_timeout_ms (device clock); the
 // kernel then sets a host-mapped flag and returns, and later kernels return at once. The host
 // sees DeadlineExceeded from CheckAsyncErrors() and every later call; the object is unusable
-// and must be recreated on all ranks. Host-side exchanges are bounded by the bootstrap timeout.
+// and must be recreated on all ranks. Host-side exchanges are bounded by the bootstrap timeout;
+// one that fails while recording a captured input (Aborted for a peer that exited) is sticky
+// the same way.
 //
 // Memory: one IPC region per rank of 2 * buffer_bytes + 64 KiB, shared with every peer, plus a
 // device table of max_graph_inputs * 136 bytes, plus the fused all-reduce + RMSNorm's push buffer
@@ -97,7 +99,9 @@ class CustomAllReduce {
   // and //graph:capture_context; FailedPrecondition when the context says capture but `stream`
   // is not capturing). Under capture with a registered input it records the input's IPC handle
   // and takes the next table slot after all ranks agree they could (a host exchange);
-  // Unavailable when any rank could not export its input (the caller falls back to NCCL).
+  // Unavailable when any rank could not export its input (the caller falls back to NCCL); when
+  // that exchange itself fails, its error (Aborted for a lost peer, never Unavailable) becomes
+  // the sticky error.
   absl::Status AllReduce(const void* in, void* out, size_t count, DataType dtype,
                          const AllReducePlan& plan, cudaStream_t stream);
 
@@ -134,7 +138,8 @@ class CustomAllReduce {
   // rank and the value when what a rank sent about a buffer cannot be right (an offset that is
   // not a multiple of 16, or the call's bytes beyond the allocation it exported); every rank
   // checks every rank's buffers before it maps any, so all refuse alike. Unavailable when a
-  // handle could not be opened on some rank (then nothing is registered anywhere).
+  // handle could not be opened on some rank (then nothing is registered anywhere). First returns
+  // the sticky error, as CheckTimedOut does, before any exchange.
   absl::Status RegisterGraphBuffers();
 
   // Returns FailedPrecondition naming how many captured inputs are not registered yet, else OK.
@@ -142,11 +147,12 @@ class CustomAllReduce {
   absl::Status CheckReplayable() const;
 
   // Returns what the kernels reported without waiting: DeadlineExceeded (sticky) once a barrier
-  // timed out, FailedPrecondition once per replay of an unregistered input, else OK.
+  // timed out, the sticky error of a failed capture agreement, FailedPrecondition once per
+  // replay of an unregistered input, else OK.
   absl::Status CheckAsyncErrors();
 
-  // Returns true once a barrier timed out (a peer died or hung); reads device-written memory
-  // without waiting. Thread-compatible.
+  // Returns true once a barrier timed out (a peer died or hung) or a capture agreement failed;
+  // reads device-written memory without waiting. Thread-compatible.
   bool peer_lost() const;
 
   // Returns the number of captured inputs awaiting RegisterGraphBuffers, and of registered ones.
@@ -171,8 +177,9 @@ class CustomAllReduce {
   friend class AutoCommunicator;
 
   CustomAllReduce(HostBootstrap& bootstrap, int device, const AllReduceConfig& config);
-  // Returns the sticky DeadlineExceeded once a barrier timed out (a peer died or hung; read from
-  // the device-written word without waiting), else OK. The first half of CheckAsyncErrors.
+  // Returns the sticky error: DeadlineExceeded once a barrier timed out (a peer died or hung; read
+  // from the device-written word without waiting), or the failed capture agreement's (see
+  // RecordGraphInput), else OK. The first half of CheckAsyncErrors.
   absl::Status CheckTimedOut();
   // Returns FailedPrecondition once per replay that found its input unregistered (and clears
   // the device's flag), else OK. The second half of CheckAsyncErrors.
@@ -208,6 +215,8 @@ class CustomAllReduce {
   absl::Status InitPush();
   // Records a captured call's input of `bytes` bytes, and its output when `out` is not null (a
   // two-shot call that may gather into outputs; used only if every rank can export its output).
+  // Unavailable on every rank when a rank could not export its input; when the all-gather fails,
+  // sets sticky_ to internal::CaptureAgreementLost of its error and returns it.
   absl::Status RecordGraphInput(const void* in, void* out, size_t bytes, int* slot);
   absl::StatusOr<void*> OpenPeerHandle(int peer, const cudaIpcMemHandle_t& handle);
   absl::StatusOr<bool> CanAccessPeerFromDevice(const std::string& bus_id);
@@ -231,7 +240,9 @@ class CustomAllReduce {
 
   int next_slot_ = 0;
   std::vector<PendingInput> pending_;
-  absl::Status sticky_;  // DeadlineExceeded after a barrier timeout
+  // DeadlineExceeded after a barrier timeout; a failed capture agreement's error (never
+  // Unavailable).
+  absl::Status sticky_;
 };
 
 }  // namespace kiln

@@ -812,6 +812,62 @@ TEST(CustomAllReduceMultiGpuTest, DeadPeerEndsInDeadlineExceeded) {
       options);
 }
 
+// A peer lost while the ranks agree on a captured registered input is not the agreement that a
+// rank could not export its input: no NCCL kernel (which would wait for that peer) is captured
+// in its place, and the error is sticky on every later call, registration included.
+TEST(CustomAllReduceMultiGpuTest, DeadPeerDuringCaptureAgreementIsStickyNotAFallback) {
+  KILN_REQUIRE_GPUS(2);
+  testing::MultiProcessTestOptions options = Options();
+  options.final_barrier = false;  // one rank exits on purpose
+  RunOnEveryGpu(
+      [](RankContext& ctx) {
+        const size_t count = 4096;  // one-shot, registered under capture
+        DeadPeerCase c;
+        ASSERT_NO_FATAL_FAILURE(StartDeadPeerCase(ctx, TestConfig(), count, &c));
+        const cudaStream_t s = c.rig.stream.get();
+        ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+        ASSERT_NO_FATAL_FAILURE(LastRankDies(ctx));
+        AutoCommunicator& comm = *c.rig.comm;
+        const AllReduceStats before = comm.stats();
+        absl::Status captured;
+        cudaGraph_t graph = nullptr;
+        {
+          CaptureContext::Scope scope(CapturePhase::kCapture, {GraphMode::kDecode, 8});
+          ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+          absl::StatusOr<AllReducePlan> plan =
+              comm.Plan(c.in.data(), c.out.data(), count, DataType::kBf16, s);
+          ASSERT_TRUE(plan.ok()) << plan.status();
+          EXPECT_EQ(plan->input, AllReduceInput::kRegistered);
+          captured = c.AllReduce();
+          ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+        }
+        EXPECT_FALSE(captured.ok());
+        EXPECT_NE(captured.code(), absl::StatusCode::kUnavailable) << captured;
+        if (ctx.rank == 0) {
+          EXPECT_EQ(captured.code(), absl::StatusCode::kAborted) << captured;
+          EXPECT_NE(captured.message().find(absl::StrFormat("lost rank %d", ctx.world_size - 1)),
+                    absl::string_view::npos)
+              << captured;
+        }
+        EXPECT_EQ(comm.stats().ipc_fallbacks, before.ipc_fallbacks);
+        EXPECT_EQ(comm.stats().nccl, before.nccl) << "an NCCL call was captured";
+        size_t nodes = 0;
+        ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &nodes), cudaSuccess);
+        EXPECT_EQ(nodes, 0u) << "a kernel waiting for the lost peer was captured";
+        cudaGraphDestroy(graph);
+        // Sticky: later calls, registration among them, report it at once.
+        EXPECT_EQ(c.AllReduce().code(), captured.code());
+        EXPECT_EQ(comm.CheckAsyncErrors().code(), captured.code());
+        EXPECT_EQ(comm.RegisterGraphBuffers().code(), captured.code());
+        EXPECT_TRUE(comm.custom()->peer_lost());
+        EXPECT_EQ(comm.stats().nccl, before.nccl);
+        // The teardown is collective (it would wait for the dead peer); the process is about to
+        // exit, so leave it to the driver.
+        c.rig.comm.release();
+      },
+      options);
+}
+
 // NCCL's kernels have no timeout of their own: SynchronizeStream bounds the wait, aborts the
 // communicator and reports DeadlineExceeded; the aborted kernels return.
 TEST(CustomAllReduceMultiGpuTest, DeadPeerInNcclEndsInDeadlineExceededFromSynchronizeStream) {

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace kiln {
@@ -109,6 +110,52 @@ absl::Status CheckGraphInputRecord(int rank, int slot, const GraphInputRecord& r
   }
   if (!has_output) return absl::OkStatus();
   return CheckBuffer(rank, slot, "output", record.output, bytes);
+}
+
+std::string CaptureAgreementMessage(const absl::Status& input_exported, bool output_exported,
+                                    int32_t slot) {
+  std::string out = input_exported.ok() ? "1" : absl::StrCat("0", input_exported.message());
+  out.push_back(output_exported ? '1' : '0');
+  out.append(reinterpret_cast<const char*>(&slot), sizeof(slot));
+  return out;
+}
+
+absl::Status CheckCaptureAgreement(int this_rank, int32_t slot, const std::vector<std::string>& all,
+                                   bool* every_output) {
+  // After the outcome: one byte (output exported), then the slot.
+  constexpr size_t kTail = 1 + sizeof(int32_t);
+  bool every = true;
+  for (size_t r = 0; r < all.size(); ++r) {
+    const std::string& s = all[r];
+    int32_t their_slot = -1;
+    if (s.size() >= 1 + kTail) {
+      std::memcpy(&their_slot, s.data() + s.size() - sizeof(int32_t), sizeof(int32_t));
+    }
+    if (their_slot != slot) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "Rank %d is capturing its graph all-reduce #%d while rank %d is at #%d; every rank "
+          "must capture the same sequence of calls",
+          this_rank, slot, r, their_slot));
+    }
+    if (s[0] != '1') {
+      return absl::UnavailableError(absl::StrFormat(
+          "Rank %d could not register a captured all-reduce input: %s", r,
+          absl::string_view(s).substr(1, s.size() - 1 - kTail)));
+    }
+    every = every && s[s.size() - kTail] == '1';
+  }
+  *every_output = every;
+  return absl::OkStatus();
+}
+
+absl::Status CaptureAgreementLost(int this_rank, const absl::Status& gather) {
+  const absl::StatusCode code =
+      absl::IsUnavailable(gather) ? absl::StatusCode::kAborted : gather.code();
+  return absl::Status(
+      code, absl::StrFormat("Custom all-reduce on rank %d could not agree on a captured call with "
+                            "the other ranks: %s. This communicator is unusable: recreate it on "
+                            "every rank",
+                            this_rank, gather.message()));
 }
 
 }  // namespace internal

@@ -3,7 +3,8 @@
 // and the checks a rank makes of every rank's record before it maps any peer memory. A peer's
 // offsets and sizes decide which addresses the kernels read and write, so they are checked
 // against the call this rank captured (its size) and against the allocation the peer exported.
-// Host-only: no CUDA calls.
+// Also the agreement the ranks reach about each captured call before recording it
+// (CaptureAgreementMessage, CheckCaptureAgreement, CaptureAgreementLost). Host-only: no CUDA calls.
 //
 //   std::string wire;
 //   internal::AppendGraphInputsHeader(first_slot, n, &wire);
@@ -20,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -81,6 +83,29 @@ GraphInputRecord ReadGraphInputRecord(absl::string_view message, int32_t i);
 // arguments, so every rank that checks the same records reaches the same verdict. Thread-safe.
 absl::Status CheckGraphInputRecord(int rank, int slot, const GraphInputRecord& record,
                                    uint64_t bytes, bool has_output);
+
+// What the ranks agree on before any of them records a captured call's kernel, which waits for
+// the others (CustomAllReduce's RecordGraphInput). Each rank all-gathers the message
+// CaptureAgreementMessage returns: "1", or "0" and why its input could not be exported; then one
+// byte ('1': its output was exported too); then the call's graph input slot.
+std::string CaptureAgreementMessage(const absl::Status& input_exported, bool output_exported,
+                                    int32_t slot);
+
+// Returns OK when every rank's message (`all`, in rank order) is for the call this rank
+// (`this_rank`) captures in `slot` and every rank exported its input, and sets `*every_output`
+// to whether every rank exported its output too. Otherwise: FailedPrecondition naming both ranks
+// when a rank is at another slot (the ranks captured different calls); Unavailable naming the
+// first rank that could not export its input (every rank gets it, so all of them take another
+// path for this call). Depends only on its arguments. Thread-safe.
+absl::Status CheckCaptureAgreement(int this_rank, int32_t slot, const std::vector<std::string>& all,
+                                   bool* every_output);
+
+// Returns the error that leaves the custom all-reduce of rank `this_rank` unusable when the
+// all-gather of the capture agreement failed with `gather` (not OK): Aborted when `gather` is
+// Unavailable (the bootstrap lost a peer; its message names it), else `gather`'s code; the
+// message says to recreate the communicator. Never Unavailable, which CheckCaptureAgreement
+// keeps for ranks that agreed to take another path. Thread-safe.
+absl::Status CaptureAgreementLost(int this_rank, const absl::Status& gather);
 
 }  // namespace internal
 }  // namespace kiln

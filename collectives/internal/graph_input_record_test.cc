@@ -9,6 +9,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -231,6 +232,63 @@ TEST(GraphInputRecordSweepTest, AcceptsExactlyTheRecordsThatFit) {
   }
   EXPECT_GT(accepted, 5000);
   EXPECT_GT(refused, 5000);
+}
+
+// Every rank exported its input: OK, and whether every output was exported too.
+TEST(CaptureAgreementTest, EveryRankExportedItsInput) {
+  bool every_output = false;
+  const std::vector<std::string> all = {CaptureAgreementMessage(absl::OkStatus(), true, 3),
+                                        CaptureAgreementMessage(absl::OkStatus(), true, 3)};
+  ASSERT_TRUE(CheckCaptureAgreement(0, 3, all, &every_output).ok());
+  EXPECT_TRUE(every_output);
+  const std::vector<std::string> one_output = {
+      CaptureAgreementMessage(absl::OkStatus(), true, 3),
+      CaptureAgreementMessage(absl::OkStatus(), false, 3)};
+  ASSERT_TRUE(CheckCaptureAgreement(0, 3, one_output, &every_output).ok());
+  EXPECT_FALSE(every_output);
+}
+
+// A rank that could not export its input: Unavailable (the code the caller falls back on),
+// naming the rank and its reason.
+TEST(CaptureAgreementTest, ARankThatCouldNotExportItsInputIsUnavailable) {
+  bool every_output = true;
+  const std::vector<std::string> all = {
+      CaptureAgreementMessage(absl::OkStatus(), true, 0),
+      CaptureAgreementMessage(absl::InternalError("cudaIpcGetMemHandle failed"), false, 0)};
+  const absl::Status status = CheckCaptureAgreement(0, 0, all, &every_output);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(status.message(), HasSubstr("Rank 1 could not register"));
+  EXPECT_THAT(status.message(), HasSubstr("cudaIpcGetMemHandle failed"));
+}
+
+// A rank at another call, or a message too short to hold a slot: FailedPrecondition.
+TEST(CaptureAgreementTest, ARankAtAnotherSlotIsFailedPrecondition) {
+  bool every_output = false;
+  const std::vector<std::string> all = {CaptureAgreementMessage(absl::OkStatus(), true, 2),
+                                        CaptureAgreementMessage(absl::OkStatus(), true, 5)};
+  const absl::Status status = CheckCaptureAgreement(0, 2, all, &every_output);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_THAT(status.message(), HasSubstr("rank 1 is at #5"));
+  const std::vector<std::string> short_message = {
+      CaptureAgreementMessage(absl::OkStatus(), true, 2), "1"};
+  EXPECT_EQ(CheckCaptureAgreement(0, 2, short_message, &every_output).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// A failed all-gather is never Unavailable, so no caller reads it as the agreement to fall back:
+// a lost peer (the bootstrap's Unavailable) becomes Aborted and keeps the bootstrap's words;
+// other codes are kept.
+TEST(CaptureAgreementTest, AFailedAllGatherIsNeverUnavailable) {
+  const absl::Status lost = CaptureAgreementLost(
+      0, absl::UnavailableError(
+             "Bootstrap rank 0 lost rank 1 (connection closed); did that process exit?"));
+  EXPECT_EQ(lost.code(), absl::StatusCode::kAborted) << lost;
+  EXPECT_THAT(lost.message(), HasSubstr("lost rank 1 (connection closed)"));
+  EXPECT_THAT(lost.message(), HasSubstr("recreate it on every rank"));
+  const absl::Status late = CaptureAgreementLost(
+      1, absl::DeadlineExceededError("Bootstrap rank 1: rank 0 did not answer within 5s"));
+  EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded) << late;
+  EXPECT_THAT(late.message(), HasSubstr("rank 0 did not answer"));
 }
 
 }  // namespace
