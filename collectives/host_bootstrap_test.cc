@@ -883,6 +883,49 @@ int ConnectOnce(const std::string& path) {
   return -1;
 }
 
+// Three threads that connect to `path` without a word and without pause until Stop() (or the
+// destructor), each keeping its latest `keep_open` connections open.
+class SilentFlood {
+ public:
+  SilentFlood(const std::string& path, size_t keep_open) {
+    for (int t = 0; t < 3; ++t) {
+      threads_.emplace_back([this, path, keep_open] {
+        std::deque<int> fds;
+        while (!stop_.load()) {
+          const int fd = ConnectOnce(path);
+          if (fd < 0) {
+            absl::SleepFor(absl::Milliseconds(1));  // not listening yet, or no more
+            continue;
+          }
+          ++connected_;
+          fds.push_back(fd);
+          if (fds.size() > keep_open) {
+            close(fds.front());
+            fds.pop_front();
+          }
+        }
+        for (int fd : fds) close(fd);
+      });
+    }
+  }
+  ~SilentFlood() { Stop(); }
+  SilentFlood(const SilentFlood&) = delete;
+  SilentFlood& operator=(const SilentFlood&) = delete;
+
+  int connected() const { return connected_.load(); }
+  void Stop() {
+    stop_ = true;
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::atomic<int> connected_{0};
+  std::vector<std::thread> threads_;
+};
+
 // ConnectOnce, retried until rank 0 listens. Returns the connected descriptor, or -1.
 int ConnectRaw(const std::string& path) {
   for (int attempt = 0; attempt < 400; ++attempt) {
@@ -1075,29 +1118,8 @@ TEST(HostBootstrapSweepTest, RanksStillMeetAmidAFloodOfSilentConnections) {
     const absl::Time start = absl::Now();
     std::vector<absl::StatusOr<std::unique_ptr<HostBootstrap>>> boots(world);
     std::thread rank0([&] { boots[0] = HostBootstrap::Rendezvous(path, 0, world, kTimeout); });
-    std::atomic<bool> stop{false};
-    std::atomic<int> connected{0};
-    std::vector<std::thread> flood;
-    for (int t = 0; t < 3; ++t) {
-      flood.emplace_back([&] {
-        std::deque<int> fds;  // the latest ones stay open; rank 0 closed most before
-        while (!stop.load()) {
-          const int fd = ConnectOnce(path);
-          if (fd < 0) {
-            absl::SleepFor(absl::Milliseconds(1));  // not listening yet, or no more
-            continue;
-          }
-          ++connected;
-          fds.push_back(fd);
-          if (fds.size() > 500) {
-            close(fds.front());
-            fds.pop_front();
-          }
-        }
-        for (int fd : fds) close(fd);
-      });
-    }
-    while (connected.load() < 10 * (world + 64) && absl::Now() - start < kTimeout) {
+    SilentFlood flood(path, /*keep_open=*/500);
+    while (flood.connected() < 10 * (world + 64) && absl::Now() - start < kTimeout) {
       absl::SleepFor(absl::Milliseconds(1));
     }
     std::vector<std::thread> ranks;
@@ -1108,8 +1130,7 @@ TEST(HostBootstrapSweepTest, RanksStillMeetAmidAFloodOfSilentConnections) {
     for (auto& t : ranks) t.join();
     rank0.join();
     const absl::Duration took = absl::Now() - start;
-    stop = true;
-    for (auto& t : flood) t.join();
+    flood.Stop();
     EXPECT_LT(took, kTimeout / 2) << "world " << world;
     for (int r = 0; r < world; ++r) {
       EXPECT_TRUE(boots[r].ok()) << "world " << world << " rank " << r << " " << boots[r].status();
@@ -1445,30 +1466,9 @@ TEST(HostBootstrapSweepTest, RanksMeetAmidAFloodWhileRankZeroRunsOutOfDescriptor
     return EncodeStatus((*boot)->AllGather("rank0").status());
   });
   if (!rank0.started()) GTEST_SKIP() << "rank 0's process did not start: " << rank0.ended();
-  std::atomic<bool> stop{false};
-  std::atomic<int> connected{0};
-  std::vector<std::thread> flood;
-  for (int t = 0; t < 3; ++t) {
-    flood.emplace_back([&] {
-      std::deque<int> fds;  // the latest ones stay open
-      while (!stop.load()) {
-        const int fd = ConnectOnce(path);
-        if (fd < 0) {
-          absl::SleepFor(absl::Milliseconds(1));  // not listening yet, or no more
-          continue;
-        }
-        ++connected;
-        fds.push_back(fd);
-        if (fds.size() > 50) {
-          close(fds.front());
-          fds.pop_front();
-        }
-      }
-      for (int fd : fds) close(fd);
-    });
-  }
+  SilentFlood flood(path, /*keep_open=*/50);
   // Far more connections than rank 0 has room for, unless it stopped listening.
-  while (connected.load() < 20 * (kWorld + 2) && !rank0.Done() &&
+  while (flood.connected() < 20 * (kWorld + 2) && !rank0.Done() &&
          absl::Now() - start < absl::Seconds(10)) {
     absl::SleepFor(absl::Milliseconds(1));
   }
@@ -1489,8 +1489,7 @@ TEST(HostBootstrapSweepTest, RanksMeetAmidAFloodWhileRankZeroRunsOutOfDescriptor
   const std::optional<std::string> result = rank0.Finish(kTimeout + absl::Seconds(10));
   for (auto& t : ranks) t.join();
   const absl::Duration took = absl::Now() - start;
-  stop = true;
-  for (auto& t : flood) t.join();
+  flood.Stop();
   ASSERT_TRUE(result.has_value()) << "rank 0 did not return (" << rank0.ended() << ")";
   const absl::Status status = DecodeStatus(*result);
   ASSERT_TRUE(status.ok()) << "rank 0: " << status << " (" << rank0.ended() << ")";
@@ -1499,7 +1498,7 @@ TEST(HostBootstrapSweepTest, RanksMeetAmidAFloodWhileRankZeroRunsOutOfDescriptor
     ASSERT_TRUE(boots[r].ok()) << "rank " << r << " " << boots[r].status();
     EXPECT_THAT(got[r], ElementsAre("rank0", "rank1", "rank2", "rank3")) << "rank " << r;
   }
-  EXPECT_GE(connected.load(), 20 * (kWorld + 2));
+  EXPECT_GE(flood.connected(), 20 * (kWorld + 2));
   EXPECT_LT(took, kTimeout / 2);
 }
 
