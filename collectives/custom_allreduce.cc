@@ -39,6 +39,17 @@ absl::StatusOr<GetAddressRangeFn> AddressRangeFunction() {
   return fn;
 }
 
+// The ranks' exchange of `mine`. Unavailable from the custom all-reduce means the ranks agreed it
+// cannot run (AutoCommunicator then takes NCCL alone), so a failed exchange (the bootstrap lost a
+// peer: Unavailable naming it) is Aborted instead; other codes stay.
+absl::StatusOr<std::vector<std::string>> Exchange(HostBootstrap& bootstrap,
+                                                  const std::string& mine) {
+  absl::StatusOr<std::vector<std::string>> all = bootstrap.AllGather(mine);
+  if (all.ok() || !absl::IsUnavailable(all.status())) return all;
+  return absl::AbortedError(absl::StrCat("Custom all-reduce exchange failed: ",
+                                         all.status().message()));
+}
+
 // Serialises the outcome of a local step so the ranks can agree on it: "1" or "0<message>".
 std::string Outcome(const absl::Status& status) {
   return status.ok() ? "1" : absl::StrCat("0", status.message());
@@ -47,7 +58,7 @@ std::string Outcome(const absl::Status& status) {
 // Returns Unavailable naming the first rank whose outcome failed, or OK if all succeeded.
 absl::Status AgreeOn(HostBootstrap& bootstrap, const absl::Status& local,
                      absl::string_view step) {
-  ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap.AllGather(Outcome(local)));
+  ASSIGN_OR_RETURN(std::vector<std::string> all, Exchange(bootstrap, Outcome(local)));
   for (size_t r = 0; r < all.size(); ++r) {
     if (all[r].empty() || all[r][0] != '1') {
       return absl::UnavailableError(absl::StrFormat(
@@ -130,7 +141,7 @@ absl::Status CustomAllReduce::Init() {
   // Every rank must cut the same grid and use the same crossovers, or the block-level barriers
   // would pair unrelated work.
   ASSIGN_OR_RETURN(std::vector<std::string> configs,
-                   bootstrap_.AllGather(config_.SerializeAsString()));
+                   Exchange(bootstrap_, config_.SerializeAsString()));
   for (size_t r = 1; r < configs.size(); ++r) {
     if (configs[r] != configs[0]) {
       return absl::FailedPreconditionError(absl::StrFormat(
@@ -166,7 +177,7 @@ absl::Status CustomAllReduce::Init() {
   mine.append(reinterpret_cast<const char*>(&handle), sizeof(handle));
   mine.append(reinterpret_cast<const char*>(&nonce), sizeof(nonce));
   mine.append(bus_id, sizeof(bus_id));
-  ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap_.AllGather(mine));
+  ASSIGN_OR_RETURN(std::vector<std::string> all, Exchange(bootstrap_, mine));
   std::vector<cudaIpcMemHandle_t> handles(world_size_);
   std::vector<uint32_t> nonces(world_size_);
   std::vector<std::string> bus_ids(world_size_);
@@ -476,7 +487,7 @@ absl::Status CustomAllReduce::RegisterGraphBuffers() {
   const int n = static_cast<int>(pending_.size());
   internal::AppendGraphInputsHeader(first, n, &mine);
   for (const PendingInput& p : pending_) internal::AppendGraphInputRecord(p.record, &mine);
-  ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap_.AllGather(mine));
+  ASSIGN_OR_RETURN(std::vector<std::string> all, Exchange(bootstrap_, mine));
   for (int r = 0; r < world_size_; ++r) {
     RETURN_IF_ERROR(internal::CheckGraphInputsMessage(rank_, first, n, r, all[r]));
   }
@@ -553,7 +564,7 @@ absl::Status CustomAllReduce::InitPush() {
   }();
   std::string mine = Outcome(local);
   mine.append(reinterpret_cast<const char*>(&handle), sizeof(handle));
-  ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap_.AllGather(mine));
+  ASSIGN_OR_RETURN(std::vector<std::string> all, Exchange(bootstrap_, mine));
   for (int r = 0; r < world_size_; ++r) {
     const std::string& s = all[r];
     if (s.size() < 1 + sizeof(handle) || s[0] != '1') {

@@ -71,7 +71,9 @@ class CustomAllReduce {
   // mapping and checking what arrived. Collective; every rank gets the same outcome:
   // Unavailable when any rank failed (IPC, P2P, allocation), naming the rank and the cause;
   // InvalidArgument for a world size other than 2, 4, 6, 8 or an invalid config;
-  // FailedPrecondition when the ranks' configs differ. Sets `device` current. Not during capture.
+  // FailedPrecondition when the ranks' configs differ; Aborted when an exchange itself fails
+  // because the bootstrap lost a peer (never Unavailable, which AutoCommunicator takes as the
+  // ranks' agreement to use NCCL alone). Sets `device` current. Not during capture.
   static absl::StatusOr<std::unique_ptr<CustomAllReduce>> Create(HostBootstrap& bootstrap,
                                                                  int device,
                                                                  const AllReduceConfig& config);

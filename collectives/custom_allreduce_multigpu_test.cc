@@ -868,6 +868,33 @@ TEST(CustomAllReduceMultiGpuTest, DeadPeerDuringCaptureAgreementIsStickyNotAFall
       options);
 }
 
+// A peer lost while the custom all-reduce is being set up is not the ranks' agreement that it
+// cannot run (Unavailable, on which AutoCommunicator takes NCCL alone): Create reports the lost
+// peer as Aborted on every rank left.
+TEST(CustomAllReduceMultiGpuTest, DeadPeerDuringCreateIsAbortedNotUnavailable) {
+  KILN_REQUIRE_GPUS(2);
+  testing::MultiProcessTestOptions options = Options();
+  options.final_barrier = false;  // one rank exits on purpose
+  RunOnEveryGpu(
+      [](RankContext& ctx) {
+        ASSERT_EQ(cudaSetDevice(ctx.device()), cudaSuccess);
+        ctx.bootstrap.set_timeout(absl::Seconds(10));
+        ASSERT_NO_FATAL_FAILURE(LastRankDies(ctx));
+        absl::StatusOr<std::unique_ptr<CustomAllReduce>> custom =
+            CustomAllReduce::Create(ctx.bootstrap, ctx.device(), TestConfig());
+        ASSERT_FALSE(custom.ok());
+        EXPECT_NE(custom.status().code(), absl::StatusCode::kUnavailable) << custom.status();
+        if (ctx.rank == 0) {
+          EXPECT_EQ(custom.status().code(), absl::StatusCode::kAborted) << custom.status();
+          EXPECT_NE(custom.status().message().find(
+                        absl::StrFormat("lost rank %d", ctx.world_size - 1)),
+                    absl::string_view::npos)
+              << custom.status();
+        }
+      },
+      options);
+}
+
 // NCCL's kernels have no timeout of their own: SynchronizeStream bounds the wait, aborts the
 // communicator and reports DeadlineExceeded; the aborted kernels return.
 TEST(CustomAllReduceMultiGpuTest, DeadPeerInNcclEndsInDeadlineExceededFromSynchronizeStream) {
