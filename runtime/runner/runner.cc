@@ -239,6 +239,22 @@ absl::StatusOr<StepSetup> BuildStepSetup(const config::PlannerConfig& resolved,
   return setup;
 }
 
+absl::StatusOr<HostStepPlan> PlanHostSteps(const RunnerOptions& options) {
+  RETURN_IF_ERROR(CheckRunnerOptions(options));
+  HostStepPlan p;
+  config::PlannerConfig config = Runner::PlannerConfigFor(options);
+  config.set_tensor_parallel_size(1);
+  ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(config));
+  p.resolved = std::move(plan.config);
+  ASSIGN_OR_RETURN(p.shape, CheckRunnerModel(p.resolved, options.max_model_len));
+  p.sm_count = static_cast<int>(p.resolved.gpu().sm_count());
+  p.max_blocks_per_seq =
+      SequenceTable(1, p.resolved.block_size(), options.max_model_len).max_blocks_per_seq();
+  ASSIGN_OR_RETURN(p.steps, BuildStepSetup(p.resolved, options, p.shape, p.sm_count,
+                                           p.max_blocks_per_seq));
+  return p;
+}
+
 absl::Status CheckStepTokens(absl::Span<const SequenceTokens> batch, int vocab,
                              int max_num_batched_tokens) {
   const size_t max_tokens = static_cast<size_t>(std::max(max_num_batched_tokens, 0));

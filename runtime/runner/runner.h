@@ -525,6 +525,23 @@ absl::StatusOr<StepSetup> BuildStepSetup(const config::PlannerConfig& resolved,
                                          const RunnerOptions& options, const LlamaShape& shape,
                                          int sm_count, int max_blocks_per_seq);
 
+// What Runner::Create plans on the host for one GPU described by `options.config`'s GPU preset
+// (or gpu spec) rather than the device: the config PlanMemory resolved, the model's shape
+// (CheckRunnerModel), the GPU's SM count, the block table's width and the StepSetup
+// (BuildStepSetup). For measuring and testing a step's host work without a GPU.
+struct HostStepPlan {
+  config::PlannerConfig resolved;
+  LlamaShape shape;
+  int sm_count = 0;
+  int max_blocks_per_seq = 0;
+  StepSetup steps;
+};
+
+// Plans `options` as Runner::Create would on one GPU, without one: CheckRunnerOptions,
+// PlanMemory(PlannerConfigFor(options)) at tensor_parallel_size 1, CheckRunnerModel and
+// BuildStepSetup, returning the first refusal. Host-only; thread-safe.
+absl::StatusOr<HostStepPlan> PlanHostSteps(const RunnerOptions& options);
+
 // Returns InvalidArgument, naming the sequence, for a sequence of `batch` that brings more than
 // max_num_batched_tokens tokens or a token outside [0, vocab). Runner::Step's first check: the
 // token ids it lets through are never negative, so the step's fill does not read them again

@@ -136,22 +136,34 @@ absl::StatusOr<StepSetupInputs> BenchmarkStepSetupInputs() {
   in.options.config.set_model_preset("llama-3.2-1b");
   in.options.config.set_block_size(64);
   in.options.config.set_gpu_preset(kStandInGpuPreset);
-  config::PlannerConfig config = Runner::PlannerConfigFor(in.options);
-  config.set_tensor_parallel_size(1);
-  absl::StatusOr<MemoryPlan> plan = PlanMemory(config);
+  absl::StatusOr<HostStepPlan> plan = PlanHostSteps(in.options);
   if (!plan.ok()) return plan.status();
-  in.resolved = plan->config;
-  absl::StatusOr<LlamaShape> shape = CheckRunnerModel(in.resolved, in.options.max_model_len);
-  if (!shape.ok()) return shape.status();
-  in.shape = *shape;
-  in.sm_count = static_cast<int>(in.resolved.gpu().sm_count());
-  in.max_blocks_per_seq =
-      SequenceTable(1, in.resolved.block_size(), in.options.max_model_len).max_blocks_per_seq();
+  in.resolved = plan->resolved;
+  in.shape = plan->shape;
+  in.sm_count = plan->sm_count;
+  in.max_blocks_per_seq = plan->max_blocks_per_seq;
   return in;
 }
 
 absl::StatusOr<StepSetup> BuildStepSetup(const StepSetupInputs& in) {
   return BuildStepSetup(in.resolved, in.options, in.shape, in.sm_count, in.max_blocks_per_seq);
+}
+
+TEST(RunnerConfigTest, PlanHostStepsRefusesWhatCreateWouldBeforeAnyDevice) {
+  RunnerOptions options;
+  options.config.set_model_preset("no-such-model");
+  options.config.set_gpu_preset(kStandInGpuPreset);
+  absl::StatusOr<HostStepPlan> plan = PlanHostSteps(options);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("no-such-model"), absl::string_view::npos)
+      << plan.status();
+  options.config.set_model_preset("llama-3.2-1b");
+  options.decode_ctas_per_sm = -1;
+  plan = PlanHostSteps(options);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument) << plan.status();
+  EXPECT_NE(plan.status().message().find("decode_ctas_per_sm"), absl::string_view::npos)
+      << plan.status();
 }
 
 TEST(RunnerConfigTest, ModelShapeRoundTripsThroughTheConfig) {

@@ -109,15 +109,11 @@ struct BenchOptions {
   uint64_t seed = 0;
 };
 
-// What the benchmark measures with: the Runner's steps (BuildStepSetup, as Runner::Create builds
+// What the benchmark measures with: the Runner's steps (PlanHostSteps, as Runner::Create builds
 // them) and what they were built from.
 struct BenchSetup {
   RunnerOptions options;
-  config::PlannerConfig resolved;
-  LlamaShape shape;
-  int sm_count = 0;
-  int max_blocks_per_seq = 0;
-  StepSetup steps;
+  HostStepPlan plan;
   size_t blob_bytes = 0;  // the largest layout's
 };
 
@@ -126,19 +122,8 @@ struct BenchSetup {
 absl::StatusOr<BenchSetup> BuildBenchSetup(const RunnerOptions& options) {
   BenchSetup s;
   s.options = options;
-  RETURN_IF_ERROR(CheckRunnerOptions(options));
-  // InitPlan on one GPU: the memory plan's resolved config; the SM count is the GPU preset's.
-  config::PlannerConfig config = Runner::PlannerConfigFor(options);
-  config.set_tensor_parallel_size(1);
-  ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(config));
-  s.resolved = plan.config;
-  s.sm_count = static_cast<int>(s.resolved.gpu().sm_count());
-  ASSIGN_OR_RETURN(s.shape, CheckRunnerModel(s.resolved, options.max_model_len));
-  s.max_blocks_per_seq =
-      SequenceTable(1, s.resolved.block_size(), options.max_model_len).max_blocks_per_seq();
-  ASSIGN_OR_RETURN(s.steps, BuildStepSetup(s.resolved, options, s.shape, s.sm_count,
-                                           s.max_blocks_per_seq));
-  for (const MetadataLayout& layout : s.steps.layouts) {
+  ASSIGN_OR_RETURN(s.plan, PlanHostSteps(options));
+  for (const MetadataLayout& layout : s.plan.steps.layouts) {
     s.blob_bytes = std::max(s.blob_bytes, layout.bytes);
   }
   return s;
@@ -166,10 +151,10 @@ absl::Status HostStep(BatchState& s, double* stage_us) {
   Clock::time_point marks[kStages + 1];
   if constexpr (kStaged) marks[0] = Clock::now();
   const BenchSetup& setup = *s.setup;
-  const StepKeys& keys = setup.steps.keys;
+  const StepKeys& keys = setup.plan.steps.keys;
   const absl::Span<const SequenceTokens> batch = s.batch;
 
-  RETURN_IF_ERROR(CheckStepTokens(batch, setup.shape.vocab, keys.limits().max_num_batched_tokens));
+  RETURN_IF_ERROR(CheckStepTokens(batch, setup.plan.shape.vocab, keys.limits().max_num_batched_tokens));
   if constexpr (kStaged) marks[1] = Clock::now();
 
   std::vector<SequenceTable::Entry> entries;
@@ -184,7 +169,7 @@ absl::Status HostStep(BatchState& s, double* stage_us) {
     return absl::OkStatus();
   };
   ASSIGN_OR_RETURN(std::vector<SeqLens> lens, s.table.Reserve(entries, admit));
-  const MetadataLayout& layout = setup.steps.layouts[route.key_index];
+  const MetadataLayout& layout = setup.plan.steps.layouts[route.key_index];
   if constexpr (kStaged) marks[2] = Clock::now();
 
   std::vector<absl::Span<const int32_t>> tokens, blocks;
@@ -200,7 +185,7 @@ absl::Status HostStep(BatchState& s, double* stage_us) {
                                  s.host, StepIds::kCheckedByCaller));
   if constexpr (kStaged) marks[4] = Clock::now();
 
-  RETURN_IF_ERROR(setup.steps.planners[route.key_index].Plan(lens, s.host + layout.plan).status());
+  RETURN_IF_ERROR(setup.plan.steps.planners[route.key_index].Plan(lens, s.host + layout.plan).status());
   if constexpr (kStaged) marks[5] = Clock::now();
 
   RETURN_IF_ERROR(s.table.Commit(entries));
@@ -222,7 +207,7 @@ uint64_t StepDigest(const BatchState& s) {
     hash = Fnv1a(hash, &seq.id, sizeof(seq.id));
     hash = Fnv1a(hash, seq.tokens.data(), seq.tokens.size() * sizeof(int32_t));
   }
-  const MetadataLayout& layout = s.setup->steps.layouts[s.key_index];
+  const MetadataLayout& layout = s.setup->plan.steps.layouts[s.key_index];
   return Fnv1a(hash, s.host, layout.UploadBytes(static_cast<int>(s.batch.size())));
 }
 
@@ -270,7 +255,7 @@ absl::Status StartWindow(BatchState& s) {
 
 absl::StatusOr<BatchResult> RunBatch(const BenchSetup& setup, const BenchOptions& o, int batch,
                                      std::mt19937_64& rng, char* host) {
-  const int block_size = setup.resolved.block_size();
+  const int block_size = setup.plan.resolved.block_size();
   // The longest a sequence gets: its window start (at most --context) plus a window of steps.
   const int64_t longest = int64_t{o.context} + block_size;
   const int64_t blocks_per_seq = (longest + block_size - 1) / block_size;
@@ -279,7 +264,7 @@ absl::StatusOr<BatchResult> RunBatch(const BenchSetup& setup, const BenchOptions
   s.host = host;
   s.table = SequenceTable(static_cast<int>(batch * blocks_per_seq), block_size,
                           setup.options.max_model_len);
-  std::uniform_int_distribution<int32_t> token(0, setup.shape.vocab - 1);
+  std::uniform_int_distribution<int32_t> token(0, setup.plan.shape.vocab - 1);
   std::unordered_set<int64_t> ids;
   const int spread = std::min(block_size, o.context);
   for (int i = 0; i < batch; ++i) {
@@ -321,7 +306,7 @@ absl::StatusOr<BatchResult> RunBatch(const BenchSetup& setup, const BenchOptions
   }
 
   BatchResult r;
-  r.key = KeyName(setup.steps.keys.key(s.key_index).key);
+  r.key = KeyName(setup.plan.steps.keys.key(s.key_index).key);
   r.median_us = Percentile(whole, 0.5);
   r.p90_us = Percentile(whole, 0.9);
   r.digest = digest;
@@ -402,7 +387,7 @@ int Main(int argc, char** argv) {
                  std::string(setup.status().message()).c_str());
     return 2;
   }
-  const int max_num_seqs = setup->steps.keys.limits().max_num_seqs;
+  const int max_num_seqs = setup->plan.steps.keys.limits().max_num_seqs;
   BenchOptions o;
   if (!benchmark_internal::ParseIntList("batches", absl::GetFlag(FLAGS_batches), 1, max_num_seqs,
                                         &o.batches)) {
@@ -422,7 +407,7 @@ int Main(int argc, char** argv) {
 #ifndef NDEBUG
   std::printf("built without -c opt: these times are not those of an optimised server build\n");
 #endif
-  const config::PlannerConfig& r = setup->resolved;
+  const config::PlannerConfig& r = setup->plan.resolved;
   const int block_size = r.block_size();
   std::printf("Runner::Step's host work per decode step (no GPU); host: %s, %u hardware threads\n",
               CpuName().c_str(), std::thread::hardware_concurrency());
@@ -431,9 +416,9 @@ int Main(int argc, char** argv) {
       "them: %s (vocab %d), max_num_seqs %d, max_num_batched_tokens %d, max_model_len %d, "
       "block_size %d (%d blocks per table row), %zu keys, blob %zu bytes; planners for %d SMs "
       "(gpu preset %s, %s; the Runner reads the device's)\n",
-      r.model().name().c_str(), setup->shape.vocab, r.max_num_seqs(), r.max_num_batched_tokens(),
-      setup->options.max_model_len, block_size, setup->max_blocks_per_seq,
-      setup->steps.keys.keys().size(), setup->blob_bytes, setup->sm_count, gpu.c_str(),
+      r.model().name().c_str(), setup->plan.shape.vocab, r.max_num_seqs(), r.max_num_batched_tokens(),
+      setup->options.max_model_len, block_size, setup->plan.max_blocks_per_seq,
+      setup->plan.steps.keys.keys().size(), setup->blob_bytes, setup->plan.sm_count, gpu.c_str(),
       r.gpu().name().c_str());
   std::printf(
       "admit runs StepKeys::Check and Route; the Runner's replay decision (whether the key has "
