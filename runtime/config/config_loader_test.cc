@@ -8,13 +8,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <limits>
 #include <random>
-#include <sstream>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -32,11 +29,15 @@
 #include "runtime/config/file_text.h"
 #include "runtime/config/presets.h"
 #include "runtime/config/quoted.h"
+#include "runtime/config/testing/file_helpers.h"
 
 namespace kiln {
 namespace {
 
 namespace fs = std::filesystem;
+using ::kiln::testing::ReadText;
+using ::kiln::testing::ScratchDir;
+using ::kiln::testing::WriteText;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -271,28 +272,6 @@ TEST(ConfigLoaderTest, MergeReplacesListsAndPresets) {
 
 // ---- Robustness: configs a user writes by hand, cut short, mistyped, or not configs at all. Run
 // these under ASan and UBSan too.
-
-// A fresh, empty directory under the test's scratch space.
-fs::path ScratchDir(const std::string& name) {
-  const char* root = std::getenv("TEST_TMPDIR");
-  fs::path dir = fs::path(root != nullptr ? root : fs::temp_directory_path().string()) / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
-std::string ReadText(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  std::stringstream text;
-  text << file.rdbuf();
-  return text.str();
-}
-
-void WriteText(const fs::path& path, const std::string& text) {
-  std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  file << text;
-  ASSERT_TRUE(file.good()) << path;
-}
 
 // What the loader adds to protobuf's parsers, checked field by field without reflection: every
 // double finite, every enum one the enum defines. Returns the first violation, or "".

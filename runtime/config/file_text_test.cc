@@ -10,9 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -22,30 +20,18 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/config/testing/file_helpers.h"
 
 namespace kiln {
 namespace {
 
 namespace fs = std::filesystem;
+using ::kiln::testing::ScratchDir;
+using ::kiln::testing::WriteText;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 std::string Message(const absl::Status& status) { return std::string(status.message()); }
-
-// A fresh, empty directory under the test's scratch space.
-fs::path ScratchDir(const std::string& name) {
-  const char* root = std::getenv("TEST_TMPDIR");
-  fs::path dir = fs::path(root != nullptr ? root : fs::temp_directory_path().string()) / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
-void WriteBytes(const fs::path& path, const std::string& bytes) {
-  std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  file << bytes;
-  ASSERT_TRUE(file.good()) << path;
-}
 
 // Whether every byte of `text` is printable ASCII: no newline, NUL or terminal escape.
 bool IsPrintableAscii(const std::string& text) {
@@ -62,7 +48,7 @@ TEST(ReadFileTextTest, ReadsEveryByteOfFilesOfRandomSizes) {
     std::string bytes(size, '\0');
     for (char& c : bytes) c = static_cast<char>(rng());
     const fs::path path = dir / absl::StrCat("f", size);
-    WriteBytes(path, bytes);
+    WriteText(path, bytes);
     absl::StatusOr<std::string> read = ReadFileText(path.string(), "config file");
     ASSERT_TRUE(read.ok()) << size << ": " << read.status();
     EXPECT_EQ(*read, bytes) << size;
@@ -72,7 +58,7 @@ TEST(ReadFileTextTest, ReadsEveryByteOfFilesOfRandomSizes) {
 TEST(ReadFileTextTest, LimitHoldsAtEveryBoundary) {
   const fs::path dir = ScratchDir("limit");
   const fs::path path = dir / "f";
-  WriteBytes(path, std::string(1000, 'x'));
+  WriteText(path, std::string(1000, 'x'));
   for (size_t limit : {size_t{0}, size_t{1}, size_t{999}, size_t{1000}, size_t{1001}}) {
     absl::StatusOr<std::string> read = ReadFileText(path.string(), "config file", limit);
     if (limit >= 1000) {
@@ -85,7 +71,7 @@ TEST(ReadFileTextTest, LimitHoldsAtEveryBoundary) {
   }
   // A sparse file of 1 GiB is refused from its size, without reading (or allocating) it.
   const fs::path sparse = dir / "sparse";
-  WriteBytes(sparse, "");
+  WriteText(sparse, "");
   fs::resize_file(sparse, uintmax_t{1} << 30);
   const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<std::string> read = ReadFileText(sparse.string(), "config file");
@@ -108,7 +94,7 @@ TEST(ReadFileTextTest, RefusesWhatIsNotARegularFileWithoutBlocking) {
   const fs::path dangling = dir / "dangling";
   fs::create_symlink(dir / "nothing", dangling);
   const fs::path file = dir / "file.json";
-  WriteBytes(file, "{}");
+  WriteText(file, "{}");
   const fs::path link = dir / "link.json";
   fs::create_symlink(file, link);
 
@@ -152,7 +138,7 @@ TEST(ReadFileTextTest, UnreadableFileIsNotFound) {
   if (::geteuid() == 0) GTEST_SKIP() << "root reads files whatever their mode";
   const fs::path dir = ScratchDir("unreadable");
   const fs::path path = dir / "secret.json";
-  WriteBytes(path, "{}");
+  WriteText(path, "{}");
   fs::permissions(path, fs::perms::none);
   absl::StatusOr<std::string> read = ReadFileText(path.string(), "config file");
   EXPECT_TRUE(absl::IsNotFound(read.status())) << read.status();

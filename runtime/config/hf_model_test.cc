@@ -9,14 +9,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <random>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -27,30 +24,21 @@
 #include "gtest/gtest.h"
 #include "runtime/config/presets.h"
 #include "runtime/config/quoted.h"
+#include "runtime/config/testing/file_helpers.h"
 
 namespace kiln {
 namespace {
 
 namespace fs = std::filesystem;
+using ::kiln::testing::ReadText;
+using ::kiln::testing::ScratchDir;
+using ::kiln::testing::WriteText;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 constexpr char kLlamaDir[] = "runtime/config/testdata/Llama-3.2-1B";
 
 std::string Message(const absl::Status& status) { return std::string(status.message()); }
-
-std::string ReadText(const fs::path& path) {
-  std::ifstream file(path);
-  std::stringstream text;
-  text << file.rdbuf();
-  return text.str();
-}
-
-void WriteText(const fs::path& path, const std::string& text) {
-  std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  file << text;
-  ASSERT_TRUE(file.good()) << path;
-}
 
 // Llama-3.2-1B's config.json keys as raw JSON values; tests change or drop single keys.
 std::map<std::string, std::string> LlamaKeys() {
@@ -93,15 +81,6 @@ absl::StatusOr<config::ModelShape> Parse(const std::map<std::string, std::string
 std::string Unnamed(config::ModelShape shape) {
   shape.clear_name();
   return shape.DebugString();
-}
-
-// A fresh, empty directory under the test's scratch space.
-fs::path ScratchDir(const std::string& name) {
-  const char* root = std::getenv("TEST_TMPDIR");
-  fs::path dir = fs::path(root != nullptr ? root : fs::temp_directory_path().string()) / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
 }
 
 // A model directory holding Llama-3.2-1B's config.json and the named (empty) files.
