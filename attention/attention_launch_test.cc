@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "attention/decode_kernel.h"
+#include "attention/internal/test_util.h"
 #include "attention/merge_kernel.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -18,6 +19,11 @@
 namespace kiln {
 namespace {
 
+using ::kiln::attention_internal::HostStandIns;
+using ::kiln::attention_internal::SetHostPlanPart;
+using ::kiln::attention_internal::SetHostRopeAppend;
+using ::kiln::attention_internal::SetHostShapeAndCache;
+using ::kiln::attention_internal::SetHostSplit;
 using ::testing::HasSubstr;
 
 TEST(AttentionLaunchTest, RejectsMissingBuffersAndParts) {
@@ -31,38 +37,23 @@ TEST(AttentionLaunchTest, RejectsMissingBuffersAndParts) {
   EXPECT_THAT(s.message(), HasSubstr("neither a decode nor a prefill part"));
 }
 
-// Step parameters over host stand-ins (`buffers`: 16 ints, 16-byte aligned; `item`), with a
-// decode and a prefill part of one work item and 4 tile rows each: for checks that refuse a step
-// before anything touches the pointers.
-AttentionStepParams HostStepParams(int* buffers, AttentionWorkItem* item) {
+// Step parameters over host stand-ins `host` (which must outlive them), with a decode and a
+// prefill part of one work item and 4 tile rows each: for checks that refuse a step before
+// anything touches the pointers.
+AttentionStepParams HostStepParams(HostStandIns* host) {
   AttentionStepParams p;
-  p.num_q_heads = 8;
-  p.num_kv_heads = 2;
-  p.head_dim = 64;
-  p.q = &buffers[0];
-  p.o = &buffers[4];
-  p.kv.k_cache = &buffers[8];
-  p.kv.v_cache = &buffers[8];
-  p.kv.block_table = &buffers[9];
-  p.kv.block_size = 16;
-  p.kv.max_blocks_per_seq = 4;
-  for (AttentionPlanPartDevice* part : {&p.decode, &p.prefill}) {
-    part->work_items = item;
-    part->seq_q_start = &buffers[10];
-    part->seq_kv_len = &buffers[11];
-    part->work_capacity = 1;
-    part->tile_rows = 4;
-  }
+  SetHostShapeAndCache(host, &p);
+  SetHostPlanPart(host, &p.decode);
+  SetHostPlanPart(host, &p.prefill);
   return p;
 }
 
 // RoPE + KV append in the decode kernel: only for decode-only steps, with the new k and v and a
 // usable theta and stride; every refusal comes before anything is launched.
 TEST(AttentionLaunchTest, RejectsRopeAppendOutsideDecodeOnlyStepsAndBadArguments) {
-  alignas(16) int buffers[16] = {};
-  AttentionWorkItem item{};
-  AttentionStepParams p = HostStepParams(buffers, &item);
-  p.rope_append.positions = &buffers[12];
+  HostStandIns host;
+  AttentionStepParams p = HostStepParams(&host);
+  p.rope_append.positions = &host.buffers[12];
   p.rope_append.theta = 10000.0;
   absl::Status s = RunAttentionStep(p, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
@@ -72,8 +63,8 @@ TEST(AttentionLaunchTest, RejectsRopeAppendOutsideDecodeOnlyStepsAndBadArguments
   EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("decode-only"));
   p.decode.tile_rows = 4;
   EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("new k and v"));
-  p.rope_append.k = &buffers[0];
-  p.rope_append.v = &buffers[4];
+  p.rope_append.k = &host.buffers[0];
+  p.rope_append.v = &host.buffers[4];
   EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("kv_stride 0"));
   p.rope_append.kv_stride = 132;
   EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("kv_stride 132"));
@@ -86,11 +77,11 @@ TEST(AttentionLaunchTest, RejectsRopeAppendOutsideDecodeOnlyStepsAndBadArguments
               HasSubstr("Decode RoPE scaling factor is 0.5"));
   p.rope_append.scaling = RopeScaling();
   // The QK norm: both weights, aligned, bf16, an epsilon above 0.
-  p.rope_append.q_norm = &buffers[0];
+  p.rope_append.q_norm = &host.buffers[0];
   EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("both q_norm and k_norm"));
-  p.rope_append.k_norm = &buffers[1];  // 4 bytes in: not 16-byte aligned
+  p.rope_append.k_norm = &host.buffers[1];  // 4 bytes in: not 16-byte aligned
   EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("16-byte aligned"));
-  p.rope_append.k_norm = &buffers[4];
+  p.rope_append.k_norm = &host.buffers[4];
   EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("qk_norm_eps 0"));
   p.rope_append.qk_norm_eps = 1e-6f;
   p.dtype = AttentionDtype::kFp16;
@@ -99,10 +90,10 @@ TEST(AttentionLaunchTest, RejectsRopeAppendOutsideDecodeOnlyStepsAndBadArguments
   p.rope_append.positions = nullptr;  // the norm only comes with the RoPE + KV append
   EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("needs the RoPE + KV append"));
   // A step without a decode part would drop the norm silently: refused like the rotation.
-  AttentionStepParams prefill_only = HostStepParams(buffers, &item);
+  AttentionStepParams prefill_only = HostStepParams(&host);
   prefill_only.decode.work_capacity = 0;
-  prefill_only.rope_append.q_norm = &buffers[0];
-  prefill_only.rope_append.k_norm = &buffers[4];
+  prefill_only.rope_append.q_norm = &host.buffers[0];
+  prefill_only.rope_append.k_norm = &host.buffers[4];
   prefill_only.rope_append.qk_norm_eps = 1e-6f;
   EXPECT_THAT(RunAttentionStep(prefill_only, nullptr).message(), HasSubstr("decode-only"));
 }
@@ -110,9 +101,8 @@ TEST(AttentionLaunchTest, RejectsRopeAppendOutsideDecodeOnlyStepsAndBadArguments
 // A prefill part the prefill kernel refuses fails the step before the decode part's kernel is
 // enqueued (on a host without a GPU that launch would fail otherwise, not the check).
 TEST(AttentionLaunchTest, RefusesABadPrefillPartBeforeLaunchingTheDecodePart) {
-  alignas(16) int buffers[16] = {};
-  AttentionWorkItem item{};
-  AttentionStepParams p = HostStepParams(buffers, &item);
+  HostStandIns host;
+  AttentionStepParams p = HostStepParams(&host);
   p.prefill.tile_rows = 96;  // the planner takes any tile_rows >= G; the kernel 64 or 128
   const absl::Status s = RunAttentionStep(p, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
@@ -121,9 +111,8 @@ TEST(AttentionLaunchTest, RefusesABadPrefillPartBeforeLaunchingTheDecodePart) {
 
 // A negative work capacity is a corrupt part, not one left off (0).
 TEST(AttentionLaunchTest, RefusesANegativeWorkCapacity) {
-  alignas(16) int buffers[16] = {};
-  AttentionWorkItem item{};
-  AttentionStepParams p = HostStepParams(buffers, &item);
+  HostStandIns host;
+  AttentionStepParams p = HostStepParams(&host);
   p.prefill.work_capacity = -1;
   const absl::Status s = RunAttentionStep(p, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
@@ -135,27 +124,25 @@ TEST(AttentionLaunchTest, RefusesANegativeWorkCapacity) {
 // and a merge; each refusal names what is wrong and comes before the decode part's kernel is
 // enqueued (on a host without a GPU that launch would fail otherwise, not the check).
 TEST(AttentionLaunchTest, RefusesEveryLaunchOfTheStepBeforeEnqueueingAny) {
-  alignas(16) int buffers[16] = {};
-  alignas(16) float partial[8] = {};
-  AttentionWorkItem item{};
-  AttentionStepParams p = HostStepParams(buffers, &item);
+  HostStandIns host;
+  AttentionStepParams p = HostStepParams(&host);
   p.prefill.tile_rows = 2;  // run by the decode kernel, which needs at least G = 4 rows
   EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("Decode plan tile_rows 2"));
 
-  p = HostStepParams(buffers, &item);
+  p = HostStepParams(&host);
   p.prefill.tile_rows = 64;
   p.prefill.slot_capacity = 2;  // may split, but no partial_o / partial_lse
   absl::Status s = RunAttentionStep(p, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(s.message(), HasSubstr("slot_capacity 2) but has no partial workspace"));
 
-  p.prefill.partial_o = partial;
-  p.prefill.partial_lse = partial;
+  p.prefill.partial_o = host.partial;
+  p.prefill.partial_lse = host.partial;
   p.prefill.merge_capacity = 1;  // the merge kernel runs: it needs the merge items
   EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("Merge needs o"));
 
   // The decode part splits without a workspace; its merge counters need the header.
-  p = HostStepParams(buffers, &item);
+  p = HostStepParams(&host);
   p.prefill.work_capacity = 0;
   p.decode.slot_capacity = 2;
   EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("no (16-byte aligned) partial"));
@@ -165,23 +152,13 @@ TEST(AttentionLaunchTest, RefusesEveryLaunchOfTheStepBeforeEnqueueingAny) {
 // merge. A refusal of any of them, the last ones included, comes before the first is enqueued
 // (on a host without a GPU an earlier launch would fail with a CUDA error instead).
 TEST(AttentionLaunchTest, RefusesEachLaunchInEnqueueOrderBeforeTheFirst) {
-  alignas(16) int buffers[16] = {};
-  alignas(16) float partial[8] = {};
-  AttentionWorkItem item{};
-  AttentionMergeItem merge{};
-  const auto split = [&](AttentionPlanPartDevice* part) {
-    part->slot_capacity = 2;
-    part->merge_capacity = 1;
-    part->merge_items = &merge;
-    part->partial_o = partial;
-    part->partial_lse = partial;
-  };
+  HostStandIns host;
   // Both parts split, without merge counters: four launches, every one of them checked.
   const auto base = [&]() {
-    AttentionStepParams p = HostStepParams(buffers, &item);
+    AttentionStepParams p = HostStepParams(&host);
     p.prefill.tile_rows = 64;
-    split(&p.decode);
-    split(&p.prefill);
+    SetHostSplit(&host, &p.decode);
+    SetHostSplit(&host, &p.prefill);
     return p;
   };
   // The decode part's merge (third in order): its merge items are missing.
@@ -211,57 +188,50 @@ TEST(AttentionLaunchTest, RefusesEachLaunchInEnqueueOrderBeforeTheFirst) {
 // The kernels move q, o and the cache in 16-byte vectors and index the block table by rows of
 // max_blocks_per_seq: a misaligned tensor or rows of no width are refused, not launched.
 TEST(AttentionLaunchTest, RefusesMisalignedTensorsAndEmptyBlockTableRows) {
-  alignas(16) int buffers[16] = {};
-  AttentionWorkItem item{};
-  AttentionStepParams p = HostStepParams(buffers, &item);
+  HostStandIns host;
+  AttentionStepParams p = HostStepParams(&host);
   p.prefill.work_capacity = 0;
-  p.q = &buffers[1];
+  p.q = &host.buffers[1];
   EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("16-byte aligned"));
-  p = HostStepParams(buffers, &item);
+  p = HostStepParams(&host);
   p.prefill.work_capacity = 0;
-  p.kv.v_cache = &buffers[2];
+  p.kv.v_cache = &host.buffers[2];
   EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("16-byte aligned"));
-  p = HostStepParams(buffers, &item);
+  p = HostStepParams(&host);
   p.prefill.work_capacity = 0;
   p.kv.max_blocks_per_seq = 0;
   EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("max_blocks_per_seq 0"));
   // A scale the prefill kernel refuses is refused by the decode kernel too (NaN weights).
-  p = HostStepParams(buffers, &item);
+  p = HostStepParams(&host);
   p.prefill.work_capacity = 0;
   p.sm_scale = std::nanf("");
   EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("Decode sm_scale nan"));
   // The prefill kernel: cp.async reads q, k and v in 16-byte pieces.
-  p = HostStepParams(buffers, &item);
+  p = HostStepParams(&host);
   p.decode.work_capacity = 0;
   p.prefill.tile_rows = 64;
-  p.kv.k_cache = &buffers[3];
+  p.kv.k_cache = &host.buffers[3];
   EXPECT_THAT(RunAttentionStep(p, nullptr).message(), HasSubstr("16-byte aligned"));
 }
 
 TEST(AttentionLaunchTest, MergeRefusesStridesAndPointersItCannotWrite) {
-  alignas(16) int buffers[16] = {};
-  alignas(16) float partial[8] = {};
-  AttentionMergeItem merge{};
+  HostStandIns host;
   AttentionMergeParams m;
   m.num_q_heads = 8;
   m.num_kv_heads = 2;
   m.head_dim = 64;
-  m.o = &buffers[0];
-  m.plan.merge_items = &merge;
-  m.plan.merge_capacity = 1;
-  m.plan.seq_q_start = &buffers[8];
-  m.plan.partial_o = partial;
-  m.plan.partial_lse = partial;
-  m.plan.tile_rows = 4;
+  m.o = &host.buffers[0];
+  SetHostPlanPart(&host, &m.plan);
+  SetHostSplit(&host, &m.plan);
   EXPECT_TRUE(ValidateAttentionMergeParams(m).ok());
   m.o_stride = -512;  // rows would be written before o
   EXPECT_THAT(LaunchAttentionMerge(m, nullptr).message(), HasSubstr("o_stride -512"));
   m.o_stride = 100;
   EXPECT_THAT(LaunchAttentionMerge(m, nullptr).message(), HasSubstr("o_stride 100"));
   m.o_stride = 0;
-  m.o = &buffers[1];
+  m.o = &host.buffers[1];
   EXPECT_THAT(LaunchAttentionMerge(m, nullptr).message(), HasSubstr("16-byte aligned"));
-  m.o = &buffers[0];
+  m.o = &host.buffers[0];
   m.head_dim = 96;
   EXPECT_THAT(LaunchAttentionMerge(m, nullptr).message(), HasSubstr("head_dim 96"));
   m.head_dim = 64;
@@ -383,14 +353,9 @@ StepAnswer ComposeStep(const AttentionStepParams& p) {
 // message, before anything is enqueued. Steps every check accepts are counted, not launched.
 TEST(AttentionLaunchTest, SweepRefusesEveryStepOneOfItsLaunchesWould) {
   std::mt19937 rng(8128);
-  alignas(16) static int buffers[64];
-  alignas(16) static float partial[64];
-  alignas(16) static AttentionWorkItem items[4];
-  alignas(16) static AttentionMergeItem merges[4];
-  alignas(16) static AttentionPlanHeader header;
-  alignas(16) static int32_t counters[4];
-  const std::vector<const void*> pointers = {&buffers[0], &buffers[16], nullptr, &buffers[1],
-                                             &buffers[2], &buffers[32]};
+  HostStandIns host;
+  const std::vector<const void*> pointers = {&host.buffers[0], &host.buffers[16], nullptr,
+                                             &host.buffers[1], &host.buffers[2], &host.buffers[32]};
   const auto ptr = [&]() { return const_cast<void*>(pointers[rng() % pointers.size()]); };
   const std::vector<int> ints = {std::numeric_limits<int>::min(), -1, 0, 1, 2, 3, 4, 5, 7, 8,
                                  9, 15, 16, 17, 31, 32, 63, 64, 65, 96, 127, 128, 129,
@@ -402,7 +367,7 @@ TEST(AttentionLaunchTest, SweepRefusesEveryStepOneOfItsLaunchesWould) {
                                      std::numeric_limits<float>::infinity()};
   int refused = 0, accepted = 0;
   for (int trial = 0; trial < 30000; ++trial) {
-    AttentionStepParams p = HostStepParams(buffers, items);
+    AttentionStepParams p = HostStepParams(&host);
     // Valid bases: decode-only, prefill-only on the prefill kernel, or both, each able to
     // split with a workspace and (for the decode kernel) merge counters.
     switch (rng() % 3) {
@@ -411,22 +376,15 @@ TEST(AttentionLaunchTest, SweepRefusesEveryStepOneOfItsLaunchesWould) {
       default: p.prefill.tile_rows = rng() % 2 ? 16 : 128;
     }
     for (AttentionPlanPartDevice* part : {&p.decode, &p.prefill}) {
-      part->header = &header;
-      part->merge_items = merges;
+      part->header = &host.header;
+      part->merge_items = host.merge_items;
       if (rng() % 2) {
-        part->slot_capacity = 2;
-        part->merge_capacity = 1;
-        part->partial_o = partial;
-        part->partial_lse = partial + 32;
-        if (rng() % 2) part->merge_counters = counters;
+        SetHostSplit(&host, part);
+        if (rng() % 2) part->merge_counters = host.merge_counters;
       }
     }
     if (p.prefill.work_capacity == 0 && rng() % 2) {
-      p.rope_append.positions = &buffers[40];
-      p.rope_append.theta = 500000.0;
-      p.rope_append.k = &buffers[0];
-      p.rope_append.v = &buffers[16];
-      p.rope_append.kv_stride = 128;
+      SetHostRopeAppend(&host, 500000.0, RopeScaling(), &p.rope_append);
     }
     const int mutations = 1 + static_cast<int>(rng() % 4);
     for (int m = 0; m < mutations; ++m) {
@@ -451,10 +409,10 @@ TEST(AttentionLaunchTest, SweepRefusesEveryStepOneOfItsLaunchesWould) {
         case 16: part.merge_capacity = pick_int(); break;
         case 17: part.partial_o = static_cast<float*>(ptr()); break;
         case 18: part.partial_lse = static_cast<float*>(ptr()); break;
-        case 19: part.merge_counters = rng() % 2 ? nullptr : counters; break;
-        case 20: part.header = rng() % 2 ? nullptr : &header; break;
-        case 21: part.merge_items = rng() % 2 ? nullptr : merges; break;
-        case 22: part.work_items = rng() % 2 ? nullptr : items; break;
+        case 19: part.merge_counters = rng() % 2 ? nullptr : host.merge_counters; break;
+        case 20: part.header = rng() % 2 ? nullptr : &host.header; break;
+        case 21: part.merge_items = rng() % 2 ? nullptr : host.merge_items; break;
+        case 22: part.work_items = rng() % 2 ? nullptr : host.work_items; break;
         default:
           switch (rng() % 6) {
             case 0: p.rope_append.positions = static_cast<const int32_t*>(ptr()); break;

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "attention/internal/test_util.h"
 #include "attention/internal/unchecked_launch.h"
 #include "attention/merge_kernel.h"
 #include "attention/rope_frequency.h"
@@ -21,49 +22,22 @@
 namespace kiln {
 namespace {
 
+using ::kiln::attention_internal::HostStandIns;
+using ::kiln::attention_internal::SetHostPlanPart;
+using ::kiln::attention_internal::SetHostRopeAppend;
+using ::kiln::attention_internal::SetHostShapeAndCache;
+using ::kiln::attention_internal::SetHostSplit;
 using ::testing::HasSubstr;
 
-// Decode params over host stand-ins that every check accepts: 8 query heads over 2 KV heads,
-// head_dim 64, one work item of 4 rows, a split workspace with merge items and no merge
-// counters (so RunDecodeAttention also launches the merge).
-DecodeAttentionParams HostParams() {
-  alignas(16) static int buffers[64];
-  alignas(16) static float partial[64];
-  static AttentionWorkItem item;
-  static AttentionMergeItem merge;
+// Decode params over host stand-ins `host` (which must outlive them) that every check accepts:
+// 8 query heads over 2 KV heads, head_dim 64, one work item of 4 rows, a split workspace with
+// merge items and no merge counters (so RunDecodeAttention also launches the merge).
+DecodeAttentionParams HostParams(HostStandIns* host) {
   DecodeAttentionParams p;
-  p.num_q_heads = 8;
-  p.num_kv_heads = 2;
-  p.head_dim = 64;
-  p.q = &buffers[0];
-  p.o = &buffers[4];
-  p.kv.k_cache = &buffers[8];
-  p.kv.v_cache = &buffers[12];
-  p.kv.block_table = &buffers[16];
-  p.kv.block_size = 16;
-  p.kv.max_blocks_per_seq = 4;
-  p.plan.work_items = &item;
-  p.plan.seq_q_start = &buffers[20];
-  p.plan.seq_kv_len = &buffers[24];
-  p.plan.work_capacity = 1;
-  p.plan.tile_rows = 4;
-  p.plan.merge_items = &merge;
-  p.plan.merge_capacity = 1;
-  p.plan.slot_capacity = 2;
-  p.plan.partial_o = partial;
-  p.plan.partial_lse = partial + 32;
+  SetHostShapeAndCache(host, &p);
+  SetHostPlanPart(host, &p.plan);
+  SetHostSplit(host, &p.plan);
   return p;
-}
-
-// The RoPE + KV append fields that every check accepts.
-void SetRope(DecodeAttentionParams* p, double theta, const RopeScaling& scaling) {
-  alignas(16) static int buffers[32];
-  p->rope_append.positions = &buffers[0];
-  p->rope_append.theta = theta;
-  p->rope_append.scaling = scaling;
-  p->rope_append.k = &buffers[4];
-  p->rope_append.v = &buffers[8];
-  p->rope_append.kv_stride = 128;
 }
 
 // Every field alike (the struct has padding, so not memcmp).
@@ -86,24 +60,31 @@ AttentionMergeParams MergeOf(const DecodeAttentionParams& p) {
 }
 
 TEST(DecodeKernelTest, HostParamsPassEveryCheck) {
-  DecodeAttentionParams p = HostParams();
+  HostStandIns host;
+  DecodeAttentionParams p = HostParams(&host);
   EXPECT_TRUE(ValidateDecodeAttentionParams(p).ok());
   EXPECT_TRUE(ValidateAttentionMergeParams(MergeOf(p)).ok());
-  SetRope(&p, 500000.0, RopeScaling::Llama3(32.0, 1.0, 4.0, 8192));
+  SetHostRopeAppend(&host, 500000.0, RopeScaling::Llama3(32.0, 1.0, 4.0, 8192), &p.rope_append);
   EXPECT_TRUE(ValidateDecodeAttentionParams(p).ok());
+  // A part that does not split (test_util.h's example) passes too.
+  DecodeAttentionParams unsplit;
+  SetHostShapeAndCache(&host, &unsplit);
+  SetHostPlanPart(&host, &unsplit.plan);
+  EXPECT_TRUE(ValidateDecodeAttentionParams(unsplit).ok());
 }
 
 // The check of the RoPE scaling derives the frequencies the kernel is launched with: the bits
 // of RopeFrequencies::Make, so that the launch need not derive them again.
 TEST(DecodeKernelTest, ValidationReturnsTheFrequenciesOfTheRopeAppend) {
-  DecodeAttentionParams p = HostParams();
+  HostStandIns host;
+  DecodeAttentionParams p = HostParams(&host);
   absl::StatusOr<RopeFrequencies> none = attention_internal::ValidateDecodeAttention(p);
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_TRUE(SameFrequencies(*none, RopeFrequencies()));  // no positions: none
   for (const double theta : {10000.0, 500000.0, 1e6}) {
     for (const RopeScaling& scaling : {RopeScaling(), RopeScaling::Llama3(32.0, 1.0, 4.0, 8192),
                                        RopeScaling::Llama3(8.0, 1.0, 4.0, 64)}) {
-      SetRope(&p, theta, scaling);
+      SetHostRopeAppend(&host, theta, scaling, &p.rope_append);
       const absl::StatusOr<RopeFrequencies> got = attention_internal::ValidateDecodeAttention(p);
       ASSERT_TRUE(got.ok()) << got.status();
       const RopeFrequencies want = RopeFrequencies::Make(theta, scaling);
@@ -115,11 +96,12 @@ TEST(DecodeKernelTest, ValidationReturnsTheFrequenciesOfTheRopeAppend) {
 // A scaling RopeScaling::Validate refuses is refused by every decode entry point with its
 // message, before anything is launched; so is one whose derived band edges overflow.
 TEST(DecodeKernelTest, EveryEntryPointRefusesABadScalingBeforeLaunching) {
+  HostStandIns host;
   for (const RopeScaling& scaling : {RopeScaling::Llama3(0.5, 1.0, 4.0, 8192),
                                      RopeScaling::Llama3(8.0, 4.0, 1.0, 8192),
                                      RopeScaling::Llama3(8.0, 1.0, 1.7e308, 8192)}) {
-    DecodeAttentionParams p = HostParams();
-    SetRope(&p, 500000.0, scaling);
+    DecodeAttentionParams p = HostParams(&host);
+    SetHostRopeAppend(&host, 500000.0, scaling, &p.rope_append);
     const absl::Status want = scaling.Validate();
     ASSERT_FALSE(want.ok()) << scaling.ToString();
     const std::string message = "Decode " + std::string(want.message());
@@ -134,7 +116,8 @@ TEST(DecodeKernelTest, EveryEntryPointRefusesABadScalingBeforeLaunching) {
 
 // The dtype is checked with the other fields, not left to the launch's dispatch.
 TEST(DecodeKernelTest, RefusesAnUnknownDtypeBeforeLaunching) {
-  DecodeAttentionParams p = HostParams();
+  HostStandIns host;
+  DecodeAttentionParams p = HostParams(&host);
   p.dtype = static_cast<AttentionDtype>(7);
   EXPECT_THAT(ValidateDecodeAttentionParams(p).message(),
               HasSubstr("Decode dtype 7 is not supported"));
@@ -149,17 +132,16 @@ TEST(DecodeKernelTest, RefusesAnUnknownDtypeBeforeLaunching) {
 // RunDecodeAttention checks the merge before the kernel is enqueued: a refused merge must not
 // follow a kernel that already wrote partials (or was captured into a graph).
 TEST(DecodeKernelTest, RunDecodeAttentionRefusesABadMergeBeforeTheKernel) {
-  DecodeAttentionParams p = HostParams();
+  HostStandIns host;
+  DecodeAttentionParams p = HostParams(&host);
   p.plan.merge_items = nullptr;  // the kernel does not read them; the merge does
   ASSERT_TRUE(ValidateDecodeAttentionParams(p).ok());
   absl::Status s = RunDecodeAttention(p, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(s.message(), HasSubstr("Merge needs o, the plan's merge items"));
   // With merge counters the kernel merges itself: no merge launch, so nothing to refuse there.
-  alignas(16) static AttentionPlanHeader header;
-  alignas(16) static int32_t counters[4];
-  p.plan.header = &header;
-  p.plan.merge_counters = counters;
+  p.plan.header = &host.header;
+  p.plan.merge_counters = host.merge_counters;
   p.kv.block_size = 24;  // refused by the kernel's check instead
   EXPECT_THAT(RunDecodeAttention(p, nullptr).message(), HasSubstr("block_size 24"));
 }
@@ -170,11 +152,9 @@ TEST(DecodeKernelTest, RunDecodeAttentionRefusesABadMergeBeforeTheKernel) {
 // status, before anything is enqueued. Params every check accepts are counted, not launched.
 TEST(DecodeKernelTest, SweepRefusesWhatTheChecksRefuseBeforeAnyLaunch) {
   std::mt19937 rng(4242);
-  alignas(16) static int buffers[64];
-  alignas(16) static AttentionPlanHeader header;
-  alignas(16) static int32_t counters[4];
-  const std::vector<const void*> pointers = {&buffers[0], &buffers[16], nullptr, &buffers[1],
-                                             &buffers[2]};
+  HostStandIns host;
+  const std::vector<const void*> pointers = {&host.buffers[0], &host.buffers[16], nullptr,
+                                             &host.buffers[1], &host.buffers[2]};
   const auto ptr = [&]() { return const_cast<void*>(pointers[rng() % pointers.size()]); };
   const std::vector<int> ints = {-1, 0, 1, 2, 3, 4, 8, 9, 16, 17, 24, 32, 64, 96, 128, 65536};
   const auto pick_int = [&]() { return ints[rng() % ints.size()]; };
@@ -186,8 +166,10 @@ TEST(DecodeKernelTest, SweepRefusesWhatTheChecksRefuseBeforeAnyLaunch) {
                                              RopeScaling::Llama3(8.0, 1.0, 4.0, 0)};
   int refused = 0, accepted = 0;
   for (int trial = 0; trial < 20000; ++trial) {
-    DecodeAttentionParams p = HostParams();
-    if (rng() % 2) SetRope(&p, 500000.0, RopeScaling::Llama3(32.0, 1.0, 4.0, 8192));
+    DecodeAttentionParams p = HostParams(&host);
+    if (rng() % 2) {
+      SetHostRopeAppend(&host, 500000.0, RopeScaling::Llama3(32.0, 1.0, 4.0, 8192), &p.rope_append);
+    }
     const int mutations = 1 + static_cast<int>(rng() % 3);
     for (int m = 0; m < mutations; ++m) {
       switch (rng() % 16) {
@@ -204,8 +186,8 @@ TEST(DecodeKernelTest, SweepRefusesWhatTheChecksRefuseBeforeAnyLaunch) {
         case 10: p.plan.merge_items = rng() % 2 ? nullptr : p.plan.merge_items; break;
         case 11: p.plan.partial_o = static_cast<float*>(ptr()); break;
         case 12:
-          p.plan.merge_counters = rng() % 2 ? nullptr : counters;
-          p.plan.header = rng() % 2 ? nullptr : &header;
+          p.plan.merge_counters = rng() % 2 ? nullptr : host.merge_counters;
+          p.plan.header = rng() % 2 ? nullptr : &host.header;
           break;
         case 13: p.rope_append.scaling = scalings[rng() % scalings.size()]; break;
         case 14: p.rope_append.theta = rng() % 2 ? 1.0 : 10000.0; break;
