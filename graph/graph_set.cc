@@ -224,15 +224,28 @@ absl::Status GraphSet::CheckReplayable(CaptureKey key, const Captured& captured)
 
 absl::Status GraphSet::Replay(CaptureKey key, cudaStream_t stream) const {
   // Every key in graphs_ passed CheckKey at Capture: only a key that is not there is checked.
-  auto it = graphs_.find(key);
-  if (it == graphs_.end()) {
+  const Graph* graph = Find(key);
+  if (graph == nullptr) {
     RETURN_IF_ERROR(CheckKey(key, "GraphSet::Replay"));
     return absl::FailedPreconditionError(
         absl::StrCat("No graph for ", KeyName(key), "; capture it first, or run the step eagerly"));
   }
-  RETURN_IF_ERROR(CheckReplayable(key, it->second));
-  return ToStatus(cudaGraphLaunch(it->second.exec.get(), stream),
-                  absl::StrCat("cudaGraphLaunch of ", KeyName(key)));
+  return Replay(*graph, stream);
+}
+
+const GraphSet::Graph* GraphSet::Find(CaptureKey key) const {
+  auto it = graphs_.find(key);
+  return it == graphs_.end() ? nullptr : &it->second;
+}
+
+absl::Status GraphSet::Replay(const Graph& graph, cudaStream_t stream) const {
+  const Captured& captured = static_cast<const Captured&>(graph);  // Graph's only subclass
+  const CaptureKey key = captured.stats.key;
+  RETURN_IF_ERROR(CheckReplayable(key, captured));
+  // The key's name only on failure: a replay makes no string.
+  const cudaError_t launched = cudaGraphLaunch(captured.exec.get(), stream);
+  if (launched == cudaSuccess) return absl::OkStatus();
+  return ToStatus(launched, absl::StrCat("cudaGraphLaunch of ", KeyName(key)));
 }
 
 absl::Status GraphSet::Verify(CaptureKey key, cudaStream_t stream) {

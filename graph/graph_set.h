@@ -17,6 +17,10 @@
 //     RETURN_IF_ERROR(UploadPlan(stream));           // host work before the replay
 //   }
 //   RETURN_IF_ERROR(graphs.Replay({kiln::GraphMode::kDecode, *padded}, stream));
+//   // Or, deciding whether to replay before anything else and replaying later, one lookup:
+//   const kiln::GraphSet::Graph* graph = graphs.Find({kiln::GraphMode::kDecode, *padded});
+//   ...   // null: run the step eagerly
+//   RETURN_IF_ERROR(graphs.Replay(*graph, stream));
 //
 // Per key: absent ──Capture──► captured ──Replay──► captured (any number of times)
 //                              captured ──Capture──► captured (replaced)
@@ -29,7 +33,8 @@
 //
 // Replay(key) checks, in O(buffers), that every static buffer declared at capture is still at
 // its address and size (FailedPrecondition naming the buffer otherwise) and that the pool's
-// region has not moved, then launches the graph.
+// region has not moved, then launches the graph. Find(key) looks a graph up once, and
+// Replay(graph) makes the same checks and launch without looking it up again.
 //
 // Verify(key): snapshots every static buffer, runs fn eagerly and the graph, each from the same
 // snapshot with poisoned outputs, compares the kOutput buffers bit for bit, and restores the
@@ -149,6 +154,23 @@ class GraphSet {
   // `key` has no graph, a buffer moved or the pool was re-reserved. Asynchronous.
   absl::Status Replay(CaptureKey key, cudaStream_t stream) const;
 
+  // A captured graph, as Find returns it; opaque, owned by the set. Valid until the set next
+  // captures or erases a graph (either may move the graphs in its table) or is destroyed.
+  class Graph {
+   protected:
+    Graph() = default;
+  };
+
+  // Returns the graph of `key`, or nullptr when it has none (any key, valid or not), in one hash
+  // lookup: for a caller that decides whether to replay before it enqueues anything and replays
+  // later through Replay(graph, stream), without a second lookup.
+  const Graph* Find(CaptureKey key) const;
+
+  // Launches `graph`, which this set's Find returned, on `stream` after the checks Replay(key)
+  // makes of a key that has a graph: FailedPrecondition when a static buffer moved or the pool
+  // was re-reserved, with Replay(key)'s messages. Asynchronous.
+  absl::Status Replay(const Graph& graph, cudaStream_t stream) const;
+
   // Compares the graph for `key` with an eager run of its function, bit for bit, over the
   // declared kOutput buffers, from the buffers' current contents (which it restores). Synchronizes
   // `stream`. InvalidArgument for a key Capture would refuse; FailedPrecondition when there is no
@@ -172,7 +194,8 @@ class GraphSet {
     void operator()(cudaGraphExec_t exec) const;
   };
   using OwnedExec = std::unique_ptr<std::remove_pointer_t<cudaGraphExec_t>, ExecDeleter>;
-  struct Captured {
+  // Every Graph is a Captured: Graph's constructor is protected and this is its only subclass.
+  struct Captured : Graph {
     OwnedExec exec;
     StepFn fn;
     const StaticBuffers* buffers = nullptr;

@@ -1,8 +1,8 @@
 // Captures small steps into graphs and checks, on a GPU: replay equals eager bit for bit and a
 // float64 reference; graphs share the pool (maximum, not sum); a budget overflow names the key;
 // illegal operations inside capture are named and the stream recovers; a moved static buffer is
-// refused by name; Verify catches a launch shape frozen at capture; components see kWarmup in
-// warm-ups and kCapture in the capture.
+// refused by name, through the key and through Find's graph alike; Verify catches a launch
+// shape frozen at capture; components see kWarmup in warm-ups and kCapture in the capture.
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -98,11 +98,14 @@ class GraphSetGpuTest : public ::testing::Test {
     KILN_ASSERT_OK(buffers_.Bind("y", y_.data(), bytes, BufferRole::kOutput));
   }
 
-  // Replays `key` from poisoned y and checks it against the float64 reference.
-  void ExpectReplayMatchesReference(const GraphSet& graphs, CaptureKey key) {
+  // Replays `key` (through `graph`, Find's graph of it, when given) from poisoned y and checks
+  // it against the float64 reference.
+  void ExpectReplayMatchesReference(const GraphSet& graphs, CaptureKey key,
+                                    const GraphSet::Graph* graph = nullptr) {
     const size_t n = size_t{1} * key.size * kFloatsPerSeq;
     KILN_ASSERT_OK(PoisonFloats(y_.data(), n));
-    KILN_ASSERT_OK(graphs.Replay(key, stream_.get()));
+    KILN_ASSERT_OK(graph != nullptr ? graphs.Replay(*graph, stream_.get())
+                                    : graphs.Replay(key, stream_.get()));
     KILN_ASSERT_OK(stream_.Synchronize());
     std::vector<float> got;
     KILN_ASSERT_OK_AND_ASSIGN(got, Download(y_.data(), n));
@@ -360,6 +363,47 @@ TEST_F(GraphSetGpuTest, MovedStaticBufferIsRefusedByName) {
   absl::Status unknown = graphs.Replay({GraphMode::kPrefill, 8}, stream_.get());
   EXPECT_EQ(unknown.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(unknown.message()), HasSubstr("No graph for prefill/8"));
+}
+
+// Find looks a key up once; replaying its graph computes what replaying the key computes, and
+// refuses what Replay(key) refuses (a moved static buffer, a re-reserved pool) with the same
+// status.
+TEST_F(GraphSetGpuTest, ReplayOfFindsGraphEqualsReplayOfTheKey) {
+  MakeBuffers(8);
+  KILN_ASSERT_OK_AND_ASSIGN(GraphMemoryPool pool, GraphMemoryPool::Create(1 << 20));
+  GraphSet graphs(&pool);
+  AffineStep step(&pool, x_.as<float>(), y_.as<float>());
+  const CaptureKey key{GraphMode::kDecode, 8}, small{GraphMode::kDecode, 4};
+  for (const CaptureKey k : {key, small}) {  // largest first
+    KILN_ASSERT_OK(graphs.Capture(
+        k, [&step, k](cudaStream_t s) { return step(k, s); }, stream_.get(), &buffers_));
+  }
+  EXPECT_EQ(graphs.Find({GraphMode::kDecode, 2}), nullptr);
+  EXPECT_EQ(graphs.Find({GraphMode::kPrefill, 8}), nullptr);
+  const GraphSet::Graph* graph = graphs.Find(key);
+  const GraphSet::Graph* small_graph = graphs.Find(small);
+  ASSERT_NE(graph, nullptr);
+  ASSERT_NE(small_graph, nullptr);
+  EXPECT_NE(small_graph, graph);
+  ExpectReplayMatchesReference(graphs, key, graph);
+  ExpectReplayMatchesReference(graphs, small, small_graph);
+
+  KILN_ASSERT_OK_AND_ASSIGN(DeviceBuffer moved, DeviceBuffer::Allocate(x_.size(), "x moved"));
+  KILN_ASSERT_OK(buffers_.Bind("x", moved.data(), moved.size(), BufferRole::kInput));
+  absl::Status status = graphs.Replay(*graph, stream_.get());
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("Static buffer 'x' moved"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("capture decode/8 again"));
+  EXPECT_EQ(status, graphs.Replay(key, stream_.get()));
+
+  KILN_ASSERT_OK(buffers_.Bind("x", x_.data(), x_.size(), BufferRole::kInput));
+  ExpectReplayMatchesReference(graphs, key, graph);
+
+  KILN_ASSERT_OK(pool.Reserve(512 << 10));
+  status = graphs.Replay(*graph, stream_.get());
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("re-reserved after decode/8"));
+  EXPECT_EQ(status, graphs.Replay(key, stream_.get()));
 }
 
 // A step over `capacity` rows whose batch has *num_rows live rows. `grid_from_contents` computes

@@ -1,10 +1,12 @@
 // Host tests of GraphSet's checks that come before any CUDA call: an empty step function, and
-// keys with no graph. Capture and replay themselves are tested on a GPU (graph_set_gpu_test.cc).
+// keys with no graph (Find's null among them). Capture and replay themselves, through the key and
+// through Find's graph, are tested on a GPU (graph_set_gpu_test.cc).
 #include "graph/graph_set.h"
 
 #include <climits>
 #include <random>
 #include <string>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -27,6 +29,7 @@ TEST(GraphSetTest, AnEmptyStepFunctionIsInvalidArgument) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
   EXPECT_THAT(std::string(status.message()), HasSubstr("decode/8 got an empty step function"));
   EXPECT_FALSE(graphs.Contains(kKey));
+  EXPECT_EQ(graphs.Find(kKey), nullptr);
 
   absl::StatusOr<CaptureSizes> sizes = CaptureSizes::Decode(8);
   ASSERT_TRUE(sizes.ok()) << sizes.status();
@@ -47,6 +50,31 @@ TEST(GraphSetTest, KeysNeverCapturedAreFailedPrecondition) {
   EXPECT_EQ(graphs.Stats(kKey), nullptr);
   graphs.Erase(kKey);  // no-op
   EXPECT_TRUE(graphs.AllStats().empty());
+}
+
+// Find looks a key up without checking it: a key with no graph, valid or not, is null (the bad
+// key's InvalidArgument is Replay(key)'s, which still gives it). A Graph comes only from Find:
+// a caller cannot make one to hand to Replay(graph), which therefore never sees a key without a
+// graph.
+TEST(GraphSetTest, FindOfAKeyWithoutAGraphIsNull) {
+  static_assert(!std::is_default_constructible_v<GraphSet::Graph>, "only GraphSet makes a Graph");
+  GraphSet graphs;
+  for (const CaptureKey key :
+       {kKey, CaptureKey{GraphMode::kPrefill, 64}, CaptureKey{GraphMode::kMixed, 1},
+        CaptureKey{GraphMode::kDecode, CaptureSizes::kMaxLimit}}) {
+    EXPECT_EQ(graphs.Find(key), nullptr) << KeyName(key);
+    EXPECT_FALSE(graphs.Contains(key)) << KeyName(key);
+    EXPECT_EQ(graphs.Replay(key, nullptr).code(), absl::StatusCode::kFailedPrecondition)
+        << KeyName(key);
+  }
+  for (const CaptureKey key :
+       {CaptureKey{static_cast<GraphMode>(4), 1}, CaptureKey{GraphMode::kDecode, 0},
+        CaptureKey{GraphMode::kPrefill, -8}, CaptureKey{GraphMode::kMixed, INT_MAX}}) {
+    EXPECT_EQ(graphs.Find(key), nullptr) << KeyName(key);
+    EXPECT_EQ(graphs.Replay(key, nullptr).code(), absl::StatusCode::kInvalidArgument)
+        << KeyName(key);
+  }
+  EXPECT_EQ(graphs.size(), 0u);
 }
 
 // Replay looks the key up first and checks it only when it has no graph (a key with a graph
@@ -94,6 +122,7 @@ TEST(GraphSetTest, KeysOutsideTheCaptureSizesAreInvalidArgumentBeforeAnythingRun
     const absl::Status replay = graphs.Replay(key, nullptr);
     const absl::Status verify = graphs.Verify(key, nullptr);
     EXPECT_FALSE(graphs.Contains(key));
+    EXPECT_EQ(graphs.Find(key), nullptr);
     EXPECT_EQ(graphs.Stats(key), nullptr);
     graphs.Erase(key);
     if (valid) {
@@ -143,6 +172,7 @@ TEST(GraphSetTest, NegativeWarmupsAreInvalidArgumentBeforeAnythingRuns) {
     EXPECT_THAT(std::string(status.message()),
                 HasSubstr(absl::StrCat("warmups ", warmups, " for decode/8 is negative")));
     EXPECT_EQ(runs, 0);
+    EXPECT_EQ(graphs.Find(kKey), nullptr);
   }
 }
 
