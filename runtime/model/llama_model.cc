@@ -230,6 +230,11 @@ absl::Status CheckLlamaStepArgs(const LlamaStepArgs& args) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<CheckedLlamaStepArgs> CheckedLlamaStepArgs::Check(const LlamaStepArgs& args) {
+  RETURN_IF_ERROR(CheckLlamaStepArgs(args));
+  return CheckedLlamaStepArgs(args);
+}
+
 absl::Status CheckLlamaModelOptions(const LlamaShape& s, const LlamaModelOptions& options) {
   RETURN_IF_ERROR(s.Validate());
   RETURN_IF_ERROR(DecodeAttentionSupportsShape(s.heads, s.kv_heads, s.head_dim));
@@ -764,16 +769,26 @@ absl::Status LlamaModel::PreAttention(int layer, const LlamaStepArgs& args,
   return AppendKv(append, kv_layout_, kv, k_cache(layer), v_cache(layer), stream);
 }
 
-absl::Status LlamaModel::RunAttention(int layer, const LlamaStepArgs& args, cudaStream_t stream) {
-  const LlamaShape& s = shape();
+absl::Status LlamaModel::CheckLayer(int layer) const {
   // The layer picks the KV pools (k_cache, v_cache) and QK norm weights: outside the model they
   // would lie past the cache and the weights.
-  if (layer < 0 || layer >= s.layers) {
+  if (layer < 0 || layer >= shape().layers) {
     return absl::InvalidArgumentError(
-        absl::StrCat("Layer ", layer, " is outside [0, ", s.layers, ")"));
+        absl::StrCat("Layer ", layer, " is outside [0, ", shape().layers, ")"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::RunAttention(int layer, const LlamaStepArgs& args, cudaStream_t stream) {
+  RETURN_IF_ERROR(CheckLayer(layer));
   RETURN_IF_ERROR(CheckLlamaStepArgs(args));
   return RunCheckedAttention(layer, args, Carve(args), stream);
+}
+
+absl::Status LlamaModel::RunAttention(int layer, const CheckedLlamaStepArgs& args,
+                                      cudaStream_t stream) {
+  RETURN_IF_ERROR(CheckLayer(layer));
+  return RunCheckedAttention(layer, args.args(), Carve(args.args()), stream);
 }
 
 absl::Status LlamaModel::RunCheckedAttention(int layer, const LlamaStepArgs& args,

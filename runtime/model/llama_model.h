@@ -33,7 +33,9 @@
 // or fewer runs each piece's layer work as one decode layer kernel launch (decode_layer.h),
 // with the same bits. Piecewise CUDA graphs capture the pieces and run
 // attention eagerly between them; the kernels and their order are the same as Forward's, so the
-// results are identical bit for bit.
+// results are identical bit for bit. A caller that runs a step's pieces itself (the Runner
+// replays their graphs) checks the step's views once (CheckedLlamaStepArgs::Check) and runs
+// each layer's attention with them, unchecked.
 //
 // Activations: ActivationBytes(num_tokens, num_rows) bytes at args.activations (an arena or the
 // graph memory pool), carved as
@@ -313,6 +315,24 @@ struct LlamaStepArgs {
 // anything. Thread-safe.
 absl::Status CheckLlamaStepArgs(const LlamaStepArgs& args);
 
+// Step views that CheckLlamaStepArgs accepted, for a caller that runs one step through several
+// entry points: the Runner's piecewise step checks its views once, before it replays the first
+// piece, then runs every layer's attention with them (LlamaModel::RunAttention's overload, which
+// checks only the layer). Only Check makes one, so holding one means the check ran. Holds a copy
+// of the views (their pointers are not owned). Host-only; thread-safe.
+class CheckedLlamaStepArgs {
+ public:
+  // Returns `args` checked, or CheckLlamaStepArgs's InvalidArgument.
+  static absl::StatusOr<CheckedLlamaStepArgs> Check(const LlamaStepArgs& args);
+
+  const LlamaStepArgs& args() const { return args_; }
+
+ private:
+  explicit CheckedLlamaStepArgs(const LlamaStepArgs& args) : args_(args) {}
+
+  LlamaStepArgs args_;
+};
+
 // Returns InvalidArgument for what LlamaModel::Create refuses in `shape` and `options` before it
 // allocates: the shape, the kernels' row limits and choices, the KV cache's layout. Host-only, so
 // a caller (the Runner) can check before it uploads weights.
@@ -394,6 +414,11 @@ class LlamaModel {
   // before anything is enqueued, for a layer outside [0, layers) and the `args` RunPiece
   // refuses. Callable during capture.
   absl::Status RunAttention(int layer, const LlamaStepArgs& args, cudaStream_t stream);
+
+  // RunAttention with views checked once per step rather than at every call (the Runner's
+  // piecewise step, which runs it for every layer): InvalidArgument, before anything is
+  // enqueued, only for a layer outside [0, layers). Callable during capture.
+  absl::Status RunAttention(int layer, const CheckedLlamaStepArgs& args, cudaStream_t stream);
 
   const LlamaShape& shape() const { return weights_.shape(); }
   const LlamaDeviceWeights& weights() const { return weights_; }
@@ -480,6 +505,8 @@ class LlamaModel {
   // RunAttention, which the piecewise step calls once per layer, makes no StepDecisions.
   absl::Status RunCheckedAttention(int layer, const LlamaStepArgs& args, const Activations& a,
                                    cudaStream_t stream);
+  // Returns InvalidArgument for a layer outside [0, layers) (RunAttention's check of `layer`).
+  absl::Status CheckLayer(int layer) const;
   // RopeInAttention without its run_attention term: the steps whose attention would rotate.
   bool AttentionTakesRope(const LlamaStepArgs& args) const;
   // Returns the GEMMs Linear tries for the projection (see LinearPath).

@@ -5,7 +5,9 @@
 // shows that launches do land there. The views are host stand-ins that no kernel ever reads.
 // Forward, which decides a step's GEMMs and paths once, captures the launches (kernel, grid,
 // block, shared memory, in order) that RunPiece captures deciding them at every call, at row
-// counts across every GEMM's limits and with option sets that take each path.
+// counts across every GEMM's limits and with option sets that take each path. RunAttention with
+// views checked once per step (CheckedLlamaStepArgs, the piecewise step's) refuses the layers
+// RunAttention refuses and captures what it captures.
 #include "runtime/model/llama_model.h"
 
 #include <cuda.h>
@@ -23,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "attention/attention_params.h"
 #include "gtest/gtest.h"
 #include "runtime/cuda/device_buffer.h"
 #include "runtime/cuda/status_macros.h"
@@ -272,6 +275,61 @@ TEST_F(LlamaModelGpuTest, ForwardLaunchesWhatItsPiecesLaunchAtEveryRowCount) {
       for (size_t i = 0; i < forward.size(); ++i) EXPECT_EQ(forward[i], pieces[i]) << "node " << i;
     }
   }
+}
+
+// The piecewise step checks its views once (CheckedLlamaStepArgs) and runs every layer's
+// attention with them: that RunAttention checks only the layer, refusing one outside the model as
+// the checked-per-call RunAttention does, with nothing enqueued, and launches at every layer what
+// the checked-per-call one launches.
+TEST_F(LlamaModelGpuTest, AttentionWithViewsCheckedOnceLaunchesWhatRunAttentionLaunches) {
+  // A decode part of host stand-ins as well: attention checks its plan part before it enqueues,
+  // and the captured launches are recorded, never run.
+  AttentionWorkItem work_items[1] = {};
+  LlamaStepArgs args = GoodArgs();
+  args.decode.work_items = work_items;
+  args.decode.seq_q_start = stand_ins_.ints;
+  args.decode.seq_kv_len = stand_ins_.ints;
+  args.decode.max_seqs = 1;
+  args.decode.tile_rows = model_->shape().heads / model_->shape().kv_heads;
+  const absl::StatusOr<CheckedLlamaStepArgs> checked = CheckedLlamaStepArgs::Check(args);
+  ASSERT_TRUE(checked.ok()) << checked.status();
+
+  const int layers = model_->shape().layers;
+  size_t nodes = 0;
+  for (int layer : {-1, layers, layers + 1}) {
+    SCOPED_TRACE(absl::StrCat("layer ", layer));
+    const absl::Status want =
+        Captured([&] { return model_->RunAttention(layer, args, stream()); }, &nodes);
+    EXPECT_EQ(want.code(), absl::StatusCode::kInvalidArgument) << want;
+    EXPECT_EQ(nodes, 0u);
+    EXPECT_EQ(Captured([&] { return model_->RunAttention(layer, *checked, stream()); }, &nodes),
+              want);
+    EXPECT_EQ(nodes, 0u);
+  }
+
+  auto capture = [&](const std::function<absl::Status()>& call) {
+    EXPECT_EQ(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    const absl::Status status = call();
+    EXPECT_TRUE(status.ok()) << status;
+    cudaGraph_t graph = nullptr;
+    EXPECT_EQ(cudaStreamEndCapture(stream(), &graph), cudaSuccess);
+    std::vector<std::string> launches;
+    if (graph != nullptr) {
+      launches = LaunchesOf(graph);
+      EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+    }
+    return launches;
+  };
+  for (int layer = 0; layer < layers; ++layer) {
+    SCOPED_TRACE(absl::StrCat("layer ", layer));
+    const std::vector<std::string> once =
+        capture([&] { return model_->RunAttention(layer, *checked, stream()); });
+    const std::vector<std::string> each =
+        capture([&] { return model_->RunAttention(layer, args, stream()); });
+    ASSERT_GT(once.size(), 0u);
+    EXPECT_EQ(once, each);
+  }
+  EXPECT_EQ(cudaStreamSynchronize(stream()), cudaSuccess);
 }
 
 }  // namespace

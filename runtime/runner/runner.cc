@@ -884,11 +884,22 @@ absl::Status Runner::RunEager(int key_index, const StepRoute& route) {
   return model_->Forward(Args(key_index, route, arena_.data()), stream_.get());
 }
 
+bool Runner::FindPieceGraphs(CaptureKey key) {
+  if (piece_graphs_.size() != static_cast<size_t>(model_->num_pieces())) return false;
+  piece_replays_.resize(piece_graphs_.size());
+  for (size_t piece = 0; piece < piece_graphs_.size(); ++piece) {
+    piece_replays_[piece] = piece_graphs_[piece]->Find(key);
+    if (piece_replays_[piece] == nullptr) return false;
+  }
+  return true;
+}
+
 absl::Status Runner::RunPiecewise(int key_index, const StepRoute& route) {
-  const CaptureKey key = keys_.key(key_index).key;
-  const LlamaStepArgs args = Args(key_index, route, arena_.data());
+  // Checked before the first piece is replayed; each layer's attention then checks its layer only.
+  ASSIGN_OR_RETURN(const CheckedLlamaStepArgs args,
+                   CheckedLlamaStepArgs::Check(Args(key_index, route, arena_.data())));
   for (int piece = 0; piece < model_->num_pieces(); ++piece) {
-    RETURN_IF_ERROR(piece_graphs_[piece]->Replay(key, stream_.get()));
+    RETURN_IF_ERROR(piece_graphs_[piece]->Replay(*piece_replays_[piece], stream_.get()));
     if (piece < shape().layers && !options_.skip_attention) {
       RETURN_IF_ERROR(model_->RunAttention(piece, args, stream_.get()));
     }
@@ -909,18 +920,21 @@ absl::StatusOr<std::vector<int32_t>> Runner::Step(absl::Span<const SequenceToken
   // Reserve checks each entry (an id twice, no tokens, a sequence past max_model_len) and hands
   // the step's lengths to `admit` before any sequence takes a block. The route, and with it
   // whether the step replays, follows from them: every refusal that depends on it is made
-  // there, so a refused step changes no sequence.
+  // there, so a refused step changes no sequence. The graphs are looked up once, there too: the
+  // full step's graph, or each piece's (RunPiecewise replays piece_replays_).
   StepRoute route;
   bool replay = false;
+  const GraphSet::Graph* full_graph = nullptr;
   auto admit = [&](absl::Span<const SeqLens> lens) -> absl::Status {
     RETURN_IF_ERROR(keys_.Check(lens));
     route = keys_.Route(lens);
     const StepKey& key = keys_.key(route.key_index);
     if (!key.eager_only && !step_options.force_eager) {
       if (options_.graphs == GraphExecution::kFull && graphs_ != nullptr) {
-        replay = graphs_->Contains(key.key);
-      } else if (options_.graphs == GraphExecution::kPiecewise && !piece_graphs_.empty()) {
-        replay = piece_graphs_.front()->Contains(key.key);
+        full_graph = graphs_->Find(key.key);
+        replay = full_graph != nullptr;
+      } else if (options_.graphs == GraphExecution::kPiecewise) {
+        replay = FindPieceGraphs(key.key);
       }
     }
     // After a peer was lost the communicator may be aborted: a replay would launch NCCL kernels
@@ -959,7 +973,7 @@ absl::StatusOr<std::vector<int32_t>> Runner::Step(absl::Span<const SequenceToken
   // sampling kernel writes the tokens into next_tokens_host_ as well: no copies of their own.
   if (options_.time_steps) RETURN_IF_ERROR(step_start_.Record(stream_.get()));
   if (replay && options_.graphs == GraphExecution::kFull) {
-    RETURN_IF_ERROR(graphs_->Replay(key.key, stream_.get()));
+    RETURN_IF_ERROR(graphs_->Replay(*full_graph, stream_.get()));
   } else if (replay) {
     RETURN_IF_ERROR(RunPiecewise(route.key_index, route));
   } else {

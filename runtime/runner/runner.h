@@ -415,6 +415,12 @@ class Runner {
   absl::Status FetchMetadata(int key_index, cudaStream_t stream) const;
   // Runs the step eagerly (activations in the arena).
   absl::Status RunEager(int key_index, const StepRoute& route);
+  // Looks `key` up once in every piece's GraphSet, into piece_replays_; returns whether every
+  // piece has a graph for it (false when none was captured or a capture stopped part-way: the
+  // step then runs eagerly).
+  bool FindPieceGraphs(CaptureKey key);
+  // Replays the pieces piece_replays_ holds (FindPieceGraphs's, for this step's key), running each
+  // layer's attention eagerly between them with the step's views checked once, before the first.
   absl::Status RunPiecewise(int key_index, const StepRoute& route);
   absl::Status CaptureFull(RunnerCaptureSummary* summary);
   absl::Status CapturePiecewise(RunnerCaptureSummary* summary);
@@ -452,6 +458,7 @@ class Runner {
   StaticBuffers buffers_;
   std::unique_ptr<GraphSet> graphs_;                     // kFull
   std::vector<std::unique_ptr<GraphSet>> piece_graphs_;  // kPiecewise, one per piece
+  std::vector<const GraphSet::Graph*> piece_replays_;    // the step's, per piece (FindPieceGraphs)
   RunnerMemory memory_;
   StepInfo last_;
   Event step_start_, step_stop_;  // with time_steps

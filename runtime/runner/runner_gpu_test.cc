@@ -2,7 +2,8 @@
 //   - graph replay equals an eager run at the same padded size, bit for bit, for every captured
 //     size and for 1000 random batch compositions (decode-only, prefill-only, mixed; lengths at
 //     block boundaries);
-//   - piecewise graphs and graph-free runs equal full graphs, bit for bit;
+//   - piecewise graphs and graph-free runs equal full graphs, bit for bit; a piecewise step whose
+//     key some piece lacks (its capture stopped part-way) runs eagerly, with the same bits;
 //   - folding the add + RMSNorm into the QKV and gate-up GEMMs (steps of up to 8 tokens) gives
 //     the norm kernels' bits, in full graphs, piecewise graphs and eager steps; so do the decode
 //     layer kernel and RoPE + KV append in attention, over random traffic and, small enough for
@@ -34,6 +35,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "attention/rope_frequency.h"
+#include "graph/capture_context.h"
 #include "gtest/gtest.h"
 #include "runtime/config/hf_model.h"
 #include "runtime/config/presets.h"
@@ -344,6 +346,65 @@ TEST_F(RunnerGpuTest, PiecewiseAndGraphFreeStepsEqualFullGraphs) {
     if (HasFailure()) break;
   }
   EXPECT_GT(piecewise_replays, 100);
+}
+
+// A piecewise capture that stops part-way leaves a piece without some keys: here the last
+// piece's capture fails at decode/4, after decode/8 (largest first), so decode/4 and decode/2
+// lack it. A step whose key some piece lacks runs eagerly, as one whose key has no graph, with a
+// graph-free runner's bits; a key every piece holds still replays.
+TEST_F(RunnerGpuTest, PiecewiseStepWhoseKeyAPieceLacksRunsEagerly) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  RunnerOptions options = TinyOptions(GraphExecution::kPiecewise, seed);
+  options.capture_prefill = false;
+  options.config.mutable_graph()->clear_capture_sizes();
+  for (int size : {2, 4, 8}) options.config.mutable_graph()->add_capture_sizes(size);
+  RunnerOptions reference_options = options;
+  reference_options.graphs = GraphExecution::kNone;
+  // Piece p captures a key as the key's (p + 1)-th capture (warm-ups aside).
+  const int last_piece = LlamaShape::Tiny().layers;
+  std::map<int, int> captures;
+  options.capture_step_hook_for_testing = [&captures, last_piece](CaptureKey key) {
+    if (CaptureContext::Phase() != CapturePhase::kCapture) return absl::OkStatus();
+    if (++captures[key.size] == last_piece + 1 && key.size == 4) {
+      return absl::InternalError("Stopped at the last piece's decode/4");
+    }
+    return absl::OkStatus();
+  };
+  absl::StatusOr<std::unique_ptr<Runner>> created = Runner::Create(options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Runner& runner = **created;
+  const absl::StatusOr<RunnerCaptureSummary> captured = runner.Capture();
+  ASSERT_FALSE(captured.ok());
+  EXPECT_NE(captured.status().message().find(
+                "Capture of decode/4 failed: Stopped at the last piece's decode/4"),
+            std::string::npos)
+      << captured.status();
+  std::unique_ptr<Runner> reference = MakeRunner(reference_options);
+  ASSERT_NE(reference, nullptr);
+
+  std::mt19937_64 rng(seed);
+  auto token = [&] { return static_cast<int32_t>(rng() % LlamaShape::Tiny().vocab); };
+  std::vector<SequenceTokens> prompts;
+  for (int i = 0; i < 8; ++i) {
+    SequenceTokens s{i, {}};
+    for (int t = 0; t < 17 + 5 * i; ++t) s.tokens.push_back(token());
+    prompts.push_back(std::move(s));
+  }
+  ASSERT_EQ(RunStep(runner, prompts, {}).tokens, RunStep(*reference, prompts, {}).tokens);
+  for (int rows : {8, 5, 4, 3, 2, 1}) {
+    std::vector<SequenceTokens> batch;
+    for (int i = 0; i < rows; ++i) batch.push_back({i, {token()}});
+    SCOPED_TRACE(absl::StrCat(rows, " decode rows"));
+    const Outcome got = RunStep(runner, batch, {});
+    const Outcome want = RunStep(*reference, batch, {});
+    const int padded = rows > 4 ? 8 : rows > 2 ? 4 : 2;
+    EXPECT_EQ(got.info.key, (CaptureKey{GraphMode::kDecode, padded}));
+    EXPECT_EQ(got.info.replayed, padded == 8);  // decode/4 and decode/2 lack the last piece
+    EXPECT_EQ(got.tokens, want.tokens);
+    ASSERT_EQ(got.logits.size(), want.logits.size());
+    EXPECT_EQ(std::memcmp(got.logits.data(), want.logits.data(), want.logits.size() * 4), 0);
+  }
 }
 
 // A change to the runner's options that must not change a bit: `edit` applied to `base`;
