@@ -39,15 +39,14 @@ absl::StatusOr<GetAddressRangeFn> AddressRangeFunction() {
   return fn;
 }
 
-// The ranks' exchange of `mine`. Unavailable from the custom all-reduce means the ranks agreed it
-// cannot run (AutoCommunicator then takes NCCL alone), so a failed exchange (the bootstrap lost a
-// peer: Unavailable naming it) is Aborted instead; other codes stay.
-absl::StatusOr<std::vector<std::string>> Exchange(HostBootstrap& bootstrap,
+// The ranks' exchange of `mine` as bootstrap call `call` (each a distinct name, so a rank that
+// skips one is caught at the next). A failure is reported by internal::ExchangeFailed: a lost
+// peer is Aborted, never the Unavailable that means the ranks agreed the custom path cannot run.
+absl::StatusOr<std::vector<std::string>> Exchange(HostBootstrap& bootstrap, absl::string_view call,
                                                   const std::string& mine) {
-  absl::StatusOr<std::vector<std::string>> all = bootstrap.AllGather(mine);
-  if (all.ok() || !absl::IsUnavailable(all.status())) return all;
-  return absl::AbortedError(absl::StrCat("Custom all-reduce exchange failed: ",
-                                         all.status().message()));
+  absl::StatusOr<std::vector<std::string>> all = bootstrap.AllGather(mine, call);
+  if (all.ok()) return all;
+  return internal::ExchangeFailed(bootstrap.rank(), call, all.status());
 }
 
 // Serialises the outcome of a local step so the ranks can agree on it: "1" or "0<message>".
@@ -55,10 +54,11 @@ std::string Outcome(const absl::Status& status) {
   return status.ok() ? "1" : absl::StrCat("0", status.message());
 }
 
-// Returns Unavailable naming the first rank whose outcome failed, or OK if all succeeded.
-absl::Status AgreeOn(HostBootstrap& bootstrap, const absl::Status& local,
+// Exchanges `local` as bootstrap call `call`. Returns Unavailable naming the first rank whose
+// outcome failed, or OK if all succeeded.
+absl::Status AgreeOn(HostBootstrap& bootstrap, absl::string_view call, const absl::Status& local,
                      absl::string_view step) {
-  ASSIGN_OR_RETURN(std::vector<std::string> all, Exchange(bootstrap, Outcome(local)));
+  ASSIGN_OR_RETURN(std::vector<std::string> all, Exchange(bootstrap, call, Outcome(local)));
   for (size_t r = 0; r < all.size(); ++r) {
     if (all[r].empty() || all[r][0] != '1') {
       return absl::UnavailableError(absl::StrFormat(
@@ -141,7 +141,7 @@ absl::Status CustomAllReduce::Init() {
   // Every rank must cut the same grid and use the same crossovers, or the block-level barriers
   // would pair unrelated work.
   ASSIGN_OR_RETURN(std::vector<std::string> configs,
-                   Exchange(bootstrap_, config_.SerializeAsString()));
+                   Exchange(bootstrap_, "custom_allreduce.config", config_.SerializeAsString()));
   for (size_t r = 1; r < configs.size(); ++r) {
     if (configs[r] != configs[0]) {
       return absl::FailedPreconditionError(absl::StrFormat(
@@ -177,7 +177,8 @@ absl::Status CustomAllReduce::Init() {
   mine.append(reinterpret_cast<const char*>(&handle), sizeof(handle));
   mine.append(reinterpret_cast<const char*>(&nonce), sizeof(nonce));
   mine.append(bus_id, sizeof(bus_id));
-  ASSIGN_OR_RETURN(std::vector<std::string> all, Exchange(bootstrap_, mine));
+  ASSIGN_OR_RETURN(std::vector<std::string> all,
+                   Exchange(bootstrap_, "custom_allreduce.setup", mine));
   std::vector<cudaIpcMemHandle_t> handles(world_size_);
   std::vector<uint32_t> nonces(world_size_);
   std::vector<std::string> bus_ids(world_size_);
@@ -220,7 +221,7 @@ absl::Status CustomAllReduce::Init() {
     CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
     return absl::OkStatus();
   }();
-  RETURN_IF_ERROR(AgreeOn(bootstrap_, local, "P2P mapping"));
+  RETURN_IF_ERROR(AgreeOn(bootstrap_, "custom_allreduce.p2p_mapping", local, "P2P mapping"));
 
   // Step 3: check that every peer's record arrived intact.
   local = [&]() -> absl::Status {
@@ -238,7 +239,7 @@ absl::Status CustomAllReduce::Init() {
     }
     return absl::OkStatus();
   }();
-  RETURN_IF_ERROR(AgreeOn(bootstrap_, local, "P2P test write"));
+  RETURN_IF_ERROR(AgreeOn(bootstrap_, "custom_allreduce.p2p_test_write", local, "P2P test write"));
   initialized_ = true;
   return absl::OkStatus();
 }
@@ -266,7 +267,7 @@ CustomAllReduce::~CustomAllReduce() {
   cudaGetLastError();
   // Peers may still read this rank's region (a staged call's data, or flags): wait until every
   // rank is here before freeing. A broken bootstrap (dead peer) returns at once.
-  if (initialized_ && sticky_.ok()) bootstrap_.Barrier().IgnoreError();
+  if (initialized_ && sticky_.ok()) bootstrap_.Barrier("custom_allreduce.teardown").IgnoreError();
   for (auto& [key, mapped] : opened_) cudaIpcCloseMemHandle(mapped);
   if (region_ != nullptr) cudaFree(region_);
   if (push_buffer_ != nullptr) cudaFree(push_buffer_);
@@ -359,8 +360,9 @@ absl::Status CustomAllReduce::RecordGraphInput(const void* in, void* out, size_t
   const bool output_exported =
       local.ok() && out != nullptr && ExportForIpc(out, &entry.record.output).ok();
   // The ranks must agree before any of them records a kernel that waits for the others.
-  absl::StatusOr<std::vector<std::string>> all = bootstrap_.AllGather(
-      internal::CaptureAgreementMessage(local, output_exported, next_slot_));
+  absl::StatusOr<std::vector<std::string>> all =
+      bootstrap_.AllGather(internal::CaptureAgreementMessage(local, output_exported, next_slot_),
+                           internal::kCaptureAgreementCall);
   if (!all.ok()) {
     // A lost peer is not an agreement to take NCCL (whose kernel would wait for that peer):
     // sticky, so this and every later call report it.
@@ -487,7 +489,8 @@ absl::Status CustomAllReduce::RegisterGraphBuffers() {
   const int n = static_cast<int>(pending_.size());
   internal::AppendGraphInputsHeader(first, n, &mine);
   for (const PendingInput& p : pending_) internal::AppendGraphInputRecord(p.record, &mine);
-  ASSIGN_OR_RETURN(std::vector<std::string> all, Exchange(bootstrap_, mine));
+  ASSIGN_OR_RETURN(std::vector<std::string> all,
+                   Exchange(bootstrap_, "custom_allreduce.registration", mine));
   for (int r = 0; r < world_size_; ++r) {
     RETURN_IF_ERROR(internal::CheckGraphInputsMessage(rank_, first, n, r, all[r]));
   }
@@ -536,7 +539,8 @@ absl::Status CustomAllReduce::RegisterGraphBuffers() {
     }
     return absl::OkStatus();
   }();
-  RETURN_IF_ERROR(AgreeOn(bootstrap_, local, "graph buffer registration"));
+  RETURN_IF_ERROR(AgreeOn(bootstrap_, "custom_allreduce.registration_agreement", local,
+                          "graph buffer registration"));
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(table_ + first, entries.data(),
                                        n * sizeof(RegisteredInput), cudaMemcpyHostToDevice,
                                        cudaStreamLegacy));
@@ -564,7 +568,8 @@ absl::Status CustomAllReduce::InitPush() {
   }();
   std::string mine = Outcome(local);
   mine.append(reinterpret_cast<const char*>(&handle), sizeof(handle));
-  ASSIGN_OR_RETURN(std::vector<std::string> all, Exchange(bootstrap_, mine));
+  ASSIGN_OR_RETURN(std::vector<std::string> all,
+                   Exchange(bootstrap_, "custom_allreduce.push_setup", mine));
   for (int r = 0; r < world_size_; ++r) {
     const std::string& s = all[r];
     if (s.size() < 1 + sizeof(handle) || s[0] != '1') {
@@ -587,7 +592,7 @@ absl::Status CustomAllReduce::InitPush() {
     }
     return absl::OkStatus();
   }();
-  return AgreeOn(bootstrap_, local, "push buffer mapping");
+  return AgreeOn(bootstrap_, "custom_allreduce.push_mapping", local, "push buffer mapping");
 }
 
 bool CustomAllReduce::AddRmsNormPushes(int64_t tokens, int64_t hidden) const {

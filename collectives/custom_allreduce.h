@@ -73,7 +73,8 @@ class CustomAllReduce {
   // InvalidArgument for a world size other than 2, 4, 6, 8 or an invalid config;
   // FailedPrecondition when the ranks' configs differ; Aborted when an exchange itself fails
   // because the bootstrap lost a peer (never Unavailable, which AutoCommunicator takes as the
-  // ranks' agreement to use NCCL alone). Sets `device` current. Not during capture.
+  // ranks' agreement to use NCCL alone); the bootstrap's other errors keep their code, with
+  // this rank and the exchange's call name added. Sets `device` current. Not during capture.
   static absl::StatusOr<std::unique_ptr<CustomAllReduce>> Create(HostBootstrap& bootstrap,
                                                                  int device,
                                                                  const AllReduceConfig& config);

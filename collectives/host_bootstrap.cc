@@ -125,15 +125,17 @@ absl::Status CheckTimeout(absl::Duration timeout) {
 // tells a kiln rank from any other program that connects to the socket (which is dropped).
 constexpr int32_t kHelloMagic = 0x6b426f31;  // "kBo1"
 
-// Every exchange frame starts with this header; `size` bytes of payload follow.
+// Every exchange frame starts with this header; `call_size` bytes of the call's name, then
+// `size` bytes of payload follow.
 struct FrameHeader {
   uint32_t magic;
-  uint32_t kind;      // HostBootstrap::Exchange; kReplyBit set on rank 0's all-gather reply
-  uint64_t sequence;  // the exchange's number, counted alike on every rank
-  uint64_t size;
+  uint32_t kind;       // HostBootstrap::Exchange; kReplyBit set on rank 0's all-gather reply
+  uint64_t sequence;   // the exchange's number, counted alike on every rank
+  uint64_t size;       // of the payload
+  uint64_t call_size;  // of the call's name; 0 for an unnamed call
 };
-static_assert(sizeof(FrameHeader) == 24, "the frame header is sent as raw bytes");
-constexpr uint32_t kFrameMagic = 0x6b426631;  // "kBf1"
+static_assert(sizeof(FrameHeader) == 32, "the frame header is sent as raw bytes");
+constexpr uint32_t kFrameMagic = 0x6b426632;  // "kBf2"
 constexpr uint32_t kReplyBit = 0x100;
 
 // The first allocation for an incoming frame; it grows as bytes arrive (doubling), so a header
@@ -514,27 +516,61 @@ const char* ExchangeName(uint32_t kind) {
       return kind & kReplyBit ? "barrier reply" : "barrier";
     case 4:
       return kind & kReplyBit ? "agreement reply" : "agreement";
+    case 5:
+      return "call-mismatch report";
   }
   return "unknown exchange";
 }
 
+// A call's name for a message, escaped and quoted as the file quotes what peers send.
+std::string CallText(absl::string_view call) {
+  if (call.empty()) return "an unnamed call";
+  return absl::StrCat("call '", absl::CHexEscape(call), "'");
+}
+
+// The error of every rank when, at exchange `sequence` (of kind `kind`), rank 0 made call
+// `rank0_call` but rank `peer` made call `peer_call`.
+absl::Status CallMismatch(int this_rank, uint64_t sequence, uint32_t kind,
+                          absl::string_view rank0_call, int peer, absl::string_view peer_call) {
+  return absl::InternalError(absl::StrFormat(
+      "Bootstrap rank %d: at exchange %d (%s), rank 0 made %s but rank %d made %s; the ranks "
+      "are out of step: one of them skipped a call or made one the others did not (every rank "
+      "must make the same sequence of collective calls, named alike)",
+      this_rank, sequence, ExchangeName(kind), CallText(rank0_call), peer, CallText(peer_call)));
+}
+
 }  // namespace
 
-absl::StatusOr<absl::Time> HostBootstrap::BeginExchange() {
+absl::StatusOr<absl::Time> HostBootstrap::BeginExchange(absl::string_view call) {
   RETURN_IF_ERROR(broken_);
   ++sequence_;
   if (absl::Status timeout = CheckTimeout(timeout_); !timeout.ok()) return Fail(timeout);
+  if (call.size() > kMaxCallNameBytes) {
+    // Refused on this rank, which breaks the exchange for all: the peers learn at once.
+    return Fail(absl::InvalidArgumentError(absl::StrFormat(
+        "Bootstrap rank %d: call name '%s...' has %d bytes, over the limit of %d "
+        "(HostBootstrap::kMaxCallNameBytes); name the call in fewer bytes",
+        rank_, absl::CHexEscape(call.substr(0, 32)), call.size(), kMaxCallNameBytes)));
+  }
   return absl::Now() + timeout_;
 }
 
-absl::Status HostBootstrap::SendFrame(int peer_index, Exchange kind, absl::string_view bytes,
-                                      absl::Time deadline) {
-  FrameHeader header{kFrameMagic, static_cast<uint32_t>(kind), sequence_, bytes.size()};
+absl::Status HostBootstrap::SendFrame(int peer_index, Exchange kind, absl::string_view call,
+                                      absl::string_view bytes, absl::Time deadline) {
+  FrameHeader header{kFrameMagic, static_cast<uint32_t>(kind), sequence_, bytes.size(),
+                     call.size()};
   if (rank_ == 0 && kind != Exchange::kBroadcast) header.kind |= kReplyBit;
   absl::StatusOr<bool> ok = SendAll(fds_[peer_index], reinterpret_cast<const char*>(&header),
                                     sizeof(header), deadline);
+  if (ok.ok() && *ok) ok = SendAll(fds_[peer_index], call.data(), call.size(), deadline);
   if (ok.ok() && *ok) ok = SendAll(fds_[peer_index], bytes.data(), bytes.size(), deadline);
   if (!ok.ok()) {
+    // Rank 0 shuts its connections once it reported a call-name mismatch to every rank: its
+    // report, when one waits unread, says why this rank could not send.
+    char byte;
+    if (rank_ != 0 && recv(fds_[0], &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 1) {
+      return ReceiveFrame(0, kind, call, 0, deadline).status();
+    }
     return Fail(absl::UnavailableError(absl::StrFormat(
         "Bootstrap rank %d could not send to rank %d (%s); did that process exit?", rank_,
         PeerRank(peer_index), ok.status().message())));
@@ -547,14 +583,34 @@ absl::Status HostBootstrap::SendFrame(int peer_index, Exchange kind, absl::strin
   return absl::OkStatus();
 }
 
+void HostBootstrap::SendCallMismatch(int peer, absl::string_view peer_call,
+                                     absl::string_view call) {
+  const int32_t odd = peer;
+  std::string payload(reinterpret_cast<const char*>(&odd), sizeof(odd));
+  payload.append(peer_call.data(), peer_call.size());
+  const FrameHeader header{kFrameMagic, static_cast<uint32_t>(Exchange::kCallMismatch), sequence_,
+                           payload.size(), call.size()};
+  std::string frame(reinterpret_cast<const char*>(&header), sizeof(header));
+  frame.append(call.data(), call.size());
+  frame.append(payload);
+  // Without waiting: the report is an explanation, and a peer that reads nothing must not hold
+  // up this rank's error. A connection with no room for it is shut without it.
+  const absl::Time now = absl::Now();
+  for (int fd : fds_) SendAll(fd, frame.data(), frame.size(), now).IgnoreError();
+}
+
 absl::StatusOr<std::string> HostBootstrap::ReceiveFrame(int peer_index, Exchange kind,
-                                                        uint64_t max_bytes, absl::Time deadline) {
+                                                        absl::string_view call, uint64_t max_bytes,
+                                                        absl::Time deadline) {
   const int peer = PeerRank(peer_index);
   const int fd = fds_[peer_index];
   FrameHeader header{};
   absl::StatusOr<bool> ok =
       ReceiveAll(fd, reinterpret_cast<char*>(&header), sizeof(header), deadline);
+  std::string their_call;
   std::string out;
+  // Rank 0's report, in place of its reply, that some rank made a call of another name.
+  bool report = false;
   if (ok.ok() && *ok) {
     uint32_t want_kind = static_cast<uint32_t>(kind);
     if (rank_ != 0 && kind != Exchange::kBroadcast) want_kind |= kReplyBit;
@@ -565,7 +621,9 @@ absl::StatusOr<std::string> HostBootstrap::ReceiveFrame(int peer_index, Exchange
           "connection carries other data",
           rank_, peer, header.magic, kFrameMagic)));
     }
-    if (header.kind != want_kind || header.sequence != sequence_) {
+    report = rank_ != 0 && header.kind == static_cast<uint32_t>(Exchange::kCallMismatch) &&
+             header.sequence == sequence_;
+    if (!report && (header.kind != want_kind || header.sequence != sequence_)) {
       return Fail(absl::InternalError(absl::StrFormat(
           "Bootstrap rank %d is at exchange %d (%s) but rank %d sent exchange %d (%s); the ranks "
           "are out of step: every rank must make the same sequence of collective calls "
@@ -573,20 +631,44 @@ absl::StatusOr<std::string> HostBootstrap::ReceiveFrame(int peer_index, Exchange
           rank_, sequence_, ExchangeName(want_kind), peer, header.sequence,
           ExchangeName(header.kind))));
     }
-    if (header.size > max_bytes) {
+    const uint32_t got_kind = report ? header.kind : want_kind;
+    if (header.call_size > kMaxCallNameBytes) {
+      return Fail(absl::InternalError(absl::StrFormat(
+          "Bootstrap rank %d: rank %d announced a %d-byte call name in a %s frame, over the "
+          "limit of %d bytes (HostBootstrap::kMaxCallNameBytes); the peer is corrupt or not a "
+          "kiln bootstrap of this version",
+          rank_, peer, header.call_size, ExchangeName(got_kind), kMaxCallNameBytes)));
+    }
+    their_call.resize(header.call_size);
+    ok = ReceiveAll(fd, their_call.data(), their_call.size(), deadline);
+    if (ok.ok() && *ok && !report && their_call != call) {
+      // The same kind and number but another call: one of the two ranks skipped a call or made
+      // one the other did not. Rank 0 tells every rank, so none waits for a call that will not
+      // come. A peer finds one itself only in the data of rank 0's unnamed Broadcast, where its
+      // own is named: it fails alone, and rank 0 learns at its next exchange.
+      if (rank_ == 0) {
+        SendCallMismatch(peer, their_call, call);
+        return Fail(
+            CallMismatch(rank_, sequence_, static_cast<uint32_t>(kind), call, peer, their_call));
+      }
+      return Fail(
+          CallMismatch(rank_, sequence_, static_cast<uint32_t>(kind), their_call, rank_, call));
+    }
+    // A report holds a rank and its call name.
+    const uint64_t limit = report ? sizeof(int32_t) + kMaxCallNameBytes : max_bytes;
+    if (ok.ok() && *ok && header.size > limit) {
       return Fail(absl::InternalError(absl::StrFormat(
           "Bootstrap rank %d: rank %d announced a %d-byte %s frame, over the limit of %d bytes "
           "for it; the peer is corrupt or not a kiln bootstrap of this version",
-          rank_, peer, header.size, ExchangeName(want_kind), max_bytes)));
+          rank_, peer, header.size, ExchangeName(got_kind), limit)));
     }
     // Grow with what arrives: a header is only a claim.
-    while (out.size() < header.size) {
+    while (ok.ok() && *ok && out.size() < header.size) {
       const uint64_t have = out.size();
       const uint64_t chunk =
           std::min<uint64_t>(header.size - have, std::max<uint64_t>(have, kFirstChunkBytes));
       out.resize(have + chunk);
       ok = ReceiveAll(fd, out.data() + have, chunk, deadline);
-      if (!ok.ok() || !*ok) break;
     }
   }
   if (!ok.ok()) {
@@ -600,13 +682,26 @@ absl::StatusOr<std::string> HostBootstrap::ReceiveFrame(int peer_index, Exchange
         "a different sequence of collective calls",
         rank_, peer, absl::FormatDuration(timeout_))));
   }
+  if (report) {
+    int32_t odd = -1;
+    if (out.size() >= sizeof(odd)) std::memcpy(&odd, out.data(), sizeof(odd));
+    if (odd < 1 || odd >= world_size_) {
+      return Fail(absl::InternalError(absl::StrFormat(
+          "Bootstrap rank %d got a malformed call-mismatch report from rank 0 (%d bytes, rank "
+          "%d of %d); rank 0 is corrupt or not a kiln bootstrap of this version",
+          rank_, out.size(), odd, world_size_)));
+    }
+    return Fail(CallMismatch(rank_, sequence_, static_cast<uint32_t>(kind), their_call, odd,
+                             absl::string_view(out).substr(sizeof(odd))));
+  }
   return out;
 }
 
 absl::StatusOr<std::vector<std::string>> HostBootstrap::Gather(Exchange kind,
+                                                               absl::string_view call,
                                                                absl::string_view mine,
                                                                uint64_t max_each) {
-  ASSIGN_OR_RETURN(const absl::Time deadline, BeginExchange());
+  ASSIGN_OR_RETURN(const absl::Time deadline, BeginExchange(call));
   if (mine.size() > kMaxMessageBytes) {
     // Refused on this rank, which breaks the exchange for all: the peers learn at once.
     return Fail(absl::InvalidArgumentError(absl::StrFormat(
@@ -618,7 +713,7 @@ absl::StatusOr<std::vector<std::string>> HostBootstrap::Gather(Exchange kind,
   if (rank_ == 0) {
     all[0] = std::string(mine);
     for (int i = 0; i + 1 < world_size_; ++i) {
-      ASSIGN_OR_RETURN(all[i + 1], ReceiveFrame(i, kind, max_each, deadline));
+      ASSIGN_OR_RETURN(all[i + 1], ReceiveFrame(i, kind, call, max_each, deadline));
     }
     std::string packed;
     for (const std::string& s : all) {
@@ -627,14 +722,14 @@ absl::StatusOr<std::vector<std::string>> HostBootstrap::Gather(Exchange kind,
       packed.append(s);
     }
     for (int i = 0; i + 1 < world_size_; ++i) {
-      RETURN_IF_ERROR(SendFrame(i, kind, packed, deadline));
+      RETURN_IF_ERROR(SendFrame(i, kind, call, packed, deadline));
     }
     return all;
   }
-  RETURN_IF_ERROR(SendFrame(0, kind, mine, deadline));
+  RETURN_IF_ERROR(SendFrame(0, kind, call, mine, deadline));
   // world_size_ <= kMaxWorldSize and max_each <= kMaxMessageBytes: no overflow.
   const uint64_t max_reply = static_cast<uint64_t>(world_size_) * (8 + max_each);
-  ASSIGN_OR_RETURN(std::string packed, ReceiveFrame(0, kind, max_reply, deadline));
+  ASSIGN_OR_RETURN(std::string packed, ReceiveFrame(0, kind, call, max_reply, deadline));
   // Exactly world_size_ records of [uint64 size][size bytes], nothing after; this rank's is
   // what it sent. Compared by subtraction: a size near 2^64 must not wrap past the end.
   size_t pos = 0;
@@ -660,12 +755,17 @@ absl::StatusOr<std::vector<std::string>> HostBootstrap::Gather(Exchange kind,
   return all;
 }
 
-absl::StatusOr<std::vector<std::string>> HostBootstrap::AllGather(absl::string_view mine) {
-  return Gather(Exchange::kAllGather, mine, kMaxMessageBytes);
+absl::StatusOr<std::vector<std::string>> HostBootstrap::AllGather(absl::string_view mine,
+                                                                  absl::string_view call) {
+  return Gather(Exchange::kAllGather, call, mine, kMaxMessageBytes);
 }
 
-absl::StatusOr<std::string> HostBootstrap::Broadcast(absl::string_view data) {
-  ASSIGN_OR_RETURN(const absl::Time deadline, BeginExchange());
+absl::StatusOr<std::string> HostBootstrap::Broadcast(absl::string_view data,
+                                                     absl::string_view call) {
+  ASSIGN_OR_RETURN(const absl::Time deadline, BeginExchange(call));
+  // A named broadcast starts with every peer's announcement of its call (an empty frame), so
+  // that rank 0 compares the names, and reports a mismatch to every rank, before any data goes.
+  const bool announced = !call.empty();
   if (rank_ == 0) {
     if (data.size() > kMaxMessageBytes) {
       return Fail(absl::InvalidArgumentError(absl::StrFormat(
@@ -673,16 +773,20 @@ absl::StatusOr<std::string> HostBootstrap::Broadcast(absl::string_view data) {
           "(HostBootstrap::kMaxMessageBytes): broadcast less, or split it",
           data.size(), kMaxMessageBytes)));
     }
+    for (int i = 0; announced && i + 1 < world_size_; ++i) {
+      RETURN_IF_ERROR(ReceiveFrame(i, Exchange::kBroadcast, call, 0, deadline).status());
+    }
     for (int i = 0; i + 1 < world_size_; ++i) {
-      RETURN_IF_ERROR(SendFrame(i, Exchange::kBroadcast, data, deadline));
+      RETURN_IF_ERROR(SendFrame(i, Exchange::kBroadcast, call, data, deadline));
     }
     return std::string(data);
   }
-  return ReceiveFrame(0, Exchange::kBroadcast, kMaxMessageBytes, deadline);
+  if (announced) RETURN_IF_ERROR(SendFrame(0, Exchange::kBroadcast, call, "", deadline));
+  return ReceiveFrame(0, Exchange::kBroadcast, call, kMaxMessageBytes, deadline);
 }
 
-absl::Status HostBootstrap::Barrier() {
-  ASSIGN_OR_RETURN(std::vector<std::string> all, Gather(Exchange::kBarrier, "", 0));
+absl::Status HostBootstrap::Barrier(absl::string_view call) {
+  ASSIGN_OR_RETURN(std::vector<std::string> all, Gather(Exchange::kBarrier, call, "", 0));
   for (size_t r = 0; r < all.size(); ++r) {
     if (!all[r].empty()) {
       return Fail(absl::InternalError(absl::StrFormat(
@@ -694,8 +798,8 @@ absl::Status HostBootstrap::Barrier() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> HostBootstrap::AllAgree(bool ok) {
-  ASSIGN_OR_RETURN(std::vector<std::string> all, Gather(Exchange::kAgree, ok ? "1" : "0", 1));
+absl::StatusOr<bool> HostBootstrap::AllAgree(bool ok, absl::string_view call) {
+  ASSIGN_OR_RETURN(std::vector<std::string> all, Gather(Exchange::kAgree, call, ok ? "1" : "0", 1));
   bool agreed = true;
   for (size_t r = 0; r < all.size(); ++r) {
     if (all[r] != "0" && all[r] != "1") {

@@ -6,23 +6,39 @@
 //   ASSIGN_OR_RETURN(std::unique_ptr<kiln::HostBootstrap> boot,
 //                    kiln::HostBootstrap::Rendezvous("/tmp/kiln-job-42.sock", rank, world,
 //                                                    absl::Seconds(60)));
-//   ASSIGN_OR_RETURN(std::vector<std::string> all, boot->AllGather(my_ipc_handle_bytes));
+//   ASSIGN_OR_RETURN(std::vector<std::string> all,
+//                    boot->AllGather(my_ipc_handle_bytes, "my_component.ipc_handles"));
 //
 //   // A launcher that forks the processes itself hands them connected sockets instead:
 //   ... = kiln::HostBootstrap::FromConnectedSockets(rank, world, fds, absl::Seconds(60));
 //
 // Every exchange either completes or fails within the timeout: a peer that never answers is
 // DeadlineExceeded, a peer whose process exited (its socket closed) is Unavailable; both name
-// the peer. Every frame carries its exchange's kind and sequence number (the count of calls its
-// rank made), so a peer at a call of another kind, or that sends bytes that are not a frame (or
-// a frame over the size limit), is Internal naming it. A rank that skips a call is caught where
-// the calls stop lining up by kind. While they still do (the next call is of the same kind), its
-// calls pair with the others' earlier ones and are numbered alike, so no frame tells the skip:
-// its bytes are read as the skipped exchange's, and the ranks part only at the first call whose
-// kind differs (Internal) or at the end, where the others' last call waits out its timeout
-// (DeadlineExceeded there, Unavailable on the ranks it then shuts out). Callers that exchange
-// different data through calls of one kind check what they receive (custom_allreduce.cc sends
-// slot numbers with its graph inputs). After any such error the bootstrap is unusable (the
+// the peer. Every frame carries its exchange's kind, its sequence number (the count of calls its
+// rank made) and its call name: the optional last argument of every exchange (at most
+// kMaxCallNameBytes bytes, compared byte for byte; an unnamed call sends none). The name travels
+// whole, not as a hash, so that every rank's error can quote both names.
+// A peer at a call of another kind or number, or that sends bytes that are not a frame (or a
+// frame over the size limit), is Internal naming it. A peer at a call of the same kind and number
+// but another name is Internal naming both ranks and both names, on every rank: rank 0 compares
+// every rank's call name with its own before it replies, and tells every other rank before it
+// shuts its connections (a named Broadcast therefore waits until every rank announced its call,
+// then rank 0 sends the data; an unnamed one only sends from rank 0).
+// So a rank that skips a named call is caught at once, at its next call, when that call's kind or
+// name differs from the skipped one's. kiln's collectives and its rank agreement name each of
+// their call sites distinctly, so none of them makes two calls in a row of one kind and name
+// (except custom_allreduce.cc's capture agreements, which carry their slot numbers instead).
+// Not caught by names: a skip among unnamed calls, or among calls named alike (a loop that makes
+// one named call). There its calls pair with the others' earlier ones and are numbered alike, so
+// no frame tells the skip: its bytes are read as the skipped exchange's, and the ranks part only
+// at the first call whose kind or name differs (Internal) or at the end, where the others' last
+// call waits out its timeout (DeadlineExceeded there, Unavailable on the ranks it then shuts
+// out). Callers that exchange different data through calls of one kind and name check what they
+// receive (custom_allreduce.cc sends slot numbers with its graph inputs). Name a call alike on
+// every rank: a named call paired with an unnamed one is a mismatch too, on every rank, except in
+// a Broadcast: a peer whose Broadcast is named where rank 0's is not fails alone (rank 0 learns at
+// its next exchange), and rank 0's named Broadcast waits out its timeout for a peer whose unnamed
+// one announces nothing (DeadlineExceeded). After any such error the bootstrap is unusable (the
 // ranks may be at different points of the protocol): it shuts its connections, so the other
 // ranks fail at once too, and every later call returns the same error.
 // Exchanges are collective: every rank calls the same sequence. Not thread-safe; not a CUDA API,
@@ -53,6 +69,11 @@ class HostBootstrap {
   // A peer's frame header that announces more is refused before anything is allocated, and a
   // frame's memory grows only as its bytes arrive.
   static constexpr size_t kMaxMessageBytes = size_t{256} << 20;
+
+  // The most bytes of a call name (the `call` argument of every exchange). A longer name is
+  // InvalidArgument on the rank that passes it (breaking the bootstrap, as every exchange error
+  // does); a peer's frame that announces one is Internal.
+  static constexpr size_t kMaxCallNameBytes = 256;
 
   // Connects `world_size` processes through a Unix-domain socket at `path` (at most 107
   // characters, no NUL byte; "@name" names an abstract socket, which leaves no file behind).
@@ -103,20 +124,27 @@ class HostBootstrap {
   void set_timeout(absl::Duration timeout) { timeout_ = timeout; }
   absl::Duration timeout() const { return timeout_; }
 
+  // Every exchange takes the name of the call, `call`: empty (unnamed) or up to
+  // kMaxCallNameBytes bytes (InvalidArgument above), the same on every rank at that point of the
+  // sequence (Internal on every rank otherwise; see the file comment). Name each call site
+  // distinctly ("my_component.ipc_handles") so a rank that skips a call is caught at the next.
+
   // Gathers one byte string from every rank (lengths may differ, at most kMaxMessageBytes;
   // InvalidArgument above) and returns them in rank order on every rank.
-  absl::StatusOr<std::vector<std::string>> AllGather(absl::string_view mine);
+  absl::StatusOr<std::vector<std::string>> AllGather(absl::string_view mine,
+                                                     absl::string_view call = {});
 
   // Returns rank 0's `data` (at most kMaxMessageBytes) on every rank (the argument is ignored
-  // on the others).
-  absl::StatusOr<std::string> Broadcast(absl::string_view data);
+  // on the others). Named, rank 0 waits until every rank announced its call before it sends;
+  // unnamed, rank 0 sends and returns without waiting for the others.
+  absl::StatusOr<std::string> Broadcast(absl::string_view data, absl::string_view call = {});
 
   // Returns once every rank has called Barrier.
-  absl::Status Barrier();
+  absl::Status Barrier(absl::string_view call = {});
 
   // Returns true on every rank if `ok` is true on every rank: the agreement step that keeps the
   // ranks on the same path when a local step failed on some of them.
-  absl::StatusOr<bool> AllAgree(bool ok);
+  absl::StatusOr<bool> AllAgree(bool ok, absl::string_view call = {});
 
  private:
   // What an exchange is; every frame names it, so ranks at different calls are told apart.
@@ -125,22 +153,33 @@ class HostBootstrap {
     kBroadcast = 2,
     kBarrier = 3,
     kAgree = 4,
+    // Rank 0's report, sent to every peer in place of its reply, that a peer made a call of
+    // another name: rank 0's call name in the frame's name, then that peer's rank (int32) and
+    // call name as the payload.
+    kCallMismatch = 5,
   };
 
   HostBootstrap(int rank, int world_size, std::vector<int> fds, absl::Duration timeout)
       : rank_(rank), world_size_(world_size), fds_(std::move(fds)), timeout_(timeout) {}
 
-  // Starts exchange number `sequence_ + 1`: the sticky error, the timeout's check, the deadline.
-  absl::StatusOr<absl::Time> BeginExchange();
-  // Gathers `mine` from every rank as exchange `kind` (AllGather, Barrier and AllAgree); a peer
-  // that brings more than `max_each` bytes (at most kMaxMessageBytes) breaks the bootstrap.
-  absl::StatusOr<std::vector<std::string>> Gather(Exchange kind, absl::string_view mine,
-                                                  uint64_t max_each);
-  absl::Status SendFrame(int peer_index, Exchange kind, absl::string_view bytes,
-                         absl::Time deadline);
-  // Receives the frame of exchange `kind` from the peer at `peer_index`: at most `max_bytes`.
-  absl::StatusOr<std::string> ReceiveFrame(int peer_index, Exchange kind, uint64_t max_bytes,
-                                           absl::Time deadline);
+  // Starts exchange number `sequence_ + 1` of call `call`: the sticky error, the timeout's and
+  // the call name's checks, the deadline.
+  absl::StatusOr<absl::Time> BeginExchange(absl::string_view call);
+  // Gathers `mine` from every rank as exchange `kind` of call `call` (AllGather, Barrier and
+  // AllAgree); a peer that brings more than `max_each` bytes (at most kMaxMessageBytes) breaks
+  // the bootstrap.
+  absl::StatusOr<std::vector<std::string>> Gather(Exchange kind, absl::string_view call,
+                                                  absl::string_view mine, uint64_t max_each);
+  absl::Status SendFrame(int peer_index, Exchange kind, absl::string_view call,
+                         absl::string_view bytes, absl::Time deadline);
+  // Receives the frame of exchange `kind` of call `call` from the peer at `peer_index`: at most
+  // `max_bytes`. On rank 0, a peer at another call name is first reported to every peer
+  // (SendCallMismatch); on the others, rank 0's report is this call's error.
+  absl::StatusOr<std::string> ReceiveFrame(int peer_index, Exchange kind, absl::string_view call,
+                                           uint64_t max_bytes, absl::Time deadline);
+  // On rank 0: tells every peer, without waiting, that rank `peer` made call `peer_call` where
+  // rank 0 made `call`. A peer whose connection has no room for it sees the connection close.
+  void SendCallMismatch(int peer, absl::string_view peer_call, absl::string_view call);
   int PeerRank(int peer_index) const { return rank_ == 0 ? peer_index + 1 : 0; }
   absl::Status Fail(absl::Status status);
 

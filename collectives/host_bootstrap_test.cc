@@ -268,26 +268,34 @@ TEST(HostBootstrapTest, RejectsBadArguments) {
 
 // ---------------------------------------------------------------------------------------------
 // Sweeps with random and adversarial input. The wire format is restated here (not included) so
-// that the tests pin it: a frame is {uint32 magic, uint32 kind, uint64 sequence, uint64 size}
-// and `size` payload bytes; kind 1 all-gather, 2 broadcast, 3 barrier, 4 agreement, with 0x100
-// on rank 0's replies (not on broadcasts); exchanges are numbered from 1 on every rank. Rank 0's
-// all-gather reply is world_size records of {uint64 size, bytes}. A rendezvous hello is
-// {int32 magic, rank, world size}.
+// that the tests pin it: a frame is {uint32 magic, uint32 kind, uint64 sequence, uint64 size,
+// uint64 call size}, `call size` bytes of the call's name (none for an unnamed call) and `size`
+// payload bytes; kind 1 all-gather, 2 broadcast, 3 barrier, 4 agreement, with 0x100 on rank 0's
+// replies (not on broadcasts); exchanges are numbered from 1 on every rank. A peer's named
+// broadcast starts with an empty broadcast frame to rank 0 (its announcement). Rank 0's
+// all-gather reply is world_size records of {uint64 size, bytes}. Kind 5 is rank 0's report, in
+// place of a reply, that a peer made a call of another name: rank 0's call name, and as payload
+// {int32 that peer's rank, its call name}. A rendezvous hello is {int32 magic, rank, world size}.
 
-constexpr uint32_t kFrameMagic = 0x6b426631;
+constexpr uint32_t kFrameMagic = 0x6b426632;
+constexpr size_t kHeaderBytes = 32;
 constexpr uint32_t kReplyBit = 0x100;
 constexpr uint32_t kKindAllGather = 1, kKindBroadcast = 2, kKindBarrier = 3, kKindAgree = 4;
+constexpr uint32_t kKindCallMismatch = 5;
 constexpr int32_t kHelloMagic = 0x6b426f31;
 
-std::string Frame(uint32_t kind, uint64_t sequence, const std::string& payload) {
-  std::string out(24, '\0');
+std::string Frame(uint32_t kind, uint64_t sequence, const std::string& payload,
+                  const std::string& call = "") {
+  std::string out(kHeaderBytes, '\0');
   const uint32_t magic = kFrameMagic;
   const uint64_t size = payload.size();
+  const uint64_t call_size = call.size();
   std::memcpy(&out[0], &magic, 4);
   std::memcpy(&out[4], &kind, 4);
   std::memcpy(&out[8], &sequence, 8);
   std::memcpy(&out[16], &size, 8);
-  return out + payload;
+  std::memcpy(&out[24], &call_size, 8);
+  return out + call + payload;
 }
 
 std::string Packed(const std::vector<std::string>& records) {
@@ -361,23 +369,28 @@ struct Verdict {
   std::vector<std::string> records;
 };
 
+// The call is unnamed: a reply that names one is refused.
 Verdict DecodeReply(const std::string& stream, int rank, int world, const std::string& mine) {
   Verdict v;
-  if (stream.size() < 24) return {absl::StatusCode::kUnavailable, {}};
+  if (stream.size() < kHeaderBytes) return {absl::StatusCode::kUnavailable, {}};
   uint32_t magic, kind;
-  uint64_t sequence, size;
+  uint64_t sequence, size, call_size;
   std::memcpy(&magic, &stream[0], 4);
   std::memcpy(&kind, &stream[4], 4);
   std::memcpy(&sequence, &stream[8], 8);
   std::memcpy(&size, &stream[16], 8);
+  std::memcpy(&call_size, &stream[24], 8);
   if (magic != kFrameMagic || kind != (kKindAllGather | kReplyBit) || sequence != 1) {
     return {absl::StatusCode::kInternal, {}};
   }
+  if (call_size > HostBootstrap::kMaxCallNameBytes) return {absl::StatusCode::kInternal, {}};
+  if (stream.size() - kHeaderBytes < call_size) return {absl::StatusCode::kUnavailable, {}};
+  if (call_size != 0) return {absl::StatusCode::kInternal, {}};
   const unsigned __int128 limit =
       static_cast<unsigned __int128>(world) * (8 + HostBootstrap::kMaxMessageBytes);
   if (size > limit) return {absl::StatusCode::kInternal, {}};
-  if (stream.size() - 24 < size) return {absl::StatusCode::kUnavailable, {}};
-  const std::string payload = stream.substr(24, size);
+  if (stream.size() - kHeaderBytes < size) return {absl::StatusCode::kUnavailable, {}};
+  const std::string payload = stream.substr(kHeaderBytes, size);
   unsigned __int128 pos = 0;  // wide: no wrap, whatever the sizes
   for (int r = 0; r < world; ++r) {
     if (pos + 8 > payload.size()) return {absl::StatusCode::kInternal, {}};
@@ -394,17 +407,30 @@ Verdict DecodeReply(const std::string& stream, int rank, int world, const std::s
 
 TEST(HostBootstrapSweepTest, RandomExchangesReturnEveryRanksBytesExactly) {
   // Worlds of 1 to 6 ranks (threads), each a random sequence of the four exchanges with random
-  // byte strings (NULs, empty, around the receiver's 64 KiB chunk): every rank gets exactly the
-  // bytes every rank brought, in rank order.
+  // byte strings (NULs, empty, around the receiver's 64 KiB chunk), named or not (random bytes
+  // up to kMaxCallNameBytes, alike on every rank): every rank gets exactly the bytes every rank
+  // brought, in rank order.
   std::mt19937 rng(20240611);
-  int exchanges = 0;
+  int exchanges = 0, named = 0;
   for (int world = 1; world <= 6; ++world) {
     constexpr int kOps = 24;
     std::vector<int> ops(kOps);
+    std::vector<std::string> calls(kOps);
     std::vector<std::vector<std::string>> data(kOps, std::vector<std::string>(world));
     std::vector<std::vector<bool>> votes(kOps, std::vector<bool>(world));
     for (int i = 0; i < kOps; ++i) {
       ops[i] = static_cast<int>(rng() % 4);
+      switch (rng() % 3) {
+        case 0:
+          break;  // unnamed
+        case 1:
+          calls[i] =
+              RandomBytes(rng, rng() % 2 == 0 ? HostBootstrap::kMaxCallNameBytes : 1 + rng() % 16);
+          break;
+        default:
+          calls[i] = absl::StrCat("test.op", i);
+      }
+      named += !calls[i].empty();
       for (int r = 0; r < world; ++r) {
         data[i][r] = RandomBytes(rng, RandomLength(rng));
         votes[i][r] = rng() % 4 != 0;
@@ -422,24 +448,24 @@ TEST(HostBootstrapSweepTest, RandomExchangesReturnEveryRanksBytesExactly) {
         for (int i = 0; i < kOps; ++i) {
           switch (ops[i]) {
             case 0: {
-              auto all = b.AllGather(data[i][r]);
+              auto all = b.AllGather(data[i][r], calls[i]);
               if (!all.ok()) return fail(i, all.status().ToString());
               if (*all != data[i]) fail(i, "all-gather bytes differ");
               break;
             }
             case 1: {
-              auto got = b.Broadcast(data[i][r]);
+              auto got = b.Broadcast(data[i][r], calls[i]);
               if (!got.ok()) return fail(i, got.status().ToString());
               if (*got != data[i][0]) fail(i, "broadcast bytes differ");
               break;
             }
             case 2: {
-              absl::Status s = b.Barrier();
+              absl::Status s = b.Barrier(calls[i]);
               if (!s.ok()) return fail(i, s.ToString());
               break;
             }
             default: {
-              auto agreed = b.AllAgree(votes[i][r]);
+              auto agreed = b.AllAgree(votes[i][r], calls[i]);
               if (!agreed.ok()) return fail(i, agreed.status().ToString());
               const bool want =
                   std::all_of(votes[i].begin(), votes[i].end(), [](bool v) { return v; });
@@ -454,6 +480,9 @@ TEST(HostBootstrapSweepTest, RandomExchangesReturnEveryRanksBytesExactly) {
     exchanges += kOps;
   }
   EXPECT_EQ(exchanges, 6 * 24);
+  // Named and unnamed calls both ran, many of each.
+  EXPECT_GT(named, 6 * 24 / 3);
+  EXPECT_LT(named, 6 * 24 - 6 * 24 / 6);
 }
 
 TEST(HostBootstrapSweepTest, RanksAtDifferentExchangesFailInsteadOfMisreading) {
@@ -655,8 +684,9 @@ TEST(HostBootstrapSweepTest, MalformedFramesToRankZeroNameThePeer) {
   // Rank 0 of a world of 2..6 gathers from raw peers; one of them (random) sends a bad frame:
   // garbage, another exchange's kind or number, a size over the limit (up to 2^64 - 1, refused
   // before anything is allocated), a header cut short, a payload cut short (the peer then closes
-  // or stays silent), a barrier or vote carrying bytes it should not. Rank 0 names that peer,
-  // with Internal, Unavailable or DeadlineExceeded as the case says, within its timeout.
+  // or stays silent), a barrier or vote carrying bytes it should not, a call name where rank 0's
+  // call is unnamed. Rank 0 names that peer, with Internal, Unavailable or DeadlineExceeded as
+  // the case says, within its timeout.
   std::mt19937 rng(99);
   // Short: every good frame is written before the call, so only the hanging peer is waited for.
   constexpr absl::Duration kTimeout = absl::Milliseconds(30);
@@ -681,11 +711,11 @@ TEST(HostBootstrapSweepTest, MalformedFramesToRankZeroNameThePeer) {
     std::string want_text;
     std::string bad_stream;
     bool close_after = true;
-    const int variant = static_cast<int>(rng() % 9);
+    const int variant = static_cast<int>(rng() % 10);
     switch (variant) {
       case 0:
-        bad_stream = RandomBytes(rng, 24 + rng() % 16);
-        bad_stream[0] = static_cast<char>(~static_cast<uint8_t>(bad_stream[0] ^ 0x31));
+        bad_stream = RandomBytes(rng, kHeaderBytes + rng() % 16);
+        bad_stream[0] = static_cast<char>(~static_cast<uint8_t>(bad_stream[0] ^ 0x32));
         want_text = "not a bootstrap frame";
         break;
       case 1:
@@ -707,12 +737,12 @@ TEST(HostBootstrapSweepTest, MalformedFramesToRankZeroNameThePeer) {
         break;
       }
       case 4:  // header cut short, then the peer exits
-        bad_stream = Frame(kind, 1, good_payload).substr(0, rng() % 24);
+        bad_stream = Frame(kind, 1, good_payload).substr(0, rng() % kHeaderBytes);
         want = absl::StatusCode::kUnavailable;
         want_text = "lost rank";
         break;
       case 5:  // header cut short, then the peer hangs
-        bad_stream = Frame(kind, 1, good_payload).substr(0, rng() % 24);
+        bad_stream = Frame(kind, 1, good_payload).substr(0, rng() % kHeaderBytes);
         want = absl::StatusCode::kDeadlineExceeded;
         want_text = "did not answer";
         close_after = false;
@@ -741,6 +771,11 @@ TEST(HostBootstrapSweepTest, MalformedFramesToRankZeroNameThePeer) {
           want_text = "agreement vote";
         }
         break;
+      case 8:  // another call's name, with a control character
+        bad_stream = Frame(kind, 1, good_payload, "other\ncall");
+        want_text =
+            absl::StrCat("rank 0 made an unnamed call but rank ", bad, " made call 'other\\ncall'");
+        break;
       default:  // nothing at all: the peer exits
         want = absl::StatusCode::kUnavailable;
         want_text = "lost rank";
@@ -768,12 +803,22 @@ TEST(HostBootstrapSweepTest, MalformedFramesToRankZeroNameThePeer) {
       EXPECT_THAT(std::string(status.message()), HasSubstr(absl::StrCat("rank ", bad))) << status;
       // Every other raw peer sees its connection shut, at once, with no reply frame; except after
       // a bad vote, which only shows in the gathered reply: everyone gets that reply (and fails
-      // on it too) before the connection shuts.
+      // on it too) before the connection shuts; and after another call's name, which rank 0
+      // reports to every peer, the bad one included, before the connection shuts.
+      const int32_t bad_rank = bad;
+      const std::string report =
+          Frame(kKindCallMismatch, 1,
+                std::string(reinterpret_cast<const char*>(&bad_rank), 4) + "other\ncall");
       for (int i = 0; i < world - 1 && !(variant == 7 && exchange == 2); ++i) {
-        if (i + 1 == bad) continue;
+        if (i + 1 == bad && variant != 8) continue;
+        std::string got;
         char buffer[64];
-        EXPECT_EQ(recv(raw[i], buffer, sizeof(buffer), MSG_DONTWAIT), 0)
-            << "rank " << i + 1 << " was not told";
+        ssize_t n = 0;
+        while ((n = recv(raw[i], buffer, sizeof(buffer), MSG_DONTWAIT)) > 0) {
+          got.append(buffer, static_cast<size_t>(n));
+        }
+        EXPECT_EQ(n, 0) << "rank " << i + 1 << " was not told";
+        EXPECT_EQ(got, variant == 8 ? report : "") << "rank " << i + 1;
       }
     }
     root->reset();
@@ -1626,9 +1671,9 @@ TEST(HostBootstrapTest, RankZeroThatAcceptsAgainAfterRunningOutDoesNotBlameDescr
 }
 
 TEST(HostBootstrapTest, ASkippedCallOfTheSameKindEndsInErrorsWithinTheTimeout) {
-  // Rank 1 skips the second of three all-gathers. Sequence numbers count calls, so its next
-  // call is numbered like the skipped one and paired with it: no frame tells the skip, and its
-  // bytes are read as that exchange's (host_bootstrap.h). The others' third call then waits for
+  // Rank 1 skips the second of three unnamed all-gathers. Sequence numbers count calls, so its
+  // next call is numbered like the skipped one and paired with it: no frame tells the skip, and
+  // its bytes are read as that exchange's (host_bootstrap.h). The others' third call waits for
   // a call that never comes: rank 0 gives up at its timeout and shuts its connections, and rank
   // 2 fails too (at once, or at its own timeout); nothing hangs.
   constexpr int kWorld = 3;
@@ -1660,6 +1705,194 @@ TEST(HostBootstrapTest, ASkippedCallOfTheSameKindEndsInErrorsWithinTheTimeout) {
   EXPECT_THAT(last[2].code(),
               AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded))
       << last[2];
+}
+
+// One call of `kind` (0 all-gather, 1 broadcast, 2 barrier, 3 agreement) named `call`: its status.
+absl::Status CallOfKind(HostBootstrap& b, int kind, absl::string_view call) {
+  switch (kind) {
+    case 0:
+      return b.AllGather(absl::StrCat("r", b.rank()), call).status();
+    case 1:
+      return b.Broadcast(absl::StrCat("r", b.rank()), call).status();
+    case 2:
+      return b.Barrier(call);
+    default:
+      return b.AllAgree(true, call).status();
+  }
+}
+
+TEST(HostBootstrapTest, ASkippedNamedCallFailsEveryRankAtOnceNamingBothCalls) {
+  // For each kind of exchange and each rank in turn: that rank skips the second of three calls
+  // of that kind, named "step.a", "step.b" and "step.c". Its next call is numbered like the
+  // skipped one, but its name tells the skip: every rank fails at that exchange, long before the
+  // timeout, with Internal naming rank 0's call and the other rank's.
+  constexpr int kWorld = 3;
+  const char* const kCalls[] = {"step.a", "step.b", "step.c"};
+  const char* const kKinds[] = {"all-gather", "broadcast", "barrier", "agreement"};
+  for (int kind = 0; kind < 4; ++kind) {
+    for (int skipper = 0; skipper < kWorld; ++skipper) {
+      auto star = MakeStar(kWorld, absl::Seconds(30));
+      std::vector<int> done(kWorld, 0);
+      std::vector<absl::Status> last(kWorld);
+      const absl::Time start = absl::Now();
+      std::vector<std::thread> threads;
+      for (int r = 0; r < kWorld; ++r) {
+        threads.emplace_back([&, r] {
+          for (int call = 0; call < 3; ++call) {
+            if (r == skipper && call == 1) continue;
+            last[r] = CallOfKind(*star[r], kind, kCalls[call]);
+            if (!last[r].ok()) return;
+            ++done[r];
+          }
+        });
+      }
+      for (auto& t : threads) t.join();
+      EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << kKinds[kind] << ", skipper " << skipper;
+      // Rank 0 compares the peers in rank order: a skipping rank 0 differs from rank 1 first.
+      const int peer = skipper == 0 ? 1 : skipper;
+      const std::string want = absl::StrCat(
+          "at exchange 2 (", kKinds[kind], "), rank 0 made call '", kCalls[skipper == 0 ? 2 : 1],
+          "' but rank ", peer, " made call '", kCalls[skipper == 0 ? 1 : 2], "'");
+      for (int r = 0; r < kWorld; ++r) {
+        EXPECT_EQ(done[r], 1) << kKinds[kind] << ", skipper " << skipper << ", rank " << r;
+        EXPECT_EQ(last[r].code(), absl::StatusCode::kInternal)
+            << kKinds[kind] << ", skipper " << skipper << ", rank " << r << ": " << last[r];
+        EXPECT_THAT(std::string(last[r].message()), HasSubstr(want)) << last[r];
+        EXPECT_THAT(std::string(last[r].message()),
+                    HasSubstr(absl::StrCat("Bootstrap rank ", r, ": ")))
+            << last[r];
+      }
+    }
+  }
+}
+
+TEST(HostBootstrapTest, CallNamesAreEscapedAndAnUnnamedCallMeetsNoNamedOne) {
+  // Control characters, a byte that is not UTF-8 and a quote in a call name are escaped in the
+  // message, which stays one line; an unnamed call paired with a named one is a mismatch too.
+  struct Case {
+    std::string rank0_call, rank1_call, want;
+  };
+  const std::vector<Case> cases = {
+      {"step\n\x1b[31m\xff", "x'y",
+       "rank 0 made call 'step\\n\\x1b[31m\\xff' but rank 1 made call 'x\\'y'"},
+      {"", "named", "rank 0 made an unnamed call but rank 1 made call 'named'"},
+      {std::string("nul\0", 4), "", "rank 0 made call 'nul\\x00' but rank 1 made an unnamed call"},
+  };
+  for (const Case& c : cases) {
+    auto star = MakeStar(2, absl::Seconds(30));
+    std::vector<absl::Status> got(2);
+    std::thread rank1([&] { got[1] = star[1]->AllGather("b", c.rank1_call).status(); });
+    got[0] = star[0]->AllGather("a", c.rank0_call).status();
+    rank1.join();
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(got[r].code(), absl::StatusCode::kInternal) << got[r];
+      const std::string message(got[r].message());
+      EXPECT_THAT(message, HasSubstr(c.want));
+      EXPECT_EQ(message.find_first_of(std::string("\n\x1b\xff\0", 4)), std::string::npos)
+          << message;
+    }
+  }
+}
+
+TEST(HostBootstrapTest, BroadcastsNamedOnSomeRanksOnly) {
+  // An unnamed Broadcast on rank 0 sends at once; a peer whose Broadcast is named finds the
+  // mismatch in the data and fails at once, and rank 0 learns at its next exchange (the peer's
+  // announcement waits there, of another exchange). A named Broadcast on rank 0 waits for an
+  // announcement that a peer with an unnamed one never sends: it ends at its timeout, and the
+  // peer, shut out then, at once.
+  {
+    auto star = MakeStar(2, absl::Seconds(30));
+    absl::Status peer;
+    const absl::Time start = absl::Now();
+    std::thread rank1([&] { peer = star[1]->Broadcast("", "named").status(); });
+    EXPECT_TRUE(star[0]->Broadcast("data").ok());
+    rank1.join();
+    EXPECT_EQ(peer.code(), absl::StatusCode::kInternal) << peer;
+    EXPECT_THAT(std::string(peer.message()),
+                HasSubstr("rank 0 made an unnamed call but rank 1 made call 'named'"));
+    const absl::Status next = star[0]->Barrier();
+    EXPECT_EQ(next.code(), absl::StatusCode::kInternal) << next;
+    EXPECT_THAT(std::string(next.message()), HasSubstr("out of step"));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  }
+  {
+    auto star = MakeStar(2, absl::Milliseconds(200));
+    star[1]->set_timeout(absl::Seconds(30));
+    absl::Status peer;
+    const absl::Time start = absl::Now();
+    std::thread rank1([&] { peer = star[1]->Broadcast("").status(); });
+    const absl::Status root = star[0]->Broadcast("data", "named").status();
+    rank1.join();
+    EXPECT_EQ(root.code(), absl::StatusCode::kDeadlineExceeded) << root;
+    EXPECT_THAT(std::string(root.message()), HasSubstr("rank 1 did not answer"));
+    EXPECT_EQ(peer.code(), absl::StatusCode::kUnavailable) << peer;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  }
+}
+
+TEST(HostBootstrapTest, AnOverlongCallNameIsRefusedAndThePeersLearnAtOnce) {
+  auto star = MakeStar(2, absl::Seconds(30));
+  const std::string longest(HostBootstrap::kMaxCallNameBytes, 'n');
+  absl::Status root;
+  std::thread rank0([&] {
+    root = star[0]->Barrier(longest);
+    if (root.ok()) root = star[0]->Barrier(longest);
+  });
+  const absl::Status fits = star[1]->Barrier(longest);
+  const absl::Time start = absl::Now();
+  const absl::Status over = star[1]->Barrier(longest + "n");
+  rank0.join();
+  EXPECT_TRUE(fits.ok()) << fits;
+  EXPECT_EQ(over.code(), absl::StatusCode::kInvalidArgument) << over;
+  EXPECT_THAT(std::string(over.message()),
+              HasSubstr(absl::StrCat("has ", longest.size() + 1, " bytes, over the limit of ",
+                                     longest.size())));
+  EXPECT_EQ(root.code(), absl::StatusCode::kUnavailable) << root;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // Sticky, as every exchange error.
+  EXPECT_EQ(star[1]->Barrier().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(HostBootstrapSweepTest, CallMismatchReportsFromRankZeroAreReadOrRefused) {
+  // A raw peer plays rank 0 for rank 1 of a world of 3 and answers its named all-gather with a
+  // report that rank 2 made another call: well-formed (Internal naming both calls, escaped), or
+  // naming a rank out of range, too short to hold a rank, over the size limit, or for another
+  // exchange. Each is Internal, sticky; the rank reads the report also when rank 0 shut the
+  // connection before this rank could send (the report, not the closed connection, says why).
+  auto rank_bytes = [](int32_t rank) {
+    return std::string(reinterpret_cast<const char*>(&rank), sizeof(rank));
+  };
+  struct Case {
+    std::string payload;
+    uint64_t sequence;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {rank_bytes(2) + "two\t", 1,
+       "rank 0 made call 'zero' but rank 2 made call 'two\\t'; the ranks are out of step"},
+      {rank_bytes(1) + "", 1, "rank 0 made call 'zero' but rank 1 made an unnamed call"},
+      {rank_bytes(0) + "x", 1, "malformed call-mismatch report from rank 0 (5 bytes, rank 0 of 3)"},
+      {rank_bytes(3) + "x", 1, "malformed call-mismatch report"},
+      {rank_bytes(-1), 1, "malformed call-mismatch report"},
+      {"ab", 1, "malformed call-mismatch report from rank 0 (2 bytes, rank -1 of 3)"},
+      {rank_bytes(2) + std::string(HostBootstrap::kMaxCallNameBytes + 1, 'n'), 1,
+       "call-mismatch report frame, over the limit"},
+      {rank_bytes(2) + "two", 2, "sent exchange 2 (call-mismatch report)"},
+  };
+  for (const Case& c : cases) {
+    for (const bool shut_first : {false, true}) {
+      RawPeer peer = MakeRawPeer(1, 3, absl::Seconds(30));
+      ASSERT_NE(peer.bootstrap, nullptr);
+      WriteAll(peer.raw, Frame(kKindCallMismatch, c.sequence, c.payload, "zero"));
+      if (shut_first) shutdown(peer.raw, SHUT_RDWR);  // this rank's send fails
+      const absl::Time start = absl::Now();
+      const absl::Status got = peer.bootstrap->AllGather("mine", "one").status();
+      EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+      EXPECT_EQ(got.code(), absl::StatusCode::kInternal) << got;
+      EXPECT_THAT(std::string(got.message()), HasSubstr(c.want)) << "shut first " << shut_first;
+      EXPECT_EQ(peer.bootstrap->Barrier("next").code(), absl::StatusCode::kInternal);
+    }
+  }
 }
 
 TEST(HostBootstrapSweepTest, BadIntroductionsAreRefusedNamingTheirValues) {

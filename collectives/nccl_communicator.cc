@@ -61,8 +61,10 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   ncclUniqueId id{};
   if (bootstrap.rank() == 0) NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id));
-  ASSIGN_OR_RETURN(std::string shared, bootstrap.Broadcast(absl::string_view(
-                                           reinterpret_cast<const char*>(&id), sizeof(id))));
+  ASSIGN_OR_RETURN(
+      std::string shared,
+      bootstrap.Broadcast(absl::string_view(reinterpret_cast<const char*>(&id), sizeof(id)),
+                          "nccl_communicator.unique_id"));
   if (shared.size() != sizeof(id)) {
     return absl::InternalError(absl::StrFormat("NCCL unique id from rank 0 has %d bytes, not %d",
                                                shared.size(), sizeof(id)));

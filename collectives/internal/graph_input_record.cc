@@ -148,14 +148,20 @@ absl::Status CheckCaptureAgreement(int this_rank, int32_t slot, const std::vecto
   return absl::OkStatus();
 }
 
-absl::Status CaptureAgreementLost(int this_rank, const absl::Status& gather) {
+absl::Status ExchangeFailed(int this_rank, absl::string_view call, const absl::Status& failed) {
   const absl::StatusCode code =
-      absl::IsUnavailable(gather) ? absl::StatusCode::kAborted : gather.code();
-  return absl::Status(
-      code, absl::StrFormat("Custom all-reduce on rank %d could not agree on a captured call with "
-                            "the other ranks: %s. This communicator is unusable: recreate it on "
-                            "every rank",
-                            this_rank, gather.message()));
+      absl::IsUnavailable(failed) ? absl::StatusCode::kAborted : failed.code();
+  return absl::Status(code, absl::StrFormat("Custom all-reduce on rank %d: exchange '%s' with the "
+                                            "other ranks failed: %s",
+                                            this_rank, call, failed.message()));
+}
+
+absl::Status CaptureAgreementLost(int this_rank, const absl::Status& gather) {
+  const absl::Status failed = ExchangeFailed(this_rank, kCaptureAgreementCall, gather);
+  return absl::Status(failed.code(),
+                      absl::StrCat(failed.message(),
+                                   ". The ranks could not agree on a captured call: this "
+                                   "communicator is unusable; recreate it on every rank"));
 }
 
 }  // namespace internal

@@ -4,7 +4,8 @@
 // offsets and sizes decide which addresses the kernels read and write, so they are checked
 // against the call this rank captured (its size) and against the allocation the peer exported.
 // Also the agreement the ranks reach about each captured call before recording it
-// (CaptureAgreementMessage, CheckCaptureAgreement, CaptureAgreementLost). Host-only: no CUDA calls.
+// (CaptureAgreementMessage, CheckCaptureAgreement, CaptureAgreementLost), and the rule for a failed
+// bootstrap exchange of the custom all-reduce (ExchangeFailed). Host-only: no CUDA calls.
 //
 //   std::string wire;
 //   internal::AppendGraphInputsHeader(first_slot, n, &wire);
@@ -84,10 +85,15 @@ GraphInputRecord ReadGraphInputRecord(absl::string_view message, int32_t i);
 absl::Status CheckGraphInputRecord(int rank, int slot, const GraphInputRecord& record,
                                    uint64_t bytes, bool has_output);
 
+// The bootstrap call name of the capture agreement's all-gather. Consecutive agreements share
+// it; the slot in their messages tells them apart.
+inline constexpr char kCaptureAgreementCall[] = "custom_allreduce.capture_agreement";
+
 // What the ranks agree on before any of them records a captured call's kernel, which waits for
-// the others (CustomAllReduce's RecordGraphInput). Each rank all-gathers the message
-// CaptureAgreementMessage returns: "1", or "0" and why its input could not be exported; then one
-// byte ('1': its output was exported too); then the call's graph input slot.
+// the others (CustomAllReduce's RecordGraphInput). Each rank all-gathers (as bootstrap call
+// kCaptureAgreementCall) the message CaptureAgreementMessage returns: "1", or "0" and why its
+// input could not be exported; then one byte ('1': its output was exported too); then the call's
+// graph input slot.
 std::string CaptureAgreementMessage(const absl::Status& input_exported, bool output_exported,
                                     int32_t slot);
 
@@ -100,11 +106,19 @@ std::string CaptureAgreementMessage(const absl::Status& input_exported, bool out
 absl::Status CheckCaptureAgreement(int this_rank, int32_t slot, const std::vector<std::string>& all,
                                    bool* every_output);
 
+// Returns the error the custom all-reduce of rank `this_rank` reports when its bootstrap exchange
+// named `call` failed with `failed` (not OK): Aborted when `failed` is Unavailable (the bootstrap
+// lost a peer; its message names it), else `failed`'s code; the message names this rank and the
+// call, then gives `failed`'s. Never Unavailable: from the custom all-reduce that code means the
+// ranks agreed it cannot run (AutoCommunicator then takes NCCL alone) or that one captured call
+// takes NCCL (CheckCaptureAgreement), and a lost peer is neither. The one rule for every exchange
+// of the custom all-reduce. Thread-safe.
+absl::Status ExchangeFailed(int this_rank, absl::string_view call, const absl::Status& failed);
+
 // Returns the error that leaves the custom all-reduce of rank `this_rank` unusable when the
-// all-gather of the capture agreement failed with `gather` (not OK): Aborted when `gather` is
-// Unavailable (the bootstrap lost a peer; its message names it), else `gather`'s code; the
-// message says to recreate the communicator. Never Unavailable, which CheckCaptureAgreement
-// keeps for ranks that agreed to take another path. Thread-safe.
+// all-gather of the capture agreement failed with `gather` (not OK): ExchangeFailed of
+// kCaptureAgreementCall (its code and message), then that the ranks could not agree on a
+// captured call and that the communicator must be recreated. Thread-safe.
 absl::Status CaptureAgreementLost(int this_rank, const absl::Status& gather);
 
 }  // namespace internal

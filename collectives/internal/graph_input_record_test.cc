@@ -22,6 +22,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
+using ::testing::StartsWith;
 using u128 = unsigned __int128;
 
 constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
@@ -277,18 +278,49 @@ TEST(CaptureAgreementTest, ARankAtAnotherSlotIsFailedPrecondition) {
 
 // A failed all-gather is never Unavailable, so no caller reads it as the agreement to fall back:
 // a lost peer (the bootstrap's Unavailable) becomes Aborted and keeps the bootstrap's words;
-// other codes are kept.
+// other codes are kept. Both follow ExchangeFailed, for the capture agreement's call.
 TEST(CaptureAgreementTest, AFailedAllGatherIsNeverUnavailable) {
-  const absl::Status lost = CaptureAgreementLost(
-      0, absl::UnavailableError(
-             "Bootstrap rank 0 lost rank 1 (connection closed); did that process exit?"));
+  const absl::Status gather_lost = absl::UnavailableError(
+      "Bootstrap rank 0 lost rank 1 (connection closed); did that process exit?");
+  const absl::Status lost = CaptureAgreementLost(0, gather_lost);
   EXPECT_EQ(lost.code(), absl::StatusCode::kAborted) << lost;
   EXPECT_THAT(lost.message(), HasSubstr("lost rank 1 (connection closed)"));
+  EXPECT_THAT(lost.message(), HasSubstr("could not agree on a captured call"));
   EXPECT_THAT(lost.message(), HasSubstr("recreate it on every rank"));
+  EXPECT_THAT(
+      std::string(lost.message()),
+      StartsWith(std::string(ExchangeFailed(0, kCaptureAgreementCall, gather_lost).message())));
+  EXPECT_THAT(std::string(lost.message()), StartsWith("Custom all-reduce on rank 0: exchange "
+                                                      "'custom_allreduce.capture_agreement'"));
   const absl::Status late = CaptureAgreementLost(
       1, absl::DeadlineExceededError("Bootstrap rank 1: rank 0 did not answer within 5s"));
   EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded) << late;
   EXPECT_THAT(late.message(), HasSubstr("rank 0 did not answer"));
+  EXPECT_THAT(late.message(), HasSubstr("Custom all-reduce on rank 1"));
+}
+
+// The rule for every exchange of the custom all-reduce: a lost peer is Aborted naming this rank,
+// the call and the bootstrap's words; every other code stays, with the same context; none is
+// ever Unavailable.
+TEST(ExchangeFailedTest, ALostPeerIsAbortedAndOtherCodesStay) {
+  const absl::Status lost = ExchangeFailed(
+      2, "custom_allreduce.setup",
+      absl::UnavailableError("Bootstrap rank 2 lost rank 0 (connection closed); did that process "
+                             "exit?"));
+  EXPECT_EQ(lost.code(), absl::StatusCode::kAborted) << lost;
+  EXPECT_EQ(lost.message(),
+            "Custom all-reduce on rank 2: exchange 'custom_allreduce.setup' with the other ranks "
+            "failed: Bootstrap rank 2 lost rank 0 (connection closed); did that process exit?");
+  for (const absl::StatusCode code :
+       {absl::StatusCode::kDeadlineExceeded, absl::StatusCode::kInternal,
+        absl::StatusCode::kInvalidArgument, absl::StatusCode::kAborted}) {
+    const absl::Status failed =
+        ExchangeFailed(1, "custom_allreduce.config", absl::Status(code, "why"));
+    EXPECT_EQ(failed.code(), code) << failed;
+    EXPECT_EQ(failed.message(),
+              "Custom all-reduce on rank 1: exchange 'custom_allreduce.config' with the other "
+              "ranks failed: why");
+  }
 }
 
 }  // namespace

@@ -109,7 +109,7 @@ int NextInvocation() {
   SendResults(results, 0);
   SendResults(other_threads, 0);
   if (options.final_barrier) {
-    absl::Status barrier = member->bootstrap->Barrier();
+    absl::Status barrier = member->bootstrap->Barrier("multiprocess_test.final_barrier");
     if (!barrier.ok()) {
       ReportRecord(Encode(kFailure, __FILE__, __LINE__,
                           absl::StrCat("Final barrier after the body failed: ",

@@ -34,8 +34,9 @@ DeviceBuffer AllocOrFail(size_t bytes, const char* name) {
 uint64_t SharedSeed(RankContext& ctx) {
   const uint64_t mine = (static_cast<uint64_t>(std::random_device{}()) << 32) ^
                         std::random_device{}();
-  auto shared = ctx.bootstrap.Broadcast(
-      absl::string_view(reinterpret_cast<const char*>(&mine), sizeof(mine)));
+  auto shared =
+      ctx.bootstrap.Broadcast(absl::string_view(reinterpret_cast<const char*>(&mine), sizeof(mine)),
+                              "rank_rig.shared_seed");
   EXPECT_TRUE(shared.ok()) << shared.status();
   uint64_t seed = 0;
   if (shared.ok() && shared->size() == sizeof(seed)) {
@@ -48,8 +49,8 @@ int RanksDisagreeing(RankContext& ctx, const void* data, size_t bytes) {
   const uint8_t* p = static_cast<const uint8_t*>(data);
   uint64_t h = 1469598103934665603ull;  // FNV-1a
   for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  auto all = ctx.bootstrap.AllGather(
-      absl::string_view(reinterpret_cast<const char*>(&h), sizeof(h)));
+  const absl::string_view hash(reinterpret_cast<const char*>(&h), sizeof(h));
+  auto all = ctx.bootstrap.AllGather(hash, "rank_rig.ranks_disagreeing");
   EXPECT_TRUE(all.ok()) << all.status();
   int differ = 0;
   if (all.ok()) {

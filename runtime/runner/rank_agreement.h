@@ -22,10 +22,12 @@ namespace kiln {
 // status is OK; else the failing ranks' root cause with its code, as
 // "<what> failed on rank r of n: <message>" (a rank's own error is preferred over a
 // DeadlineExceeded or Unavailable, which is usually a consequence of it; among equals, the lowest
-// rank). A rank whose bytes are not a status record (it was at another exchange of the
-// bootstrap) counts as an Internal error of that rank, never as OK. When the exchange itself
-// fails (a peer died or never came), returns that error (Unavailable or DeadlineExceeded from
-// the bootstrap), which the peers see too.
+// rank). The exchange is the bootstrap call "rank_agreement.status": a peer at another call of
+// the bootstrap (another name, or unnamed) fails it with Internal on every rank, naming both
+// calls. A rank whose bytes under that name are not a status record counts as an Internal error
+// of that rank, never as OK. When the exchange itself fails (a peer died or never came, or was
+// at another call), returns that error (Unavailable, DeadlineExceeded or Internal from the
+// bootstrap), which the peers see too.
 absl::Status AgreeOnStatus(HostBootstrap& bootstrap, const absl::Status& local,
                            absl::string_view what);
 

@@ -85,8 +85,34 @@ TEST(RankAgreementTest, ADeadPeerEndsTheExchangeWithAnError) {
   EXPECT_TRUE(absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) << s;
 }
 
-// One round of the sweep on one rank: a status to agree on, or raw bytes that rank sends in the
-// same AllGather instead (a peer at another exchange, or a corrupt record).
+// A peer at another call of the bootstrap, of the same kind (an all-gather) and number, is caught
+// by the call's name: every rank fails with Internal naming both calls, the agreeing ones too.
+TEST(RankAgreementTest, APeerAtAnotherCallFailsEveryRankNamingBothCalls) {
+  for (const char* other : {"", "custom_allreduce.setup"}) {
+    auto star = MakeStar(3);
+    std::vector<absl::Status> got(3);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 3; ++r) {
+      threads.emplace_back([&, r] {
+        got[r] = r == 2 ? star[r]->AllGather("bytes", other).status()
+                        : AgreeOnStatus(*star[r], absl::OkStatus(), "Capture of x");
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    const std::string theirs =
+        *other == '\0' ? "an unnamed call" : absl::StrCat("call '", other, "'");
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_TRUE(absl::IsInternal(got[r])) << "rank " << r << ": " << got[r];
+      EXPECT_NE(got[r].message().find(absl::StrCat(
+                    "rank 0 made call 'rank_agreement.status' but rank 2 made ", theirs)),
+                absl::string_view::npos)
+          << got[r];
+    }
+  }
+}
+
+// One round of the sweep on one rank: a status to agree on, or raw bytes that rank brings to the
+// same exchange instead (an all-gather under AgreeOnStatus's call name: a corrupt record).
 struct RankTurn {
   bool raw = false;
   absl::Status local;
@@ -122,9 +148,10 @@ absl::Status Expected(const std::vector<RankTurn>& turns, const std::string& wha
 
 // Random rounds over stars of 1 to 5 ranks: OK, every canonical code, codes outside absl's
 // range, empty, binary (NUL bytes) and 64 KiB messages, an empty or binary `what`, and ranks that
-// send raw bytes instead of a record: empty, a few bytes, a record without its tag (the old
-// format, whose 4 zero bytes used to read as OK), 64 random bytes. Every agreeing rank returns
-// the same status, the one the rule picks; a raw record is an error naming its rank.
+// send raw bytes under AgreeOnStatus's call name instead of a record: empty, a few bytes, a
+// record without its tag (the old format, whose 4 zero bytes used to read as OK), 64 random
+// bytes. Every agreeing rank returns the same status, the one the rule picks; a raw record is an
+// error naming its rank.
 TEST(RankAgreementTest, AdversarialRoundsAgreeOnEveryRank) {
   std::mt19937 rng(31337);
   auto pick = [&rng](int n) { return static_cast<int>(rng() % static_cast<uint32_t>(n)); };
@@ -184,7 +211,7 @@ TEST(RankAgreementTest, AdversarialRoundsAgreeOnEveryRank) {
         for (int round = 0; round < kRounds; ++round) {
           const RankTurn& t = turns[round][r];
           if (t.raw) {
-            got[round][r] = star[r]->AllGather(t.bytes).status();
+            got[round][r] = star[r]->AllGather(t.bytes, "rank_agreement.status").status();
           } else {
             got[round][r] = AgreeOnStatus(*star[r], t.local, whats[round]);
           }
