@@ -90,6 +90,7 @@ absl::Status GraphSet::Capture(CaptureKey key, StepFn fn, cudaStream_t stream,
   }
   graphs_.erase(key);
   Captured captured;
+  captured.owner = this;
   captured.stats.key = key;
 
   // Warm-ups: eager, phase kWarmup, synchronized so that their errors are theirs.
@@ -241,6 +242,12 @@ const GraphSet::Graph* GraphSet::Find(CaptureKey key) const {
 absl::Status GraphSet::Replay(const Graph& graph, cudaStream_t stream) const {
   const Captured& captured = static_cast<const Captured&>(graph);  // Graph's only subclass
   const CaptureKey key = captured.stats.key;
+  if (captured.owner != this) {
+    // CheckReplayable compares with this set's pool, not the one the graph was captured in.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GraphSet::Replay got the graph of ", KeyName(key),
+        " that another GraphSet holds; replay a graph with the set that Find returned it from"));
+  }
   RETURN_IF_ERROR(CheckReplayable(key, captured));
   // The key's name only on failure: a replay makes no string.
   const cudaError_t launched = cudaGraphLaunch(captured.exec.get(), stream);

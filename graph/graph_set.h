@@ -155,10 +155,16 @@ class GraphSet {
   absl::Status Replay(CaptureKey key, cudaStream_t stream) const;
 
   // A captured graph, as Find returns it; opaque, owned by the set. Valid until the set next
-  // captures or erases a graph (either may move the graphs in its table) or is destroyed.
+  // captures or erases a graph (either may move the graphs in its table) or is destroyed. Only
+  // the set makes, copies or moves one: its constructors are private (a user-provided default
+  // constructor, so that it is no aggregate either), so a caller holds a Graph only by reference
+  // to one that Find returned, and neither a copy nor a subclass of it compiles.
   class Graph {
-   protected:
-    Graph() = default;
+   private:
+    friend class GraphSet;
+    Graph() {}
+    Graph(const Graph&) = default;
+    Graph& operator=(const Graph&) = default;
   };
 
   // Returns the graph of `key`, or nullptr when it has none (any key, valid or not), in one hash
@@ -168,7 +174,8 @@ class GraphSet {
 
   // Launches `graph`, which this set's Find returned, on `stream` after the checks Replay(key)
   // makes of a key that has a graph: FailedPrecondition when a static buffer moved or the pool
-  // was re-reserved, with Replay(key)'s messages. Asynchronous.
+  // was re-reserved, with Replay(key)'s messages. InvalidArgument, before anything is launched,
+  // for a graph that another set's Find returned. Asynchronous.
   absl::Status Replay(const Graph& graph, cudaStream_t stream) const;
 
   // Compares the graph for `key` with an eager run of its function, bit for bit, over the
@@ -194,8 +201,10 @@ class GraphSet {
     void operator()(cudaGraphExec_t exec) const;
   };
   using OwnedExec = std::unique_ptr<std::remove_pointer_t<cudaGraphExec_t>, ExecDeleter>;
-  // Every Graph is a Captured: Graph's constructor is protected and this is its only subclass.
+  // Every Graph is a Captured: Graph's constructors are private to the set and this is its only
+  // subclass.
   struct Captured : Graph {
+    const GraphSet* owner = nullptr;  // the set whose table holds it
     OwnedExec exec;
     StepFn fn;
     const StaticBuffers* buffers = nullptr;

@@ -1,8 +1,10 @@
 // Captures small steps into graphs and checks, on a GPU: replay equals eager bit for bit and a
 // float64 reference; graphs share the pool (maximum, not sum); a budget overflow names the key;
 // illegal operations inside capture are named and the stream recovers; a moved static buffer is
-// refused by name, through the key and through Find's graph alike; Verify catches a launch
-// shape frozen at capture; components see kWarmup in warm-ups and kCapture in the capture.
+// refused by name, through the key and through Find's graph alike; a graph replayed with a set
+// other than the one it came from is refused; Verify catches a launch shape frozen at capture;
+// components see kWarmup in warm-ups and kCapture in the capture.
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -404,6 +406,63 @@ TEST_F(GraphSetGpuTest, ReplayOfFindsGraphEqualsReplayOfTheKey) {
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(status.message()), HasSubstr("re-reserved after decode/8"));
   EXPECT_EQ(status, graphs.Replay(key, stream_.get()));
+}
+
+// A graph replays only with the set whose Find returned it: another set, even one that holds a
+// graph of the same key, refuses it with InvalidArgument naming the fix and launches nothing.
+TEST_F(GraphSetGpuTest, ReplayOfAnotherSetsGraphIsInvalidArgument) {
+  MakeBuffers(8);
+  KILN_ASSERT_OK_AND_ASSIGN(GraphMemoryPool pool, GraphMemoryPool::Create(1 << 20));
+  GraphSet first(&pool), second(&pool);  // one replays at a time, so they may share the pool
+  AffineStep step(&pool, x_.as<float>(), y_.as<float>());
+  const CaptureKey key{GraphMode::kDecode, 8}, small{GraphMode::kDecode, 4};
+  for (const CaptureKey k : {key, small}) {
+    KILN_ASSERT_OK(first.Capture(
+        k, [&step, k](cudaStream_t s) { return step(k, s); }, stream_.get(), &buffers_));
+  }
+  KILN_ASSERT_OK(second.Capture(
+      key, [&step, key](cudaStream_t s) { return step(key, s); }, stream_.get(), &buffers_));
+  const GraphSet::Graph* first_graph = first.Find(key);
+  const GraphSet::Graph* first_small = first.Find(small);
+  const GraphSet::Graph* second_graph = second.Find(key);
+  ASSERT_NE(first_graph, nullptr);
+  ASSERT_NE(first_small, nullptr);
+  ASSERT_NE(second_graph, nullptr);
+  EXPECT_EQ(second.Find(small), nullptr);
+
+  const size_t n = size_t{1} * key.size * kFloatsPerSeq;
+  struct Case {
+    const GraphSet* set;
+    const GraphSet::Graph* graph;
+    std::string key;
+  };
+  for (const Case& c : {Case{&second, first_graph, "decode/8"},
+                        Case{&second, first_small, "decode/4"},
+                        Case{&first, second_graph, "decode/8"}}) {
+    SCOPED_TRACE(c.key);
+    KILN_ASSERT_OK(PoisonFloats(y_.data(), n));
+    const absl::Status status = c.set->Replay(*c.graph, stream_.get());
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_THAT(std::string(status.message()),
+                HasSubstr("GraphSet::Replay got the graph of " + c.key +
+                          " that another GraphSet holds; replay a graph with the set that Find "
+                          "returned it from"));
+    KILN_ASSERT_OK(stream_.Synchronize());
+    std::vector<float> got;
+    KILN_ASSERT_OK_AND_ASSIGN(got, Download(y_.data(), n));
+    ASSERT_EQ(got.size(), n);
+    size_t written = 0;  // elements that lost PoisonFloats' 0xFF bytes
+    for (const float v : got) {
+      uint32_t bits = 0;
+      std::memcpy(&bits, &v, sizeof(bits));
+      written += bits != 0xFFFFFFFFu;
+    }
+    EXPECT_EQ(written, 0u) << "a refused replay launched the graph";
+  }
+  // Each set still replays its own graphs.
+  ExpectReplayMatchesReference(first, key, first_graph);
+  ExpectReplayMatchesReference(first, small, first_small);
+  ExpectReplayMatchesReference(second, key, second_graph);
 }
 
 // A step over `capacity` rows whose batch has *num_rows live rows. `grid_from_contents` computes

@@ -1,6 +1,7 @@
 // Host tests of GraphSet's checks that come before any CUDA call: an empty step function, and
-// keys with no graph (Find's null among them). Capture and replay themselves, through the key and
-// through Find's graph, are tested on a GPU (graph_set_gpu_test.cc).
+// keys with no graph (Find's null among them); and, at compile time, that only a set makes or
+// copies a Graph. Capture and replay themselves, through the key and through Find's graph (and
+// the refusal of another set's graph), are tested on a GPU (graph_set_gpu_test.cc).
 #include "graph/graph_set.h"
 
 #include <climits>
@@ -52,12 +53,22 @@ TEST(GraphSetTest, KeysNeverCapturedAreFailedPrecondition) {
   EXPECT_TRUE(graphs.AllStats().empty());
 }
 
+// A caller's attempt to make a Graph: as a subclass, whose constructors would call Graph's.
+struct ForgedGraph : GraphSet::Graph {};
+
 // Find looks a key up without checking it: a key with no graph, valid or not, is null (the bad
 // key's InvalidArgument is Replay(key)'s, which still gives it). A Graph comes only from Find:
-// a caller cannot make one to hand to Replay(graph), which therefore never sees a key without a
-// graph.
+// a caller can neither make one (no aggregate `Graph{}`, no default constructor, no subclass)
+// nor copy one that Find returned (a copy would be a bare Graph that Replay(graph) reads as the
+// set's whole record), so Replay(graph) never sees a key without a graph.
 TEST(GraphSetTest, FindOfAKeyWithoutAGraphIsNull) {
+  static_assert(!std::is_aggregate_v<GraphSet::Graph>, "GraphSet::Graph{} must not compile");
   static_assert(!std::is_default_constructible_v<GraphSet::Graph>, "only GraphSet makes a Graph");
+  static_assert(!std::is_copy_constructible_v<GraphSet::Graph>, "a copy would be sliced");
+  static_assert(!std::is_move_constructible_v<GraphSet::Graph>, "a move would be sliced");
+  static_assert(!std::is_copy_assignable_v<GraphSet::Graph>, "an assignment would be sliced");
+  static_assert(!std::is_default_constructible_v<ForgedGraph>, "a subclass makes no Graph");
+  static_assert(!std::is_copy_constructible_v<ForgedGraph>, "a subclass copies no Graph");
   GraphSet graphs;
   for (const CaptureKey key :
        {kKey, CaptureKey{GraphMode::kPrefill, 64}, CaptureKey{GraphMode::kMixed, 1},
