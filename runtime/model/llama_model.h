@@ -319,12 +319,15 @@ absl::Status CheckLlamaStepArgs(const LlamaStepArgs& args);
 // entry points: the Runner's piecewise step checks its views once, before it replays the first
 // piece, then runs every layer's attention with them (LlamaModel::RunAttention's overload, which
 // checks only the layer). Only Check makes one, so holding one means the check ran. Holds a copy
-// of the views (their pointers are not owned). Host-only; thread-safe.
+// of the views (their pointers are not owned). Host-only; thread-compatible (Check is
+// thread-safe).
 class CheckedLlamaStepArgs {
  public:
   // Returns `args` checked, or CheckLlamaStepArgs's InvalidArgument.
   static absl::StatusOr<CheckedLlamaStepArgs> Check(const LlamaStepArgs& args);
 
+  // Returns the views Check accepted: a reference into this object, valid while it lives (the
+  // pointers in it are the caller's, not owned).
   const LlamaStepArgs& args() const { return args_; }
 
  private:

@@ -816,11 +816,19 @@ absl::StatusOr<int> Runner::CaptureEachSize(GraphSet& set, GraphMode mode,
   int captured = 0;
   for (int size : sizes.LargestFirst()) {  // the largest sets the pool's high-water mark
     const CaptureKey key{mode, size};
-    RETURN_IF_ERROR(bootstrap.Barrier());
+    RETURN_IF_ERROR(bootstrap.Barrier("runner.capture_size"));
     const absl::Status status = set.Capture(
         key, [&fn, key](cudaStream_t stream) { return fn(key, stream); }, stream_.get(),
         &buffers_);
-    RETURN_IF_ERROR(AgreeOnStatus(bootstrap, status, absl::StrCat("Capture of ", KeyName(key))));
+    const absl::Status agreed =
+        AgreeOnStatus(bootstrap, status, absl::StrCat("Capture of ", KeyName(key)));
+    if (!agreed.ok()) {
+      // A rank whose own capture of the key succeeded drops it too: every rank then runs the key
+      // eagerly, where one rank replaying it beside another's eager step would pair unlike
+      // collectives.
+      set.Erase(key);
+      return agreed;
+    }
     ++captured;
   }
   return captured;
@@ -884,22 +892,29 @@ absl::Status Runner::RunEager(int key_index, const StepRoute& route) {
   return model_->Forward(Args(key_index, route, arena_.data()), stream_.get());
 }
 
-bool Runner::FindPieceGraphs(CaptureKey key) {
-  if (piece_graphs_.size() != static_cast<size_t>(model_->num_pieces())) return false;
-  piece_replays_.resize(piece_graphs_.size());
-  for (size_t piece = 0; piece < piece_graphs_.size(); ++piece) {
-    piece_replays_[piece] = piece_graphs_[piece]->Find(key);
-    if (piece_replays_[piece] == nullptr) return false;
+absl::Span<const GraphSet::Graph* const> Runner::FindPieceGraphs(CaptureKey key) {
+  // No storage is allocated per step: piece_lookup_ keeps its capacity between steps.
+  piece_lookup_.clear();
+  // A capture that failed before the last piece's set was made leaves fewer sets than pieces.
+  if (piece_graphs_.size() != static_cast<size_t>(model_->num_pieces())) return {};
+  for (const std::unique_ptr<GraphSet>& set : piece_graphs_) {
+    const GraphSet::Graph* graph = set->Find(key);
+    if (graph == nullptr) {
+      piece_lookup_.clear();
+      return {};
+    }
+    piece_lookup_.push_back(graph);
   }
-  return true;
+  return piece_lookup_;
 }
 
-absl::Status Runner::RunPiecewise(int key_index, const StepRoute& route) {
+absl::Status Runner::RunPiecewise(int key_index, const StepRoute& route,
+                                  absl::Span<const GraphSet::Graph* const> graphs) {
   // Checked before the first piece is replayed; each layer's attention then checks its layer only.
   ASSIGN_OR_RETURN(const CheckedLlamaStepArgs args,
                    CheckedLlamaStepArgs::Check(Args(key_index, route, arena_.data())));
   for (int piece = 0; piece < model_->num_pieces(); ++piece) {
-    RETURN_IF_ERROR(piece_graphs_[piece]->Replay(*piece_replays_[piece], stream_.get()));
+    RETURN_IF_ERROR(piece_graphs_[piece]->Replay(*graphs[piece], stream_.get()));
     if (piece < shape().layers && !options_.skip_attention) {
       RETURN_IF_ERROR(model_->RunAttention(piece, args, stream_.get()));
     }
@@ -921,10 +936,11 @@ absl::StatusOr<std::vector<int32_t>> Runner::Step(absl::Span<const SequenceToken
   // the step's lengths to `admit` before any sequence takes a block. The route, and with it
   // whether the step replays, follows from them: every refusal that depends on it is made
   // there, so a refused step changes no sequence. The graphs are looked up once, there too: the
-  // full step's graph, or each piece's (RunPiecewise replays piece_replays_).
+  // full step's graph, or each piece's, which the step then replays.
   StepRoute route;
   bool replay = false;
   const GraphSet::Graph* full_graph = nullptr;
+  absl::Span<const GraphSet::Graph* const> piece_graphs;
   auto admit = [&](absl::Span<const SeqLens> lens) -> absl::Status {
     RETURN_IF_ERROR(keys_.Check(lens));
     route = keys_.Route(lens);
@@ -934,7 +950,8 @@ absl::StatusOr<std::vector<int32_t>> Runner::Step(absl::Span<const SequenceToken
         full_graph = graphs_->Find(key.key);
         replay = full_graph != nullptr;
       } else if (options_.graphs == GraphExecution::kPiecewise) {
-        replay = FindPieceGraphs(key.key);
+        piece_graphs = FindPieceGraphs(key.key);
+        replay = !piece_graphs.empty();
       }
     }
     // After a peer was lost the communicator may be aborted: a replay would launch NCCL kernels
@@ -975,7 +992,7 @@ absl::StatusOr<std::vector<int32_t>> Runner::Step(absl::Span<const SequenceToken
   if (replay && options_.graphs == GraphExecution::kFull) {
     RETURN_IF_ERROR(graphs_->Replay(*full_graph, stream_.get()));
   } else if (replay) {
-    RETURN_IF_ERROR(RunPiecewise(route.key_index, route));
+    RETURN_IF_ERROR(RunPiecewise(route.key_index, route, piece_graphs));
   } else {
     RETURN_IF_ERROR(RunEager(route.key_index, route));
   }

@@ -22,7 +22,12 @@
 //   kNone       every step eager.
 // A batch that no key holds (above every captured size) runs eagerly at its exact sizes, with
 // the same kernels, and is correct. A graph and an eager run of the same key compute the same
-// bits (StepOptions::force_eager runs a key eagerly, for tests and benchmarks).
+// bits (StepOptions::force_eager runs a key eagerly, for tests and benchmarks), so a key without
+// a graph runs eagerly with the bits its graph would give. Capture() captures largest first,
+// decode sizes then prefill budgets (in kPiecewise piece by piece, each piece every key before
+// the next piece); when it fails, the keys captured before the failure keep their graphs and the
+// others run eagerly. In kPiecewise a key replays only when every piece has its graph: a failure
+// before the last piece leaves every step eager.
 //
 // Memory: Create resolves the PlannerConfig (the GPU's name, memory and SM count come from the
 // device unless given), plans with runtime/memory's PlanMemory, and allocates what the plan
@@ -44,7 +49,11 @@
 //   Capture runs in lock-step: a barrier before each size, then the ranks exchange how the
 //   capture went, so a capture that fails on one rank fails on every rank with the same Status
 //   ("Capture of decode/8 failed on rank 1 of 2: ..."), never a hang. It ends with
-//   RegisterGraphBuffers() (unless RunnerOptions::register_graph_buffers is false).
+//   RegisterGraphBuffers() (unless RunnerOptions::register_graph_buffers is false). A failed
+//   Capture does not register: every rank keeps the keys captured before the failing one and
+//   drops the failing key (also where its own capture of it succeeded), so every rank holds the
+//   same graphs; a step that would replay one of them is FailedPrecondition until
+//   RegisterGraphBuffers(), and the failing key and those after it run eagerly on every rank.
 //   Graph states: none ──Capture──► captured ──RegisterGraphBuffers──► registered
 //   A step that would replay a graph before registration is FailedPrecondition. A peer that died
 //   or hangs ends the next step in DeadlineExceeded within AllReduceConfig.barrier_timeout_ms
@@ -317,9 +326,11 @@ class Runner {
 
   // Captures every key of the graph mode, largest first (decode sizes, then prefill budgets),
   // with a progress bar and a summary line. A no-op in GraphExecution::kNone. Capturing again
-  // replaces the graphs. With tensor parallelism: in lock-step on every rank, then
-  // RegisterGraphBuffers() unless options().register_graph_buffers is false (see the file
-  // comment); every rank returns the same error.
+  // replaces the graphs. On error, the keys captured before the failure keep their graphs (in
+  // kPiecewise a key replays only when every piece has it) and the others run eagerly. With
+  // tensor parallelism: in lock-step on every rank, then RegisterGraphBuffers() unless
+  // options().register_graph_buffers is false; every rank returns the same error, and after an
+  // error nothing replays until RegisterGraphBuffers() (see the file comment).
   absl::StatusOr<RunnerCaptureSummary> Capture();
 
   // Registers the all-reduce inputs captured into the graphs with every peer, after which the
@@ -415,13 +426,15 @@ class Runner {
   absl::Status FetchMetadata(int key_index, cudaStream_t stream) const;
   // Runs the step eagerly (activations in the arena).
   absl::Status RunEager(int key_index, const StepRoute& route);
-  // Looks `key` up once in every piece's GraphSet, into piece_replays_; returns whether every
-  // piece has a graph for it (false when none was captured or a capture stopped part-way: the
-  // step then runs eagerly).
-  bool FindPieceGraphs(CaptureKey key);
-  // Replays the pieces piece_replays_ holds (FindPieceGraphs's, for this step's key), running each
-  // layer's attention eagerly between them with the step's views checked once, before the first.
-  absl::Status RunPiecewise(int key_index, const StepRoute& route);
+  // Looks `key` up once in every piece's GraphSet and returns the graphs, one per piece (held in
+  // piece_lookup_, valid until the next call or capture), or an empty span when some piece has
+  // no graph for it (none was captured, or a capture stopped part-way: the step then runs
+  // eagerly); piece_lookup_ then holds no graph either.
+  absl::Span<const GraphSet::Graph* const> FindPieceGraphs(CaptureKey key);
+  // Replays `graphs`, FindPieceGraphs's for this step's key (one per piece), running each layer's
+  // attention eagerly between them with the step's views checked once, before the first.
+  absl::Status RunPiecewise(int key_index, const StepRoute& route,
+                            absl::Span<const GraphSet::Graph* const> graphs);
   absl::Status CaptureFull(RunnerCaptureSummary* summary);
   absl::Status CapturePiecewise(RunnerCaptureSummary* summary);
   std::vector<std::pair<GraphMode, const CaptureSizes*>> CapturedSizeLists() const;
@@ -458,7 +471,7 @@ class Runner {
   StaticBuffers buffers_;
   std::unique_ptr<GraphSet> graphs_;                     // kFull
   std::vector<std::unique_ptr<GraphSet>> piece_graphs_;  // kPiecewise, one per piece
-  std::vector<const GraphSet::Graph*> piece_replays_;    // the step's, per piece (FindPieceGraphs)
+  std::vector<const GraphSet::Graph*> piece_lookup_;     // FindPieceGraphs's storage
   RunnerMemory memory_;
   StepInfo last_;
   Event step_start_, step_stop_;  // with time_steps

@@ -3,7 +3,8 @@
 //     size and for 1000 random batch compositions (decode-only, prefill-only, mixed; lengths at
 //     block boundaries);
 //   - piecewise graphs and graph-free runs equal full graphs, bit for bit; a piecewise step whose
-//     key some piece lacks (its capture stopped part-way) runs eagerly, with the same bits;
+//     key some piece lacks (its capture stopped part-way, in the last piece or before it, when
+//     later pieces have no graphs at all) runs eagerly, with the same bits;
 //   - folding the add + RMSNorm into the QKV and gate-up GEMMs (steps of up to 8 tokens) gives
 //     the norm kernels' bits, in full graphs, piecewise graphs and eager steps; so do the decode
 //     layer kernel and RoPE + KV append in attention, over random traffic and, small enough for
@@ -348,13 +349,16 @@ TEST_F(RunnerGpuTest, PiecewiseAndGraphFreeStepsEqualFullGraphs) {
   EXPECT_GT(piecewise_replays, 100);
 }
 
-// A piecewise capture that stops part-way leaves a piece without some keys: here the last
-// piece's capture fails at decode/4, after decode/8 (largest first), so decode/4 and decode/2
-// lack it. A step whose key some piece lacks runs eagerly, as one whose key has no graph, with a
-// graph-free runner's bits; a key every piece holds still replays.
-TEST_F(RunnerGpuTest, PiecewiseStepWhoseKeyAPieceLacksRunsEagerly) {
+// Captures a piecewise runner over decode sizes 2, 4 and 8 (largest first, each piece every key
+// before the next piece) whose capture fails at piece `failing_piece`'s capture of decode/
+// `failing_size`, then runs a prefill and decode steps of 8 down to 1 rows on it and on a
+// graph-free runner. Every step has the graph-free runner's tokens and logits; a decode step
+// replays exactly when its padded size is in `replayed_sizes` (a key every piece holds).
+void ExpectFailedPiecewiseCaptureRunsEagerly(int failing_piece, int failing_size,
+                                             const std::vector<int>& replayed_sizes) {
   const uint64_t seed = FreshSeed();
-  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  SCOPED_TRACE(absl::StrCat("seed ", seed, ", capture failing at piece ", failing_piece,
+                            "'s decode/", failing_size));
   RunnerOptions options = TinyOptions(GraphExecution::kPiecewise, seed);
   options.capture_prefill = false;
   options.config.mutable_graph()->clear_capture_sizes();
@@ -362,24 +366,25 @@ TEST_F(RunnerGpuTest, PiecewiseStepWhoseKeyAPieceLacksRunsEagerly) {
   RunnerOptions reference_options = options;
   reference_options.graphs = GraphExecution::kNone;
   // Piece p captures a key as the key's (p + 1)-th capture (warm-ups aside).
-  const int last_piece = LlamaShape::Tiny().layers;
   std::map<int, int> captures;
-  options.capture_step_hook_for_testing = [&captures, last_piece](CaptureKey key) {
+  options.capture_step_hook_for_testing = [&captures, failing_piece, failing_size](CaptureKey key) {
     if (CaptureContext::Phase() != CapturePhase::kCapture) return absl::OkStatus();
-    if (++captures[key.size] == last_piece + 1 && key.size == 4) {
-      return absl::InternalError("Stopped at the last piece's decode/4");
+    if (++captures[key.size] == failing_piece + 1 && key.size == failing_size) {
+      return absl::InternalError("Stopped at the injected capture");
     }
     return absl::OkStatus();
   };
   absl::StatusOr<std::unique_ptr<Runner>> created = Runner::Create(options);
   ASSERT_TRUE(created.ok()) << created.status();
   Runner& runner = **created;
+  ASSERT_GT(runner.model().num_pieces(), failing_piece);
   const absl::StatusOr<RunnerCaptureSummary> captured = runner.Capture();
   ASSERT_FALSE(captured.ok());
-  EXPECT_NE(captured.status().message().find(
-                "Capture of decode/4 failed: Stopped at the last piece's decode/4"),
+  EXPECT_NE(captured.status().message().find(absl::StrCat(
+                "Capture of decode/", failing_size, " failed: Stopped at the injected capture")),
             std::string::npos)
       << captured.status();
+  EXPECT_EQ(captures[failing_size], failing_piece + 1) << "the capture went on after the failure";
   std::unique_ptr<Runner> reference = MakeRunner(reference_options);
   ASSERT_NE(reference, nullptr);
 
@@ -400,11 +405,27 @@ TEST_F(RunnerGpuTest, PiecewiseStepWhoseKeyAPieceLacksRunsEagerly) {
     const Outcome want = RunStep(*reference, batch, {});
     const int padded = rows > 4 ? 8 : rows > 2 ? 4 : 2;
     EXPECT_EQ(got.info.key, (CaptureKey{GraphMode::kDecode, padded}));
-    EXPECT_EQ(got.info.replayed, padded == 8);  // decode/4 and decode/2 lack the last piece
+    EXPECT_EQ(got.info.replayed,
+              std::count(replayed_sizes.begin(), replayed_sizes.end(), padded) == 1);
+    EXPECT_FALSE(want.info.replayed);
     EXPECT_EQ(got.tokens, want.tokens);
     ASSERT_EQ(got.logits.size(), want.logits.size());
     EXPECT_EQ(std::memcmp(got.logits.data(), want.logits.data(), want.logits.size() * 4), 0);
   }
+}
+
+// The last piece's capture fails at decode/4, after its decode/8: decode/4 and decode/2 lack the
+// last piece and run eagerly; decode/8, which every piece holds, still replays.
+TEST_F(RunnerGpuTest, PiecewiseStepWhoseKeyAPieceLacksRunsEagerly) {
+  ExpectFailedPiecewiseCaptureRunsEagerly(/*failing_piece=*/LlamaShape::Tiny().layers,
+                                          /*failing_size=*/4, /*replayed_sizes=*/{8});
+}
+
+// Piece 1's first capture (decode/8) fails: piece 0 holds every key, piece 1 none, and the later
+// pieces have no graph set at all (fewer sets than pieces): every step runs eagerly.
+TEST_F(RunnerGpuTest, PiecewiseStepsRunEagerlyWhenACaptureStopsBeforeTheLastPiece) {
+  ExpectFailedPiecewiseCaptureRunsEagerly(/*failing_piece=*/1, /*failing_size=*/8,
+                                          /*replayed_sizes=*/{});
 }
 
 // A change to the runner's options that must not change a bit: `edit` applied to `base`;

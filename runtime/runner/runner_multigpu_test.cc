@@ -30,6 +30,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "collectives/allreduce_config.pb.h"
@@ -658,6 +659,26 @@ TEST(RunnerMultiGpuTest, CaptureFailingOnOneRankFailsEveryRankAlike) {
     ASSERT_TRUE((*created)->Step({{1, {3, 4, 5}}, {2, {6}}, {3, {7, 8}}}, eager).ok());
     EXPECT_TRUE(
         absl::IsFailedPrecondition((*created)->Step({{1, {9}}, {2, {10}}, {3, {11}}}).status()));
+    // Every rank dropped decode/2, the ranks whose own capture of it succeeded too: once the
+    // graphs are registered, two decode rows run eagerly on every rank and three (decode/4)
+    // replay on every rank, with the same tokens everywhere.
+    ASSERT_TRUE((*created)->RegisterGraphBuffers().ok());
+    std::string outcomes;
+    for (const std::vector<SequenceTokens>& batch :
+         std::vector<std::vector<SequenceTokens>>{{{1, {12}}, {2, {13}}},
+                                                  {{1, {14}}, {2, {15}}, {3, {16}}}}) {
+      absl::StatusOr<std::vector<int32_t>> tokens = (*created)->Step(batch);
+      ASSERT_TRUE(tokens.ok()) << tokens.status();
+      const StepInfo& info = (*created)->last_step();
+      const bool want_replay = batch.size() == 3;
+      EXPECT_EQ(info.key, (CaptureKey{GraphMode::kDecode, want_replay ? 4 : 2}));
+      EXPECT_EQ(info.replayed, want_replay) << KeyName(info.key);
+      absl::StrAppend(&outcomes, KeyName(info.key), info.replayed ? " replayed:" : " eager:",
+                      absl::StrJoin(*tokens, ","), ";");
+    }
+    absl::StatusOr<std::vector<std::string>> outcomes_all = ctx.bootstrap.AllGather(outcomes);
+    ASSERT_TRUE(outcomes_all.ok()) << outcomes_all.status();
+    for (const std::string& o : *outcomes_all) EXPECT_EQ(o, (*outcomes_all)[0]) << "ranks differ";
   }, Options());
 }
 
