@@ -156,7 +156,10 @@ class Bench {
       CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
       if (mode == "eager") {
         for (int s = 0; s < samples; ++s) {
-          RETURN_IF_ERROR(member_.bootstrap->Barrier("allreduce_benchmark.eager_sample"));
+          // Named by algorithm, size and sample: a rank that runs another list of them than
+          // the others fails at the first barrier where they part.
+          RETURN_IF_ERROR(member_.bootstrap->Barrier(
+              absl::StrFormat("allreduce_benchmark.eager_sample.%s.%d.%d", algo, bytes, s)));
           CUDA_RETURN_IF_ERROR(cudaEventRecord(start, stream_));
           for (int64_t c = 0; c < calls; ++c) RETURN_IF_ERROR(Call(algo, count, false));
           CUDA_RETURN_IF_ERROR(cudaEventRecord(stop, stream_));
@@ -185,7 +188,8 @@ class Bench {
         for (int i = 0; i < 2; ++i) CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream_));
         CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
         for (int s = 0; s < samples; ++s) {
-          RETURN_IF_ERROR(member_.bootstrap->Barrier("allreduce_benchmark.graph_sample"));
+          RETURN_IF_ERROR(member_.bootstrap->Barrier(
+              absl::StrFormat("allreduce_benchmark.graph_sample.%s.%d.%d", algo, bytes, s)));
           CUDA_RETURN_IF_ERROR(cudaEventRecord(start, stream_));
           for (int64_t r = 0; r < replays; ++r) {
             CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream_));
@@ -291,8 +295,10 @@ absl::Status RunRank(testing::ProcessGroupMember& member, int64_t* total_wrong) 
           wrong += std::memcmp(&got[i * esize], &expected[i * esize], esize) != 0;
         }
         ASSIGN_OR_RETURN(std::vector<std::string> all,
-                         member.bootstrap->AllGather(absl::StrFormat("%d", wrong),
-                                                     "allreduce_benchmark.wrong_count"));
+                         member.bootstrap->AllGather(
+                             absl::StrFormat("%d", wrong),
+                             absl::StrFormat("allreduce_benchmark.wrong_count.%s.%s.%d", mode,
+                                             algo, bytes)));
         int64_t wrong_all = 0;
         for (const std::string& s : all) wrong_all += std::stoll(s);
         *total_wrong += wrong_all;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "collectives/internal/allreduce_rms_norm.h"
+#include "collectives/internal/exchange_failed.h"
 #include "graph/capture_context.h"
 #include "runtime/cuda/capture_check.h"
 #include "runtime/cuda/status.h"

@@ -733,7 +733,7 @@ void StartDeadPeerCase(RankContext& ctx, const AllReduceConfig& config, size_t c
 
 // Every rank meets the others once more, then the last one exits; the others give it time to.
 void LastRankDies(RankContext& ctx) {
-  ASSERT_TRUE(ctx.bootstrap.Barrier().ok());
+  ASSERT_TRUE(ctx.bootstrap.Barrier("custom_allreduce_multigpu_test.before_exit").ok());
   if (ctx.rank == ctx.world_size - 1) ctx.ExitProcessNow();  // dies between collectives
   absl::SleepFor(absl::Milliseconds(300));
 }

@@ -122,8 +122,11 @@ absl::Status CheckTimeout(absl::Duration timeout) {
 }
 
 // A joining rank introduces itself with {kHelloMagic, rank, world size} (int32 each). The magic
-// tells a kiln rank from any other program that connects to the socket (which is dropped).
-constexpr int32_t kHelloMagic = 0x6b426f31;  // "kBo1"
+// tells a kiln rank from any other program that connects to the socket (which is dropped), and
+// its last character the bootstrap protocol's version: "kBo1" was the protocol of 24-byte frame
+// headers (kBf1), whose ranks would complete the rendezvous with this one and then misread every
+// frame. A hello of another version is refused (MagicVersionDiffers).
+constexpr int32_t kHelloMagic = 0x6b426f32;  // "kBo2"
 
 // Every exchange frame starts with this header; `call_size` bytes of the call's name, then
 // `size` bytes of payload follow.
@@ -137,6 +140,24 @@ struct FrameHeader {
 static_assert(sizeof(FrameHeader) == 32, "the frame header is sent as raw bytes");
 constexpr uint32_t kFrameMagic = 0x6b426632;  // "kBf2"
 constexpr uint32_t kReplyBit = 0x100;
+
+// Whether `magic` is `ours` of another version: the same first three characters ("kBo", "kBf"),
+// another last one. Such a peer is a kiln build with another bootstrap protocol.
+bool MagicVersionDiffers(uint32_t magic, uint32_t ours) {
+  return magic != ours && (magic >> 8) == (ours >> 8);
+}
+
+// A magic as its four characters ("kBo2"), escaped where one is not printable.
+std::string MagicText(uint32_t magic) {
+  const char text[4] = {static_cast<char>(magic >> 24), static_cast<char>(magic >> 16),
+                        static_cast<char>(magic >> 8), static_cast<char>(magic)};
+  return absl::CHexEscape(absl::string_view(text, sizeof(text)));
+}
+
+// How long rank 0 waits for room in the connections of the peers it reports a call-name
+// mismatch to (SendCallMismatch): a peer that has not read rank 0's earlier data yet (the tail
+// of a broadcast) usually reads it within this; one that does not must not hold up rank 0's error.
+constexpr absl::Duration kReportWait = absl::Milliseconds(100);
 
 // The first allocation for an incoming frame; it grows as bytes arrive (doubling), so a header
 // that announces more than the peer sends costs no more memory than what came.
@@ -336,17 +357,30 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
         const int fd = w.fd;
         const int32_t magic = w.hello[0], joiner = w.hello[1], joiner_world = w.hello[2];
         waiting.erase(waiting.begin() + static_cast<std::ptrdiff_t>(i));
-        if (magic != kHelloMagic) {
-          close(fd);  // another program, or another protocol: not one of the ranks
+        const bool other_version =
+            MagicVersionDiffers(static_cast<uint32_t>(magic), static_cast<uint32_t>(kHelloMagic));
+        if (magic != kHelloMagic && !other_version) {
+          close(fd);  // another program: not one of the ranks
           ++dropped;
           continue;
         }
-        if (joiner_world != world_size || joiner < 1 || joiner >= world_size ||
-            fds[joiner - 1] >= 0) {
+        if (other_version) {
+          // A rank of another kiln build: waiting on would only end in the timeout, and every
+          // exchange with it would fail.
+          status = absl::FailedPreconditionError(absl::StrFormat(
+              "A process joined the bootstrap at %s as rank %d of %d speaking bootstrap protocol "
+              "'%s', not this rank's '%s': it is a kiln build with another bootstrap protocol; "
+              "run the same build on every rank",
+              path, joiner, joiner_world, MagicText(static_cast<uint32_t>(magic)),
+              MagicText(static_cast<uint32_t>(kHelloMagic))));
+        } else if (joiner_world != world_size || joiner < 1 || joiner >= world_size ||
+                   fds[joiner - 1] >= 0) {
           status = absl::InvalidArgumentError(absl::StrFormat(
               "A process joined the bootstrap at %s as rank %d of %d, which does not fit world "
               "size %d or is taken; give every rank a distinct rank and the same world size",
               path, joiner, joiner_world, world_size));
+        }
+        if (!status.ok()) {
           // Tell the refused process why (best effort): it would otherwise take the closed
           // connection for an ordinary join and fail later, blaming a peer that exited.
           SendVerdict(fd, status.message(), deadline).IgnoreError();
@@ -464,7 +498,9 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
         }
         return absl::UnavailableError(absl::StrFormat(
             "Rank %d of %d: rank 0 at %s ended the rendezvous before every rank joined (it "
-            "refused another rank or gave up); see its error, and start every rank again",
+            "refused another rank or gave up) or dropped this rank's introduction (it is a kiln "
+            "build with another bootstrap protocol); see its error, run the same build on every "
+            "rank, and start every rank again",
             rank, world_size, path));
       }
       if (!*got) {
@@ -566,10 +602,17 @@ absl::Status HostBootstrap::SendFrame(int peer_index, Exchange kind, absl::strin
   if (ok.ok() && *ok) ok = SendAll(fds_[peer_index], bytes.data(), bytes.size(), deadline);
   if (!ok.ok()) {
     // Rank 0 shuts its connections once it reported a call-name mismatch to every rank: its
-    // report, when one waits unread, says why this rank could not send.
-    char byte;
-    if (rank_ != 0 && recv(fds_[0], &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 1) {
-      return ReceiveFrame(0, kind, call, 0, deadline).status();
+    // report, when one waits unread, says why this rank could not send. Any other frame that
+    // waits (rank 0's data of another exchange) is left: the lost connection is the error.
+    FrameHeader next{};
+    if (rank_ != 0 &&
+        recv(fds_[0], &next, sizeof(next), MSG_PEEK | MSG_DONTWAIT) ==
+            static_cast<ssize_t>(sizeof(next)) &&
+        next.magic == kFrameMagic && next.kind == static_cast<uint32_t>(Exchange::kCallMismatch)) {
+      // A report always ends in an error (its own, or a malformed report's); were it read as
+      // OK, the lost connection would still be the error.
+      const absl::Status report = ReceiveFrame(0, kind, call, 0, deadline).status();
+      if (!report.ok()) return report;
     }
     return Fail(absl::UnavailableError(absl::StrFormat(
         "Bootstrap rank %d could not send to rank %d (%s); did that process exit?", rank_,
@@ -583,20 +626,47 @@ absl::Status HostBootstrap::SendFrame(int peer_index, Exchange kind, absl::strin
   return absl::OkStatus();
 }
 
-void HostBootstrap::SendCallMismatch(int peer, absl::string_view peer_call,
-                                     absl::string_view call) {
+void HostBootstrap::SendCallMismatch(int peer, absl::string_view peer_call, Exchange kind,
+                                     absl::string_view call, absl::Time deadline) {
   const int32_t odd = peer;
+  const uint32_t rank0_kind = static_cast<uint32_t>(kind);
   std::string payload(reinterpret_cast<const char*>(&odd), sizeof(odd));
+  payload.append(reinterpret_cast<const char*>(&rank0_kind), sizeof(rank0_kind));
   payload.append(peer_call.data(), peer_call.size());
   const FrameHeader header{kFrameMagic, static_cast<uint32_t>(Exchange::kCallMismatch), sequence_,
                            payload.size(), call.size()};
   std::string frame(reinterpret_cast<const char*>(&header), sizeof(header));
   frame.append(call.data(), call.size());
   frame.append(payload);
-  // Without waiting: the report is an explanation, and a peer that reads nothing must not hold
-  // up this rank's error. A connection with no room for it is shut without it.
-  const absl::Time now = absl::Now();
-  for (int fd : fds_) SendAll(fd, frame.data(), frame.size(), now).IgnoreError();
+  // To every peer at once, for at most kReportWait: the report is an explanation, and a peer
+  // that reads nothing must not hold up this rank's error. A connection that stays full gets
+  // none of it, or part of it, before it is shut.
+  const absl::Time until = std::min(deadline, absl::Now() + kReportWait);
+  std::vector<size_t> sent(fds_.size(), 0);
+  std::vector<pollfd> full;
+  while (true) {
+    full.clear();
+    for (size_t i = 0; i < fds_.size(); ++i) {
+      while (sent[i] < frame.size()) {
+        const ssize_t n =
+            send(fds_[i], frame.data() + sent[i], frame.size() - sent[i], MSG_NOSIGNAL);
+        if (n > 0) {
+          sent[i] += static_cast<size_t>(n);
+          continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+          full.push_back(pollfd{fds_[i], POLLOUT, 0});
+        } else {
+          sent[i] = frame.size();  // the connection is gone: there is no one to tell
+        }
+        break;
+      }
+    }
+    if (full.empty()) return;
+    absl::StatusOr<bool> ready = WaitAnyReady(full.data(), full.size(), until);
+    if (!ready.ok() || !*ready) return;
+  }
 }
 
 absl::StatusOr<std::string> HostBootstrap::ReceiveFrame(int peer_index, Exchange kind,
@@ -605,8 +675,28 @@ absl::StatusOr<std::string> HostBootstrap::ReceiveFrame(int peer_index, Exchange
   const int peer = PeerRank(peer_index);
   const int fd = fds_[peer_index];
   FrameHeader header{};
-  absl::StatusOr<bool> ok =
-      ReceiveAll(fd, reinterpret_cast<char*>(&header), sizeof(header), deadline);
+  // The magic first: a peer of another protocol version may send fewer bytes than a header,
+  // and must be told apart at once, not waited for.
+  absl::StatusOr<bool> ok = ReceiveAll(fd, reinterpret_cast<char*>(&header.magic),
+                                       sizeof(header.magic), deadline);
+  if (ok.ok() && *ok && header.magic != kFrameMagic) {
+    if (MagicVersionDiffers(header.magic, kFrameMagic)) {
+      return Fail(absl::InternalError(absl::StrFormat(
+          "Bootstrap rank %d got a frame of bootstrap protocol '%s' from rank %d, not this "
+          "rank's '%s': that rank is a kiln build with another bootstrap protocol; run the same "
+          "build on every rank",
+          rank_, MagicText(header.magic), peer, MagicText(kFrameMagic))));
+    }
+    return Fail(absl::InternalError(absl::StrFormat(
+        "Bootstrap rank %d got bytes from rank %d that are not a bootstrap frame (header "
+        "starts %08x, not %08x); the peer is not a kiln bootstrap of this version, or the "
+        "connection carries other data",
+        rank_, peer, header.magic, kFrameMagic)));
+  }
+  if (ok.ok() && *ok) {
+    ok = ReceiveAll(fd, reinterpret_cast<char*>(&header) + sizeof(header.magic),
+                    sizeof(header) - sizeof(header.magic), deadline);
+  }
   std::string their_call;
   std::string out;
   // Rank 0's report, in place of its reply, that some rank made a call of another name.
@@ -614,13 +704,6 @@ absl::StatusOr<std::string> HostBootstrap::ReceiveFrame(int peer_index, Exchange
   if (ok.ok() && *ok) {
     uint32_t want_kind = static_cast<uint32_t>(kind);
     if (rank_ != 0 && kind != Exchange::kBroadcast) want_kind |= kReplyBit;
-    if (header.magic != kFrameMagic) {
-      return Fail(absl::InternalError(absl::StrFormat(
-          "Bootstrap rank %d got bytes from rank %d that are not a bootstrap frame (header "
-          "starts %08x, not %08x); the peer is not a kiln bootstrap of this version, or the "
-          "connection carries other data",
-          rank_, peer, header.magic, kFrameMagic)));
-    }
     report = rank_ != 0 && header.kind == static_cast<uint32_t>(Exchange::kCallMismatch) &&
              header.sequence == sequence_;
     if (!report && (header.kind != want_kind || header.sequence != sequence_)) {
@@ -647,15 +730,16 @@ absl::StatusOr<std::string> HostBootstrap::ReceiveFrame(int peer_index, Exchange
       // come. A peer finds one itself only in the data of rank 0's unnamed Broadcast, where its
       // own is named: it fails alone, and rank 0 learns at its next exchange.
       if (rank_ == 0) {
-        SendCallMismatch(peer, their_call, call);
+        SendCallMismatch(peer, their_call, kind, call, deadline);
         return Fail(
             CallMismatch(rank_, sequence_, static_cast<uint32_t>(kind), call, peer, their_call));
       }
       return Fail(
           CallMismatch(rank_, sequence_, static_cast<uint32_t>(kind), their_call, rank_, call));
     }
-    // A report holds a rank and its call name.
-    const uint64_t limit = report ? sizeof(int32_t) + kMaxCallNameBytes : max_bytes;
+    // A report holds a rank, rank 0's exchange kind and that rank's call name.
+    const uint64_t limit =
+        report ? sizeof(int32_t) + sizeof(uint32_t) + kMaxCallNameBytes : max_bytes;
     if (ok.ok() && *ok && header.size > limit) {
       return Fail(absl::InternalError(absl::StrFormat(
           "Bootstrap rank %d: rank %d announced a %d-byte %s frame, over the limit of %d bytes "
@@ -683,16 +767,24 @@ absl::StatusOr<std::string> HostBootstrap::ReceiveFrame(int peer_index, Exchange
         rank_, peer, absl::FormatDuration(timeout_))));
   }
   if (report) {
+    // The exchange is rank 0's: this rank may be at another kind of call.
     int32_t odd = -1;
-    if (out.size() >= sizeof(odd)) std::memcpy(&odd, out.data(), sizeof(odd));
-    if (odd < 1 || odd >= world_size_) {
+    uint32_t rank0_kind = 0;
+    if (out.size() >= sizeof(odd) + sizeof(rank0_kind)) {
+      std::memcpy(&odd, out.data(), sizeof(odd));
+      std::memcpy(&rank0_kind, out.data() + sizeof(odd), sizeof(rank0_kind));
+    }
+    const bool known_kind = rank0_kind >= static_cast<uint32_t>(Exchange::kAllGather) &&
+                            rank0_kind <= static_cast<uint32_t>(Exchange::kAgree);
+    if (odd < 1 || odd >= world_size_ || !known_kind) {
       return Fail(absl::InternalError(absl::StrFormat(
           "Bootstrap rank %d got a malformed call-mismatch report from rank 0 (%d bytes, rank "
-          "%d of %d); rank 0 is corrupt or not a kiln bootstrap of this version",
-          rank_, out.size(), odd, world_size_)));
+          "%d of %d, exchange kind %d); rank 0 is corrupt or not a kiln bootstrap of this "
+          "version",
+          rank_, out.size(), odd, world_size_, rank0_kind)));
     }
-    return Fail(CallMismatch(rank_, sequence_, static_cast<uint32_t>(kind), their_call, odd,
-                             absl::string_view(out).substr(sizeof(odd))));
+    return Fail(CallMismatch(rank_, sequence_, rank0_kind, their_call, odd,
+                             absl::string_view(out).substr(sizeof(odd) + sizeof(rank0_kind))));
   }
   return out;
 }

@@ -18,18 +18,32 @@
 // rank made) and its call name: the optional last argument of every exchange (at most
 // kMaxCallNameBytes bytes, compared byte for byte; an unnamed call sends none). The name travels
 // whole, not as a hash, so that every rank's error can quote both names.
-// A peer at a call of another kind or number, or that sends bytes that are not a frame (or a
-// frame over the size limit), is Internal naming it. A peer at a call of the same kind and number
-// but another name is Internal naming both ranks and both names, on every rank: rank 0 compares
-// every rank's call name with its own before it replies, and tells every other rank before it
-// shuts its connections (a named Broadcast therefore waits until every rank announced its call,
-// then rank 0 sends the data; an unnamed one only sends from rank 0).
+// A peer at a call of another kind or number, or that sends bytes that are not a frame (or a frame
+// over the size limit, or of another kiln build's bootstrap protocol), is Internal naming it on
+// every rank that reads such a frame; the others then find the connections shut (Unavailable). A
+// peer at a call of the same kind and number but another name is Internal naming both ranks and
+// both names, on rank 0 and every rank its report reaches: rank 0 compares every rank's call name
+// with its own before it replies, and reports the mismatch (with its own exchange's kind) to every
+// other rank before it shuts its connections (a named Broadcast therefore waits until every rank
+// announced its call, then rank 0 sends the data; an unnamed one only sends from rank 0). For a
+// peer whose connection is full (it has not read rank 0's earlier data, such as the tail of a
+// broadcast) rank 0 waits at most 100 ms for room; a peer that reads nothing within that gets no
+// report, or part of one, and fails with Unavailable ("lost rank 0") instead.
 // So a rank that skips a named call is caught at once, at its next call, when that call's kind or
-// name differs from the skipped one's. kiln's collectives and its rank agreement name each of
-// their call sites distinctly, so none of them makes two calls in a row of one kind and name
-// (except custom_allreduce.cc's capture agreements, which carry their slot numbers instead).
-// Not caught by names: a skip among unnamed calls, or among calls named alike (a loop that makes
-// one named call). There its calls pair with the others' earlier ones and are numbered alike, so
+// name differs from the skipped one's. Every call in kiln's code and tests is named after its call
+// site (the tests of this file aside), and a site that runs once per item of a loop names the item
+// too (the runner's per-size capture barrier and agreement name the capture key, which each piece
+// of a piecewise capture repeats with other calls between; the all-reduce benchmark's barriers
+// name the algorithm, size and sample).
+// Calls of one kind and name that still follow each other: the custom all-reduce's capture
+// agreements (their data carry the slot, which every rank checks), the test helpers SharedSeed and
+// RanksDisagreeing (collectives/testing/rank_rig.h) when a test calls one twice in a row, and a
+// kiln operation that a caller repeats with no other call between (two NcclCommunicator::Create in
+// a row each broadcast "nccl_communicator.unique_id"). A count of a rank's own calls in the name
+// would not tell a skip: it advances only with the calls that rank makes, as the sequence number
+// does.
+// Not caught by names: a skip among unnamed calls, or among calls of one kind and name that
+// follow each other. There its calls pair with the others' earlier ones and are numbered alike, so
 // no frame tells the skip: its bytes are read as the skipped exchange's, and the ranks part only
 // at the first call whose kind or name differs (Internal) or at the end, where the others' last
 // call waits out its timeout (DeadlineExceeded there, Unavailable on the ranks it then shuts
@@ -91,6 +105,10 @@ class HostBootstrap {
   // introduction waits unread), and tells it to connect again: a rank whose introduction had not
   // arrived yet does so. A joining rank whose connection rank 0 closes without that notice gets
   // Unavailable at once. DeadlineExceeded when not everyone joined in time.
+  // FailedPrecondition on rank 0 when a process introduces itself as a rank of another bootstrap
+  // protocol version (another kiln build), which is told why; a kiln build from before that
+  // version check drops this build's introduction instead, and the joining rank then gets
+  // Unavailable saying so.
   // Descriptors: rank 0 holds its listener, one socket per joined rank and the connections
   // waiting for their introduction, so world_size ranks need about world_size + 8 free
   // descriptors on rank 0 (ulimit -n; a soft limit of 1024 is common, too few near
@@ -127,7 +145,8 @@ class HostBootstrap {
   // Every exchange takes the name of the call, `call`: empty (unnamed) or up to
   // kMaxCallNameBytes bytes (InvalidArgument above), the same on every rank at that point of the
   // sequence (Internal on every rank otherwise; see the file comment). Name each call site
-  // distinctly ("my_component.ipc_handles") so a rank that skips a call is caught at the next.
+  // distinctly ("my_component.ipc_handles") so a rank that skips a call is caught at the next,
+  // and a site in a loop by its item too ("my_component.step.decode/8").
 
   // Gathers one byte string from every rank (lengths may differ, at most kMaxMessageBytes;
   // InvalidArgument above) and returns them in rank order on every rank.
@@ -154,8 +173,8 @@ class HostBootstrap {
     kBarrier = 3,
     kAgree = 4,
     // Rank 0's report, sent to every peer in place of its reply, that a peer made a call of
-    // another name: rank 0's call name in the frame's name, then that peer's rank (int32) and
-    // call name as the payload.
+    // another name: rank 0's call name in the frame's name, then that peer's rank (int32), rank
+    // 0's exchange kind (uint32) and that peer's call name as the payload.
     kCallMismatch = 5,
   };
 
@@ -177,9 +196,12 @@ class HostBootstrap {
   // (SendCallMismatch); on the others, rank 0's report is this call's error.
   absl::StatusOr<std::string> ReceiveFrame(int peer_index, Exchange kind, absl::string_view call,
                                            uint64_t max_bytes, absl::Time deadline);
-  // On rank 0: tells every peer, without waiting, that rank `peer` made call `peer_call` where
-  // rank 0 made `call`. A peer whose connection has no room for it sees the connection close.
-  void SendCallMismatch(int peer, absl::string_view peer_call, absl::string_view call);
+  // On rank 0: tells every peer that rank `peer` made call `peer_call` where rank 0 made `call`,
+  // an exchange of `kind`. Waits at most 100 ms (and not past `deadline`) for room in the
+  // connections that are full, all at once; a peer whose connection stays full gets no report,
+  // or part of one, and sees the connection close.
+  void SendCallMismatch(int peer, absl::string_view peer_call, Exchange kind,
+                        absl::string_view call, absl::Time deadline);
   int PeerRank(int peer_index) const { return rank_ == 0 ? peer_index + 1 : 0; }
   absl::Status Fail(absl::Status status);
 

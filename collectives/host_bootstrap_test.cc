@@ -5,8 +5,10 @@
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <linux/sockios.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -275,14 +277,18 @@ TEST(HostBootstrapTest, RejectsBadArguments) {
 // broadcast starts with an empty broadcast frame to rank 0 (its announcement). Rank 0's
 // all-gather reply is world_size records of {uint64 size, bytes}. Kind 5 is rank 0's report, in
 // place of a reply, that a peer made a call of another name: rank 0's call name, and as payload
-// {int32 that peer's rank, its call name}. A rendezvous hello is {int32 magic, rank, world size}.
+// {int32 that peer's rank, uint32 rank 0's exchange kind, that peer's call name}. A rendezvous
+// hello is {int32 magic, rank, world size}. The magics' last characters are the protocol's
+// version: "kBf2" and "kBo2" here, "kBf1" and "kBo1" in the protocol of 24-byte headers.
 
 constexpr uint32_t kFrameMagic = 0x6b426632;
 constexpr size_t kHeaderBytes = 32;
 constexpr uint32_t kReplyBit = 0x100;
 constexpr uint32_t kKindAllGather = 1, kKindBroadcast = 2, kKindBarrier = 3, kKindAgree = 4;
 constexpr uint32_t kKindCallMismatch = 5;
-constexpr int32_t kHelloMagic = 0x6b426f31;
+constexpr int32_t kHelloMagic = 0x6b426f32;
+constexpr uint32_t kOldFrameMagic = 0x6b426631;
+constexpr int32_t kOldHelloMagic = 0x6b426f31;
 
 std::string Frame(uint32_t kind, uint64_t sequence, const std::string& payload,
                   const std::string& call = "") {
@@ -372,15 +378,18 @@ struct Verdict {
 // The call is unnamed: a reply that names one is refused.
 Verdict DecodeReply(const std::string& stream, int rank, int world, const std::string& mine) {
   Verdict v;
-  if (stream.size() < kHeaderBytes) return {absl::StatusCode::kUnavailable, {}};
+  // The magic is read first: a wrong one is refused without waiting for the rest of the header.
+  if (stream.size() < 4) return {absl::StatusCode::kUnavailable, {}};
   uint32_t magic, kind;
   uint64_t sequence, size, call_size;
   std::memcpy(&magic, &stream[0], 4);
+  if (magic != kFrameMagic) return {absl::StatusCode::kInternal, {}};
+  if (stream.size() < kHeaderBytes) return {absl::StatusCode::kUnavailable, {}};
   std::memcpy(&kind, &stream[4], 4);
   std::memcpy(&sequence, &stream[8], 8);
   std::memcpy(&size, &stream[16], 8);
   std::memcpy(&call_size, &stream[24], 8);
-  if (magic != kFrameMagic || kind != (kKindAllGather | kReplyBit) || sequence != 1) {
+  if (kind != (kKindAllGather | kReplyBit) || sequence != 1) {
     return {absl::StatusCode::kInternal, {}};
   }
   if (call_size > HostBootstrap::kMaxCallNameBytes) return {absl::StatusCode::kInternal, {}};
@@ -808,7 +817,8 @@ TEST(HostBootstrapSweepTest, MalformedFramesToRankZeroNameThePeer) {
       const int32_t bad_rank = bad;
       const std::string report =
           Frame(kKindCallMismatch, 1,
-                std::string(reinterpret_cast<const char*>(&bad_rank), 4) + "other\ncall");
+                std::string(reinterpret_cast<const char*>(&bad_rank), 4) +
+                    std::string(reinterpret_cast<const char*>(&kind), 4) + "other\ncall");
       for (int i = 0; i < world - 1 && !(variant == 7 && exchange == 2); ++i) {
         if (i + 1 == bad && variant != 8) continue;
         std::string got;
@@ -1041,7 +1051,7 @@ std::optional<std::string> BytesBeforeClose(int fd, absl::Duration wait) {
     const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
     pollfd p{fd, POLLIN, 0};
     if (ms <= 0 || poll(&p, 1, static_cast<int>(ms)) != 1) return std::nullopt;
-    char bytes[64];
+    char bytes[4096];
     const ssize_t n = recv(fd, bytes, sizeof(bytes), MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
     if (n <= 0) return got;
@@ -1767,14 +1777,22 @@ TEST(HostBootstrapTest, ASkippedNamedCallFailsEveryRankAtOnceNamingBothCalls) {
 }
 
 TEST(HostBootstrapTest, CallNamesAreEscapedAndAnUnnamedCallMeetsNoNamedOne) {
-  // Control characters, a byte that is not UTF-8 and a quote in a call name are escaped in the
-  // message, which stays one line; an unnamed call paired with a named one is a mismatch too.
+  // Control characters (C0 and C1), a byte that is not UTF-8, a bidi override, a line separator
+  // and a quote in a call name are escaped in the message, which stays one line of printable
+  // ASCII; an unnamed call paired with a named one is a mismatch too.
   struct Case {
     std::string rank0_call, rank1_call, want;
   };
   const std::vector<Case> cases = {
       {"step\n\x1b[31m\xff", "x'y",
        "rank 0 made call 'step\\n\\x1b[31m\\xff' but rank 1 made call 'x\\'y'"},
+      // A C1 control (U+009B, which terminals read as the start of an escape sequence) and a
+      // bidi override (U+202E), in UTF-8.
+      {"c1\xc2\x9b", "bidi\xe2\x80\xae",
+       "rank 0 made call 'c1\\xc2\\x9b' but rank 1 made call 'bidi\\xe2\\x80\\xae'"},
+      // A line separator (U+2028), which some viewers break the line at.
+      {"line\xe2\x80\xa8sep", "",
+       "rank 0 made call 'line\\xe2\\x80\\xa8sep' but rank 1 made an unnamed call"},
       {"", "named", "rank 0 made an unnamed call but rank 1 made call 'named'"},
       {std::string("nul\0", 4), "", "rank 0 made call 'nul\\x00' but rank 1 made an unnamed call"},
   };
@@ -1788,7 +1806,9 @@ TEST(HostBootstrapTest, CallNamesAreEscapedAndAnUnnamedCallMeetsNoNamedOne) {
       EXPECT_EQ(got[r].code(), absl::StatusCode::kInternal) << got[r];
       const std::string message(got[r].message());
       EXPECT_THAT(message, HasSubstr(c.want));
-      EXPECT_EQ(message.find_first_of(std::string("\n\x1b\xff\0", 4)), std::string::npos)
+      // Printable ASCII only: no control character, and no byte of a multi-byte character.
+      EXPECT_TRUE(std::all_of(message.begin(), message.end(),
+                              [](char ch) { return ch >= 0x20 && ch < 0x7f; }))
           << message;
     }
   }
@@ -1853,14 +1873,305 @@ TEST(HostBootstrapTest, AnOverlongCallNameIsRefusedAndThePeersLearnAtOnce) {
   EXPECT_EQ(star[1]->Barrier().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(HostBootstrapTest, AReportNamesRankZerosExchangeOnAPeerAtAnotherKind) {
+  // Rank 1 makes an all-gather of another name; rank 2 is at a barrier of rank 0's name, the
+  // same number. Rank 0 reads rank 1 first and reports the mismatch to both: rank 2's error
+  // names rank 0's exchange (an all-gather), not its own barrier.
+  auto star = MakeStar(3, absl::Seconds(30));
+  std::vector<absl::Status> got(3);
+  std::thread rank1([&] { got[1] = star[1]->AllGather("one", "b").status(); });
+  std::thread rank2([&] { got[2] = star[2]->Barrier("a"); });
+  got[0] = star[0]->AllGather("zero", "a").status();
+  rank1.join();
+  rank2.join();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(got[r].code(), absl::StatusCode::kInternal) << "rank " << r << ": " << got[r];
+    EXPECT_THAT(std::string(got[r].message()),
+                HasSubstr("at exchange 1 (all-gather), rank 0 made call 'a' but rank 1 made "
+                          "call 'b'"))
+        << got[r];
+  }
+}
+
+// Sends from `fd` until the connection takes no more (its peer reads nothing meanwhile).
+// Returns the bytes sent, all 'f'.
+size_t FillConnection(int fd) {
+  const std::string chunk(4096, 'f');
+  size_t filled = 0;
+  while (true) {
+    const ssize_t n = send(fd, chunk.data(), chunk.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      filled += static_cast<size_t>(n);
+    } else if (n == 0 || errno != EINTR) {
+      return filled;
+    }
+  }
+}
+
+// A rank 0 of a world of 2 whose connection to the raw peer (the test plays rank 1) is full of
+// earlier data that rank 1 has not read: sent through a second descriptor of rank 0's socket.
+struct FullRankZero {
+  std::unique_ptr<HostBootstrap> root;
+  int raw = -1;
+  size_t filled = 0;
+  ~FullRankZero() {
+    if (raw >= 0) close(raw);
+  }
+};
+
+void MakeFullRankZero(FullRankZero* out) {
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  out->raw = sv[1];
+  const ScopedFd filler(dup(sv[0]));
+  ASSERT_GE(filler.get(), 0) << std::strerror(errno);
+  auto root = HostBootstrap::FromConnectedSockets(0, 2, {sv[0]}, absl::Seconds(30));
+  ASSERT_TRUE(root.ok()) << root.status();
+  out->root = std::move(root).value();
+  out->filled = FillConnection(filler.get());
+  ASSERT_GT(out->filled, 0u);
+}
+
+// The report rank 0 sends when rank 1 made all-gather `theirs` where rank 0 made `ours`, both
+// exchange 1.
+std::string AllGatherReport(const std::string& ours, const std::string& theirs) {
+  const int32_t odd = 1;
+  const uint32_t kind = kKindAllGather;
+  return Frame(kKindCallMismatch, 1,
+               std::string(reinterpret_cast<const char*>(&odd), 4) +
+                   std::string(reinterpret_cast<const char*>(&kind), 4) + theirs,
+               ours);
+}
+
+TEST(HostBootstrapTest, ARankZeroReportWaitsForRoomInAFullConnection) {
+  // Rank 1 has not read rank 0's earlier data (its connection is full) when rank 0 finds that
+  // rank 1 made another call; rank 1 starts reading soon after rank 0 read its frame. Rank 0
+  // waits for the room: the report follows the earlier data, then the connection closes, so
+  // rank 1 learns both calls rather than only that it lost rank 0.
+  FullRankZero full;
+  ASSERT_NO_FATAL_FAILURE(MakeFullRankZero(&full));
+  WriteAll(full.raw, Frame(kKindAllGather, 1, "", "b"));
+  std::optional<std::string> got;
+  std::thread rank1([&] {
+    // Rank 0 has read the frame once none of it is left in the connection.
+    const absl::Time until = absl::Now() + absl::Seconds(20);
+    int queued = 1;
+    while (ioctl(full.raw, SIOCOUTQ, &queued) == 0 && queued > 0 && absl::Now() < until) {
+      absl::SleepFor(absl::Microseconds(100));
+    }
+    absl::SleepFor(absl::Milliseconds(10));  // rank 0 finds the connection full first
+    got = BytesBeforeClose(full.raw, absl::Seconds(20));
+  });
+  const absl::Status status = full.root->AllGather("mine", "a").status();
+  rank1.join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("rank 0 made call 'a' but rank 1 made "
+                                                       "call 'b'"));
+  ASSERT_TRUE(got.has_value()) << "rank 0 did not close the connection";
+  ASSERT_GE(got->size(), full.filled);
+  EXPECT_EQ(got->find_first_not_of('f'), full.filled) << "the earlier data is not whole";
+  EXPECT_EQ(got->substr(full.filled), AllGatherReport("a", "b"));
+}
+
+TEST(HostBootstrapTest, APeerThatReadsNothingDoesNotHoldUpRankZerosError) {
+  // As above, but rank 1 reads nothing: rank 0 waits at most 100 ms for room, then fails and
+  // shuts the connection. Rank 1 then finds its earlier data and the end, without the report.
+  FullRankZero full;
+  ASSERT_NO_FATAL_FAILURE(MakeFullRankZero(&full));
+  WriteAll(full.raw, Frame(kKindAllGather, 1, "", "b"));
+  const absl::Time start = absl::Now();
+  const absl::Status status = full.root->AllGather("mine", "a").status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("rank 0 made call 'a' but rank 1 made "
+                                                       "call 'b'"));
+  const std::optional<std::string> got = BytesBeforeClose(full.raw, absl::Seconds(20));
+  ASSERT_TRUE(got.has_value()) << "rank 0 did not close the connection";
+  EXPECT_EQ(got->size(), full.filled);
+  EXPECT_EQ(got->find_first_not_of('f'), std::string::npos) << "part of a report went out";
+}
+
+TEST(HostBootstrapTest, APeerBlockedInALargeSendReadsTheReport) {
+  // Rank 2 is in the middle of sending a frame far larger than its connection holds when rank 0
+  // finds that rank 1 (the test, raw) made another call. Rank 0 reports it and shuts the
+  // connections: rank 2's send fails, and it reads the report instead of only losing rank 0.
+  int sv1[2], sv2[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv1), 0);
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv2), 0);
+  const ScopedFd raw(sv1[1]);
+  auto root = HostBootstrap::FromConnectedSockets(0, 3, {sv1[0], sv2[0]}, absl::Seconds(30));
+  auto rank2 = HostBootstrap::FromConnectedSockets(2, 3, {sv2[1]}, absl::Seconds(30));
+  ASSERT_TRUE(root.ok()) << root.status();
+  ASSERT_TRUE(rank2.ok()) << rank2.status();
+  std::vector<absl::Status> got(3);
+  std::thread rank0_thread([&] { got[0] = (*root)->AllGather("zero", "a").status(); });
+  std::thread rank2_thread(
+      [&] { got[2] = (*rank2)->AllGather(std::string(8 << 20, 'x'), "a").status(); });
+  // Rank 2's frame piles up unread in rank 0's end (rank 0 waits for rank 1 first).
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  int queued = 0;
+  while (ioctl(sv2[0], SIOCINQ, &queued) == 0 && queued < (16 << 10) && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_GE(queued, 16 << 10) << "rank 2 did not start sending";
+  absl::SleepFor(absl::Milliseconds(20));
+  const absl::Time start = absl::Now();
+  WriteAll(raw.get(), Frame(kKindAllGather, 1, "one", "b"));
+  rank0_thread.join();
+  rank2_thread.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  for (int r : {0, 2}) {
+    EXPECT_EQ(got[r].code(), absl::StatusCode::kInternal) << "rank " << r << ": " << got[r];
+    EXPECT_THAT(std::string(got[r].message()),
+                HasSubstr("at exchange 1 (all-gather), rank 0 made call 'a' but rank 1 made "
+                          "call 'b'"))
+        << got[r];
+  }
+  const std::optional<std::string> report = BytesBeforeClose(raw.get(), absl::Seconds(20));
+  ASSERT_TRUE(report.has_value()) << "rank 0 did not close the connection";
+  EXPECT_EQ(*report, AllGatherReport("a", "b"));
+}
+
+TEST(HostBootstrapTest, APeerThatAnnouncesANamedBroadcastAndDiesIsNamed) {
+  // Rank 1 (the test, raw) announces its named Broadcast, then its process exits. Rank 0 has
+  // every announcement, but cannot send rank 1 the data: Unavailable naming rank 1, at once;
+  // rank 2, shut out then, fails at once too.
+  int sv1[2], sv2[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv1), 0);
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv2), 0);
+  auto root = HostBootstrap::FromConnectedSockets(0, 3, {sv1[0], sv2[0]}, absl::Seconds(30));
+  auto rank2 = HostBootstrap::FromConnectedSockets(2, 3, {sv2[1]}, absl::Seconds(30));
+  ASSERT_TRUE(root.ok()) << root.status();
+  ASSERT_TRUE(rank2.ok()) << rank2.status();
+  WriteAll(sv1[1], Frame(kKindBroadcast, 1, "", "seed"));
+  close(sv1[1]);
+  absl::Status peer;
+  const absl::Time start = absl::Now();
+  std::thread rank2_thread([&] { peer = (*rank2)->Broadcast("", "seed").status(); });
+  const absl::Status status = (*root)->Broadcast("data", "seed").status();
+  rank2_thread.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("Bootstrap rank 0 could not send to rank 1 (connection closed)"));
+  EXPECT_EQ(peer.code(), absl::StatusCode::kUnavailable) << peer;
+  EXPECT_THAT(std::string(peer.message()), HasSubstr("lost rank 0"));
+}
+
+TEST(HostBootstrapTest, ARankThatCannotSendReadsOnlyAReportFromRankZero) {
+  // Rank 0 (the test, raw) shut the connection before this rank could send, with a frame of its
+  // own left unread. Only a call-mismatch report is read then (as in
+  // CallMismatchReportsFromRankZeroAreReadOrRefused); rank 0's data (an all-gather reply, the
+  // empty data of a named broadcast) is not taken for this rank's exchange, nor refused as one:
+  // the error is the lost connection.
+  for (const bool broadcast : {false, true}) {
+    RawPeer peer = MakeRawPeer(1, 2, absl::Seconds(30));
+    ASSERT_NE(peer.bootstrap, nullptr);
+    WriteAll(peer.raw, broadcast ? Frame(kKindBroadcast, 1, "", "b")
+                                 : Frame(kKindAllGather | kReplyBit, 1, Packed({"zero", "mine"})));
+    shutdown(peer.raw, SHUT_RDWR);
+    const absl::Status status = broadcast ? peer.bootstrap->Broadcast("", "b").status()
+                                          : peer.bootstrap->AllGather("mine").status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+    EXPECT_THAT(std::string(status.message()),
+                HasSubstr("Bootstrap rank 1 could not send to rank 0 (connection closed)"));
+    EXPECT_EQ(peer.bootstrap->Barrier().code(), absl::StatusCode::kUnavailable);
+  }
+}
+
+TEST(HostBootstrapTest, ARankOfAnotherProtocolVersionIsRefusedSayingSo) {
+  // A process that introduces itself with the older protocol's magic ("kBo1", whose frames have
+  // 24-byte headers) would join and then misread every frame: rank 0 refuses it at once, naming
+  // both versions, and tells it why.
+  const std::string path = TempPath("old_hello");
+  absl::StatusOr<std::unique_ptr<HostBootstrap>> root;
+  const absl::Time start = absl::Now();
+  std::thread rank0([&] { root = HostBootstrap::Rendezvous(path, 0, 2, absl::Seconds(20)); });
+  const ScopedFd fd(ConnectRaw(path));
+  ASSERT_GE(fd.get(), 0);
+  const int32_t hello[3] = {kOldHelloMagic, 1, 2};
+  WriteAll(fd.get(), std::string(reinterpret_cast<const char*>(hello), 12));
+  rank0.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_EQ(root.status().code(), absl::StatusCode::kFailedPrecondition) << root.status();
+  const std::string want =
+      "as rank 1 of 2 speaking bootstrap protocol 'kBo1', not this rank's 'kBo2': it is a kiln "
+      "build with another bootstrap protocol; run the same build on every rank";
+  EXPECT_THAT(std::string(root.status().message()), HasSubstr(want));
+  const std::optional<std::string> length = ReceiveWithin(fd.get(), 4, absl::Seconds(20));
+  ASSERT_TRUE(length.has_value());
+  uint32_t n = 0;
+  std::memcpy(&n, length->data(), 4);
+  const std::optional<std::string> reason = ReceiveWithin(fd.get(), n, absl::Seconds(20));
+  ASSERT_TRUE(reason.has_value());
+  EXPECT_THAT(*reason, HasSubstr(want));
+}
+
+TEST(HostBootstrapTest, ARankThatAnOlderRankZeroDropsSaysWhy) {
+  // The test plays a rank 0 of the older protocol, which drops an introduction whose magic is
+  // not its own: it reads it and closes without a word. The rank fails at once, and its error
+  // names that cause too.
+  const std::string path = TempPath("old_rank0");
+  const ScopedFd listener(ListenAt(path));
+  ASSERT_GE(listener.get(), 0);
+  absl::Status status;
+  std::thread rank1(
+      [&] { status = HostBootstrap::Rendezvous(path, 1, 2, absl::Seconds(20)).status(); });
+  const ScopedFd fd(AcceptWithin(listener.get(), absl::Seconds(20)));
+  std::optional<std::string> hello;
+  if (fd.get() >= 0) hello = ReceiveWithin(fd.get(), 12, absl::Seconds(20));
+  const absl::Time closed = absl::Now();
+  if (fd.get() >= 0) shutdown(fd.get(), SHUT_RDWR);
+  rank1.join();
+  EXPECT_LT(absl::Now() - closed, absl::Seconds(10));
+  ASSERT_GE(fd.get(), 0) << "the rank never connected: " << status;
+  ASSERT_TRUE(hello.has_value());
+  int32_t magic = 0;
+  std::memcpy(&magic, hello->data(), 4);
+  EXPECT_EQ(magic, kHelloMagic);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("dropped this rank's introduction (it is a kiln build with another "
+                        "bootstrap protocol)"));
+}
+
+TEST(HostBootstrapTest, AFrameOfAnotherProtocolVersionFailsAtOnce) {
+  // A peer of the older protocol sends a 24-byte header ("kBf1"): a barrier's frame is shorter
+  // than this protocol's header. The magic is read first, so each side fails at once, naming
+  // both versions, instead of waiting for bytes that never come.
+  for (const int rank : {0, 1}) {
+    RawPeer peer = MakeRawPeer(rank, 2, absl::Seconds(30));
+    ASSERT_NE(peer.bootstrap, nullptr);
+    std::string old_frame(24, '\0');
+    const uint32_t kind = kKindBarrier | (rank == 0 ? 0 : kReplyBit);
+    const uint64_t sequence = 1;
+    std::memcpy(&old_frame[0], &kOldFrameMagic, 4);
+    std::memcpy(&old_frame[4], &kind, 4);
+    std::memcpy(&old_frame[8], &sequence, 8);
+    WriteAll(peer.raw, old_frame);
+    const absl::Time start = absl::Now();
+    const absl::Status status = peer.bootstrap->Barrier();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "rank " << rank;
+    EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+    EXPECT_THAT(std::string(status.message()),
+                HasSubstr(absl::StrCat("Bootstrap rank ", rank,
+                                       " got a frame of bootstrap protocol 'kBf1' from rank ",
+                                       1 - rank, ", not this rank's 'kBf2': that rank is a kiln "
+                                       "build with another bootstrap protocol")));
+  }
+}
+
 TEST(HostBootstrapSweepTest, CallMismatchReportsFromRankZeroAreReadOrRefused) {
   // A raw peer plays rank 0 for rank 1 of a world of 3 and answers its named all-gather with a
-  // report that rank 2 made another call: well-formed (Internal naming both calls, escaped), or
-  // naming a rank out of range, too short to hold a rank, over the size limit, or for another
-  // exchange. Each is Internal, sticky; the rank reads the report also when rank 0 shut the
-  // connection before this rank could send (the report, not the closed connection, says why).
-  auto rank_bytes = [](int32_t rank) {
-    return std::string(reinterpret_cast<const char*>(&rank), sizeof(rank));
+  // report that rank 2 made another call: well-formed (Internal naming both calls, escaped, and
+  // rank 0's exchange, which need not be this rank's), or naming a rank out of range or an
+  // exchange kind that is not one, too short to hold a rank and a kind, over the size limit, or
+  // for another exchange. Each is Internal, sticky; the rank reads the report also when rank 0
+  // shut the connection before this rank could send (the report, not the closed connection,
+  // says why).
+  auto head = [](int32_t rank, uint32_t kind) {
+    return std::string(reinterpret_cast<const char*>(&rank), sizeof(rank)) +
+           std::string(reinterpret_cast<const char*>(&kind), sizeof(kind));
   };
   struct Case {
     std::string payload;
@@ -1868,16 +2179,27 @@ TEST(HostBootstrapSweepTest, CallMismatchReportsFromRankZeroAreReadOrRefused) {
     std::string want;
   };
   const std::vector<Case> cases = {
-      {rank_bytes(2) + "two\t", 1,
-       "rank 0 made call 'zero' but rank 2 made call 'two\\t'; the ranks are out of step"},
-      {rank_bytes(1) + "", 1, "rank 0 made call 'zero' but rank 1 made an unnamed call"},
-      {rank_bytes(0) + "x", 1, "malformed call-mismatch report from rank 0 (5 bytes, rank 0 of 3)"},
-      {rank_bytes(3) + "x", 1, "malformed call-mismatch report"},
-      {rank_bytes(-1), 1, "malformed call-mismatch report"},
-      {"ab", 1, "malformed call-mismatch report from rank 0 (2 bytes, rank -1 of 3)"},
-      {rank_bytes(2) + std::string(HostBootstrap::kMaxCallNameBytes + 1, 'n'), 1,
+      {head(2, kKindAllGather) + "two\t", 1,
+       "at exchange 1 (all-gather), rank 0 made call 'zero' but rank 2 made call 'two\\t'; the "
+       "ranks are out of step"},
+      {head(2, kKindBarrier) + "two", 1,
+       "at exchange 1 (barrier), rank 0 made call 'zero' but rank 2 made call 'two'"},
+      {head(1, kKindAgree), 1,
+       "at exchange 1 (agreement), rank 0 made call 'zero' but rank 1 made an unnamed call"},
+      {head(0, kKindAllGather) + "x", 1,
+       "malformed call-mismatch report from rank 0 (9 bytes, rank 0 of 3, exchange kind 1)"},
+      {head(3, kKindAllGather) + "x", 1, "malformed call-mismatch report"},
+      {head(-1, kKindAllGather), 1, "malformed call-mismatch report"},
+      {head(2, 0) + "two", 1, "(11 bytes, rank 2 of 3, exchange kind 0)"},
+      {head(2, kKindCallMismatch) + "two", 1, "(11 bytes, rank 2 of 3, exchange kind 5)"},
+      {head(2, kKindAllGather | kReplyBit) + "two", 1,
+       "(11 bytes, rank 2 of 3, exchange kind 257)"},
+      {head(2, kKindAllGather).substr(0, 7), 1,
+       "malformed call-mismatch report from rank 0 (7 bytes, rank -1 of 3, exchange kind 0)"},
+      {"ab", 1, "malformed call-mismatch report from rank 0 (2 bytes, rank -1 of 3"},
+      {head(2, kKindAllGather) + std::string(HostBootstrap::kMaxCallNameBytes + 1, 'n'), 1,
        "call-mismatch report frame, over the limit"},
-      {rank_bytes(2) + "two", 2, "sent exchange 2 (call-mismatch report)"},
+      {head(2, kKindAllGather) + "two", 2, "sent exchange 2 (call-mismatch report)"},
   };
   for (const Case& c : cases) {
     for (const bool shut_first : {false, true}) {

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "collectives/internal/exchange_failed.h"
 
 namespace kiln {
 namespace internal {
@@ -148,19 +149,14 @@ absl::Status CheckCaptureAgreement(int this_rank, int32_t slot, const std::vecto
   return absl::OkStatus();
 }
 
-absl::Status ExchangeFailed(int this_rank, absl::string_view call, const absl::Status& failed) {
-  const absl::StatusCode code =
-      absl::IsUnavailable(failed) ? absl::StatusCode::kAborted : failed.code();
-  return absl::Status(code, absl::StrFormat("Custom all-reduce on rank %d: exchange '%s' with the "
-                                            "other ranks failed: %s",
-                                            this_rank, call, failed.message()));
-}
-
 absl::Status CaptureAgreementLost(int this_rank, const absl::Status& gather) {
   const absl::Status failed = ExchangeFailed(this_rank, kCaptureAgreementCall, gather);
+  // The bootstrap's words may end a sentence already ("did that process exit?").
+  const absl::string_view why = failed.message();
+  const bool ended = !why.empty() && (why.back() == '.' || why.back() == '?' || why.back() == '!');
   return absl::Status(failed.code(),
-                      absl::StrCat(failed.message(),
-                                   ". The ranks could not agree on a captured call: this "
+                      absl::StrCat(why, ended ? " " : ". ",
+                                   "The ranks could not agree on a captured call: this "
                                    "communicator is unusable; recreate it on every rank"));
 }
 

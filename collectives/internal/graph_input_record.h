@@ -4,8 +4,8 @@
 // offsets and sizes decide which addresses the kernels read and write, so they are checked
 // against the call this rank captured (its size) and against the allocation the peer exported.
 // Also the agreement the ranks reach about each captured call before recording it
-// (CaptureAgreementMessage, CheckCaptureAgreement, CaptureAgreementLost), and the rule for a failed
-// bootstrap exchange of the custom all-reduce (ExchangeFailed). Host-only: no CUDA calls.
+// (CaptureAgreementMessage, CheckCaptureAgreement, CaptureAgreementLost). Host-only: no CUDA
+// calls.
 //
 //   std::string wire;
 //   internal::AppendGraphInputsHeader(first_slot, n, &wire);
@@ -106,19 +106,10 @@ std::string CaptureAgreementMessage(const absl::Status& input_exported, bool out
 absl::Status CheckCaptureAgreement(int this_rank, int32_t slot, const std::vector<std::string>& all,
                                    bool* every_output);
 
-// Returns the error the custom all-reduce of rank `this_rank` reports when its bootstrap exchange
-// named `call` failed with `failed` (not OK): Aborted when `failed` is Unavailable (the bootstrap
-// lost a peer; its message names it), else `failed`'s code; the message names this rank and the
-// call, then gives `failed`'s. Never Unavailable: from the custom all-reduce that code means the
-// ranks agreed it cannot run (AutoCommunicator then takes NCCL alone) or that one captured call
-// takes NCCL (CheckCaptureAgreement), and a lost peer is neither. The one rule for every exchange
-// of the custom all-reduce. Thread-safe.
-absl::Status ExchangeFailed(int this_rank, absl::string_view call, const absl::Status& failed);
-
 // Returns the error that leaves the custom all-reduce of rank `this_rank` unusable when the
-// all-gather of the capture agreement failed with `gather` (not OK): ExchangeFailed of
-// kCaptureAgreementCall (its code and message), then that the ranks could not agree on a
-// captured call and that the communicator must be recreated. Thread-safe.
+// all-gather of the capture agreement failed with `gather` (not OK): ExchangeFailed
+// (exchange_failed.h) of kCaptureAgreementCall (its code and message), then that the ranks could
+// not agree on a captured call and that the communicator must be recreated. Thread-safe.
 absl::Status CaptureAgreementLost(int this_rank, const absl::Status& gather);
 
 }  // namespace internal

@@ -29,8 +29,8 @@ BenchmarkGroupOptions Options(int world_size) {
 // What a rank does in each scenario.
 absl::StatusOr<int> ScenarioBody(const std::string& scenario, ProcessGroupMember& member) {
   // Every scenario first proves the group is connected.
-  absl::StatusOr<std::vector<std::string>> all =
-      member.bootstrap->AllGather(absl::StrCat(member.rank));
+  absl::StatusOr<std::vector<std::string>> all = member.bootstrap->AllGather(
+      absl::StrCat(member.rank), "multiprocess_benchmark_util_test.ranks");
   if (!all.ok()) return all.status();
   if (static_cast<int>(all->size()) != member.world_size || (*all)[1] != "1") {
     return absl::InternalError("the ranks did not exchange their numbers");

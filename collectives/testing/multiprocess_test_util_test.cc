@@ -30,7 +30,8 @@ TEST(MultiProcessTest, EveryRankRunsInItsOwnProcessAndTheyTalk) {
       [](RankContext& ctx) {
         EXPECT_EQ(ctx.world_size, 3);
         EXPECT_EQ(ctx.device(), ctx.rank);
-        auto all = ctx.bootstrap.AllGather(absl::StrCat(getpid()));
+        auto all =
+            ctx.bootstrap.AllGather(absl::StrCat(getpid()), "multiprocess_test_util_test.pids");
         ASSERT_TRUE(all.ok()) << all.status();
         // Distinct processes, none of them the parent.
         for (int r = 0; r < 3; ++r) {
@@ -46,7 +47,7 @@ TEST(MultiProcessTest, SecondInvocationInOneTestRunsTheSecondBody) {
   RunOnEveryGpu(
       [](RankContext& ctx) {
         EXPECT_EQ(ctx.world_size, 4);
-        EXPECT_TRUE(ctx.bootstrap.Barrier().ok());
+        EXPECT_TRUE(ctx.bootstrap.Barrier("multiprocess_test_util_test.second_body").ok());
       },
       World(4));
 }
@@ -101,7 +102,7 @@ TEST(MultiProcessTest, IntendedExitIsNotAFailure) {
       [](RankContext& ctx) {
         if (ctx.rank == 1) ctx.ExitProcessNow();
         // Rank 0 sees its peer go away.
-        EXPECT_FALSE(ctx.bootstrap.AllGather("x").ok());
+        EXPECT_FALSE(ctx.bootstrap.AllGather("x", "multiprocess_test_util_test.after_exit").ok());
       },
       options);
 }

@@ -40,10 +40,14 @@ void MakeRig(RankContext& ctx, const AllReduceConfig& config, RankRig* rig);
 DeviceBuffer AllocOrFail(size_t bytes, const char* name);
 
 // Returns a seed drawn on rank 0 and broadcast: the same on every rank (0 after a test failure).
+// The broadcast is the bootstrap call "rank_rig.shared_seed" at every call: two calls in a row
+// pair by their order alone, so a rank that skips one is caught only later (host_bootstrap.h).
+// No number in the name would help: one counted on this rank advances only with its own calls.
 uint64_t SharedSeed(RankContext& ctx);
 
 // Returns how many ranks' `bytes` bytes at `data` differ from rank 0's (compared by an FNV-1a
-// hash gathered from every rank); a test failure when the exchange fails.
+// hash gathered from every rank); a test failure when the exchange fails. The all-gather is the
+// bootstrap call "rank_rig.ranks_disagreeing" at every call, as SharedSeed's is one name.
 int RanksDisagreeing(RankContext& ctx, const void* data, size_t bytes);
 template <typename T>
 int RanksDisagreeing(RankContext& ctx, const std::vector<T>& v) {

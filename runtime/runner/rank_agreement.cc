@@ -11,14 +11,11 @@
 namespace kiln {
 namespace {
 
-// [4-byte tag][int32 code][message bytes]. The bootstrap's call name (kCall) keeps a peer at
-// another call from pairing with this exchange; the tag still tells a status record from other
-// bytes brought under that name, which must not be read as a status, least of all as OK.
+// [4-byte tag][int32 code][message bytes]. The bootstrap's call name keeps a peer at another call
+// from pairing with this exchange; the tag still tells a status record from other bytes brought
+// under that name, which must not be read as a status, least of all as OK.
 constexpr char kTag[4] = {'k', 'S', 't', '1'};
 constexpr size_t kHeaderBytes = sizeof(kTag) + sizeof(int32_t);
-
-// The bootstrap call name of AgreeOnStatus's all-gather.
-constexpr char kCall[] = "rank_agreement.status";
 
 std::string Encode(const absl::Status& status) {
   const int32_t code = static_cast<int32_t>(status.code());
@@ -51,8 +48,8 @@ bool IsConsequence(const absl::Status& status) {
 }  // namespace
 
 absl::Status AgreeOnStatus(HostBootstrap& bootstrap, const absl::Status& local,
-                           absl::string_view what) {
-  ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap.AllGather(Encode(local), kCall));
+                           absl::string_view what, absl::string_view call) {
+  ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap.AllGather(Encode(local), call));
   int chosen = -1;
   absl::Status cause;
   for (int r = 0; r < static_cast<int>(all.size()); ++r) {

@@ -4,7 +4,8 @@
 // that hides the cause).
 //
 //   absl::Status local = graphs.Capture(key, fn, stream);
-//   RETURN_IF_ERROR(kiln::AgreeOnStatus(bootstrap, local, "Capture of decode/8"));
+//   RETURN_IF_ERROR(kiln::AgreeOnStatus(bootstrap, local, "Capture of decode/8",
+//                                       "my_runner.capture_agreement.decode/8"));
 //   // every rank returns here, or every rank returned the same error above
 //
 // Host-only (the exchange runs over collectives/host_bootstrap.h's sockets, bounded by its
@@ -18,18 +19,23 @@
 
 namespace kiln {
 
-// Exchanges `local` with every rank and returns, on every rank alike: OK when every rank's
-// status is OK; else the failing ranks' root cause with its code, as
-// "<what> failed on rank r of n: <message>" (a rank's own error is preferred over a
+// Exchanges `local` with every rank, as the bootstrap all-gather named `call`, and returns, on
+// every rank alike: OK when every rank's status is OK; else the failing ranks' root cause with its
+// code, as "<what> failed on rank r of n: <message>" (a rank's own error is preferred over a
 // DeadlineExceeded or Unavailable, which is usually a consequence of it; among equals, the lowest
-// rank). The exchange is the bootstrap call "rank_agreement.status": a peer at another call of
-// the bootstrap (another name, or unnamed) fails it with Internal on every rank, naming both
-// calls. A rank whose bytes under that name are not a status record counts as an Internal error
-// of that rank, never as OK. When the exchange itself fails (a peer died or never came, or was
-// at another call), returns that error (Unavailable, DeadlineExceeded or Internal from the
-// bootstrap), which the peers see too.
+// rank). A rank whose bytes under that name are not a status record counts as an Internal error
+// of that rank, never as OK. Name each call site distinctly, and one in a loop by its item too
+// ("runner.capture_agreement.decode/8"), so that a rank that skips an agreement is caught at its
+// next call (host_bootstrap.h). When the exchange itself fails, returns the bootstrap's error,
+// which every rank gets in some form, not always the same: a peer died or never came (Unavailable,
+// DeadlineExceeded); a peer made an all-gather of another name, or an unnamed one, at this point
+// of the sequence (Internal naming both calls, on rank 0 and on every rank that rank 0's report
+// reaches, the others Unavailable); a peer made another kind of call, or is at another point
+// (Internal, out of step, on each rank that reads a frame of another exchange; Unavailable on the
+// others, which find the connections shut; DeadlineExceeded on rank 0 for a peer in an unnamed
+// Broadcast, which sends no frame).
 absl::Status AgreeOnStatus(HostBootstrap& bootstrap, const absl::Status& local,
-                           absl::string_view what);
+                           absl::string_view what, absl::string_view call);
 
 }  // namespace kiln
 

@@ -44,7 +44,9 @@ std::vector<absl::Status> Agree(const std::vector<absl::Status>& local) {
   std::vector<absl::Status> got(world);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] { got[r] = AgreeOnStatus(*star[r], local[r], "Capture of x"); });
+    threads.emplace_back([&, r] {
+      got[r] = AgreeOnStatus(*star[r], local[r], "Capture of x", "rank_agreement_test.x");
+    });
   }
   for (std::thread& t : threads) t.join();
   return got;
@@ -80,7 +82,8 @@ TEST(RankAgreementTest, TheRootCauseWinsOverAPeerTimeout) {
 TEST(RankAgreementTest, ADeadPeerEndsTheExchangeWithAnError) {
   auto star = MakeStar(2);
   star[1].reset();  // rank 1's sockets close: it died
-  const absl::Status s = AgreeOnStatus(*star[0], absl::OkStatus(), "Capture of x");
+  const absl::Status s =
+      AgreeOnStatus(*star[0], absl::OkStatus(), "Capture of x", "rank_agreement_test.x");
   EXPECT_FALSE(s.ok());
   EXPECT_TRUE(absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) << s;
 }
@@ -95,7 +98,8 @@ TEST(RankAgreementTest, APeerAtAnotherCallFailsEveryRankNamingBothCalls) {
     for (int r = 0; r < 3; ++r) {
       threads.emplace_back([&, r] {
         got[r] = r == 2 ? star[r]->AllGather("bytes", other).status()
-                        : AgreeOnStatus(*star[r], absl::OkStatus(), "Capture of x");
+                        : AgreeOnStatus(*star[r], absl::OkStatus(), "Capture of decode/8",
+                                        "runner.capture_agreement.decode/8");
       });
     }
     for (std::thread& t : threads) t.join();
@@ -104,15 +108,72 @@ TEST(RankAgreementTest, APeerAtAnotherCallFailsEveryRankNamingBothCalls) {
     for (int r = 0; r < 3; ++r) {
       EXPECT_TRUE(absl::IsInternal(got[r])) << "rank " << r << ": " << got[r];
       EXPECT_NE(got[r].message().find(absl::StrCat(
-                    "rank 0 made call 'rank_agreement.status' but rank 2 made ", theirs)),
+                    "rank 0 made call 'runner.capture_agreement.decode/8' but rank 2 made ",
+                    theirs)),
                 absl::string_view::npos)
           << got[r];
     }
   }
 }
 
+// A peer at another kind of call (a barrier), even of the same name, is out of step: Internal on
+// rank 0, which reads its frame, and Unavailable on the others, whose connections rank 0 shuts.
+TEST(RankAgreementTest, APeerAtAnotherKindOfCallFailsRankZeroOutOfStepAndShutsTheOthersOut) {
+  auto star = MakeStar(3);
+  std::vector<absl::Status> got(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      got[r] = r == 2 ? star[r]->Barrier("runner.capture_agreement.decode/8")
+                      : AgreeOnStatus(*star[r], absl::OkStatus(), "Capture of decode/8",
+                                      "runner.capture_agreement.decode/8");
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_TRUE(absl::IsInternal(got[0])) << got[0];
+  EXPECT_NE(got[0].message().find("is at exchange 1 (all-gather) but rank 2 sent exchange 1 "
+                                  "(barrier); the ranks are out of step"),
+            absl::string_view::npos)
+      << got[0];
+  for (int r : {1, 2}) {
+    EXPECT_TRUE(absl::IsUnavailable(got[r])) << "rank " << r << ": " << got[r];
+    EXPECT_NE(got[r].message().find("lost rank 0"), absl::string_view::npos) << got[r];
+  }
+}
+
+// Agreements in a loop named by their item (as the runner names its per-size capture agreements
+// by the key): a rank that skips one is caught at its next, on every rank, naming both calls,
+// before any of them returns OK.
+TEST(RankAgreementTest, AgreementsNamedByTheirItemCatchASkippedOne) {
+  auto star = MakeStar(3);
+  std::vector<absl::Status> got(3);
+  std::vector<int> agreed(3, 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      for (const int size : {8, 4}) {
+        if (r == 1 && size == 8) continue;  // skips the first
+        const std::string key = absl::StrCat("decode/", size);
+        got[r] = AgreeOnStatus(*star[r], absl::OkStatus(), absl::StrCat("Capture of ", key),
+                               absl::StrCat("runner.capture_agreement.", key));
+        if (!got[r].ok()) return;
+        ++agreed[r];
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(agreed[r], 0) << "rank " << r;
+    EXPECT_TRUE(absl::IsInternal(got[r])) << "rank " << r << ": " << got[r];
+    EXPECT_NE(got[r].message().find("rank 0 made call 'runner.capture_agreement.decode/8' but "
+                                    "rank 1 made call 'runner.capture_agreement.decode/4'"),
+              absl::string_view::npos)
+        << got[r];
+  }
+}
+
 // One round of the sweep on one rank: a status to agree on, or raw bytes that rank brings to the
-// same exchange instead (an all-gather under AgreeOnStatus's call name: a corrupt record).
+// same exchange instead (an all-gather under the agreement's call name: a corrupt record).
 struct RankTurn {
   bool raw = false;
   absl::Status local;
@@ -148,7 +209,7 @@ absl::Status Expected(const std::vector<RankTurn>& turns, const std::string& wha
 
 // Random rounds over stars of 1 to 5 ranks: OK, every canonical code, codes outside absl's
 // range, empty, binary (NUL bytes) and 64 KiB messages, an empty or binary `what`, and ranks that
-// send raw bytes under AgreeOnStatus's call name instead of a record: empty, a few bytes, a
+// send raw bytes under the round's call name instead of a record: empty, a few bytes, a
 // record without its tag (the old format, whose 4 zero bytes used to read as OK), 64 random
 // bytes. Every agreeing rank returns the same status, the one the rule picks; a raw record is an
 // error naming its rank.
@@ -210,10 +271,11 @@ TEST(RankAgreementTest, AdversarialRoundsAgreeOnEveryRank) {
       threads.emplace_back([&, r] {
         for (int round = 0; round < kRounds; ++round) {
           const RankTurn& t = turns[round][r];
+          const std::string call = absl::StrCat("rank_agreement_test.round.", round);
           if (t.raw) {
-            got[round][r] = star[r]->AllGather(t.bytes, "rank_agreement.status").status();
+            got[round][r] = star[r]->AllGather(t.bytes, call).status();
           } else {
-            got[round][r] = AgreeOnStatus(*star[r], t.local, whats[round]);
+            got[round][r] = AgreeOnStatus(*star[r], t.local, whats[round], call);
           }
         }
       });

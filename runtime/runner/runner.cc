@@ -399,7 +399,7 @@ absl::Status Runner::Init(const RunnerOptions& options) {
   // Every rank takes the same path: a rank whose setup failed must not leave the others waiting
   // in the communicator's creation.
   HostBootstrap& bootstrap = *options.bootstrap;
-  RETURN_IF_ERROR(AgreeOnStatus(bootstrap, status, "Runner setup"));
+  RETURN_IF_ERROR(AgreeOnStatus(bootstrap, status, "Runner setup", "runner.setup_plan"));
   ASSIGN_OR_RETURN(size_t free_bytes, FreeDeviceBytes());
   ASSIGN_OR_RETURN(comm_, AutoCommunicator::Create(bootstrap, options.device, options.allreduce));
   int64_t collective_bytes = 0;
@@ -408,7 +408,7 @@ absl::Status Runner::Init(const RunnerOptions& options) {
   }
   status = Record(&memory_, "collectives", collective_bytes, free_bytes);
   if (status.ok()) status = InitAllocations(options);
-  return AgreeOnStatus(bootstrap, status, "Runner setup");
+  return AgreeOnStatus(bootstrap, status, "Runner setup", "runner.setup_allocations");
 }
 
 config::PlannerConfig Runner::PlannerConfigFor(const RunnerOptions& options) {
@@ -816,12 +816,15 @@ absl::StatusOr<int> Runner::CaptureEachSize(GraphSet& set, GraphMode mode,
   int captured = 0;
   for (int size : sizes.LargestFirst()) {  // the largest sets the pool's high-water mark
     const CaptureKey key{mode, size};
-    RETURN_IF_ERROR(bootstrap.Barrier("runner.capture_size"));
+    // Named by the key, so that a rank whose list of sizes differs from the others' fails at the
+    // first size where they part.
+    RETURN_IF_ERROR(bootstrap.Barrier(absl::StrCat("runner.capture_size.", KeyName(key))));
     const absl::Status status = set.Capture(
         key, [&fn, key](cudaStream_t stream) { return fn(key, stream); }, stream_.get(),
         &buffers_);
     const absl::Status agreed =
-        AgreeOnStatus(bootstrap, status, absl::StrCat("Capture of ", KeyName(key)));
+        AgreeOnStatus(bootstrap, status, absl::StrCat("Capture of ", KeyName(key)),
+                      absl::StrCat("runner.capture_agreement.", KeyName(key)));
     if (!agreed.ok()) {
       // A rank whose own capture of the key succeeded drops it too: every rank then runs the key
       // eagerly, where one rank replaying it beside another's eager step would pair unlike

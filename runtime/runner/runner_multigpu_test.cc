@@ -174,7 +174,8 @@ std::string Bytes(const std::vector<Outcome>& outcomes) {
 // Expects every rank's `outcomes` to be rank 0's, bit for bit.
 void ExpectSameOnEveryRank(RankContext& ctx, const std::vector<Outcome>& outcomes,
                            const std::string& what) {
-  absl::StatusOr<std::vector<std::string>> all = ctx.bootstrap.AllGather(Bytes(outcomes));
+  absl::StatusOr<std::vector<std::string>> all = ctx.bootstrap.AllGather(
+      Bytes(outcomes), absl::StrCat("runner_multigpu_test.same_on_every_rank.", what));
   ASSERT_TRUE(all.ok()) << all.status();
   for (int r = 1; r < ctx.world_size; ++r) {
     EXPECT_TRUE((*all)[r] == (*all)[0]) << what << ": rank " << r << " differs from rank 0";
@@ -326,7 +327,8 @@ void GenerationMatchesOneGpu(RankContext& ctx, const AllReduceConfig& allreduce,
               std::vector<int>({8, 2, 2, 2}));
     one = RunScript(*single, seed, nullptr);
   }
-  absl::StatusOr<std::string> tokens = ctx.bootstrap.Broadcast(EncodeTokens(one));
+  absl::StatusOr<std::string> tokens =
+      ctx.bootstrap.Broadcast(EncodeTokens(one), "runner_multigpu_test.tp1_tokens");
   ASSERT_TRUE(tokens.ok()) << tokens.status();
   const std::vector<Outcome> forced = DecodeTokens(*tokens);
 
@@ -649,7 +651,7 @@ TEST(RunnerMultiGpuTest, CaptureFailingOnOneRankFailsEveryRankAlike) {
     EXPECT_NE(captured.message().find("Injected capture failure"), std::string::npos)
         << captured;
     absl::StatusOr<std::vector<std::string>> all =
-        ctx.bootstrap.AllGather(captured.ToString());
+        ctx.bootstrap.AllGather(captured.ToString(), "runner_multigpu_test.capture_status");
     ASSERT_TRUE(all.ok()) << all.status();
     for (const std::string& s : *all) EXPECT_EQ(s, (*all)[0]) << "ranks disagree";
     // Nothing replays after a failed capture (decode/4 was captured before decode/2 failed).
@@ -676,7 +678,8 @@ TEST(RunnerMultiGpuTest, CaptureFailingOnOneRankFailsEveryRankAlike) {
       absl::StrAppend(&outcomes, KeyName(info.key), info.replayed ? " replayed:" : " eager:",
                       absl::StrJoin(*tokens, ","), ";");
     }
-    absl::StatusOr<std::vector<std::string>> outcomes_all = ctx.bootstrap.AllGather(outcomes);
+    absl::StatusOr<std::vector<std::string>> outcomes_all =
+        ctx.bootstrap.AllGather(outcomes, "runner_multigpu_test.step_outcomes");
     ASSERT_TRUE(outcomes_all.ok()) << outcomes_all.status();
     for (const std::string& o : *outcomes_all) EXPECT_EQ(o, (*outcomes_all)[0]) << "ranks differ";
   }, Options());
@@ -700,7 +703,7 @@ void KilledRankEndsTheOthersWithDeadlineExceeded(bool custom) {
         << runner->communicator()->custom_unavailable_reason();
     ASSERT_TRUE(runner->Step({{1, {3, 4, 5}}, {2, {6, 7}}}).ok());
     ASSERT_TRUE(runner->Step({{1, {8}}, {2, {9}}}).ok());
-    ASSERT_TRUE(ctx.bootstrap.Barrier().ok());
+    ASSERT_TRUE(ctx.bootstrap.Barrier("runner_multigpu_test.before_exit").ok());
     if (ctx.rank == ctx.world_size - 1) ctx.ExitProcessNow();  // dies between steps
 
     absl::SleepFor(absl::Milliseconds(300));

@@ -198,9 +198,10 @@ absl::Status RunColumn(const RunnerOptions& options, const std::vector<int>& bat
                                                     comm->custom_unavailable_reason()));
   }
   if (check_with != nullptr) {
-    ASSIGN_OR_RETURN(std::vector<std::string> all,
-                     check_with->AllGather(std::string(
-                         reinterpret_cast<const char*>(tokens.data()), tokens.size() * 4)));
+    const std::string mine(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 4);
+    ASSIGN_OR_RETURN(
+        std::vector<std::string> all,
+        check_with->AllGather(mine, absl::StrCat("tp_benchmark.tokens.", column->name)));
     for (size_t r = 1; r < all.size(); ++r) {
       if (all[r] != all[0]) {
         return absl::InternalError(
@@ -230,7 +231,7 @@ absl::Status RunRank(testing::ProcessGroupMember& member) {
       RETURN_IF_ERROR(
           RunColumn(BenchmarkOptions(batches, context), batches, nullptr, &columns[kTp1]));
     }
-    RETURN_IF_ERROR(bootstrap.Barrier());
+    RETURN_IF_ERROR(bootstrap.Barrier("tp_benchmark.tp1_column"));
   }
 
   // TP=world: custom (auto, fused with the norms), custom without the fusion, NCCL only, custom
