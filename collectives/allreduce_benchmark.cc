@@ -156,8 +156,9 @@ class Bench {
       CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
       if (mode == "eager") {
         for (int s = 0; s < samples; ++s) {
-          // Named by algorithm, size and sample: a rank that runs another list of them than
-          // the others fails at the first barrier where they part.
+          // Named by mode, algorithm, size and sample: a rank that runs another list of them
+          // than the others fails at the first barrier where they part, or, where its list is a
+          // prefix of the others', at its next call after it.
           RETURN_IF_ERROR(member_.bootstrap->Barrier(
               absl::StrFormat("allreduce_benchmark.eager_sample.%s.%d.%d", algo, bytes, s)));
           CUDA_RETURN_IF_ERROR(cudaEventRecord(start, stream_));

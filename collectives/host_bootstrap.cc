@@ -121,12 +121,16 @@ absl::Status CheckTimeout(absl::Duration timeout) {
   return absl::OkStatus();
 }
 
-// A joining rank introduces itself with {kHelloMagic, rank, world size} (int32 each). The magic
-// tells a kiln rank from any other program that connects to the socket (which is dropped), and
-// its last character the bootstrap protocol's version: "kBo1" was the protocol of 24-byte frame
-// headers (kBf1), whose ranks would complete the rendezvous with this one and then misread every
-// frame. A hello of another version is refused (MagicVersionDiffers).
-constexpr int32_t kHelloMagic = 0x6b426f32;  // "kBo2"
+// A joining rank introduces itself with {kHelloMagic, rank, world size} (int32 each), and every
+// exchange frame starts with kFrameMagic. The two magics name this build's bootstrap protocol:
+// read as numbers, their high three bytes are "kBo" (hello) and "kBf" (frame) and their low byte
+// is the protocol's version, '3'; sent little-endian, so on the wire the version byte comes first
+// ("3oBk", "3fBk"). Both change together whenever the meaning of any byte on the wire changes (a
+// header, a payload's layout), so that a process of another kiln build is told apart at the
+// rendezvous by its hello, and between connected sockets by its first frame. This build drops a
+// hello whose high three bytes differ (another program), refuses one of another version
+// (MagicVersionDiffers; see Rendezvous), and refuses a frame of another version or magic.
+constexpr int32_t kHelloMagic = 0x6b426f33;  // "kBo3"
 
 // Every exchange frame starts with this header; `call_size` bytes of the call's name, then
 // `size` bytes of payload follow.
@@ -138,26 +142,21 @@ struct FrameHeader {
   uint64_t call_size;  // of the call's name; 0 for an unnamed call
 };
 static_assert(sizeof(FrameHeader) == 32, "the frame header is sent as raw bytes");
-constexpr uint32_t kFrameMagic = 0x6b426632;  // "kBf2"
+constexpr uint32_t kFrameMagic = 0x6b426633;  // "kBf3"
 constexpr uint32_t kReplyBit = 0x100;
 
-// Whether `magic` is `ours` of another version: the same first three characters ("kBo", "kBf"),
-// another last one. Such a peer is a kiln build with another bootstrap protocol.
+// Whether `magic` is `ours` of another version: the same high three bytes ("kBo", "kBf"), another
+// low byte (the version). Such a peer is a kiln build with another bootstrap protocol.
 bool MagicVersionDiffers(uint32_t magic, uint32_t ours) {
   return magic != ours && (magic >> 8) == (ours >> 8);
 }
 
-// A magic as its four characters ("kBo2"), escaped where one is not printable.
+// A magic as its four characters, high byte first ("kBo3"), escaped where one is not printable.
 std::string MagicText(uint32_t magic) {
   const char text[4] = {static_cast<char>(magic >> 24), static_cast<char>(magic >> 16),
                         static_cast<char>(magic >> 8), static_cast<char>(magic)};
   return absl::CHexEscape(absl::string_view(text, sizeof(text)));
 }
-
-// How long rank 0 waits for room in the connections of the peers it reports a call-name
-// mismatch to (SendCallMismatch): a peer that has not read rank 0's earlier data yet (the tail
-// of a broadcast) usually reads it within this; one that does not must not hold up rank 0's error.
-constexpr absl::Duration kReportWait = absl::Milliseconds(100);
 
 // The first allocation for an incoming frame; it grows as bytes arrive (doubling), so a header
 // that announces more than the peer sends costs no more memory than what came.
@@ -278,6 +277,10 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
     std::vector<pollfd> polled;
     int joined = 0;
     int dropped = 0;  // connections that left, were pushed out, or were not kiln ranks
+    // Of those, kiln processes of another bootstrap protocol that did not fit this rendezvous, and
+    // the last one's rank, world size and protocol.
+    int other_builds = 0;
+    std::string last_other_build;
     // Accepting is paused until then (descriptors ran out and no connection was silent).
     constexpr absl::Duration kAcceptPause = absl::Milliseconds(2);
     absl::Time accept_paused_until = absl::InfinitePast();
@@ -292,15 +295,25 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
         waiting_for = absl::StrFormat(
             ", waiting for %d connected processes to introduce themselves", waiting.size());
       }
+      std::string dropped_text;
+      if (dropped > 0) {
+        dropped_text = absl::StrFormat(
+            " (%d connection(s) dropped: closed before introducing themselves, pushed out by "
+            "later ones while silent, or not kiln ranks",
+            dropped);
+        if (other_builds > 0) {
+          absl::StrAppendFormat(&dropped_text,
+                                "; %d of them kiln processes of another bootstrap protocol "
+                                "whose rank or world size does not fit, the last as %s: is "
+                                "another job at this path?",
+                                other_builds, last_other_build);
+        }
+        dropped_text += ")";
+      }
       return absl::DeadlineExceededError(absl::StrFormat(
           "Only %d of %d ranks joined the bootstrap at %s within %s%s%s; start every rank "
           "with the same path and world size%s",
-          joined + 1, world_size, path, absl::FormatDuration(timeout), waiting_for,
-          dropped == 0 ? ""
-                       : absl::StrFormat(" (%d connection(s) dropped: closed before introducing "
-                                         "themselves, pushed out by later ones while silent, or "
-                                         "not kiln ranks)",
-                                         dropped),
+          joined + 1, world_size, path, absl::FormatDuration(timeout), waiting_for, dropped_text,
           out_of_descriptors
               ? absl::StrFormat(". Rank 0 ran out of file descriptors while accepting "
                                 "connections: raise its limit (ulimit -n) to leave about %d "
@@ -364,17 +377,35 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
           ++dropped;
           continue;
         }
+        const bool fits = joiner_world == world_size && joiner >= 1 && joiner < world_size;
+        if (other_version && !fits) {
+          // A kiln process of another build whose rank and world size are not this job's: most
+          // likely another job's, at the same path. It is told why (best effort, without
+          // waiting: it must not hold up this rank) and dropped; this job's ranks may still come.
+          const std::string refusal = absl::StrFormat(
+              "A process joined the bootstrap at %s as rank %d of %d speaking bootstrap protocol "
+              "'%s', not this rank's '%s', and does not fit world size %d: the path is another "
+              "job's; give every job its own path, and run the same build on every rank",
+              path, joiner, joiner_world, MagicText(static_cast<uint32_t>(magic)),
+              MagicText(static_cast<uint32_t>(kHelloMagic)), world_size);
+          SendVerdict(fd, refusal, absl::Now()).IgnoreError();
+          close(fd);
+          ++dropped;
+          ++other_builds;
+          last_other_build = absl::StrFormat("rank %d of %d speaking '%s'", joiner, joiner_world,
+                                             MagicText(static_cast<uint32_t>(magic)));
+          continue;
+        }
         if (other_version) {
-          // A rank of another kiln build: waiting on would only end in the timeout, and every
-          // exchange with it would fail.
+          // A rank of this job from another kiln build: waiting on would only end in the
+          // timeout, and every exchange with it would fail.
           status = absl::FailedPreconditionError(absl::StrFormat(
               "A process joined the bootstrap at %s as rank %d of %d speaking bootstrap protocol "
               "'%s', not this rank's '%s': it is a kiln build with another bootstrap protocol; "
               "run the same build on every rank",
               path, joiner, joiner_world, MagicText(static_cast<uint32_t>(magic)),
               MagicText(static_cast<uint32_t>(kHelloMagic))));
-        } else if (joiner_world != world_size || joiner < 1 || joiner >= world_size ||
-                   fds[joiner - 1] >= 0) {
+        } else if (!fits || fds[joiner - 1] >= 0) {
           status = absl::InvalidArgumentError(absl::StrFormat(
               "A process joined the bootstrap at %s as rank %d of %d, which does not fit world "
               "size %d or is taken; give every rank a distinct rank and the same world size",
@@ -494,7 +525,9 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
       if (closed_early || !got.ok() || (*got && length > 0)) {
         close(fd);
         if (!closed_early && got.ok()) {
-          return absl::InvalidArgumentError(absl::StrCat("Rank 0 refused: ", refusal));
+          // Escaped: the bytes are whatever listens at the path, not necessarily a kiln rank 0.
+          return absl::InvalidArgumentError(
+              absl::StrCat("Rank 0 refused: ", absl::CHexEscape(refusal)));
         }
         return absl::UnavailableError(absl::StrFormat(
             "Rank %d of %d: rank 0 at %s ended the rendezvous before every rank joined (it "
@@ -638,10 +671,10 @@ void HostBootstrap::SendCallMismatch(int peer, absl::string_view peer_call, Exch
   std::string frame(reinterpret_cast<const char*>(&header), sizeof(header));
   frame.append(call.data(), call.size());
   frame.append(payload);
-  // To every peer at once, for at most kReportWait: the report is an explanation, and a peer
+  // To every peer at once, for at most report_wait_: the report is an explanation, and a peer
   // that reads nothing must not hold up this rank's error. A connection that stays full gets
   // none of it, or part of it, before it is shut.
-  const absl::Time until = std::min(deadline, absl::Now() + kReportWait);
+  const absl::Time until = std::min(deadline, absl::Now() + report_wait_);
   std::vector<size_t> sent(fds_.size(), 0);
   std::vector<pollfd> full;
   while (true) {

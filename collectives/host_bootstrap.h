@@ -28,13 +28,15 @@
 // announced its call, then rank 0 sends the data; an unnamed one only sends from rank 0). For a
 // peer whose connection is full (it has not read rank 0's earlier data, such as the tail of a
 // broadcast) rank 0 waits at most 100 ms for room; a peer that reads nothing within that gets no
-// report, or part of one, and fails with Unavailable ("lost rank 0") instead.
+// report, or part of one, and fails with Unavailable instead (it lost rank 0, or could not send
+// to it).
 // So a rank that skips a named call is caught at once, at its next call, when that call's kind or
-// name differs from the skipped one's. Every call in kiln's code and tests is named after its call
-// site (the tests of this file aside), and a site that runs once per item of a loop names the item
-// too (the runner's per-size capture barrier and agreement name the capture key, which each piece
-// of a piecewise capture repeats with other calls between; the all-reduce benchmark's barriers
-// name the algorithm, size and sample).
+// name differs from the skipped one's, unless that call is an unnamed Broadcast (see below). Every
+// call in kiln's code and tests is named after its call site (the tests of this file aside), and a
+// site that runs once per item of a loop names that item and those of the loops around it (the
+// runner's per-size capture barrier and agreement name the graph set and the capture key,
+// "runner.capture_size.piece/3.decode/8"; the all-reduce benchmark's barriers name the mode,
+// algorithm, size and sample).
 // Calls of one kind and name that still follow each other: the custom all-reduce's capture
 // agreements (their data carry the slot, which every rank checks), the test helpers SharedSeed and
 // RanksDisagreeing (collectives/testing/rank_rig.h) when a test calls one twice in a row, and a
@@ -52,9 +54,14 @@
 // every rank: a named call paired with an unnamed one is a mismatch too, on every rank, except in
 // a Broadcast: a peer whose Broadcast is named where rank 0's is not fails alone (rank 0 learns at
 // its next exchange), and rank 0's named Broadcast waits out its timeout for a peer whose unnamed
-// one announces nothing (DeadlineExceeded). After any such error the bootstrap is unusable (the
-// ranks may be at different points of the protocol): it shuts its connections, so the other
-// ranks fail at once too, and every later call returns the same error.
+// one announces nothing (DeadlineExceeded). Likewise a peer that skipped a named call and next
+// makes an unnamed Broadcast sends no frame: rank 0, at the skipped call, waits out its timeout
+// (DeadlineExceeded; the peers then find the connections shut, Unavailable, unless their own
+// timeouts came first). A rank 0 that skipped a named call and next makes an unnamed Broadcast
+// returns once it sent the data: the peers fail at once (Internal), rank 0 at its next exchange.
+// After any such error the bootstrap is unusable (the ranks may be at different points of the
+// protocol): it shuts its connections, so the other ranks fail at once too, and every later call
+// returns the same error.
 // Exchanges are collective: every rank calls the same sequence. Not thread-safe; not a CUDA API,
 // so legal during graph capture.
 #ifndef KILN_COLLECTIVES_HOST_BOOTSTRAP_H_
@@ -105,10 +112,14 @@ class HostBootstrap {
   // introduction waits unread), and tells it to connect again: a rank whose introduction had not
   // arrived yet does so. A joining rank whose connection rank 0 closes without that notice gets
   // Unavailable at once. DeadlineExceeded when not everyone joined in time.
-  // FailedPrecondition on rank 0 when a process introduces itself as a rank of another bootstrap
-  // protocol version (another kiln build), which is told why; a kiln build from before that
-  // version check drops this build's introduction instead, and the joining rank then gets
-  // Unavailable saying so.
+  // FailedPrecondition on rank 0 when a process introduces itself with a rank and world size
+  // that fit but another bootstrap protocol version (another kiln build), which is told why. One
+  // of another version whose rank or world size does not fit (most likely a process of another
+  // job at the same path) is told why and dropped, and rank 0 keeps waiting; its
+  // DeadlineExceeded names such processes. A joining process that rank 0 refuses gets
+  // InvalidArgument quoting rank 0's reason, escaped. Versions are compared only where rank 0's
+  // build checks them, as this one does: a rank 0 whose build does not drops the introduction of
+  // another version as another program's, and the joining rank then gets Unavailable saying so.
   // Descriptors: rank 0 holds its listener, one socket per joined rank and the connections
   // waiting for their introduction, so world_size ranks need about world_size + 8 free
   // descriptors on rank 0 (ulimit -n; a soft limit of 1024 is common, too few near
@@ -178,6 +189,15 @@ class HostBootstrap {
     kCallMismatch = 5,
   };
 
+  // Sets report_wait_ (host_bootstrap_test.cc).
+  friend class HostBootstrapTestPeer;
+
+  // How long rank 0 waits for room in the connections of the peers it reports a call-name
+  // mismatch to (SendCallMismatch): a peer that has not read rank 0's earlier data yet (the tail
+  // of a broadcast) usually reads it within this; one that does not must not hold up rank 0's
+  // error.
+  static constexpr absl::Duration kReportWait = absl::Milliseconds(100);
+
   HostBootstrap(int rank, int world_size, std::vector<int> fds, absl::Duration timeout)
       : rank_(rank), world_size_(world_size), fds_(std::move(fds)), timeout_(timeout) {}
 
@@ -197,7 +217,7 @@ class HostBootstrap {
   absl::StatusOr<std::string> ReceiveFrame(int peer_index, Exchange kind, absl::string_view call,
                                            uint64_t max_bytes, absl::Time deadline);
   // On rank 0: tells every peer that rank `peer` made call `peer_call` where rank 0 made `call`,
-  // an exchange of `kind`. Waits at most 100 ms (and not past `deadline`) for room in the
+  // an exchange of `kind`. Waits at most report_wait_ (and not past `deadline`) for room in the
   // connections that are full, all at once; a peer whose connection stays full gets no report,
   // or part of one, and sees the connection close.
   void SendCallMismatch(int peer, absl::string_view peer_call, Exchange kind,
@@ -209,6 +229,7 @@ class HostBootstrap {
   int world_size_;
   std::vector<int> fds_;
   absl::Duration timeout_;
+  absl::Duration report_wait_ = kReportWait;  // SendCallMismatch's; only tests change it
   uint64_t sequence_ = 0;  // exchanges begun; the same on every rank that follows the protocol
   absl::Status broken_;    // first transport error; sticky
 };

@@ -29,6 +29,7 @@
 #include <deque>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <random>
@@ -48,6 +49,16 @@
 #include "gtest/gtest.h"
 
 namespace kiln {
+
+// Reaches HostBootstrap's private testing knob (it is a friend of HostBootstrap).
+class HostBootstrapTestPeer {
+ public:
+  // Sets how long rank 0 waits for room in full connections to report a call-name mismatch.
+  static void SetReportWait(HostBootstrap& bootstrap, absl::Duration wait) {
+    bootstrap.report_wait_ = wait;
+  }
+};
+
 namespace {
 
 using ::testing::AnyOf;
@@ -278,17 +289,24 @@ TEST(HostBootstrapTest, RejectsBadArguments) {
 // all-gather reply is world_size records of {uint64 size, bytes}. Kind 5 is rank 0's report, in
 // place of a reply, that a peer made a call of another name: rank 0's call name, and as payload
 // {int32 that peer's rank, uint32 rank 0's exchange kind, that peer's call name}. A rendezvous
-// hello is {int32 magic, rank, world size}. The magics' last characters are the protocol's
-// version: "kBf2" and "kBo2" here, "kBf1" and "kBo1" in the protocol of 24-byte headers.
+// hello is {int32 magic, rank, world size}. Read as numbers, the magics' high three bytes are
+// "kBf" (frame) and "kBo" (hello) and their low byte the protocol's version: "kBf3" and "kBo3"
+// here (on the wire, little-endian, the version byte comes first). Any other version is another
+// kiln build's, which this build refuses; the tests send versions '1' and '2'.
 
-constexpr uint32_t kFrameMagic = 0x6b426632;
+constexpr uint32_t kFrameMagic = 0x6b426633;
 constexpr size_t kHeaderBytes = 32;
 constexpr uint32_t kReplyBit = 0x100;
 constexpr uint32_t kKindAllGather = 1, kKindBroadcast = 2, kKindBarrier = 3, kKindAgree = 4;
 constexpr uint32_t kKindCallMismatch = 5;
-constexpr int32_t kHelloMagic = 0x6b426f32;
-constexpr uint32_t kOldFrameMagic = 0x6b426631;
-constexpr int32_t kOldHelloMagic = 0x6b426f31;
+constexpr int32_t kHelloMagic = 0x6b426f33;
+// Other versions' magics, each with its text as the bootstrap quotes it.
+struct OtherMagic {
+  uint32_t magic;
+  const char* text;
+};
+constexpr OtherMagic kOtherHelloMagics[] = {{0x6b426f31, "kBo1"}, {0x6b426f32, "kBo2"}};
+constexpr OtherMagic kOtherFrameMagics[] = {{0x6b426631, "kBf1"}, {0x6b426632, "kBf2"}};
 
 std::string Frame(uint32_t kind, uint64_t sequence, const std::string& payload,
                   const std::string& call = "") {
@@ -1945,11 +1963,13 @@ std::string AllGatherReport(const std::string& ours, const std::string& theirs) 
 
 TEST(HostBootstrapTest, ARankZeroReportWaitsForRoomInAFullConnection) {
   // Rank 1 has not read rank 0's earlier data (its connection is full) when rank 0 finds that
-  // rank 1 made another call; rank 1 starts reading soon after rank 0 read its frame. Rank 0
-  // waits for the room: the report follows the earlier data, then the connection closes, so
-  // rank 1 learns both calls rather than only that it lost rank 0.
+  // rank 1 made another call; rank 1 starts reading a while after rank 0 read its frame (longer
+  // than the default wait, within the one set here). Rank 0 waits for the room: the report
+  // follows the earlier data, then the connection closes, so rank 1 learns both calls rather
+  // than only that it lost rank 0.
   FullRankZero full;
   ASSERT_NO_FATAL_FAILURE(MakeFullRankZero(&full));
+  HostBootstrapTestPeer::SetReportWait(*full.root, absl::Seconds(20));
   WriteAll(full.raw, Frame(kKindAllGather, 1, "", "b"));
   std::optional<std::string> got;
   std::thread rank1([&] {
@@ -1959,7 +1979,7 @@ TEST(HostBootstrapTest, ARankZeroReportWaitsForRoomInAFullConnection) {
     while (ioctl(full.raw, SIOCOUTQ, &queued) == 0 && queued > 0 && absl::Now() < until) {
       absl::SleepFor(absl::Microseconds(100));
     }
-    absl::SleepFor(absl::Milliseconds(10));  // rank 0 finds the connection full first
+    absl::SleepFor(absl::Milliseconds(300));  // rank 0 finds the connection full first
     got = BytesBeforeClose(full.raw, absl::Seconds(20));
   });
   const absl::Status status = full.root->AllGather("mine", "a").status();
@@ -1974,8 +1994,9 @@ TEST(HostBootstrapTest, ARankZeroReportWaitsForRoomInAFullConnection) {
 }
 
 TEST(HostBootstrapTest, APeerThatReadsNothingDoesNotHoldUpRankZerosError) {
-  // As above, but rank 1 reads nothing: rank 0 waits at most 100 ms for room, then fails and
-  // shuts the connection. Rank 1 then finds its earlier data and the end, without the report.
+  // As above, but with the default wait, and rank 1 reads nothing: rank 0 waits at most 100 ms
+  // for room, then fails and shuts the connection. Rank 1 then finds its earlier data and the end,
+  // without the report.
   FullRankZero full;
   ASSERT_NO_FATAL_FAILURE(MakeFullRankZero(&full));
   WriteAll(full.raw, Frame(kKindAllGather, 1, "", "b"));
@@ -2079,38 +2100,124 @@ TEST(HostBootstrapTest, ARankThatCannotSendReadsOnlyAReportFromRankZero) {
   }
 }
 
-TEST(HostBootstrapTest, ARankOfAnotherProtocolVersionIsRefusedSayingSo) {
-  // A process that introduces itself with the older protocol's magic ("kBo1", whose frames have
-  // 24-byte headers) would join and then misread every frame: rank 0 refuses it at once, naming
-  // both versions, and tells it why.
-  const std::string path = TempPath("old_hello");
-  absl::StatusOr<std::unique_ptr<HostBootstrap>> root;
-  const absl::Time start = absl::Now();
-  std::thread rank0([&] { root = HostBootstrap::Rendezvous(path, 0, 2, absl::Seconds(20)); });
-  const ScopedFd fd(ConnectRaw(path));
-  ASSERT_GE(fd.get(), 0);
-  const int32_t hello[3] = {kOldHelloMagic, 1, 2};
-  WriteAll(fd.get(), std::string(reinterpret_cast<const char*>(hello), 12));
-  rank0.join();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
-  EXPECT_EQ(root.status().code(), absl::StatusCode::kFailedPrecondition) << root.status();
-  const std::string want =
-      "as rank 1 of 2 speaking bootstrap protocol 'kBo1', not this rank's 'kBo2': it is a kiln "
-      "build with another bootstrap protocol; run the same build on every rank";
-  EXPECT_THAT(std::string(root.status().message()), HasSubstr(want));
-  const std::optional<std::string> length = ReceiveWithin(fd.get(), 4, absl::Seconds(20));
-  ASSERT_TRUE(length.has_value());
+// Returns the reason in rank 0's verdict on `fd` ({uint32 length, that many bytes}), or nullopt
+// when it does not all arrive within `wait`.
+std::optional<std::string> ReceiveVerdict(int fd, absl::Duration wait) {
+  const std::optional<std::string> length = ReceiveWithin(fd, 4, wait);
+  if (!length.has_value()) return std::nullopt;
   uint32_t n = 0;
   std::memcpy(&n, length->data(), 4);
-  const std::optional<std::string> reason = ReceiveWithin(fd.get(), n, absl::Seconds(20));
-  ASSERT_TRUE(reason.has_value());
-  EXPECT_THAT(*reason, HasSubstr(want));
+  return ReceiveWithin(fd, n, wait);
+}
+
+TEST(HostBootstrapTest, ARankOfAnotherProtocolVersionIsRefusedSayingSo) {
+  // A process that introduces itself as rank 1 of 2, a rank of this rendezvous, but with another
+  // version's magic would join and then misread every frame: rank 0 refuses it at once, naming
+  // both versions, and tells it why.
+  for (const OtherMagic& other : kOtherHelloMagics) {
+    SCOPED_TRACE(other.text);
+    const std::string path = TempPath(absl::StrCat("other_hello_", other.text));
+    absl::StatusOr<std::unique_ptr<HostBootstrap>> root;
+    const absl::Time start = absl::Now();
+    std::thread rank0([&] { root = HostBootstrap::Rendezvous(path, 0, 2, absl::Seconds(20)); });
+    const ScopedFd fd(ConnectRaw(path));
+    const int32_t hello[3] = {static_cast<int32_t>(other.magic), 1, 2};
+    if (fd.get() >= 0) WriteAll(fd.get(), std::string(reinterpret_cast<const char*>(hello), 12));
+    rank0.join();
+    ASSERT_GE(fd.get(), 0);
+    EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+    EXPECT_EQ(root.status().code(), absl::StatusCode::kFailedPrecondition) << root.status();
+    const std::string want = absl::StrCat(
+        "as rank 1 of 2 speaking bootstrap protocol '", other.text,
+        "', not this rank's 'kBo3': it is a kiln build with another bootstrap protocol; run the "
+        "same build on every rank");
+    EXPECT_THAT(std::string(root.status().message()), HasSubstr(want));
+    const std::optional<std::string> reason = ReceiveVerdict(fd.get(), absl::Seconds(20));
+    ASSERT_TRUE(reason.has_value());
+    EXPECT_THAT(*reason, HasSubstr(want));
+  }
+}
+
+TEST(HostBootstrapTest, AProcessOfAnotherVersionThatDoesNotFitIsDroppedAndTheRanksStillMeet) {
+  // Processes of another version whose rank or world size is not this rendezvous's (another
+  // job's, at the same path) come before the real rank: each is told why and dropped, and the
+  // rendezvous goes on.
+  const std::string path = TempPath("other_job");
+  absl::StatusOr<std::unique_ptr<HostBootstrap>> root;
+  std::thread rank0([&] { root = HostBootstrap::Rendezvous(path, 0, 2, absl::Seconds(20)); });
+  struct Intro {
+    int32_t rank, world;
+  };
+  const Intro intros[] = {{1, 4}, {2, 2}, {0, 2}, {-1, 2}, {5, 8}};
+  std::vector<std::optional<std::string>> reasons;
+  std::vector<bool> closed;
+  for (const OtherMagic& other : kOtherHelloMagics) {
+    for (const Intro& intro : intros) {
+      const ScopedFd fd(ConnectRaw(path));
+      if (fd.get() < 0) break;
+      const int32_t hello[3] = {static_cast<int32_t>(other.magic), intro.rank, intro.world};
+      WriteAll(fd.get(), std::string(reinterpret_cast<const char*>(hello), 12));
+      reasons.push_back(ReceiveVerdict(fd.get(), absl::Seconds(20)));
+      closed.push_back(ClosedByPeer(fd.get(), absl::Seconds(20)));
+    }
+  }
+  absl::StatusOr<std::unique_ptr<HostBootstrap>> rank1 =
+      HostBootstrap::Rendezvous(path, 1, 2, absl::Seconds(20));
+  rank0.join();
+  ASSERT_EQ(reasons.size(), std::size(kOtherHelloMagics) * std::size(intros));
+  for (size_t i = 0; i < reasons.size(); ++i) {
+    const OtherMagic& other = kOtherHelloMagics[i / std::size(intros)];
+    const Intro& intro = intros[i % std::size(intros)];
+    SCOPED_TRACE(absl::StrCat(other.text, " as rank ", intro.rank, " of ", intro.world));
+    ASSERT_TRUE(reasons[i].has_value()) << "rank 0 did not say why it dropped the process";
+    EXPECT_THAT(*reasons[i],
+                HasSubstr(absl::StrCat(
+                    "as rank ", intro.rank, " of ", intro.world, " speaking bootstrap protocol '",
+                    other.text, "', not this rank's 'kBo3', and does not fit world size 2")));
+    EXPECT_TRUE(closed[i]) << "rank 0 kept the connection";
+  }
+  ASSERT_TRUE(root.ok()) << root.status();
+  ASSERT_TRUE(rank1.ok()) << rank1.status();
+  std::vector<std::string> got;
+  std::thread peer([&] {
+    auto all = (*rank1)->AllGather("one", "after_others");
+    if (all.ok()) got = *all;
+  });
+  auto all = (*root)->AllGather("zero", "after_others");
+  peer.join();
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_THAT(*all, ElementsAre("zero", "one"));
+  EXPECT_THAT(got, ElementsAre("zero", "one"));
+}
+
+TEST(HostBootstrapTest, ARankZeroThatGivesUpNamesTheProcessesOfAnotherVersionItDropped) {
+  // No real rank comes, only processes of another version that do not fit: rank 0's
+  // DeadlineExceeded counts them among the dropped connections and names the last one.
+  const std::string path = TempPath("other_job_deadline");
+  absl::StatusOr<std::unique_ptr<HostBootstrap>> root;
+  std::thread rank0([&] { root = HostBootstrap::Rendezvous(path, 0, 2, absl::Seconds(2)); });
+  for (const OtherMagic& other : kOtherHelloMagics) {
+    const ScopedFd fd(ConnectRaw(path));
+    if (fd.get() < 0) break;
+    const int32_t hello[3] = {static_cast<int32_t>(other.magic), 3, 4};
+    WriteAll(fd.get(), std::string(reinterpret_cast<const char*>(hello), 12));
+    EXPECT_TRUE(ClosedByPeer(fd.get(), absl::Seconds(20))) << other.text;
+  }
+  rank0.join();
+  EXPECT_EQ(root.status().code(), absl::StatusCode::kDeadlineExceeded) << root.status();
+  EXPECT_THAT(std::string(root.status().message()),
+              HasSubstr("Only 1 of 2 ranks joined the bootstrap at " + path +
+                        " within 2s (2 connection(s) dropped: closed before introducing "
+                        "themselves, pushed out by later ones while silent, or not kiln ranks; 2 "
+                        "of them kiln processes of another bootstrap protocol whose rank or "
+                        "world size does not fit, the last as rank 3 of 4 speaking 'kBo2': is "
+                        "another job at this path?)"));
 }
 
 TEST(HostBootstrapTest, ARankThatAnOlderRankZeroDropsSaysWhy) {
-  // The test plays a rank 0 of the older protocol, which drops an introduction whose magic is
-  // not its own: it reads it and closes without a word. The rank fails at once, and its error
-  // names that cause too.
+  // The test plays a rank 0 whose build does not check versions: it drops an introduction whose
+  // magic is not its own, reading it and closing without a word. The rank fails at once, and its
+  // error names that cause too.
   const std::string path = TempPath("old_rank0");
   const ScopedFd listener(ListenAt(path));
   ASSERT_GE(listener.get(), 0);
@@ -2129,35 +2236,68 @@ TEST(HostBootstrapTest, ARankThatAnOlderRankZeroDropsSaysWhy) {
   int32_t magic = 0;
   std::memcpy(&magic, hello->data(), 4);
   EXPECT_EQ(magic, kHelloMagic);
+  // Little-endian: the version byte comes first.
+  EXPECT_EQ(hello->substr(0, 4), "3oBk");
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
   EXPECT_THAT(std::string(status.message()),
               HasSubstr("dropped this rank's introduction (it is a kiln build with another "
                         "bootstrap protocol)"));
 }
 
+TEST(HostBootstrapTest, ARefusalFromRankZeroIsEscaped) {
+  // Whatever listens at the path (the test) answers the rank's introduction with a refusal of
+  // raw bytes: control characters, a quote, bytes that are not UTF-8. The rank's error quotes
+  // them escaped, never raw.
+  const std::string path = TempPath("raw_refusal");
+  const ScopedFd listener(ListenAt(path));
+  ASSERT_GE(listener.get(), 0);
+  absl::Status status;
+  std::thread rank1(
+      [&] { status = HostBootstrap::Rendezvous(path, 1, 2, absl::Seconds(20)).status(); });
+  const ScopedFd fd(AcceptWithin(listener.get(), absl::Seconds(20)));
+  if (fd.get() >= 0 && ReceiveWithin(fd.get(), 12, absl::Seconds(20)).has_value()) {
+    const char raw[] = "no\x1b[2J\r\n'\xff\x00!";
+    const std::string refusal(raw, sizeof(raw) - 1);
+    const uint32_t length = refusal.size();
+    WriteAll(fd.get(), std::string(reinterpret_cast<const char*>(&length), 4) + refusal);
+  }
+  rank1.join();
+  ASSERT_GE(fd.get(), 0) << "the rank never connected: " << status;
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_EQ(status.message(), "Rank 0 refused: no\\x1b[2J\\r\\n\\'\\xff\\x00!");
+  for (const char c : status.message()) {
+    EXPECT_TRUE(c >= 0x20 && c < 0x7f) << "raw byte " << static_cast<int>(c);
+  }
+}
+
 TEST(HostBootstrapTest, AFrameOfAnotherProtocolVersionFailsAtOnce) {
-  // A peer of the older protocol sends a 24-byte header ("kBf1"): a barrier's frame is shorter
-  // than this protocol's header. The magic is read first, so each side fails at once, naming
-  // both versions, instead of waiting for bytes that never come.
-  for (const int rank : {0, 1}) {
-    RawPeer peer = MakeRawPeer(rank, 2, absl::Seconds(30));
-    ASSERT_NE(peer.bootstrap, nullptr);
-    std::string old_frame(24, '\0');
-    const uint32_t kind = kKindBarrier | (rank == 0 ? 0 : kReplyBit);
-    const uint64_t sequence = 1;
-    std::memcpy(&old_frame[0], &kOldFrameMagic, 4);
-    std::memcpy(&old_frame[4], &kind, 4);
-    std::memcpy(&old_frame[8], &sequence, 8);
-    WriteAll(peer.raw, old_frame);
-    const absl::Time start = absl::Now();
-    const absl::Status status = peer.bootstrap->Barrier();
-    EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "rank " << rank;
-    EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
-    EXPECT_THAT(std::string(status.message()),
-                HasSubstr(absl::StrCat("Bootstrap rank ", rank,
-                                       " got a frame of bootstrap protocol 'kBf1' from rank ",
-                                       1 - rank, ", not this rank's 'kBf2': that rank is a kiln "
-                                       "build with another bootstrap protocol")));
+  // A peer of another protocol version sends its frame: a barrier's frame with a 24-byte header
+  // ("kBf1", shorter than this version's), or a whole 32-byte one ("kBf2", whose report payload
+  // differs from this version's). The magic is read first, so each side fails at once, naming
+  // both versions, instead of waiting for bytes that never come or misreading them.
+  for (const OtherMagic& other : kOtherFrameMagics) {
+    for (const int rank : {0, 1}) {
+      SCOPED_TRACE(absl::StrCat(other.text, " to rank ", rank));
+      RawPeer peer = MakeRawPeer(rank, 2, absl::Seconds(30));
+      ASSERT_NE(peer.bootstrap, nullptr);
+      std::string frame(other.magic == 0x6b426631 ? 24 : kHeaderBytes, '\0');
+      const uint32_t kind = kKindBarrier | (rank == 0 ? 0 : kReplyBit);
+      const uint64_t sequence = 1;
+      std::memcpy(&frame[0], &other.magic, 4);
+      std::memcpy(&frame[4], &kind, 4);
+      std::memcpy(&frame[8], &sequence, 8);
+      WriteAll(peer.raw, frame);
+      const absl::Time start = absl::Now();
+      const absl::Status status = peer.bootstrap->Barrier();
+      EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+      EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+      EXPECT_THAT(
+          std::string(status.message()),
+          HasSubstr(absl::StrCat("Bootstrap rank ", rank, " got a frame of bootstrap protocol '",
+                                 other.text, "' from rank ", 1 - rank,
+                                 ", not this rank's 'kBf3': that rank is a kiln build "
+                                 "with another bootstrap protocol")));
+    }
   }
 }
 

@@ -804,7 +804,7 @@ absl::Status Runner::RunCaptureHook(CaptureKey key) const {
   return options_.capture_step_hook_for_testing(key);
 }
 
-absl::StatusOr<int> Runner::CaptureEachSize(GraphSet& set, GraphMode mode,
+absl::StatusOr<int> Runner::CaptureEachSize(GraphSet& set, absl::string_view scope, GraphMode mode,
                                             const CaptureSizes& sizes, const KeyedStepFn& fn) {
   if (comm_ == nullptr) {
     ASSIGN_OR_RETURN(CaptureSummary s, set.CaptureAll(mode, sizes, fn, stream_.get(), &buffers_));
@@ -816,15 +816,20 @@ absl::StatusOr<int> Runner::CaptureEachSize(GraphSet& set, GraphMode mode,
   int captured = 0;
   for (int size : sizes.LargestFirst()) {  // the largest sets the pool's high-water mark
     const CaptureKey key{mode, size};
-    // Named by the key, so that a rank whose list of sizes differs from the others' fails at the
-    // first size where they part.
-    RETURN_IF_ERROR(bootstrap.Barrier(absl::StrCat("runner.capture_size.", KeyName(key))));
+    // Named by the scope and the key ("runner.capture_size.piece/3.decode/8"), so that ranks
+    // whose graph sets, modes or sizes differ fail at the first call whose names differ: at the
+    // first size where their lists differ or, where one rank's list is a prefix of another's, at
+    // that rank's next call after this loop, which meets the other's next size (a next call
+    // that sends no frame, an unnamed Broadcast, or none leaves the others to wait out their
+    // timeout).
+    const std::string name = absl::StrCat(scope, ".", KeyName(key));
+    RETURN_IF_ERROR(bootstrap.Barrier(absl::StrCat("runner.capture_size.", name)));
     const absl::Status status = set.Capture(
         key, [&fn, key](cudaStream_t stream) { return fn(key, stream); }, stream_.get(),
         &buffers_);
     const absl::Status agreed =
         AgreeOnStatus(bootstrap, status, absl::StrCat("Capture of ", KeyName(key)),
-                      absl::StrCat("runner.capture_agreement.", KeyName(key)));
+                      absl::StrCat("runner.capture_agreement.", name));
     if (!agreed.ok()) {
       // A rank whose own capture of the key succeeded drops it too: every rank then runs the key
       // eagerly, where one rank replaying it beside another's eager step would pair unlike
@@ -856,7 +861,7 @@ absl::Status Runner::CaptureFull(RunnerCaptureSummary* summary) {
                            stream);
   };
   for (const auto& [mode, sizes] : CapturedSizeLists()) {
-    ASSIGN_OR_RETURN(int n, CaptureEachSize(*graphs_, mode, *sizes, step));
+    ASSIGN_OR_RETURN(int n, CaptureEachSize(*graphs_, "full", mode, *sizes, step));
     summary->num_graphs += n;
   }
   for (const GraphStats& stats : graphs_->AllStats()) summary->num_nodes += stats.num_nodes;
@@ -880,7 +885,8 @@ absl::Status Runner::CapturePiecewise(RunnerCaptureSummary* summary) {
           piece, Args(index, StepRoute{index, k.max_tokens, k.max_rows}, arena_.data()), stream);
     };
     for (const auto& [mode, sizes] : CapturedSizeLists()) {
-      ASSIGN_OR_RETURN(int n, CaptureEachSize(*piece_graphs_.back(), mode, *sizes, step));
+      ASSIGN_OR_RETURN(int n, CaptureEachSize(*piece_graphs_.back(), absl::StrCat("piece/", piece),
+                                              mode, *sizes, step));
       summary->num_graphs += n;
     }
     for (const GraphStats& stats : piece_graphs_.back()->AllStats()) {

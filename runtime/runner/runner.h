@@ -410,10 +410,11 @@ class Runner {
   // `status` prefixed with the option and the model it was read for.
   absl::Status WeightFilesError(const absl::Status& status) const;
   // Captures fn for every size of `sizes` into `set`, largest first: one GPU through
-  // GraphSet::CaptureAll; tensor parallel in lock-step (see the file comment). Returns the number
-  // of graphs.
-  absl::StatusOr<int> CaptureEachSize(GraphSet& set, GraphMode mode, const CaptureSizes& sizes,
-                                      const KeyedStepFn& fn);
+  // GraphSet::CaptureAll; tensor parallel in lock-step (see the file comment), with bootstrap
+  // calls named by `scope` (the graph set: "full", or "piece/3" for piece 3) and the key. Returns
+  // the number of graphs.
+  absl::StatusOr<int> CaptureEachSize(GraphSet& set, absl::string_view scope, GraphMode mode,
+                                      const CaptureSizes& sizes, const KeyedStepFn& fn);
   // Returns capture_step_hook_for_testing's verdict for `key` (OK without a hook).
   absl::Status RunCaptureHook(CaptureKey key) const;
   // The device views of key `key_index` at the route's sizes over `activations`.

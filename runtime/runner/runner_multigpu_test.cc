@@ -685,6 +685,36 @@ TEST(RunnerMultiGpuTest, CaptureFailingOnOneRankFailsEveryRankAlike) {
   }, Options());
 }
 
+// Ranks that capture in different graph modes (one full graphs, the others piecewise) part at
+// their first capture call: its name carries the scope ("full" against "piece/0"), so every rank
+// fails at once with Internal naming both calls, never pairing one piece's capture with another's.
+TEST(RunnerMultiGpuTest, CaptureInAnotherGraphModeFailsEveryRankAtOnce) {
+  KILN_REQUIRE_GPUS(2);
+  testing::MultiProcessTestOptions options = Options();
+  options.final_barrier = false;  // the failed exchange leaves the bootstrap unusable
+  RunOnEveryGpu([](RankContext& ctx) {
+    ASSERT_EQ(cudaSetDevice(ctx.device()), cudaSuccess);
+    const uint64_t seed = SharedSeed(ctx);
+    RunnerOptions runner_options = TpOptions(seed, AutoConfig(), &ctx);
+    runner_options.graphs = ctx.rank == 0 ? GraphExecution::kFull : GraphExecution::kPiecewise;
+    absl::StatusOr<std::unique_ptr<Runner>> created = Runner::Create(runner_options);
+    ASSERT_TRUE(created.ok()) << created.status();
+    const absl::Time start = absl::Now();
+    const absl::Status captured = (*created)->Capture().status();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "ranks in other modes must not hang";
+    // A rank whose connection rank 0 shut before its report arrived may see rank 0 as lost.
+    EXPECT_TRUE(absl::IsInternal(captured) || absl::IsUnavailable(captured)) << captured;
+    if (ctx.rank == 0) {
+      EXPECT_TRUE(absl::IsInternal(captured)) << captured;
+      EXPECT_NE(captured.message().find("runner.capture_size.full.decode/8"), std::string::npos)
+          << captured;
+      EXPECT_NE(captured.message().find("runner.capture_size.piece/0.decode/8"),
+                std::string::npos)
+          << captured;
+    }
+  }, options);
+}
+
 // One rank exits between steps; the others' next step must end in DeadlineExceeded, bounded by
 // the all-reduce timeout: through the custom all-reduce's barriers, or, NCCL only, by aborting
 // NCCL when the step's stream has not finished in time.
