@@ -21,6 +21,25 @@
 namespace kiln {
 namespace {
 
+// `text` with every byte that could act on a terminal or is not ASCII (below 0x20, 0x7f, 0x80
+// and above) and the backslash written as \xNN or \\; quotes stay as they are, so a message
+// that already quotes its values reads as sent.
+std::string EscapeControlBytes(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const unsigned char byte = static_cast<unsigned char>(c);
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (byte < 0x20 || byte >= 0x7f) {
+      absl::StrAppendFormat(&out, "\\x%02x", byte);
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 absl::Status ErrnoStatus(absl::string_view what) {
   return absl::InternalError(absl::StrCat(what, " failed: ", std::strerror(errno)));
 }
@@ -378,13 +397,14 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
           continue;
         }
         const bool fits = joiner_world == world_size && joiner >= 1 && joiner < world_size;
-        if (other_version && !fits) {
-          // A kiln process of another build whose rank and world size are not this job's: most
-          // likely another job's, at the same path. It is told why (best effort, without
+        if (other_version && (!fits || fds[joiner - 1] >= 0)) {
+          // A kiln process of another build whose rank and world size are not this job's, or
+          // whose rank already joined: most likely another job's, at the same path. It is told why (best effort, without
           // waiting: it must not hold up this rank) and dropped; this job's ranks may still come.
           const std::string refusal = absl::StrFormat(
               "A process joined the bootstrap at %s as rank %d of %d speaking bootstrap protocol "
-              "'%s', not this rank's '%s', and does not fit world size %d: the path is another "
+              "'%s', not this rank's '%s', and does not fit world size %d or names a rank that "
+              "joined: the path is another "
               "job's; give every job its own path, and run the same build on every rank",
               path, joiner, joiner_world, MagicText(static_cast<uint32_t>(magic)),
               MagicText(static_cast<uint32_t>(kHelloMagic)), world_size);
@@ -527,7 +547,7 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
         if (!closed_early && got.ok()) {
           // Escaped: the bytes are whatever listens at the path, not necessarily a kiln rank 0.
           return absl::InvalidArgumentError(
-              absl::StrCat("Rank 0 refused: ", absl::CHexEscape(refusal)));
+              absl::StrCat("Rank 0 refused: ", EscapeControlBytes(refusal)));
         }
         return absl::UnavailableError(absl::StrFormat(
             "Rank %d of %d: rank 0 at %s ended the rendezvous before every rank joined (it "

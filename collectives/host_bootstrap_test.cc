@@ -2173,7 +2173,8 @@ TEST(HostBootstrapTest, AProcessOfAnotherVersionThatDoesNotFitIsDroppedAndTheRan
     EXPECT_THAT(*reasons[i],
                 HasSubstr(absl::StrCat(
                     "as rank ", intro.rank, " of ", intro.world, " speaking bootstrap protocol '",
-                    other.text, "', not this rank's 'kBo3', and does not fit world size 2")));
+                    other.text, "', not this rank's 'kBo3', and does not fit world size 2 or names a rank that "
+                    "joined")));
     EXPECT_TRUE(closed[i]) << "rank 0 kept the connection";
   }
   ASSERT_TRUE(root.ok()) << root.status();
@@ -2188,6 +2189,40 @@ TEST(HostBootstrapTest, AProcessOfAnotherVersionThatDoesNotFitIsDroppedAndTheRan
   ASSERT_TRUE(all.ok()) << all.status();
   EXPECT_THAT(*all, ElementsAre("zero", "one"));
   EXPECT_THAT(got, ElementsAre("zero", "one"));
+}
+
+TEST(HostBootstrapTest, AProcessOfAnotherVersionNamingARankThatJoinedIsDropped) {
+  // Rank 1 of this job has joined; a process of another version then introduces itself as rank 1
+  // of the same world size. It cannot be this job's rank 1, so it is told why and dropped, and
+  // rank 2 still completes the rendezvous.
+  const std::string path = TempPath("other_job_taken_rank");
+  absl::StatusOr<std::unique_ptr<HostBootstrap>> root, rank1;
+  std::thread rank0([&] { root = HostBootstrap::Rendezvous(path, 0, 3, absl::Seconds(20)); });
+  std::thread first([&] { rank1 = HostBootstrap::Rendezvous(path, 1, 3, absl::Seconds(20)); });
+  // Time for rank 0 to read rank 1's introduction before the other process's arrives.
+  absl::SleepFor(absl::Milliseconds(500));
+  std::optional<std::string> reason;
+  bool closed = false;
+  {
+    const ScopedFd fd(ConnectRaw(path));
+    ASSERT_GE(fd.get(), 0);
+    const int32_t hello[3] = {static_cast<int32_t>(kOtherHelloMagics[0].magic), 1, 3};
+    WriteAll(fd.get(), std::string(reinterpret_cast<const char*>(hello), 12));
+    reason = ReceiveVerdict(fd.get(), absl::Seconds(20));
+    closed = ClosedByPeer(fd.get(), absl::Seconds(20));
+  }
+  absl::StatusOr<std::unique_ptr<HostBootstrap>> rank2 =
+      HostBootstrap::Rendezvous(path, 2, 3, absl::Seconds(20));
+  rank0.join();
+  first.join();
+  ASSERT_TRUE(reason.has_value()) << "rank 0 did not say why it dropped the process";
+  EXPECT_THAT(*reason, HasSubstr("as rank 1 of 3 speaking bootstrap protocol 'kBo1', not this "
+                                 "rank's 'kBo3', and does not fit world size 3 or names a rank "
+                                 "that joined"));
+  EXPECT_TRUE(closed) << "rank 0 kept the connection";
+  ASSERT_TRUE(root.ok()) << root.status();
+  ASSERT_TRUE(rank1.ok()) << rank1.status();
+  ASSERT_TRUE(rank2.ok()) << rank2.status();
 }
 
 TEST(HostBootstrapTest, ARankZeroThatGivesUpNamesTheProcessesOfAnotherVersionItDropped) {
@@ -2264,7 +2299,8 @@ TEST(HostBootstrapTest, ARefusalFromRankZeroIsEscaped) {
   rank1.join();
   ASSERT_GE(fd.get(), 0) << "the rank never connected: " << status;
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-  EXPECT_EQ(status.message(), "Rank 0 refused: no\\x1b[2J\\r\\n\\'\\xff\\x00!");
+  // Quotes stay as sent (a refusal quotes its own values); control and non-ASCII bytes do not.
+  EXPECT_EQ(status.message(), "Rank 0 refused: no\\x1b[2J\\x0d\\x0a'\\xff\\x00!");
   for (const char c : status.message()) {
     EXPECT_TRUE(c >= 0x20 && c < 0x7f) << "raw byte " << static_cast<int>(c);
   }

@@ -828,7 +828,9 @@ absl::StatusOr<int> Runner::CaptureEachSize(GraphSet& set, absl::string_view sco
         key, [&fn, key](cudaStream_t stream) { return fn(key, stream); }, stream_.get(),
         &buffers_);
     const absl::Status agreed =
-        AgreeOnStatus(bootstrap, status, absl::StrCat("Capture of ", KeyName(key)),
+        AgreeOnStatus(bootstrap, status,
+                      absl::StrCat("Capture of ", KeyName(key),
+                                   scope == "full" ? "" : absl::StrCat(" in ", scope)),
                       absl::StrCat("runner.capture_agreement.", name));
     if (!agreed.ok()) {
       // A rank whose own capture of the key succeeded drops it too: every rank then runs the key

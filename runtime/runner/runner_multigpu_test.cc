@@ -10,7 +10,9 @@
 //   - the fused all-reduce + add + RMSNorm gives the unfused step's bits (full and piecewise
 //     graphs);
 //   - a step that would replay graphs before RegisterGraphBuffers() is FailedPrecondition;
-//   - a capture that fails on one rank fails Capture() on every rank with the same Status;
+//   - a capture that fails on one rank fails Capture() on every rank with the same Status, and
+//     every rank drops that key (after registration it runs eagerly everywhere);
+//   - ranks that capture in different graph modes fail at their first capture call, at once;
 //   - a killed rank ends the others' next step in DeadlineExceeded within a bounded time, with
 //     the custom all-reduce and with NCCL alone;
 //   - the weights and KV cache each rank allocates are what the memory planner planned per rank;
