@@ -147,8 +147,10 @@ absl::Status CheckTimeout(absl::Duration timeout) {
 // ("3oBk", "3fBk"). Both change together whenever the meaning of any byte on the wire changes (a
 // header, a payload's layout), so that a process of another kiln build is told apart at the
 // rendezvous by its hello, and between connected sockets by its first frame. This build drops a
-// hello whose high three bytes differ (another program), refuses one of another version
-// (MagicVersionDiffers; see Rendezvous), and refuses a frame of another version or magic.
+// hello whose high three bytes differ (another program); of a hello of another version
+// (MagicVersionDiffers) it ends the rendezvous only when its rank and world size fit this job and
+// that rank has not joined, and otherwise tells it why and drops it (see Rendezvous); it refuses
+// a frame of another version or magic.
 constexpr int32_t kHelloMagic = 0x6b426f33;  // "kBo3"
 
 // Every exchange frame starts with this header; `call_size` bytes of the call's name, then
@@ -399,13 +401,14 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
         const bool fits = joiner_world == world_size && joiner >= 1 && joiner < world_size;
         if (other_version && (!fits || fds[joiner - 1] >= 0)) {
           // A kiln process of another build whose rank and world size are not this job's, or
-          // whose rank already joined: most likely another job's, at the same path. It is told why (best effort, without
-          // waiting: it must not hold up this rank) and dropped; this job's ranks may still come.
+          // whose rank already joined: most likely another job's, at the same path. It is told
+          // why (best effort, without waiting: it must not hold up this rank) and dropped; this
+          // job's ranks may still come.
           const std::string refusal = absl::StrFormat(
               "A process joined the bootstrap at %s as rank %d of %d speaking bootstrap protocol "
               "'%s', not this rank's '%s', and does not fit world size %d or names a rank that "
-              "joined: the path is another "
-              "job's; give every job its own path, and run the same build on every rank",
+              "joined: the path is another job's; give every job its own path, and run the same "
+              "build on every rank",
               path, joiner, joiner_world, MagicText(static_cast<uint32_t>(magic)),
               MagicText(static_cast<uint32_t>(kHelloMagic)), world_size);
           SendVerdict(fd, refusal, absl::Now()).IgnoreError();

@@ -32,7 +32,8 @@
 // to it).
 // So a rank that skips a named call is caught at once, at its next call, when that call's kind or
 // name differs from the skipped one's, unless that call is an unnamed Broadcast (see below). Every
-// call in kiln's code and tests is named after its call site (the tests of this file aside), and a
+// call in kiln's code and tests is named after its call site (the tests of this file and one
+// unnamed call in runtime/runner/rank_agreement_test.cc, made so on purpose, aside), and a
 // site that runs once per item of a loop names that item and those of the loops around it (the
 // runner's per-size capture barrier and agreement name the graph set and the capture key,
 // "runner.capture_size.piece/3.decode/8"; the all-reduce benchmark's barriers name the mode,

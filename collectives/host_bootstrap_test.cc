@@ -2171,10 +2171,10 @@ TEST(HostBootstrapTest, AProcessOfAnotherVersionThatDoesNotFitIsDroppedAndTheRan
     SCOPED_TRACE(absl::StrCat(other.text, " as rank ", intro.rank, " of ", intro.world));
     ASSERT_TRUE(reasons[i].has_value()) << "rank 0 did not say why it dropped the process";
     EXPECT_THAT(*reasons[i],
-                HasSubstr(absl::StrCat(
-                    "as rank ", intro.rank, " of ", intro.world, " speaking bootstrap protocol '",
-                    other.text, "', not this rank's 'kBo3', and does not fit world size 2 or names a rank that "
-                    "joined")));
+                HasSubstr(absl::StrCat("as rank ", intro.rank, " of ", intro.world,
+                                       " speaking bootstrap protocol '", other.text,
+                                       "', not this rank's 'kBo3', and does not fit world size 2 "
+                                       "or names a rank that joined")));
     EXPECT_TRUE(closed[i]) << "rank 0 kept the connection";
   }
   ASSERT_TRUE(root.ok()) << root.status();

@@ -158,7 +158,7 @@ class GraphSet {
   // captures or erases a graph (either may move the graphs in its table) or is destroyed. Only
   // the set makes, copies or moves one: its constructors are private (a user-provided default
   // constructor, so that it is no aggregate either), so a caller holds a Graph only by reference
-  // to one that Find returned, and neither a copy nor a subclass of it compiles.
+  // to one that Find returned: a copy does not compile, nor does constructing a subclass.
   class Graph {
    private:
     friend class GraphSet;

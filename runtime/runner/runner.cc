@@ -758,8 +758,11 @@ absl::Status Runner::FillEmptyStep(int key_index) {
 }
 
 absl::Status Runner::FetchMetadata(int key_index, cudaStream_t stream) const {
-  return ToStatus(LaunchFetchStepMetadata(metadata_host_.data(), metadata_device_.data(),
-                                          layouts_[key_index].Fetch(), stream),
+  const cudaError_t launched = LaunchFetchStepMetadata(
+      metadata_host_.data(), metadata_device_.data(), layouts_[key_index].Fetch(), stream);
+  // The key's name only on failure: an eager step makes no string.
+  if (launched == cudaSuccess) return absl::OkStatus();
+  return ToStatus(launched,
                   absl::StrCat("The metadata fetch of ", KeyName(keys_.key(key_index).key)));
 }
 
@@ -807,8 +810,11 @@ absl::Status Runner::RunCaptureHook(CaptureKey key) const {
 absl::StatusOr<int> Runner::CaptureEachSize(GraphSet& set, absl::string_view scope, GraphMode mode,
                                             const CaptureSizes& sizes, const KeyedStepFn& fn) {
   if (comm_ == nullptr) {
-    ASSIGN_OR_RETURN(CaptureSummary s, set.CaptureAll(mode, sizes, fn, stream_.get(), &buffers_));
-    return s.num_graphs;
+    absl::StatusOr<CaptureSummary> s = set.CaptureAll(mode, sizes, fn, stream_.get(), &buffers_);
+    if (s.ok()) return s->num_graphs;
+    if (scope == "full") return s.status();
+    // Every piece captures the same keys: the message says which piece's capture failed.
+    return absl::Status(s.status().code(), absl::StrCat(scope, ": ", s.status().message()));
   }
   // Lock-step: every rank starts each size together (the warm-ups and the capture make
   // collective calls), and learns after it whether every rank captured it.
@@ -872,6 +878,7 @@ absl::Status Runner::CaptureFull(RunnerCaptureSummary* summary) {
 
 absl::Status Runner::CapturePiecewise(RunnerCaptureSummary* summary) {
   piece_graphs_.clear();
+  piece_lookup_.reserve(static_cast<size_t>(model_->num_pieces()));  // no growth in a step
   GraphSetOptions graph_options;
   graph_options.progress = CaptureProgress::kQuiet;
   for (int piece = 0; piece < model_->num_pieces(); ++piece) {

@@ -54,6 +54,13 @@
 //   drops the failing key (also where its own capture of it succeeded), so every rank holds the
 //   same graphs; a step that would replay one of them is FailedPrecondition until
 //   RegisterGraphBuffers(), and the failing key and those after it run eagerly on every rank.
+//   That holds when the ranks still make the same exchanges inside the failed capture. A rank
+//   whose capture fails before a captured all-reduce that records a registered input (two-shot,
+//   or one-shot with AllReduceConfig.graph_one_shot_registered) leaves the others in that
+//   all-reduce's agreement while it reports its failure: every rank then fails at once with
+//   Internal naming both calls ("custom_allreduce.capture_agreement" against
+//   "runner.capture_agreement.full.decode/8"), the bootstrap and the custom all-reduce stay
+//   unusable, and the runner must be created again on every rank.
 //   Graph states: none ──Capture──► captured ──RegisterGraphBuffers──► registered
 //   A step that would replay a graph before registration is FailedPrecondition. A peer that died
 //   or hangs ends the next step in DeadlineExceeded within AllReduceConfig.barrier_timeout_ms

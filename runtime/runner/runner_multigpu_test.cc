@@ -13,6 +13,8 @@
 //   - a capture that fails on one rank fails Capture() on every rank with the same Status, and
 //     every rank drops that key (after registration it runs eagerly everywhere);
 //   - ranks that capture in different graph modes fail at their first capture call, at once;
+//     so do ranks of which one fails a capture before a captured all-reduce with registered
+//     inputs (the others wait in its agreement);
 //   - a killed rank ends the others' next step in DeadlineExceeded within a bounded time, with
 //     the custom all-reduce and with NCCL alone;
 //   - the weights and KV cache each rank allocates are what the memory planner planned per rank;
@@ -685,6 +687,45 @@ TEST(RunnerMultiGpuTest, CaptureFailingOnOneRankFailsEveryRankAlike) {
     ASSERT_TRUE(outcomes_all.ok()) << outcomes_all.status();
     for (const std::string& o : *outcomes_all) EXPECT_EQ(o, (*outcomes_all)[0]) << "ranks differ";
   }, Options());
+}
+
+// With registered graph inputs every captured one-shot all-reduce makes an agreement among the
+// ranks; a rank whose capture fails before it reports its failure while the others wait in that
+// agreement. Every rank fails at once with Internal naming both calls, never a hang.
+TEST(RunnerMultiGpuTest, CaptureFailingBeforeARegisteredAllReduceFailsEveryRankAtOnce) {
+  KILN_REQUIRE_GPUS(2);
+  testing::MultiProcessTestOptions options = Options();
+  options.final_barrier = false;  // the failed exchange leaves the bootstrap unusable
+  RunOnEveryGpu([](RankContext& ctx) {
+    ASSERT_EQ(cudaSetDevice(ctx.device()), cudaSuccess);
+    const uint64_t seed = SharedSeed(ctx);
+    RunnerOptions runner_options = TpOptions(seed, RegisteredConfig(), &ctx);
+    const int failing = ctx.world_size - 1;
+    runner_options.capture_step_hook_for_testing = [&ctx, failing](CaptureKey key) {
+      if (ctx.rank == failing && CaptureContext::Phase() == CapturePhase::kCapture &&
+          key == CaptureKey{GraphMode::kDecode, 2}) {
+        return absl::InternalError("Injected capture failure");
+      }
+      return absl::OkStatus();
+    };
+    absl::StatusOr<std::unique_ptr<Runner>> created = Runner::Create(runner_options);
+    ASSERT_TRUE(created.ok()) << created.status();
+    const absl::Time start = absl::Now();
+    const absl::Status captured = (*created)->Capture().status();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "a failed capture must not hang";
+    // A rank whose connection rank 0 shut before its report arrived may see rank 0 as lost.
+    EXPECT_TRUE(absl::IsInternal(captured) || absl::IsUnavailable(captured) ||
+                absl::IsAborted(captured))
+        << captured;
+    if (ctx.rank == 0) {
+      EXPECT_TRUE(absl::IsInternal(captured)) << captured;
+      EXPECT_NE(captured.message().find("custom_allreduce.capture_agreement"), std::string::npos)
+          << captured;
+      EXPECT_NE(captured.message().find("runner.capture_agreement.full.decode/2"),
+                std::string::npos)
+          << captured;
+    }
+  }, options);
 }
 
 // Ranks that capture in different graph modes (one full graphs, the others piecewise) part at
