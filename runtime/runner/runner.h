@@ -56,7 +56,8 @@
 //   RegisterGraphBuffers(), and the failing key and those after it run eagerly on every rank.
 //   That holds when the ranks still make the same exchanges inside the failed capture. A rank
 //   whose capture fails before a captured all-reduce that records a registered input (two-shot,
-//   or one-shot with AllReduceConfig.graph_one_shot_registered) leaves the others in that
+//   or one-shot with AllReduceConfig.graph_one_shot_registered; the fused all-reduce + add +
+//   RMSNorm records none) leaves the others in that
 //   all-reduce's agreement while it reports its failure: every rank then fails at once with
 //   Internal naming both calls ("custom_allreduce.capture_agreement" against
 //   "runner.capture_agreement.full.decode/8"), the bootstrap and the custom all-reduce stay
