@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -627,6 +628,18 @@ TEST(RunnerMultiGpuTest, ReplayBeforeRegistrationIsRefused) {
   }, Options());
 }
 
+// A capture hook that fails the capture (not the warm-ups) of decode/2 on rank `failing` with
+// "Injected capture failure", as seen from rank `rank`.
+std::function<absl::Status(CaptureKey)> FailCaptureOfDecode2On(int failing, int rank) {
+  return [failing, rank](CaptureKey key) -> absl::Status {
+    if (rank == failing && CaptureContext::Phase() == CapturePhase::kCapture &&
+        key == CaptureKey{GraphMode::kDecode, 2}) {
+      return absl::InternalError("Injected capture failure");
+    }
+    return absl::OkStatus();
+  };
+}
+
 TEST(RunnerMultiGpuTest, CaptureFailingOnOneRankFailsEveryRankAlike) {
   KILN_REQUIRE_GPUS(2);
   RunOnEveryGpu([](RankContext& ctx) {
@@ -634,13 +647,7 @@ TEST(RunnerMultiGpuTest, CaptureFailingOnOneRankFailsEveryRankAlike) {
     const uint64_t seed = SharedSeed(ctx);
     RunnerOptions options = TpOptions(seed, AutoConfig(), &ctx);
     const int failing = ctx.world_size - 1;
-    options.capture_step_hook_for_testing = [&ctx, failing](CaptureKey key) -> absl::Status {
-      if (ctx.rank == failing && CaptureContext::Phase() == CapturePhase::kCapture &&
-          key == CaptureKey{GraphMode::kDecode, 2}) {
-        return absl::InternalError("Injected capture failure");
-      }
-      return absl::OkStatus();
-    };
+    options.capture_step_hook_for_testing = FailCaptureOfDecode2On(failing, ctx.rank);
     absl::StatusOr<std::unique_ptr<Runner>> created = Runner::Create(options);
     ASSERT_TRUE(created.ok()) << created.status();
     const absl::Time start = absl::Now();
@@ -703,14 +710,8 @@ TEST(RunnerMultiGpuTest, CaptureFailingBeforeARegisteredAllReduceFailsEveryRankA
     // Unfused, every all-reduce of a captured step is one-shot reading a registered input (the
     // fused all-reduce + norm reads none and makes no agreement).
     runner_options.fuse_allreduce_norm = false;
-    const int failing = ctx.world_size - 1;
-    runner_options.capture_step_hook_for_testing = [&ctx, failing](CaptureKey key) {
-      if (ctx.rank == failing && CaptureContext::Phase() == CapturePhase::kCapture &&
-          key == CaptureKey{GraphMode::kDecode, 2}) {
-        return absl::InternalError("Injected capture failure");
-      }
-      return absl::OkStatus();
-    };
+    runner_options.capture_step_hook_for_testing =
+        FailCaptureOfDecode2On(ctx.world_size - 1, ctx.rank);
     absl::StatusOr<std::unique_ptr<Runner>> created = Runner::Create(runner_options);
     ASSERT_TRUE(created.ok()) << created.status();
     const absl::Time start = absl::Now();
