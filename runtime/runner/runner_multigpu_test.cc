@@ -36,6 +36,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "collectives/allreduce_config.pb.h"
@@ -696,6 +697,28 @@ TEST(RunnerMultiGpuTest, CaptureFailingOnOneRankFailsEveryRankAlike) {
   }, Options());
 }
 
+// Creates a runner with `options` on this rank and captures: Capture() must fail within 30 s,
+// on rank 0 with Internal naming both `call` and `other_call` (the calls at which the ranks
+// parted), elsewhere with Internal, or Unavailable for a rank whose connection rank 0 shut before
+// its report arrived (or Aborted, where `may_be_aborted`: the custom all-reduce's sticky error).
+void ExpectCaptureFailsEveryRankAtOnce(RankContext& ctx, const RunnerOptions& options,
+                                       bool may_be_aborted, absl::string_view call,
+                                       absl::string_view other_call) {
+  absl::StatusOr<std::unique_ptr<Runner>> created = Runner::Create(options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  const absl::Time start = absl::Now();
+  const absl::Status captured = (*created)->Capture().status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "a failed capture must not hang";
+  EXPECT_TRUE(absl::IsInternal(captured) || absl::IsUnavailable(captured) ||
+              (may_be_aborted && absl::IsAborted(captured)))
+      << captured;
+  if (ctx.rank == 0) {
+    EXPECT_TRUE(absl::IsInternal(captured)) << captured;
+    EXPECT_NE(captured.message().find(call), std::string::npos) << captured;
+    EXPECT_NE(captured.message().find(other_call), std::string::npos) << captured;
+  }
+}
+
 // With registered graph inputs every captured one-shot all-reduce makes an agreement among the
 // ranks; a rank whose capture fails before it reports its failure while the others wait in that
 // agreement. Every rank fails at once with Internal naming both calls, never a hang.
@@ -712,23 +735,9 @@ TEST(RunnerMultiGpuTest, CaptureFailingBeforeARegisteredAllReduceFailsEveryRankA
     runner_options.fuse_allreduce_norm = false;
     runner_options.capture_step_hook_for_testing =
         FailCaptureOfDecode2On(ctx.world_size - 1, ctx.rank);
-    absl::StatusOr<std::unique_ptr<Runner>> created = Runner::Create(runner_options);
-    ASSERT_TRUE(created.ok()) << created.status();
-    const absl::Time start = absl::Now();
-    const absl::Status captured = (*created)->Capture().status();
-    EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "a failed capture must not hang";
-    // A rank whose connection rank 0 shut before its report arrived may see rank 0 as lost.
-    EXPECT_TRUE(absl::IsInternal(captured) || absl::IsUnavailable(captured) ||
-                absl::IsAborted(captured))
-        << captured;
-    if (ctx.rank == 0) {
-      EXPECT_TRUE(absl::IsInternal(captured)) << captured;
-      EXPECT_NE(captured.message().find("custom_allreduce.capture_agreement"), std::string::npos)
-          << captured;
-      EXPECT_NE(captured.message().find("runner.capture_agreement.full.decode/2"),
-                std::string::npos)
-          << captured;
-    }
+    ExpectCaptureFailsEveryRankAtOnce(ctx, runner_options, /*may_be_aborted=*/true,
+                                      "custom_allreduce.capture_agreement",
+                                      "runner.capture_agreement.full.decode/2");
   }, options);
 }
 
@@ -744,21 +753,9 @@ TEST(RunnerMultiGpuTest, CaptureInAnotherGraphModeFailsEveryRankAtOnce) {
     const uint64_t seed = SharedSeed(ctx);
     RunnerOptions runner_options = TpOptions(seed, AutoConfig(), &ctx);
     runner_options.graphs = ctx.rank == 0 ? GraphExecution::kFull : GraphExecution::kPiecewise;
-    absl::StatusOr<std::unique_ptr<Runner>> created = Runner::Create(runner_options);
-    ASSERT_TRUE(created.ok()) << created.status();
-    const absl::Time start = absl::Now();
-    const absl::Status captured = (*created)->Capture().status();
-    EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "ranks in other modes must not hang";
-    // A rank whose connection rank 0 shut before its report arrived may see rank 0 as lost.
-    EXPECT_TRUE(absl::IsInternal(captured) || absl::IsUnavailable(captured)) << captured;
-    if (ctx.rank == 0) {
-      EXPECT_TRUE(absl::IsInternal(captured)) << captured;
-      EXPECT_NE(captured.message().find("runner.capture_size.full.decode/8"), std::string::npos)
-          << captured;
-      EXPECT_NE(captured.message().find("runner.capture_size.piece/0.decode/8"),
-                std::string::npos)
-          << captured;
-    }
+    ExpectCaptureFailsEveryRankAtOnce(ctx, runner_options, /*may_be_aborted=*/false,
+                                      "runner.capture_size.full.decode/8",
+                                      "runner.capture_size.piece/0.decode/8");
   }, options);
 }
 
