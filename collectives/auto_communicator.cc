@@ -3,10 +3,19 @@
 #include "absl/strings/str_format.h"
 #include "glog/logging.h"
 #include "graph/capture_context.h"
-#include "runtime/cuda/status.h"
 #include "runtime/cuda/status_macros.h"
 
 namespace kiln {
+namespace {
+
+// Returns whether the policy plans a call on a stream of capture status `capture` as captured:
+// the stream captures (or its capture was invalidated), or CaptureContext says it captures.
+bool PlannedAsCaptured(cudaStreamCaptureStatus capture) {
+  return capture != cudaStreamCaptureStatusNone ||
+         CaptureContext::Phase() == CapturePhase::kCapture;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<AutoCommunicator>> AutoCommunicator::Create(
     HostBootstrap& bootstrap, int device, const AllReduceConfig& config) {
@@ -58,13 +67,8 @@ absl::StatusOr<AutoCommunicator::PlannedCall> AutoCommunicator::PlanCall(
   request.custom_max_bytes = custom_ != nullptr ? custom_->max_bytes() : 0;
   if (request.custom_available) {
     // Asked on every call: a decision frozen at warm-up would replay the wrong path.
-    cudaError_t error = cudaStreamIsCapturing(stream, &call.capture);
-    if (error != cudaSuccess) {
-      cudaGetLastError();
-      return ToStatus(error, "cudaStreamIsCapturing(all-reduce stream)");
-    }
-    request.capturing = call.capture != cudaStreamCaptureStatusNone ||
-                        CaptureContext::Phase() == CapturePhase::kCapture;
+    ASSIGN_OR_RETURN(call.capture, CustomAllReduce::CaptureStatus(stream));
+    request.capturing = PlannedAsCaptured(call.capture);
   }
   call.bytes = request.bytes;
   call.plan = SelectAllReduce(config_, request);
@@ -91,13 +95,15 @@ absl::Status AutoCommunicator::AllReduce(const void* in, void* out, size_t count
   if (custom_ != nullptr) RETURN_IF_ERROR(custom_->CheckTimedOut());
   // The call's only argument checks: CheckAllReduceArgs in PlanCall, and SelectAllReduce, which
   // picks a custom plan only for what CheckCustomAllReducePlan accepts (allreduce_policy_test).
-  // Neither communicator below checks them again; the custom one checks the rest of its state
-  // (an unregistered replay) and the capture state (from call.capture, read once).
+  // Neither communicator below checks them again; the custom path checks the rest of the state
+  // here (an unregistered replay), and EnqueueCheckedAllReduce the capture state (from
+  // call.capture, read once).
   ASSIGN_OR_RETURN(const PlannedCall call, PlanCall(in, out, count, dtype, stream));
   const AllReducePlan& plan = call.plan;
   if (plan.algorithm != AllReduceAlgorithm::kNccl) {
+    RETURN_IF_ERROR(custom_->TakeUnregisteredReplay());
     absl::Status status =
-        custom_->EnqueueAllReduce(in, out, call.bytes, dtype, plan, call.capture, stream);
+        custom_->EnqueueCheckedAllReduce(in, out, call.bytes, dtype, plan, call.capture, stream);
     if (status.ok()) {
       const bool staged = plan.input == AllReduceInput::kStaged;
       if (plan.algorithm == AllReduceAlgorithm::kOneShot) {
@@ -149,20 +155,15 @@ absl::Status AutoCommunicator::AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs
   request.custom_available = true;
   request.custom_max_bytes = custom_->max_bytes();
   // Asked on every call, as for AllReduce, and once: the custom all-reduce takes it from here.
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  cudaError_t error = cudaStreamIsCapturing(stream, &capture);
-  if (error != cudaSuccess) {
-    cudaGetLastError();
-    return ToStatus(error, "cudaStreamIsCapturing(all-reduce stream)");
-  }
-  request.capturing = capture != cudaStreamCaptureStatusNone ||
-                      CaptureContext::Phase() == CapturePhase::kCapture;
+  ASSIGN_OR_RETURN(const cudaStreamCaptureStatus capture, CustomAllReduce::CaptureStatus(stream));
+  request.capturing = PlannedAsCaptured(capture);
   // The push kernel copies the input into the peers' buffers itself: nothing to register.
   AllReduceInput input = custom_->AddRmsNormPushes(args.tokens, args.hidden)
                              ? AllReduceInput::kStaged
                              : ChooseAllReduceInput(config_, AllReduceAlgorithm::kOneShot, request);
   // SupportsAllReduceAddRmsNorm asked custom_->SupportsAddRmsNorm above: enqueued unchecked.
-  absl::Status result = custom_->EnqueueAddRmsNorm(args, input, capture, stream);
+  RETURN_IF_ERROR(custom_->TakeUnregisteredReplay());
+  absl::Status result = custom_->EnqueueCheckedAddRmsNorm(args, input, capture, stream);
   if (absl::IsUnavailable(result) && input == AllReduceInput::kRegistered) {
     // Some rank could not export its captured input, and all ranks agreed on it: all of them
     // copy it into the staging buffer instead, which needs no export.

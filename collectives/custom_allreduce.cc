@@ -70,18 +70,6 @@ absl::Status AgreeOn(HostBootstrap& bootstrap, absl::string_view call, const abs
   return absl::OkStatus();
 }
 
-// Reads `stream`'s capture status, on the call that needs it: never from an earlier call or the
-// warm-up.
-absl::StatusOr<cudaStreamCaptureStatus> CaptureStatus(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  cudaError_t error = cudaStreamIsCapturing(stream, &status);
-  if (error != cudaSuccess) {
-    cudaGetLastError();
-    return ToStatus(error, "cudaStreamIsCapturing(all-reduce stream)");
-  }
-  return status;
-}
-
 // Returns whether a call on a stream of capture status `status` is being captured:
 // FailedPrecondition for a capture an earlier error invalidated, or when CaptureContext says
 // capture but the stream is not capturing.
@@ -341,6 +329,16 @@ absl::Status ExportForIpc(const void* address, internal::ExportedBuffer* exporte
 
 }  // namespace
 
+absl::StatusOr<cudaStreamCaptureStatus> CustomAllReduce::CaptureStatus(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaError_t error = cudaStreamIsCapturing(stream, &status);
+  if (error != cudaSuccess) {
+    cudaGetLastError();
+    return ToStatus(error, "cudaStreamIsCapturing(all-reduce stream)");
+  }
+  return status;
+}
+
 absl::Status CustomAllReduce::RecordGraphInput(const void* in, void* out, size_t bytes, int* slot) {
   PendingInput entry{};
   entry.slot = next_slot_;
@@ -390,21 +388,12 @@ absl::Status CustomAllReduce::AllReduce(const void* in, void* out, size_t count,
   // an oversize input would overrun the staging buffers on every replay.
   AllReduceRequest request;
   ASSIGN_OR_RETURN(request.bytes, CheckAllReduceArgs(in, out, count, dtype));
-  request.world_size = world_size_;
   request.in = in;
   request.out = out;
   request.custom_max_bytes = half_bytes_;
   RETURN_IF_ERROR(CheckCustomAllReducePlan(plan, request, count, DataTypeName(dtype)));
   ASSIGN_OR_RETURN(const cudaStreamCaptureStatus capture, CaptureStatus(stream));
   return EnqueueCheckedAllReduce(in, out, request.bytes, dtype, plan, capture, stream);
-}
-
-absl::Status CustomAllReduce::EnqueueAllReduce(const void* in, void* out, size_t bytes,
-                                               DataType dtype, const AllReducePlan& plan,
-                                               cudaStreamCaptureStatus capture,
-                                               cudaStream_t stream) {
-  RETURN_IF_ERROR(TakeUnregisteredReplay());
-  return EnqueueCheckedAllReduce(in, out, bytes, dtype, plan, capture, stream);
 }
 
 absl::Status CustomAllReduce::EnqueueCheckedAllReduce(const void* in, void* out, size_t bytes,
@@ -623,14 +612,6 @@ absl::Status CustomAllReduce::AllReduceAddRmsNorm(const AllReduceAddRmsNormArgs&
         half_bytes_));
   }
   ASSIGN_OR_RETURN(const cudaStreamCaptureStatus capture, CaptureStatus(stream));
-  return EnqueueCheckedAddRmsNorm(args, input, capture, stream);
-}
-
-absl::Status CustomAllReduce::EnqueueAddRmsNorm(const AllReduceAddRmsNormArgs& args,
-                                                AllReduceInput input,
-                                                cudaStreamCaptureStatus capture,
-                                                cudaStream_t stream) {
-  RETURN_IF_ERROR(TakeUnregisteredReplay());
   return EnqueueCheckedAddRmsNorm(args, input, capture, stream);
 }
 

@@ -175,8 +175,9 @@ class CustomAllReduce {
   };
 
   // AutoCommunicator asks CheckTimedOut first on every call, whatever its path, checks a call's
-  // arguments once, when it plans it, then enqueues it through EnqueueAllReduce and
-  // EnqueueAddRmsNorm.
+  // arguments once, when it plans it, reads the stream's capture status once (CaptureStatus),
+  // then asks TakeUnregisteredReplay and enqueues the call through EnqueueCheckedAllReduce or
+  // EnqueueCheckedAddRmsNorm.
   friend class AutoCommunicator;
 
   CustomAllReduce(HostBootstrap& bootstrap, int device, const AllReduceConfig& config);
@@ -187,28 +188,23 @@ class CustomAllReduce {
   // Returns FailedPrecondition once per replay that found its input unregistered (and clears
   // the device's flag), else OK. The second half of CheckAsyncErrors.
   absl::Status TakeUnregisteredReplay();
+  // Returns `stream`'s capture status, read on the call that needs it (never from an earlier
+  // call or the warm-up); a failed query is cleared and returned as its error. Thread-safe.
+  static absl::StatusOr<cudaStreamCaptureStatus> CaptureStatus(cudaStream_t stream);
   // Enqueues an all-reduce of `bytes` whose arguments passed CheckAllReduceArgs (which gave
-  // `bytes`) and CheckCustomAllReducePlan with this object's max_bytes(), after CheckTimedOut
-  // returned OK; `capture` is `stream`'s capture status, read for this call. Checks the rest,
-  // which the arguments alone do not decide: TakeUnregisteredReplay, then as
-  // EnqueueCheckedAllReduce.
-  absl::Status EnqueueAllReduce(const void* in, void* out, size_t bytes, DataType dtype,
-                                const AllReducePlan& plan, cudaStreamCaptureStatus capture,
-                                cudaStream_t stream);
-  // EnqueueAllReduce once the state was checked too (AllReduce checks it before the arguments):
-  // checks the capture state (FailedPrecondition for an invalidated capture, or a CaptureContext
-  // capture on a stream that is not capturing) and a registered input only while capturing
+  // `bytes`) and CheckCustomAllReducePlan with this object's max_bytes(), once the state was
+  // checked (AllReduce: CheckAsyncErrors, before the arguments; AutoCommunicator: CheckTimedOut,
+  // then TakeUnregisteredReplay); `capture` is CaptureStatus(stream), read for this call. Checks
+  // the capture state (FailedPrecondition for an invalidated capture, or a CaptureContext capture
+  // on a stream that is not capturing) and a registered input only while capturing
   // (InvalidArgument).
   absl::Status EnqueueCheckedAllReduce(const void* in, void* out, size_t bytes, DataType dtype,
                                        const AllReducePlan& plan, cudaStreamCaptureStatus capture,
                                        cudaStream_t stream);
-  // Enqueues a fused call whose sizes passed SupportsAddRmsNorm, after CheckTimedOut returned
-  // OK, `capture` as above: TakeUnregisteredReplay, then as EnqueueCheckedAddRmsNorm.
-  absl::Status EnqueueAddRmsNorm(const AllReduceAddRmsNormArgs& args, AllReduceInput input,
-                                 cudaStreamCaptureStatus capture, cudaStream_t stream);
-  // EnqueueAddRmsNorm once the state was checked too (AllReduceAddRmsNorm checks it before the
-  // sizes; AutoCommunicator's retry of a registered call as staged, after EnqueueAddRmsNorm):
-  // checks everything else AllReduceAddRmsNorm documents.
+  // Enqueues a fused call whose sizes passed SupportsAddRmsNorm, once the state was checked as
+  // above (AllReduceAddRmsNorm checks it before the sizes; AutoCommunicator's retry of a
+  // registered call as staged checks it once for both tries), `capture` as above: checks
+  // everything else AllReduceAddRmsNorm documents.
   absl::Status EnqueueCheckedAddRmsNorm(const AllReduceAddRmsNormArgs& args,
                                         AllReduceInput input, cudaStreamCaptureStatus capture,
                                         cudaStream_t stream);

@@ -16,29 +16,11 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "runtime/config/quoted.h"
 #include "runtime/cuda/status_macros.h"
 
 namespace kiln {
 namespace {
-
-// `text` with every byte that could act on a terminal or is not ASCII (below 0x20, 0x7f, 0x80
-// and above) and the backslash written as \xNN or \\; quotes stay as they are, so a message
-// that already quotes its values reads as sent.
-std::string EscapeControlBytes(absl::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (const char c : text) {
-    const unsigned char byte = static_cast<unsigned char>(c);
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (byte < 0x20 || byte >= 0x7f) {
-      absl::StrAppendFormat(&out, "\\x%02x", byte);
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
 
 absl::Status ErrnoStatus(absl::string_view what) {
   return absl::InternalError(absl::StrCat(what, " failed: ", std::strerror(errno)));
@@ -550,7 +532,7 @@ absl::StatusOr<std::unique_ptr<HostBootstrap>> HostBootstrap::Rendezvous(
         if (!closed_early && got.ok()) {
           // Escaped: the bytes are whatever listens at the path, not necessarily a kiln rank 0.
           return absl::InvalidArgumentError(
-              absl::StrCat("Rank 0 refused: ", EscapeControlBytes(refusal)));
+              absl::StrCat("Rank 0 refused: ", Printable(refusal)));
         }
         return absl::UnavailableError(absl::StrFormat(
             "Rank %d of %d: rank 0 at %s ended the rendezvous before every rank joined (it "

@@ -2300,7 +2300,7 @@ TEST(HostBootstrapTest, ARefusalFromRankZeroIsEscaped) {
   ASSERT_GE(fd.get(), 0) << "the rank never connected: " << status;
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
   // Quotes stay as sent (a refusal quotes its own values); control and non-ASCII bytes do not.
-  EXPECT_EQ(status.message(), "Rank 0 refused: no\\x1b[2J\\x0d\\x0a'\\xff\\x00!");
+  EXPECT_EQ(status.message(), "Rank 0 refused: no\\x1b[2J\\r\\n'\\xff\\x00!");
   for (const char c : status.message()) {
     EXPECT_TRUE(c >= 0x20 && c < 0x7f) << "raw byte " << static_cast<int>(c);
   }

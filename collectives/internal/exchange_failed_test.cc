@@ -13,6 +13,8 @@ namespace internal {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::StartsWith;
 
 // A lost peer is Aborted naming this rank, the call and the bootstrap's words; every other code
 // stays, with the same context; none is ever Unavailable.
@@ -50,6 +52,34 @@ TEST(ExchangeFailedTest, TheCallsNameIsEscaped) {
   for (const char ch : message) {
     EXPECT_TRUE(ch >= 0x20 && ch < 0x7f) << "byte " << static_cast<int>(ch) << " in " << message;
   }
+}
+
+// A failed all-gather is never Unavailable, so no caller reads it as the agreement to fall back:
+// a lost peer (the bootstrap's Unavailable) becomes Aborted and keeps the bootstrap's words;
+// other codes are kept. Both follow ExchangeFailed, for the capture agreement's call.
+TEST(CaptureAgreementTest, AFailedAllGatherIsNeverUnavailable) {
+  const absl::Status gather_lost = absl::UnavailableError(
+      "Bootstrap rank 0 lost rank 1 (connection closed); did that process exit?");
+  const absl::Status lost = CaptureAgreementLost(0, gather_lost);
+  EXPECT_EQ(lost.code(), absl::StatusCode::kAborted) << lost;
+  EXPECT_THAT(lost.message(), HasSubstr("lost rank 1 (connection closed)"));
+  EXPECT_THAT(lost.message(), HasSubstr("could not agree on a captured call"));
+  EXPECT_THAT(lost.message(), HasSubstr("recreate it on every rank"));
+  EXPECT_THAT(
+      std::string(lost.message()),
+      StartsWith(std::string(ExchangeFailed(0, kCaptureAgreementCall, gather_lost).message())));
+  EXPECT_THAT(std::string(lost.message()), StartsWith("Custom all-reduce on rank 0: exchange "
+                                                      "'custom_allreduce.capture_agreement'"));
+  // The bootstrap's sentence ends with its question mark; the next starts after a space.
+  EXPECT_THAT(lost.message(), HasSubstr("did that process exit? The ranks could not agree"));
+  EXPECT_THAT(lost.message(), Not(HasSubstr("?.")));
+  const absl::Status late = CaptureAgreementLost(
+      1, absl::DeadlineExceededError("Bootstrap rank 1: rank 0 did not answer within 5s"));
+  EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded) << late;
+  EXPECT_THAT(late.message(), HasSubstr("rank 0 did not answer"));
+  EXPECT_THAT(late.message(), HasSubstr("Custom all-reduce on rank 1"));
+  // Words that end without a full stop get one before the next sentence.
+  EXPECT_THAT(late.message(), HasSubstr("did not answer within 5s. The ranks could not agree"));
 }
 
 }  // namespace

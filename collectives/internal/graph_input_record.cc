@@ -4,7 +4,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "collectives/internal/exchange_failed.h"
 
 namespace kiln {
 namespace internal {
@@ -147,17 +146,6 @@ absl::Status CheckCaptureAgreement(int this_rank, int32_t slot, const std::vecto
   }
   *every_output = every;
   return absl::OkStatus();
-}
-
-absl::Status CaptureAgreementLost(int this_rank, const absl::Status& gather) {
-  const absl::Status failed = ExchangeFailed(this_rank, kCaptureAgreementCall, gather);
-  // The bootstrap's words may end a sentence already ("did that process exit?").
-  const absl::string_view why = failed.message();
-  const bool ended = !why.empty() && (why.back() == '.' || why.back() == '?' || why.back() == '!');
-  return absl::Status(failed.code(),
-                      absl::StrCat(why, ended ? " " : ". ",
-                                   "The ranks could not agree on a captured call: this "
-                                   "communicator is unusable; recreate it on every rank"));
 }
 
 }  // namespace internal

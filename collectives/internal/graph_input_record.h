@@ -4,8 +4,8 @@
 // offsets and sizes decide which addresses the kernels read and write, so they are checked
 // against the call this rank captured (its size) and against the allocation the peer exported.
 // Also the agreement the ranks reach about each captured call before recording it
-// (CaptureAgreementMessage, CheckCaptureAgreement, CaptureAgreementLost). Host-only: no CUDA
-// calls.
+// (CaptureAgreementMessage, CheckCaptureAgreement; a failed exchange of it is
+// exchange_failed.h's CaptureAgreementLost). Host-only: no CUDA calls.
 //
 //   std::string wire;
 //   internal::AppendGraphInputsHeader(first_slot, n, &wire);
@@ -85,13 +85,9 @@ GraphInputRecord ReadGraphInputRecord(absl::string_view message, int32_t i);
 absl::Status CheckGraphInputRecord(int rank, int slot, const GraphInputRecord& record,
                                    uint64_t bytes, bool has_output);
 
-// The bootstrap call name of the capture agreement's all-gather. Consecutive agreements share
-// it; the slot in their messages tells them apart.
-inline constexpr char kCaptureAgreementCall[] = "custom_allreduce.capture_agreement";
-
 // What the ranks agree on before any of them records a captured call's kernel, which waits for
 // the others (CustomAllReduce's RecordGraphInput). Each rank all-gathers (as bootstrap call
-// kCaptureAgreementCall) the message CaptureAgreementMessage returns: "1", or "0" and why its
+// kCaptureAgreementCall, exchange_failed.h) the message CaptureAgreementMessage returns: "1", or "0" and why its
 // input could not be exported; then one byte ('1': its output was exported too); then the call's
 // graph input slot.
 std::string CaptureAgreementMessage(const absl::Status& input_exported, bool output_exported,
@@ -105,12 +101,6 @@ std::string CaptureAgreementMessage(const absl::Status& input_exported, bool out
 // path for this call). Depends only on its arguments. Thread-safe.
 absl::Status CheckCaptureAgreement(int this_rank, int32_t slot, const std::vector<std::string>& all,
                                    bool* every_output);
-
-// Returns the error that leaves the custom all-reduce of rank `this_rank` unusable when the
-// all-gather of the capture agreement failed with `gather` (not OK): ExchangeFailed
-// (exchange_failed.h) of kCaptureAgreementCall (its code and message), then that the ranks could
-// not agree on a captured call and that the communicator must be recreated. Thread-safe.
-absl::Status CaptureAgreementLost(int this_rank, const absl::Status& gather);
 
 }  // namespace internal
 }  // namespace kiln

@@ -13,7 +13,6 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "collectives/internal/exchange_failed.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -23,7 +22,6 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
-using ::testing::StartsWith;
 using u128 = unsigned __int128;
 
 constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
@@ -275,34 +273,6 @@ TEST(CaptureAgreementTest, ARankAtAnotherSlotIsFailedPrecondition) {
       CaptureAgreementMessage(absl::OkStatus(), true, 2), "1"};
   EXPECT_EQ(CheckCaptureAgreement(0, 2, short_message, &every_output).code(),
             absl::StatusCode::kFailedPrecondition);
-}
-
-// A failed all-gather is never Unavailable, so no caller reads it as the agreement to fall back:
-// a lost peer (the bootstrap's Unavailable) becomes Aborted and keeps the bootstrap's words;
-// other codes are kept. Both follow ExchangeFailed, for the capture agreement's call.
-TEST(CaptureAgreementTest, AFailedAllGatherIsNeverUnavailable) {
-  const absl::Status gather_lost = absl::UnavailableError(
-      "Bootstrap rank 0 lost rank 1 (connection closed); did that process exit?");
-  const absl::Status lost = CaptureAgreementLost(0, gather_lost);
-  EXPECT_EQ(lost.code(), absl::StatusCode::kAborted) << lost;
-  EXPECT_THAT(lost.message(), HasSubstr("lost rank 1 (connection closed)"));
-  EXPECT_THAT(lost.message(), HasSubstr("could not agree on a captured call"));
-  EXPECT_THAT(lost.message(), HasSubstr("recreate it on every rank"));
-  EXPECT_THAT(
-      std::string(lost.message()),
-      StartsWith(std::string(ExchangeFailed(0, kCaptureAgreementCall, gather_lost).message())));
-  EXPECT_THAT(std::string(lost.message()), StartsWith("Custom all-reduce on rank 0: exchange "
-                                                      "'custom_allreduce.capture_agreement'"));
-  // The bootstrap's sentence ends with its question mark; the next starts after a space.
-  EXPECT_THAT(lost.message(), HasSubstr("did that process exit? The ranks could not agree"));
-  EXPECT_THAT(lost.message(), Not(HasSubstr("?.")));
-  const absl::Status late = CaptureAgreementLost(
-      1, absl::DeadlineExceededError("Bootstrap rank 1: rank 0 did not answer within 5s"));
-  EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded) << late;
-  EXPECT_THAT(late.message(), HasSubstr("rank 0 did not answer"));
-  EXPECT_THAT(late.message(), HasSubstr("Custom all-reduce on rank 1"));
-  // Words that end without a full stop get one before the next sentence.
-  EXPECT_THAT(late.message(), HasSubstr("did not answer within 5s. The ranks could not agree"));
 }
 
 }  // namespace

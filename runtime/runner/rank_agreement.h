@@ -27,13 +27,9 @@ namespace kiln {
 // of that rank, never as OK. Name each call site distinctly, and one in a loop by its item too
 // ("runner.capture_agreement.decode/8"), so that a rank that skips an agreement is caught at its
 // next call (host_bootstrap.h). When the exchange itself fails, returns the bootstrap's error,
-// which every rank gets in some form, not always the same: a peer died or never came (Unavailable,
-// DeadlineExceeded); a peer made an all-gather of another name, or an unnamed one, at this point
-// of the sequence (Internal naming both calls, on rank 0 and on every rank that rank 0's report
-// reaches, the others Unavailable); a peer made another kind of call, or is at another point
-// (Internal, out of step, on each rank that reads a frame of another exchange; Unavailable on the
-// others, which find the connections shut; DeadlineExceeded on rank 0 for a peer in an unnamed
-// Broadcast, which sends no frame).
+// which every rank gets in some form, not always the same: which rank gets which code, for a peer
+// that died or never came, or that made a call of another name or kind, is in host_bootstrap.h's
+// file comment.
 absl::Status AgreeOnStatus(HostBootstrap& bootstrap, const absl::Status& local,
                            absl::string_view what, absl::string_view call);
 

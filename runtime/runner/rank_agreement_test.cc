@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -37,18 +38,24 @@ std::vector<std::unique_ptr<HostBootstrap>> MakeStar(int world) {
   return out;
 }
 
+// Runs `fn(bootstrap, rank)` for every rank of a new star of `world` bootstraps, each rank on its
+// own thread, and returns once every rank's call returned.
+void OnEveryRank(int world, const std::function<void(HostBootstrap&, int)>& fn) {
+  auto star = MakeStar(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] { fn(*star[r], r); });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
 // Runs AgreeOnStatus on every rank with `local[r]` and returns what each rank got.
 std::vector<absl::Status> Agree(const std::vector<absl::Status>& local) {
   const int world = static_cast<int>(local.size());
-  auto star = MakeStar(world);
   std::vector<absl::Status> got(world);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      got[r] = AgreeOnStatus(*star[r], local[r], "Capture of x", "rank_agreement_test.x");
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  OnEveryRank(world, [&](HostBootstrap& bootstrap, int r) {
+    got[r] = AgreeOnStatus(bootstrap, local[r], "Capture of x", "rank_agreement_test.x");
+  });
   return got;
 }
 
@@ -92,17 +99,12 @@ TEST(RankAgreementTest, ADeadPeerEndsTheExchangeWithAnError) {
 // by the call's name: every rank fails with Internal naming both calls, the agreeing ones too.
 TEST(RankAgreementTest, APeerAtAnotherCallFailsEveryRankNamingBothCalls) {
   for (const char* other : {"", "custom_allreduce.setup"}) {
-    auto star = MakeStar(3);
     std::vector<absl::Status> got(3);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < 3; ++r) {
-      threads.emplace_back([&, r] {
-        got[r] = r == 2 ? star[r]->AllGather("bytes", other).status()
-                        : AgreeOnStatus(*star[r], absl::OkStatus(), "Capture of decode/8",
-                                        "runner.capture_agreement.decode/8");
-      });
-    }
-    for (std::thread& t : threads) t.join();
+    OnEveryRank(3, [&](HostBootstrap& bootstrap, int r) {
+      got[r] = r == 2 ? bootstrap.AllGather("bytes", other).status()
+                      : AgreeOnStatus(bootstrap, absl::OkStatus(), "Capture of decode/8",
+                                      "runner.capture_agreement.decode/8");
+    });
     const std::string theirs =
         *other == '\0' ? "an unnamed call" : absl::StrCat("call '", other, "'");
     for (int r = 0; r < 3; ++r) {
@@ -119,17 +121,12 @@ TEST(RankAgreementTest, APeerAtAnotherCallFailsEveryRankNamingBothCalls) {
 // A peer at another kind of call (a barrier), even of the same name, is out of step: Internal on
 // rank 0, which reads its frame, and Unavailable on the others, whose connections rank 0 shuts.
 TEST(RankAgreementTest, APeerAtAnotherKindOfCallFailsRankZeroOutOfStepAndShutsTheOthersOut) {
-  auto star = MakeStar(3);
   std::vector<absl::Status> got(3);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 3; ++r) {
-    threads.emplace_back([&, r] {
-      got[r] = r == 2 ? star[r]->Barrier("runner.capture_agreement.decode/8")
-                      : AgreeOnStatus(*star[r], absl::OkStatus(), "Capture of decode/8",
-                                      "runner.capture_agreement.decode/8");
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  OnEveryRank(3, [&](HostBootstrap& bootstrap, int r) {
+    got[r] = r == 2 ? bootstrap.Barrier("runner.capture_agreement.decode/8")
+                    : AgreeOnStatus(bootstrap, absl::OkStatus(), "Capture of decode/8",
+                                    "runner.capture_agreement.decode/8");
+  });
   EXPECT_TRUE(absl::IsInternal(got[0])) << got[0];
   EXPECT_NE(got[0].message().find("is at exchange 1 (all-gather) but rank 2 sent exchange 1 "
                                   "(barrier); the ranks are out of step"),
@@ -145,23 +142,18 @@ TEST(RankAgreementTest, APeerAtAnotherKindOfCallFailsRankZeroOutOfStepAndShutsTh
 // by the key): a rank that skips one is caught at its next, on every rank, naming both calls,
 // before any of them returns OK.
 TEST(RankAgreementTest, AgreementsNamedByTheirItemCatchASkippedOne) {
-  auto star = MakeStar(3);
   std::vector<absl::Status> got(3);
   std::vector<int> agreed(3, 0);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 3; ++r) {
-    threads.emplace_back([&, r] {
-      for (const int size : {8, 4}) {
-        if (r == 1 && size == 8) continue;  // skips the first
-        const std::string key = absl::StrCat("decode/", size);
-        got[r] = AgreeOnStatus(*star[r], absl::OkStatus(), absl::StrCat("Capture of ", key),
-                               absl::StrCat("runner.capture_agreement.", key));
-        if (!got[r].ok()) return;
-        ++agreed[r];
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  OnEveryRank(3, [&](HostBootstrap& bootstrap, int r) {
+    for (const int size : {8, 4}) {
+      if (r == 1 && size == 8) continue;  // skips the first
+      const std::string key = absl::StrCat("decode/", size);
+      got[r] = AgreeOnStatus(bootstrap, absl::OkStatus(), absl::StrCat("Capture of ", key),
+                             absl::StrCat("runner.capture_agreement.", key));
+      if (!got[r].ok()) return;
+      ++agreed[r];
+    }
+  });
   for (int r = 0; r < 3; ++r) {
     EXPECT_EQ(agreed[r], 0) << "rank " << r;
     EXPECT_TRUE(absl::IsInternal(got[r])) << "rank " << r << ": " << got[r];
@@ -264,23 +256,18 @@ TEST(RankAgreementTest, AdversarialRoundsAgreeOnEveryRank) {
         }
       }
     }
-    auto star = MakeStar(world);
     std::vector<std::vector<absl::Status>> got(kRounds, std::vector<absl::Status>(world));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < world; ++r) {
-      threads.emplace_back([&, r] {
-        for (int round = 0; round < kRounds; ++round) {
-          const RankTurn& t = turns[round][r];
-          const std::string call = absl::StrCat("rank_agreement_test.round.", round);
-          if (t.raw) {
-            got[round][r] = star[r]->AllGather(t.bytes, call).status();
-          } else {
-            got[round][r] = AgreeOnStatus(*star[r], t.local, whats[round], call);
-          }
+    OnEveryRank(world, [&](HostBootstrap& bootstrap, int r) {
+      for (int round = 0; round < kRounds; ++round) {
+        const RankTurn& t = turns[round][r];
+        const std::string call = absl::StrCat("rank_agreement_test.round.", round);
+        if (t.raw) {
+          got[round][r] = bootstrap.AllGather(t.bytes, call).status();
+        } else {
+          got[round][r] = AgreeOnStatus(bootstrap, t.local, whats[round], call);
         }
-      });
-    }
-    for (std::thread& t : threads) t.join();
+      }
+    });
     for (int round = 0; round < kRounds; ++round) {
       bool exact = true;
       const absl::Status want = Expected(turns[round], whats[round], &exact);
