@@ -22,6 +22,8 @@
 
 #include <cstdint>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "attention/rope_frequency.h"
 
 namespace kiln {
@@ -62,6 +64,11 @@ enum class AttentionDtype : int32_t {
   kBf16 = 0,
   kFp16 = 1,
 };
+
+// Returns OK for kBf16 and kFp16; else InvalidArgument "<what> dtype N is not supported; use
+// kBf16 (0) or kFp16 (1)", with `what` naming the caller's parameter (e.g. "Decode").
+// Thread-safe; callable during capture.
+absl::Status CheckAttentionDtype(AttentionDtype dtype, absl::string_view what);
 
 // Per-step header of one plan part, uploaded with its items: the kernels read the chunk size
 // from here (it changes every step) while their grids stay fixed by the capture key.

@@ -72,12 +72,7 @@ absl::Status DecodeAttentionSupportsShape(int num_q_heads, int num_kv_heads, int
 
 absl::StatusOr<RopeFrequencies> attention_internal::ValidateDecodeAttention(
     const DecodeAttentionParams& p) {
-  if (p.dtype != AttentionDtype::kBf16 && p.dtype != AttentionDtype::kFp16) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Decode dtype ", static_cast<int>(p.dtype), " is not supported; use kBf16 (",
-        static_cast<int>(AttentionDtype::kBf16), ") or kFp16 (",
-        static_cast<int>(AttentionDtype::kFp16), ")"));
-  }
+  RETURN_IF_ERROR(CheckAttentionDtype(p.dtype, "Decode"));
   RETURN_IF_ERROR(DecodeAttentionSupportsShape(p.num_q_heads, p.num_kv_heads, p.head_dim));
   const int group = p.num_q_heads / p.num_kv_heads;
   const int bs = p.kv.block_size;

@@ -12,12 +12,7 @@ namespace kiln {
 
 absl::Status ValidateAttentionMergeParams(const AttentionMergeParams& params) {
   const AttentionPlanPartDevice& plan = params.plan;
-  if (params.dtype != AttentionDtype::kBf16 && params.dtype != AttentionDtype::kFp16) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Merge dtype ", static_cast<int>(params.dtype), " is not supported; use kBf16 (",
-        static_cast<int>(AttentionDtype::kBf16), ") or kFp16 (",
-        static_cast<int>(AttentionDtype::kFp16), ")"));
-  }
+  RETURN_IF_ERROR(CheckAttentionDtype(params.dtype, "Merge"));
   if (params.num_q_heads <= 0 || params.num_kv_heads <= 0 ||
       params.num_q_heads % params.num_kv_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "attention/internal/kernel_args.h"
+#include "attention/internal/unchecked_launch.h"
 #include "runtime/cuda/capture_check.h"
 #include "runtime/cuda/status.h"
 
@@ -17,10 +18,13 @@ int Log2(int power_of_two) {
   return log;
 }
 
-// AppendKv for a `layout` that Validate() accepted: checks the rest and launches.
-absl::Status AppendWithValidLayout(const AppendKvParams& params, const PagedKvLayout& layout,
-                                   const PagedKvDevice& kv, void* k_cache, void* v_cache,
-                                   cudaStream_t stream) {
+}  // namespace
+
+namespace attention_internal {
+
+absl::Status AppendKvWithValidLayout(const AppendKvParams& params, const PagedKvLayout& layout,
+                                     const PagedKvDevice& kv, void* k_cache, void* v_cache,
+                                     cudaStream_t stream) {
   if (params.max_tokens <= 0) return absl::OkStatus();
   const int64_t row = static_cast<int64_t>(layout.num_kv_heads) * layout.head_dim;
   if (params.k == nullptr || params.v == nullptr || k_cache == nullptr || v_cache == nullptr) {
@@ -73,14 +77,14 @@ absl::Status AppendWithValidLayout(const AppendKvParams& params, const PagedKvLa
                   "append KV kernel launch");
 }
 
-}  // namespace
+}  // namespace attention_internal
 
 absl::Status AppendKv(const AppendKvParams& params, const PagedKvLayout& layout,
                       const PagedKvDevice& kv, void* k_cache, void* v_cache,
                       cudaStream_t stream) {
   if (params.max_tokens <= 0) return absl::OkStatus();
   RETURN_IF_ERROR(layout.Validate());
-  return AppendWithValidLayout(params, layout, kv, k_cache, v_cache, stream);
+  return attention_internal::AppendKvWithValidLayout(params, layout, kv, k_cache, v_cache, stream);
 }
 
 absl::StatusOr<PagedKvCache> PagedKvCache::Create(const PagedKvLayout& layout, int max_seqs,
@@ -125,7 +129,8 @@ absl::Status PagedKvCache::UploadBlockTable(cudaStream_t stream) const {
 absl::Status PagedKvCache::Append(const AppendKvParams& params, cudaStream_t stream) {
   // Create validated layout_; a cache that Create did not make has no pools, which the append
   // refuses.
-  return AppendWithValidLayout(params, layout_, device(), k_.data(), v_.data(), stream);
+  return attention_internal::AppendKvWithValidLayout(params, layout_, device(), k_.data(),
+                                                     v_.data(), stream);
 }
 
 PagedKvDevice PagedKvCache::device() const {

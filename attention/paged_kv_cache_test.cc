@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "attention/attention_params.h"
+#include "attention/internal/unchecked_launch.h"
 #include "attention/paged_kv_layout.h"
 #include "gtest/gtest.h"
 
@@ -71,6 +72,48 @@ TEST(PagedKvCacheTest, AppendRefusesACacheCreateDidNotMakeAndABadLayout) {
   s = AppendKv(append, bad, kv, pool, pool, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("KV block_size 24 must be a power of two"), std::string::npos) << s;
+}
+
+// The append for a layout validated once still checks every per-call argument, with AppendKv's
+// status, before anything is launched.
+TEST(PagedKvCacheTest, AppendWithValidLayoutRefusesWhatAppendKvRefuses) {
+  const PagedKvLayout layout{8, 16, 1, 64, AttentionDtype::kBf16};
+  ASSERT_TRUE(layout.Validate().ok());
+  alignas(16) int32_t buffers[16] = {};
+  AppendKvParams append;
+  append.k = &buffers[0];
+  append.v = &buffers[4];
+  append.max_tokens = 1;
+  append.plan.seq_q_start = &buffers[8];
+  append.plan.seq_kv_len = &buffers[10];
+  append.plan.max_seqs = 1;
+  PagedKvDevice kv;
+  kv.block_table = &buffers[12];
+  kv.max_blocks_per_seq = 2;
+  kv.block_size = 16;
+  void* pool = &buffers[0];
+  const auto expect_same = [&](void* v_cache, const std::string& want) {
+    const absl::Status raw = AppendKv(append, layout, kv, pool, v_cache, nullptr);
+    const absl::Status unchecked =
+        attention_internal::AppendKvWithValidLayout(append, layout, kv, pool, v_cache, nullptr);
+    EXPECT_EQ(unchecked.code(), absl::StatusCode::kInvalidArgument) << unchecked;
+    EXPECT_NE(unchecked.message().find(want), std::string::npos) << unchecked;
+    EXPECT_EQ(unchecked, raw);
+  };
+  expect_same(nullptr, "needs k, v and both cache pools");
+  expect_same(&buffers[1], "16-byte aligned");
+  append.k_stride = 12;
+  expect_same(pool, "k_stride 12 and v_stride 0 must be 0 or multiples of 8");
+  append.k_stride = 0;
+  kv.block_size = 32;
+  expect_same(pool, "block_size 32 differs from the layout's 16");
+  kv.block_size = 16;
+  kv.max_blocks_per_seq = 0;
+  expect_same(pool, "max_blocks_per_seq 0");
+  append.max_tokens = 0;  // nothing to append: nothing is checked or launched
+  EXPECT_TRUE(attention_internal::AppendKvWithValidLayout(append, layout, kv, pool, nullptr,
+                                                          nullptr)
+                  .ok());
 }
 
 }  // namespace

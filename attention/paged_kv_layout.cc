@@ -27,12 +27,7 @@ absl::Status PagedKvLayout::Validate() const {
         "KV layout head_dim ", head_dim,
         " must be a positive multiple of 8 (16-byte rows); pass the model's head_dim"));
   }
-  if (dtype != AttentionDtype::kBf16 && dtype != AttentionDtype::kFp16) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV layout dtype ", static_cast<int>(dtype), " is not supported; use kBf16 (",
-        static_cast<int>(AttentionDtype::kBf16), ") or kFp16 (",
-        static_cast<int>(AttentionDtype::kFp16), ")"));
-  }
+  if (absl::Status s = CheckAttentionDtype(dtype, "KV layout"); !s.ok()) return s;
   // Slots (block · block_size + offset) are int32 in the slot mapping and the kernels' tables.
   if (int64_t{num_blocks} * block_size > std::numeric_limits<int32_t>::max()) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -1,7 +1,8 @@
 // Internal: the attention launchers without their checks, for callers in attention/ that build
 // each launch's params once, validate all of them, and only then enqueue (RunAttentionStep,
 // RunDecodeAttention). Each public Launch* is its Validate* followed by the unchecked launcher
-// here, so one check serves every launch.
+// here, so one check serves every launch. AppendKvWithValidLayout is AppendKv without the
+// layout's check, for owners of a layout validated once (PagedKvCache, LlamaModel).
 //
 //   ASSIGN_OR_RETURN(kiln::RopeFrequencies freqs,
 //                    kiln::attention_internal::ValidateDecodeAttention(decode));
@@ -22,8 +23,11 @@
 
 namespace kiln {
 
+struct AppendKvParams;          // attention/paged_kv_cache.h
 struct AttentionMergeParams;    // attention/merge_kernel.h
 struct DecodeAttentionParams;   // attention/decode_kernel.h
+struct PagedKvDevice;           // attention/attention_params.h
+struct PagedKvLayout;           // attention/paged_kv_layout.h
 struct PrefillAttentionParams;  // attention/prefill_kernel.h
 
 namespace attention_internal {
@@ -51,6 +55,14 @@ absl::Status LaunchPrefillAttentionUnchecked(const PrefillAttentionParams& param
 // thread-safe.
 absl::Status LaunchAttentionMergeUnchecked(const AttentionMergeParams& params,
                                            cudaStream_t stream);
+
+// Does what AppendKv(params, layout, kv, k_cache, v_cache, stream) does for a `layout` that
+// PagedKvLayout::Validate accepted: checks every other argument, which may change per call,
+// with AppendKv's messages, then enqueues the append; nothing when params.max_tokens <= 0. The
+// layout is not checked again. Owns no pointer. Callable during capture; thread-safe.
+absl::Status AppendKvWithValidLayout(const AppendKvParams& params, const PagedKvLayout& layout,
+                                     const PagedKvDevice& kv, void* k_cache, void* v_cache,
+                                     cudaStream_t stream);
 
 }  // namespace attention_internal
 }  // namespace kiln

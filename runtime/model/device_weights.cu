@@ -160,6 +160,7 @@ absl::StatusOr<LlamaDeviceWeights> LlamaDeviceWeights::Upload(const LlamaHostWei
                                                               cudaStream_t stream) {
   // Default-constructed weights (no tensors, no data) would pass a size comparison alone.
   RETURN_IF_ERROR(host.Validate());
+  // A copy of the layout: `host` keeps its own.
   ASSIGN_OR_RETURN(LlamaDeviceWeights weights, Allocate(host.layout));
   RETURN_IF_ERROR(CopyHostToDevice(weights.buffer_.data(), host.data.data(),
                                    weights.buffer_.size(), stream));
@@ -187,6 +188,7 @@ absl::StatusOr<LlamaDeviceWeights> LlamaDeviceWeights::Load(const LlamaShardRead
     largest_block = std::max(largest_block, row_bytes * static_cast<size_t>(b.rows));
   }
   const size_t stage_bytes = std::max(std::min(options.staging_bytes, largest_block), widest_row);
+  // A copy of the layout: `reader` keeps its own for ReadRows.
   ASSIGN_OR_RETURN(LlamaDeviceWeights weights, Allocate(reader.layout()));
   // Padding between tensors is zero, as on the host.
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(weights.buffer_.data(), 0, weights.buffer_.size(), stream));

@@ -119,7 +119,8 @@ class LlamaDeviceWeights {
   }
 
  private:
-  // Allocates the region of `layout` (from LlamaWeightLayout::Create), which the weights take.
+  // Allocates the region of `layout` (from LlamaWeightLayout::Create), which the weights keep:
+  // moved in, it is taken over; passed as an lvalue, it is copied (one name per tensor).
   static absl::StatusOr<LlamaDeviceWeights> Allocate(LlamaWeightLayout layout);
   LlamaWeightLayout layout_;
   DeviceBuffer buffer_;

@@ -303,7 +303,8 @@ absl::StatusOr<LlamaHostWeights> ReadLlamaSafetensorsShard(absl::Span<const std:
                                                            int rank,
                                                            const ReadProgress& progress) {
   ASSIGN_OR_RETURN(LlamaShardReader reader, LlamaShardReader::Open(paths, shape, tp_size, rank));
-  // Allocated only once the files are known to fit the shape, in the reader's rank layout.
+  // Allocated only once the files are known to fit the shape, in the reader's rank layout: a
+  // copy, since the reader keeps its own for ReadRows.
   ASSIGN_OR_RETURN(LlamaHostWeights weights, ZeroLlamaHostWeights(reader.layout()));
   int64_t bytes_read = 0;
   for (const LlamaShardReader::Block& b : reader.blocks()) {

@@ -29,6 +29,7 @@
 #include "runtime/config/hf_model.h"
 #include "runtime/config/quoted.h"
 #include "runtime/model/bf16.h"
+#include "runtime/model/internal/odd_names.h"
 #include "runtime/model/safetensors.h"
 #include "runtime/model/tensor_parallel.h"
 
@@ -37,6 +38,10 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
+using testing_internal::ExpectQuotedStatus;
+using testing_internal::kOddName;
+using testing_internal::kOddNameEscaped;
+using testing_internal::QuotedAsIs;
 
 std::string TempPath(const std::string& name) {
   const char* dir = std::getenv("TEST_TMPDIR");
@@ -503,10 +508,6 @@ LlamaShape SmallShape() {
   return s;
 }
 
-// Whether `message` fits on one line of clean text: UTF-8 with no control character (C0 or C1),
-// no raw NUL and no line separator (quoted.h's IsOneCleanLine).
-bool OneLine(const std::string& message) { return IsOneCleanLine(message); }
-
 // The value of IEEE half `bits`, written apart from bf16.h: (1024 + m) · 2^(e - 25), or m · 2^-24
 // for a subnormal.
 float HalfValue(uint16_t bits) {
@@ -763,7 +764,7 @@ TEST(LlamaCheckpointSweepTest, EveryTensorMutatedIsRefusedByName) {
       EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << what << ": " << status;
       const std::string message(status.message());
       EXPECT_THAT(message, HasSubstr(what));
-      EXPECT_TRUE(OneLine(message)) << message;
+      EXPECT_TRUE(IsOneCleanLine(message)) << message;
     };
     std::vector<SafetensorsEntry> all = EntriesOf(tensors);
     for (int tp : {1, 2}) {
@@ -853,7 +854,7 @@ TEST(LlamaCheckpointSweepTest, UnexpectedNamesAreQuotedWithTheFix) {
     const absl::Status status = ReadMutated(entries, {}, plain);
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     EXPECT_THAT(std::string(status.message()), HasSubstr(what));
-    EXPECT_TRUE(OneLine(std::string(status.message()))) << status;
+    EXPECT_TRUE(IsOneCleanLine(status.message())) << status;
   }
 }
 
@@ -903,7 +904,7 @@ TEST(LlamaCheckpointSweepTest, PathsThatAreNotShardsAreRefused) {
       EXPECT_EQ(status.code(), code) << status;
     }
     EXPECT_THAT(std::string(status.message()), HasSubstr(what));
-    EXPECT_TRUE(OneLine(std::string(status.message()))) << status;
+    EXPECT_TRUE(IsOneCleanLine(status.message())) << status;
   };
   check({good, missing}, absl::StatusCode::kNotFound, "\"" + missing + "\"");
   check({dir}, absl::StatusCode::kInvalidArgument, "\"" + dir + "\" is a directory, not a file");
@@ -927,11 +928,6 @@ TEST(LlamaCheckpointSweepTest, PathsThatAreNotShardsAreRefused) {
   ExpectSameWeights(*back, ExpectedWeights(shape, tensors));
 }
 
-// A name holding an ESC (a terminal escape), a newline and U+009B (a terminal's CSI).
-constexpr char kOddName[] = "odd\033[31m\n\302\2332J";
-// kOddName as Quoted and Escaped write it.
-constexpr char kOddNameEscaped[] = "odd\\x1b[31m\\n\\u009b2J";
-
 // Shards whose paths hold an ESC, a newline and U+009B: every message that names one quotes it,
 // escaped, on one clean line (a missing shard, a directory, a bad header, an unexpected tensor, a
 // tensor in two shards, a shard that shrank before its rows were read, the writer's), and one that
@@ -943,9 +939,7 @@ TEST(LlamaCheckpointSweepTest, OddPathsAreQuotedInEveryMessage) {
   ASSERT_TRUE(layout.ok()) << layout.status();
   const std::vector<HfTensor> tensors = RandomHfTensors(shape, *layout, {"BF16"}, rng);
   const std::string base = TempPath("");
-  ASSERT_TRUE(std::all_of(base.begin(), base.end(),
-                          [](char c) { return c >= 0x20 && c < 0x7f && c != '"' && c != '\\'; }))
-      << "the expected messages below take the temporary directory as Quoted writes it: " << base;
+  ASSERT_TRUE(QuotedAsIs(base));
   const std::string dir = base + kOddName;
   fs::remove_all(dir);
   ASSERT_TRUE(fs::create_directories(dir));
@@ -954,10 +948,9 @@ TEST(LlamaCheckpointSweepTest, OddPathsAreQuotedInEveryMessage) {
   auto quoted = [&](const std::string& suffix) {
     return absl::StrCat("\"", base, kOddNameEscaped, "/", kOddNameEscaped, suffix, "\"");
   };
-  auto expect = [&](const absl::Status& status, absl::StatusCode code, const std::string& want) {
-    EXPECT_EQ(status.code(), code) << status;
-    EXPECT_THAT(std::string(status.message()), HasSubstr(want));
-    EXPECT_TRUE(IsOneCleanLine(status.message())) << absl::CHexEscape(status.message());
+  // Each message holds `want`.
+  auto expect = [](const absl::Status& status, absl::StatusCode code, const std::string& want) {
+    ExpectQuotedStatus(status, code, HasSubstr(want));
   };
   const std::string good = odd("-good.safetensors");
   ASSERT_TRUE(WriteSafetensors(good, EntriesOf(tensors)).ok());
@@ -1121,7 +1114,7 @@ TEST(LlamaCheckpointSweepTest, EveryHeaderByteOfAShardMutated) {
     const std::string message(back.status().message());
     EXPECT_TRUE(code == absl::StatusCode::kDataLoss || code == absl::StatusCode::kInvalidArgument)
         << what << ": " << back.status();
-    EXPECT_TRUE(OneLine(message)) << what << ": " << absl::CHexEscape(message);
+    EXPECT_TRUE(IsOneCleanLine(message)) << what << ": " << absl::CHexEscape(message);
     // A quoted tensor ('name') or file ("path").
     EXPECT_TRUE(absl::StrContains(message, "'") ||
                 absl::StrContains(message, absl::StrCat("\"", a, "\"")) ||
@@ -1382,7 +1375,7 @@ TEST_F(HfDirTest, EveryIndexByteMutated) {
                 code == absl::StatusCode::kNotFound || code == absl::StatusCode::kDataLoss)
         << what << ": " << status;
     EXPECT_FALSE(status.message().empty()) << what;
-    EXPECT_TRUE(OneLine(std::string(status.message()))) << what << ": " << status;
+    EXPECT_TRUE(IsOneCleanLine(status.message())) << what << ": " << status;
   };
   for (size_t i = 0; i < index.size(); ++i) {
     std::string cut = index;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "attention/attention_launch.h"
 #include "attention/decode_kernel.h"
+#include "attention/internal/unchecked_launch.h"
 #include "attention/paged_kv_cache.h"
 #include "runtime/cuda/capture_check.h"
 #include "runtime/cuda/status.h"
@@ -766,7 +767,10 @@ absl::Status LlamaModel::PreAttention(int layer, const LlamaStepArgs& args,
   kv.block_table = args.block_table;
   kv.max_blocks_per_seq = args.max_blocks_per_seq;
   kv.block_size = kv_layout_.block_size;
-  return AppendKv(append, kv_layout_, kv, k_cache(layer), v_cache(layer), stream);
+  // CheckLlamaModelOptions, which Create calls, validated kv_layout_; the per-step arguments are
+  // checked here.
+  return attention_internal::AppendKvWithValidLayout(append, kv_layout_, kv, k_cache(layer),
+                                                     v_cache(layer), stream);
 }
 
 absl::Status LlamaModel::CheckLayer(int layer) const {

@@ -130,11 +130,12 @@ struct LlamaHostWeights {
 // memory (a valid shape can describe petabytes: hidden 2^20 and vocab 2^24 is a 32 TiB table).
 absl::StatusOr<LlamaHostWeights> ZeroLlamaHostWeights(const LlamaShape& shape);
 
-// Returns zero-filled host weights laid out as `layout` (from LlamaWeightLayout::Create), which
-// they take over, for a caller that already holds the layout (a checkpoint reader's rank layout):
-// the same weights as ZeroLlamaHostWeights(layout.shape()) without building the layout again.
-// InvalidArgument for a layout with no tensors (default-constructed or moved from);
-// ResourceExhausted as above.
+// Returns zero-filled host weights laid out as `layout` (from LlamaWeightLayout::Create), for a
+// caller that already holds the layout (a checkpoint reader's rank layout): the same weights as
+// ZeroLlamaHostWeights(layout.shape()) without checking the shape or naming the tensors again.
+// The weights keep `layout`: moved in, it is taken over; passed as an lvalue, it is copied (one
+// name per tensor). InvalidArgument for a layout with no tensors (default-constructed or moved
+// from); ResourceExhausted as above.
 absl::StatusOr<LlamaHostWeights> ZeroLlamaHostWeights(LlamaWeightLayout layout);
 
 // Returns the seeded random weights for `shape`, the same bits LlamaDeviceWeights::Random

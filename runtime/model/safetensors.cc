@@ -626,11 +626,7 @@ absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& pat
     }
     reader.tensors_.push_back(*std::move(t));
   }
-  // In offset order, each tensor must start where the ones before it end: earlier, it overlaps
-  // the one before it; later, it leaves data bytes that no tensor holds. The format wants the data
-  // section "entirely indexed", with no holes: a length field a few bytes short, pointing into the
-  // header's padding, would otherwise open with every tensor read that many bytes early. An
-  // overlap anywhere is named before a hole.
+  // Ranges must not overlap: check in offset order. Every overlap is named before any hole.
   std::vector<const SafetensorsTensor*> by_offset;
   for (const SafetensorsTensor& t : reader.tensors_) by_offset.push_back(&t);
   std::sort(by_offset.begin(), by_offset.end(),
@@ -638,30 +634,25 @@ absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& pat
               return a->data_begin != b->data_begin ? a->data_begin < b->data_begin
                                                     : a->data_end < b->data_end;
             });
-  // The end of the tensor before (0 at the first). With no overlap before it, the ends never
-  // decrease (a tensor ends where it begins or later), so it is also the end of them all.
-  uint64_t covered = 0;
-  const SafetensorsTensor* previous = nullptr;
-  const SafetensorsTensor* after_hole = nullptr;  // the tensor after the first hole
-  uint64_t hole_begin = 0;
-  for (const SafetensorsTensor* t : by_offset) {
-    if (t->data_begin < covered) {
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    if (by_offset[i]->data_begin < by_offset[i - 1]->data_end) {
       return absl::DataLossError(absl::StrCat(
-          "Safetensors tensors ", Quote(previous->name), " and ", Quote(t->name),
-          " overlap in ", Quoted(path), "; the file is corrupt"));
+          "Safetensors tensors ", Quote(by_offset[i - 1]->name), " and ",
+          Quote(by_offset[i]->name), " overlap in ", Quoted(path), "; the file is corrupt"));
     }
-    if (t->data_begin > covered && after_hole == nullptr) {
-      after_hole = t;
-      hole_begin = covered;
-    }
-    covered = t->data_end;
-    previous = t;
   }
-  if (after_hole != nullptr) {
-    return absl::DataLossError(absl::StrCat(
-        "Safetensors file ", Quoted(path), " has data bytes [", hole_begin, ", ",
-        after_hole->data_begin, ") that no tensor holds (before tensor ", Quote(after_hole->name),
-        "), which the format does not allow; the file is corrupt (download it again)"));
+  // The format wants the data section "entirely indexed", with no holes; bytes that no tensor
+  // holds mean a corrupt file. A length field a few bytes short, pointing into the header's
+  // padding, would otherwise open with every tensor read that many bytes early.
+  uint64_t covered = 0;  // the tensors so far hold data bytes [0, covered)
+  for (const SafetensorsTensor* t : by_offset) {
+    if (t->data_begin > covered) {
+      return absl::DataLossError(absl::StrCat(
+          "Safetensors file ", Quoted(path), " has data bytes [", covered, ", ", t->data_begin,
+          ") that no tensor holds (before tensor ", Quote(t->name),
+          "), which the format does not allow; the file is corrupt (download it again)"));
+    }
+    covered = std::max(covered, t->data_end);
   }
   if (covered != data_size) {
     return absl::DataLossError(absl::StrCat(

@@ -18,11 +18,16 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/config/quoted.h"
+#include "runtime/model/internal/odd_names.h"
 
 namespace kiln {
 namespace {
 
 using ::testing::HasSubstr;
+using testing_internal::ExpectQuotedStatus;
+using testing_internal::kOddName;
+using testing_internal::kOddNameEscaped;
+using testing_internal::QuotedAsIs;
 
 std::string TempPath(const std::string& name) {
   const char* dir = std::getenv("TEST_TMPDIR");
@@ -532,9 +537,8 @@ std::string ExpectedRangeError(std::vector<Range> ranges, uint64_t data_size) {
   return "";
 }
 
-// Open checks overlaps, holes and the data section's end in one pass over the ranges in offset
-// order, and names the same defect as separate passes would: an overlap anywhere before a hole,
-// a hole before bytes after the last tensor.
+// Open checks overlaps, holes and the data section's end over the ranges in offset order, and
+// names an overlap anywhere before a hole, a hole before bytes after the last tensor.
 TEST(SafetensorsTest, OverlapsHolesAndUnheldEndsAreNamedAsInOffsetOrderPasses) {
   const std::string path = TempPath("ranges.safetensors");
   // A hole before an overlap: the overlap is named.
@@ -616,11 +620,6 @@ TEST(SafetensorsTest, WriterRejectsBadEntries) {
   EXPECT_FALSE(WriteSafetensors("/nonexistent-dir/x.safetensors", {}).ok());
 }
 
-// A name holding an ESC (a terminal escape), a newline and U+009B (a terminal's CSI).
-constexpr char kOddName[] = "odd\033[31m\n\302\2332J";
-// kOddName as Quoted and Escaped write it.
-constexpr char kOddNameEscaped[] = "odd\\x1b[31m\\n\\u009b2J";
-
 // The writer's messages quote the names and dtypes it is given, escaped.
 TEST(SafetensorsTest, WriterQuotesOddNamesAndDtypes) {
   const std::string path = TempPath("writer-odd.safetensors");
@@ -652,19 +651,16 @@ TEST(SafetensorsTest, WriterQuotesOddNamesAndDtypes) {
 // to a read after the file changed, and to the writer.
 TEST(SafetensorsTest, OddPathsAreQuotedInEveryMessage) {
   const std::string base = TempPath("");
-  ASSERT_TRUE(std::all_of(base.begin(), base.end(),
-                          [](char c) { return c >= 0x20 && c < 0x7f && c != '"' && c != '\\'; }))
-      << "the expected messages below take the temporary directory as Quoted writes it: " << base;
+  ASSERT_TRUE(QuotedAsIs(base));
   const std::string dir = base + kOddName;
   std::filesystem::remove_all(dir);
   ASSERT_TRUE(std::filesystem::create_directories(dir));
   const std::string path = absl::StrCat(dir, "/", kOddName, ".safetensors");
   const std::string quoted =
       absl::StrCat("\"", base, kOddNameEscaped, "/", kOddNameEscaped, ".safetensors\"");
-  auto expect = [&](const absl::Status& status, absl::StatusCode code, const std::string& want) {
-    EXPECT_EQ(status.code(), code) << status;
-    EXPECT_EQ(std::string(status.message()), want);
-    EXPECT_TRUE(IsOneCleanLine(status.message())) << absl::CHexEscape(status.message());
+  // Each message is `want` exactly.
+  auto expect = [](const absl::Status& status, absl::StatusCode code, const std::string& want) {
+    ExpectQuotedStatus(status, code, ::testing::Eq(want));
   };
   auto open_with = [&](const std::string& header, size_t data_bytes) {
     WriteRaw(path, header, data_bytes);
