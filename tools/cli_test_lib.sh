@@ -54,14 +54,21 @@ expect_out() {
 odd=$'odd\e[31m\n\xc2\x9b2J'
 odd_escaped='odd\x1b[31m\n\u009b2J'
 
-# expect_clean NAME: the last run's stderr is one line, with no raw ESC and no raw U+009B.
+# expect_clean NAME [FILE]: FILE (by default the last run's stderr, $tmp/err; $tmp/out for its
+# stdout) is one line, with no raw ESC and no raw U+009B.
 expect_clean() {
-  if LC_ALL=C grep -q $'\e' "$tmp/err"; then
-    fail "$1: a raw ESC on stderr: $(cat -v "$tmp/err")"
-  elif LC_ALL=C grep -q $'\xc2\x9b' "$tmp/err"; then
-    fail "$1: a raw U+009B on stderr: $(cat -v "$tmp/err")"
-  elif [ "$(wc -l <"$tmp/err")" -ne 1 ]; then
-    fail "$1: stderr is not one line: $(cat -v "$tmp/err")"
+  local file=${2:-$tmp/err} what
+  case $file in
+    "$tmp/err") what=stderr ;;
+    "$tmp/out") what=stdout ;;
+    *) what=$file ;;
+  esac
+  if LC_ALL=C grep -q $'\e' "$file"; then
+    fail "$1: a raw ESC on $what: $(cat -v "$file")"
+  elif LC_ALL=C grep -q $'\xc2\x9b' "$file"; then
+    fail "$1: a raw U+009B on $what: $(cat -v "$file")"
+  elif [ "$(wc -l <"$file")" -ne 1 ]; then
+    fail "$1: $what is not one line: $(cat -v "$file")"
   fi
 }
 

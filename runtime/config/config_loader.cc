@@ -78,12 +78,15 @@ absl::Status GatherGraphOptimizationConfig(const Value& value, absl::string_view
     object = &value.struct_value();
   } else if (value.kind_case() == Value::kStringValue) {
     // FastDeploy's command line takes the object as a JSON string; accept that spelling too.
-    const std::string quote = JsonSingleQuoteError(value.string_value());
-    if (!quote.empty() || JsonNestingDepth(value.string_value()) > kMaxJsonNesting ||
+    const std::string refused = JsonScanError(value.string_value());
+    if (!refused.empty() ||
         !google::protobuf::util::JsonStringToMessage(value.string_value(), &parsed).ok()) {
+      // The scan's reason is said of the string: "its line 1 column 2 holds a '...", "its
+      // objects and lists nest 30 deep...".
+      const absl::string_view its = absl::StartsWith(refused, "its ") ? "" : "its ";
       return absl::InvalidArgumentError(absl::StrCat(
           "graph_optimization_config in ", source, " is a string that is not a JSON object",
-          quote.empty() ? "" : absl::StrCat(" (its ", quote, ")"),
+          refused.empty() ? "" : absl::StrCat(" (", its, refused, ")"),
           "; write it as an object, e.g. {\"use_cudagraph\": true}"));
     }
     object = &parsed;
@@ -448,19 +451,11 @@ absl::StatusOr<PlannerConfig> ParsePlannerConfigText(absl::string_view text,
 absl::StatusOr<PlannerConfig> ParsePlannerConfigJson(absl::string_view json,
                                                      absl::string_view source_text) {
   const std::string source = Escaped(source_text);
-  const std::string quote = JsonSingleQuoteError(json);
-  if (!quote.empty()) {
+  const std::string refused = JsonScanError(json);
+  if (!refused.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("Cannot parse ", source, " as a JSON object: ", quote,
+        absl::StrCat("Cannot parse ", source, " as a JSON object: ", refused,
                      "; fix the file (a JSON object of kiln.config.PlannerConfig fields)"));
-  }
-  const int depth = JsonNestingDepth(json);
-  if (depth > kMaxJsonNesting) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Cannot parse ", source, " as a JSON object: its objects and lists nest ",
-                     depth, " deep, more than the ", kMaxJsonNesting,
-                     " kiln reads (a PlannerConfig nests 3); fix the file (a JSON object of "
-                     "kiln.config.PlannerConfig fields)"));
   }
   Struct root;
   auto parsed = google::protobuf::util::JsonStringToMessage(std::string(json), &root);

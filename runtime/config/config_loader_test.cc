@@ -765,6 +765,13 @@ TEST(ConfigLoaderRobustnessTest, DeepOrHugeJsonIsQuick) {
   EXPECT_THAT(Message(too_deep.status()),
               HasSubstr("Cannot parse deep.json as a JSON object: its objects and lists nest "
                         "100001 deep, more than the 24 kiln reads"));
+  // The FastDeploy string spelling says how deep its text nests.
+  absl::StatusOr<config::PlannerConfig> deep_string = ParsePlannerConfigJson(
+      absl::StrCat(R"({"graph_optimization_config": ")", deep, R"("})"), "deep.json");
+  EXPECT_THAT(Message(deep_string.status()),
+              HasSubstr("graph_optimization_config in deep.json is a string that is not a JSON "
+                        "object (its objects and lists nest 100000 deep, more than the 24 kiln "
+                        "reads); write it as an object"));
   // 24 deep, of lists or of objects, is still read: refused for the list of lists or the unknown
   // key, by name.
   std::string objects = "1";

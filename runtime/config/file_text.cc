@@ -64,6 +64,16 @@ size_t WalkOutsideStrings(absl::string_view json, size_t i, Visit visit) {
   return json.size();
 }
 
+// Returns where the ' at json[quote] stands and why it is refused, for JsonSingleQuoteError and
+// JsonScanError.
+std::string SingleQuoteAt(absl::string_view json, size_t quote) {
+  const absl::string_view before = json.substr(0, quote);
+  const size_t newline = before.rfind('\n');
+  const size_t column = quote - (newline == absl::string_view::npos ? 0 : newline + 1) + 1;
+  return absl::StrCat("line ", std::count(before.begin(), before.end(), '\n') + 1, " column ",
+                      column, " holds a ' outside a string: JSON strings take double quotes only");
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> ReadFileText(const std::string& path, absl::string_view what,
@@ -190,12 +200,30 @@ std::string JsonSingleQuoteError(absl::string_view json) {
     quote = k;
     return false;
   });
-  if (quote == absl::string_view::npos) return "";
-  const absl::string_view before = json.substr(0, quote);
-  const size_t newline = before.rfind('\n');
-  const size_t column = quote - (newline == absl::string_view::npos ? 0 : newline + 1) + 1;
-  return absl::StrCat("line ", std::count(before.begin(), before.end(), '\n') + 1, " column ",
-                      column, " holds a ' outside a string: JSON strings take double quotes only");
+  return quote == absl::string_view::npos ? "" : SingleQuoteAt(json, quote);
+}
+
+std::string JsonScanError(absl::string_view json) {
+  int depth = 0;
+  int deepest = 0;
+  size_t quote = absl::string_view::npos;
+  WalkOutsideStrings(json, 0, [&](size_t k) {
+    if (json[k] == '{' || json[k] == '[') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((json[k] == '}' || json[k] == ']') && depth > 0) {
+      --depth;
+    } else if (json[k] == '\'') {
+      quote = k;
+      return false;
+    }
+    return true;
+  });
+  if (quote != absl::string_view::npos) return SingleQuoteAt(json, quote);
+  if (deepest > kMaxJsonNesting) {
+    return absl::StrCat("its objects and lists nest ", deepest, " deep, more than the ",
+                        kMaxJsonNesting, " kiln reads");
+  }
+  return "";
 }
 
 }  // namespace kiln

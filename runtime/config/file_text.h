@@ -63,9 +63,8 @@ int JsonNestingDepth(absl::string_view json);
 
 // Returns "" where `json` holds no ' outside its strings, else where the first such one stands
 // and why that is refused ("line 2 column 5 holds a ' outside a string: JSON strings take double
-// quotes only"), for a message about the text. Run it with JsonNestingDepth, before protobuf's
-// parser, which would read such a ' as a quote: its strings, and so its depth, would not be the
-// ones JsonNestingDepth saw.
+// quotes only"), for a message about the text. protobuf's parser would read such a ' as a quote:
+// its strings, and so its depth, would not be the ones JsonNestingDepth saw.
 std::string JsonSingleQuoteError(absl::string_view json);
 
 // The deepest JSON kiln parses. A PlannerConfig nests 3 deep, a Hugging Face config.json 3 or 4;
@@ -73,6 +72,13 @@ std::string JsonSingleQuoteError(absl::string_view json);
 // Struct (minutes for a file of 100,000 '['), and past about 30 objects deep it refuses a Struct
 // with a message that names nothing.
 inline constexpr int kMaxJsonNesting = 24;
+
+// Returns "" where protobuf's parser may read `json`, else why not, for a message about the text:
+// JsonSingleQuoteError(json) where that is not "" (a ' decides first: past it, protobuf's depth
+// is not the one counted), else, where JsonNestingDepth(json) exceeds kMaxJsonNesting, "its
+// objects and lists nest 30 deep, more than the 24 kiln reads". One linear pass over the text:
+// run it before every parse of text kiln has not checked.
+std::string JsonScanError(absl::string_view json);
 
 }  // namespace kiln
 

@@ -432,5 +432,42 @@ TEST(JsonNestingDepthTest, SkipJsonValueAndSingleQuotesMatchAStackOverRandomText
   }
 }
 
+// One pass gives what the two scans give: the ' message where there is a ' outside a string,
+// whatever the depth, else the depth message past kMaxJsonNesting, else "".
+TEST(JsonScanErrorTest, AgreesWithTheQuoteAndDepthScansOverRandomText) {
+  EXPECT_EQ(JsonScanError(R"({"it's": [[1]]})"), "");
+  EXPECT_EQ(JsonScanError(std::string(kMaxJsonNesting, '[')), "");
+  EXPECT_EQ(JsonScanError(std::string(kMaxJsonNesting + 1, '[')),
+            "its objects and lists nest 25 deep, more than the 24 kiln reads");
+  EXPECT_EQ(JsonScanError(absl::StrCat("{\n", std::string(30, '['), " '")),
+            "line 2 column 32 holds a ' outside a string: JSON strings take double quotes only");
+  EXPECT_EQ(JsonScanError(absl::StrCat("'", std::string(30, '['))),
+            JsonSingleQuoteError("'"));
+
+  std::mt19937 rng(17);
+  // '[' weighs more than the rest, so that random text passes kMaxJsonNesting now and then.
+  const std::string alphabet = "[[[[[[[[]{}\"\\ a,:\n'";
+  int deep = 0, quoted = 0;
+  for (int i = 0; i < 20000; ++i) {
+    std::string json(rng() % 120, ' ');
+    for (char& c : json) c = alphabet[rng() % alphabet.size()];
+    if (rng() % 2 == 0) json.erase(std::remove(json.begin(), json.end(), '\''), json.end());
+    const std::string quote = JsonSingleQuoteError(json);
+    const int depth = JsonNestingDepth(json);
+    const std::string want =
+        !quote.empty() ? quote
+        : depth > kMaxJsonNesting
+            ? absl::StrCat("its objects and lists nest ", depth, " deep, more than the ",
+                           kMaxJsonNesting, " kiln reads")
+            : "";
+    ASSERT_EQ(JsonScanError(json), want) << absl::CHexEscape(json);
+    deep += quote.empty() && depth > kMaxJsonNesting;
+    quoted += !quote.empty() && depth > kMaxJsonNesting;
+  }
+  // Both outcomes past the limit occur: a text too deep, and one too deep whose ' decides.
+  EXPECT_GT(deep, 0);
+  EXPECT_GT(quoted, 0);
+}
+
 }  // namespace
 }  // namespace kiln

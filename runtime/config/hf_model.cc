@@ -39,25 +39,9 @@ constexpr char kConfigFile[] = "config.json";
 constexpr char kIndexFile[] = "model.safetensors.index.json";
 constexpr char kSingleFile[] = "model.safetensors";
 
-// Parses `json` into `out`, skipping the keys `out` has no field for.
-absl::Status ParseJson(absl::string_view json, absl::string_view source, absl::string_view what,
-                       google::protobuf::Message* out) {
-  // Checked before any parse: protobuf's time grows with the depth (minutes at 100,000), and
-  // the sliding-window lookup parses config.json a second time. A ' outside a string would make
-  // protobuf's strings, and so its depth, other than the ones JsonNestingDepth counts.
-  const std::string quote = JsonSingleQuoteError(json);
-  if (!quote.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("Cannot read ", Quoted(source), " as ", what,
-                                                   ": ", quote,
-                                                   "; fix the file or download it again"));
-  }
-  const int depth = JsonNestingDepth(json);
-  if (depth > kMaxJsonNesting) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Cannot read ", Quoted(source), " as ", what, ": its objects and lists nest ", depth,
-        " deep, more than the ", kMaxJsonNesting, " kiln reads; fix the file or download it "
-        "again"));
-  }
+// Parses `json`, which JsonScanError passed, into `out`, skipping the keys `out` has no field for.
+absl::Status ParseScannedJson(absl::string_view json, absl::string_view source,
+                              absl::string_view what, google::protobuf::Message* out) {
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = true;
   auto parsed = google::protobuf::util::JsonStringToMessage(std::string(json), out, options);
@@ -67,6 +51,20 @@ absl::Status ParseJson(absl::string_view json, absl::string_view source, absl::s
         OneLineJsonError(parsed.message().as_string()), "; fix the file or download it again"));
   }
   return absl::OkStatus();
+}
+
+// Parses `json` into `out` as ParseScannedJson does, once JsonScanError passed it: protobuf's time
+// grows with the depth (minutes at 100,000), and a ' outside a string would make protobuf's
+// strings, and so its depth, other than the ones counted.
+absl::Status ParseJson(absl::string_view json, absl::string_view source, absl::string_view what,
+                       google::protobuf::Message* out) {
+  const std::string refused = JsonScanError(json);
+  if (!refused.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("Cannot read ", Quoted(source), " as ", what,
+                                                   ": ", refused,
+                                                   "; fix the file or download it again"));
+  }
+  return ParseScannedJson(json, source, what, out);
 }
 
 absl::StatusOr<config::DType> DTypeFromHf(const HfConfig& c, absl::string_view source) {
@@ -105,9 +103,10 @@ absl::StatusOr<std::optional<int>> SlidingWindow(absl::string_view json, const H
     }
     return c.sliding_window();
   }
-  // Unset is absent or null; the JSON as a Struct tells which.
+  // Unset is absent or null; the JSON as a Struct tells which. ParseJson scanned `json` before
+  // it parsed `c`: no second scan.
   google::protobuf::Struct keys;
-  absl::Status parsed = ParseJson(json, source, "JSON", &keys);
+  absl::Status parsed = ParseScannedJson(json, source, "JSON", &keys);
   if (!parsed.ok()) return parsed;
   if (keys.fields().contains("sliding_window")) return std::nullopt;  // null
   return kDefaultSlidingWindow;

@@ -249,7 +249,7 @@ absl::StatusOr<HostStepPlan> PlanHostSteps(const RunnerOptions& options) {
   ASSIGN_OR_RETURN(p.shape, CheckRunnerModel(p.resolved, options.max_model_len));
   p.sm_count = static_cast<int>(p.resolved.gpu().sm_count());
   p.max_blocks_per_seq =
-      SequenceTable(1, p.resolved.block_size(), options.max_model_len).max_blocks_per_seq();
+      SequenceTable::MaxBlocksPerSeq(p.resolved.block_size(), options.max_model_len);
   ASSIGN_OR_RETURN(p.steps, BuildStepSetup(p.resolved, options, p.shape, p.sm_count,
                                            p.max_blocks_per_seq));
   return p;
@@ -469,17 +469,19 @@ absl::Status Runner::InitPlan(const RunnerOptions& options) {
   // alike under tensor parallelism, see Init).
   if (!options.weight_files.empty()) RETURN_IF_ERROR(OpenWeightFiles(options));
 
-  int64_t num_blocks = plan_.num_kv_blocks;
-  if (options.max_kv_blocks > 0) num_blocks = std::min(num_blocks, options.max_kv_blocks);
-  if (num_blocks > int64_t{1} << 30) num_blocks = int64_t{1} << 30;
-  table_ = SequenceTable(static_cast<int>(num_blocks), resolved.block_size(),
-                         options.max_model_len);
-  max_blocks_per_seq_ = table_.max_blocks_per_seq();
+  max_blocks_per_seq_ =
+      SequenceTable::MaxBlocksPerSeq(resolved.block_size(), options.max_model_len);
 
   // Step keys, and one attention planner and metadata layout per key, built (or refused)
   // before any device memory exists.
   ASSIGN_OR_RETURN(StepSetup setup, BuildStepSetup(resolved, options, rank_shape, sm_count_,
                                                    max_blocks_per_seq_));
+  // The table's free list holds up to 2^30 blocks: built once the setup is known good.
+  int64_t num_blocks = plan_.num_kv_blocks;
+  if (options.max_kv_blocks > 0) num_blocks = std::min(num_blocks, options.max_kv_blocks);
+  if (num_blocks > int64_t{1} << 30) num_blocks = int64_t{1} << 30;
+  table_ = SequenceTable(static_cast<int>(num_blocks), resolved.block_size(),
+                         options.max_model_len);
   decode_sizes_ = std::move(setup.decode_sizes);
   prefill_sizes_ = std::move(setup.prefill_sizes);
   keys_ = std::move(setup.keys);
@@ -944,10 +946,12 @@ absl::StatusOr<std::vector<int32_t>> Runner::Step(absl::Span<const SequenceToken
                                                   const StepOptions& step_options) {
   // Before the int casts below (a longer list would wrap) and before any sequence takes blocks.
   RETURN_IF_ERROR(CheckStepTokens(batch, shape().vocab, keys_.limits().max_num_batched_tokens));
-  std::vector<SequenceTable::Entry> entries;
-  entries.reserve(batch.size());
-  for (const SequenceTokens& s : batch) {
-    entries.push_back({s.id, static_cast<int>(s.tokens.size())});
+  // Sized, then written by index: cheaper than a push_back per sequence, whose capacity check
+  // costs as much as the write.
+  std::vector<SequenceTable::Entry>& entries = step_entries_;
+  entries.resize(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    entries[i] = {batch[i].id, static_cast<int>(batch[i].tokens.size())};
   }
 
   // Reserve checks each entry (an id twice, no tokens, a sequence past max_model_len) and hands
@@ -986,22 +990,19 @@ absl::StatusOr<std::vector<int32_t>> Runner::Step(absl::Span<const SequenceToken
     }
     return absl::OkStatus();
   };
-  ASSIGN_OR_RETURN(std::vector<SeqLens> lens, table_.Reserve(entries, admit));
+  // Reserve hands back each sequence's blocks too: no second lookup by id.
+  RETURN_IF_ERROR(table_.Reserve(entries, admit, &step_lens_, &step_blocks_));
+  const std::vector<SeqLens>& lens = step_lens_;
   const StepKey& key = keys_.key(route.key_index);
   const MetadataLayout& layout = layouts_[route.key_index];
 
-  std::vector<absl::Span<const int32_t>> tokens, blocks;
-  tokens.reserve(batch.size());
-  blocks.reserve(batch.size());
-  for (const SequenceTokens& s : batch) {
-    tokens.push_back(s.tokens);
-    blocks.push_back(table_.Blocks(s.id));
-  }
+  step_tokens_.resize(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) step_tokens_[i] = batch[i].tokens;
   char* host = metadata_host_.as<char>();
   // The ids need no second look: CheckStepTokens refused tokens outside the vocabulary, and the
   // table hands out only blocks in [0, num_blocks).
-  RETURN_IF_ERROR(FillStepInputs(layout, route, lens, tokens, blocks, table_.block_size(), host,
-                                 StepIds::kCheckedByCaller));
+  RETURN_IF_ERROR(FillStepInputs(layout, route, lens, step_tokens_, step_blocks_,
+                                 table_.block_size(), host, StepIds::kCheckedByCaller));
   RETURN_IF_ERROR(planners_[route.key_index].Plan(lens, host + layout.plan).status());
   const int num_seqs = static_cast<int>(batch.size());
   // The step's first kernel fetches the metadata (FetchMetadata, inside the graphs too), and the

@@ -461,6 +461,11 @@ class Runner {
   Stream stream_;
   std::unique_ptr<LlamaModel> model_;
   SequenceTable table_{0, 1, 0};
+  // Step's lists of the batch's entries, lengths, tokens and blocks: cleared at each Step and
+  // refilled, kept for their capacity so that a step allocates none of them.
+  std::vector<SequenceTable::Entry> step_entries_;
+  std::vector<SeqLens> step_lens_;
+  std::vector<absl::Span<const int32_t>> step_tokens_, step_blocks_;
   std::optional<CaptureSizes> decode_sizes_;   // padding keys (captured in decode mode)
   std::optional<CaptureSizes> prefill_sizes_;  // padding keys (captured when prefill is on)
   bool capture_decode_ = false;

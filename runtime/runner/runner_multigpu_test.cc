@@ -177,15 +177,21 @@ std::string Bytes(const std::vector<Outcome>& outcomes) {
   return out;
 }
 
-// Expects every rank's `outcomes` to be rank 0's, bit for bit.
-void ExpectSameOnEveryRank(RankContext& ctx, const std::vector<Outcome>& outcomes,
-                           const std::string& what) {
+// Expects every rank's `bytes` to be rank 0's. `what` names them in failures and in the
+// bootstrap's key, so each call of a test needs its own.
+void ExpectSameOnEveryRank(RankContext& ctx, const std::string& bytes, const std::string& what) {
   absl::StatusOr<std::vector<std::string>> all = ctx.bootstrap.AllGather(
-      Bytes(outcomes), absl::StrCat("runner_multigpu_test.same_on_every_rank.", what));
+      bytes, absl::StrCat("runner_multigpu_test.same_on_every_rank.", what));
   ASSERT_TRUE(all.ok()) << all.status();
   for (int r = 1; r < ctx.world_size; ++r) {
     EXPECT_TRUE((*all)[r] == (*all)[0]) << what << ": rank " << r << " differs from rank 0";
   }
+}
+
+// Expects every rank's `outcomes` to be rank 0's, bit for bit.
+void ExpectSameOnEveryRank(RankContext& ctx, const std::vector<Outcome>& outcomes,
+                           const std::string& what) {
+  ExpectSameOnEveryRank(ctx, Bytes(outcomes), what);
 }
 
 // One step of the generation script: sequences with a prompt (or chunk), or -1 for "the next
@@ -662,10 +668,7 @@ TEST(RunnerMultiGpuTest, CaptureFailingOnOneRankFailsEveryRankAlike) {
         << captured;
     EXPECT_NE(captured.message().find("Injected capture failure"), std::string::npos)
         << captured;
-    absl::StatusOr<std::vector<std::string>> all =
-        ctx.bootstrap.AllGather(captured.ToString(), "runner_multigpu_test.capture_status");
-    ASSERT_TRUE(all.ok()) << all.status();
-    for (const std::string& s : *all) EXPECT_EQ(s, (*all)[0]) << "ranks disagree";
+    ExpectSameOnEveryRank(ctx, captured.ToString(), "capture_status");
     // Nothing replays after a failed capture (decode/4 was captured before decode/2 failed).
     EXPECT_FALSE((*created)->graphs_registered());
     StepOptions eager;
@@ -690,10 +693,7 @@ TEST(RunnerMultiGpuTest, CaptureFailingOnOneRankFailsEveryRankAlike) {
       absl::StrAppend(&outcomes, KeyName(info.key), info.replayed ? " replayed:" : " eager:",
                       absl::StrJoin(*tokens, ","), ";");
     }
-    absl::StatusOr<std::vector<std::string>> outcomes_all =
-        ctx.bootstrap.AllGather(outcomes, "runner_multigpu_test.step_outcomes");
-    ASSERT_TRUE(outcomes_all.ok()) << outcomes_all.status();
-    for (const std::string& o : *outcomes_all) EXPECT_EQ(o, (*outcomes_all)[0]) << "ranks differ";
+    ExpectSameOnEveryRank(ctx, outcomes, "step_outcomes");
   }, Options());
 }
 

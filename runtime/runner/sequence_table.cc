@@ -32,17 +32,26 @@ absl::Status RepeatedInStep(int64_t id) {
       "Sequence ", id, " appears twice in one step; give each sequence one entry"));
 }
 
+// Lengths are int32 (SeqLens, the attention plan), so no sequence passes 2^31 - 1 tokens.
+int64_t ClampTokens(int64_t max_tokens) {
+  return std::clamp<int64_t>(max_tokens, 0, std::numeric_limits<int32_t>::max());
+}
+
 }  // namespace
 
 SequenceTable::SequenceTable(int num_blocks, int block_size, int64_t max_tokens)
     : num_blocks_(std::max(num_blocks, 0)),
       block_size_(std::max(block_size, 1)),
-      // Lengths are int32 (SeqLens, the attention plan), so no sequence passes 2^31 - 1 tokens.
-      max_tokens_(std::clamp<int64_t>(max_tokens, 0, std::numeric_limits<int32_t>::max())),
-      max_blocks_per_seq_(BlocksFor(max_tokens_)) {
+      max_tokens_(ClampTokens(max_tokens)),
+      max_blocks_per_seq_(MaxBlocksPerSeq(block_size_, max_tokens_)) {
   // Block 0 on top of the stack: a fresh table hands out blocks in ascending order.
   free_.reserve(num_blocks_);
   for (int b = num_blocks_ - 1; b >= 0; --b) free_.push_back(b);
+}
+
+int SequenceTable::MaxBlocksPerSeq(int block_size, int64_t max_tokens) {
+  const int64_t size = std::max(block_size, 1);
+  return static_cast<int>((ClampTokens(max_tokens) + size - 1) / size);
 }
 
 absl::Status SequenceTable::CheckGrowth(int64_t id, int64_t q_len) const {
@@ -77,7 +86,16 @@ absl::StatusOr<std::vector<SeqLens>> SequenceTable::Reserve(
     absl::Span<const Entry> entries,
     absl::FunctionRef<absl::Status(absl::Span<const SeqLens> lens)> admit) {
   std::vector<SeqLens> lens;
-  lens.reserve(entries.size());
+  if (absl::Status reserved = Reserve(entries, admit, &lens); !reserved.ok()) return reserved;
+  return lens;
+}
+
+absl::Status SequenceTable::Reserve(
+    absl::Span<const Entry> entries,
+    absl::FunctionRef<absl::Status(absl::Span<const SeqLens> lens)> admit,
+    std::vector<SeqLens>* lens, std::vector<absl::Span<const int32_t>>* blocks) {
+  lens->clear();
+  lens->reserve(entries.size());
   const uint64_t mark = ++last_mark_;
   new_ids_.clear();
   int64_t needed = 0;
@@ -102,30 +120,34 @@ absl::StatusOr<std::vector<SeqLens>> SequenceTable::Reserve(
     if (!refused.ok()) break;
     const int64_t kv_len = int64_t{length} + e.q_len;
     needed += std::max(0, BlocksFor(kv_len) - have);
-    lens.push_back(SeqLens{e.q_len, static_cast<int32_t>(kv_len)});
+    lens->push_back(SeqLens{e.q_len, static_cast<int32_t>(kv_len)});
   }
   // An id the table does not know has no mark: its repeats are found among new_ids_, which end
   // at the refused entry, so such a repeat comes before the refusal (or is that entry, whose
   // repeat is checked before its growth), as an id checked entry by entry would.
   if (std::optional<int64_t> repeated = FirstRepeated(new_ids_)) return RepeatedInStep(*repeated);
   if (!refused.ok()) return refused;
-  if (absl::Status admitted = admit(lens); !admitted.ok()) return admitted;
+  if (absl::Status admitted = admit(*lens); !admitted.ok()) return admitted;
   if (needed > free_blocks()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "The step needs ", needed, " more KV blocks but ", free_blocks(), " of ", num_blocks_,
         " are free; release finished sequences, schedule fewer tokens, or give the KV cache more "
         "memory"));
   }
+  // Sized, then written by index: cheaper than a push_back per entry.
+  if (blocks != nullptr) blocks->resize(entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
     Sequence& seq = sequences_[entries[i].id];
     seq.reserved_q_len = entries[i].q_len;
-    const int want = BlocksFor(lens[i].kv_len);
+    const int want = BlocksFor((*lens)[i].kv_len);
     while (static_cast<int>(seq.blocks.size()) < want) {
       seq.blocks.push_back(free_.back());
       free_.pop_back();
     }
+    // A later entry's insert may move `seq` within sequences_, but not its blocks' storage.
+    if (blocks != nullptr) (*blocks)[i] = seq.blocks;
   }
-  return lens;
+  return absl::OkStatus();
 }
 
 absl::Status SequenceTable::CheckCommit(absl::Span<const Entry> entries) const {

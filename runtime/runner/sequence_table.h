@@ -50,6 +50,10 @@ class SequenceTable {
   // max_tokens is capped at 2^31 - 1.
   SequenceTable(int num_blocks, int block_size, int64_t max_tokens);
 
+  // Returns max_blocks_per_seq() of a table of `block_size` and `max_tokens` (raised and capped
+  // as the constructor does), without building one: ceil(max_tokens / block_size).
+  static int MaxBlocksPerSeq(int block_size, int64_t max_tokens);
+
   // Returns OK if sequence `id` may take q_len more tokens: q_len >= 1 and Length(id) + q_len
   // within max_tokens() and 2^31 - 1 (lengths are int32). InvalidArgument otherwise, naming the
   // sequence, its length and the limit. Reserve checks every entry with it; a caller that must
@@ -70,6 +74,16 @@ class SequenceTable {
   absl::StatusOr<std::vector<SeqLens>> Reserve(
       absl::Span<const Entry> entries,
       absl::FunctionRef<absl::Status(absl::Span<const SeqLens> lens)> admit);
+
+  // Reserve(entries, admit) into vectors the caller owns and reuses from step to step, so that a
+  // step allocates nothing once they have grown: replaces `*lens` with the lengths the other
+  // overloads return, and, where `blocks` is not null, `*blocks` with each entry's blocks, in
+  // order, as Blocks(id) returns them (valid until the table next changes). `lens` must not be
+  // null. On error the table is unchanged and the vectors' contents are unspecified.
+  absl::Status Reserve(absl::Span<const Entry> entries,
+                       absl::FunctionRef<absl::Status(absl::Span<const SeqLens> lens)> admit,
+                       std::vector<SeqLens>* lens,
+                       std::vector<absl::Span<const int32_t>>* blocks = nullptr);
 
   // Returns OK if Commit(entries) would advance every entry: each id known, at most once, and
   // its q_len that of the sequence's latest Reserve not yet committed. NotFound for an unknown

@@ -11,8 +11,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -397,6 +399,89 @@ TEST(SequenceTableTest, ReserveAdmitSeesTheLengthsAndItsRefusalChangesNothing) {
   EXPECT_EQ(table.Blocks(1).size(), 2u);
   EXPECT_EQ(table.Blocks(2).size(), 1u);
   EXPECT_TRUE(table.CheckCommit(step).ok());
+}
+
+// The overload into caller-owned vectors gives what the StatusOr overload returns, step after
+// step, from vectors that still hold an earlier step's contents (longer or shorter, or left by a
+// refused step), and each entry's blocks as Blocks(id) gives them.
+TEST(SequenceTableTest, ReserveIntoVectorsMatchesTheReturnedLengths) {
+  constexpr int kBlocks = 64, kBlockSize = 16, kMaxTokens = 300;
+  SequenceTable returned(kBlocks, kBlockSize, kMaxTokens);
+  SequenceTable filled(kBlocks, kBlockSize, kMaxTokens);
+  std::vector<SeqLens> lens = {{7, 7}, {8, 8}, {9, 9}};  // stale: must be replaced
+  std::vector<absl::Span<const int32_t>> blocks(5);
+  std::mt19937 rng(3);
+  auto admit = [](absl::Span<const SeqLens> step) {
+    // Refuses a step whose first entry brings 13 tokens: an admit refusal changes nothing either.
+    return !step.empty() && step[0].q_len == 13 ? absl::FailedPreconditionError("Not 13")
+                                                : absl::OkStatus();
+  };
+  int ok = 0, refused = 0;
+  for (int round = 0; round < 2000; ++round) {
+    std::vector<SequenceTable::Entry> step(1 + rng() % 6);
+    for (SequenceTable::Entry& e : step) {
+      e.id = rng() % 10;
+      e.q_len = rng() % 4 == 0 ? static_cast<int>(rng() % 40) - 2 : 1;
+    }
+    absl::StatusOr<std::vector<SeqLens>> want = returned.Reserve(step, admit);
+    const absl::Status got = filled.Reserve(step, admit, &lens, &blocks);
+    ASSERT_EQ(got, want.status()) << round;
+    ASSERT_EQ(filled.free_blocks(), returned.free_blocks()) << round;
+    if (want.ok()) {
+      ++ok;
+      ASSERT_EQ(lens.size(), want->size()) << round;
+      ASSERT_EQ(blocks.size(), step.size()) << round;
+      for (size_t i = 0; i < step.size(); ++i) {
+        EXPECT_EQ(lens[i].q_len, (*want)[i].q_len) << round << " " << i;
+        EXPECT_EQ(lens[i].kv_len, (*want)[i].kv_len) << round << " " << i;
+        const absl::Span<const int32_t> table_blocks = filled.Blocks(step[i].id);
+        EXPECT_EQ(blocks[i].data(), table_blocks.data()) << round << " " << i;
+        EXPECT_EQ(blocks[i].size(), table_blocks.size()) << round << " " << i;
+        EXPECT_EQ(std::vector<int32_t>(table_blocks.begin(), table_blocks.end()),
+                  std::vector<int32_t>(returned.Blocks(step[i].id).begin(),
+                                       returned.Blocks(step[i].id).end()));
+      }
+      if (rng() % 2 == 0) {
+        ASSERT_TRUE(returned.Commit(step).ok());
+        ASSERT_TRUE(filled.Commit(step).ok());
+      }
+    } else {
+      ++refused;
+    }
+    if (rng() % 8 == 0) {
+      const int64_t id = rng() % 10;
+      ASSERT_EQ(filled.Release(id), returned.Release(id));
+    }
+  }
+  // Both kinds of outcome were exercised.
+  EXPECT_GT(ok, 100);
+  EXPECT_GT(refused, 100);
+  // Without `blocks`: the lengths alone.
+  SequenceTable table(4, 16, 64);
+  ASSERT_TRUE(table.Reserve(std::vector<SequenceTable::Entry>{{1, 20}, {2, 3}}, admit, &lens).ok());
+  ASSERT_EQ(lens.size(), 2u);
+  EXPECT_EQ(lens[0].kv_len, 20);
+  EXPECT_EQ(lens[1].kv_len, 3);
+}
+
+// MaxBlocksPerSeq is the max_blocks_per_seq of the table the same values build, raised and
+// capped as the constructor raises and caps them.
+TEST(SequenceTableTest, MaxBlocksPerSeqMatchesATable) {
+  constexpr int64_t kMax64 = std::numeric_limits<int64_t>::max();
+  constexpr int kMax32 = std::numeric_limits<int32_t>::max();
+  for (const int block_size : {-7, 0, 1, 3, 16, 64, 1 << 20, kMax32}) {
+    for (const int64_t max_tokens : {int64_t{-5}, int64_t{0}, int64_t{1}, int64_t{15},
+                                     int64_t{16}, int64_t{17}, int64_t{4096}, int64_t{kMax32},
+                                     int64_t{kMax32} + 1, kMax64}) {
+      EXPECT_EQ(SequenceTable::MaxBlocksPerSeq(block_size, max_tokens),
+                SequenceTable(1, block_size, max_tokens).max_blocks_per_seq())
+          << block_size << " " << max_tokens;
+    }
+  }
+  EXPECT_EQ(SequenceTable::MaxBlocksPerSeq(64, 4096), 64);
+  EXPECT_EQ(SequenceTable::MaxBlocksPerSeq(16, 40), 3);
+  EXPECT_EQ(SequenceTable::MaxBlocksPerSeq(1, kMax64), kMax32);
+  EXPECT_EQ(SequenceTable::MaxBlocksPerSeq(0, -1), 0);
 }
 
 // A reference of what the table should hold, checked against it after every operation.

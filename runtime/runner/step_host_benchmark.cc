@@ -3,8 +3,9 @@
 // each) of --context tokens:
 //   check_tokens  CheckStepTokens over the batch
 //   reserve       the step's SequenceTable::Entry list, then SequenceTable::Reserve(entries,
-//                 admit), `admit` running StepKeys::Check and StepKeys::Route
-//   blocks        the token and block spans of each sequence (SequenceTable::Blocks)
+//                 admit, &lens, &blocks), `admit` running StepKeys::Check and StepKeys::Route,
+//                 which also hands back each sequence's block span
+//   tokens        the token span of each sequence
 //   fill          FillStepInputs(..., StepIds::kCheckedByCaller) into a host blob
 //   plan          the split-kv planner of the routed key: Plan(lens, blob + layout.plan)
 //   commit        SequenceTable::Commit
@@ -85,7 +86,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr int kStages = 6;
-constexpr const char* kStageNames[kStages] = {"check_tokens", "reserve", "blocks",
+constexpr const char* kStageNames[kStages] = {"check_tokens", "reserve", "tokens",
                                               "fill",         "plan",    "commit"};
 
 constexpr uint64_t kFnvOffset = 14695981039346656037ull;
@@ -142,6 +143,10 @@ struct BatchState {
   std::vector<int> window_start;  // each sequence's length when a window starts
   char* host = nullptr;
   int key_index = -1;  // the last step's route
+  // HostStep's lists, kept for their capacity as the Runner keeps its own.
+  std::vector<SequenceTable::Entry> entries;
+  std::vector<SeqLens> lens;
+  std::vector<absl::Span<const int32_t>> tokens, blocks;
 };
 
 // Runs Runner::Step's host work on `s.batch`, in its order, up to the replay and from the commit
@@ -157,10 +162,10 @@ absl::Status HostStep(BatchState& s, double* stage_us) {
   RETURN_IF_ERROR(CheckStepTokens(batch, setup.plan.shape.vocab, keys.limits().max_num_batched_tokens));
   if constexpr (kStaged) marks[1] = Clock::now();
 
-  std::vector<SequenceTable::Entry> entries;
-  entries.reserve(batch.size());
-  for (const SequenceTokens& seq : batch) {
-    entries.push_back({seq.id, static_cast<int>(seq.tokens.size())});
+  std::vector<SequenceTable::Entry>& entries = s.entries;
+  entries.resize(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    entries[i] = {batch[i].id, static_cast<int>(batch[i].tokens.size())};
   }
   StepRoute route;
   auto admit = [&](absl::Span<const SeqLens> lens) -> absl::Status {
@@ -168,20 +173,16 @@ absl::Status HostStep(BatchState& s, double* stage_us) {
     route = keys.Route(lens);
     return absl::OkStatus();
   };
-  ASSIGN_OR_RETURN(std::vector<SeqLens> lens, s.table.Reserve(entries, admit));
+  RETURN_IF_ERROR(s.table.Reserve(entries, admit, &s.lens, &s.blocks));
+  const std::vector<SeqLens>& lens = s.lens;
   const MetadataLayout& layout = setup.plan.steps.layouts[route.key_index];
   if constexpr (kStaged) marks[2] = Clock::now();
 
-  std::vector<absl::Span<const int32_t>> tokens, blocks;
-  tokens.reserve(batch.size());
-  blocks.reserve(batch.size());
-  for (const SequenceTokens& seq : batch) {
-    tokens.push_back(seq.tokens);
-    blocks.push_back(s.table.Blocks(seq.id));
-  }
+  s.tokens.resize(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) s.tokens[i] = batch[i].tokens;
   if constexpr (kStaged) marks[3] = Clock::now();
 
-  RETURN_IF_ERROR(FillStepInputs(layout, route, lens, tokens, blocks, s.table.block_size(),
+  RETURN_IF_ERROR(FillStepInputs(layout, route, lens, s.tokens, s.blocks, s.table.block_size(),
                                  s.host, StepIds::kCheckedByCaller));
   if constexpr (kStaged) marks[4] = Clock::now();
 
